@@ -68,6 +68,10 @@ pub enum TaskState {
         since: Millis,
         /// When the lease times out unless finished, failed or released.
         deadline: Millis,
+        /// The trainer's request number that leased it: a retry of that request gets
+        /// this task again instead of a second one.
+        #[serde(default)]
+        request: u64,
     },
     /// Its records were trained in this pass.
     Done,
@@ -370,6 +374,7 @@ impl Queue {
                     trainer,
                     since,
                     deadline,
+                    ..
                 } => {
                     *since = now;
                     *deadline = now.saturating_add(timeout);
@@ -477,8 +482,17 @@ impl Queue {
             .min()
     }
 
-    /// A trainer asks for a task of `pass`.
-    pub fn get_task(&mut self, trainer: &str, pass: u32, now: Millis) -> GetTask {
+    /// A trainer asks for a task of `pass`. `request` numbers the trainer's requests
+    /// (0 = unnumbered): a retried request gets the task already leased for it.
+    pub fn get_task(&mut self, trainer: &str, pass: u32, request: u64, now: Millis) -> GetTask {
+        if request != 0
+            && let Some(held) = self.by_trainer.get(trainer)
+            && let Some(&i) = held.iter().find(|&&i| {
+                matches!(&self.tasks[i].state, TaskState::Pending { request: r, .. } if *r == request)
+            })
+        {
+            return GetTask::Task(self.tasks[i].clone());
+        }
         if self.meta.finished {
             return GetTask::JobFinished;
         }
@@ -502,6 +516,7 @@ impl Queue {
             trainer: trainer.to_owned(),
             since: now,
             deadline,
+            request,
         };
         self.pending.insert(i);
         self.by_trainer
@@ -641,6 +656,7 @@ impl Queue {
                     deadline,
                     since,
                     trainer,
+                    ..
                 } if *deadline <= now => Some((i, now.saturating_sub(*since), trainer.clone())),
                 _ => None,
             })
@@ -798,7 +814,7 @@ mod tests {
 
     fn take(q: &mut Queue, trainer: &str, now: Millis) -> Task {
         let pass = q.pass();
-        match q.get_task(trainer, pass, now) {
+        match q.get_task(trainer, pass, 0, now) {
             GetTask::Task(t) => t,
             other => panic!("expected a task, got {other:?}"),
         }
@@ -813,12 +829,12 @@ mod tests {
             assert_eq!(t.generation, 1);
             assert!(seen.insert(t.spec.id.clone()));
         }
-        assert_eq!(q.get_task("a", 0, 10), GetTask::Wait);
+        assert_eq!(q.get_task("a", 0, 0, 10), GetTask::Wait);
         for id in seen.clone() {
             assert_eq!(q.finished(&id, 1, 7, 20), Ok(Ack::Applied));
         }
         assert!(q.is_finished());
-        assert_eq!(q.get_task("a", 0, 30), GetTask::JobFinished);
+        assert_eq!(q.get_task("a", 0, 0, 30), GetTask::JobFinished);
         assert_eq!(q.meta().counters.records_trained, 35);
         assert_eq!(q.meta().counters.passes_completed, 1);
     }
@@ -832,7 +848,7 @@ mod tests {
         q.finished(&b.spec.id, b.generation, 1, 1).unwrap();
         assert_eq!(q.pass(), 1);
         assert_eq!(
-            q.get_task("a", 0, 2),
+            q.get_task("a", 0, 0, 2),
             GetTask::PassFinished { next_pass: 1 }
         );
         let a2 = take(&mut q, "a", 3);
@@ -975,16 +991,35 @@ mod tests {
     }
 
     #[test]
+    fn a_retried_get_task_returns_the_same_lease() {
+        let mut q = Queue::new(cfg(1, 3), specs(3));
+        let GetTask::Task(a) = q.get_task("a", 0, 7, 0) else {
+            panic!("expected a task")
+        };
+        assert_eq!(q.get_task("a", 0, 7, 1), GetTask::Task(a.clone()));
+        assert_eq!(q.meta().counters.dispatched, 1);
+        // Another request number, or another trainer, gets another task.
+        let GetTask::Task(b) = q.get_task("a", 0, 8, 2) else {
+            panic!("expected a task")
+        };
+        assert_ne!(a.spec.id, b.spec.id);
+        let GetTask::Task(c) = q.get_task("b", 0, 7, 3) else {
+            panic!("expected a task")
+        };
+        assert_ne!(c.spec.id, a.spec.id);
+    }
+
+    #[test]
     fn empty_dataset_finishes_at_once() {
         let mut q = Queue::new(cfg(3, 3), vec![]);
         assert!(q.is_finished());
-        assert_eq!(q.get_task("a", 0, 0), GetTask::JobFinished);
+        assert_eq!(q.get_task("a", 0, 0, 0), GetTask::JobFinished);
     }
 
     /// Events of the property test.
     #[derive(Clone, Debug)]
     enum Ev {
-        Get(u8),
+        Get(u8, u64),
         Finish(u8, bool),
         Fail(u8, bool),
         Release(u8, bool),
@@ -995,7 +1030,7 @@ mod tests {
 
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
-            4 => (0u8..4).prop_map(Ev::Get),
+            4 => (0u8..4, 0u64..4).prop_map(|(t, r)| Ev::Get(t, r)),
             4 => (any::<u8>(), any::<bool>()).prop_map(|(i, s)| Ev::Finish(i, s)),
             1 => (any::<u8>(), any::<bool>()).prop_map(|(i, s)| Ev::Fail(i, s)),
             1 => (any::<u8>(), any::<bool>()).prop_map(|(i, s)| Ev::Release(i, s)),
@@ -1061,9 +1096,9 @@ mod tests {
                 now += 7;
                 let before = q.clone();
                 match e {
-                    Ev::Get(tr) => {
+                    Ev::Get(tr, request) => {
                         let pass = q.pass();
-                        if let GetTask::Task(t) = q.get_task(&format!("t{tr}"), pass, now) {
+                        if let GetTask::Task(t) = q.get_task(&format!("t{tr}"), pass, request, now) {
                             leases.push(t);
                         }
                     }
@@ -1139,7 +1174,7 @@ mod tests {
                 now += 1;
                 q.tick(now + 10_000_000);
                 let pass = q.pass();
-                if let GetTask::Task(t) = q.get_task("drain", pass, now) {
+                if let GetTask::Task(t) = q.get_task("drain", pass, 0, now) {
                     q.finished(&t.spec.id, t.generation, t.spec.records, now).unwrap();
                 }
                 check_invariants(&q);
