@@ -2,7 +2,9 @@
 //! etcd and leases tasks to trainers.
 //!
 //! Layout:
+//! - [`dataset`]: globs expanded and indexed into deterministic task specs.
 //! - [`queue`]: the task queue as a pure, deterministic state machine (events in, changed
 //!   tasks out); no I/O, no clocks — time is an argument.
 
+pub mod dataset;
 pub mod queue;

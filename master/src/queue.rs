@@ -45,6 +45,12 @@ pub struct TaskSpec {
     pub chunk_end: u32,
     /// Records in those chunks.
     pub records: u64,
+    /// Byte offset of the first chunk in the file.
+    #[serde(default)]
+    pub offset_begin: u64,
+    /// Byte offset just past the last chunk.
+    #[serde(default)]
+    pub offset_end: u64,
 }
 
 impl TaskSpec {
@@ -800,6 +806,8 @@ mod tests {
                 chunk_begin: i % 4,
                 chunk_end: i % 4 + 1,
                 records: 10 + u64::from(i),
+                offset_begin: 0,
+                offset_end: 0,
             })
             .collect()
     }
