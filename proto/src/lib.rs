@@ -6,7 +6,7 @@
 
 /// The training sample encoding (`edl.sample.v1`).
 pub mod sample {
-    #![allow(missing_docs, missing_debug_implementations)]
+    #![allow(missing_docs, missing_debug_implementations, clippy::module_inception)]
     tonic::include_proto!("edl.sample.v1");
 
     use prost::Message;
@@ -21,7 +21,9 @@ pub mod sample {
         #[error("record is not a valid sample: {0}")]
         Malformed(#[from] prost::DecodeError),
         /// The sample was written by an encoding version this build does not read.
-        #[error("unsupported sample encoding version {found} (this build reads version {SAMPLE_VERSION})")]
+        #[error(
+            "unsupported sample encoding version {found} (this build reads version {SAMPLE_VERSION})"
+        )]
         Version {
             /// The version found in the record.
             found: u32,

@@ -1,0 +1,201 @@
+//! `edl data`: tools for RecordIO datasets.
+//!
+//! - `convert`: CSV, MNIST CSV or text into sharded RecordIO files of encoded samples.
+//! - `stat`: files, chunks, records, bytes and compression ratio.
+//! - `verify`: checks every chunk; non-zero exit naming each bad file and offset.
+//! - `cat`: prints records, raw or decoded.
+//! - `split`: re-shards RecordIO files.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use edl_recordio::{Compressor, DEFAULT_MAX_CHUNK_BYTES, WriterOptions};
+
+mod convert;
+mod inspect;
+mod size;
+
+pub use size::parse_size;
+
+/// The `edl data` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Convert CSV, MNIST CSV or text files into sharded RecordIO files of samples.
+    Convert(ConvertArgs),
+    /// Print files, chunks, records, bytes and compression ratio of RecordIO files.
+    Stat(StatArgs),
+    /// Check every chunk of RecordIO files; exits non-zero naming each bad file.
+    Verify(PathsArgs),
+    /// Print the records of RecordIO files (raw bytes, or decoded samples).
+    Cat(CatArgs),
+    /// Re-shard RecordIO files into N shards.
+    Split(SplitArgs),
+}
+
+/// Input formats of `edl data convert`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InputFormat {
+    /// Numeric CSV; the label column is the last one unless `--label-column` says otherwise.
+    Csv,
+    /// MNIST as CSV: 784 pixel values (0-255) then the digit label; pixels are scaled to
+    /// [0, 1].
+    MnistCsv,
+    /// Plain text, one sentence a line, tokenised on whitespace into word ids (word2vec).
+    Text,
+}
+
+/// How `convert --format csv` stores the label column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LabelKind {
+    /// A real-valued target (regression).
+    Value,
+    /// A class index, a non-negative integer (classification).
+    Class,
+    /// No label: every column is a feature.
+    None,
+}
+
+/// Output options shared by `convert` and `split`.
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// Number of output shards.
+    #[arg(long, default_value_t = 1)]
+    pub shards: u32,
+    /// Name prefix of the shards: PREFIX-00000-of-0000N.recordio.
+    #[arg(long)]
+    pub prefix: String,
+    /// Output directory (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Chunk compressor.
+    #[arg(long, default_value = "snappy")]
+    pub compressor: Compressor,
+    /// Uncompressed bytes per chunk (e.g. 65536, 64KiB, 1MiB); a chunk is the unit a task
+    /// is made of, so smaller chunks give finer-grained tasks.
+    #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_MAX_CHUNK_BYTES as u64)]
+    pub chunk_size: u64,
+}
+
+impl OutputArgs {
+    fn writer_options(&self) -> anyhow::Result<WriterOptions> {
+        if self.shards == 0 {
+            bail!("--shards must be at least 1");
+        }
+        if self.prefix.is_empty() || self.prefix.contains('/') {
+            bail!("--prefix must be a non-empty file name prefix without '/'");
+        }
+        let max_chunk_bytes = usize::try_from(self.chunk_size)
+            .ok()
+            .filter(|&n| n > 0)
+            .context("--chunk-size must be between 1 byte and the address space")?;
+        Ok(WriterOptions {
+            max_chunk_bytes,
+            compressor: self.compressor,
+        })
+    }
+
+    /// The path of shard `i`.
+    pub fn shard_path(&self, i: u32) -> PathBuf {
+        self.out.join(shard_name(&self.prefix, i, self.shards))
+    }
+}
+
+/// `PREFIX-0000i-of-0000n.recordio`, PaddlePaddle's shard naming.
+pub fn shard_name(prefix: &str, i: u32, n: u32) -> String {
+    format!("{prefix}-{i:05}-of-{n:05}.recordio")
+}
+
+/// Arguments of `edl data convert`.
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// Input format.
+    #[arg(long, value_enum)]
+    pub format: InputFormat,
+    /// Column index of the label for `--format csv` (0-based; negative counts from the end).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub label_column: i64,
+    /// How the label is stored for `--format csv`.
+    #[arg(long, value_enum, default_value_t = LabelKind::Value)]
+    pub label: LabelKind,
+    /// Field delimiter for CSV input.
+    #[arg(long, default_value_t = ',')]
+    pub delimiter: char,
+    /// Skip the first line of each CSV input (a header row).
+    #[arg(long)]
+    pub header: bool,
+    /// For `--format text`: words seen fewer times are mapped to `<unk>`.
+    #[arg(long, default_value_t = 1)]
+    pub min_word_freq: u64,
+    /// For `--format text`: use this vocabulary (one word a line, id = line number)
+    /// instead of building one; a converted test split should use its training split's.
+    #[arg(long)]
+    pub vocab: Option<PathBuf>,
+    /// Output options.
+    #[command(flatten)]
+    pub output: OutputArgs,
+    /// Input files (gzip-compressed inputs are detected and decompressed).
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+}
+
+/// Arguments of `edl data stat`.
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// RecordIO files or glob patterns.
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+}
+
+/// Paths or globs of RecordIO files.
+#[derive(Debug, Args)]
+pub struct PathsArgs {
+    /// RecordIO files or glob patterns.
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+}
+
+/// Arguments of `edl data cat`.
+#[derive(Debug, Args)]
+pub struct CatArgs {
+    /// Decode each record as a sample and print it as one JSON object a line.
+    #[arg(long)]
+    pub decode: bool,
+    /// Stop after this many records.
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// RecordIO files or glob patterns.
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+}
+
+/// Arguments of `edl data split`.
+#[derive(Debug, Args)]
+pub struct SplitArgs {
+    /// Output options.
+    #[command(flatten)]
+    pub output: OutputArgs,
+    /// RecordIO files or glob patterns to re-shard.
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+}
+
+/// Runs an `edl data` subcommand.
+pub fn run(cmd: DataCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        DataCommand::Convert(args) => convert::convert(&args).map(|()| ExitCode::SUCCESS),
+        DataCommand::Split(args) => convert::split(&args).map(|()| ExitCode::SUCCESS),
+        DataCommand::Stat(args) => inspect::stat(&args).map(|()| ExitCode::SUCCESS),
+        DataCommand::Verify(args) => inspect::verify(&args),
+        DataCommand::Cat(args) => inspect::cat(&args).map(|()| ExitCode::SUCCESS),
+    }
+}
+
+/// Expands globs into a sorted list of files, with a clear error when one matches nothing.
+fn expand(patterns: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+    Ok(edl_recordio::expand_globs(patterns)?)
+}

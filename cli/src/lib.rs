@@ -1,0 +1,60 @@
+//! The `edl` command line: one binary for every role of an elastic training job and for
+//! the operator and data tools.
+//!
+//! Layout:
+//! - [`data`]: `edl data convert|stat|verify|cat|split`, RecordIO dataset tools.
+//!
+//! `main` only parses arguments and sets up logging; each subcommand is a function here
+//! that returns an exit code or an error with context.
+
+#![warn(missing_docs)]
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod data;
+
+/// edl: elastic, fault-tolerant distributed training.
+#[derive(Debug, Parser)]
+#[command(name = "edl", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// More logging (-v debug, -vv trace); the EDL_LOG environment variable overrides it
+    /// with a tracing filter such as `info,edl_coord=debug`.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands of `edl`.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// RecordIO dataset tools: convert, stat, verify, cat, split.
+    #[command(subcommand)]
+    Data(data::DataCommand),
+}
+
+/// Sets up `tracing` to stderr; `EDL_LOG` (a filter directive) wins over `-v`.
+pub fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EDL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Data(cmd) => data::run(cmd),
+    }
+}

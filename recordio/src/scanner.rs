@@ -1,0 +1,249 @@
+//! Record-by-record reading: [`Scanner`] over whole files in order, [`RangeScanner`] over
+//! a run of chunks of one file (what a task reads).
+//!
+//! Both hand out records as slices borrowed from the scanner (a lending API): the slice
+//! is valid until the next call.
+
+use std::fs::{self, File};
+use std::io::BufReader;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use crate::chunk::Chunk;
+use crate::error::{Error, Result};
+use crate::index::{ChunkIndex, ChunkMeta};
+use crate::reader::{ChunkReader, ReadOptions, ReadStats};
+
+type FileReader = ChunkReader<BufReader<File>>;
+
+/// Reads the records of many files, in the order given.
+///
+/// In strict mode the first error ends the scan: later calls return `Ok(None)`. In
+/// lenient mode corrupt chunks are skipped and counted; I/O errors (a missing file, say)
+/// still end the scan.
+#[derive(Debug)]
+pub struct Scanner {
+    paths: Vec<PathBuf>,
+    /// Index in `paths` of the next file to open.
+    next_file: usize,
+    opts: ReadOptions,
+    reader: Option<FileReader>,
+    chunk: Chunk,
+    /// Next record of `chunk`.
+    pos: usize,
+    /// Stats of the files already finished.
+    finished: ReadStats,
+    done: bool,
+}
+
+impl Scanner {
+    /// A scanner over `paths`. Checks up front that each path is there, so a missing file
+    /// is reported before anything is read.
+    pub fn open(paths: Vec<PathBuf>, opts: ReadOptions) -> Result<Scanner> {
+        for path in &paths {
+            fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        }
+        Ok(Scanner {
+            paths,
+            next_file: 0,
+            opts,
+            reader: None,
+            chunk: Chunk::default(),
+            pos: 0,
+            finished: ReadStats::default(),
+            done: false,
+        })
+    }
+
+    /// The next record, or `None` when every file has been read.
+    pub fn next_record(&mut self) -> Result<Option<&[u8]>> {
+        loop {
+            if self.pos < self.chunk.len() {
+                let i = self.pos;
+                self.pos += 1;
+                return Ok(self.chunk.get(i));
+            }
+            if !self.advance()? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The next whole chunk (the records of the current chunk not yet returned by
+    /// [`Scanner::next_record`] are skipped), or `None` when every file has been read.
+    pub fn next_chunk(&mut self) -> Result<Option<&Chunk>> {
+        if !self.advance()? {
+            return Ok(None);
+        }
+        self.pos = self.chunk.len();
+        Ok(Some(&self.chunk))
+    }
+
+    /// What has been read so far, over all files.
+    pub fn stats(&self) -> ReadStats {
+        let mut stats = self.finished;
+        if let Some(reader) = &self.reader {
+            stats += reader.stats();
+        }
+        stats
+    }
+
+    /// The file being read, if any.
+    pub fn current_path(&self) -> Option<&Path> {
+        self.reader.as_ref().map(ChunkReader::path)
+    }
+
+    /// Loads the next chunk of any file into `self.chunk`; `false` at the end.
+    fn advance(&mut self) -> Result<bool> {
+        self.pos = 0;
+        loop {
+            if self.done {
+                self.chunk.reset();
+                return Ok(false);
+            }
+            let reader = match &mut self.reader {
+                Some(reader) => reader,
+                None => {
+                    let Some(path) = self.paths.get(self.next_file) else {
+                        self.done = true;
+                        continue;
+                    };
+                    self.next_file += 1;
+                    match ChunkReader::open(path, self.opts) {
+                        Ok(reader) => self.reader.insert(reader),
+                        Err(e) => {
+                            self.done = true;
+                            return Err(e);
+                        }
+                    }
+                }
+            };
+            match reader.next_chunk_into(&mut self.chunk) {
+                Ok(true) => return Ok(true),
+                Ok(false) => {
+                    self.finished += reader.stats();
+                    self.reader = None;
+                }
+                Err(e) => {
+                    self.finished += reader.stats();
+                    self.reader = None;
+                    self.done = true;
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Reads the records of a run of chunks of one file, through its [`ChunkIndex`].
+///
+/// Each chunk header is checked against its index entry; a difference is an
+/// [`Error::Corruption`] with [`CorruptionKind::IndexMismatch`](crate::CorruptionKind).
+/// In lenient mode a bad chunk is skipped (the index says where the next one starts) and
+/// counted. In strict mode the first error ends the scan.
+#[derive(Debug)]
+pub struct RangeScanner {
+    reader: FileReader,
+    /// The index entries of the range.
+    chunks: Vec<ChunkMeta>,
+    /// Ordinal (in the file) of `chunks[0]`.
+    first: usize,
+    /// Next entry of `chunks` to read.
+    next: usize,
+    chunk: Chunk,
+    pos: usize,
+    lenient: bool,
+    done: bool,
+}
+
+impl RangeScanner {
+    /// Opens `index.path` to read the chunks `range` (ordinals in `index.chunks`).
+    pub fn open(index: &ChunkIndex, range: Range<usize>, opts: ReadOptions) -> Result<Self> {
+        let Some(chunks) = index.chunks.get(range.clone()) else {
+            return Err(Error::InvalidRange {
+                path: index.path.clone(),
+                start: range.start,
+                end: range.end,
+                chunks: index.chunks.len(),
+            });
+        };
+        Ok(RangeScanner {
+            reader: ChunkReader::open(&index.path, opts)?,
+            chunks: chunks.to_vec(),
+            first: range.start,
+            next: 0,
+            chunk: Chunk::default(),
+            pos: 0,
+            lenient: opts.lenient,
+            done: false,
+        })
+    }
+
+    /// The next record of the range, or `None` at its end.
+    pub fn next_record(&mut self) -> Result<Option<&[u8]>> {
+        loop {
+            if self.pos < self.chunk.len() {
+                let i = self.pos;
+                self.pos += 1;
+                return Ok(self.chunk.get(i));
+            }
+            if !self.advance()? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The next whole chunk of the range (skipping any records of the current chunk not
+    /// yet returned), or `None` at its end.
+    pub fn next_chunk(&mut self) -> Result<Option<&Chunk>> {
+        if !self.advance()? {
+            return Ok(None);
+        }
+        self.pos = self.chunk.len();
+        Ok(Some(&self.chunk))
+    }
+
+    /// What has been read so far.
+    pub fn stats(&self) -> ReadStats {
+        self.reader.stats()
+    }
+
+    /// The file being read.
+    pub fn path(&self) -> &Path {
+        self.reader.path()
+    }
+
+    fn advance(&mut self) -> Result<bool> {
+        self.pos = 0;
+        while !self.done {
+            let Some(meta) = self.chunks.get(self.next).copied() else {
+                self.done = true;
+                break;
+            };
+            let ordinal = (self.first + self.next) as u64;
+            self.next += 1;
+            let kind = match self.reader.read_indexed(&meta, ordinal, &mut self.chunk) {
+                Ok(Ok(())) => return Ok(true),
+                Ok(Err(kind)) => kind,
+                Err(e) => {
+                    self.done = true;
+                    return Err(e);
+                }
+            };
+            if !self.lenient {
+                self.done = true;
+                return Err(self.reader.corruption(meta.offset, ordinal, kind));
+            }
+            tracing::warn!(
+                path = %self.reader.path().display(),
+                offset = meta.offset,
+                chunk = ordinal,
+                error = %kind,
+                "skipping corrupt recordio chunk"
+            );
+            self.reader.count_skipped(meta.chunk_len());
+        }
+        self.chunk.reset();
+        Ok(false)
+    }
+}
