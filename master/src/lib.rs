@@ -2,9 +2,29 @@
 //! etcd and leases tasks to trainers.
 //!
 //! Layout:
-//! - [`dataset`]: globs expanded and indexed into deterministic task specs.
 //! - [`queue`]: the task queue as a pure, deterministic state machine (events in, changed
 //!   tasks out); no I/O, no clocks — time is an argument.
+//! - [`dataset`]: globs expanded and indexed into deterministic task specs.
+//! - [`keys`]: the job's etcd key layout.
+//! - [`store`]: the queue's records in etcd, written by fenced transactions.
+//! - [`core`]: the leader's actor: batches requests, group-commits them, long-polls.
+//! - [`server`]: the master process (election, gRPC adapter, trainer follower).
+//! - [`client`]: the trainer's client: leader discovery, failover, idempotent retries.
+//! - [`reader`]: the `cloud_reader`: leased tasks read ahead, acknowledged after training.
+//! - [`error`]: errors and their mapping to gRPC status codes.
 
+pub mod client;
+pub mod core;
 pub mod dataset;
+pub mod error;
+pub mod keys;
 pub mod queue;
+pub mod reader;
+pub mod server;
+pub mod store;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::MasterError;
+pub use server::{MasterConfig, run};

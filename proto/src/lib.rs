@@ -3,6 +3,18 @@
 //! Layout:
 //! - [`sample`]: the versioned training-sample encoding stored in RecordIO records
 //!   (`proto/edl/sample.proto`), with [`sample::encode`] and [`sample::decode`].
+//! - [`master`]: the master's gRPC service (`proto/edl/master.proto`).
+
+/// Metadata key naming the job a request is for.
+pub const JOB_HEADER: &str = "x-edl-job";
+/// Metadata key carrying the optional shared job token.
+pub const TOKEN_HEADER: &str = "x-edl-token";
+
+/// The master's gRPC service and messages (`edl.master.v1`).
+pub mod master {
+    #![allow(missing_docs, missing_debug_implementations, clippy::all)]
+    tonic::include_proto!("edl.master.v1");
+}
 
 /// The training sample encoding (`edl.sample.v1`).
 pub mod sample {

@@ -1,0 +1,351 @@
+//! The trainer's master client: finds the leading master through etcd, follows
+//! failovers, and retries idempotently.
+//!
+//! Every call is safe to retry: `GetTask` carries a per-trainer request number (a retry
+//! gets the task already leased for it), and task reports name the task's generation (a
+//! report applied twice is answered `applied: false`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{Backend, LeaderInfo};
+use edl_proto::master as pb;
+use pb::master_client::MasterClient as GrpcClient;
+use tokio::sync::{Mutex, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::server::{MAX_MESSAGE_BYTES, observe_leader};
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No leading master answered within the call's retry budget.
+    #[error("no master reachable for job {job} within {waited:?}: {last}")]
+    Unavailable {
+        /// The job.
+        job: String,
+        /// How long the call tried.
+        waited: Duration,
+        /// The last error seen.
+        last: String,
+    },
+    /// The master answered with an error that retrying will not fix.
+    #[error("master refused: {0}")]
+    Refused(tonic::Status),
+    /// The client was cancelled.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl ClientError {
+    /// The report named an old generation: the task was taken away (re-dispatched after
+    /// a timeout, a lost registration or a failover). Drop it.
+    pub fn is_stale(&self) -> bool {
+        matches!(self, ClientError::Refused(s) if s.code() == Code::Aborted)
+    }
+
+    /// The gRPC code of a refusal.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            ClientError::Refused(s) => Some(s.code()),
+            _ => None,
+        }
+    }
+}
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// The job.
+    pub job: String,
+    /// The job token, if the job has one.
+    pub token: Option<String>,
+    /// How long one call keeps retrying across failovers before giving up.
+    pub retry_for: Duration,
+    /// Connect timeout to a master.
+    pub connect_timeout: Duration,
+    /// Per-attempt deadline of short calls.
+    pub call_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults for job `job`: retry for 60 s, connect 3 s, calls 10 s.
+    pub fn new(job: impl Into<String>) -> Self {
+        ClientConfig {
+            job: job.into(),
+            token: None,
+            retry_for: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(3),
+            call_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A client of the job's leading master.
+#[derive(Clone, Debug)]
+pub struct MasterClient {
+    cfg: Arc<ClientConfig>,
+    leader: watch::Receiver<Option<LeaderInfo>>,
+    conn: Arc<Mutex<Option<(String, GrpcClient<Channel>)>>>,
+    cancel: CancellationToken,
+}
+
+/// What `get_task` answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// A leased task.
+    Task(pb::Task),
+    /// Nothing free before the wait ran out.
+    Wait,
+    /// The pass asked for is over; the current one is this.
+    PassFinished(u32),
+    /// Every pass is done.
+    JobFinished,
+}
+
+impl MasterClient {
+    /// A client that follows the master election of `cfg.job` through `backend`.
+    pub fn new(backend: Arc<dyn Backend>, cfg: ClientConfig, cancel: CancellationToken) -> Self {
+        let leader = observe_leader(backend, &cfg.job, cancel.child_token());
+        MasterClient {
+            cfg: Arc::new(cfg),
+            leader,
+            conn: Arc::new(Mutex::new(None)),
+            cancel,
+        }
+    }
+
+    /// The leader's address, waiting (bounded by `until`) for one to be elected.
+    async fn leader_addr(&self, until: Instant) -> Option<String> {
+        let mut rx = self.leader.clone();
+        loop {
+            if let Some(l) = rx.borrow_and_update().as_ref() {
+                return Some(String::from_utf8_lossy(&l.value).into_owned());
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return None,
+                _ = tokio::time::sleep_until(until) => return None,
+                r = rx.changed() => if r.is_err() { return None },
+            }
+        }
+    }
+
+    async fn client(&self, until: Instant) -> Result<GrpcClient<Channel>, String> {
+        let Some(addr) = self.leader_addr(until).await else {
+            return Err("no master is leading".into());
+        };
+        let mut conn = self.conn.lock().await;
+        if let Some((a, c)) = conn.as_ref()
+            && *a == addr
+        {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("bad master address {addr:?}: {e}"))?
+            .connect_timeout(self.cfg.connect_timeout)
+            .tcp_nodelay(true);
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| format!("connect to master {addr}: {e}"))?;
+        let client = GrpcClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        *conn = Some((addr, client.clone()));
+        Ok(client)
+    }
+
+    fn request<T>(&self, msg: T, timeout: Duration) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        req.set_timeout(timeout);
+        let md = req.metadata_mut();
+        if let Ok(v) = self.cfg.job.parse() {
+            md.insert(edl_proto::JOB_HEADER, v);
+        }
+        if let Some(t) = &self.cfg.token
+            && let Ok(v) = t.parse()
+        {
+            md.insert(edl_proto::TOKEN_HEADER, v);
+        }
+        req
+    }
+
+    /// Runs `op` against the leader, retrying across failovers until `retry_for` ends.
+    async fn call<T, R, F, Fut>(&self, msg: T, timeout: Duration, op: F) -> Result<R, ClientError>
+    where
+        T: Clone,
+        F: Fn(GrpcClient<Channel>, tonic::Request<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let start = Instant::now();
+        let until = start + self.cfg.retry_for;
+        let mut delay = Duration::from_millis(20);
+        let mut last;
+        loop {
+            if self.cancel.is_cancelled() {
+                return Err(ClientError::Cancelled);
+            }
+            match self.client(until).await {
+                Ok(c) => match op(c, self.request(msg.clone(), timeout)).await {
+                    Ok(resp) => return Ok(resp.into_inner()),
+                    Err(s) if retryable(&s) => {
+                        last = format!("{}: {}", s.code(), s.message());
+                        // Reconnect: the leader may have moved.
+                        *self.conn.lock().await = None;
+                    }
+                    Err(s) => return Err(ClientError::Refused(s)),
+                },
+                Err(e) => last = e,
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Err(ClientError::Unavailable {
+                    job: self.cfg.job.clone(),
+                    waited: now - start,
+                    last,
+                });
+            }
+            tracing::debug!(error = %last, "master call failed; retrying");
+            tokio::select! {
+                _ = self.cancel.cancelled() => return Err(ClientError::Cancelled),
+                _ = tokio::time::sleep(delay.min(until - now)) => {}
+            }
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Defines the dataset (or checks it is the same).
+    pub async fn set_dataset(
+        &self,
+        globs: Vec<String>,
+        chunks_per_task: u32,
+        passes: u32,
+    ) -> Result<pb::SetDatasetResponse, ClientError> {
+        let msg = pb::SetDatasetRequest {
+            globs,
+            chunks_per_task,
+            passes,
+        };
+        // Indexing a large dataset takes a while.
+        let timeout = self.cfg.call_timeout.max(Duration::from_secs(120));
+        self.call(
+            msg,
+            timeout,
+            |mut c, r| async move { c.set_dataset(r).await },
+        )
+        .await
+    }
+
+    /// Asks for a task of `pass`, long-polling up to `wait`.
+    pub async fn get_task(
+        &self,
+        trainer: &str,
+        pass: u32,
+        request_id: u64,
+        wait: Duration,
+    ) -> Result<Next, ClientError> {
+        let msg = pb::GetTaskRequest {
+            trainer: trainer.to_owned(),
+            pass,
+            request_id,
+            wait_ms: wait.as_millis().min(u128::from(u32::MAX)) as u32,
+        };
+        let timeout = self.cfg.call_timeout + wait;
+        let resp = self
+            .call(msg, timeout, |mut c, r| async move { c.get_task(r).await })
+            .await?;
+        use pb::get_task_response::Result as R;
+        Ok(match resp.result {
+            Some(R::Task(t)) => Next::Task(t),
+            Some(R::Wait(_)) | None => Next::Wait,
+            Some(R::PassFinished(p)) => Next::PassFinished(p),
+            Some(R::JobFinished(_)) => Next::JobFinished,
+        })
+    }
+
+    /// Reports a task's records trained; `Ok(false)` if it was already reported.
+    pub async fn task_finished(
+        &self,
+        trainer: &str,
+        task: &pb::Task,
+        records: u64,
+    ) -> Result<bool, ClientError> {
+        let msg = pb::TaskFinishedRequest {
+            trainer: trainer.to_owned(),
+            task_id: task.id.clone(),
+            generation: task.generation,
+            records,
+        };
+        let r = self
+            .call(msg, self.cfg.call_timeout, |mut c, r| async move {
+                c.task_finished(r).await
+            })
+            .await?;
+        Ok(r.applied)
+    }
+
+    /// Reports a task that could not be processed.
+    pub async fn task_failed(
+        &self,
+        trainer: &str,
+        task: &pb::Task,
+        reason: &str,
+        records_trained: u64,
+    ) -> Result<bool, ClientError> {
+        let msg = pb::TaskFailedRequest {
+            trainer: trainer.to_owned(),
+            task_id: task.id.clone(),
+            generation: task.generation,
+            reason: reason.to_owned(),
+            records_trained,
+        };
+        let r = self
+            .call(msg, self.cfg.call_timeout, |mut c, r| async move {
+                c.task_failed(r).await
+            })
+            .await?;
+        Ok(r.applied)
+    }
+
+    /// Hands a task back (draining): not a failure.
+    pub async fn release_task(
+        &self,
+        trainer: &str,
+        task: &pb::Task,
+        records_trained: u64,
+    ) -> Result<bool, ClientError> {
+        let msg = pb::ReleaseTaskRequest {
+            trainer: trainer.to_owned(),
+            task_id: task.id.clone(),
+            generation: task.generation,
+            records_trained,
+        };
+        let r = self
+            .call(msg, self.cfg.call_timeout, |mut c, r| async move {
+                c.release_task(r).await
+            })
+            .await?;
+        Ok(r.applied)
+    }
+
+    /// The queue's state.
+    pub async fn status(&self) -> Result<pb::StatusResponse, ClientError> {
+        self.call(
+            pb::StatusRequest {},
+            self.cfg.call_timeout,
+            |mut c, r| async move { c.status(r).await },
+        )
+        .await
+    }
+}
+
+/// Errors worth retrying at the (possibly new) leader.
+fn retryable(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
+    )
+}

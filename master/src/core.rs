@@ -1,0 +1,663 @@
+//! The leader's queue actor: one task owns the [`Queue`], applies requests in batches,
+//! makes each batch durable with one fenced etcd transaction (group commit) and only then
+//! replies. Long-polling `GetTask` calls are parked until a task frees up or their wait
+//! runs out; lease deadlines are served by the same loop.
+//!
+//! If a commit fails the in-memory queue may be ahead of etcd: the batch's callers get
+//! `Unavailable` (they retry idempotently) and the actor rebuilds the queue from etcd
+//! before serving again. If its fence is broken (another master leads) it stops.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::dataset::{self, Dataset, DatasetSpec};
+use crate::error::MasterError;
+use crate::queue::{self, Ack, Counters, FailedTask, GetTask, Millis, Queue, QueueConfig, Task};
+use crate::store::Store;
+
+/// Most requests applied in one batch.
+const MAX_BATCH: usize = 4096;
+
+/// Longest a `GetTask` may be parked.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// A leased task as trainers see it: the spec plus the file path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The task record.
+    pub task: Task,
+    /// The file it reads.
+    pub path: String,
+}
+
+/// The answer to `GetTask`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskReply {
+    /// A task to process.
+    Task(Lease),
+    /// Nothing free yet; ask again.
+    Wait,
+    /// The requested pass is over; this is the current one.
+    PassFinished(u32),
+    /// Every pass is done.
+    JobFinished,
+}
+
+/// What `Status` reports.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatusReport {
+    /// Whether a dataset is defined.
+    pub dataset_set: bool,
+    /// Current pass.
+    pub pass: u32,
+    /// Passes of the job.
+    pub passes: u32,
+    /// Every pass done.
+    pub finished: bool,
+    /// Task counts by state.
+    pub counts: queue::StateCounts,
+    /// Records per pass.
+    pub total_records: u64,
+    /// Trainers holding leases.
+    pub holders: Vec<String>,
+    /// Life counters.
+    pub counters: Counters,
+    /// Tasks failed for good.
+    pub failed: Vec<FailedTask>,
+    /// The current lease timeout.
+    pub timeout_ms: u64,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, MasterError>>;
+
+/// A request to the actor.
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    SetDataset {
+        spec: DatasetSpec,
+        reply: Reply<(Dataset, bool)>,
+    },
+    GetTask {
+        trainer: String,
+        pass: u32,
+        request: u64,
+        wait: Duration,
+        reply: Reply<TaskReply>,
+    },
+    Finished {
+        id: String,
+        generation: u64,
+        records: u64,
+        reply: Reply<bool>,
+    },
+    Failed {
+        id: String,
+        generation: u64,
+        reason: String,
+        trained: u64,
+        reply: Reply<bool>,
+    },
+    Release {
+        id: String,
+        generation: u64,
+        trained: u64,
+        reply: Reply<bool>,
+    },
+    Status {
+        reply: Reply<StatusReport>,
+    },
+    /// Trainers that left (their registration vanished).
+    TrainersLost {
+        trainers: Vec<String>,
+    },
+    /// The registered trainers right now (a consistent listing): holders not in it lost
+    /// their registration without us seeing the event.
+    Reconcile {
+        registered: Vec<String>,
+    },
+}
+
+/// A parked `GetTask`.
+#[derive(Debug)]
+struct Parked {
+    trainer: String,
+    pass: u32,
+    request: u64,
+    until: Instant,
+    reply: Reply<TaskReply>,
+}
+
+/// A reply to send once the batch is durable.
+enum Pending {
+    Task(Reply<TaskReply>, Result<TaskReply, MasterError>),
+    Ack(Reply<bool>, Result<bool, MasterError>),
+    Dataset(Reply<(Dataset, bool)>, Result<(Dataset, bool), MasterError>),
+    Status(Reply<StatusReport>, StatusReport),
+}
+
+/// A handle to the actor.
+#[derive(Clone, Debug)]
+pub struct CoreHandle {
+    tx: mpsc::Sender<Cmd>,
+}
+
+impl CoreHandle {
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, MasterError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| MasterError::NotLeader { leader: None })?;
+        rx.await
+            .map_err(|_| MasterError::Unavailable("the master is stepping down".into()))?
+    }
+
+    /// Defines the dataset or checks it is the same; returns it and whether it was new.
+    pub async fn set_dataset(&self, spec: DatasetSpec) -> Result<(Dataset, bool), MasterError> {
+        self.call(|reply| Cmd::SetDataset { spec, reply }).await
+    }
+
+    /// Leases a task (long-polls up to `wait`).
+    pub async fn get_task(
+        &self,
+        trainer: String,
+        pass: u32,
+        request: u64,
+        wait: Duration,
+    ) -> Result<TaskReply, MasterError> {
+        self.call(|reply| Cmd::GetTask {
+            trainer,
+            pass,
+            request,
+            wait: wait.min(MAX_WAIT),
+            reply,
+        })
+        .await
+    }
+
+    /// A task's records were trained. `Ok(false)`: the same report was already applied.
+    pub async fn finished(
+        &self,
+        id: String,
+        generation: u64,
+        records: u64,
+    ) -> Result<bool, MasterError> {
+        self.call(|reply| Cmd::Finished {
+            id,
+            generation,
+            records,
+            reply,
+        })
+        .await
+    }
+
+    /// A task could not be processed.
+    pub async fn failed(
+        &self,
+        id: String,
+        generation: u64,
+        reason: String,
+        trained: u64,
+    ) -> Result<bool, MasterError> {
+        self.call(|reply| Cmd::Failed {
+            id,
+            generation,
+            reason,
+            trained,
+            reply,
+        })
+        .await
+    }
+
+    /// A task is handed back.
+    pub async fn release(
+        &self,
+        id: String,
+        generation: u64,
+        trained: u64,
+    ) -> Result<bool, MasterError> {
+        self.call(|reply| Cmd::Release {
+            id,
+            generation,
+            trained,
+            reply,
+        })
+        .await
+    }
+
+    /// The queue's state.
+    pub async fn status(&self) -> Result<StatusReport, MasterError> {
+        self.call(|reply| Cmd::Status { reply }).await
+    }
+
+    /// Trainers whose registration vanished.
+    pub(crate) async fn trainers_lost(&self, trainers: Vec<String>) {
+        let _ = self.tx.send(Cmd::TrainersLost { trainers }).await;
+    }
+
+    /// The registered trainers, listed consistently.
+    pub(crate) async fn reconcile(&self, registered: Vec<String>) {
+        let _ = self.tx.send(Cmd::Reconcile { registered }).await;
+    }
+}
+
+/// The actor's state.
+pub(crate) struct Core {
+    store: Store,
+    cfg: QueueConfig,
+    dataset: Option<Dataset>,
+    queue: Option<Queue>,
+    parked: Vec<Parked>,
+    epoch: Instant,
+    rx: mpsc::Receiver<Cmd>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("dataset", &self.dataset.is_some())
+            .field("parked", &self.parked.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    /// Loads the durable state and returns the actor and its handle. Pending leases
+    /// are re-armed from now.
+    pub(crate) async fn start(
+        store: Store,
+        cfg: QueueConfig,
+    ) -> Result<(Core, CoreHandle), MasterError> {
+        let (tx, rx) = mpsc::channel(4096);
+        let mut core = Core {
+            store,
+            cfg,
+            dataset: None,
+            queue: None,
+            parked: Vec::new(),
+            epoch: Instant::now(),
+            rx,
+        };
+        core.reload().await?;
+        Ok((core, CoreHandle { tx }))
+    }
+
+    fn now(&self) -> Millis {
+        self.epoch.elapsed().as_millis() as Millis
+    }
+
+    fn to_instant(&self, ms: Millis) -> Instant {
+        self.epoch + Duration::from_millis(ms)
+    }
+
+    /// Rebuilds the queue from etcd.
+    async fn reload(&mut self) -> Result<(), MasterError> {
+        let loaded = self.store.load().await?;
+        let now = self.now();
+        match loaded {
+            None => {
+                self.dataset = None;
+                self.queue = None;
+            }
+            Some(l) => {
+                let mut cfg = self.cfg.clone();
+                cfg.passes = l.dataset.spec.passes;
+                let mut q = Queue::restore(cfg, l.meta, l.tasks, now);
+                let missing = (q.tasks().len() as u64) < l.dataset.tasks;
+                if missing {
+                    return Err(MasterError::Unavailable(format!(
+                        "etcd holds {} task records, the dataset has {}",
+                        q.tasks().len(),
+                        l.dataset.tasks
+                    )));
+                }
+                // Re-armed leases and reset tasks are written with the next batch.
+                let changes = q.take_changes();
+                self.store.commit(&changes).await?;
+                tracing::info!(
+                    pass = q.pass(),
+                    tasks = q.tasks().len(),
+                    pending = q.counts().pending,
+                    "queue restored from etcd"
+                );
+                self.dataset = Some(l.dataset);
+                self.queue = Some(q);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs until `cancel` fires, the handles are dropped or the fence breaks.
+    pub(crate) async fn run(mut self, cancel: CancellationToken) -> Result<(), MasterError> {
+        let mut batch: Vec<Cmd> = Vec::new();
+        loop {
+            let wake = self.next_wake();
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                cmd = self.rx.recv() => {
+                    let Some(cmd) = cmd else { break };
+                    batch.push(cmd);
+                    while batch.len() < MAX_BATCH {
+                        match self.rx.try_recv() {
+                            Ok(cmd) => batch.push(cmd),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                _ = sleep_until_opt(wake) => {}
+            }
+            let mut replies = Vec::with_capacity(batch.len());
+            for cmd in batch.drain(..) {
+                self.apply(cmd, &mut replies).await;
+            }
+            let now = self.now();
+            if let Some(q) = &mut self.queue {
+                let expired = q.tick(now);
+                if !expired.is_empty() {
+                    tracing::warn!(tasks = ?expired, "task leases timed out");
+                }
+            }
+            self.serve_parked(&mut replies);
+            let changes = match &mut self.queue {
+                Some(q) => q.take_changes(),
+                None => Default::default(),
+            };
+            if !changes.is_empty()
+                && let Err(e) = self.store.commit(&changes).await
+            {
+                let fenced = matches!(e, MasterError::NotLeader { .. });
+                tracing::warn!(error = %e, "queue commit failed; rebuilding from etcd");
+                fail_all(replies, &e);
+                if fenced {
+                    return Err(e);
+                }
+                self.recover(&cancel).await?;
+                continue;
+            }
+            for r in replies {
+                r.send();
+            }
+        }
+        for p in self.parked.drain(..) {
+            let _ = p.reply.send(Err(MasterError::Unavailable(
+                "the master is stopping".into(),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Retries `reload` until it works, the fence breaks or we are cancelled.
+    async fn recover(&mut self, cancel: &CancellationToken) -> Result<(), MasterError> {
+        let mut delay = Duration::from_millis(50);
+        for p in self.parked.drain(..) {
+            let _ = p.reply.send(Err(MasterError::Unavailable(
+                "master state being rebuilt".into(),
+            )));
+        }
+        loop {
+            match self.reload().await {
+                Ok(()) => return Ok(()),
+                Err(e @ MasterError::NotLeader { .. }) => return Err(e),
+                Err(e) => tracing::warn!(error = %e, "rebuilding the queue failed; retrying"),
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(MasterError::Unavailable("stopping".into())),
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        let lease = self
+            .queue
+            .as_ref()
+            .and_then(Queue::next_deadline)
+            .map(|ms| self.to_instant(ms));
+        let parked = self.parked.iter().map(|p| p.until).min();
+        match (lease, parked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn lease(&self, task: Task) -> TaskReply {
+        let path = self
+            .dataset
+            .as_ref()
+            .and_then(|d| d.files.get(task.spec.file as usize))
+            .map(|f| f.path.clone())
+            .unwrap_or_default();
+        TaskReply::Task(Lease { task, path })
+    }
+
+    fn try_get(&mut self, trainer: &str, pass: u32, request: u64) -> TaskReply {
+        let now = self.now();
+        let Some(q) = &mut self.queue else {
+            return TaskReply::Wait;
+        };
+        match q.get_task(trainer, pass, request, now) {
+            GetTask::Task(t) => self.lease(t),
+            GetTask::Wait => TaskReply::Wait,
+            GetTask::PassFinished { next_pass } => TaskReply::PassFinished(next_pass),
+            GetTask::JobFinished => TaskReply::JobFinished,
+        }
+    }
+
+    async fn apply(&mut self, cmd: Cmd, replies: &mut Vec<Pending>) {
+        match cmd {
+            Cmd::SetDataset { spec, reply } => {
+                let r = self.set_dataset(spec).await;
+                replies.push(Pending::Dataset(reply, r));
+            }
+            Cmd::GetTask {
+                trainer,
+                pass,
+                request,
+                wait,
+                reply,
+            } => match self.try_get(&trainer, pass, request) {
+                TaskReply::Wait if !wait.is_zero() => self.parked.push(Parked {
+                    trainer,
+                    pass,
+                    request,
+                    until: Instant::now() + wait,
+                    reply,
+                }),
+                r => replies.push(Pending::Task(reply, Ok(r))),
+            },
+            Cmd::Finished {
+                id,
+                generation,
+                records,
+                reply,
+            } => {
+                let now = self.now();
+                let r = self.with_queue(|q| q.finished(&id, generation, records, now));
+                replies.push(Pending::Ack(reply, r));
+            }
+            Cmd::Failed {
+                id,
+                generation,
+                reason,
+                trained,
+                reply,
+            } => {
+                let r = self.with_queue(|q| q.failed(&id, generation, &reason, trained));
+                if r.is_ok() {
+                    tracing::warn!(task = %id, reason = %reason, "task failed");
+                }
+                replies.push(Pending::Ack(reply, r));
+            }
+            Cmd::Release {
+                id,
+                generation,
+                trained,
+                reply,
+            } => {
+                let r = self.with_queue(|q| q.released(&id, generation, trained));
+                replies.push(Pending::Ack(reply, r));
+            }
+            Cmd::Status { reply } => replies.push(Pending::Status(reply, self.status())),
+            Cmd::TrainersLost { trainers } => {
+                if let Some(q) = &mut self.queue {
+                    for t in trainers {
+                        let revoked = q.trainer_lost(&t);
+                        if !revoked.is_empty() {
+                            tracing::warn!(trainer = %t, tasks = ?revoked, "trainer lost; its tasks are back in todo");
+                        }
+                    }
+                }
+            }
+            Cmd::Reconcile { registered } => {
+                if let Some(q) = &mut self.queue {
+                    let gone: Vec<String> = q
+                        .holders()
+                        .filter(|h| !registered.iter().any(|r| r == h))
+                        .map(str::to_owned)
+                        .collect();
+                    for t in gone {
+                        let revoked = q.trainer_lost(&t);
+                        tracing::warn!(trainer = %t, tasks = ?revoked, "lease holder is not registered; its tasks are back in todo");
+                    }
+                }
+            }
+        }
+    }
+
+    fn with_queue(
+        &mut self,
+        f: impl FnOnce(&mut Queue) -> Result<Ack, queue::Reject>,
+    ) -> Result<bool, MasterError> {
+        match &mut self.queue {
+            None => Err(MasterError::InvalidArgument(
+                "no dataset is defined yet".into(),
+            )),
+            Some(q) => f(q).map(|a| a == Ack::Applied).map_err(MasterError::from),
+        }
+    }
+
+    async fn set_dataset(&mut self, spec: DatasetSpec) -> Result<(Dataset, bool), MasterError> {
+        if let Some(ds) = &self.dataset {
+            spec.check_same(&ds.spec)?;
+            return Ok((ds.clone(), false));
+        }
+        spec.validate()?;
+        let indexed = {
+            let spec = spec.clone();
+            tokio::task::spawn_blocking(move || dataset::index(&spec))
+                .await
+                .map_err(|e| MasterError::Unavailable(format!("indexing task failed: {e}")))??
+        };
+        let (ds, specs) = indexed;
+        let mut cfg = self.cfg.clone();
+        cfg.passes = spec.passes;
+        let mut q = Queue::new(cfg, specs);
+        let changes = q.take_changes();
+        self.store.create_dataset(&ds, &changes).await?;
+        tracing::info!(
+            files = ds.files.len(),
+            tasks = ds.tasks,
+            records = ds.records,
+            passes = spec.passes,
+            "dataset defined"
+        );
+        self.dataset = Some(ds.clone());
+        self.queue = Some(q);
+        Ok((ds, true))
+    }
+
+    /// Answers parked calls that can be answered: a task freed up, the pass or job
+    /// ended, or their wait ran out.
+    fn serve_parked(&mut self, replies: &mut Vec<Pending>) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let parked = std::mem::take(&mut self.parked);
+        for p in parked {
+            if p.reply.is_closed() {
+                continue;
+            }
+            match self.try_get(&p.trainer, p.pass, p.request) {
+                TaskReply::Wait if p.until > now => self.parked.push(p),
+                r => replies.push(Pending::Task(p.reply, Ok(r))),
+            }
+        }
+    }
+
+    /// The status report.
+    fn status(&self) -> StatusReport {
+        let Some(q) = &self.queue else {
+            return StatusReport::default();
+        };
+        StatusReport {
+            dataset_set: true,
+            pass: q.pass(),
+            passes: q.config().passes,
+            finished: q.is_finished(),
+            counts: q.counts(),
+            total_records: self.dataset.as_ref().map(|d| d.records).unwrap_or(0),
+            holders: q.holders().map(str::to_owned).collect(),
+            counters: q.meta().counters.clone(),
+            failed: q.meta().failed.clone(),
+            timeout_ms: q.timeout(),
+        }
+    }
+}
+
+impl Pending {
+    fn send(self) {
+        match self {
+            Pending::Task(tx, r) => {
+                let _ = tx.send(r);
+            }
+            Pending::Ack(tx, r) => {
+                let _ = tx.send(r);
+            }
+            Pending::Dataset(tx, r) => {
+                let _ = tx.send(r);
+            }
+            Pending::Status(tx, r) => {
+                let _ = tx.send(Ok(r));
+            }
+        }
+    }
+}
+
+/// Fails every reply of a batch that could not be made durable.
+fn fail_all(replies: Vec<Pending>, e: &MasterError) {
+    let err = || match e {
+        MasterError::NotLeader { leader } => MasterError::NotLeader {
+            leader: leader.clone(),
+        },
+        other => MasterError::Unavailable(other.to_string()),
+    };
+    for r in replies {
+        match r {
+            Pending::Task(tx, _) => {
+                let _ = tx.send(Err(err()));
+            }
+            Pending::Ack(tx, _) => {
+                let _ = tx.send(Err(err()));
+            }
+            Pending::Dataset(tx, _) => {
+                let _ = tx.send(Err(err()));
+            }
+            Pending::Status(tx, _) => {
+                let _ = tx.send(Err(err()));
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,307 @@
+//! The `cloud_reader`: a trainer's stream of leased tasks and their records.
+//!
+//! A background fetcher leases tasks from the master and reads each one's chunks with
+//! the RecordIO range scanner, keeping up to `read_ahead` read tasks in a bounded buffer
+//! so training never waits on I/O. The trainer takes a task, trains its records, and only
+//! then acknowledges it with [`CloudReader::finished`]: a task is done when its records
+//! were trained, not when they were read. End of pass and end of job arrive as items.
+//!
+//! A task whose chunks cannot be read (corrupt, truncated, changed since indexing) is
+//! failed at the master with the reader's error as the reason, and the fetcher moves on;
+//! the master retries it up to `max_failures` times and then reports it failed.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_proto::master as pb;
+use edl_recordio::{ChunkIndex, RangeScanner, ReadOptions};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{ClientError, MasterClient, Next};
+
+/// Reader settings.
+#[derive(Clone, Debug)]
+pub struct ReaderConfig {
+    /// This trainer's id (its registration under `trainers/`).
+    pub trainer: String,
+    /// Read tasks buffered ahead of the trainer.
+    pub read_ahead: usize,
+    /// Long-poll wait of each `GetTask`.
+    pub wait: Duration,
+    /// The pass to start in (a joining trainer starts in the current one; the master
+    /// says so if it is behind).
+    pub start_pass: u32,
+}
+
+impl ReaderConfig {
+    /// Defaults for trainer `trainer`: 2 tasks ahead, 5 s long-polls, from pass 0.
+    pub fn new(trainer: impl Into<String>) -> Self {
+        ReaderConfig {
+            trainer: trainer.into(),
+            read_ahead: 2,
+            wait: Duration::from_secs(5),
+            start_pass: 0,
+        }
+    }
+}
+
+/// A leased task with its records, read and ready to train.
+#[derive(Clone, Debug)]
+pub struct TaskData {
+    /// The lease (id, generation, pass, file and chunk range).
+    pub task: pb::Task,
+    /// Its records, in file order.
+    pub records: Vec<Vec<u8>>,
+}
+
+/// What the reader yields.
+#[derive(Clone, Debug)]
+pub enum Item {
+    /// A task to train.
+    Task(TaskData),
+    /// Pass `ended` is over (every task done or failed); the next is `next`.
+    PassFinished {
+        /// The pass that ended.
+        ended: u32,
+        /// The current pass.
+        next: u32,
+    },
+    /// Every pass is done.
+    JobFinished,
+}
+
+/// Why reading failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReaderError {
+    /// The master could not be reached or refused.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+/// The trainer's reader of leased tasks.
+#[derive(Debug)]
+pub struct CloudReader {
+    client: MasterClient,
+    trainer: String,
+    rx: mpsc::Receiver<Result<Item, ReaderError>>,
+    stop: CancellationToken,
+    fetcher: Option<JoinHandle<()>>,
+}
+
+impl CloudReader {
+    /// Starts fetching for `cfg.trainer`.
+    pub fn start(client: MasterClient, cfg: ReaderConfig) -> CloudReader {
+        let (tx, rx) = mpsc::channel(cfg.read_ahead.max(1));
+        let stop = CancellationToken::new();
+        let trainer = cfg.trainer.clone();
+        let fetcher = tokio::spawn(
+            Fetcher {
+                client: client.clone(),
+                cfg,
+                tx,
+                stop: stop.clone(),
+                indexes: HashMap::new(),
+            }
+            .run(),
+        );
+        CloudReader {
+            client,
+            trainer,
+            rx,
+            stop,
+            fetcher: Some(fetcher),
+        }
+    }
+
+    /// The next item; `None` after `JobFinished` or an error.
+    pub async fn next(&mut self) -> Option<Result<Item, ReaderError>> {
+        self.rx.recv().await
+    }
+
+    /// Acknowledges a task whose records were trained. `Ok(false)`: already reported.
+    /// A stale lease (the task was taken away meanwhile) is `Err` with `is_stale()`.
+    pub async fn finished(&self, task: &pb::Task, records: u64) -> Result<bool, ClientError> {
+        self.client
+            .task_finished(&self.trainer, task, records)
+            .await
+    }
+
+    /// Reports a task that could not be trained (it is retried, up to `max_failures`).
+    pub async fn failed(
+        &self,
+        task: &pb::Task,
+        reason: &str,
+        records_trained: u64,
+    ) -> Result<bool, ClientError> {
+        self.client
+            .task_failed(&self.trainer, task, reason, records_trained)
+            .await
+    }
+
+    /// Hands a task back without failure (draining).
+    pub async fn release(
+        &self,
+        task: &pb::Task,
+        records_trained: u64,
+    ) -> Result<bool, ClientError> {
+        self.client
+            .release_task(&self.trainer, task, records_trained)
+            .await
+    }
+
+    /// Stops fetching and hands back every task read ahead but not yet taken.
+    pub async fn drain(mut self) {
+        self.stop.cancel();
+        if let Some(f) = self.fetcher.take() {
+            let _ = f.await;
+        }
+        self.rx.close();
+        while let Some(item) = self.rx.recv().await {
+            if let Ok(Item::Task(t)) = item {
+                if let Err(e) = self.release(&t.task, 0).await {
+                    tracing::warn!(task = %t.task.id, error = %e, "handing back a read-ahead task failed");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for CloudReader {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+struct Fetcher {
+    client: MasterClient,
+    cfg: ReaderConfig,
+    tx: mpsc::Sender<Result<Item, ReaderError>>,
+    stop: CancellationToken,
+    indexes: HashMap<String, Arc<ChunkIndex>>,
+}
+
+impl Fetcher {
+    async fn run(mut self) {
+        let mut pass = self.cfg.start_pass;
+        let mut request: u64 = 1;
+        loop {
+            if self.stop.is_cancelled() {
+                return;
+            }
+            let next = tokio::select! {
+                _ = self.stop.cancelled() => return,
+                r = self.client.get_task(&self.cfg.trainer, pass, request, self.cfg.wait) => r,
+            };
+            match next {
+                Ok(Next::Task(task)) => {
+                    request += 1;
+                    self.deliver(task).await;
+                }
+                Ok(Next::Wait) => {}
+                Ok(Next::PassFinished(next)) => {
+                    let ended = pass;
+                    pass = next;
+                    if self
+                        .send(Ok(Item::PassFinished { ended, next }))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(Next::JobFinished) => {
+                    let _ = self.send(Ok(Item::JobFinished)).await;
+                    return;
+                }
+                Err(ClientError::Cancelled) => return,
+                Err(e) => {
+                    let _ = self.send(Err(e.into())).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn send(&self, item: Result<Item, ReaderError>) -> Result<(), ()> {
+        tokio::select! {
+            _ = self.stop.cancelled() => Err(()),
+            r = self.tx.send(item) => r.map_err(|_| ()),
+        }
+    }
+
+    /// Reads a leased task and queues it; a task that cannot be read is failed at the
+    /// master; one that cannot be queued (stopping) is handed back.
+    async fn deliver(&mut self, task: pb::Task) {
+        let index = self.indexes.get(&task.path).cloned();
+        let t = task.clone();
+        let read = tokio::task::spawn_blocking(move || read_task(&t, index)).await;
+        let read = match read {
+            Ok(r) => r,
+            Err(e) => Err(format!("reading task {} panicked: {e}", task.id)),
+        };
+        match read {
+            Ok((records, index)) => {
+                self.indexes.insert(task.path.clone(), index);
+                let data = TaskData {
+                    task: task.clone(),
+                    records,
+                };
+                if self.send(Ok(Item::Task(data))).await.is_err()
+                    && let Err(e) = self.client.release_task(&self.cfg.trainer, &task, 0).await
+                {
+                    tracing::warn!(task = %task.id, error = %e, "handing back an unread task failed");
+                }
+            }
+            Err(reason) => {
+                tracing::warn!(task = %task.id, reason = %reason, "cannot read task; failing it");
+                self.indexes.remove(&task.path);
+                if let Err(e) = self
+                    .client
+                    .task_failed(&self.cfg.trainer, &task, &reason, 0)
+                    .await
+                {
+                    tracing::warn!(task = %task.id, error = %e, "reporting a failed task failed");
+                }
+            }
+        }
+    }
+}
+
+/// Reads the records of a task's chunk range (blocking I/O). Returns them with the
+/// file's index, cached for the next task of the same file.
+fn read_task(
+    task: &pb::Task,
+    cached: Option<Arc<ChunkIndex>>,
+) -> Result<(Vec<Vec<u8>>, Arc<ChunkIndex>), String> {
+    let index = match cached {
+        Some(i) => i,
+        None => Arc::new(ChunkIndex::build(PathBuf::from(&task.path)).map_err(|e| e.to_string())?),
+    };
+    let (begin, end) = (task.chunk_begin as usize, task.chunk_end as usize);
+    let first = index.chunks.get(begin).map(|c| c.offset);
+    if end > index.chunks.len() || begin >= end || first != Some(task.offset_begin) {
+        return Err(format!(
+            "{} changed since the master indexed it: chunks {begin}..{end} at byte {} not found",
+            task.path, task.offset_begin
+        ));
+    }
+    let mut scanner = RangeScanner::open(&index, begin..end, ReadOptions::default())
+        .map_err(|e| e.to_string())?;
+    let mut records = Vec::with_capacity(task.records as usize);
+    while let Some(r) = scanner.next_record().map_err(|e| e.to_string())? {
+        records.push(r.to_vec());
+    }
+    if records.len() as u64 != task.records {
+        return Err(format!(
+            "{} chunks {begin}..{end}: read {} records, the master indexed {}",
+            task.path,
+            records.len(),
+            task.records
+        ));
+    }
+    Ok((records, index))
+}

@@ -1,0 +1,503 @@
+//! The master process: campaigns for leadership, serves the gRPC API, and while it leads
+//! runs the queue actor and follows the trainer registry.
+//!
+//! Every master serves gRPC from the start; a standby answers `Unavailable` with the
+//! leader's address (`x-edl-leader`). When the leader's etcd lease is lost its actor stops
+//! at once (it must never write beside its successor; its writes are fenced anyway) and it
+//! campaigns again with a new lease.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{Backend, Election, Lease, Registry};
+use edl_proto::master as pb;
+use futures::StreamExt;
+use tokio::net::TcpListener;
+use tokio::sync::{RwLock, watch};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::core::{Core, CoreHandle, StatusReport, TaskReply};
+use crate::dataset::DatasetSpec;
+use crate::error::MasterError;
+use crate::keys::Keys;
+use crate::queue::QueueConfig;
+use crate::store::Store;
+
+/// Master configuration.
+#[derive(Clone, Debug)]
+pub struct MasterConfig {
+    /// The job name (the etcd prefix `/edl/<job>/`).
+    pub job: String,
+    /// The shared job token every request must carry, if set.
+    pub token: Option<String>,
+    /// The address trainers reach this master at; defaults to the listener's address.
+    pub advertise: Option<String>,
+    /// TTL of the master's etcd lease: a dead leader is replaced within about this long.
+    pub lease_ttl: Duration,
+    /// Task queue settings (failures, timeouts); passes come from the dataset.
+    pub queue: QueueConfig,
+    /// How often lease holders are checked against a consistent trainer listing, as a
+    /// backstop to the registry watch.
+    pub reconcile_every: Duration,
+}
+
+impl MasterConfig {
+    /// Defaults for job `job`.
+    pub fn new(job: impl Into<String>) -> Self {
+        MasterConfig {
+            job: job.into(),
+            token: None,
+            advertise: None,
+            lease_ttl: Duration::from_secs(5),
+            queue: QueueConfig::default(),
+            reconcile_every: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the gRPC adapter needs: the actor while leading, the leader's address otherwise.
+#[derive(Debug, Default)]
+struct Shared {
+    core: RwLock<Option<CoreHandle>>,
+    leader: RwLock<Option<String>>,
+}
+
+/// The gRPC adapter over the actor.
+#[derive(Debug, Clone)]
+pub struct MasterGrpc {
+    shared: Arc<Shared>,
+    job: String,
+    token: Option<String>,
+}
+
+impl MasterGrpc {
+    fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let md = req.metadata();
+        let job = md
+            .get(edl_proto::JOB_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if job != self.job {
+            return Err(MasterError::Unauthenticated(format!(
+                "this master serves job {:?}, the request is for {job:?}",
+                self.job
+            ))
+            .into());
+        }
+        if let Some(token) = &self.token {
+            let got = md
+                .get(edl_proto::TOKEN_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if got != token {
+                return Err(
+                    MasterError::Unauthenticated("wrong or missing job token".into()).into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn core(&self) -> Result<CoreHandle, Status> {
+        if let Some(h) = self.shared.core.read().await.clone() {
+            return Ok(h);
+        }
+        let leader = self.shared.leader.read().await.clone();
+        Err(MasterError::NotLeader { leader }.into())
+    }
+}
+
+fn task_to_pb(l: crate::core::Lease) -> pb::Task {
+    let t = l.task;
+    pb::Task {
+        id: t.spec.id,
+        path: l.path,
+        chunk_begin: t.spec.chunk_begin,
+        chunk_end: t.spec.chunk_end,
+        records: t.spec.records,
+        pass: t.pass,
+        generation: t.generation,
+        failures: t.failures,
+        offset_begin: t.spec.offset_begin,
+        offset_end: t.spec.offset_end,
+    }
+}
+
+fn status_to_pb(job: &str, leader: String, s: StatusReport) -> pb::StatusResponse {
+    let c = s.counters;
+    pb::StatusResponse {
+        job: job.to_owned(),
+        leader,
+        dataset_set: s.dataset_set,
+        pass: s.pass,
+        passes: s.passes,
+        finished: s.finished,
+        todo: s.counts.todo as u64,
+        pending: s.counts.pending as u64,
+        done: s.counts.done as u64,
+        failed: s.counts.failed as u64,
+        trainers: s.holders,
+        counters: Some(pb::Counters {
+            dispatched: c.dispatched,
+            finished: c.finished,
+            failures: c.failures,
+            requeued: c.requeued,
+            timeouts: c.timeouts,
+            trainer_lost: c.trainer_lost,
+            released: c.released,
+            stale_rejected: c.stale_rejected,
+            records_trained: c.records_trained,
+            duplicate_records: c.duplicate_records,
+            cutoff_records: c.cutoff_records,
+            failed_tasks: c.failed_tasks,
+            lost_records: c.lost_records,
+            passes_completed: c.passes_completed,
+            failovers: c.restores,
+        }),
+        failed_tasks: s
+            .failed
+            .into_iter()
+            .map(|f| pb::FailedTask {
+                pass: f.pass,
+                id: f.id,
+                records: f.records,
+                reason: f.reason,
+            })
+            .collect(),
+        timeout_ms: s.timeout_ms,
+        total_records: s.total_records,
+    }
+}
+
+#[tonic::async_trait]
+impl pb::master_server::Master for MasterGrpc {
+    async fn set_dataset(
+        &self,
+        req: Request<pb::SetDatasetRequest>,
+    ) -> Result<Response<pb::SetDatasetResponse>, Status> {
+        self.check(&req)?;
+        let r = req.into_inner();
+        let spec = DatasetSpec {
+            globs: r.globs,
+            chunks_per_task: r.chunks_per_task,
+            passes: r.passes,
+        };
+        let (ds, created) = self.core().await?.set_dataset(spec).await?;
+        Ok(Response::new(pb::SetDatasetResponse {
+            files: ds.files.len() as u32,
+            tasks: ds.tasks,
+            records: ds.records,
+            created,
+        }))
+    }
+
+    async fn get_task(
+        &self,
+        req: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        self.check(&req)?;
+        let r = req.into_inner();
+        if r.trainer.is_empty() {
+            return Err(MasterError::InvalidArgument("trainer id is empty".into()).into());
+        }
+        let wait = Duration::from_millis(u64::from(r.wait_ms));
+        let reply = self
+            .core()
+            .await?
+            .get_task(r.trainer, r.pass, r.request_id, wait)
+            .await?;
+        use pb::get_task_response::Result as R;
+        let result = match reply {
+            TaskReply::Task(l) => R::Task(task_to_pb(l)),
+            TaskReply::Wait => R::Wait(pb::Empty {}),
+            TaskReply::PassFinished(p) => R::PassFinished(p),
+            TaskReply::JobFinished => R::JobFinished(pb::Empty {}),
+        };
+        Ok(Response::new(pb::GetTaskResponse {
+            result: Some(result),
+        }))
+    }
+
+    async fn task_finished(
+        &self,
+        req: Request<pb::TaskFinishedRequest>,
+    ) -> Result<Response<pb::TaskReportResponse>, Status> {
+        self.check(&req)?;
+        let r = req.into_inner();
+        let applied = self
+            .core()
+            .await?
+            .finished(r.task_id, r.generation, r.records)
+            .await?;
+        Ok(Response::new(pb::TaskReportResponse { applied }))
+    }
+
+    async fn task_failed(
+        &self,
+        req: Request<pb::TaskFailedRequest>,
+    ) -> Result<Response<pb::TaskReportResponse>, Status> {
+        self.check(&req)?;
+        let r = req.into_inner();
+        let reason = if r.reason.is_empty() {
+            format!("failed on trainer {}", r.trainer)
+        } else {
+            r.reason
+        };
+        let applied = self
+            .core()
+            .await?
+            .failed(r.task_id, r.generation, reason, r.records_trained)
+            .await?;
+        Ok(Response::new(pb::TaskReportResponse { applied }))
+    }
+
+    async fn release_task(
+        &self,
+        req: Request<pb::ReleaseTaskRequest>,
+    ) -> Result<Response<pb::TaskReportResponse>, Status> {
+        self.check(&req)?;
+        let r = req.into_inner();
+        let applied = self
+            .core()
+            .await?
+            .release(r.task_id, r.generation, r.records_trained)
+            .await?;
+        Ok(Response::new(pb::TaskReportResponse { applied }))
+    }
+
+    async fn status(
+        &self,
+        req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        self.check(&req)?;
+        let s = self.core().await?.status().await?;
+        let leader = self.shared.leader.read().await.clone().unwrap_or_default();
+        Ok(Response::new(status_to_pb(&self.job, leader, s)))
+    }
+}
+
+/// Largest request the master accepts (a SetDataset with many globs fits easily).
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// Runs a master on `listener` until `shutdown` fires.
+pub async fn run(
+    backend: Arc<dyn Backend>,
+    cfg: MasterConfig,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), MasterError> {
+    let local: SocketAddr = listener
+        .local_addr()
+        .map_err(|e| MasterError::Unavailable(format!("listener address: {e}")))?;
+    let advertise = cfg.advertise.clone().unwrap_or_else(|| local.to_string());
+    let shared = Arc::new(Shared::default());
+    let grpc = MasterGrpc {
+        shared: shared.clone(),
+        job: cfg.job.clone(),
+        token: cfg.token.clone(),
+    };
+    let svc = pb::master_server::MasterServer::new(grpc)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let server_stop = shutdown.clone();
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                server_stop.cancelled_owned(),
+            )
+            .await
+    });
+    tracing::info!(job = %cfg.job, addr = %advertise, "master serving");
+
+    let keys = Keys::new(&cfg.job);
+    let election = Election::new(backend.clone(), keys.master_election());
+    // Follow the leader's address for standby redirects.
+    let mut leader_rx = election.observe(shutdown.child_token());
+    let hint = shared.clone();
+    tokio::spawn(async move {
+        loop {
+            let addr = leader_rx
+                .borrow_and_update()
+                .as_ref()
+                .map(|l| String::from_utf8_lossy(&l.value).into_owned());
+            *hint.leader.write().await = addr;
+            if leader_rx.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+
+    let result = lead_loop(
+        &backend, &cfg, &keys, &election, &advertise, &shared, &shutdown,
+    )
+    .await;
+    shutdown.cancel();
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "grpc server ended with an error"),
+        Err(e) => tracing::warn!(error = %e, "grpc server task failed"),
+    }
+    result
+}
+
+/// Campaigns, leads until the lease is lost, and campaigns again, until shutdown.
+async fn lead_loop(
+    backend: &Arc<dyn Backend>,
+    cfg: &MasterConfig,
+    keys: &Keys,
+    election: &Election,
+    advertise: &str,
+    shared: &Arc<Shared>,
+    shutdown: &CancellationToken,
+) -> Result<(), MasterError> {
+    let mut delay = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        let lease = match Lease::grant(backend.clone(), cfg.lease_ttl, shutdown.child_token()).await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot get an etcd lease; retrying");
+                backoff(&mut delay, shutdown).await;
+                continue;
+            }
+        };
+        let leadership = match election.campaign(&lease, advertise, shutdown).await {
+            Ok(l) => l,
+            Err(edl_coord::Error::Cancelled) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "campaign ended; retrying");
+                backoff(&mut delay, shutdown).await;
+                continue;
+            }
+        };
+        delay = Duration::from_millis(100);
+        tracing::info!(addr = %advertise, revision = leadership.revision(), "leading");
+        let term = CancellationToken::new();
+        let lost = leadership.lost();
+        let stop = {
+            let term = term.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = lost.cancelled() => tracing::warn!("leadership lost; stepping down"),
+                    _ = shutdown.cancelled() => {}
+                    _ = term.cancelled() => {}
+                }
+                term.cancel();
+            })
+        };
+        let store = Store::new(backend.clone(), keys.clone(), leadership.fence().clone());
+        match lead(backend, cfg, keys, store, shared, &term).await {
+            Ok(()) => {}
+            Err(e) => tracing::warn!(error = %e, "leader term ended"),
+        }
+        *shared.core.write().await = None;
+        term.cancel();
+        let _ = stop.await;
+        if shutdown.is_cancelled() {
+            if let Err(e) = leadership.resign().await {
+                tracing::debug!(error = %e, "resign failed; the lease will expire");
+            }
+            let _ = lease.revoke().await;
+            break;
+        }
+        drop(leadership);
+        drop(lease);
+    }
+    Ok(())
+}
+
+/// One leader term: rebuild the queue, serve it, follow the trainers.
+async fn lead(
+    backend: &Arc<dyn Backend>,
+    cfg: &MasterConfig,
+    keys: &Keys,
+    store: Store,
+    shared: &Arc<Shared>,
+    term: &CancellationToken,
+) -> Result<(), MasterError> {
+    let mut delay = Duration::from_millis(50);
+    let (core, handle) = loop {
+        match Core::start(store.clone(), cfg.queue.clone()).await {
+            Ok(x) => break x,
+            Err(e @ MasterError::NotLeader { .. }) => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "loading the queue failed; retrying");
+                backoff(&mut delay, term).await;
+                if term.is_cancelled() {
+                    return Ok(());
+                }
+            }
+        }
+    };
+    let registry = Registry::new(backend.clone(), keys.trainers());
+    // Holders that are not registered right now lost their trainer during the failover.
+    if let Ok((members, _)) = registry.list().await {
+        handle
+            .reconcile(members.into_iter().map(|m| m.id).collect())
+            .await;
+    }
+    let follower = tokio::spawn(follow_trainers(
+        registry,
+        handle.clone(),
+        cfg.reconcile_every,
+        term.clone(),
+    ));
+    *shared.core.write().await = Some(handle);
+    let result = core.run(term.clone()).await;
+    term.cancel();
+    let _ = follower.await;
+    result
+}
+
+/// Reports trainers that leave, and reconciles lease holders with a consistent listing.
+async fn follow_trainers(
+    registry: Registry,
+    handle: CoreHandle,
+    every: Duration,
+    term: CancellationToken,
+) {
+    let mut events = registry.watch(term.child_token());
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = term.cancelled() => break,
+            ev = events.next() => match ev {
+                Some(edl_coord::MemberEvent::Left(m)) => {
+                    tracing::info!(trainer = %m.id, "trainer left");
+                    handle.trainers_lost(vec![m.id]).await;
+                }
+                Some(edl_coord::MemberEvent::Joined(m)) => tracing::info!(trainer = %m.id, "trainer joined"),
+                Some(_) => {}
+                None => break,
+            },
+            _ = tick.tick() => {
+                if let Ok((members, _)) = registry.list().await {
+                    handle.reconcile(members.into_iter().map(|m| m.id).collect()).await;
+                }
+            }
+        }
+    }
+}
+
+async fn backoff(delay: &mut Duration, cancel: &CancellationToken) {
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = tokio::time::sleep(*delay) => {}
+    }
+    *delay = (*delay * 2).min(Duration::from_secs(2));
+}
+
+/// A watch of the leading master's address (for clients).
+pub fn observe_leader(
+    backend: Arc<dyn Backend>,
+    job: &str,
+    cancel: CancellationToken,
+) -> watch::Receiver<Option<edl_coord::LeaderInfo>> {
+    Election::new(backend, Keys::new(job).master_election()).observe(cancel)
+}

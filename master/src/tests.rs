@@ -1,0 +1,311 @@
+//! In-process tests of the master service: real gRPC on loopback (port 0), the
+//! in-memory coordination backend. Cross-process and real-etcd tests are in `tests/`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{Backend, Lease, MemBackend, Registry};
+use edl_recordio::{FileWriter, WriterOptions};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{ClientConfig, MasterClient, Next};
+use crate::keys::Keys;
+use crate::reader::{CloudReader, Item, ReaderConfig};
+use crate::server::{MasterConfig, run};
+
+/// Writes `files` RecordIO files of `per_file` records (`f<i>-r<j>`), 5 records a chunk.
+fn dataset(dir: &Path, files: usize, per_file: usize) -> String {
+    for f in 0..files {
+        let mut w = FileWriter::create(
+            dir.join(format!("part-{f:03}.recordio")),
+            WriterOptions {
+                max_chunk_bytes: 5 * 16,
+                ..WriterOptions::default()
+            },
+        )
+        .unwrap();
+        for r in 0..per_file {
+            w.write(format!("f{f:03}-r{r:05}").as_bytes()).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    format!("{}/part-*.recordio", dir.display())
+}
+
+struct Harness {
+    backend: Arc<dyn Backend>,
+    stop: CancellationToken,
+    masters: Vec<(CancellationToken, tokio::task::JoinHandle<()>)>,
+    job: String,
+}
+
+impl Harness {
+    fn new(job: &str) -> Harness {
+        Harness {
+            backend: Arc::new(MemBackend::new()),
+            stop: CancellationToken::new(),
+            masters: Vec::new(),
+            job: job.to_owned(),
+        }
+    }
+
+    async fn start_master(&mut self) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = MasterConfig::new(&self.job);
+        cfg.lease_ttl = Duration::from_secs(1);
+        cfg.reconcile_every = Duration::from_millis(200);
+        let stop = self.stop.child_token();
+        let backend = self.backend.clone();
+        let s = stop.clone();
+        let h = tokio::spawn(async move {
+            run(backend, cfg, listener, s).await.unwrap();
+        });
+        self.masters.push((stop, h));
+    }
+
+    fn client(&self) -> MasterClient {
+        let mut cfg = ClientConfig::new(&self.job);
+        cfg.retry_for = Duration::from_secs(20);
+        MasterClient::new(self.backend.clone(), cfg, self.stop.child_token())
+    }
+
+    async fn register(&self, trainer: &str) -> Lease {
+        let lease = Lease::grant(
+            self.backend.clone(),
+            Duration::from_secs(1),
+            self.stop.child_token(),
+        )
+        .await
+        .unwrap();
+        Registry::new(self.backend.clone(), Keys::new(&self.job).trainers())
+            .register(trainer, b"test".to_vec(), &lease)
+            .await
+            .unwrap();
+        lease
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn read_all(reader: &mut CloudReader) -> (Vec<String>, u32) {
+    let mut seen = Vec::new();
+    let mut passes = 0;
+    while let Some(item) = reader.next().await {
+        match item.unwrap() {
+            Item::Task(t) => {
+                for r in &t.records {
+                    seen.push(String::from_utf8(r.clone()).unwrap());
+                }
+                assert!(
+                    reader
+                        .finished(&t.task, t.records.len() as u64)
+                        .await
+                        .unwrap()
+                );
+            }
+            Item::PassFinished { .. } => passes += 1,
+            Item::JobFinished => break,
+        }
+    }
+    (seen, passes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_readers_see_every_record_exactly_once_per_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 3, 137);
+    let mut h = Harness::new("exactly-once");
+    h.start_master().await;
+    let client = h.client();
+    let ds = client.set_dataset(vec![glob.clone()], 2, 2).await.unwrap();
+    assert_eq!((ds.files, ds.records, ds.created), (3, 411, true));
+    // Idempotent: the same dataset again is a no-op; another one is refused.
+    assert!(
+        !client
+            .set_dataset(vec![glob.clone()], 2, 2)
+            .await
+            .unwrap()
+            .created
+    );
+    let err = client.set_dataset(vec![glob], 3, 2).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::AlreadyExists), "{err}");
+
+    let mut readers = Vec::new();
+    for i in 0..4 {
+        let name = format!("trainer-{i}");
+        let lease = h.register(&name).await;
+        let mut reader = CloudReader::start(h.client(), ReaderConfig::new(name));
+        readers.push(tokio::spawn(async move {
+            let r = read_all(&mut reader).await;
+            drop(lease);
+            r
+        }));
+    }
+    let mut count: BTreeMap<String, u32> = BTreeMap::new();
+    for r in readers {
+        let (seen, passes) = r.await.unwrap();
+        assert_eq!(passes, 1, "each reader sees the end of pass 0");
+        for s in seen {
+            *count.entry(s).or_default() += 1;
+        }
+    }
+    assert_eq!(count.len(), 411);
+    assert!(
+        count.values().all(|&c| c == 2),
+        "two passes, each record once per pass"
+    );
+    let st = client.status().await.unwrap();
+    assert!(st.finished);
+    let c = st.counters.unwrap();
+    assert_eq!(c.records_trained, 822);
+    assert_eq!(
+        (c.failures, c.stale_rejected, c.duplicate_records),
+        (0, 0, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 1, 20);
+    let mut h = Harness::new("lost");
+    h.start_master().await;
+    let client = h.client();
+    client.set_dataset(vec![glob], 1, 1).await.unwrap();
+    let lease = h.register("doomed").await;
+    let Next::Task(task) = client
+        .get_task("doomed", 0, 1, Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("expected a task")
+    };
+    // A retry of the same request gets the same lease.
+    assert_eq!(
+        client
+            .get_task("doomed", 0, 1, Duration::ZERO)
+            .await
+            .unwrap(),
+        Next::Task(task.clone())
+    );
+    // The trainer's lease ends: its task goes back to todo.
+    lease.revoke().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = client.status().await.unwrap();
+        if st.counters.as_ref().unwrap().trainer_lost == 1 {
+            assert_eq!(st.pending, 0);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "task not requeued: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let err = client.task_finished("doomed", &task, 5).await.unwrap_err();
+    assert!(err.is_stale(), "{err}");
+    assert_eq!(
+        client
+            .status()
+            .await
+            .unwrap()
+            .counters
+            .unwrap()
+            .stale_rejected,
+        1
+    );
+    // A live trainer finishes the pass.
+    let _l = h.register("alive").await;
+    let mut reader = CloudReader::start(h.client(), ReaderConfig::new("alive"));
+    let (seen, _) = read_all(&mut reader).await;
+    assert_eq!(seen.len(), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_chunk_fails_its_task_after_max_failures_and_the_pass_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 2, 50);
+    // Flip a byte inside the payload of part-001's third chunk.
+    let bad = dir.path().join("part-001.recordio");
+    let index = edl_recordio::ChunkIndex::build(&bad).unwrap();
+    let mut bytes = std::fs::read(&bad).unwrap();
+    let at = index.chunks[2].offset as usize + edl_recordio::HEADER_LEN + 3;
+    bytes[at] ^= 0xff;
+    std::fs::write(&bad, bytes).unwrap();
+
+    let mut h = Harness::new("corrupt");
+    h.start_master().await;
+    let client = h.client();
+    client.set_dataset(vec![glob], 1, 1).await.unwrap();
+    let _l = h.register("t").await;
+    let mut reader = CloudReader::start(h.client(), ReaderConfig::new("t"));
+    let (seen, _) = read_all(&mut reader).await;
+    assert_eq!(seen.len(), 95, "all but the corrupt chunk's 5 records");
+    let st = client.status().await.unwrap();
+    assert!(st.finished);
+    assert_eq!(st.failed_tasks.len(), 1);
+    let f = &st.failed_tasks[0];
+    assert!(f.reason.contains("part-001.recordio"), "{}", f.reason);
+    assert!(f.reason.contains("corrupt"), "{}", f.reason);
+    assert_eq!(f.records, 5);
+    let c = st.counters.unwrap();
+    assert_eq!(
+        c.failures, 4,
+        "max_failures = 3, so the 4th failure is final"
+    );
+    assert_eq!(c.lost_records, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_and_readers_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 2, 100);
+    let mut h = Harness::new("failover");
+    h.start_master().await;
+    let client = h.client();
+    client.set_dataset(vec![glob], 1, 1).await.unwrap();
+    h.start_master().await;
+    let _l = h.register("t").await;
+    let mut reader = CloudReader::start(h.client(), ReaderConfig::new("t"));
+    let mut seen = Vec::new();
+    let mut stopped = false;
+    while let Some(item) = reader.next().await {
+        match item.unwrap() {
+            Item::Task(t) => {
+                seen.extend(
+                    t.records
+                        .iter()
+                        .map(|r| String::from_utf8(r.clone()).unwrap()),
+                );
+                reader
+                    .finished(&t.task, t.records.len() as u64)
+                    .await
+                    .unwrap();
+                if seen.len() >= 50 && !stopped {
+                    // Stop the leader: the standby takes over from etcd state.
+                    let (stop, handle) = h.masters.remove(0);
+                    stop.cancel();
+                    handle.await.unwrap();
+                    stopped = true;
+                }
+            }
+            Item::PassFinished { .. } => {}
+            Item::JobFinished => break,
+        }
+    }
+    assert!(stopped);
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 200, "every record, none lost");
+    let st = client.status().await.unwrap();
+    assert!(st.finished);
+    assert!(st.counters.unwrap().failovers >= 1);
+}
