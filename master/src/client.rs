@@ -84,12 +84,15 @@ impl ClientConfig {
     }
 }
 
+/// The cached connection: the leader's address and a client on it.
+type Conn = Arc<Mutex<Option<(String, GrpcClient<Channel>)>>>;
+
 /// A client of the job's leading master.
 #[derive(Clone, Debug)]
 pub struct MasterClient {
     cfg: Arc<ClientConfig>,
     leader: watch::Receiver<Option<LeaderInfo>>,
-    conn: Arc<Mutex<Option<(String, GrpcClient<Channel>)>>>,
+    conn: Conn,
     cancel: CancellationToken,
 }
 

@@ -161,10 +161,10 @@ impl CloudReader {
         }
         self.rx.close();
         while let Some(item) = self.rx.recv().await {
-            if let Ok(Item::Task(t)) = item {
-                if let Err(e) = self.release(&t.task, 0).await {
-                    tracing::warn!(task = %t.task.id, error = %e, "handing back a read-ahead task failed");
-                }
+            if let Ok(Item::Task(t)) = item
+                && let Err(e) = self.release(&t.task, 0).await
+            {
+                tracing::warn!(task = %t.task.id, error = %e, "handing back a read-ahead task failed");
             }
         }
     }
