@@ -3,6 +3,9 @@
 //!
 //! Layout:
 //! - [`data`]: `edl data convert|stat|verify|cat|split`, RecordIO dataset tools.
+//! - [`master_cmd`]: `edl master`, a master of a job.
+//! - [`consume_cmd`]: `edl consume`, a model-less consumer of a job's tasks.
+//! - [`common`]: etcd and job options, signals, the runtime.
 //!
 //! `main` only parses arguments and sets up logging; each subcommand is a function here
 //! that returns an exit code or an error with context.
@@ -13,7 +16,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod common;
+pub mod consume_cmd;
 pub mod data;
+pub mod master_cmd;
 
 /// edl: elastic, fault-tolerant distributed training.
 #[derive(Debug, Parser)]
@@ -34,6 +40,11 @@ pub enum Command {
     /// RecordIO dataset tools: convert, stat, verify, cat, split.
     #[command(subcommand)]
     Data(data::DataCommand),
+    /// Run a master of a job: leases the dataset's tasks to trainers (one master leads,
+    /// the others stand by).
+    Master(master_cmd::MasterArgs),
+    /// Read a job's tasks like a trainer, without a model (dry run of the data path).
+    Consume(consume_cmd::ConsumeArgs),
 }
 
 /// Sets up `tracing` to stderr; `EDL_LOG` (a filter directive) wins over `-v`.
@@ -56,5 +67,7 @@ pub fn init_logging(verbose: u8) {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Data(cmd) => data::run(cmd),
+        Command::Master(args) => master_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Consume(args) => consume_cmd::run(args).map(|()| ExitCode::SUCCESS),
     }
 }

@@ -461,7 +461,7 @@ async fn follow_trainers(
     every: Duration,
     term: CancellationToken,
 ) {
-    let mut events = registry.watch(term.child_token());
+    let mut events = registry.watch_members(term.child_token());
     let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -1,0 +1,131 @@
+//! Options and plumbing shared by the role subcommands: etcd connection, job identity,
+//! signals, listeners.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use edl_coord::{Backend, EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls};
+use tokio_util::sync::CancellationToken;
+
+/// How to reach etcd.
+#[derive(Debug, Clone, Args)]
+pub struct EtcdArgs {
+    /// etcd client URLs, comma-separated (http://127.0.0.1:2379,...).
+    #[arg(long, env = "EDL_ETCD", value_delimiter = ',', required = true)]
+    pub etcd: Vec<String>,
+    /// etcd user (with --etcd-password) when etcd has authentication on.
+    #[arg(long, env = "EDL_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// etcd password.
+    #[arg(long, env = "EDL_ETCD_PASSWORD", hide_env_values = true)]
+    pub etcd_password: Option<String>,
+    /// CA certificate (PEM) to verify etcd's TLS certificate with.
+    #[arg(long)]
+    pub etcd_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for etcd TLS, with --etcd-key.
+    #[arg(long)]
+    pub etcd_cert: Option<std::path::PathBuf>,
+    /// Client key (PEM) for etcd TLS.
+    #[arg(long)]
+    pub etcd_key: Option<std::path::PathBuf>,
+    /// Timeout of one etcd request (e.g. 5s).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub etcd_timeout: Duration,
+}
+
+impl EtcdArgs {
+    /// The etcd client configuration.
+    pub fn config(&self) -> anyhow::Result<EtcdConfig> {
+        let mut cfg = EtcdConfig::new(self.etcd.iter().cloned());
+        cfg.request_timeout = self.etcd_timeout;
+        cfg.dial_timeout = self.etcd_timeout;
+        match (&self.etcd_user, &self.etcd_password) {
+            (Some(user), Some(password)) => {
+                cfg.auth = Some(EtcdAuth {
+                    user: user.clone(),
+                    password: password.clone(),
+                })
+            }
+            (None, None) => {}
+            _ => anyhow::bail!("--etcd-user and --etcd-password go together"),
+        }
+        if self.etcd_ca.is_some() || self.etcd_cert.is_some() || self.etcd_key.is_some() {
+            cfg.tls = Some(EtcdTls {
+                ca_file: self.etcd_ca.clone(),
+                cert_file: self.etcd_cert.clone(),
+                key_file: self.etcd_key.clone(),
+                domain: None,
+            });
+        }
+        Ok(cfg)
+    }
+
+    /// Connects, with an error naming the endpoints when none answers.
+    pub async fn connect(&self) -> anyhow::Result<Arc<dyn Backend>> {
+        let backend = EtcdBackend::connect(self.config()?)
+            .await
+            .with_context(|| format!("connect to etcd at {}", self.etcd.join(",")))?;
+        Ok(Arc::new(backend))
+    }
+}
+
+/// The job a process belongs to.
+#[derive(Debug, Clone, Args)]
+pub struct JobArgs {
+    /// Job name: every key of the job lives under /edl/<job>/ in etcd.
+    #[arg(long, env = "EDL_JOB")]
+    pub job: String,
+    /// Shared job token every RPC must carry (optional).
+    #[arg(long, env = "EDL_JOB_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl JobArgs {
+    /// Checks the job name is usable as an etcd path segment.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let ok = !self.job.is_empty()
+            && self
+                .job
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        anyhow::ensure!(
+            ok,
+            "invalid job name {:?}: use letters, digits, '-', '_' and '.'",
+            self.job
+        );
+        Ok(())
+    }
+}
+
+/// A token cancelled on SIGTERM or SIGINT (Ctrl-C); a second signal exits at once.
+pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        t.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(130);
+    });
+    Ok(token)
+}
+
+/// A multi-threaded tokio runtime for a role.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")
+}

@@ -1,0 +1,139 @@
+//! `edl consume`: reads a job's tasks like a trainer, without a model.
+//!
+//! It registers under `trainers/<id>` with its own lease, leases tasks through the
+//! `cloud_reader`, "trains" each record (optionally writing it to a file and sleeping a
+//! little per record), and acknowledges each task afterwards. Use it to dry-run a
+//! dataset's distribution and throughput; the fault tests SIGKILL it mid-task.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use edl_coord::{Lease, Registry};
+use edl_master::client::{ClientConfig, MasterClient};
+use edl_master::keys::Keys;
+use edl_master::reader::{CloudReader, Item, ReaderConfig};
+
+use crate::common::{EtcdArgs, JobArgs, runtime, shutdown_on_signals};
+
+/// Arguments of `edl consume`.
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// The job.
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// This consumer's id (default: consumer-<pid>).
+    #[arg(long)]
+    pub id: Option<String>,
+    /// TTL of the registration lease: the master notices a dead consumer within it.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    pub lease_ttl: Duration,
+    /// Append each consumed record to this file as `<task> <generation> <record>` lines
+    /// (records are written as UTF-8 when they are, else as hex).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+    /// Pretend each record takes this long to train.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub per_record: Duration,
+    /// Tasks read ahead.
+    #[arg(long, default_value_t = 2)]
+    pub read_ahead: usize,
+}
+
+/// Runs `edl consume`.
+pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
+    args.job.validate()?;
+    runtime()?.block_on(async move {
+        let shutdown = shutdown_on_signals()?;
+        let backend = args.etcd.connect().await?;
+        let id = args
+            .id
+            .clone()
+            .unwrap_or_else(|| format!("consumer-{}", std::process::id()));
+        let lease = Lease::grant(backend.clone(), args.lease_ttl, shutdown.child_token())
+            .await
+            .context("get an etcd lease")?;
+        let registry = Registry::new(backend.clone(), Keys::new(&args.job.job).trainers());
+        registry
+            .register(
+                &id,
+                format!("consumer pid {}", std::process::id()).into_bytes(),
+                &lease,
+            )
+            .await
+            .context("register")?;
+        let mut ccfg = ClientConfig::new(&args.job.job);
+        ccfg.token = args.job.token.clone();
+        let client = MasterClient::new(backend.clone(), ccfg, shutdown.child_token());
+        let mut rcfg = ReaderConfig::new(&id);
+        rcfg.read_ahead = args.read_ahead;
+        let mut reader = CloudReader::start(client, rcfg);
+        let mut out = match &args.out {
+            Some(p) => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .with_context(|| format!("open {}", p.display()))?,
+            ),
+            None => None,
+        };
+        println!("consumer {id} registered");
+        let (mut tasks, mut records) = (0u64, 0u64);
+        let lost = lease.lost();
+        loop {
+            let item = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = lost.cancelled() => anyhow::bail!("lost the etcd lease; exiting"),
+                item = reader.next() => item,
+            };
+            let Some(item) = item else { break };
+            match item? {
+                Item::Task(t) => {
+                    let mut buf = Vec::new();
+                    for r in &t.records {
+                        if !args.per_record.is_zero() {
+                            tokio::time::sleep(args.per_record).await;
+                        }
+                        if out.is_some() {
+                            let text = match std::str::from_utf8(r) {
+                                Ok(s) if !s.contains('\n') => s.to_owned(),
+                                _ => r.iter().map(|b| format!("{b:02x}")).collect(),
+                            };
+                            writeln!(buf, "{} {} {text}", t.task.id, t.task.generation)?;
+                        }
+                    }
+                    if let Some(f) = &mut out {
+                        f.write_all(&buf).context("write --out")?;
+                    }
+                    match reader.finished(&t.task, t.records.len() as u64).await {
+                        Ok(_) => {}
+                        Err(e) if e.is_stale() => {
+                            tracing::warn!(task = %t.task.id, "task was taken away meanwhile");
+                            continue;
+                        }
+                        Err(e) => return Err(e).context("report a finished task"),
+                    }
+                    tasks += 1;
+                    records += t.records.len() as u64;
+                }
+                Item::PassFinished { ended, next } => {
+                    println!("pass {ended} finished; next pass {next}");
+                }
+                Item::JobFinished => {
+                    println!("job finished");
+                    break;
+                }
+            }
+        }
+        reader.drain().await;
+        registry.deregister(&id, &lease).await.ok();
+        lease.revoke().await.ok();
+        println!("consumed {tasks} tasks, {records} records");
+        Ok(())
+    })
+}

@@ -1,0 +1,74 @@
+//! `edl master`: runs a master of a job (one leads, the others stand by).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use edl_master::{MasterConfig, queue::TimeoutPolicy};
+
+use crate::common::{EtcdArgs, JobArgs, runtime, shutdown_on_signals};
+
+/// Arguments of `edl master`.
+#[derive(Debug, Args)]
+pub struct MasterArgs {
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// The job.
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Address to serve gRPC on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// Address trainers reach this master at (default: the bound listen address).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// A task failing more than this many times in a pass fails for good.
+    #[arg(long, default_value_t = 3)]
+    pub max_failures: u32,
+    /// TTL of the master's etcd lease: a dead leader is replaced within about this.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub lease_ttl: Duration,
+    /// Task lease timeout until task durations are known (then it adapts).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    pub task_timeout: Duration,
+    /// Shortest adaptive task timeout.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub min_task_timeout: Duration,
+    /// Write the bound address to this file once serving (for scripts and tests).
+    #[arg(long)]
+    pub addr_file: Option<std::path::PathBuf>,
+}
+
+/// Runs `edl master`.
+pub fn run(args: MasterArgs) -> anyhow::Result<()> {
+    args.job.validate()?;
+    runtime()?.block_on(async move {
+        let shutdown = shutdown_on_signals()?;
+        let backend = args.etcd.connect().await?;
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("listen on {}", args.listen))?;
+        let addr = listener.local_addr().context("listener address")?;
+        if let Some(path) = &args.addr_file {
+            std::fs::write(path, addr.to_string())
+                .with_context(|| format!("write {}", path.display()))?;
+        }
+        let mut cfg = MasterConfig::new(&args.job.job);
+        cfg.token = args.job.token.clone();
+        cfg.advertise = args.advertise.clone();
+        cfg.lease_ttl = args.lease_ttl;
+        cfg.reconcile_every = args.lease_ttl;
+        cfg.queue.max_failures = args.max_failures;
+        cfg.queue.timeout = TimeoutPolicy {
+            initial: args.task_timeout.as_millis() as u64,
+            floor: args.min_task_timeout.as_millis() as u64,
+            ..TimeoutPolicy::default()
+        };
+        println!("master listening on {addr}");
+        edl_master::run(backend, cfg, listener, shutdown)
+            .await
+            .context("master")?;
+        Ok(())
+    })
+}

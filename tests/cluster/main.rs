@@ -1,0 +1,8 @@
+//! Cross-process tests: real etcd servers and real `edl` processes, killed with SIGKILL.
+//!
+//! One test binary (built once) with a module per area:
+//! - [`support`]: etcd clusters, `edl` child processes, datasets, deadlines.
+//! - [`master`]: the master's task queue across trainer and master failures.
+
+mod master;
+mod support;

@@ -1,0 +1,248 @@
+//! Helpers for cross-process tests.
+
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::Backend;
+use edl_coord::testkit::EtcdCluster;
+use edl_master::client::{ClientConfig, MasterClient};
+use edl_recordio::{FileWriter, WriterOptions};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The `edl` binary under test.
+pub fn edl_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_edl")
+}
+
+/// A running `edl` process whose output goes to a log file; killed on drop.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `edl ARGS...`, logging to `dir/<name>.log`.
+    pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log).expect("create log");
+        let err = out.try_clone().expect("clone log");
+        let child = Command::new(edl_bin())
+            .args(args)
+            .env("EDL_LOG", "info,edl_coord=warn")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn edl");
+        Proc {
+            name: name.to_owned(),
+            child,
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends a signal by name (TERM, STOP, CONT) to this process only.
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{sig} {} failed", self.child.id());
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to exit within `within`; panics with its log otherwise.
+    pub async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "{} did not exit within {within:?}; log:\n{}",
+                    self.name,
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the log contains `needle`.
+    pub async fn wait_log(&self, needle: &str, within: Duration) {
+        let ok = wait_until(within, || async { self.log().contains(needle) }).await;
+        assert!(
+            ok,
+            "{} never logged {needle:?}; log:\n{}",
+            self.name,
+            self.log()
+        );
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `cond` every 20 ms until true or `within` passes.
+pub async fn wait_until<F, Fut>(within: Duration, cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    edl_coord::testkit::wait_until(within, Duration::from_millis(20), cond).await
+}
+
+/// A test's world: a temp dir, an etcd, a job name.
+pub struct World {
+    pub dir: tempfile::TempDir,
+    pub etcd: EtcdCluster,
+    pub backend: Arc<dyn Backend>,
+    pub job: String,
+    pub cancel: CancellationToken,
+}
+
+impl World {
+    pub async fn new(job: &str) -> World {
+        let etcd = EtcdCluster::start(1)
+            .await
+            .expect("start etcd (run scripts/test to install it)");
+        let backend = etcd.connect().await.expect("connect to etcd");
+        World {
+            dir: tempfile::tempdir().expect("tempdir"),
+            etcd,
+            backend,
+            job: job.to_owned(),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    pub fn etcd_arg(&self) -> String {
+        self.etcd.endpoints().join(",")
+    }
+
+    /// `edl master` for this job; returns the process and its bound address.
+    pub async fn master(&self, name: &str, extra: &[&str]) -> (Proc, String) {
+        let addr_file = self.dir.path().join(format!("{name}.addr"));
+        let mut args: Vec<String> = vec![
+            "master".into(),
+            "--etcd".into(),
+            self.etcd_arg(),
+            "--job".into(),
+            self.job.clone(),
+            "--lease-ttl".into(),
+            "2s".into(),
+            "--addr-file".into(),
+            addr_file.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let p = Proc::spawn(self.dir.path(), name, &args);
+        let ok = wait_until(Duration::from_secs(20), || async {
+            std::fs::read_to_string(&addr_file).is_ok_and(|s| !s.is_empty())
+        })
+        .await;
+        assert!(ok, "master {name} did not start; log:\n{}", p.log());
+        let addr = std::fs::read_to_string(&addr_file).expect("addr file");
+        (p, addr)
+    }
+
+    /// `edl consume` for this job, writing the records it consumed to `<name>.out`.
+    pub fn consumer(&self, name: &str, extra: &[&str]) -> Proc {
+        let mut args: Vec<String> = vec![
+            "consume".into(),
+            "--etcd".into(),
+            self.etcd_arg(),
+            "--job".into(),
+            self.job.clone(),
+            "--id".into(),
+            name.into(),
+            "--lease-ttl".into(),
+            "2s".into(),
+            "--out".into(),
+            self.out(name).display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Proc::spawn(self.dir.path(), name, &args)
+    }
+
+    pub fn out(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.out"))
+    }
+
+    /// The records a consumer wrote, as (task, generation, record).
+    pub fn consumed(&self, name: &str) -> Vec<(String, u64, String)> {
+        std::fs::read_to_string(self.out(name))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let mut it = l.splitn(3, ' ');
+                let task = it.next().unwrap_or_default().to_owned();
+                let generation = it.next().and_then(|g| g.parse().ok()).unwrap_or(0);
+                (task, generation, it.next().unwrap_or_default().to_owned())
+            })
+            .collect()
+    }
+
+    pub fn client(&self) -> MasterClient {
+        let mut cfg = ClientConfig::new(&self.job);
+        cfg.retry_for = Duration::from_secs(30);
+        MasterClient::new(self.backend.clone(), cfg, self.cancel.child_token())
+    }
+
+    /// Writes `files` RecordIO files of `per_file` records named `f<i>-r<j>`, 5 records a
+    /// chunk; returns the glob and every record.
+    pub fn dataset(&self, files: usize, per_file: usize) -> (String, Vec<String>) {
+        let dir = self.dir.path().join("data");
+        std::fs::create_dir_all(&dir).expect("mkdir data");
+        let mut all = Vec::new();
+        for f in 0..files {
+            let mut w = FileWriter::create(
+                dir.join(format!("part-{f:03}.recordio")),
+                WriterOptions {
+                    max_chunk_bytes: 5 * 16,
+                    ..WriterOptions::default()
+                },
+            )
+            .expect("create");
+            for r in 0..per_file {
+                let rec = format!("f{f:03}-r{r:05}");
+                w.write(rec.as_bytes()).expect("write");
+                all.push(rec);
+            }
+            w.finish().expect("finish");
+        }
+        (format!("{}/part-*.recordio", dir.display()), all)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
