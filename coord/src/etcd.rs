@@ -1,0 +1,853 @@
+//! [`EtcdBackend`]: the [`Backend`] on a real etcd cluster (v3 API, etcd >= 3.3).
+//!
+//! The client keeps one connection per endpoint and sends each request to a
+//! *pinned* endpoint; when that endpoint fails (refused, lost, no leader, timeout)
+//! the pin moves to the next one. Every request is bounded by
+//! [`EtcdConfig::request_timeout`]. A request is re-sent to the next endpoint within
+//! that bound only when that is safe: reads, lease renewals and watch creation
+//! always; writes only when the connection failed before the request was sent.
+//! Otherwise the error is returned (retryable: see [`crate::retry()`]).
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::proto::{PbKeyValue, PbTxnOpResponse, PbTxnResponse};
+use etcd_client::{
+    Client, ConnectOptions, DeleteOptions, GetOptions, PutOptions, TxnOp, WatchOptions,
+};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::backend::{Backend, WatchStream};
+use crate::error::{Error, Result};
+use crate::types::{
+    Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseGrant, LeaseId, Op, OpResponse,
+    Revision, Txn, TxnResponse, WatchEvent,
+};
+
+/// How to reach etcd.
+#[derive(Clone)]
+pub struct EtcdConfig {
+    /// Client URLs (`http://host:port`, `https://host:port`, or `host:port`).
+    pub endpoints: Vec<String>,
+    /// Bound on establishing a connection (and on the first probe in
+    /// [`EtcdBackend::connect`], per endpoint).
+    pub dial_timeout: Duration,
+    /// Bound on every request, retries across endpoints included.
+    pub request_timeout: Duration,
+    /// HTTP/2 keep-alive `(interval, timeout)` while streams (watches) are open, so a
+    /// silent server (paused, partitioned) is detected. etcd refuses pings more
+    /// frequent than its `--grpc-keepalive-min-time` (5 s by default).
+    pub keep_alive: Option<(Duration, Duration)>,
+    /// Ask members without a raft leader to refuse requests (and cancel watches), so
+    /// a partitioned member is skipped instead of serving stale state.
+    pub require_leader: bool,
+    /// User and password, when etcd has authentication enabled.
+    pub auth: Option<EtcdAuth>,
+    /// TLS settings (needs the `tls` feature of this crate).
+    pub tls: Option<EtcdTls>,
+}
+
+impl EtcdConfig {
+    /// A configuration with the given endpoints and default timeouts: dial 5 s,
+    /// request 5 s, keep-alive every 10 s (5 s timeout), leader required.
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            dial_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            keep_alive: Some((Duration::from_secs(10), Duration::from_secs(5))),
+            require_leader: true,
+            auth: None,
+            tls: None,
+        }
+    }
+
+    /// Sets the dial timeout.
+    pub fn with_dial_timeout(mut self, timeout: Duration) -> Self {
+        self.dial_timeout = timeout;
+        self
+    }
+
+    /// Sets the request timeout.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets user and password.
+    pub fn with_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.auth = Some(EtcdAuth {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Sets TLS.
+    pub fn with_tls(mut self, tls: EtcdTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("dial_timeout", &self.dial_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("keep_alive", &self.keep_alive)
+            .field("require_leader", &self.require_leader)
+            .field("auth", &self.auth)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// etcd credentials. `Debug` does not print the password.
+#[derive(Clone)]
+pub struct EtcdAuth {
+    /// User name.
+    pub user: String,
+    /// Password.
+    pub password: String,
+}
+
+impl fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// TLS to etcd: PEM files for the CA and, for client authentication, a certificate
+/// and its key.
+#[derive(Clone, Debug, Default)]
+pub struct EtcdTls {
+    /// CA certificate(s) to verify the server with (PEM).
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), with `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// Client private key (PEM), with `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// Server name to verify instead of the endpoint's host.
+    pub domain: Option<String>,
+}
+
+/// The [`Backend`] on etcd. Cheap to clone.
+///
+/// The connections run on the tokio runtime that made them: use the backend from
+/// that runtime.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<EtcdInner>,
+}
+
+struct EtcdInner {
+    cfg: EtcdConfig,
+    options: ConnectOptions,
+    slots: Vec<Slot>,
+    pinned: AtomicUsize,
+}
+
+struct Slot {
+    endpoint: String,
+    client: OnceCell<Client>,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.inner.cfg.endpoints)
+            .field("pinned", &self.inner.pinned.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failed attempt: the error, and whether the request certainly never left
+/// (so even a write may be re-sent).
+struct Failure {
+    error: Error,
+    not_sent: bool,
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Failure {
+            error,
+            not_sent: false,
+        }
+    }
+}
+
+impl From<etcd_client::Error> for Failure {
+    fn from(e: etcd_client::Error) -> Self {
+        classify(e)
+    }
+}
+
+/// Whether an attempt may be re-sent to another endpoint.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Resend {
+    /// Reads, renewals, watch creation: re-sending is harmless.
+    Always,
+    /// Writes: only if the request never left.
+    IfNotSent,
+}
+
+fn status_failure(s: &tonic::Status) -> Failure {
+    use std::error::Error as _;
+    use tonic::Code;
+    let mut not_sent = false;
+    let mut source = s.source();
+    while let Some(err) = source {
+        if err.is::<tonic::ConnectError>() {
+            not_sent = true;
+            break;
+        }
+        source = err.source();
+    }
+    let mut msg = s.message().to_owned();
+    if let Some(src) = s.source() {
+        let chain = error_chain(src);
+        if !msg.contains(&chain) {
+            msg = if msg.is_empty() {
+                chain
+            } else {
+                format!("{msg}: {chain}")
+            };
+        }
+    }
+    let error = match s.code() {
+        Code::Unavailable
+        | Code::ResourceExhausted
+        | Code::Unknown
+        | Code::Cancelled
+        | Code::Aborted
+        | Code::DeadlineExceeded => Error::unavailable(String::new(), msg),
+        Code::NotFound if msg.contains("lease not found") => Error::LeaseLost,
+        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
+            Error::InvalidArgument(msg)
+        }
+        Code::Unauthenticated | Code::PermissionDenied => Error::PermissionDenied(msg),
+        code => Error::Etcd(format!("{code:?}: {msg}")),
+    };
+    Failure { error, not_sent }
+}
+
+/// An error with its root cause (transport errors say little alone).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut root = None;
+    let mut source = e.source();
+    while let Some(s) = source {
+        root = Some(s);
+        source = s.source();
+    }
+    if let Some(root) = root {
+        let text = root.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
+fn classify(e: etcd_client::Error) -> Failure {
+    use etcd_client::Error as E;
+    match e {
+        E::GRpcStatus(s) => status_failure(&s),
+        E::TransportError(t) => Failure {
+            error: Error::unavailable(String::new(), error_chain(&t)),
+            not_sent: true,
+        },
+        E::IoError(io) => Error::unavailable(String::new(), io.to_string()).into(),
+        E::WatchError(m) | E::EndpointError(m) => Error::unavailable(String::new(), m).into(),
+        E::LeaseKeepAliveError(m) if m.contains("not found") => Error::LeaseLost.into(),
+        E::LeaseKeepAliveError(m) => Error::unavailable(String::new(), m).into(),
+        E::InvalidArgs(m) => Error::InvalidArgument(m).into(),
+        E::InvalidUri(u) => Error::InvalidArgument(u.to_string()).into(),
+        E::InvalidMetadataValue(v) => Error::InvalidArgument(v.to_string()).into(),
+        E::Utf8Error(u) => Error::Malformed(u.to_string()).into(),
+        other => Error::Etcd(other.to_string()).into(),
+    }
+}
+
+/// Fills in the endpoint of an `Unavailable` error.
+fn with_endpoint(mut e: Error, endpoint: &str) -> Error {
+    if let Error::Unavailable { endpoints, .. } = &mut e {
+        endpoints.retain(|s| !s.is_empty());
+        if endpoints.is_empty() {
+            endpoints.push(endpoint.to_owned());
+        }
+    }
+    e
+}
+
+async fn connect_options(cfg: &EtcdConfig) -> Result<ConnectOptions> {
+    let mut o = ConnectOptions::new()
+        .with_connect_timeout(cfg.dial_timeout)
+        .with_require_leader(cfg.require_leader)
+        .with_keep_alive_while_idle(false);
+    if let Some((interval, timeout)) = cfg.keep_alive {
+        o = o.with_keep_alive(interval, timeout);
+    }
+    if let Some(a) = &cfg.auth {
+        o = o
+            .with_user(a.user.clone(), a.password.clone())
+            .with_auto_token_refresh(true);
+    }
+    if let Some(tls) = &cfg.tls {
+        o = with_tls(o, tls).await?;
+    }
+    Ok(o)
+}
+
+#[cfg(feature = "tls")]
+async fn with_tls(o: ConnectOptions, tls: &EtcdTls) -> Result<ConnectOptions> {
+    async fn read(what: &str, path: &std::path::Path) -> Result<Vec<u8>> {
+        tokio::fs::read(path).await.map_err(|e| {
+            Error::InvalidArgument(format!("read etcd tls {what} {}: {e}", path.display()))
+        })
+    }
+    let mut t = etcd_client::TlsOptions::new();
+    if let Some(ca) = &tls.ca_file {
+        t = t.ca_certificate(etcd_client::Certificate::from_pem(read("ca", ca).await?));
+    }
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            t = t.identity(etcd_client::Identity::from_pem(
+                read("cert", cert).await?,
+                read("key", key).await?,
+            ));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Error::InvalidArgument(
+                "etcd tls: cert_file and key_file must be given together".into(),
+            ));
+        }
+    }
+    if let Some(domain) = &tls.domain {
+        t = t.domain_name(domain.clone());
+    }
+    Ok(o.with_tls(t))
+}
+
+#[cfg(not(feature = "tls"))]
+async fn with_tls(_o: ConnectOptions, _tls: &EtcdTls) -> Result<ConnectOptions> {
+    Err(Error::InvalidArgument(
+        "etcd tls requested but edl-coord was built without its `tls` feature".into(),
+    ))
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster: probes the endpoints in order (each within the dial
+    /// timeout) and pins the first that answers. Fails with
+    /// [`Error::Unavailable`] naming every endpoint when none answers.
+    pub async fn connect(cfg: EtcdConfig) -> Result<Self> {
+        if cfg.endpoints.is_empty() {
+            return Err(Error::InvalidArgument("no etcd endpoints given".into()));
+        }
+        if cfg.dial_timeout.is_zero() || cfg.request_timeout.is_zero() {
+            return Err(Error::InvalidArgument(
+                "etcd dial and request timeouts must be positive".into(),
+            ));
+        }
+        let options = connect_options(&cfg).await?;
+        let slots = cfg
+            .endpoints
+            .iter()
+            .map(|e| Slot {
+                endpoint: e.clone(),
+                client: OnceCell::new(),
+            })
+            .collect();
+        let backend = EtcdBackend {
+            inner: Arc::new(EtcdInner {
+                cfg,
+                options,
+                slots,
+                pinned: AtomicUsize::new(0),
+            }),
+        };
+        let mut errors = Vec::new();
+        for (i, slot) in backend.inner.slots.iter().enumerate() {
+            let probe = async {
+                let mut client = backend.client(i).await?;
+                client.get("health", None).await?;
+                Ok::<(), Failure>(())
+            };
+            match tokio::time::timeout(backend.inner.cfg.dial_timeout, probe).await {
+                Ok(Ok(())) => {
+                    backend.inner.pinned.store(i, Ordering::Relaxed);
+                    tracing::info!(endpoint = %slot.endpoint, "connected to etcd");
+                    return Ok(backend);
+                }
+                Ok(Err(f)) if !f.error.is_retryable() => return Err(f.error),
+                Ok(Err(f)) => {
+                    errors.push(format!("{}: {}", slot.endpoint, unavailable_msg(&f.error)))
+                }
+                Err(_) => errors.push(format!(
+                    "{}: no answer within {:?}",
+                    slot.endpoint, backend.inner.cfg.dial_timeout
+                )),
+            }
+        }
+        Err(Error::Unavailable {
+            endpoints: backend.inner.cfg.endpoints.clone(),
+            msg: format!("no endpoint reachable ({})", errors.join("; ")),
+        })
+    }
+
+    /// The configured endpoints.
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.cfg.endpoints
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.cfg
+    }
+
+    async fn client(&self, i: usize) -> Result<Client, Failure> {
+        let slot = &self.inner.slots[i];
+        let client = slot
+            .client
+            .get_or_try_init(|| async {
+                Client::connect([slot.endpoint.as_str()], Some(self.inner.options.clone())).await
+            })
+            .await?;
+        Ok(client.clone())
+    }
+
+    fn rotate(&self, from: usize) {
+        let n = self.inner.slots.len();
+        if n > 1 {
+            let _ = self.inner.pinned.compare_exchange(
+                from,
+                (from + 1) % n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Runs one request on the pinned endpoint, moving the pin and re-sending as
+    /// allowed by `resend`, all within the request timeout.
+    async fn call<T, F, Fut>(&self, op: &'static str, resend: Resend, mut f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let timeout = self.inner.cfg.request_timeout;
+        let deadline = Instant::now() + timeout;
+        let n = self.inner.slots.len();
+        let mut tried: Vec<String> = Vec::new();
+        let mut last_msg = String::new();
+        for _ in 0..n {
+            let i = self.inner.pinned.load(Ordering::Relaxed) % n;
+            let endpoint = &self.inner.slots[i].endpoint;
+            let attempt = async {
+                let client = self.client(i).await?;
+                f(client).await
+            };
+            match tokio::time::timeout_at(deadline, attempt).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(failure)) => {
+                    let error = with_endpoint(failure.error, endpoint);
+                    if !error.is_retryable() {
+                        return Err(error);
+                    }
+                    tracing::debug!(op, endpoint = %endpoint, error = %error, "etcd request failed");
+                    self.rotate(i);
+                    if !tried.contains(endpoint) {
+                        tried.push(endpoint.clone());
+                    }
+                    last_msg = unavailable_msg(&error);
+                    if resend == Resend::IfNotSent && !failure.not_sent {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    tracing::debug!(op, endpoint = %endpoint, ?timeout, "etcd request timed out");
+                    self.rotate(i);
+                    return Err(Error::Timeout(timeout));
+                }
+            }
+        }
+        if tried.is_empty() {
+            return Err(Error::Timeout(timeout));
+        }
+        Err(Error::Unavailable {
+            endpoints: tried,
+            msg: last_msg,
+        })
+    }
+}
+
+fn unavailable_msg(e: &Error) -> String {
+    match e {
+        Error::Unavailable { msg, .. } => msg.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn decode_kv(kv: PbKeyValue) -> Result<KeyValue> {
+    let key = String::from_utf8(kv.key)
+        .map_err(|e| Error::Malformed(format!("non-UTF-8 key {:?}", e.as_bytes())))?;
+    Ok(KeyValue {
+        key,
+        value: kv.value,
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        lease: (kv.lease != 0).then_some(LeaseId(kv.lease)),
+    })
+}
+
+fn decode_kvs(kvs: Vec<etcd_client::KeyValue>) -> Result<Vec<KeyValue>> {
+    kvs.into_iter().map(|kv| decode_kv(kv.0)).collect()
+}
+
+fn decode_txn(resp: PbTxnResponse) -> Result<TxnResponse> {
+    let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+    let mut responses = Vec::with_capacity(resp.responses.len());
+    for op in resp.responses {
+        let r = match op.response {
+            Some(PbTxnOpResponse::ResponsePut(_)) => OpResponse::Put,
+            Some(PbTxnOpResponse::ResponseRange(r)) => {
+                OpResponse::Get(r.kvs.into_iter().map(decode_kv).collect::<Result<_>>()?)
+            }
+            Some(PbTxnOpResponse::ResponseDeleteRange(d)) => OpResponse::Delete {
+                deleted: u64::try_from(d.deleted).unwrap_or(0),
+            },
+            Some(PbTxnOpResponse::ResponseTxn(t)) => OpResponse::Txn(decode_txn(t)?),
+            None => {
+                return Err(Error::Malformed(
+                    "txn response op without a response".into(),
+                ));
+            }
+        };
+        responses.push(r);
+    }
+    Ok(TxnResponse {
+        succeeded: resp.succeeded,
+        revision,
+        responses,
+    })
+}
+
+fn encode_compare(c: &Compare) -> etcd_client::Compare {
+    let op = match c.op {
+        CompareOp::Equal => etcd_client::CompareOp::Equal,
+        CompareOp::NotEqual => etcd_client::CompareOp::NotEqual,
+        CompareOp::Less => etcd_client::CompareOp::Less,
+        CompareOp::Greater => etcd_client::CompareOp::Greater,
+    };
+    let key = c.key.clone();
+    match &c.target {
+        CompareTarget::Value(v) => etcd_client::Compare::value(key, op, v.clone()),
+        CompareTarget::CreateRevision(r) => etcd_client::Compare::create_revision(key, op, *r),
+        CompareTarget::ModRevision(r) => etcd_client::Compare::mod_revision(key, op, *r),
+        CompareTarget::Version(v) => etcd_client::Compare::version(key, op, *v),
+        CompareTarget::Lease(l) => etcd_client::Compare::lease(key, op, l.map_or(0, |l| l.0)),
+    }
+}
+
+fn encode_op(op: &Op) -> TxnOp {
+    match op {
+        Op::Put { key, value, lease } => TxnOp::put(
+            key.clone(),
+            value.clone(),
+            lease.map(|l| PutOptions::new().with_lease(l.0)),
+        ),
+        Op::Get { key } => TxnOp::get(key.clone(), None),
+        Op::GetPrefix { prefix } => {
+            TxnOp::get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+        }
+        Op::Delete { key } => TxnOp::delete(key.clone(), None),
+        Op::DeletePrefix { prefix } => {
+            TxnOp::delete(prefix.clone(), Some(DeleteOptions::new().with_prefix()))
+        }
+        Op::Txn(t) => TxnOp::txn(encode_txn(t)),
+    }
+}
+
+fn encode_txn(t: &Txn) -> etcd_client::Txn {
+    etcd_client::Txn::new()
+        .when(t.compares.iter().map(encode_compare).collect::<Vec<_>>())
+        .and_then(t.success.iter().map(encode_op).collect::<Vec<_>>())
+        .or_else(t.failure.iter().map(encode_op).collect::<Vec<_>>())
+}
+
+fn ttl_secs(ttl: Duration) -> Result<i64> {
+    if ttl.is_zero() {
+        return Err(Error::InvalidArgument("lease ttl must be positive".into()));
+    }
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs).map_err(|_| Error::InvalidArgument("too large lease TTL".into()))
+}
+
+fn secs(ttl: i64) -> Duration {
+    Duration::from_secs(u64::try_from(ttl).unwrap_or(0))
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        self.call("get", Resend::Always, |mut c| async move {
+            let mut resp = c.get(key, None).await?;
+            Ok(match resp.take_kvs().into_iter().next() {
+                Some(kv) => Some(decode_kv(kv.0)?),
+                None => None,
+            })
+        })
+        .await
+    }
+
+    async fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        self.call("range", Resend::Always, |mut c| async move {
+            let mut resp = c.get(prefix, Some(GetOptions::new().with_prefix())).await?;
+            let revision = resp.header().map_or(0, |h| h.revision());
+            Ok((decode_kvs(resp.take_kvs())?, revision))
+        })
+        .await
+    }
+
+    async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
+        self.call("put", Resend::IfNotSent, |mut c| {
+            let value = value.clone();
+            async move {
+                let opts = lease.map(|l| PutOptions::new().with_lease(l.0));
+                let resp = c.put(key, value, opts).await?;
+                Ok(resp.header().map_or(0, |h| h.revision()))
+            }
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool> {
+        self.call("delete", Resend::IfNotSent, |mut c| async move {
+            Ok(c.delete(key, None).await?.deleted() > 0)
+        })
+        .await
+    }
+
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
+        self.call("delete_prefix", Resend::IfNotSent, |mut c| async move {
+            let resp = c
+                .delete(prefix, Some(DeleteOptions::new().with_prefix()))
+                .await?;
+            Ok(u64::try_from(resp.deleted()).unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        let mut resp = self
+            .call("txn", Resend::IfNotSent, |mut c| {
+                let t = encode_txn(&txn);
+                async move { Ok(decode_txn(c.txn(t).await?.0)?) }
+            })
+            .await?;
+        // Nested responses carry no header: give them the transaction's revision.
+        let rev = resp.revision;
+        resp.set_revision(rev);
+        Ok(resp)
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        self.call("compact", Resend::Always, |mut c| async move {
+            c.compact(revision, None).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {
+        let ttl = ttl_secs(ttl)?;
+        self.call("lease_grant", Resend::IfNotSent, |mut c| async move {
+            let resp = c.lease_grant(ttl, None).await?;
+            if !resp.error().is_empty() {
+                return Err(Error::Etcd(format!("lease grant: {}", resp.error())).into());
+            }
+            Ok(LeaseGrant {
+                id: LeaseId(resp.id()),
+                ttl: secs(resp.ttl()),
+            })
+        })
+        .await
+    }
+
+    async fn lease_keep_alive_once(&self, id: LeaseId) -> Result<Option<Duration>> {
+        self.call("lease_keep_alive", Resend::Always, |mut c| async move {
+            // Opening the stream sends one renewal and reads its answer (failing with
+            // "lease not found" when the lease is gone); a second round trip on the
+            // same stream reports the TTL.
+            let (mut keeper, mut stream) = match c.lease_keep_alive(id.0).await {
+                Ok(pair) => pair,
+                Err(e) => {
+                    let f = classify(e);
+                    return match f.error {
+                        Error::LeaseLost => Ok(None),
+                        _ => Err(f),
+                    };
+                }
+            };
+            keeper.keep_alive().await?;
+            match stream.message().await? {
+                Some(resp) if resp.ttl() > 0 => Ok(Some(secs(resp.ttl()))),
+                Some(_) => Ok(None),
+                None => {
+                    Err(Error::unavailable(String::new(), "lease keep-alive stream closed").into())
+                }
+            }
+        })
+        .await
+    }
+
+    async fn lease_revoke(&self, id: LeaseId) -> Result<()> {
+        match self
+            .call("lease_revoke", Resend::Always, |mut c| async move {
+                c.lease_revoke(id.0).await?;
+                Ok(())
+            })
+            .await
+        {
+            Err(Error::LeaseLost) => Ok(()),
+            other => other,
+        }
+    }
+
+    async fn lease_ttl(&self, id: LeaseId) -> Result<Option<Duration>> {
+        self.call("lease_ttl", Resend::Always, |mut c| async move {
+            let resp = c.lease_time_to_live(id.0, None).await?;
+            Ok((resp.ttl() >= 0).then(|| secs(resp.ttl())))
+        })
+        .await
+    }
+
+    async fn watch_prefix(
+        &self,
+        prefix: &str,
+        start_revision: Option<Revision>,
+    ) -> Result<WatchStream> {
+        let (ws, buf, pending_err) = self
+            .call("watch", Resend::Always, |mut c| async move {
+                let mut opts = WatchOptions::new().with_prefix();
+                if let Some(r) = start_revision.filter(|r| *r > 0) {
+                    opts = opts.with_start_revision(r);
+                }
+                let mut ws = c.watch(prefix, Some(opts)).await?;
+                // Wait for the server to confirm, so the watch is in place on return.
+                let Some(first) = ws.message().await? else {
+                    return Err(Error::unavailable(String::new(), "watch stream closed").into());
+                };
+                let mut buf = VecDeque::new();
+                let pending_err = decode_watch_response(first.0, &mut buf).err();
+                Ok((ws, buf, pending_err))
+            })
+            .await?;
+        let pinned = self.inner.pinned.load(Ordering::Relaxed) % self.inner.slots.len();
+        let state = EtcdWatch {
+            ws,
+            buf,
+            pending_err,
+            done: false,
+            endpoint: self.inner.slots[pinned].endpoint.clone(),
+        };
+        Ok(Box::pin(futures::stream::unfold(
+            state,
+            EtcdWatch::next_item,
+        )))
+    }
+}
+
+/// Appends the events of one watch response; an error when the watch ended
+/// (compacted, cancelled by the server) or an event cannot be decoded.
+fn decode_watch_response(
+    resp: etcd_client::proto::PbWatchResponse,
+    buf: &mut VecDeque<WatchEvent>,
+) -> Result<()> {
+    if resp.compact_revision != 0 {
+        return Err(Error::Compacted {
+            compact_revision: resp.compact_revision,
+        });
+    }
+    for ev in resp.events {
+        let kind = match ev.r#type {
+            0 => EventKind::Put,
+            1 => EventKind::Delete,
+            t => return Err(Error::Malformed(format!("unknown watch event type {t}"))),
+        };
+        let Some(kv) = ev.kv else {
+            return Err(Error::Malformed("watch event without key-value".into()));
+        };
+        buf.push_back(WatchEvent {
+            kind,
+            kv: decode_kv(kv)?,
+        });
+    }
+    if resp.canceled {
+        let reason = if resp.cancel_reason.is_empty() {
+            "watch cancelled by the server".to_owned()
+        } else {
+            resp.cancel_reason
+        };
+        return Err(Error::unavailable(String::new(), reason));
+    }
+    Ok(())
+}
+
+struct EtcdWatch {
+    ws: etcd_client::WatchStream,
+    buf: VecDeque<WatchEvent>,
+    pending_err: Option<Error>,
+    done: bool,
+    endpoint: String,
+}
+
+impl EtcdWatch {
+    async fn next_item(mut self) -> Option<(Result<WatchEvent>, Self)> {
+        loop {
+            if let Some(ev) = self.buf.pop_front() {
+                return Some((Ok(ev), self));
+            }
+            if self.done {
+                return None;
+            }
+            if let Some(e) = self.pending_err.take() {
+                self.done = true;
+                let e = with_endpoint(e, &self.endpoint);
+                return Some((Err(e), self));
+            }
+            match self.ws.message().await {
+                Ok(Some(resp)) => {
+                    if let Err(e) = decode_watch_response(resp.0, &mut self.buf) {
+                        self.pending_err = Some(e);
+                    }
+                }
+                Ok(None) => {
+                    self.pending_err =
+                        Some(Error::unavailable(String::new(), "watch stream closed"));
+                }
+                Err(e) => self.pending_err = Some(classify(e).error),
+            }
+        }
+    }
+}

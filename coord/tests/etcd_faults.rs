@@ -1,0 +1,609 @@
+//! Fault tests against real etcd processes: SIGKILLed and SIGSTOPped lease holders
+//! and leaders (child processes re-executing this test binary), etcd paused or
+//! restarted, and a three-member cluster losing a member.
+//!
+//! Every wait is a condition with a deadline; ports come from port 0.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::testkit::{ChildProcess, EtcdCluster, child_role, wait_until};
+use edl_coord::{
+    Backend, Election, Error, EtcdBackend, EtcdConfig, EventKind, Lease, MemberEvent, Op, Registry,
+    claim_index,
+};
+use futures::StreamExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const TTL: Duration = Duration::from_secs(2);
+/// Slack allowed on top of a TTL for etcd's expiry check (every 500 ms) and
+/// scheduling on a loaded machine.
+const SLACK: Duration = Duration::from_secs(1);
+/// Upper bound on how long a child process lives.
+const CHILD_MAX_LIFE: Duration = Duration::from_secs(120);
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("child needs {name}"))
+}
+
+async fn connect(endpoints: &[String]) -> Arc<dyn Backend> {
+    let cfg = EtcdConfig::new(endpoints.iter().cloned())
+        .with_dial_timeout(Duration::from_secs(2))
+        .with_request_timeout(Duration::from_secs(1));
+    Arc::new(EtcdBackend::connect(cfg).await.expect("connect to etcd"))
+}
+
+/// Entry point of the child processes: a no-op unless started by `ChildProcess`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_entry() {
+    let Some(role) = child_role() else { return };
+    let endpoints: Vec<String> = env("EDL_TEST_ENDPOINTS")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let backend = connect(&endpoints).await;
+    let deadline = tokio::time::sleep(CHILD_MAX_LIFE);
+    match role.as_str() {
+        // Holds a lease with a key on it until killed.
+        "lease-holder" => {
+            let lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+                .await
+                .unwrap();
+            backend
+                .put(&env("EDL_TEST_KEY"), b"held".to_vec(), Some(lease.id()))
+                .await
+                .unwrap();
+            println!("READY {}", lease.id());
+            deadline.await;
+        }
+        // Campaigns, then writes fenced every 100 ms, reporting each change of outcome
+        // and the loss of its lease. Keeps writing after `lost` on purpose: it plays a
+        // leader that has not noticed it was deposed.
+        "candidate" => {
+            let lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+                .await
+                .unwrap();
+            let election = Election::new(backend.clone(), env("EDL_TEST_ELECTION"));
+            let leadership = election
+                .campaign(
+                    &lease,
+                    env("EDL_TEST_VALUE").into_bytes(),
+                    &CancellationToken::new(),
+                )
+                .await
+                .unwrap();
+            println!("LEADER {}", leadership.revision());
+            let state = env("EDL_TEST_STATE");
+            let mut last = String::new();
+            let mut lost_reported = false;
+            tokio::pin!(deadline);
+            loop {
+                let outcome = match leadership
+                    .fenced_txn(vec![Op::put(&state, env("EDL_TEST_VALUE"))])
+                    .await
+                {
+                    Ok(_) => "ok".to_owned(),
+                    Err(Error::NotLeader) => "not-leader".to_owned(),
+                    Err(e) => format!("error {e}"),
+                };
+                if outcome != last {
+                    println!("WRITE {outcome}");
+                    last = outcome;
+                }
+                if lease.is_lost() && !lost_reported {
+                    println!("LOST");
+                    lost_reported = true;
+                }
+                tokio::select! {
+                    _ = &mut deadline => return,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+fn spawn_child(role: &str, endpoints: &[String], envs: &[(&str, &str)]) -> ChildProcess {
+    let joined = endpoints.join(",");
+    let mut all = vec![("EDL_TEST_ENDPOINTS", joined.as_str())];
+    all.extend_from_slice(envs);
+    ChildProcess::spawn_test("child_entry", role, &all).expect("spawn child")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_unreachable_endpoints_names_them() {
+    let ports: Vec<u16> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap()
+        })
+        .collect();
+    let endpoints: Vec<String> = ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+    let cfg = EtcdConfig::new(endpoints.clone()).with_dial_timeout(Duration::from_millis(500));
+    let err = EtcdBackend::connect(cfg)
+        .await
+        .expect_err("nothing listens there");
+    assert!(err.is_retryable());
+    let msg = err.to_string();
+    eprintln!("{msg}");
+    for e in &endpoints {
+        assert!(msg.contains(e.as_str()), "{msg}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_holder_sigkill_key_disappears_within_ttl() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let backend = cluster.connect().await.unwrap();
+    let key = "/faults/sigkill/holder";
+    let mut child = spawn_child(
+        "lease-holder",
+        &cluster.endpoints(),
+        &[("EDL_TEST_KEY", key)],
+    );
+    child
+        .expect_line("READY", Duration::from_secs(20))
+        .await
+        .unwrap();
+    let kv = backend.get(key).await.unwrap().expect("child registered");
+    let mut watch = backend
+        .watch_prefix(key, Some(kv.mod_revision + 1))
+        .await
+        .unwrap();
+
+    child.kill().await.unwrap();
+    let killed = Instant::now();
+    let ev = tokio::time::timeout(TTL + SLACK, watch.next())
+        .await
+        .expect("key deleted within ttl + 1 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!((ev.kind, ev.kv.key.as_str()), (EventKind::Delete, key));
+    eprintln!(
+        "key deleted {:?} after SIGKILL (ttl {TTL:?})",
+        killed.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_paused_past_ttl_fires_lost_then_reregistering_works() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let backend = connect(&cluster.endpoints()).await;
+    let registry = Registry::new(backend.clone(), "/faults/paused/trainers");
+    let lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+        .await
+        .unwrap();
+    registry
+        .register("t0", b"a".to_vec(), &lease)
+        .await
+        .unwrap();
+
+    cluster.pause(0).unwrap();
+    let paused = Instant::now();
+    tokio::time::timeout(TTL + SLACK, lease.lost().cancelled())
+        .await
+        .expect("lost fires within the ttl while etcd is stopped");
+    assert!(paused.elapsed() <= TTL + SLACK);
+    assert!(!lease.is_valid());
+    // Keep etcd stopped for longer than the TTL.
+    tokio::time::sleep_until(paused + TTL + Duration::from_millis(500)).await;
+    cluster.resume(0).unwrap();
+
+    // Once etcd is back: a new lease, and registering the same id works (after the
+    // server ended the old lease, which it does on its own within a second).
+    let fresh = edl_coord::retry(&edl_coord::RetryPolicy::default(), || {
+        Lease::grant(backend.clone(), TTL, CancellationToken::new())
+    })
+    .await
+    .unwrap();
+    let give_up = Instant::now() + TTL + 2 * SLACK;
+    loop {
+        match registry.register("t0", b"b".to_vec(), &fresh).await {
+            Ok(_) => break,
+            Err(e) if Instant::now() < give_up => {
+                eprintln!("re-register not yet possible: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("re-registering failed: {e}"),
+        }
+    }
+    let (members, _) = registry.list().await.unwrap();
+    assert_eq!(members.len(), 1);
+    assert_eq!(members[0].lease, Some(fresh.id()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_sigkill_follower_takes_over_within_ttl() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let backend = cluster.connect().await.unwrap();
+    let prefix = "/faults/failover/election";
+    let mut child = spawn_child(
+        "candidate",
+        &cluster.endpoints(),
+        &[
+            ("EDL_TEST_ELECTION", prefix),
+            ("EDL_TEST_VALUE", "child"),
+            ("EDL_TEST_STATE", "/faults/failover/state"),
+        ],
+    );
+    child
+        .expect_line("LEADER", Duration::from_secs(20))
+        .await
+        .unwrap();
+
+    let lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+        .await
+        .unwrap();
+    let election = Election::new(backend.clone(), prefix);
+    let follower = {
+        let election = election.clone();
+        tokio::spawn(async move {
+            let l = election
+                .campaign(&lease, b"follower".to_vec(), &CancellationToken::new())
+                .await;
+            (l, Instant::now(), lease)
+        })
+    };
+    // The follower is in line behind the child.
+    assert!(
+        wait_until(
+            Duration::from_secs(5),
+            Duration::from_millis(20),
+            || async { backend.range(election.prefix()).await.unwrap().0.len() == 2 }
+        )
+        .await
+    );
+    assert!(!follower.is_finished());
+
+    child.kill().await.unwrap();
+    let killed = Instant::now();
+    let (leadership, elected_at, _lease) = tokio::time::timeout(TTL + SLACK, follower)
+        .await
+        .expect("follower leads within ttl + 1 s")
+        .unwrap();
+    let leadership = leadership.unwrap();
+    eprintln!("failover took {:?} (ttl {TTL:?})", elected_at - killed);
+    assert_eq!(election.leader().await.unwrap().unwrap().value, b"follower");
+    leadership
+        .fenced_txn(vec![Op::put("/faults/failover/state", "follower")])
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deposed_leader_fenced_write_fails_after_sigstop() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let backend = cluster.connect().await.unwrap();
+    let prefix = "/faults/deposed/election";
+    let state = "/faults/deposed/state";
+    let mut child = spawn_child(
+        "candidate",
+        &cluster.endpoints(),
+        &[
+            ("EDL_TEST_ELECTION", prefix),
+            ("EDL_TEST_VALUE", "old"),
+            ("EDL_TEST_STATE", state),
+        ],
+    );
+    child
+        .expect_line("LEADER", Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(
+        child
+            .expect_line("WRITE", Duration::from_secs(5))
+            .await
+            .unwrap(),
+        "ok"
+    );
+
+    let lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+        .await
+        .unwrap();
+    let election = Election::new(backend.clone(), prefix);
+    let follower = {
+        let election = election.clone();
+        tokio::spawn(async move {
+            let l = election
+                .campaign(&lease, b"new".to_vec(), &CancellationToken::new())
+                .await;
+            (l, lease)
+        })
+    };
+    assert!(
+        wait_until(
+            Duration::from_secs(5),
+            Duration::from_millis(20),
+            || async { backend.range(election.prefix()).await.unwrap().0.len() == 2 }
+        )
+        .await
+    );
+
+    // The old leader freezes past its TTL; the follower takes over meanwhile.
+    child.pause().unwrap();
+    let (leadership, _lease) = tokio::time::timeout(TTL + SLACK, follower)
+        .await
+        .expect("follower leads while the old leader is frozen")
+        .unwrap();
+    let leadership = leadership.unwrap();
+    leadership
+        .fenced_txn(vec![Op::put(state, "new")])
+        .await
+        .unwrap();
+
+    // The old leader wakes up believing it leads: its fenced writes are refused, and
+    // its lease reports the loss.
+    child.resume().unwrap();
+    assert_eq!(
+        child
+            .expect_line("WRITE", Duration::from_secs(10))
+            .await
+            .unwrap(),
+        "not-leader"
+    );
+    child
+        .expect_line("LOST", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(backend.get(state).await.unwrap().unwrap().value, b"new");
+    assert!(leadership.is_leader().await.unwrap());
+}
+
+fn summary(ev: &MemberEvent) -> (&'static str, String) {
+    match ev {
+        MemberEvent::Joined(m) => ("joined", m.id.clone()),
+        MemberEvent::Updated(m) => ("updated", m.id.clone()),
+        MemberEvent::Left(m) => ("left", m.id.clone()),
+    }
+}
+
+async fn next_member(w: &mut edl_coord::MemberWatch, within: Duration) -> (&'static str, String) {
+    let ev = tokio::time::timeout(within, w.next())
+        .await
+        .expect("member event in time")
+        .expect("member watch open");
+    summary(&ev)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_watch_sees_every_join_and_leave_across_etcd_restart() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let backend = connect(&cluster.endpoints()).await;
+    // Leases long enough to outlive the restart.
+    let ttl = Duration::from_secs(10);
+    let registry = Registry::new(backend.clone(), "/faults/restart/members");
+    let stop = CancellationToken::new();
+    let mut watch = registry.watch_members(stop.clone());
+    let la = Lease::grant(backend.clone(), ttl, CancellationToken::new())
+        .await
+        .unwrap();
+    let lb = Lease::grant(backend.clone(), ttl, CancellationToken::new())
+        .await
+        .unwrap();
+    registry.register("a", b"a".to_vec(), &la).await.unwrap();
+    registry.register("b", b"b".to_vec(), &lb).await.unwrap();
+    let mut got = vec![
+        next_member(&mut watch, Duration::from_secs(10)).await,
+        next_member(&mut watch, Duration::from_secs(10)).await,
+    ];
+
+    cluster.kill(0).unwrap();
+    cluster.restart(0).await.unwrap();
+
+    edl_coord::retry(&edl_coord::RetryPolicy::default(), || async {
+        registry.register("c", b"c".to_vec(), &la).await.map(|_| ())
+    })
+    .await
+    .unwrap();
+    edl_coord::retry(&edl_coord::RetryPolicy::default(), || async {
+        registry.deregister("a", &la).await.map(|_| ())
+    })
+    .await
+    .unwrap();
+    lb.revoke().await.unwrap();
+    for _ in 0..3 {
+        got.push(next_member(&mut watch, Duration::from_secs(20)).await);
+    }
+    let want: Vec<(&str, String)> = vec![
+        ("joined", "a".into()),
+        ("joined", "b".into()),
+        ("joined", "c".into()),
+        ("left", "a".into()),
+        ("left", "b".into()),
+    ];
+    assert_eq!(got, want);
+    assert!(!la.is_lost(), "the lease survived the restart");
+    let (members, _) = registry.list().await.unwrap();
+    assert_eq!(
+        members.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        vec!["c"]
+    );
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_member_cluster_keeps_working_when_one_member_dies() {
+    let cluster = EtcdCluster::start(3).await.unwrap();
+    // Pin our clients to the raft leader, so killing it tests both a raft election
+    // and the client's fail-over.
+    let leader = cluster.leader().await.unwrap_or(0);
+    let mut endpoints = cluster.endpoints();
+    endpoints.rotate_left(leader);
+    let backend = connect(&endpoints).await;
+    let mut others = endpoints.clone();
+    others.rotate_left(1);
+    let writer = connect(&others[..2]).await;
+
+    let lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+        .await
+        .unwrap();
+    let follower_lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+        .await
+        .unwrap();
+    let election = Election::new(backend.clone(), "/faults/three/election");
+    let leadership = election
+        .campaign(&lease, b"l".to_vec(), &CancellationToken::new())
+        .await
+        .unwrap();
+    let follower = {
+        let election = election.clone();
+        tokio::spawn(async move {
+            let l = election
+                .campaign(&follower_lease, b"f".to_vec(), &CancellationToken::new())
+                .await;
+            (l, follower_lease)
+        })
+    };
+    let registry = Registry::new(backend.clone(), "/faults/three/members");
+    let writer_registry = Registry::new(writer.clone(), "/faults/three/members");
+    let writer_lease = Lease::grant(
+        writer.clone(),
+        Duration::from_secs(10),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let mut watch = registry.watch_members(stop.clone());
+    writer_registry
+        .register("m0", b"0".to_vec(), &writer_lease)
+        .await
+        .unwrap();
+    assert_eq!(
+        next_member(&mut watch, Duration::from_secs(10)).await,
+        ("joined", "m0".into())
+    );
+
+    cluster.kill(leader).unwrap();
+    // Reads fail over to another member once the survivors elected a raft leader
+    // (about one election timeout); until then requests time out, retryably.
+    let retry = edl_coord::RetryPolicy::default();
+    let started = Instant::now();
+    edl_coord::retry(&retry, || backend.get("/faults/three/any"))
+        .await
+        .expect("read fails over");
+    eprintln!(
+        "reads served again {:?} after the raft leader died",
+        started.elapsed()
+    );
+    // Changes made through the other members while our watch fails over.
+    edl_coord::retry(&retry, || {
+        writer_registry.register("m1", b"1".to_vec(), &writer_lease)
+    })
+    .await
+    .unwrap();
+    edl_coord::retry(&retry, || async {
+        writer_registry
+            .deregister("m0", &writer_lease)
+            .await
+            .map(|_| ())
+    })
+    .await
+    .unwrap();
+    let got = vec![
+        next_member(&mut watch, Duration::from_secs(20)).await,
+        next_member(&mut watch, Duration::from_secs(20)).await,
+    ];
+    assert_eq!(
+        got,
+        vec![("joined", "m1".to_owned()), ("left", "m0".to_owned())]
+    );
+
+    // Leases keep being renewed through the surviving members for several TTLs.
+    let until = Instant::now() + 3 * TTL;
+    while Instant::now() < until {
+        assert!(!lease.is_lost(), "lease lost after one member died");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The leader still leads and writes; when it resigns the follower takes over.
+    edl_coord::retry(&retry, || {
+        leadership.fenced_txn(vec![Op::put("/faults/three/state", "l")])
+    })
+    .await
+    .unwrap();
+    assert!(!leadership.is_lost());
+    edl_coord::retry(&retry, || async { leadership.is_leader().await })
+        .await
+        .unwrap();
+    leadership.resign().await.unwrap();
+    let (next, _l) = tokio::time::timeout(Duration::from_secs(10), follower)
+        .await
+        .unwrap()
+        .unwrap();
+    let next = next.unwrap();
+    next.fenced_txn(vec![Op::put("/faults/three/state", "f")])
+        .await
+        .unwrap();
+    let ids: BTreeSet<String> = registry
+        .list()
+        .await
+        .unwrap()
+        .0
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(ids, BTreeSet::from(["m1".to_owned()]));
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_index_five_clients_three_slots() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let endpoints = cluster.endpoints();
+        tasks.push(tokio::spawn(async move {
+            let backend = connect(&endpoints).await;
+            let lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+                .await
+                .unwrap();
+            let r = claim_index(
+                backend.as_ref(),
+                "/faults/claim/ps",
+                3,
+                format!("c{i}"),
+                &lease,
+            )
+            .await;
+            (r, lease)
+        }));
+    }
+    let mut indices = Vec::new();
+    let mut full = 0;
+    let mut holders = Vec::new();
+    for t in tasks {
+        let (r, lease) = t.await.unwrap();
+        match r {
+            Ok(claim) => {
+                indices.push(claim.index);
+                holders.push((claim.index, lease));
+            }
+            Err(Error::NoFreeIndex { n: 3 }) => full += 1,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    indices.sort_unstable();
+    assert_eq!(indices, vec![0, 1, 2]);
+    assert_eq!(full, 2);
+
+    // Free slot 1; a new claimer gets exactly that one.
+    let backend = cluster.connect().await.unwrap();
+    let pos = holders.iter().position(|(i, _)| *i == 1).unwrap();
+    let (_, lease1) = holders.remove(pos);
+    lease1.revoke().await.unwrap();
+    let lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+        .await
+        .unwrap();
+    let claim = claim_index(backend.as_ref(), "/faults/claim/ps", 3, "late", &lease)
+        .await
+        .unwrap();
+    assert_eq!(claim.index, 1);
+}
