@@ -18,8 +18,8 @@ use crate::error::MasterError;
 use crate::queue::{self, Ack, Counters, FailedTask, GetTask, Millis, Queue, QueueConfig, Task};
 use crate::store::Store;
 
-/// Most requests applied in one batch.
-const MAX_BATCH: usize = 4096;
+/// Most requests applied in one batch by default.
+pub const DEFAULT_MAX_BATCH: usize = 4096;
 
 /// Longest a `GetTask` may be parked.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -248,6 +248,7 @@ impl CoreHandle {
 pub(crate) struct Core {
     store: Store,
     cfg: QueueConfig,
+    max_batch: usize,
     dataset: Option<Dataset>,
     queue: Option<Queue>,
     parked: Vec<Parked>,
@@ -270,11 +271,13 @@ impl Core {
     pub(crate) async fn start(
         store: Store,
         cfg: QueueConfig,
+        max_batch: usize,
     ) -> Result<(Core, CoreHandle), MasterError> {
         let (tx, rx) = mpsc::channel(4096);
         let mut core = Core {
             store,
             cfg,
+            max_batch: max_batch.max(1),
             dataset: None,
             queue: None,
             parked: Vec::new(),
@@ -341,7 +344,7 @@ impl Core {
                 cmd = self.rx.recv() => {
                     let Some(cmd) = cmd else { break };
                     batch.push(cmd);
-                    while batch.len() < MAX_BATCH {
+                    while batch.len() < self.max_batch {
                         match self.rx.try_recv() {
                             Ok(cmd) => batch.push(cmd),
                             Err(_) => break,

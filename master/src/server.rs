@@ -41,6 +41,9 @@ pub struct MasterConfig {
     /// How often lease holders are checked against a consistent trainer listing, as a
     /// backstop to the registry watch.
     pub reconcile_every: Duration,
+    /// Most requests group-committed in one etcd transaction; 1 turns group commit off
+    /// (every transition its own etcd round trip: the benchmark's baseline).
+    pub max_batch: usize,
 }
 
 impl MasterConfig {
@@ -53,6 +56,7 @@ impl MasterConfig {
             lease_ttl: Duration::from_secs(5),
             queue: QueueConfig::default(),
             reconcile_every: Duration::from_secs(5),
+            max_batch: crate::core::DEFAULT_MAX_BATCH,
         }
     }
 }
@@ -422,7 +426,7 @@ async fn lead(
 ) -> Result<(), MasterError> {
     let mut delay = Duration::from_millis(50);
     let (core, handle) = loop {
-        match Core::start(store.clone(), cfg.queue.clone()).await {
+        match Core::start(store.clone(), cfg.queue.clone(), cfg.max_batch).await {
             Ok(x) => break x,
             Err(e @ MasterError::NotLeader { .. }) => return Err(e),
             Err(e) => {
