@@ -18,8 +18,11 @@ use crate::error::MasterError;
 use crate::queue::{self, Ack, Counters, FailedTask, GetTask, Millis, Queue, QueueConfig, Task};
 use crate::store::Store;
 
-/// Most requests applied in one batch by default.
-pub const DEFAULT_MAX_BATCH: usize = 4096;
+/// Most requests applied in one batch by default. Each request changes at most one task
+/// record, so a batch's changes fit one etcd transaction (`store::MAX_OPS_PER_TXN`) and
+/// become durable atomically; only bulk events (a lost trainer holding many tasks, many
+/// leases timing out at once) may need more than one.
+pub const DEFAULT_MAX_BATCH: usize = 100;
 
 /// Longest a `GetTask` may be parked.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);

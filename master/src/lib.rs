@@ -11,6 +11,7 @@
 //! - [`server`]: the master process (election, gRPC adapter, trainer follower).
 //! - [`client`]: the trainer's client: leader discovery, failover, idempotent retries.
 //! - [`reader`]: the `cloud_reader`: leased tasks read ahead, acknowledged after training.
+//! - [`metrics`]: `/metrics` in Prometheus text format.
 //! - [`error`]: errors and their mapping to gRPC status codes.
 
 pub mod client;
@@ -18,6 +19,7 @@ pub mod core;
 pub mod dataset;
 pub mod error;
 pub mod keys;
+pub mod metrics;
 pub mod queue;
 pub mod reader;
 pub mod server;

@@ -305,10 +305,34 @@ pub async fn run(
     let svc = pb::master_server::MasterServer::new(grpc)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let metrics_shared = shared.clone();
+    let metrics_job = cfg.job.clone();
+    let router = tonic::service::Routes::new(svc).into_axum_router().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let shared = metrics_shared.clone();
+            let job = metrics_job.clone();
+            async move {
+                let core = shared.core.read().await.clone();
+                let report = match core {
+                    Some(h) => h.status().await.ok(),
+                    None => None,
+                };
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    crate::metrics::render(&job, report.as_ref()),
+                )
+            }
+        }),
+    );
     let server_stop = shutdown.clone();
     let server = tokio::spawn(async move {
         tonic::transport::Server::builder()
-            .add_service(svc)
+            .accept_http1(true)
+            .add_routes(tonic::service::Routes::from(router))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::TcpListenerStream::new(listener),
                 server_stop.cancelled_owned(),
@@ -402,15 +426,18 @@ async fn lead_loop(
         *shared.core.write().await = None;
         term.cancel();
         let _ = stop.await;
+        // Hand over at once: a term can end with the lease still valid (a failed commit
+        // that is not a fencing error, a store that could not be loaded), and a stale
+        // election key would block every candidate, us included, until its TTL ran out.
+        if let Err(e) = leadership.resign().await {
+            tracing::debug!(error = %e, "resign failed; the lease will expire");
+        }
+        if let Err(e) = lease.revoke().await {
+            tracing::debug!(error = %e, "lease revoke failed; it will expire");
+        }
         if shutdown.is_cancelled() {
-            if let Err(e) = leadership.resign().await {
-                tracing::debug!(error = %e, "resign failed; the lease will expire");
-            }
-            let _ = lease.revoke().await;
             break;
         }
-        drop(leadership);
-        drop(lease);
     }
     Ok(())
 }

@@ -15,6 +15,10 @@ use crate::queue::{Changes, Meta, Task};
 /// stay below it, keeping room for the fence compare.
 pub const MAX_OPS_PER_TXN: usize = 120;
 
+/// etcd refuses requests over `--max-request-bytes` (1.5 MiB by default); stay well
+/// below it.
+pub const MAX_BYTES_PER_TXN: usize = 1 << 20;
+
 /// What a new leader loads.
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -103,7 +107,10 @@ impl Store {
     }
 
     /// Makes a batch of queue changes durable: one fenced transaction when it fits, a
-    /// few otherwise (the replies wait for all of them).
+    /// few otherwise (the replies wait for all of them). If a later one fails after an
+    /// earlier one committed, etcd holds part of the batch: every task record is
+    /// self-contained and no reply was sent, so the rebuilt queue is valid and callers
+    /// retry idempotently (a retried `GetTask` gets the lease already recorded for it).
     pub async fn commit(&self, changes: &Changes) -> Result<(), MasterError> {
         let mut ops = Vec::with_capacity(changes.tasks.len() + 1);
         for t in &changes.tasks {

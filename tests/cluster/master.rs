@@ -10,6 +10,20 @@ use tokio::time::Instant;
 
 use crate::support::{World, wait_until};
 
+/// `GET /metrics` from a master over plain HTTP/1.1.
+async fn get_metrics(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("send");
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
+        .await
+        .expect("metrics answered in time")
+        .expect("read");
+    out
+}
+
 /// Counts how often each record was consumed over the given consumers.
 fn tally(world: &World, names: &[&str]) -> BTreeMap<String, u32> {
     let mut n = BTreeMap::new();
@@ -25,7 +39,7 @@ fn tally(world: &World, names: &[&str]) -> BTreeMap<String, u32> {
 async fn four_trainer_processes_get_every_record_exactly_once() {
     let w = World::new("four").await;
     let (glob, all) = w.dataset(3, 200);
-    let (_master, _) = w.master("master", &[]).await;
+    let (_master, addr) = w.master("master", &[]).await;
     let ds = w.client().set_dataset(vec![glob], 2, 1).await.unwrap();
     assert_eq!(ds.records, 600);
     let names = ["c0", "c1", "c2", "c3"];
@@ -47,6 +61,20 @@ async fn four_trainer_processes_get_every_record_exactly_once() {
     assert_eq!(
         (c.records_trained, c.failures, c.duplicate_records),
         (600, 0, 0)
+    );
+    let metrics = get_metrics(&addr).await;
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(
+        metrics.contains("edl_master_leader{job=\"four\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("edl_master_records_trained_total{job=\"four\"} 600"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("edl_master_finished{job=\"four\"} 1"),
+        "{metrics}"
     );
 }
 
