@@ -1,0 +1,79 @@
+//! [`load_samples`]: reading a whole RecordIO data set of [`Sample`]s into memory.
+
+use edl_proto::sample::{self, Sample};
+use edl_recordio::{ReadOptions, Scanner, expand_globs};
+
+use crate::error::{Error, Result};
+
+/// Reads every record of the files matched by `globs` (sorted, see
+/// [`edl_recordio::expand_globs`]) and decodes it as a [`Sample`]. Strict: a corrupt
+/// chunk or an undecodable record is an error naming the file.
+pub fn load_samples(globs: &[String]) -> Result<Vec<Sample>> {
+    let paths = expand_globs(globs)?;
+    let mut scanner = Scanner::open(paths, ReadOptions::default())?;
+    let mut samples = Vec::new();
+    let mut record = 0u64;
+    while let Some(bytes) = scanner.next_record()? {
+        match sample::decode(bytes) {
+            Ok(s) => samples.push(s),
+            Err(source) => {
+                return Err(Error::Decode {
+                    path: scanner.current_path().map(Into::into).unwrap_or_default(),
+                    record,
+                    source,
+                });
+            }
+        }
+        record += 1;
+    }
+    Ok(samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use edl_recordio::{FileWriter, WriterOptions};
+
+    use super::*;
+
+    #[test]
+    fn loads_written_samples_and_names_bad_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let samples = vec![
+            Sample::regression(vec![1.0, 2.0], 3.0),
+            Sample::classification(vec![0.5], 1),
+            Sample::sparse(vec![0, 4, 2]),
+        ];
+        for (i, part) in [&samples[..2], &samples[2..]].iter().enumerate() {
+            let mut w = FileWriter::create(
+                dir.path().join(format!("part-{i}")),
+                WriterOptions::default(),
+            )
+            .unwrap();
+            for s in *part {
+                w.write(&sample::encode(s)).unwrap();
+            }
+            w.finish().unwrap();
+        }
+        let glob = format!("{}/part-*", dir.path().display());
+        assert_eq!(load_samples(&[glob]).unwrap(), samples);
+
+        let bad = dir.path().join("bad");
+        let mut w = FileWriter::create(&bad, WriterOptions::default()).unwrap();
+        w.write(&sample::encode(&samples[0])).unwrap();
+        w.write(&[0xff, 0xff, 0xff]).unwrap();
+        w.finish().unwrap();
+        let err = load_samples(&[bad.display().to_string()]).unwrap_err();
+        assert!(
+            matches!(err, Error::Decode { record: 1, .. }),
+            "expected a decode error for record 1, got {err:?}"
+        );
+        assert!(err.is_bad_data());
+        assert!(err.to_string().contains("bad"), "{err}");
+
+        let missing = format!("{}/nothing-*", dir.path().display());
+        assert!(matches!(
+            load_samples(&[missing]),
+            Err(Error::RecordIo(edl_recordio::Error::NoMatch { .. }))
+        ));
+    }
+}

@@ -1,0 +1,77 @@
+//! The edl trainer: the models a job trains and a single-process training baseline. The
+//! elastic runtime (master tasks, pserver push/pull) is built on top of [`Model`].
+//!
+//! A trainer only computes gradients; the parameter servers own the parameters and the
+//! optimizers. A [`Model`] declares its dense parameters and sparse (embedding) tables,
+//! their initial values, turns [`Sample`](edl_proto::sample::Sample)s into a validated
+//! [`Batch`], and computes the mean loss and its gradients with candle's autograd. Math
+//! runs on a candle [`Device`](candle_core::Device): the CPU by default, CUDA with the
+//! `cuda` feature.
+//!
+//! Models (see [`ModelSpec`]): `fit_a_line` and `linear` (linear regression, squared
+//! error), `mlp` and `mnist_mlp` (ReLU MLP, softmax cross-entropy), `mnist_cnn`
+//! (PaddlePaddle's `recognize_digits` CNN) and `word2vec` (skip-gram with negative
+//! sampling over two sparse tables).
+//!
+//! # Layout
+//!
+//! - [`model`]: the [`Model`] trait and its types ([`Params`], [`Batch`],
+//!   [`StepOutput`], [`EvalOutput`], [`MetricKind`], ...).
+//! - [`spec`]: [`ModelSpec`] (serde), feature standardisation ([`Stats`],
+//!   [`feature_stats`]) and [`build`].
+//! - `dense.rs`: the dense models (fully connected and convolutional).
+//! - [`word2vec`]: skip-gram with negative sampling.
+//! - [`local_optim`]: minimal SGD and Adam for local training.
+//! - [`local`]: [`train_local`], the single-process trainer.
+//! - [`data`]: [`load_samples`] from RecordIO files.
+//! - [`error`]: errors ([`Error`]), with retryable and bad-data classification.
+//! - `rng.rs`: the stable generator behind initialisation and negative sampling.
+//!
+//! # Example
+//!
+//! ```
+//! use edl_proto::sample::Sample;
+//! use edl_trainer::{LocalConfig, ModelSpec, build, train_local};
+//!
+//! # fn main() -> edl_trainer::Result<()> {
+//! let data: Vec<Sample> = (0..64)
+//!     .map(|i| {
+//!         let x = i as f32 / 64.0;
+//!         Sample::regression(vec![x, 1.0 - x], 3.0 * x + 1.0)
+//!     })
+//!     .collect();
+//! let mut spec = ModelSpec::Linear { inputs: 2, standardize: true, stats: None };
+//! spec.fit_stats(&data)?;
+//! let model = build(&spec)?;
+//! let cfg = LocalConfig { epochs: 50, batch_size: 8, lr: 0.05, ..LocalConfig::default() };
+//! let report = train_local(model.as_ref(), &data, &data, &cfg)?;
+//! assert!(report.final_metric < 0.01, "cost {}", report.final_metric);
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod data;
+mod dense;
+pub mod error;
+pub mod local;
+pub mod local_optim;
+pub mod model;
+mod rng;
+pub mod spec;
+pub mod word2vec;
+
+#[cfg(test)]
+mod testdata;
+#[cfg(test)]
+mod tests;
+
+pub use data::load_samples;
+pub use error::{Error, Result};
+pub use local::{LocalConfig, LocalReport, StepTiming, evaluate_all, train_local};
+pub use local_optim::{LocalOptimizer, OptimizerKind};
+pub use model::{
+    Batch, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseTable, StepOutput,
+};
+pub use spec::{ModelSpec, NegativeSampler, Stats, build, build_on, feature_stats};

@@ -1,0 +1,267 @@
+//! The model interface the trainer runtime drives: parameter layout, initial values,
+//! batch preparation, gradients and evaluation.
+//!
+//! The parameter server owns the parameters and applies optimizer updates; a trainer
+//! only computes gradients. A step is: [`Model::prepare`] a batch, pull the dense
+//! parameters and the sparse rows named by [`Model::sparse_rows`], call
+//! [`Model::forward_backward`], push the [`StepOutput`].
+
+use std::collections::HashMap;
+use std::fmt;
+
+use candle_core::Tensor;
+use edl_proto::sample::Sample;
+
+use crate::error::Result;
+
+/// A dense parameter: `f32` values in row-major order of `shape`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DenseParam {
+    /// Unique name within the model (`fc0.w`, `conv1.b`, ...).
+    pub name: String,
+    /// Shape; the parameter holds `shape.iter().product()` values.
+    pub shape: Vec<usize>,
+}
+
+impl DenseParam {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the parameter holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A sparse (embedding) table: `rows` rows of `dim` values, pulled and pushed by row.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SparseTable {
+    /// Unique name within the model.
+    pub name: String,
+    /// Number of rows (the vocabulary size).
+    pub rows: u64,
+    /// Values per row.
+    pub dim: usize,
+}
+
+/// Parameter values for one step.
+#[derive(Clone, Default, PartialEq)]
+pub struct Params {
+    /// Dense values, in [`Model::dense_params`] order.
+    pub dense: Vec<Vec<f32>>,
+    /// Pulled sparse rows: table name -> row id -> `dim` values. Must hold at least the
+    /// rows [`Model::sparse_rows`] names for the batch; other rows are ignored.
+    pub sparse: HashMap<String, HashMap<u64, Vec<f32>>>,
+}
+
+impl fmt::Debug for Params {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dense: Vec<usize> = self.dense.iter().map(Vec::len).collect();
+        let sparse: HashMap<&str, usize> = self
+            .sparse
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.len()))
+            .collect();
+        f.debug_struct("Params")
+            .field("dense_lens", &dense)
+            .field("sparse_rows", &sparse)
+            .finish()
+    }
+}
+
+/// Gradients of some rows of a sparse table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparseGrad {
+    /// The table.
+    pub table: String,
+    /// Rows, sorted and distinct.
+    pub rows: Vec<u64>,
+    /// Values per row.
+    pub dim: usize,
+    /// `rows.len() * dim` values: the gradient of row `rows[i]` is
+    /// `values[i * dim..(i + 1) * dim]`.
+    pub values: Vec<f32>,
+}
+
+impl SparseGrad {
+    /// The gradient of the `i`-th row of [`SparseGrad::rows`].
+    pub fn row(&self, i: usize) -> Option<&[f32]> {
+        self.values.get(i * self.dim..(i + 1) * self.dim)
+    }
+}
+
+/// What one forward/backward pass computes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    /// The mean loss over the batch's examples.
+    pub loss: f32,
+    /// Number of examples the loss is the mean over: samples, or (center, context) pairs
+    /// for word2vec.
+    pub examples: usize,
+    /// Gradient of the mean loss for each dense parameter, same order and layout as
+    /// [`Model::dense_params`].
+    pub dense: Vec<Vec<f32>>,
+    /// Gradient of the mean loss for the touched rows of each sparse table.
+    pub sparse: Vec<SparseGrad>,
+}
+
+/// Evaluation totals over one batch; [`EvalOutput::merge`] adds batches up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EvalOutput {
+    /// Sum of the per-example losses.
+    pub loss_sum: f64,
+    /// Number of examples.
+    pub count: u64,
+    /// Correctly classified examples (0 for regression and word2vec).
+    pub correct: u64,
+}
+
+impl EvalOutput {
+    /// Adds another batch's totals.
+    pub fn merge(&mut self, other: &EvalOutput) {
+        self.loss_sum += other.loss_sum;
+        self.count += other.count;
+        self.correct += other.correct;
+    }
+
+    /// Mean loss per example (NaN when empty).
+    pub fn mean_loss(&self) -> f64 {
+        self.loss_sum / self.count as f64
+    }
+
+    /// Fraction classified correctly (NaN when empty).
+    pub fn accuracy(&self) -> f64 {
+        self.correct as f64 / self.count as f64
+    }
+}
+
+/// The metric a model is judged by in reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricKind {
+    /// Classification accuracy (higher is better).
+    Accuracy,
+    /// Mean regression cost, squared error (lower is better).
+    Cost,
+    /// Mean training loss of an unsupervised model (lower is better).
+    Loss,
+}
+
+impl MetricKind {
+    /// Report name: `accuracy`, `cost` or `loss`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MetricKind::Accuracy => "accuracy",
+            MetricKind::Cost => "cost",
+            MetricKind::Loss => "loss",
+        }
+    }
+
+    /// The metric's value for evaluation totals.
+    pub fn value(self, eval: &EvalOutput) -> f64 {
+        match self {
+            MetricKind::Accuracy => eval.accuracy(),
+            MetricKind::Cost | MetricKind::Loss => eval.mean_loss(),
+        }
+    }
+
+    /// Whether a larger value is better.
+    pub fn higher_is_better(self) -> bool {
+        self == MetricKind::Accuracy
+    }
+}
+
+impl fmt::Display for MetricKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A validated batch, ready for [`Model::forward_backward`] and [`Model::evaluate`] of
+/// the model that prepared it. Its tensors live on that model's device.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub(crate) model: &'static str,
+    pub(crate) samples: usize,
+    pub(crate) data: BatchData,
+}
+
+impl Batch {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.samples
+    }
+
+    /// Whether the batch has no samples (never true for a prepared batch).
+    pub fn is_empty(&self) -> bool {
+        self.samples == 0
+    }
+
+    /// The kind of the model that prepared it.
+    pub fn model(&self) -> &'static str {
+        self.model
+    }
+}
+
+/// Model-specific batch contents.
+#[derive(Debug, Clone)]
+pub(crate) enum BatchData {
+    /// Dense features `[n, features]` (standardised if the model says so) and targets.
+    Dense { x: Tensor, target: Target },
+    /// Skip-gram pairs with their negatives.
+    SkipGram(crate::word2vec::SkipGramBatch),
+}
+
+/// Targets of a dense batch.
+#[derive(Debug, Clone)]
+pub(crate) enum Target {
+    /// Real values `[n]` in the compute dtype.
+    Values(Tensor),
+    /// Class ids: `[n]` u32 tensor and the same ids on the host.
+    Classes { tensor: Tensor, ids: Vec<u32> },
+}
+
+/// A trainable model. Implementations are pure functions of the parameters and the
+/// batch; they keep no training state, so one instance serves many threads.
+pub trait Model: Send + Sync + fmt::Debug {
+    /// The model kind (`fit_a_line`, `mlp`, `mnist_cnn`, `word2vec`, ...).
+    fn name(&self) -> &str;
+
+    /// The dense parameters, in the order of [`Params::dense`] and of gradients.
+    fn dense_params(&self) -> Vec<DenseParam>;
+
+    /// The sparse tables (empty except for word2vec).
+    fn sparse_tables(&self) -> Vec<SparseTable>;
+
+    /// Initial dense values, deterministic from `seed`.
+    fn init_dense(&self, seed: u64) -> Vec<Vec<f32>>;
+
+    /// The initial value of one sparse row, deterministic from `(table, row, seed)`, so any
+    /// shard can create rows lazily. Empty for a table the model does not have.
+    fn init_sparse_row(&self, table: &str, row: u64, seed: u64) -> Vec<f32>;
+
+    /// Decodes and validates a batch (feature count, labels, ids in range).
+    fn prepare(&self, samples: &[Sample]) -> Result<Batch>;
+
+    /// Like [`Model::prepare`], with a seed for the batch's random choices (word2vec's
+    /// negative samples). The same samples and seed give the same batch; models without
+    /// random choices ignore the seed.
+    fn prepare_seeded(&self, samples: &[Sample], seed: u64) -> Result<Batch> {
+        let _ = seed;
+        self.prepare(samples)
+    }
+
+    /// The rows of each sparse table the batch touches, sorted and distinct.
+    fn sparse_rows(&self, batch: &Batch) -> Vec<(String, Vec<u64>)>;
+
+    /// The mean loss over the batch and its gradients.
+    fn forward_backward(&self, params: &Params, batch: &Batch) -> Result<StepOutput>;
+
+    /// Loss totals (and correct predictions) over the batch, without gradients.
+    fn evaluate(&self, params: &Params, batch: &Batch) -> Result<EvalOutput>;
+
+    /// The metric reports use.
+    fn metric(&self) -> MetricKind;
+}

@@ -1,0 +1,397 @@
+//! `word2vec`: skip-gram with negative sampling (Mikolov et al. 2013) over word ids.
+//!
+//! Samples are sentences of word ids (`Sample::sparse_ids`, as written by
+//! `edl data convert --format text`, `<s>`/`<e>` included). Every position of a
+//! sentence is a center word; each word at most `window` positions away is a context
+//! word, giving a (center, context) pair (a fixed window, not word2vec's randomly
+//! shrunk one). Each pair gets `negatives` negative ids drawn by the
+//! [`NegativeSampler`] from a generator seeded by the spec seed, the batch seed and
+//! the batch's ids, so a batch is reproducible in every process. A negative that
+//! happens to equal the context id is kept (rare for a real vocabulary).
+//!
+//! The loss of a pair with center `c`, context `o` and negatives `n_k` is
+//! `softplus(-u_o . v_c) + sum_k softplus(u_{n_k} . v_c)` (that is,
+//! `-log s(u_o . v_c) - sum_k log s(-u_{n_k} . v_c)`), where `v` are rows of the input
+//! table `emb_in` and `u` rows of the output table `emb_out`; the batch loss is the mean
+//! over pairs. A step gathers only the rows the batch touches into two small tensors,
+//! so no step ever needs a whole table.
+//!
+//! Initial rows follow the reference implementation: input rows uniform in
+//! `[-0.5/dim, 0.5/dim)`, output rows zero.
+
+use candle_core::{DType, Device, Tensor, Var};
+use edl_proto::sample::Sample;
+
+use crate::error::{Error, Result};
+use crate::model::{
+    Batch, BatchData, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseTable,
+    StepOutput,
+};
+use crate::rng::{SplitMix64, hash_str, mix};
+use crate::spec::NegativeSampler;
+
+/// Name of the input (center word) embedding table.
+pub const INPUT_TABLE: &str = "emb_in";
+/// Name of the output (context word) embedding table.
+pub const OUTPUT_TABLE: &str = "emb_out";
+
+const KIND: &str = "word2vec";
+
+/// Hyper-parameters, validated by [`Word2Vec::new`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Word2VecConfig {
+    pub(crate) vocab_size: u64,
+    pub(crate) dim: usize,
+    pub(crate) window: usize,
+    pub(crate) negatives: usize,
+    pub(crate) sampler: NegativeSampler,
+    pub(crate) seed: u64,
+}
+
+/// The skip-gram model.
+#[derive(Debug)]
+pub(crate) struct Word2Vec {
+    cfg: Word2VecConfig,
+    device: Device,
+    dtype: DType,
+}
+
+/// A prepared skip-gram batch: pair indices into the batch's own row lists.
+#[derive(Debug, Clone)]
+pub(crate) struct SkipGramBatch {
+    pairs: usize,
+    /// Sorted distinct center ids (rows of `emb_in`).
+    rows_in: Vec<u64>,
+    /// Sorted distinct context and negative ids (rows of `emb_out`).
+    rows_out: Vec<u64>,
+    /// `[pairs]` u32: index into `rows_in` of each pair's center.
+    center: Tensor,
+    /// `[pairs]` u32: index into `rows_out` of each pair's context.
+    context: Tensor,
+    /// `[pairs * negatives]` u32: indices into `rows_out` of each pair's negatives.
+    negative: Tensor,
+}
+
+/// Numerically stable `log(1 + exp(x))`.
+fn softplus(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.relu()? + x.abs()?.neg()?.exp()?.affine(1.0, 1.0)?.log()?
+}
+
+impl Word2Vec {
+    pub(crate) fn new(cfg: Word2VecConfig, device: &Device, dtype: DType) -> Result<Self> {
+        let bad = |reason: &str| {
+            Err(Error::Spec {
+                model: KIND,
+                reason: reason.to_string(),
+            })
+        };
+        if cfg.vocab_size < 2 {
+            return bad("vocab_size must be at least 2");
+        }
+        if cfg.vocab_size > u64::from(u32::MAX) {
+            return bad("vocab_size must be below 2^32");
+        }
+        if cfg.dim == 0 {
+            return bad("dim must be positive");
+        }
+        if cfg.window == 0 {
+            return bad("window must be positive");
+        }
+        if cfg.negatives == 0 {
+            return bad("negatives must be positive");
+        }
+        Ok(Word2Vec {
+            cfg,
+            device: device.clone(),
+            dtype,
+        })
+    }
+
+    fn draw_negative(&self, rng: &mut SplitMix64) -> u64 {
+        let v = self.cfg.vocab_size;
+        match self.cfg.sampler {
+            NegativeSampler::Uniform => rng.below(v),
+            NegativeSampler::Zipf => {
+                // Density ~ x^-0.75 on [1, v + 1): CDF ~ x^0.25 - 1, inverted.
+                let top = ((v + 1) as f64).powf(0.25) - 1.0;
+                let x = (1.0 + rng.next_f64() * top).powi(4);
+                (x as u64).saturating_sub(1).min(v - 1)
+            }
+        }
+    }
+
+    fn parts<'a>(&self, batch: &'a Batch) -> Result<&'a SkipGramBatch> {
+        match &batch.data {
+            BatchData::SkipGram(b) if batch.model == KIND => Ok(b),
+            _ => Err(Error::BatchMismatch {
+                model: KIND,
+                batch: batch.model,
+            }),
+        }
+    }
+
+    /// The rows of `table` named by `rows`, concatenated.
+    fn gather(&self, params: &Params, table: &str, rows: &[u64]) -> Result<Vec<f32>> {
+        let dim = self.cfg.dim;
+        let missing = |row: u64| Error::MissingSparseRow {
+            table: table.to_string(),
+            row,
+        };
+        let pulled = params
+            .sparse
+            .get(table)
+            .ok_or_else(|| missing(rows.first().copied().unwrap_or(0)))?;
+        let mut out = Vec::with_capacity(rows.len() * dim);
+        for &row in rows {
+            let values = pulled.get(&row).ok_or_else(|| missing(row))?;
+            if values.len() != dim {
+                return Err(Error::SparseRowWidth {
+                    table: table.to_string(),
+                    row,
+                    found: values.len(),
+                    expected: dim,
+                });
+            }
+            out.extend_from_slice(values);
+        }
+        Ok(out)
+    }
+
+    /// The mean loss over the batch's pairs, from the gathered rows.
+    fn loss(
+        &self,
+        e_in: &Tensor,
+        e_out: &Tensor,
+        b: &SkipGramBatch,
+    ) -> candle_core::Result<Tensor> {
+        let (p, k, d) = (b.pairs, self.cfg.negatives, self.cfg.dim);
+        let v = e_in.index_select(&b.center, 0)?;
+        let u = e_out.index_select(&b.context, 0)?;
+        let pos = (&v * &u)?.sum(1)?;
+        let neg = e_out.index_select(&b.negative, 0)?.reshape((p, k, d))?;
+        let neg_score = neg.broadcast_mul(&v.unsqueeze(1)?)?.sum(2)?;
+        let total = (softplus(&pos.neg()?)?.sum_all()? + softplus(&neg_score)?.sum_all()?)?;
+        total.affine(1.0 / p as f64, 0.0)
+    }
+
+    fn tensors(
+        &self,
+        params: &Params,
+        b: &SkipGramBatch,
+        trainable: bool,
+    ) -> Result<(Option<[Var; 2]>, Tensor, Tensor)> {
+        let d = self.cfg.dim;
+        let data_in = self.gather(params, INPUT_TABLE, &b.rows_in)?;
+        let data_out = self.gather(params, OUTPUT_TABLE, &b.rows_out)?;
+        let shape_in = (b.rows_in.len(), d);
+        let shape_out = (b.rows_out.len(), d);
+        if trainable {
+            let vin = Var::from_vec(data_in, shape_in, &self.device)?;
+            let vout = Var::from_vec(data_out, shape_out, &self.device)?;
+            let tin = vin.as_tensor().to_dtype(self.dtype)?;
+            let tout = vout.as_tensor().to_dtype(self.dtype)?;
+            Ok((Some([vin, vout]), tin, tout))
+        } else {
+            let tin = Tensor::from_vec(data_in, shape_in, &self.device)?.to_dtype(self.dtype)?;
+            let tout = Tensor::from_vec(data_out, shape_out, &self.device)?.to_dtype(self.dtype)?;
+            Ok((None, tin, tout))
+        }
+    }
+}
+
+/// Index of `id` in the sorted, distinct `rows` (present by construction).
+fn position(rows: &[u64], id: u64) -> u32 {
+    rows.binary_search(&id).unwrap_or_default() as u32
+}
+
+impl Model for Word2Vec {
+    fn name(&self) -> &str {
+        KIND
+    }
+
+    fn dense_params(&self) -> Vec<DenseParam> {
+        Vec::new()
+    }
+
+    fn sparse_tables(&self) -> Vec<SparseTable> {
+        [INPUT_TABLE, OUTPUT_TABLE]
+            .iter()
+            .map(|name| SparseTable {
+                name: (*name).to_string(),
+                rows: self.cfg.vocab_size,
+                dim: self.cfg.dim,
+            })
+            .collect()
+    }
+
+    fn init_dense(&self, _seed: u64) -> Vec<Vec<f32>> {
+        Vec::new()
+    }
+
+    fn init_sparse_row(&self, table: &str, row: u64, seed: u64) -> Vec<f32> {
+        let dim = self.cfg.dim;
+        match table {
+            INPUT_TABLE => {
+                let mut rng = SplitMix64::new(mix(mix(seed, hash_str(table)), row));
+                let a = 0.5 / dim as f64;
+                (0..dim).map(|_| rng.symmetric(a)).collect()
+            }
+            OUTPUT_TABLE => vec![0.0; dim],
+            _ => Vec::new(),
+        }
+    }
+
+    fn prepare(&self, samples: &[Sample]) -> Result<Batch> {
+        self.prepare_seeded(samples, 0)
+    }
+
+    fn prepare_seeded(&self, samples: &[Sample], seed: u64) -> Result<Batch> {
+        if samples.is_empty() {
+            return Err(Error::EmptyBatch {
+                model: KIND,
+                reason: "no samples",
+            });
+        }
+        let mut content = mix(self.cfg.seed, seed);
+        for (index, s) in samples.iter().enumerate() {
+            if !s.dense.is_empty() {
+                return Err(Error::FeatureCount {
+                    model: KIND,
+                    index,
+                    found: s.dense.len(),
+                    expected: 0,
+                });
+            }
+            for &id in &s.sparse_ids {
+                if id >= self.cfg.vocab_size {
+                    return Err(Error::SparseIdOutOfRange {
+                        model: KIND,
+                        index,
+                        id,
+                        vocab_size: self.cfg.vocab_size,
+                    });
+                }
+                content = mix(content, id);
+            }
+            content = mix(content, u64::MAX);
+        }
+        let w = self.cfg.window;
+        let mut centers = Vec::new();
+        let mut contexts = Vec::new();
+        for s in samples {
+            let ids = &s.sparse_ids;
+            for (i, &c) in ids.iter().enumerate() {
+                let lo = i.saturating_sub(w);
+                let hi = (i + w + 1).min(ids.len());
+                for (j, &o) in ids.iter().enumerate().take(hi).skip(lo) {
+                    if j != i {
+                        centers.push(c);
+                        contexts.push(o);
+                    }
+                }
+            }
+        }
+        let pairs = centers.len();
+        if pairs == 0 {
+            return Err(Error::EmptyBatch {
+                model: KIND,
+                reason: "no sentence has two words, so there are no (center, context) pairs",
+            });
+        }
+        let mut rng = SplitMix64::new(content);
+        let negatives: Vec<u64> = (0..pairs * self.cfg.negatives)
+            .map(|_| self.draw_negative(&mut rng))
+            .collect();
+        let mut rows_in = centers.clone();
+        rows_in.sort_unstable();
+        rows_in.dedup();
+        let mut rows_out: Vec<u64> = contexts.iter().chain(&negatives).copied().collect();
+        rows_out.sort_unstable();
+        rows_out.dedup();
+        let index = |rows: &[u64], ids: &[u64]| -> Vec<u32> {
+            ids.iter().map(|&id| position(rows, id)).collect()
+        };
+        let center = Tensor::from_vec(index(&rows_in, &centers), pairs, &self.device)?;
+        let context = Tensor::from_vec(index(&rows_out, &contexts), pairs, &self.device)?;
+        let negative =
+            Tensor::from_vec(index(&rows_out, &negatives), negatives.len(), &self.device)?;
+        Ok(Batch {
+            model: KIND,
+            samples: samples.len(),
+            data: BatchData::SkipGram(SkipGramBatch {
+                pairs,
+                rows_in,
+                rows_out,
+                center,
+                context,
+                negative,
+            }),
+        })
+    }
+
+    fn sparse_rows(&self, batch: &Batch) -> Vec<(String, Vec<u64>)> {
+        match self.parts(batch) {
+            Ok(b) => vec![
+                (INPUT_TABLE.to_string(), b.rows_in.clone()),
+                (OUTPUT_TABLE.to_string(), b.rows_out.clone()),
+            ],
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn forward_backward(&self, params: &Params, batch: &Batch) -> Result<StepOutput> {
+        let b = self.parts(batch)?;
+        let (vars, e_in, e_out) = self.tensors(params, b, true)?;
+        let loss = self.loss(&e_in, &e_out, b)?;
+        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        if !value.is_finite() {
+            return Err(Error::NonFiniteLoss {
+                model: KIND,
+                loss: value,
+            });
+        }
+        let grads = loss.backward()?;
+        let mut sparse = Vec::with_capacity(2);
+        if let Some(vars) = vars {
+            for (var, (table, rows)) in vars
+                .iter()
+                .zip([(INPUT_TABLE, &b.rows_in), (OUTPUT_TABLE, &b.rows_out)])
+            {
+                let values = match grads.get(var.as_tensor()) {
+                    Some(g) => g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                    None => vec![0.0; rows.len() * self.cfg.dim],
+                };
+                sparse.push(SparseGrad {
+                    table: table.to_string(),
+                    rows: rows.clone(),
+                    dim: self.cfg.dim,
+                    values,
+                });
+            }
+        }
+        Ok(StepOutput {
+            loss: value as f32,
+            examples: b.pairs,
+            dense: Vec::new(),
+            sparse,
+        })
+    }
+
+    fn evaluate(&self, params: &Params, batch: &Batch) -> Result<EvalOutput> {
+        let b = self.parts(batch)?;
+        let (_, e_in, e_out) = self.tensors(params, b, false)?;
+        let mean = self
+            .loss(&e_in, &e_out, b)?
+            .to_dtype(DType::F64)?
+            .to_scalar::<f64>()?;
+        Ok(EvalOutput {
+            loss_sum: mean * b.pairs as f64,
+            count: b.pairs as u64,
+            correct: 0,
+        })
+    }
+
+    fn metric(&self) -> MetricKind {
+        MetricKind::Loss
+    }
+}
