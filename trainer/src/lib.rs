@@ -24,6 +24,9 @@
 //! - [`local_optim`]: minimal SGD and Adam for local training.
 //! - [`local`]: [`train_local`], the single-process trainer.
 //! - [`data`]: [`load_samples`] from RecordIO files.
+//! - [`store`]: [`ParamStore`], where parameters live ([`LocalStore`] in process;
+//!   the parameter servers in a job).
+//! - [`runtime`]: the elastic trainer loop over the master's `cloud_reader`.
 //! - [`error`]: errors ([`Error`]), with retryable and bad-data classification.
 //! - `rng.rs`: the stable generator behind initialisation and negative sampling.
 //!
@@ -59,9 +62,13 @@ pub mod local;
 pub mod local_optim;
 pub mod model;
 mod rng;
+pub mod runtime;
 pub mod spec;
+pub mod store;
 pub mod word2vec;
 
+#[cfg(test)]
+mod runtime_tests;
 #[cfg(test)]
 mod testdata;
 #[cfg(test)]
@@ -74,4 +81,6 @@ pub use local_optim::{LocalOptimizer, OptimizerKind};
 pub use model::{
     Batch, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseTable, StepOutput,
 };
+pub use runtime::{Progress, RuntimeConfig, RuntimeError};
 pub use spec::{ModelSpec, NegativeSampler, Stats, build, build_on, feature_stats};
+pub use store::{InitOutcome, LocalStore, ParamStore, StoreError};

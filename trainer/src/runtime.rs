@@ -1,0 +1,344 @@
+//! The elastic trainer loop: tasks from the master's `cloud_reader`, parameters from a
+//! [`ParamStore`], gradients computed by a [`Model`].
+//!
+//! For each leased task: decode its records into samples, and for each batch pull the
+//! dense parameters and the sparse rows the batch touches, compute the gradients (on a
+//! blocking thread: the math is CPU- or GPU-bound), and push them. The task is
+//! acknowledged only after its last batch was pushed. A task whose records cannot be
+//! decoded or do not fit the model is failed at the master with the reason (it is
+//! retried, then reported), so bad data never stops a job.
+//!
+//! Draining: when `shutdown` fires the trainer stops taking tasks, hands the current one
+//! back (not a failure) with the count of records it trained, and returns; the caller
+//! deregisters and exits 0.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use edl_master::client::ClientError;
+use edl_master::reader::{CloudReader, Item, ReaderError, TaskData};
+use edl_proto::master as pb;
+use edl_proto::sample::{self, Sample};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{EvalOutput, MetricKind, Model, Params};
+use crate::store::{InitOutcome, ParamStore, StoreError};
+
+/// Runtime settings.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// This trainer's id (its registration).
+    pub trainer: String,
+    /// Samples per gradient step.
+    pub batch_size: usize,
+    /// Seed of parameter initialisation (must be the same for every trainer of a job).
+    pub seed: u64,
+    /// Held-out samples evaluated at the end of every pass, if any.
+    pub test: Option<Arc<Vec<Sample>>>,
+    /// Batch size of the evaluation.
+    pub eval_batch_size: usize,
+}
+
+impl RuntimeConfig {
+    /// Defaults for trainer `trainer`: batch 32, seed 0, no evaluation.
+    pub fn new(trainer: impl Into<String>) -> Self {
+        RuntimeConfig {
+            trainer: trainer.into(),
+            batch_size: 32,
+            seed: 0,
+            test: None,
+            eval_batch_size: 256,
+        }
+    }
+}
+
+/// What a trainer reports while it runs and at the end.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Progress {
+    /// The pass of the task being trained.
+    pub pass: u32,
+    /// Tasks finished (acknowledged).
+    pub tasks: u64,
+    /// Records trained in acknowledged tasks.
+    pub records: u64,
+    /// Gradient steps pushed.
+    pub steps: u64,
+    /// Loss of the last step.
+    pub last_loss: f32,
+    /// Samples per second over the last task.
+    pub samples_per_sec: f64,
+    /// Evaluations on the test split, one per finished pass: (pass, metric, value, loss).
+    pub evals: Vec<(u32, MetricKind, f64, f64)>,
+    /// Tasks failed because of their data.
+    pub failed_tasks: u64,
+    /// Batches skipped because their loss was not finite.
+    pub skipped_batches: u64,
+    /// The trainer drained (SIGTERM) instead of reaching the end of the job.
+    pub drained: bool,
+    /// Whether this trainer initialised the parameters.
+    pub initialised: bool,
+}
+
+/// Why the runtime stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The master could not be reached (past the client's retry budget) or refused.
+    #[error("master: {0}")]
+    Master(#[from] ClientError),
+    /// The parameter store failed.
+    #[error("parameter store: {0}")]
+    Store(#[from] StoreError),
+    /// The model failed on data that passed validation (a bug or a device error).
+    #[error("model: {0}")]
+    Model(#[from] crate::Error),
+}
+
+impl From<ReaderError> for RuntimeError {
+    fn from(e: ReaderError) -> Self {
+        match e {
+            ReaderError::Client(c) => RuntimeError::Master(c),
+        }
+    }
+}
+
+/// How a task ended.
+enum TaskEnd {
+    Trained(u64),
+    /// Drained mid-task after training this many records.
+    Drained(u64),
+    /// The data is bad: fail the task with this reason after training this many.
+    BadData(String, u64),
+}
+
+/// Runs the trainer loop until the job finishes, `shutdown` fires (drain), or an error.
+pub async fn run(
+    mut reader: CloudReader,
+    model: Arc<dyn Model>,
+    store: Arc<dyn ParamStore>,
+    cfg: RuntimeConfig,
+    shutdown: CancellationToken,
+    progress: watch::Sender<Progress>,
+) -> Result<Progress, RuntimeError> {
+    let outcome = tokio::select! {
+        r = store.init(&cfg.trainer, model.as_ref(), cfg.seed) => r?,
+        _ = shutdown.cancelled() => {
+            reader.drain().await;
+            let p = Progress { drained: true, ..Progress::default() };
+            progress.send_replace(p.clone());
+            return Ok(p);
+        }
+    };
+    tracing::info!(trainer = %cfg.trainer, ?outcome, "parameters ready");
+    let mut state = Progress {
+        initialised: outcome == InitOutcome::Initialised,
+        ..Progress::default()
+    };
+    let mut params = Params::default();
+    loop {
+        let item = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {
+                state.drained = true;
+                break;
+            }
+            item = reader.next() => item,
+        };
+        let Some(item) = item else { break };
+        match item? {
+            Item::Task(task) => {
+                state.pass = task.task.pass;
+                let started = Instant::now();
+                let end = train_task(
+                    &task,
+                    &model,
+                    &store,
+                    &cfg,
+                    &mut params,
+                    &mut state,
+                    &shutdown,
+                )
+                .await?;
+                match end {
+                    TaskEnd::Trained(n) => match reader.finished(&task.task, n).await {
+                        Ok(_) => {
+                            state.tasks += 1;
+                            state.records += n;
+                            let secs = started.elapsed().as_secs_f64().max(1e-9);
+                            state.samples_per_sec = n as f64 / secs;
+                        }
+                        Err(e) if e.is_stale() => {
+                            tracing::warn!(task = %task.task.id, "task was taken away while training; its records were trained anyway");
+                        }
+                        Err(e) => return Err(e.into()),
+                    },
+                    TaskEnd::Drained(n) => {
+                        report_release(&reader, &task.task, n).await;
+                        state.drained = true;
+                        progress.send_replace(state.clone());
+                        break;
+                    }
+                    TaskEnd::BadData(reason, n) => {
+                        tracing::warn!(task = %task.task.id, reason = %reason, "failing task: bad data");
+                        state.failed_tasks += 1;
+                        if let Err(e) = reader.failed(&task.task, &reason, n).await
+                            && !e.is_stale()
+                        {
+                            return Err(e.into());
+                        }
+                    }
+                }
+                progress.send_replace(state.clone());
+            }
+            Item::PassFinished { ended, next } => {
+                tracing::info!(trainer = %cfg.trainer, pass = ended, next, "pass finished");
+                if let Some(test) = &cfg.test {
+                    store.pull_dense(&mut params).await?;
+                    let eval =
+                        evaluate(&model, &store, &mut params, test, cfg.eval_batch_size).await?;
+                    let metric = model.metric();
+                    let value = metric.value(&eval);
+                    tracing::info!(
+                        pass = ended,
+                        metric = metric.name(),
+                        value,
+                        loss = eval.mean_loss(),
+                        "evaluation"
+                    );
+                    state.evals.push((ended, metric, value, eval.mean_loss()));
+                    progress.send_replace(state.clone());
+                }
+            }
+            Item::JobFinished => break,
+        }
+    }
+    reader.drain().await;
+    progress.send_replace(state.clone());
+    Ok(state)
+}
+
+async fn report_release(reader: &CloudReader, task: &pb::Task, trained: u64) {
+    match reader.release(task, trained).await {
+        Ok(_) => tracing::info!(task = %task.id, trained, "handed the task back"),
+        Err(e) => {
+            tracing::warn!(task = %task.id, error = %e, "handing the task back failed; the master will requeue it when this trainer's registration ends")
+        }
+    }
+}
+
+/// Trains every record of a task, batch by batch.
+async fn train_task(
+    task: &TaskData,
+    model: &Arc<dyn Model>,
+    store: &Arc<dyn ParamStore>,
+    cfg: &RuntimeConfig,
+    params: &mut Params,
+    state: &mut Progress,
+    shutdown: &CancellationToken,
+) -> Result<TaskEnd, RuntimeError> {
+    let mut samples = Vec::with_capacity(task.records.len());
+    for (i, r) in task.records.iter().enumerate() {
+        match sample::decode(r) {
+            Ok(s) => samples.push(s),
+            Err(e) => {
+                return Ok(TaskEnd::BadData(
+                    format!(
+                        "{} chunks {}..{}: record {i}: {e}",
+                        task.task.path, task.task.chunk_begin, task.task.chunk_end
+                    ),
+                    0,
+                ));
+            }
+        }
+    }
+    let mut trained = 0u64;
+    for chunk in samples.chunks(cfg.batch_size.max(1)) {
+        if shutdown.is_cancelled() {
+            return Ok(TaskEnd::Drained(trained));
+        }
+        let batch = match model.prepare_seeded(chunk, cfg.seed ^ state.steps) {
+            Ok(b) => b,
+            Err(e) if e.is_bad_data() => {
+                return Ok(TaskEnd::BadData(
+                    format!("{}: {e}", task.task.path),
+                    trained,
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        store.pull_dense(params).await?;
+        let rows = model.sparse_rows(&batch);
+        if !rows.is_empty() {
+            store.pull_sparse(&rows, params).await?;
+        }
+        let m = model.clone();
+        let p = std::mem::take(params);
+        let (p, out) = tokio::task::spawn_blocking(move || {
+            let out = m.forward_backward(&p, &batch);
+            (p, out)
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("gradient computation panicked: {e}")))?;
+        *params = p;
+        let out = match out {
+            Ok(o) => o,
+            Err(e @ crate::Error::NonFiniteLoss { .. }) => {
+                // Never push a non-finite gradient; the batch counts as trained (it was
+                // seen) and the step is skipped.
+                tracing::warn!(task = %task.task.id, error = %e, "skipping a batch with a non-finite loss");
+                state.skipped_batches += 1;
+                trained += chunk.len() as u64;
+                continue;
+            }
+            Err(e) if e.is_bad_data() => {
+                return Ok(TaskEnd::BadData(
+                    format!("{}: {e}", task.task.path),
+                    trained,
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        store.push(&cfg.trainer, state.steps, &out).await?;
+        state.steps += 1;
+        state.last_loss = out.loss;
+        trained += chunk.len() as u64;
+    }
+    Ok(TaskEnd::Trained(trained))
+}
+
+/// Evaluates `test` with the current parameters.
+pub async fn evaluate(
+    model: &Arc<dyn Model>,
+    store: &Arc<dyn ParamStore>,
+    params: &mut Params,
+    test: &Arc<Vec<Sample>>,
+    batch_size: usize,
+) -> Result<EvalOutput, RuntimeError> {
+    let mut total = EvalOutput::default();
+    let n = test.len();
+    let bs = batch_size.max(1);
+    let mut start = 0;
+    while start < n {
+        let end = (start + bs).min(n);
+        let batch = model.prepare(&test[start..end])?;
+        let rows = model.sparse_rows(&batch);
+        if !rows.is_empty() {
+            store.pull_sparse(&rows, params).await?;
+        }
+        let m = model.clone();
+        let p = std::mem::take(params);
+        let (p, out) = tokio::task::spawn_blocking(move || {
+            let out = m.evaluate(&p, &batch);
+            (p, out)
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("evaluation panicked: {e}")))?;
+        *params = p;
+        total.merge(&out?);
+        start = end;
+    }
+    Ok(total)
+}
+
+/// How long the caller should wait for a draining trainer before giving up on it.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(30);

@@ -1,0 +1,198 @@
+//! The elastic loop end to end in one process: the in-memory coordination backend, a real
+//! master over loopback gRPC, trainers sharing a [`LocalStore`], real data in RecordIO.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{Backend, MemBackend};
+use edl_master::client::{ClientConfig, MasterClient};
+use edl_master::reader::{CloudReader, ReaderConfig};
+use edl_master::{MasterConfig, run as run_master};
+use edl_recordio::{FileWriter, WriterOptions};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::MetricKind;
+use crate::runtime::{Progress, RuntimeConfig, run};
+use crate::store::LocalStore;
+use crate::testdata::{boston, split_every};
+use crate::{ModelSpec, OptimizerKind, build};
+
+fn write_shards(
+    dir: &std::path::Path,
+    samples: &[edl_proto::sample::Sample],
+    shards: usize,
+) -> String {
+    let mut writers: Vec<FileWriter> = (0..shards)
+        .map(|i| {
+            FileWriter::create(
+                dir.join(format!("train-{i:05}.recordio")),
+                WriterOptions {
+                    max_chunk_bytes: 2048,
+                    ..WriterOptions::default()
+                },
+            )
+            .unwrap()
+        })
+        .collect();
+    for (i, s) in samples.iter().enumerate() {
+        writers[i % shards]
+            .write(&edl_proto::sample::encode(s))
+            .unwrap();
+    }
+    for w in writers {
+        w.finish().unwrap();
+    }
+    format!("{}/train-*.recordio", dir.display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_elastic_trainers_fit_a_line_through_the_master() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = split_every(&boston(), 5);
+    let glob = write_shards(dir.path(), &train, 3);
+    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
+    let stop = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let master = tokio::spawn(run_master(
+        backend.clone(),
+        MasterConfig::new("line"),
+        listener,
+        stop.child_token(),
+    ));
+    let client = MasterClient::new(
+        backend.clone(),
+        ClientConfig::new("line"),
+        stop.child_token(),
+    );
+    let passes = 30;
+    let ds = client.set_dataset(vec![glob], 1, passes).await.unwrap();
+    assert_eq!(ds.records, train.len() as u64);
+
+    let mut spec = ModelSpec::FitALine {
+        standardize: true,
+        stats: None,
+    };
+    spec.fit_stats(&train).unwrap();
+    let model: Arc<dyn crate::Model> = Arc::from(build(&spec).unwrap());
+    let store = Arc::new(LocalStore::new(model.clone(), OptimizerKind::Sgd, 0.01, 7));
+    let test = Arc::new(test);
+    let mut handles = Vec::new();
+    for t in 0..2 {
+        let id = format!("trainer-{t}");
+        let reader = CloudReader::start(client.clone(), ReaderConfig::new(&id));
+        let mut cfg = RuntimeConfig::new(&id);
+        cfg.batch_size = 20;
+        cfg.seed = 7;
+        cfg.test = (t == 0).then(|| test.clone());
+        let (tx, _rx) = watch::channel(Progress::default());
+        handles.push(tokio::spawn(run(
+            reader,
+            model.clone(),
+            store.clone(),
+            cfg,
+            stop.child_token(),
+            tx,
+        )));
+    }
+    let mut records = 0;
+    let mut initialised = 0;
+    let mut evals = Vec::new();
+    for h in handles {
+        let p = tokio::time::timeout(Duration::from_secs(120), h)
+            .await
+            .expect("trainers finish")
+            .unwrap()
+            .unwrap();
+        records += p.records;
+        initialised += usize::from(p.initialised);
+        assert!(!p.drained);
+        if !p.evals.is_empty() {
+            evals = p.evals;
+        }
+    }
+    assert_eq!(initialised, 1, "exactly one trainer initialises");
+    assert_eq!(records, train.len() as u64 * u64::from(passes));
+    assert_eq!(
+        evals.len(),
+        passes as usize - 1,
+        "one evaluation per finished pass but the last"
+    );
+    let (first, last) = (evals[0].2, evals[evals.len() - 1].2);
+    assert_eq!(evals[0].1, MetricKind::Cost);
+    assert!(last < first, "test cost falls: {first} -> {last}");
+    // Within 15% of the least-squares optimum on this split (about 20.2).
+    assert!(last < 23.5, "test cost {last}");
+    let st = client.status().await.unwrap();
+    assert!(st.finished);
+    assert_eq!(st.counters.unwrap().records_trained, records);
+    stop.cancel();
+    master.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_trainer_hands_its_task_back_and_another_finishes_the_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = boston();
+    let glob = write_shards(dir.path(), &all, 2);
+    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
+    let stop = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let master = tokio::spawn(run_master(
+        backend.clone(),
+        MasterConfig::new("drain"),
+        listener,
+        stop.child_token(),
+    ));
+    let client = MasterClient::new(
+        backend.clone(),
+        ClientConfig::new("drain"),
+        stop.child_token(),
+    );
+    client.set_dataset(vec![glob], 1, 3).await.unwrap();
+    let mut spec = ModelSpec::FitALine {
+        standardize: true,
+        stats: None,
+    };
+    spec.fit_stats(&all).unwrap();
+    let model: Arc<dyn crate::Model> = Arc::from(build(&spec).unwrap());
+    let store = Arc::new(LocalStore::new(model.clone(), OptimizerKind::Sgd, 0.01, 1));
+
+    // The first trainer drains as soon as it has trained a few steps.
+    let drain = CancellationToken::new();
+    let (tx, mut rx) = watch::channel(Progress::default());
+    let mut cfg = RuntimeConfig::new("leaving");
+    cfg.batch_size = 4;
+    let leaving = tokio::spawn(run(
+        CloudReader::start(client.clone(), ReaderConfig::new("leaving")),
+        model.clone(),
+        store.clone(),
+        cfg,
+        drain.clone(),
+        tx,
+    ));
+    rx.wait_for(|p| p.tasks >= 2).await.unwrap();
+    drain.cancel();
+    let p = leaving.await.unwrap().unwrap();
+    assert!(p.drained);
+    let (tx, _rx) = watch::channel(Progress::default());
+    let stayer = run(
+        CloudReader::start(client.clone(), ReaderConfig::new("staying")),
+        model.clone(),
+        store.clone(),
+        RuntimeConfig::new("staying"),
+        stop.child_token(),
+        tx,
+    )
+    .await
+    .unwrap();
+    assert!(!stayer.drained);
+    let st = client.status().await.unwrap();
+    assert!(st.finished);
+    let c = st.counters.unwrap();
+    assert_eq!(c.failures, 0, "a hand-back is not a failure: {c:?}");
+    assert_eq!(c.records_trained, 3 * all.len() as u64);
+    assert_eq!(p.records + stayer.records, c.records_trained);
+    stop.cancel();
+    master.await.unwrap().unwrap();
+}

@@ -1,0 +1,179 @@
+//! Where a trainer's parameters live: the [`ParamStore`] trait and its in-process
+//! implementation [`LocalStore`].
+//!
+//! In a job the store is the parameter servers (an adapter over the pserver client); the
+//! trainer runtime only sees this trait, so the same loop runs against a local store in
+//! single-process runs and tests.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::Mutex;
+
+use crate::local_optim::{LocalOptimizer, OptimizerKind};
+use crate::model::{Model, Params, StepOutput};
+
+/// Why a parameter store call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store cannot be reached now; retrying may work.
+    #[error("parameter store unavailable: {0}")]
+    Unavailable(String),
+    /// The request was refused (shape mismatch, non-finite gradient, ...).
+    #[error("parameter store refused: {0}")]
+    Refused(String),
+    /// The model's computation failed.
+    #[error(transparent)]
+    Model(#[from] crate::Error),
+}
+
+/// How a trainer's [`ParamStore::init`] went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitOutcome {
+    /// This trainer initialised the parameters.
+    Initialised,
+    /// Another trainer had (or did meanwhile); this one pulls them.
+    AlreadyInitialised,
+}
+
+/// Parameters shared by a job's trainers.
+#[async_trait]
+pub trait ParamStore: Send + Sync + std::fmt::Debug {
+    /// Makes sure the parameters exist: exactly one trainer of a job initialises them
+    /// (with the model's deterministic initial values); the others wait until that is
+    /// finished. Idempotent.
+    async fn init(
+        &self,
+        trainer: &str,
+        model: &dyn Model,
+        seed: u64,
+    ) -> Result<InitOutcome, StoreError>;
+
+    /// Refreshes `params.dense` with the current dense parameters.
+    async fn pull_dense(&self, params: &mut Params) -> Result<(), StoreError>;
+
+    /// Fetches `rows` of sparse tables into `params.sparse` (only those rows).
+    async fn pull_sparse(
+        &self,
+        rows: &[(String, Vec<u64>)],
+        params: &mut Params,
+    ) -> Result<(), StoreError>;
+
+    /// Pushes the gradients of this trainer's step `step`; a retried push of the same
+    /// (trainer, step) is applied once.
+    async fn push(&self, trainer: &str, step: u64, grads: &StepOutput) -> Result<(), StoreError>;
+}
+
+#[derive(Debug)]
+struct LocalState {
+    params: Params,
+    optimizer: LocalOptimizer,
+    applied: HashSet<(String, u64)>,
+}
+
+/// An in-process store: parameters and a [`LocalOptimizer`] behind a lock, asynchronous
+/// updates. For single-process runs and tests; jobs use the parameter servers.
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    model: Arc<dyn Model>,
+    seed: u64,
+    kind: OptimizerKind,
+    lr: f32,
+    state: Arc<Mutex<Option<LocalState>>>,
+}
+
+impl LocalStore {
+    /// A store for `model`, updated by `kind` at learning rate `lr`.
+    pub fn new(model: Arc<dyn Model>, kind: OptimizerKind, lr: f32, seed: u64) -> Self {
+        LocalStore {
+            model,
+            seed,
+            kind,
+            lr,
+            state: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// A copy of the current parameters (dense, and every sparse row created so far).
+    pub async fn snapshot(&self) -> Option<Params> {
+        self.state.lock().await.as_ref().map(|s| s.params.clone())
+    }
+}
+
+#[async_trait]
+impl ParamStore for LocalStore {
+    async fn init(
+        &self,
+        _trainer: &str,
+        model: &dyn Model,
+        seed: u64,
+    ) -> Result<InitOutcome, StoreError> {
+        let mut state = self.state.lock().await;
+        if state.is_some() {
+            return Ok(InitOutcome::AlreadyInitialised);
+        }
+        let params = Params {
+            dense: model.init_dense(seed),
+            sparse: HashMap::new(),
+        };
+        *state = Some(LocalState {
+            params,
+            optimizer: LocalOptimizer::new(self.kind, self.lr)?,
+            applied: HashSet::new(),
+        });
+        Ok(InitOutcome::Initialised)
+    }
+
+    async fn pull_dense(&self, params: &mut Params) -> Result<(), StoreError> {
+        let state = self.state.lock().await;
+        let s = state
+            .as_ref()
+            .ok_or_else(|| StoreError::Unavailable("parameters not initialised".into()))?;
+        params.dense.clone_from(&s.params.dense);
+        Ok(())
+    }
+
+    async fn pull_sparse(
+        &self,
+        rows: &[(String, Vec<u64>)],
+        params: &mut Params,
+    ) -> Result<(), StoreError> {
+        let mut state = self.state.lock().await;
+        let s = state
+            .as_mut()
+            .ok_or_else(|| StoreError::Unavailable("parameters not initialised".into()))?;
+        params.sparse.clear();
+        for (table, ids) in rows {
+            let stored = s.params.sparse.entry(table.clone()).or_default();
+            let out = params.sparse.entry(table.clone()).or_default();
+            for &id in ids {
+                let row = stored
+                    .entry(id)
+                    .or_insert_with(|| self.model.init_sparse_row(table, id, self.seed));
+                out.insert(id, row.clone());
+            }
+        }
+        Ok(())
+    }
+
+    async fn push(&self, trainer: &str, step: u64, grads: &StepOutput) -> Result<(), StoreError> {
+        let mut state = self.state.lock().await;
+        let s = state
+            .as_mut()
+            .ok_or_else(|| StoreError::Unavailable("parameters not initialised".into()))?;
+        if !s.applied.insert((trainer.to_owned(), step)) {
+            return Ok(());
+        }
+        for g in &grads.sparse {
+            let stored = s.params.sparse.entry(g.table.clone()).or_default();
+            for &id in &g.rows {
+                stored
+                    .entry(id)
+                    .or_insert_with(|| self.model.init_sparse_row(&g.table, id, self.seed));
+            }
+        }
+        s.optimizer.step(&mut s.params, grads)?;
+        Ok(())
+    }
+}
