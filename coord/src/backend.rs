@@ -37,11 +37,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>>;
 
     /// Reads every key that starts with `prefix`, sorted by key, from one consistent
-    /// snapshot; returns them with the store revision of that snapshot.
+    /// snapshot; returns them with the store revision of that snapshot. (etcd reads
+    /// it in pages, all at the revision of the first page.)
     async fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)>;
 
     /// Writes `value` at `key`, attached to `lease` if given; returns the revision of
-    /// the write.
+    /// the write. A request over [`MAX_REQUEST_BYTES`](crate::types::MAX_REQUEST_BYTES)
+    /// fails with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
     async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision>;
 
     /// Deletes one key; returns whether it existed.
@@ -51,6 +53,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn delete_prefix(&self, prefix: &str) -> Result<u64>;
 
     /// Runs a transaction.
+    ///
+    /// etcd bounds a transaction: at most [`MAX_TXN_OPS`](crate::types::MAX_TXN_OPS)
+    /// (128) operations per branch and compares, nested transactions included, and
+    /// at most [`MAX_REQUEST_BYTES`](crate::types::MAX_REQUEST_BYTES) (1.5 MiB, etcd's
+    /// default `--max-request-bytes`) for the whole request. A larger one fails with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) and changes nothing
+    /// (both backends); batch writers must split their batches.
     async fn txn(&self, txn: Txn) -> Result<TxnResponse>;
 
     /// Discards the history before `revision`: watches starting earlier then fail

@@ -76,6 +76,8 @@ cases!(
     registry_register_list_and_watch,
     registry_watch_misses_nothing_across_reconnects,
     claim_index_concurrent_and_reclaim,
+    request_limits_rejected_alike,
+    large_ranges_are_complete,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -459,8 +461,12 @@ async fn lease_recipe_keeps_alive_and_reports_loss(env: Env) {
     cancel.cancel();
     let fired = tokio::time::timeout(TTL, lease.lost().cancelled()).await;
     assert!(fired.is_ok(), "lost did not fire on cancel");
+    // `lost` fires first, then the revoke is sent.
     assert!(
-        b.get(&k).await.unwrap().is_none(),
+        wait_until(TTL / 2, POLL, || async {
+            b.get(&k).await.unwrap().is_none()
+        })
+        .await,
         "cancel revoked the lease"
     );
 
@@ -849,4 +855,117 @@ async fn claim_index_concurrent_and_reclaim(env: Env) {
     assert!(matches!(stale, Err(Error::NotLeader)));
     cancel.cancel();
     drop(leases);
+}
+
+/// etcd's limits: 128 operations per branch, 1.5 MiB per request. Both backends
+/// refuse more with `InvalidArgument`, and change nothing.
+async fn request_limits_rejected_alike(env: Env) {
+    let b = &env.backend;
+    let before = b
+        .put(&env.key("marker"), b"1".to_vec(), None)
+        .await
+        .unwrap();
+    let invalid = |r: Result<TxnResponse>| match r {
+        Err(Error::InvalidArgument(msg)) => msg,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+
+    let many =
+        Txn::new().and_then((0..=MAX_TXN_OPS).map(|i| Op::put(env.key(&format!("k{i}")), "")));
+    let msg = invalid(b.txn(many).await);
+    assert!(msg.contains("too many operations"), "{msg}");
+    let nested_many = Txn::new().and_then([Op::txn(
+        Txn::new().and_then((0..=MAX_TXN_OPS).map(|i| Op::put(env.key(&format!("n{i}")), ""))),
+    )]);
+    invalid(b.txn(nested_many).await);
+    let compares = Txn::new()
+        .when((0..=MAX_TXN_OPS).map(|i| Compare::absent(env.key(&format!("c{i}")))))
+        .and_then([Op::put(env.key("c"), "")]);
+    invalid(b.txn(compares).await);
+    // Exactly the limit is fine.
+    let limit =
+        Txn::new().and_then((0..MAX_TXN_OPS).map(|i| Op::put(env.key(&format!("k{i}")), "")));
+    let rev = b.txn(limit).await.unwrap().revision;
+    assert_eq!(rev, before + 1);
+
+    const MIB: usize = 1 << 20;
+    // Over etcd's 1.5 MiB but within gRPC's limit (2 MiB): "request is too large".
+    let msg = match b.put(&env.key("big"), vec![7; MIB * 7 / 4], None).await {
+        Err(Error::InvalidArgument(msg)) => msg,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    assert!(msg.contains("request is too large"), "{msg}");
+    // Over gRPC's limit too: the same answer (not a retryable error).
+    let msg = match b.put(&env.key("big"), vec![7; 3 * MIB], None).await {
+        Err(Error::InvalidArgument(msg)) => msg,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    assert!(msg.contains("request is too large"), "{msg}");
+    // Many small values adding up.
+    let sum =
+        Txn::new().and_then((0..4).map(|i| Op::put(env.key(&format!("s{i}")), vec![1; MIB / 2])));
+    invalid(b.txn(sum).await);
+    assert_eq!(
+        env.revision().await,
+        rev,
+        "rejected requests changed nothing"
+    );
+
+    // One MiB is fine, alone or in a transaction.
+    b.put(&env.key("big"), vec![7; MIB], None).await.unwrap();
+    let kv = b.get(&env.key("big")).await.unwrap().unwrap();
+    assert_eq!(kv.value.len(), MIB);
+    b.txn(Txn::new().and_then([Op::put(env.key("big2"), vec![8; MIB])]))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.delete_prefix(&env.prefix).await.unwrap(),
+        MAX_TXN_OPS as u64 + 3
+    );
+}
+
+/// Ranges larger than one etcd page (1000 keys) and than gRPC's default 4 MiB
+/// message come back whole, sorted, at one revision.
+async fn large_ranges_are_complete(env: Env) {
+    let b = &env.backend;
+    let keys: Vec<String> = (0..2500)
+        .map(|i| env.key(&format!("many/{i:05}")))
+        .collect();
+    for chunk in keys.chunks(100) {
+        b.txn(Txn::new().and_then(chunk.iter().map(|k| Op::put(k.clone(), "v"))))
+            .await
+            .unwrap();
+    }
+    // Keys just outside the prefix stay out.
+    b.put(&env.key("many0"), b"x".to_vec(), None).await.unwrap();
+    let last = b.put(&env.key("manz"), b"x".to_vec(), None).await.unwrap();
+    let (kvs, rev) = b.range(&env.key("many/")).await.unwrap();
+    assert!(rev >= last);
+    let got: Vec<&str> = kvs.iter().map(|kv| kv.key.as_str()).collect();
+    assert_eq!(got, keys.iter().map(String::as_str).collect::<Vec<_>>());
+
+    const MIB: usize = 1 << 20;
+    for i in 0..6 {
+        b.put(
+            &env.key(&format!("fat/{i}")),
+            vec![u8::try_from(i).unwrap(); MIB],
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    let (kvs, _) = b.range(&env.key("fat/")).await.unwrap();
+    assert_eq!(kvs.len(), 6);
+    assert!(
+        kvs.iter()
+            .enumerate()
+            .all(|(i, kv)| kv.value.len() == MIB && kv.value[0] == u8::try_from(i).unwrap())
+    );
+    // Not paginated: one 6 MiB answer.
+    let resp = b
+        .txn(Txn::new().and_then([Op::get_prefix(env.key("fat/"))]))
+        .await
+        .unwrap();
+    assert_eq!(resp.get(0).unwrap().len(), 6);
+    b.delete_prefix(&env.prefix).await.unwrap();
 }

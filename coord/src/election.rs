@@ -64,10 +64,11 @@ pub(crate) fn dir_prefix(prefix: impl Into<String>) -> String {
     p
 }
 
+/// Largest pause between retries of the election's loops.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
 fn backoff() -> Backoff {
-    Backoff::new(
-        RetryPolicy::forever().with_delays(Duration::from_millis(50), Duration::from_secs(1)),
-    )
+    Backoff::new(RetryPolicy::forever().with_delays(Duration::from_millis(50), MAX_BACKOFF))
 }
 
 /// Waits for the next backoff delay; `Err` when the lease is lost or `cancel` fires.
@@ -305,9 +306,11 @@ impl Election {
     }
 
     /// Follows the leader: the receiver holds the current leader (or `None`) and is
-    /// updated on every change, across reconnects. The background task (on the
-    /// current tokio runtime) stops when `cancel` fires or every receiver is
-    /// dropped.
+    /// updated on every change, across reconnects (transient errors are retried
+    /// with backoff). The background task (on the current tokio runtime) stops when
+    /// `cancel` fires, when every receiver is dropped, or on an error that retrying
+    /// cannot cure (permission denied, ...; logged): the receivers' `changed()` then
+    /// fails.
     pub fn observe(&self, cancel: CancellationToken) -> watch::Receiver<Option<LeaderInfo>> {
         let (tx, rx) = watch::channel(None);
         let backend = self.backend.clone();
@@ -323,6 +326,9 @@ impl Election {
     }
 }
 
+/// Follows the election until an error that retrying cannot cure (then the task
+/// ends and the receivers' `changed()` fails). Transient errors are retried with
+/// backoff, reset once the watch makes progress.
 async fn observe_loop(
     backend: Arc<dyn Backend>,
     prefix: String,
@@ -333,10 +339,14 @@ async fn observe_loop(
     loop {
         let (kvs, rev) = match backend.range(&prefix).await {
             Ok(l) => l,
-            Err(e) => {
+            Err(e) if e.is_retryable() => {
                 tracing::debug!(error = %e, "leader observe listing failed; retrying");
                 let _ = pause(&mut backoff, &never, &never).await;
                 continue;
+            }
+            Err(e) => {
+                tracing::error!(prefix = %prefix, error = %e, "leader observe listing failed; observer ends");
+                return;
             }
         };
         let mut candidates: BTreeMap<String, KeyValue> =
@@ -358,12 +368,17 @@ async fn observe_loop(
         publish(&candidates);
         let mut watch = match backend.watch_prefix(&prefix, Some(rev + 1)).await {
             Ok(w) => w,
-            Err(e) => {
+            Err(e) if e.is_retryable() || matches!(e, Error::Compacted { .. }) => {
                 tracing::debug!(error = %e, "leader observe watch failed; retrying");
                 let _ = pause(&mut backoff, &never, &never).await;
                 continue;
             }
+            Err(e) => {
+                tracing::error!(prefix = %prefix, error = %e, "leader observe watch failed; observer ends");
+                return;
+            }
         };
+        let watching = tokio::time::Instant::now();
         while let Some(item) = watch.next().await {
             match item {
                 Ok(ev) => {
@@ -376,12 +391,21 @@ async fn observe_loop(
                         }
                     }
                     publish(&candidates);
+                    backoff = self::backoff();
                 }
-                Err(e) => {
+                Err(e) if e.is_retryable() || matches!(e, Error::Compacted { .. }) => {
                     tracing::debug!(error = %e, "leader observe watch ended; re-listing");
                     break;
                 }
+                Err(e) => {
+                    tracing::error!(prefix = %prefix, error = %e, "leader observe watch failed; observer ends");
+                    return;
+                }
             }
+        }
+        if watching.elapsed() >= MAX_BACKOFF {
+            // The watch served a while: this is a fresh disconnect.
+            backoff = self::backoff();
         }
         let _ = pause(&mut backoff, &never, &never).await;
     }
@@ -510,11 +534,18 @@ impl Drop for Leadership {
     }
 }
 
-/// Fires `lost` once the fenced key is deleted or re-created.
+/// Fires `lost` once the fenced key is deleted or re-created, or when the key can
+/// no longer be watched at all (an error that retrying cannot cure, such as
+/// permission denied: a leader that cannot see its key must not go on).
+/// Transient errors are retried with backoff.
 async fn monitor_key(backend: Arc<dyn Backend>, fence: Fence, lost: CancellationToken) {
     let mut backoff = backoff();
     let never = CancellationToken::new();
     let mut from = fence.revision + 1;
+    let give_up = |e: &Error| {
+        tracing::error!(key = %fence.key, error = %e, "leadership lost: cannot watch the election key");
+        lost.cancel();
+    };
     loop {
         let watch = tokio::select! {
             _ = lost.cancelled() => return,
@@ -522,11 +553,12 @@ async fn monitor_key(backend: Arc<dyn Backend>, fence: Fence, lost: Cancellation
         };
         let mut watch = match watch {
             Ok(w) => w,
-            Err(e) => {
+            Err(e) if e.is_retryable() || matches!(e, Error::Compacted { .. }) => {
                 tracing::debug!(key = %fence.key, error = %e, "leadership watch failed; retrying");
                 let _ = pause(&mut backoff, &lost, &never).await;
                 continue;
             }
+            Err(e) => return give_up(&e),
         };
         loop {
             let item = tokio::select! {
@@ -541,11 +573,16 @@ async fn monitor_key(backend: Arc<dyn Backend>, fence: Fence, lost: Cancellation
                         lost.cancel();
                         return;
                     }
+                    backoff = self::backoff();
                 }
                 Some(Ok(ev)) => from = ev.revision() + 1,
                 Some(Err(Error::Compacted { .. })) => {
                     // History is gone: check the key itself.
-                    match backend.range(&fence.key).await {
+                    let check = tokio::select! {
+                        _ = lost.cancelled() => return,
+                        r = backend.range(&fence.key) => r,
+                    };
+                    match check {
                         Ok((kvs, rev)) => {
                             if !kvs.iter().any(|kv| {
                                 kv.key == fence.key && kv.create_revision == fence.revision
@@ -556,17 +593,20 @@ async fn monitor_key(backend: Arc<dyn Backend>, fence: Fence, lost: Cancellation
                             }
                             from = rev + 1;
                         }
-                        Err(e) => {
-                            tracing::debug!(key = %fence.key, error = %e, "leadership check failed")
+                        Err(e) if e.is_retryable() => {
+                            tracing::debug!(key = %fence.key, error = %e, "leadership check failed; retrying");
+                            let _ = pause(&mut backoff, &lost, &never).await;
                         }
+                        Err(e) => return give_up(&e),
                     }
                     break;
                 }
-                Some(Err(e)) => {
+                Some(Err(e)) if e.is_retryable() => {
                     tracing::debug!(key = %fence.key, error = %e, "leadership watch ended; resuming");
                     let _ = pause(&mut backoff, &lost, &never).await;
                     break;
                 }
+                Some(Err(e)) => return give_up(&e),
                 None => {
                     let _ = pause(&mut backoff, &lost, &never).await;
                     break;
@@ -603,5 +643,90 @@ pub async fn fenced_txn(backend: &dyn Backend, fence: &Fence, txn: Txn) -> Resul
         _ => Err(Error::Malformed(
             "fenced txn response without the nested response".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::MemBackend;
+    use crate::testkit::{FaultyBackend, WATCH_STREAM};
+
+    fn denied() -> Error {
+        Error::PermissionDenied("injected".into())
+    }
+
+    fn down() -> Error {
+        Error::unavailable("test", "injected")
+    }
+
+    const TTL: Duration = Duration::from_secs(10);
+
+    async fn setup() -> (MemBackend, Arc<FaultyBackend>, Lease, Leadership) {
+        let mem = MemBackend::new();
+        let faulty = FaultyBackend::new(Arc::new(mem.clone()));
+        let lease = Lease::grant(Arc::new(mem.clone()), TTL, CancellationToken::new())
+            .await
+            .unwrap();
+        let leadership = Election::new(faulty.clone(), "/e")
+            .campaign(&lease, b"me".to_vec(), &CancellationToken::new())
+            .await
+            .unwrap();
+        (mem, faulty, lease, leadership)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn observer_ends_on_a_non_retryable_error() {
+        let (_mem, faulty, _lease, _leadership) = setup().await;
+        let mut rx = Election::new(faulty.clone(), "/e").observe(CancellationToken::new());
+        let seen = crate::testkit::wait_until(TTL, Duration::from_millis(10), || {
+            let v = rx.borrow_and_update().is_some();
+            async move { v }
+        })
+        .await;
+        assert!(seen);
+        faulty.fail(&["range", "watch_prefix", WATCH_STREAM], denied);
+        let ended = tokio::time::timeout(TTL, async { while rx.changed().await.is_ok() {} }).await;
+        assert!(ended.is_ok(), "the observer did not end");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn monitor_fires_lost_when_the_key_cannot_be_watched() {
+        let (_mem, faulty, _lease, leadership) = setup().await;
+        faulty.fail(&["watch_prefix", WATCH_STREAM], denied);
+        tokio::time::timeout(TTL / 2, leadership.lost().cancelled())
+            .await
+            .expect("lost fires");
+    }
+
+    /// History compacted while the range that should replace it fails: the monitor
+    /// backs off (it used to spin), and recovers once the range works.
+    #[tokio::test(start_paused = true)]
+    async fn monitor_backs_off_after_compaction_and_failed_checks() {
+        let (mem, faulty, _lease, leadership) = setup().await;
+        for i in 0..5 {
+            mem.put(&format!("/other/{i}"), b"x".to_vec(), None)
+                .await
+                .unwrap();
+        }
+        mem.compact(mem.revision()).await.unwrap();
+        faulty.fail(&["range"], down);
+        faulty.break_watches();
+        let before = faulty.requests();
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let made = faulty.requests() - before;
+        assert!((2..=60).contains(&made), "{made} requests in 8 s");
+        assert!(!leadership.is_lost());
+        faulty.clear_failures();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!leadership.is_lost(), "the key is still there");
+        let idle = faulty.requests();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            faulty.requests(),
+            idle,
+            "the monitor is watching again, quietly"
+        );
+        leadership.resign().await.unwrap();
     }
 }

@@ -1,12 +1,25 @@
 //! [`EtcdBackend`]: the [`Backend`] on a real etcd cluster (v3 API, etcd >= 3.3).
 //!
 //! The client keeps one connection per endpoint and sends each request to a
-//! *pinned* endpoint; when that endpoint fails (refused, lost, no leader, timeout)
-//! the pin moves to the next one. Every request is bounded by
+//! *pinned* endpoint; when that endpoint fails (refused, lost, no leader, no
+//! answer) the pin moves to the next one. Every request is bounded by
 //! [`EtcdConfig::request_timeout`]. A request is re-sent to the next endpoint within
 //! that bound only when that is safe: reads, lease renewals and watch creation
 //! always; writes only when the connection failed before the request was sent.
 //! Otherwise the error is returned (retryable: see [`crate::retry()`]).
+//!
+//! A member can hang with its sockets open (SIGSTOPped, overloaded, partitioned
+//! behind a proxy): a re-sendable request then gets only its share of the request
+//! timeout on each endpoint (`request_timeout / endpoints`, at least 500 ms) before
+//! it moves on, so one hung member of three does not stall reads or lease renewals.
+//! A write has a single attempt (it may have been applied) with the whole request
+//! timeout; when it times out the pin still moves on. A caller that gives up on a
+//! request (drops it) after it has waited on an endpoint for a while moves the pin
+//! on as well.
+//!
+//! Responses of up to [`MAX_DECODING_MESSAGE_SIZE`] are accepted, and
+//! [`Backend::range`] reads large prefixes in pages of [`RANGE_PAGE_SIZE`] keys,
+//! all at the revision of the first page (one consistent snapshot).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -19,7 +32,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::proto::{PbKeyValue, PbTxnOpResponse, PbTxnResponse};
 use etcd_client::{
-    Client, ConnectOptions, DeleteOptions, GetOptions, PutOptions, TxnOp, WatchOptions,
+    Client, ConnectOptions, DeleteOptions, GetOptions, KvClient, PutOptions, TxnOp, WatchClient,
+    WatchOptions,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -165,7 +179,66 @@ struct EtcdInner {
 
 struct Slot {
     endpoint: String,
-    client: OnceCell<Client>,
+    conn: OnceCell<Conn>,
+}
+
+/// Largest gRPC response accepted from etcd (tonic's default is 4 MiB). Ranges are
+/// paginated anyway; this leaves room for large values and watch batches.
+pub const MAX_DECODING_MESSAGE_SIZE: usize = 64 << 20;
+
+/// Keys per page of [`Backend::range`] on etcd.
+pub const RANGE_PAGE_SIZE: i64 = 1000;
+
+/// Shortest time a re-sendable request waits on one endpoint before moving on.
+const MIN_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A caller that drops a request after it waited this long on one endpoint moves
+/// the pin to the next endpoint (a healthy member answers in milliseconds).
+const ROTATE_ON_DROP_AFTER: Duration = Duration::from_millis(250);
+
+/// The connection to one endpoint, with KV and watch clients that accept large
+/// responses.
+#[derive(Clone)]
+struct Conn {
+    client: Client,
+    kv: KvClient,
+    watch: WatchClient,
+}
+
+impl Conn {
+    fn new(client: Client) -> Self {
+        Self {
+            kv: client
+                .kv_client()
+                .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE),
+            watch: client
+                .watch_client()
+                .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE),
+            client,
+        }
+    }
+}
+
+/// Moves the pin off an endpoint when the request waiting on it is dropped by its
+/// caller after [`ROTATE_ON_DROP_AFTER`] (for example by a lease keeper's own
+/// bound, shorter than the per-attempt timeout).
+struct RotateOnDrop<'a> {
+    inner: &'a EtcdInner,
+    slot: usize,
+    started: Instant,
+    armed: bool,
+}
+
+impl Drop for RotateOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.started.elapsed() >= ROTATE_ON_DROP_AFTER {
+            tracing::debug!(
+                endpoint = %self.inner.slots[self.slot].endpoint,
+                "etcd request abandoned by its caller; trying the next endpoint next time"
+            );
+            self.inner.rotate(self.slot);
+        }
+    }
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -232,6 +305,11 @@ fn status_failure(s: &tonic::Status) -> Failure {
         }
     }
     let error = match s.code() {
+        // gRPC's own size limit (etcd's --max-request-bytes plus 512 KiB): the request
+        // can never succeed, like etcd's "request is too large".
+        Code::ResourceExhausted if msg.contains("larger than max") => {
+            Error::InvalidArgument(format!("etcdserver: request is too large ({msg})"))
+        }
         Code::Unavailable
         | Code::ResourceExhausted
         | Code::Unknown
@@ -374,7 +452,7 @@ impl EtcdBackend {
             .iter()
             .map(|e| Slot {
                 endpoint: e.clone(),
-                client: OnceCell::new(),
+                conn: OnceCell::new(),
             })
             .collect();
         let backend = EtcdBackend {
@@ -388,8 +466,8 @@ impl EtcdBackend {
         let mut errors = Vec::new();
         for (i, slot) in backend.inner.slots.iter().enumerate() {
             let probe = async {
-                let mut client = backend.client(i).await?;
-                client.get("health", None).await?;
+                let mut conn = backend.conn(i).await?;
+                conn.kv.get("health", None).await?;
                 Ok::<(), Failure>(())
             };
             match tokio::time::timeout(backend.inner.cfg.dial_timeout, probe).await {
@@ -424,49 +502,70 @@ impl EtcdBackend {
         &self.inner.cfg
     }
 
-    async fn client(&self, i: usize) -> Result<Client, Failure> {
+    async fn conn(&self, i: usize) -> Result<Conn, Failure> {
         let slot = &self.inner.slots[i];
-        let client = slot
-            .client
+        let conn = slot
+            .conn
             .get_or_try_init(|| async {
-                Client::connect([slot.endpoint.as_str()], Some(self.inner.options.clone())).await
+                Client::connect([slot.endpoint.as_str()], Some(self.inner.options.clone()))
+                    .await
+                    .map(Conn::new)
             })
             .await?;
-        Ok(client.clone())
+        Ok(conn.clone())
     }
 
     fn rotate(&self, from: usize) {
-        let n = self.inner.slots.len();
-        if n > 1 {
-            let _ = self.inner.pinned.compare_exchange(
-                from,
-                (from + 1) % n,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-        }
+        self.inner.rotate(from);
     }
 
     /// Runs one request on the pinned endpoint, moving the pin and re-sending as
     /// allowed by `resend`, all within the request timeout.
+    ///
+    /// A re-sendable request gets `request_timeout / endpoints` (at least
+    /// [`MIN_ATTEMPT_TIMEOUT`]) per endpoint, so a hung member costs one share of
+    /// the timeout, not all of it. A write gets one attempt with the whole timeout.
     async fn call<T, F, Fut>(&self, op: &'static str, resend: Resend, mut f: F) -> Result<T>
     where
-        F: FnMut(Client) -> Fut,
+        F: FnMut(Conn) -> Fut,
         Fut: Future<Output = Result<T, Failure>>,
     {
         let timeout = self.inner.cfg.request_timeout;
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = started + timeout;
         let n = self.inner.slots.len();
+        let share = timeout / u32::try_from(n).unwrap_or(u32::MAX).max(1);
+        let per_attempt = share.max(MIN_ATTEMPT_TIMEOUT).min(timeout);
         let mut tried: Vec<String> = Vec::new();
         let mut last_msg = String::new();
+        let mut all_timed_out = true;
         for _ in 0..n {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
             let i = self.inner.pinned.load(Ordering::Relaxed) % n;
             let endpoint = &self.inner.slots[i].endpoint;
-            let attempt = async {
-                let client = self.client(i).await?;
-                f(client).await
+            let attempt_deadline = match resend {
+                Resend::Always => (now + per_attempt).min(deadline),
+                Resend::IfNotSent => deadline,
             };
-            match tokio::time::timeout_at(deadline, attempt).await {
+            let attempt = async {
+                let conn = self.conn(i).await?;
+                f(conn).await
+            };
+            let mut guard = RotateOnDrop {
+                inner: &self.inner,
+                slot: i,
+                started: now,
+                armed: true,
+            };
+            let result = tokio::time::timeout_at(attempt_deadline, attempt).await;
+            guard.armed = false;
+            if !tried.contains(endpoint) {
+                tried.push(endpoint.clone());
+            }
+            match result {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(failure)) => {
                     let error = with_endpoint(failure.error, endpoint);
@@ -475,28 +574,45 @@ impl EtcdBackend {
                     }
                     tracing::debug!(op, endpoint = %endpoint, error = %error, "etcd request failed");
                     self.rotate(i);
-                    if !tried.contains(endpoint) {
-                        tried.push(endpoint.clone());
-                    }
+                    all_timed_out = false;
                     last_msg = unavailable_msg(&error);
                     if resend == Resend::IfNotSent && !failure.not_sent {
                         break;
                     }
                 }
                 Err(_) => {
-                    tracing::debug!(op, endpoint = %endpoint, ?timeout, "etcd request timed out");
+                    let waited = now.elapsed();
+                    tracing::debug!(op, endpoint = %endpoint, ?waited, "etcd request got no answer; trying the next endpoint");
                     self.rotate(i);
-                    return Err(Error::Timeout(timeout));
+                    last_msg = format!("no answer within {waited:?}");
+                    if resend == Resend::IfNotSent {
+                        // The write may have been applied: it is not re-sent.
+                        return Err(Error::Timeout(started.elapsed()));
+                    }
                 }
             }
         }
-        if tried.is_empty() {
-            return Err(Error::Timeout(timeout));
+        if tried.is_empty() || all_timed_out {
+            return Err(Error::Timeout(started.elapsed()));
         }
         Err(Error::Unavailable {
             endpoints: tried,
             msg: last_msg,
         })
+    }
+}
+
+impl EtcdInner {
+    fn rotate(&self, from: usize) {
+        let n = self.slots.len();
+        if n > 1 {
+            let _ = self.pinned.compare_exchange(
+                from,
+                (from + 1) % n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
     }
 }
 
@@ -595,6 +711,19 @@ fn encode_txn(t: &Txn) -> etcd_client::Txn {
         .or_else(t.failure.iter().map(encode_op).collect::<Vec<_>>())
 }
 
+/// The end of the key range of `prefix` (etcd's `GetPrefixRangeEnd`): `[0]`, meaning
+/// "to the end of the key space", for the empty prefix or one of only `0xff` bytes.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 fn ttl_secs(ttl: Duration) -> Result<i64> {
     if ttl.is_zero() {
         return Err(Error::InvalidArgument("lease ttl must be positive".into()));
@@ -611,7 +740,7 @@ fn secs(ttl: i64) -> Duration {
 impl Backend for EtcdBackend {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         self.call("get", Resend::Always, |mut c| async move {
-            let mut resp = c.get(key, None).await?;
+            let mut resp = c.kv.get(key, None).await?;
             Ok(match resp.take_kvs().into_iter().next() {
                 Some(kv) => Some(decode_kv(kv.0)?),
                 None => None,
@@ -621,12 +750,78 @@ impl Backend for EtcdBackend {
     }
 
     async fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
-        self.call("range", Resend::Always, |mut c| async move {
-            let mut resp = c.get(prefix, Some(GetOptions::new().with_prefix())).await?;
-            let revision = resp.header().map_or(0, |h| h.revision());
-            Ok((decode_kvs(resp.take_kvs())?, revision))
-        })
-        .await
+        // Pages of RANGE_PAGE_SIZE keys; the later pages read at the revision of the
+        // first, so the result is one snapshot. If that revision is compacted away
+        // meanwhile, start over (a few times).
+        let start: Vec<u8> = if prefix.is_empty() {
+            vec![0]
+        } else {
+            prefix.as_bytes().to_vec()
+        };
+        let end = prefix_end(prefix.as_bytes());
+        let mut restarts = 0;
+        'snapshot: loop {
+            let mut kvs = Vec::new();
+            let mut revision: Revision = 0;
+            let mut from = start.clone();
+            let mut limit = RANGE_PAGE_SIZE;
+            loop {
+                let page = self
+                    .call("range", Resend::Always, |mut c| {
+                        let opts = GetOptions::new()
+                            .with_range(end.clone())
+                            .with_limit(limit)
+                            .with_revision(revision);
+                        let from = from.clone();
+                        async move {
+                            let mut resp = c.kv.get(from, Some(opts)).await?;
+                            let rev = resp.header().map_or(0, |h| h.revision());
+                            Ok((resp.take_kvs(), resp.more(), rev))
+                        }
+                    })
+                    .await;
+                match page {
+                    Ok((page, more, rev)) => {
+                        if revision == 0 {
+                            revision = rev;
+                        }
+                        let next = page.last().map(|kv| {
+                            let mut k = kv.key().to_vec();
+                            k.push(0);
+                            k
+                        });
+                        kvs.extend(decode_kvs(page)?);
+                        match next {
+                            Some(next) if more => from = next,
+                            _ => return Ok((kvs, revision)),
+                        }
+                    }
+                    Err(Error::InvalidArgument(msg))
+                        if msg.contains("decoded message length too large") && limit > 1 =>
+                    {
+                        // Large values: fewer keys per page.
+                        limit = (limit / 4).max(1);
+                        tracing::debug!(
+                            prefix,
+                            limit,
+                            "etcd range page too large; shrinking pages"
+                        );
+                    }
+                    Err(Error::InvalidArgument(msg))
+                        if revision != 0 && msg.contains("compacted") && restarts < 3 =>
+                    {
+                        restarts += 1;
+                        tracing::debug!(
+                            prefix,
+                            revision,
+                            "etcd range revision compacted between pages; starting over"
+                        );
+                        continue 'snapshot;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
     }
 
     async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
@@ -634,7 +829,7 @@ impl Backend for EtcdBackend {
             let value = value.clone();
             async move {
                 let opts = lease.map(|l| PutOptions::new().with_lease(l.0));
-                let resp = c.put(key, value, opts).await?;
+                let resp = c.kv.put(key, value, opts).await?;
                 Ok(resp.header().map_or(0, |h| h.revision()))
             }
         })
@@ -643,16 +838,16 @@ impl Backend for EtcdBackend {
 
     async fn delete(&self, key: &str) -> Result<bool> {
         self.call("delete", Resend::IfNotSent, |mut c| async move {
-            Ok(c.delete(key, None).await?.deleted() > 0)
+            Ok(c.kv.delete(key, None).await?.deleted() > 0)
         })
         .await
     }
 
     async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
         self.call("delete_prefix", Resend::IfNotSent, |mut c| async move {
-            let resp = c
-                .delete(prefix, Some(DeleteOptions::new().with_prefix()))
-                .await?;
+            let resp =
+                c.kv.delete(prefix, Some(DeleteOptions::new().with_prefix()))
+                    .await?;
             Ok(u64::try_from(resp.deleted()).unwrap_or(0))
         })
         .await
@@ -662,7 +857,7 @@ impl Backend for EtcdBackend {
         let mut resp = self
             .call("txn", Resend::IfNotSent, |mut c| {
                 let t = encode_txn(&txn);
-                async move { Ok(decode_txn(c.txn(t).await?.0)?) }
+                async move { Ok(decode_txn(c.kv.txn(t).await?.0)?) }
             })
             .await?;
         // Nested responses carry no header: give them the transaction's revision.
@@ -673,7 +868,7 @@ impl Backend for EtcdBackend {
 
     async fn compact(&self, revision: Revision) -> Result<()> {
         self.call("compact", Resend::Always, |mut c| async move {
-            c.compact(revision, None).await?;
+            c.kv.compact(revision, None).await?;
             Ok(())
         })
         .await
@@ -682,7 +877,7 @@ impl Backend for EtcdBackend {
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {
         let ttl = ttl_secs(ttl)?;
         self.call("lease_grant", Resend::IfNotSent, |mut c| async move {
-            let resp = c.lease_grant(ttl, None).await?;
+            let resp = c.client.lease_grant(ttl, None).await?;
             if !resp.error().is_empty() {
                 return Err(Error::Etcd(format!("lease grant: {}", resp.error())).into());
             }
@@ -699,7 +894,7 @@ impl Backend for EtcdBackend {
             // Opening the stream sends one renewal and reads its answer (failing with
             // "lease not found" when the lease is gone); a second round trip on the
             // same stream reports the TTL.
-            let (mut keeper, mut stream) = match c.lease_keep_alive(id.0).await {
+            let (mut keeper, mut stream) = match c.client.lease_keep_alive(id.0).await {
                 Ok(pair) => pair,
                 Err(e) => {
                     let f = classify(e);
@@ -724,7 +919,7 @@ impl Backend for EtcdBackend {
     async fn lease_revoke(&self, id: LeaseId) -> Result<()> {
         match self
             .call("lease_revoke", Resend::Always, |mut c| async move {
-                c.lease_revoke(id.0).await?;
+                c.client.lease_revoke(id.0).await?;
                 Ok(())
             })
             .await
@@ -736,7 +931,7 @@ impl Backend for EtcdBackend {
 
     async fn lease_ttl(&self, id: LeaseId) -> Result<Option<Duration>> {
         self.call("lease_ttl", Resend::Always, |mut c| async move {
-            let resp = c.lease_time_to_live(id.0, None).await?;
+            let resp = c.client.lease_time_to_live(id.0, None).await?;
             Ok((resp.ttl() >= 0).then(|| secs(resp.ttl())))
         })
         .await
@@ -753,7 +948,7 @@ impl Backend for EtcdBackend {
                 if let Some(r) = start_revision.filter(|r| *r > 0) {
                     opts = opts.with_start_revision(r);
                 }
-                let mut ws = c.watch(prefix, Some(opts)).await?;
+                let mut ws = c.watch.watch(prefix, Some(opts)).await?;
                 // Wait for the server to confirm, so the watch is in place on return.
                 let Some(first) = ws.message().await? else {
                     return Err(Error::unavailable(String::new(), "watch stream closed").into());
@@ -809,6 +1004,9 @@ fn decode_watch_response(
         } else {
             resp.cancel_reason
         };
+        if reason.contains("permission denied") {
+            return Err(Error::PermissionDenied(reason));
+        }
         return Err(Error::unavailable(String::new(), reason));
     }
     Ok(())

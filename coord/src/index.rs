@@ -57,7 +57,8 @@ pub async fn claim_index(
 /// Like [`claim_index`], but when every index is taken waits for one to be freed
 /// (a claim deleted or its lease ended) and tries again, until `cancel` fires
 /// ([`Error::Cancelled`]) or the lease is lost ([`Error::LeaseLost`]). Transient
-/// errors are retried.
+/// errors are retried with backoff; an error that retrying cannot cure (permission
+/// denied, ...) is returned.
 pub async fn claim_index_wait(
     backend: &dyn Backend,
     prefix: &str,
@@ -69,9 +70,23 @@ pub async fn claim_index_wait(
     let prefix = dir_prefix(prefix);
     let value = value.into();
     let lost = lease.lost();
-    let mut backoff = Backoff::new(
-        RetryPolicy::forever().with_delays(Duration::from_millis(50), Duration::from_secs(1)),
-    );
+    let new_backoff = || {
+        Backoff::new(
+            RetryPolicy::forever().with_delays(Duration::from_millis(50), Duration::from_secs(1)),
+        )
+    };
+    let mut backoff = new_backoff();
+    // Waits for the next backoff delay, or fails when cancelled or the lease is lost.
+    macro_rules! pause {
+        () => {{
+            let delay = backoff.next_delay().unwrap_or(Duration::from_secs(1));
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(Error::Cancelled),
+                _ = lost.cancelled() => return Err(Error::LeaseLost),
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }};
+    }
     loop {
         let attempt = tokio::select! {
             _ = cancel.cancelled() => return Err(Error::Cancelled),
@@ -83,12 +98,8 @@ pub async fn claim_index_wait(
             Ok(Err(rev)) => rev,
             Err(e) if e.is_retryable() => {
                 tracing::debug!(prefix = %prefix, error = %e, "index claim failed; retrying");
-                let delay = backoff.next_delay().unwrap_or(Duration::from_secs(1));
-                tokio::select! {
-                    _ = cancel.cancelled() => return Err(Error::Cancelled),
-                    _ = lost.cancelled() => return Err(Error::LeaseLost),
-                    _ = tokio::time::sleep(delay) => continue,
-                }
+                pause!();
+                continue;
             }
             Err(e) => return Err(e),
         };
@@ -98,13 +109,14 @@ pub async fn claim_index_wait(
             _ = lost.cancelled() => return Err(Error::LeaseLost),
             w = backend.watch_prefix(&prefix, Some(full_at + 1)) => w,
         };
-        let Ok(mut watch) = watch else {
-            let delay = backoff.next_delay().unwrap_or(Duration::from_secs(1));
-            tokio::select! {
-                _ = cancel.cancelled() => return Err(Error::Cancelled),
-                _ = lost.cancelled() => return Err(Error::LeaseLost),
-                _ = tokio::time::sleep(delay) => continue,
+        let mut watch = match watch {
+            Ok(w) => w,
+            Err(e) if e.is_retryable() || matches!(e, Error::Compacted { .. }) => {
+                tracing::debug!(prefix = %prefix, error = %e, "index watch failed; retrying");
+                pause!();
+                continue;
             }
+            Err(e) => return Err(e),
         };
         loop {
             let item = tokio::select! {
@@ -117,11 +129,23 @@ pub async fn claim_index_wait(
                     if ev.kind == EventKind::Delete
                         && parse_index(&prefix, &ev.kv.key).is_some_and(|i| i < n) =>
                 {
+                    // Progress: a slot was freed.
+                    backoff = new_backoff();
                     break;
                 }
                 Some(Ok(_)) => {}
-                // Disconnected or compacted: just try again.
-                Some(Err(_)) | None => break,
+                // History compacted: list again at once.
+                Some(Err(Error::Compacted { .. })) => break,
+                Some(Err(e)) if e.is_retryable() => {
+                    tracing::debug!(prefix = %prefix, error = %e, "index watch lost; retrying");
+                    pause!();
+                    break;
+                }
+                Some(Err(e)) => return Err(e),
+                None => {
+                    pause!();
+                    break;
+                }
             }
         }
     }
@@ -193,5 +217,81 @@ mod tests {
         assert_eq!(parse_index("ps/", "ps/01"), None);
         assert_eq!(parse_index("ps/", "ps/+1"), None);
         assert_eq!(parse_index("ps/", "other/1"), None);
+    }
+}
+
+#[cfg(test)]
+mod wait_tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::mem::MemBackend;
+    use crate::testkit::{FaultyBackend, WATCH_STREAM};
+
+    const TTL: Duration = Duration::from_secs(10);
+
+    fn denied() -> Error {
+        Error::PermissionDenied("injected".into())
+    }
+
+    fn down() -> Error {
+        Error::unavailable("test", "injected")
+    }
+
+    async fn lease(b: &MemBackend) -> Lease {
+        Lease::grant(Arc::new(b.clone()), TTL, CancellationToken::new())
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_claim_backs_off_then_fails_on_non_retryable_errors() {
+        let mem = MemBackend::new();
+        let faulty = FaultyBackend::new(Arc::new(mem.clone()));
+        let holder = lease(&mem).await;
+        claim_index(&mem, "/ps", 1, "holder", &holder)
+            .await
+            .unwrap();
+        let waiter = lease(&mem).await;
+        let cancel = CancellationToken::new();
+        // Watches that fail at once: the waiter re-lists, with backoff.
+        faulty.fail(&[WATCH_STREAM], down);
+        let wait = claim_index_wait(faulty.as_ref(), "/ps", 1, "waiter", &waiter, &cancel);
+        tokio::pin!(wait);
+        let r = tokio::time::timeout(Duration::from_secs(8), &mut wait).await;
+        assert!(r.is_err(), "nothing is free");
+        let made = faulty.requests();
+        assert!((4..=80).contains(&made), "{made} requests in 8 s");
+
+        faulty.clear_failures();
+        faulty.fail(&["range", "watch_prefix", WATCH_STREAM], denied);
+        let r = tokio::time::timeout(Duration::from_secs(8), &mut wait)
+            .await
+            .expect("the wait ends");
+        assert!(matches!(r, Err(Error::PermissionDenied(_))), "{r:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_claim_gets_a_freed_slot() {
+        let mem = MemBackend::new();
+        let holder = lease(&mem).await;
+        claim_index(&mem, "/ps", 1, "holder", &holder)
+            .await
+            .unwrap();
+        let waiter = lease(&mem).await;
+        let cancel = CancellationToken::new();
+        let wait = claim_index_wait(&mem, "/ps", 1, "waiter", &waiter, &cancel);
+        tokio::pin!(wait);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), &mut wait)
+                .await
+                .is_err()
+        );
+        holder.revoke().await.unwrap();
+        let claim = tokio::time::timeout(Duration::from_secs(1), &mut wait)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(claim.index, 0);
     }
 }

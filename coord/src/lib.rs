@@ -66,6 +66,6 @@ pub use mem::MemBackend;
 pub use registry::{Member, MemberEvent, MemberWatch, Registry};
 pub use retry::{Backoff, RetryPolicy, retry, retry_cancellable};
 pub use types::{
-    Compare, CompareOp, CompareTarget, EventKind, Fence, KeyValue, LeaseGrant, LeaseId, Op,
-    OpResponse, Revision, Txn, TxnResponse, WatchEvent,
+    Compare, CompareOp, CompareTarget, EventKind, Fence, KeyValue, LeaseGrant, LeaseId,
+    MAX_REQUEST_BYTES, MAX_TXN_OPS, Op, OpResponse, Revision, Txn, TxnResponse, WatchEvent,
 };

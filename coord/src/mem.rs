@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{Backend, WatchStream};
 use crate::error::{Error, Result};
 use crate::types::{
-    Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseGrant, LeaseId, MAX_TXN_OPS, Op,
-    OpResponse, Revision, Txn, TxnResponse, WatchEvent,
+    Compare, CompareOp, CompareTarget, EventKind, KeyValue, LeaseGrant, LeaseId, MAX_REQUEST_BYTES,
+    MAX_TXN_OPS, Op, OpResponse, Revision, Txn, TxnResponse, WatchEvent,
 };
 
 /// Default number of events kept for watches that start in the past.
@@ -70,6 +70,8 @@ struct State {
     history_limit: usize,
     /// Watches must start at this revision or later.
     compact_revision: Revision,
+    /// Granted TTLs are raised to this many seconds (etcd's minimum TTL).
+    min_ttl_secs: u64,
 }
 
 impl fmt::Debug for MemBackend {
@@ -109,6 +111,7 @@ impl MemBackend {
                     history: VecDeque::new(),
                     history_limit: limit.max(1),
                     compact_revision: 0,
+                    min_ttl_secs: 1,
                 }),
                 revision_tx,
                 lease_granted: Arc::new(Notify::new()),
@@ -116,6 +119,16 @@ impl MemBackend {
                 shutdown: CancellationToken::new(),
             }),
         }
+    }
+
+    /// Raises every granted TTL to at least `min` (rounded up to whole seconds), as
+    /// etcd does: its minimum is 1.5 election timeouts, 2 s with the default
+    /// settings. Without it, a store grants any TTL of one second or more as asked.
+    /// Applies to leases granted from now on.
+    pub fn with_min_ttl(self, min: Duration) -> Self {
+        let secs = min.as_secs() + u64::from(min.subsec_nanos() > 0);
+        self.inner.lock().min_ttl_secs = secs.clamp(1, MAX_LEASE_TTL_SECS);
+        self
     }
 
     /// The current store revision.
@@ -351,6 +364,51 @@ fn compare_holds(kvs: &BTreeMap<String, KeyValue>, c: &Compare) -> bool {
     }
 }
 
+/// The size etcd measures against `--max-request-bytes`, approximately: keys, values
+/// and compare operands, plus a few bytes of framing each.
+fn op_size(op: &Op) -> usize {
+    const FRAMING: usize = 16;
+    FRAMING
+        + match op {
+            Op::Put { key, value, .. } => key.len() + value.len(),
+            Op::Get { key } | Op::Delete { key } => key.len(),
+            // The key and the range end.
+            Op::GetPrefix { prefix } | Op::DeletePrefix { prefix } => 2 * prefix.len(),
+            Op::Txn(inner) => txn_size(inner),
+        }
+}
+
+fn txn_size(txn: &Txn) -> usize {
+    let compares: usize = txn
+        .compares
+        .iter()
+        .map(|c| {
+            16 + c.key.len()
+                + match &c.target {
+                    CompareTarget::Value(v) => v.len(),
+                    _ => 8,
+                }
+        })
+        .sum();
+    compares
+        + txn
+            .success
+            .iter()
+            .chain(&txn.failure)
+            .map(op_size)
+            .sum::<usize>()
+}
+
+/// etcd's answer to a request over [`MAX_REQUEST_BYTES`].
+fn check_request_size(size: usize) -> Result<()> {
+    if size > MAX_REQUEST_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "etcdserver: request is too large ({size} bytes, the limit is {MAX_REQUEST_BYTES})"
+        )));
+    }
+    Ok(())
+}
+
 /// Size limits and etcd's "duplicate key" rule: within a branch (nested
 /// transactions included) a key is put at most once and never both put and deleted.
 fn validate_txn(txn: &Txn) -> Result<()> {
@@ -359,7 +417,7 @@ fn validate_txn(txn: &Txn) -> Result<()> {
         || txn.failure.len() > MAX_TXN_OPS
     {
         return Err(Error::InvalidArgument(
-            "too many operations in txn request".into(),
+            "etcdserver: too many operations in txn request".into(),
         ));
     }
     for op in txn.success.iter().chain(&txn.failure) {
@@ -525,6 +583,7 @@ impl Backend for MemBackend {
 
     async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
         check_key(key)?;
+        check_request_size(16 + key.len() + value.len())?;
         let mut st = self.inner.locked_now();
         if let Some(id) = lease
             && !st.leases.contains_key(&id)
@@ -555,6 +614,7 @@ impl Backend for MemBackend {
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
         validate_txn(&txn)?;
+        check_request_size(txn_size(&txn))?;
         let mut st = self.inner.locked_now();
         let mut path = Vec::new();
         decide_path(&st.kvs, &txn, &mut path);
@@ -587,9 +647,9 @@ impl Backend for MemBackend {
 
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {
         let secs = lease_ttl_secs(ttl)?;
-        let ttl = Duration::from_secs(secs);
-        let id = {
+        let id_ttl = {
             let mut st = self.inner.locked_now();
+            let ttl = Duration::from_secs(secs.max(st.min_ttl_secs));
             st.next_lease_id += 1;
             let id = LeaseId(st.next_lease_id);
             st.leases.insert(
@@ -600,8 +660,9 @@ impl Backend for MemBackend {
                     keys: BTreeSet::new(),
                 },
             );
-            id
+            (id, ttl)
         };
+        let (id, ttl) = id_ttl;
         self.ensure_expiry_task();
         self.inner.lease_granted.notify_one();
         Ok(LeaseGrant { id, ttl })
@@ -837,6 +898,40 @@ mod tests {
                 assert_eq!(kvs, replayed);
             });
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn min_ttl_raises_granted_ttls() {
+        let b = MemBackend::new().with_min_ttl(Duration::from_millis(1500));
+        let g = b.lease_grant(Duration::from_secs(1)).await.unwrap();
+        assert_eq!(g.ttl, Duration::from_secs(2));
+        assert_eq!(b.lease_keep_alive_once(g.id).await.unwrap(), Some(g.ttl));
+        let g = b.lease_grant(Duration::from_secs(5)).await.unwrap();
+        assert_eq!(g.ttl, Duration::from_secs(5));
+        // Without it, a TTL is granted as asked.
+        let g = MemBackend::new()
+            .lease_grant(Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!(g.ttl, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn request_size_counts_keys_values_and_compares() {
+        let big = Txn::new()
+            .when([Compare::value(
+                "k",
+                CompareOp::Equal,
+                vec![0; MAX_REQUEST_BYTES],
+            )])
+            .and_then([Op::put("k", "v")]);
+        assert!(check_request_size(txn_size(&big)).is_err());
+        let nested = Txn::new().and_then([Op::txn(
+            Txn::new().and_then([Op::put("k", vec![0; MAX_REQUEST_BYTES])]),
+        )]);
+        assert!(check_request_size(txn_size(&nested)).is_err());
+        let small = Txn::new().and_then([Op::put("k", vec![0; MAX_REQUEST_BYTES / 2])]);
+        assert!(check_request_size(txn_size(&small)).is_ok());
     }
 
     #[test]

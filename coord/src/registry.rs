@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -165,28 +165,41 @@ impl Registry {
     /// the last event seen, so no join or leave is missed; if that history was
     /// compacted, the registry is listed again and the difference with the known
     /// set is reported (a member that re-registered in between shows as `Left`
-    /// then `Joined`). The stream ends when `cancel` fires or it is dropped.
+    /// then `Joined`). Transient errors are retried with backoff.
+    ///
+    /// The stream ends when `cancel` fires, when it is dropped, or on an error that
+    /// retrying cannot cure (permission denied, a malformed key, ...): then
+    /// [`MemberWatch::take_error`] tells which. Dropping the stream stops its task
+    /// without cancelling `cancel` (the task follows a child token).
     ///
     /// Runs a task on the current tokio runtime (call it from within one). Events
     /// are buffered (256); a consumer that stops reading holds the task back, it
     /// does not lose events.
     pub fn watch_members(&self, cancel: CancellationToken) -> MemberWatch {
         let (tx, rx) = mpsc::channel(256);
+        let error = Arc::new(Mutex::new(None));
         let follower = Follower {
             registry: self.clone(),
             known: BTreeMap::new(),
             tx,
         };
-        let task_cancel = cancel.clone();
+        let stop = cancel.child_token();
+        let task_stop = stop.clone();
+        let task_error = error.clone();
         tokio::spawn(async move {
             tokio::select! {
-                _ = task_cancel.cancelled() => {}
-                _ = follower.run() => {}
+                _ = task_stop.cancelled() => {}
+                end = follower.run() => {
+                    if let Err(e) = end {
+                        *task_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                    }
+                }
             }
         });
         MemberWatch {
             rx,
-            _stop: cancel.drop_guard(),
+            error,
+            _stop: stop.drop_guard(),
         }
     }
 }
@@ -195,7 +208,20 @@ impl Registry {
 #[derive(Debug)]
 pub struct MemberWatch {
     rx: mpsc::Receiver<MemberEvent>,
+    error: Arc<Mutex<Option<Error>>>,
     _stop: tokio_util::sync::DropGuard,
+}
+
+impl MemberWatch {
+    /// Takes the error that ended the stream, if one did (not cancellation): an
+    /// error that retrying cannot cure, such as [`Error::PermissionDenied`]. Check
+    /// it once the stream returned `None`.
+    pub fn take_error(&self) -> Option<Error> {
+        self.error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
 }
 
 impl Stream for MemberWatch {
@@ -291,12 +317,18 @@ impl Follower {
         }
     }
 
-    async fn run(mut self) {
+    /// Follows until the consumer goes away (`Ok`) or an error that retrying cannot
+    /// cure (`Err`). Transient errors are retried with backoff.
+    async fn run(mut self) -> Result<()> {
         let backend = self.registry.backend.clone();
         let prefix = self.registry.prefix.clone();
-        let mut backoff = Backoff::new(
-            RetryPolicy::forever().with_delays(Duration::from_millis(50), Duration::from_secs(2)),
-        );
+        let new_backoff = || {
+            Backoff::new(
+                RetryPolicy::forever()
+                    .with_delays(Duration::from_millis(50), Duration::from_secs(2)),
+            )
+        };
+        let mut backoff = new_backoff();
         let mut resume: Option<Resume> = None;
         loop {
             let from = match &resume {
@@ -304,7 +336,7 @@ impl Follower {
                 None => match self.registry.list().await {
                     Ok((members, rev)) => {
                         if self.resync(members).await.is_err() {
-                            return;
+                            return Ok(());
                         }
                         resume = Some(Resume {
                             revision: rev + 1,
@@ -312,21 +344,33 @@ impl Follower {
                         });
                         rev + 1
                     }
-                    Err(e) => {
+                    Err(e) if e.is_retryable() => {
                         tracing::warn!(prefix = %prefix, error = %e, "registry listing failed; retrying");
-                        tokio::time::sleep(backoff.next_delay().unwrap_or(Duration::from_secs(1)))
-                            .await;
+                        pause(&mut backoff).await;
                         continue;
+                    }
+                    Err(e) => {
+                        tracing::error!(prefix = %prefix, error = %e, "registry listing failed; member watch ends");
+                        return Err(e);
                     }
                 },
             };
             let mut watch = match backend.watch_prefix(&prefix, Some(from)).await {
                 Ok(w) => w,
-                Err(e) => {
-                    tracing::warn!(prefix = %prefix, error = %e, "registry watch failed; retrying");
-                    tokio::time::sleep(backoff.next_delay().unwrap_or(Duration::from_secs(1)))
-                        .await;
+                Err(Error::Compacted { compact_revision }) => {
+                    tracing::warn!(prefix = %prefix, compact_revision, "registry watch history compacted; re-listing");
+                    resume = None;
+                    pause(&mut backoff).await;
                     continue;
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(prefix = %prefix, error = %e, "registry watch failed; retrying");
+                    pause(&mut backoff).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(prefix = %prefix, error = %e, "registry watch failed; member watch ends");
+                    return Err(e);
                 }
             };
             loop {
@@ -346,31 +390,122 @@ impl Follower {
                         }
                         r.seen.insert(ev.kv.key.clone());
                         if self.apply(ev).await.is_err() {
-                            return;
+                            return Ok(());
                         }
-                        backoff = Backoff::new(
-                            RetryPolicy::forever()
-                                .with_delays(Duration::from_millis(50), Duration::from_secs(2)),
-                        );
+                        backoff = new_backoff();
                     }
                     Some(Err(Error::Compacted { compact_revision })) => {
                         tracing::warn!(prefix = %prefix, compact_revision, "registry watch history compacted; re-listing");
                         resume = None;
                         break;
                     }
-                    Some(Err(e)) => {
+                    Some(Err(e)) if e.is_retryable() => {
                         tracing::info!(prefix = %prefix, error = %e, "registry watch lost; resuming");
-                        tokio::time::sleep(backoff.next_delay().unwrap_or(Duration::from_secs(1)))
-                            .await;
+                        pause(&mut backoff).await;
                         break;
                     }
+                    Some(Err(e)) => {
+                        tracing::error!(prefix = %prefix, error = %e, "registry watch failed; member watch ends");
+                        return Err(e);
+                    }
                     None => {
-                        tokio::time::sleep(backoff.next_delay().unwrap_or(Duration::from_secs(1)))
-                            .await;
+                        pause(&mut backoff).await;
                         break;
                     }
                 }
             }
         }
+    }
+}
+
+async fn pause(backoff: &mut Backoff) {
+    tokio::time::sleep(backoff.next_delay().unwrap_or(Duration::from_secs(1))).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::MemBackend;
+    use crate::testkit::{FaultyBackend, WATCH_STREAM};
+
+    fn denied() -> Error {
+        Error::PermissionDenied("injected".into())
+    }
+
+    async fn next(w: &mut MemberWatch) -> Option<MemberEvent> {
+        tokio::time::timeout(Duration::from_secs(10), w.next())
+            .await
+            .expect("member watch answers within 10 s")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_the_watch_leaves_the_callers_token_alone() {
+        let reg = Registry::new(Arc::new(MemBackend::new()), "/r");
+        let token = CancellationToken::new();
+        drop(reg.watch_members(token.clone()));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            !token.is_cancelled(),
+            "dropping the watch cancelled the caller's token"
+        );
+        // The caller's token still ends a watch.
+        let mut w = reg.watch_members(token.clone());
+        token.cancel();
+        assert_eq!(next(&mut w).await, None);
+        assert!(w.take_error().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn non_retryable_error_ends_the_stream_with_it() {
+        let mem = MemBackend::new();
+        let faulty = FaultyBackend::new(Arc::new(mem.clone()));
+        let writer = Registry::new(Arc::new(mem.clone()), "/r");
+        let lease = Lease::grant(
+            Arc::new(mem.clone()),
+            Duration::from_secs(10),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        writer.register("a", b"1".to_vec(), &lease).await.unwrap();
+        let mut w = Registry::new(faulty.clone(), "/r").watch_members(CancellationToken::new());
+        assert!(matches!(next(&mut w).await, Some(MemberEvent::Joined(m)) if m.id == "a"));
+
+        faulty.fail(&["range", "watch_prefix", WATCH_STREAM], denied);
+        assert_eq!(next(&mut w).await, None, "the stream ends");
+        assert!(matches!(w.take_error(), Some(Error::PermissionDenied(_))));
+        // And nothing is retried any more.
+        let seen = faulty.requests();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(faulty.requests(), seen);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn outage_is_retried_with_backoff() {
+        let mem = MemBackend::new();
+        let faulty = FaultyBackend::new(Arc::new(mem.clone()));
+        let mut w = Registry::new(faulty.clone(), "/r").watch_members(CancellationToken::new());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        faulty.set_down(true);
+        let before = faulty.requests();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let made = faulty.requests() - before;
+        assert!(
+            (5..=60).contains(&made),
+            "{made} requests in 30 s of outage"
+        );
+        faulty.set_down(false);
+        let lease = Lease::grant(
+            Arc::new(mem.clone()),
+            Duration::from_secs(10),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        Registry::new(Arc::new(mem), "/r")
+            .register("b", b"1".to_vec(), &lease)
+            .await
+            .unwrap();
+        assert!(matches!(next(&mut w).await, Some(MemberEvent::Joined(m)) if m.id == "b"));
     }
 }

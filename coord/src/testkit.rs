@@ -6,11 +6,25 @@
 //! - [`ChildProcess`]: runs a role of the *current* test binary as a child process
 //!   (the binary re-executes itself with [`CHILD_ROLE_ENV`] set), so a test can
 //!   SIGKILL or SIGSTOP "a process holding a lease".
-//! - [`FaultyBackend`]: wraps a [`Backend`] and injects outages and watch
-//!   disconnects, for either backend.
+//! - [`FaultyBackend`]: wraps a [`Backend`] and injects outages, watch
+//!   disconnects and chosen errors (non-retryable ones too), for either backend,
+//!   and counts requests (to check that loops back off).
 //! - [`wait_until`]: polls a condition until a deadline.
 //!
 //! The `etcd` binary is found through `EDL_ETCD_BIN`, else on `PATH`.
+//!
+//! etcd members do not outlive the test process, even one killed with SIGKILL:
+//! they are started with a parent-death signal (`PR_SET_PDEATHSIG`, SIGKILL).
+//! Linux sends that signal when the *thread* that forked the child ends, not the
+//! process, and tokio's threads come and go (blocking-pool threads end when idle,
+//! runtimes end with their test); so every member is forked by one dedicated
+//! thread that lives as long as the process. (Their temporary directories, on
+//! tmpfs where possible, are removed on drop only.)
+//!
+//! Each cluster has a unique cluster token and member names; after a start or
+//! restart the testkit checks that the member answering on each client port is
+//! ours (another test's etcd may have taken a port between the port probe and the
+//! bind).
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -18,10 +32,11 @@ use std::fs::OpenOptions;
 use std::future::Future;
 use std::io;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -101,6 +116,73 @@ fn signal(pid: u32, sig: Signal) -> io::Result<()> {
     kill(Pid::from_raw(pid), sig).map_err(io::Error::from)
 }
 
+/// One spawn request for the spawner thread.
+struct SpawnRequest {
+    cmd: Command,
+    reply: std::sync::mpsc::Sender<io::Result<Child>>,
+}
+
+/// Spawns `cmd` so that the child is SIGKILLed when this process dies, however it
+/// dies. The fork happens on a dedicated thread that never ends (see the module
+/// docs: the parent-death signal follows the forking thread).
+///
+/// The one `unsafe` block of the crate (the workspace denies `unsafe_code`):
+/// `pre_exec` is the only way to run `prctl` in the child before `exec`, and it is
+/// test support only.
+#[allow(unsafe_code)]
+fn spawn_tied_to_process(mut cmd: Command) -> io::Result<Child> {
+    static SPAWNER: OnceLock<Mutex<std::sync::mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the child between fork and exec; it only makes
+    // two async-signal-safe system calls (prctl, getppid) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+            // The parent may have died before the prctl: then nobody will kill us.
+            if nix::unistd::getppid() != parent {
+                return Err(io::Error::other("parent exited during spawn"));
+            }
+            Ok(())
+        });
+    }
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("edl-testkit-spawner".into())
+            .spawn(move || {
+                // Lives as long as the process: the sender is in a static.
+                for mut req in rx {
+                    let _ = req.reply.send(req.cmd.spawn());
+                }
+            })
+            .expect("start the testkit spawner thread");
+        Mutex::new(tx)
+    });
+    let (reply, result) = std::sync::mpsc::channel();
+    lock(spawner)
+        .send(SpawnRequest { cmd, reply })
+        .map_err(|_| io::Error::other("testkit spawner thread is gone"))?;
+    result
+        .recv()
+        .map_err(|_| io::Error::other("testkit spawner thread is gone"))?
+}
+
+/// A cluster token unique to this process and cluster.
+fn unique_token() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "edl-test-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Whether an error of [`EtcdCluster::wait_healthy`] says that a port of ours is
+/// served by someone else's etcd.
+fn is_port_stolen(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::AddrInUse
+}
+
 /// Free loopback ports: all listeners are held at once so the ports differ; another
 /// process may still take one before etcd binds it (start retries then).
 fn free_ports(n: usize) -> io::Result<Vec<u16>> {
@@ -163,18 +245,19 @@ impl EtcdCluster {
         let mut last_err = None;
         for attempt in 0..5 {
             let ports = free_ports(2 * members)?;
+            let token = unique_token();
             let cluster = EtcdCluster {
                 bin: bin.clone(),
                 dir: temp_dir()?,
-                token: format!("edl-test-{}-{attempt}", std::process::id()),
                 members: (0..members)
                     .map(|i| EtcdMember {
-                        name: format!("m{i}"),
+                        name: format!("{token}-m{i}"),
                         client_port: ports[2 * i],
                         peer_port: ports[2 * i + 1],
                         process: Mutex::new(None),
                     })
                     .collect(),
+                token,
             };
             for i in 0..members {
                 cluster.spawn(i, "new")?;
@@ -187,7 +270,7 @@ impl EtcdCluster {
                 Err(e) => {
                     let exited = (0..members).any(|i| !cluster.is_running(i));
                     tracing::warn!(attempt, error = %e, "etcd cluster did not start");
-                    if !exited {
+                    if !exited && !is_port_stolen(&e) {
                         return Err(e);
                     }
                     // Most likely a port race: try again with new ports.
@@ -250,15 +333,19 @@ impl EtcdCluster {
             "--logger".into(),
             "zap".into(),
         ];
-        let child = cmd
-            .args(args)
+        cmd.args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
+            .stderr(log);
+        let child = spawn_tied_to_process(cmd)?;
         tracing::debug!(member = i, pid = child.id(), "etcd member spawned");
         *lock(&m.process) = Some(child);
         Ok(())
+    }
+
+    /// The temporary directory holding the members' data and logs (removed on drop).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// Client URLs of every member.
@@ -309,13 +396,19 @@ impl EtcdCluster {
         }
     }
 
-    /// SIGKILLs member `i` and reaps it. A no-op when it is not running.
+    /// SIGKILLs member `i` and reaps it (also when the kill fails, for instance
+    /// because it already exited). A no-op when it is not running.
     pub fn kill(&self, i: usize) -> io::Result<()> {
         let mut p = lock(&self.members[i].process);
         if let Some(mut child) = p.take() {
             tracing::debug!(member = i, pid = child.id(), "killing etcd member");
-            child.kill()?;
-            child.wait()?;
+            let killed = child.kill();
+            let reaped = child.wait();
+            if let Err(e) = &killed {
+                tracing::debug!(member = i, error = %e, "kill failed; reaped anyway");
+            }
+            // Reaped: the member is gone, whatever the kill said.
+            reaped?;
         }
         Ok(())
     }
@@ -356,7 +449,48 @@ impl EtcdCluster {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
-    /// Waits until member `i` (or every member) answers `/health` with true.
+    /// The name of the etcd member answering on member `i`'s client port (from its
+    /// member list and the id in the response header), or `None` when it does not
+    /// answer.
+    async fn identity(&self, i: usize) -> Option<String> {
+        let ask = async {
+            let opts =
+                etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(1));
+            let mut c = etcd_client::Client::connect([self.endpoint(i)], Some(opts))
+                .await
+                .ok()?;
+            let resp = c.member_list().await.ok()?;
+            let me = resp.header()?.member_id();
+            resp.members()
+                .iter()
+                .find(|m| m.id() == me)
+                .map(|m| m.name().to_owned())
+        };
+        tokio::time::timeout(Duration::from_secs(2), ask)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Whether our member `i` answers on its client port: `Ok(false)` when nothing
+    /// answers (yet), an `AddrInUse` error when another etcd does.
+    async fn check_identity(&self, i: usize) -> io::Result<bool> {
+        match self.identity(i).await {
+            Some(name) if name == self.members[i].name => Ok(true),
+            Some(name) => Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "port {} of etcd member {i} is served by another etcd (member {name:?}, not {:?})",
+                    self.members[i].client_port, self.members[i].name
+                ),
+            )),
+            None => Ok(false),
+        }
+    }
+
+    /// Waits until member `i` (or every member) answers `/health` with true and is
+    /// the member of this cluster (an `AddrInUse` error when another etcd answers
+    /// on its port).
     pub async fn wait_healthy(&self, member: Option<usize>, within: Duration) -> io::Result<()> {
         let deadline = Instant::now() + within;
         let targets: Vec<usize> = match member {
@@ -374,6 +508,10 @@ impl EtcdCluster {
                     )));
                 }
                 if !health(self.members[i].client_port).await {
+                    still.push(i);
+                    continue;
+                }
+                if !self.check_identity(i).await? {
                     still.push(i);
                 }
             }
@@ -587,9 +725,15 @@ impl ChildProcess {
         }
     }
 
-    /// SIGKILLs the child and reaps it.
+    /// SIGKILLs the child and reaps it (also when the kill fails, for instance
+    /// because it already exited).
     pub async fn kill(&mut self) -> io::Result<()> {
-        self.child.kill().await
+        let killed = self.child.start_kill();
+        let reaped = self.child.wait().await;
+        if let Err(e) = &killed {
+            tracing::debug!(pid = self.pid, error = %e, "kill failed; reaped anyway");
+        }
+        reaped.map(|_| ())
     }
 
     /// SIGSTOPs the child.
@@ -612,14 +756,25 @@ impl ChildProcess {
     }
 }
 
+/// Makes an injected error (a plain `fn`, so it can be called again and again).
+pub type ErrorFn = fn() -> Error;
+
 /// A [`Backend`] wrapper that injects faults: an outage (every request fails with
-/// [`Error::Unavailable`]) and watch disconnects.
+/// [`Error::Unavailable`]), watch disconnects, and errors of a chosen kind for
+/// chosen requests (for instance a non-retryable [`Error::PermissionDenied`]). It
+/// counts the requests it sees, so a test can check that a loop backs off.
 #[derive(Debug)]
 pub struct FaultyBackend {
     inner: Arc<dyn Backend>,
     down: AtomicBool,
     breaks: watch::Sender<u64>,
+    failures: Arc<Mutex<Vec<(String, ErrorFn)>>>,
+    requests: AtomicU64,
 }
+
+/// The pseudo-request name under which [`FaultyBackend::fail`] makes open and new
+/// watch streams fail (their next item is the error).
+pub const WATCH_STREAM: &str = "watch_stream";
 
 impl FaultyBackend {
     /// Wraps `inner`.
@@ -628,6 +783,8 @@ impl FaultyBackend {
             inner,
             down: AtomicBool::new(false),
             breaks: watch::channel(0).0,
+            failures: Arc::new(Mutex::new(Vec::new())),
+            requests: AtomicU64::new(0),
         })
     }
 
@@ -639,73 +796,107 @@ impl FaultyBackend {
         }
     }
 
-    /// Ends every open watch stream with an `Unavailable` error.
+    /// Makes the requests named in `requests` (the [`Backend`] method names, such
+    /// as `"range"` or `"watch_prefix"`, and [`WATCH_STREAM`] for the items of watch
+    /// streams) fail with `error()` until [`clear_failures`](Self::clear_failures).
+    /// Open watch streams are broken when [`WATCH_STREAM`] is among them.
+    pub fn fail(&self, requests: &[&str], error: ErrorFn) {
+        lock(&self.failures).extend(requests.iter().map(|r| ((*r).to_owned(), error)));
+        if requests.contains(&WATCH_STREAM) {
+            self.break_watches();
+        }
+    }
+
+    /// Ends the failures injected with [`fail`](Self::fail).
+    pub fn clear_failures(&self) {
+        lock(&self.failures).clear();
+    }
+
+    /// How many requests reached this wrapper (failed ones included; each watch
+    /// stream item counts as none).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Ends every open watch stream with an `Unavailable` error (or the error
+    /// injected for [`WATCH_STREAM`]).
     pub fn break_watches(&self) {
         self.breaks.send_modify(|n| *n += 1);
     }
 
-    fn check(&self) -> Result<()> {
+    fn injected(failures: &Mutex<Vec<(String, ErrorFn)>>, request: &str) -> Option<Error> {
+        lock(failures)
+            .iter()
+            .find(|(r, _)| r == request)
+            .map(|(_, make)| make())
+    }
+
+    fn check(&self, request: &str) -> Result<()> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Err(Error::unavailable("faulty-backend", "injected outage"));
         }
-        Ok(())
+        match Self::injected(&self.failures, request) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 
 #[async_trait]
 impl Backend for FaultyBackend {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        self.check()?;
+        self.check("get")?;
         self.inner.get(key).await
     }
 
     async fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
-        self.check()?;
+        self.check("range")?;
         self.inner.range(prefix).await
     }
 
     async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
-        self.check()?;
+        self.check("put")?;
         self.inner.put(key, value, lease).await
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        self.check()?;
+        self.check("delete")?;
         self.inner.delete(key).await
     }
 
     async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
-        self.check()?;
+        self.check("delete_prefix")?;
         self.inner.delete_prefix(prefix).await
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.check()?;
+        self.check("txn")?;
         self.inner.txn(txn).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
-        self.check()?;
+        self.check("compact")?;
         self.inner.compact(revision).await
     }
 
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {
-        self.check()?;
+        self.check("lease_grant")?;
         self.inner.lease_grant(ttl).await
     }
 
     async fn lease_keep_alive_once(&self, id: LeaseId) -> Result<Option<Duration>> {
-        self.check()?;
+        self.check("lease_keep_alive_once")?;
         self.inner.lease_keep_alive_once(id).await
     }
 
     async fn lease_revoke(&self, id: LeaseId) -> Result<()> {
-        self.check()?;
+        self.check("lease_revoke")?;
         self.inner.lease_revoke(id).await
     }
 
     async fn lease_ttl(&self, id: LeaseId) -> Result<Option<Duration>> {
-        self.check()?;
+        self.check("lease_ttl")?;
         self.inner.lease_ttl(id).await
     }
 
@@ -714,26 +905,59 @@ impl Backend for FaultyBackend {
         prefix: &str,
         start_revision: Option<Revision>,
     ) -> Result<WatchStream> {
-        self.check()?;
+        self.check("watch_prefix")?;
         let mut breaks = self.breaks.subscribe();
         breaks.borrow_and_update();
         let inner = self.inner.watch_prefix(prefix, start_revision).await?;
+        let failures = self.failures.clone();
         let stream = futures::stream::unfold(
-            (inner, breaks, false),
-            |(mut inner, mut breaks, done)| async move {
+            (inner, breaks, failures, false),
+            |(mut inner, mut breaks, failures, done)| async move {
                 if done {
                     return None;
                 }
+                if let Some(e) = Self::injected(&failures, WATCH_STREAM) {
+                    return Some((Err(e), (inner, breaks, failures, true)));
+                }
                 tokio::select! {
                     biased;
-                    _ = breaks.changed() => Some((
-                        Err(Error::unavailable("faulty-backend", "injected watch disconnect")),
-                        (inner, breaks, true),
-                    )),
-                    item = inner.next() => item.map(|i| (i, (inner, breaks, false))),
+                    _ = breaks.changed() => {
+                        let e = Self::injected(&failures, WATCH_STREAM).unwrap_or_else(|| {
+                            Error::unavailable("faulty-backend", "injected watch disconnect")
+                        });
+                        Some((Err(e), (inner, breaks, failures, true)))
+                    }
+                    item = inner.next() => item.map(|i| (i, (inner, breaks, failures, false))),
                 }
             },
         );
         Ok(Box::pin(stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cluster whose client port is served by another cluster's etcd (a port
+    /// race) is told so, instead of being taken for healthy.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_clusters_etcd_on_our_port_is_detected() {
+        let a = EtcdCluster::start(1).await.unwrap();
+        assert!(a.check_identity(0).await.unwrap());
+        let b = EtcdCluster {
+            bin: a.bin.clone(),
+            dir: temp_dir().unwrap(),
+            token: unique_token(),
+            members: vec![EtcdMember {
+                name: "not-a-member-of-a".into(),
+                client_port: a.members[0].client_port,
+                peer_port: a.members[0].peer_port,
+                process: Mutex::new(None),
+            }],
+        };
+        let err = b.check_identity(0).await.unwrap_err();
+        assert!(is_port_stolen(&err), "{err}");
+        assert!(err.to_string().contains(&a.members[0].name), "{err}");
     }
 }

@@ -12,6 +12,13 @@ pub type Revision = i64;
 /// `--max-txn-ops`). Both backends refuse larger transactions.
 pub const MAX_TXN_OPS: usize = 128;
 
+/// Largest request etcd accepts by default (`--max-request-bytes`, 1.5 MiB): the
+/// keys, values and compares of one put or transaction, plus a little framing.
+/// Larger requests fail with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+/// ("request is too large") on both backends; split them into several
+/// transactions, or keep large payloads out of etcd.
+pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+
 /// A lease id as granted by the server.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(pub i64);
@@ -170,7 +177,10 @@ pub enum Op {
         /// The key.
         key: String,
     },
-    /// Read every key starting with `prefix`, sorted by key.
+    /// Read every key starting with `prefix`, sorted by key. Unlike
+    /// [`Backend::range`](crate::Backend::range) it is one response, not paginated:
+    /// on etcd the whole transaction's answer must fit in
+    /// [`MAX_DECODING_MESSAGE_SIZE`](crate::etcd::MAX_DECODING_MESSAGE_SIZE).
     GetPrefix {
         /// The prefix.
         prefix: String,

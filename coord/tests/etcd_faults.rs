@@ -39,6 +39,14 @@ async fn connect(endpoints: &[String]) -> Arc<dyn Backend> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_entry() {
     let Some(role) = child_role() else { return };
+    if role == "etcd-owner" {
+        // Starts etcd and waits to be killed.
+        let cluster = EtcdCluster::start(1).await.unwrap();
+        println!("ETCD_DIR {}", cluster.dir().display());
+        println!("ETCD_PID {}", cluster.pid(0).unwrap());
+        tokio::time::sleep(CHILD_MAX_LIFE).await;
+        return;
+    }
     let endpoints: Vec<String> = env("EDL_TEST_ENDPOINTS")
         .split(',')
         .map(str::to_owned)
@@ -442,10 +450,16 @@ async fn three_member_cluster_keeps_working_when_one_member_dies() {
     others.rotate_left(1);
     let writer = connect(&others[..2]).await;
 
-    let lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+    // Killing the raft leader leaves the cluster without one for an election
+    // (etcd randomises its election timeout between 1 and 2 s here): no request
+    // succeeds meanwhile, so a lease only survives by our clock when its TTL is
+    // longer than that. (A follower hanging costs nothing even with a 2 s TTL: see
+    // `hung_member_does_not_cost_a_lease`.)
+    let survives_election = Duration::from_secs(5);
+    let lease = Lease::grant(backend.clone(), survives_election, CancellationToken::new())
         .await
         .unwrap();
-    let follower_lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+    let follower_lease = Lease::grant(backend.clone(), survives_election, CancellationToken::new())
         .await
         .unwrap();
     let election = Election::new(backend.clone(), "/faults/three/election");
@@ -606,4 +620,120 @@ async fn claim_index_five_clients_three_slots() {
         .await
         .unwrap();
     assert_eq!(claim.index, 1);
+}
+
+/// One member of three hangs (SIGSTOP: its sockets stay open, it answers
+/// nothing) for longer than the TTL, while lease holders are pinned to it: their
+/// leases survive and the keys under them stay (DESIGN: losing one member of three
+/// causes no interruption). Two holders: one whose request timeout gives each
+/// endpoint 500 ms (the client moves on by itself), one with the default 5 s (the
+/// keeper abandons the renewal after ttl/3 and the client moves on then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_member_does_not_cost_a_lease() {
+    let cluster = EtcdCluster::start(3).await.unwrap();
+    // Hang a follower: hanging the raft leader would also stall the cluster for
+    // an election, which is a different test.
+    let leader = cluster.leader().await.unwrap_or(0);
+    let x = (leader + 1) % cluster.len();
+    let mut pinned = cluster.endpoints();
+    pinned.rotate_left(x);
+    let others: Vec<String> = pinned[1..].to_vec();
+
+    let fast = connect(&pinned).await; // request timeout 1 s: 500 ms per endpoint
+    let slow: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(
+            EtcdConfig::new(pinned.clone()).with_dial_timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap(),
+    );
+    let observer = connect(&others).await;
+    let mut holders = Vec::new();
+    for (name, backend) in [("fast", fast), ("slow", slow)] {
+        let lease = Lease::grant(backend.clone(), TTL, CancellationToken::new())
+            .await
+            .unwrap();
+        let key = format!("/faults/hung/{name}");
+        backend
+            .put(&key, b"held".to_vec(), Some(lease.id()))
+            .await
+            .unwrap();
+        holders.push((name, key, lease, backend));
+    }
+
+    cluster.pause(x).unwrap();
+    let paused = Instant::now();
+    let hang_for = 2 * TTL + SLACK;
+    while paused.elapsed() < hang_for {
+        for (name, _, lease, _) in &holders {
+            assert!(
+                !lease.is_lost(),
+                "{name} lease lost {:?} after member {x} hung",
+                paused.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (name, key, lease, backend) in &holders {
+        let kv = observer.get(key).await.unwrap();
+        assert_eq!(
+            kv.and_then(|kv| kv.lease),
+            Some(lease.id()),
+            "{name}: key gone while a member hung"
+        );
+        // The holder's own client works too (it moved off the hung member).
+        assert!(backend.get(key).await.unwrap().is_some(), "{name}");
+    }
+    cluster.resume(x).unwrap();
+
+    // After the member is back, everything still holds.
+    tokio::time::sleep(TTL).await;
+    for (name, key, lease, _) in &holders {
+        assert!(!lease.is_lost(), "{name}");
+        assert!(observer.get(key).await.unwrap().is_some(), "{name}");
+    }
+    for (_, key, lease, _) in holders {
+        lease.revoke().await.unwrap();
+        assert!(observer.get(&key).await.unwrap().is_none());
+    }
+}
+
+/// Whether a process exists and is not a zombie.
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}
+
+/// etcd started by a test process that is SIGKILLed does not outlive it (the
+/// testkit sets a parent-death signal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_dies_with_its_sigkilled_test_process() {
+    let mut child = ChildProcess::spawn_test("child_entry", "etcd-owner", &[]).unwrap();
+    let dir = child
+        .expect_line("ETCD_DIR", Duration::from_secs(40))
+        .await
+        .unwrap();
+    let pid: u32 = child
+        .expect_line("ETCD_PID", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(process_alive(pid));
+    child.kill().await.unwrap();
+    let gone = wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { !process_alive(pid) },
+    )
+    .await;
+    // The killed child could not remove its directory.
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(gone, "etcd {pid} outlived its SIGKILLed parent");
 }
