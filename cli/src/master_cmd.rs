@@ -23,6 +23,10 @@ pub struct MasterArgs {
     /// Address trainers reach this master at (default: the bound listen address).
     #[arg(long)]
     pub advertise: Option<String>,
+    /// Consecutive chunks of one file per task, for datasets defined without saying
+    /// (a task is the unit of work a trainer leases).
+    #[arg(long, default_value_t = 1)]
+    pub chunks_per_task: u32,
     /// A task failing more than this many times in a pass fails for good.
     #[arg(long, default_value_t = 3)]
     pub max_failures: u32,
@@ -60,6 +64,11 @@ pub fn run(args: MasterArgs) -> anyhow::Result<()> {
         cfg.lease_ttl = args.lease_ttl;
         cfg.reconcile_every = args.lease_ttl;
         cfg.queue.max_failures = args.max_failures;
+        anyhow::ensure!(
+            args.chunks_per_task > 0,
+            "--chunks-per-task must be at least 1"
+        );
+        cfg.default_chunks_per_task = args.chunks_per_task;
         cfg.queue.timeout = TimeoutPolicy {
             initial: args.task_timeout.as_millis() as u64,
             floor: args.min_task_timeout.as_millis() as u64,

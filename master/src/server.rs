@@ -44,6 +44,8 @@ pub struct MasterConfig {
     /// Most requests group-committed in one etcd transaction; 1 turns group commit off
     /// (every transition its own etcd round trip: the benchmark's baseline).
     pub max_batch: usize,
+    /// Chunks per task for a `SetDataset` that leaves it 0.
+    pub default_chunks_per_task: u32,
 }
 
 impl MasterConfig {
@@ -57,6 +59,7 @@ impl MasterConfig {
             queue: QueueConfig::default(),
             reconcile_every: Duration::from_secs(5),
             max_batch: crate::core::DEFAULT_MAX_BATCH,
+            default_chunks_per_task: 1,
         }
     }
 }
@@ -74,6 +77,7 @@ pub struct MasterGrpc {
     shared: Arc<Shared>,
     job: String,
     token: Option<String>,
+    default_chunks_per_task: u32,
 }
 
 impl MasterGrpc {
@@ -185,8 +189,11 @@ impl pb::master_server::Master for MasterGrpc {
         let r = req.into_inner();
         let spec = DatasetSpec {
             globs: r.globs,
-            chunks_per_task: r.chunks_per_task,
-            passes: r.passes,
+            chunks_per_task: match r.chunks_per_task {
+                0 => self.default_chunks_per_task,
+                n => n,
+            },
+            passes: r.passes.max(1),
         };
         let (ds, created) = self.core().await?.set_dataset(spec).await?;
         Ok(Response::new(pb::SetDatasetResponse {
@@ -301,6 +308,7 @@ pub async fn run(
         shared: shared.clone(),
         job: cfg.job.clone(),
         token: cfg.token.clone(),
+        default_chunks_per_task: cfg.default_chunks_per_task.max(1),
     };
     let svc = pb::master_server::MasterServer::new(grpc)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -178,7 +178,9 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
     let mut h = Harness::new("lost");
     h.start_master().await;
     let client = h.client();
-    client.set_dataset(vec![glob], 1, 1).await.unwrap();
+    // 0 chunks per task and 0 passes take the master's defaults (1 and 1).
+    let ds = client.set_dataset(vec![glob], 0, 0).await.unwrap();
+    assert_eq!(ds.tasks, 4, "20 records, 5 a chunk, 1 chunk a task");
     let lease = h.register("doomed").await;
     let Next::Task(task) = client
         .get_task("doomed", 0, 1, Duration::ZERO)
