@@ -271,15 +271,7 @@ async fn train_task(
         if !rows.is_empty() {
             store.pull_sparse(&rows, params).await?;
         }
-        let m = model.clone();
-        let p = std::mem::take(params);
-        let (p, out) = tokio::task::spawn_blocking(move || {
-            let out = m.forward_backward(&p, &batch);
-            (p, out)
-        })
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("gradient computation panicked: {e}")))?;
-        *params = p;
+        let out = off_runtime(model, params, move |m, p| m.forward_backward(p, &batch)).await?;
         let out = match out {
             Ok(o) => o,
             Err(e @ crate::Error::NonFiniteLoss { .. }) => {
@@ -325,19 +317,30 @@ pub async fn evaluate(
         if !rows.is_empty() {
             store.pull_sparse(&rows, params).await?;
         }
-        let m = model.clone();
-        let p = std::mem::take(params);
-        let (p, out) = tokio::task::spawn_blocking(move || {
-            let out = m.evaluate(&p, &batch);
-            (p, out)
-        })
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("evaluation panicked: {e}")))?;
-        *params = p;
+        let out = off_runtime(model, params, move |m, p| m.evaluate(p, &batch)).await?;
         total.merge(&out?);
         start = end;
     }
     Ok(total)
+}
+
+/// Runs model math on a blocking thread (it is CPU- or GPU-bound), lending it the
+/// parameters without copying them.
+async fn off_runtime<T: Send + 'static>(
+    model: &Arc<dyn Model>,
+    params: &mut Params,
+    f: impl FnOnce(&dyn Model, &Params) -> T + Send + 'static,
+) -> Result<T, RuntimeError> {
+    let m = model.clone();
+    let p = std::mem::take(params);
+    let (p, out) = tokio::task::spawn_blocking(move || {
+        let out = f(m.as_ref(), &p);
+        (p, out)
+    })
+    .await
+    .map_err(|e| StoreError::Unavailable(format!("model computation panicked: {e}")))?;
+    *params = p;
+    Ok(out)
 }
 
 /// How long the caller should wait for a draining trainer before giving up on it.

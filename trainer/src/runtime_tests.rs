@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, MemBackend};
+use edl_coord::{Backend, Lease, MemBackend, Registry};
 use edl_master::client::{ClientConfig, MasterClient};
+use edl_master::keys::Keys;
 use edl_master::reader::{CloudReader, ReaderConfig};
 use edl_master::{MasterConfig, run as run_master};
 use edl_recordio::{FileWriter, WriterOptions};
@@ -46,6 +47,24 @@ fn write_shards(
     format!("{}/train-*.recordio", dir.display())
 }
 
+/// Registers a trainer as the runtime's caller does: the master revokes the tasks of
+/// holders that are not registered.
+async fn register(
+    backend: &Arc<dyn Backend>,
+    job: &str,
+    id: &str,
+    stop: &CancellationToken,
+) -> Lease {
+    let lease = Lease::grant(backend.clone(), Duration::from_secs(5), stop.child_token())
+        .await
+        .unwrap();
+    Registry::new(backend.clone(), Keys::new(job).trainers())
+        .register(id, b"test".to_vec(), &lease)
+        .await
+        .unwrap();
+    lease
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_elastic_trainers_fit_a_line_through_the_master() {
     let dir = tempfile::tempdir().unwrap();
@@ -78,8 +97,10 @@ async fn two_elastic_trainers_fit_a_line_through_the_master() {
     let store = Arc::new(LocalStore::new(model.clone(), OptimizerKind::Sgd, 0.01, 7));
     let test = Arc::new(test);
     let mut handles = Vec::new();
+    let mut leases = Vec::new();
     for t in 0..2 {
         let id = format!("trainer-{t}");
+        leases.push(register(&backend, "line", &id, &stop).await);
         let reader = CloudReader::start(client.clone(), ReaderConfig::new(&id));
         let mut cfg = RuntimeConfig::new(&id);
         cfg.batch_size = 20;
@@ -158,6 +179,8 @@ async fn a_draining_trainer_hands_its_task_back_and_another_finishes_the_pass() 
     let model: Arc<dyn crate::Model> = Arc::from(build(&spec).unwrap());
     let store = Arc::new(LocalStore::new(model.clone(), OptimizerKind::Sgd, 0.01, 1));
 
+    let _l1 = register(&backend, "drain", "leaving", &stop).await;
+    let _l2 = register(&backend, "drain", "staying", &stop).await;
     // The first trainer drains as soon as it has trained a few steps.
     let drain = CancellationToken::new();
     let (tx, mut rx) = watch::channel(Progress::default());
