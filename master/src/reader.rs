@@ -192,9 +192,24 @@ impl Fetcher {
             if self.stop.is_cancelled() {
                 return;
             }
+            let client = self.client.clone();
+            let trainer = self.cfg.trainer.clone();
+            let call = client.get_task(&trainer, pass, request, self.cfg.wait);
+            tokio::pin!(call);
             let next = tokio::select! {
-                _ = self.stop.cancelled() => return,
-                r = self.client.get_task(&self.cfg.trainer, pass, request, self.cfg.wait) => r,
+                r = &mut call => r,
+                _ = self.stop.cancelled() => {
+                    // Finish the call in flight (it is bounded by the long-poll wait): the
+                    // master may already have leased a task for it, which must be handed
+                    // back rather than left pending under a live registration.
+                    let grace = self.cfg.wait + Duration::from_secs(5);
+                    if let Ok(Ok(Next::Task(task))) = tokio::time::timeout(grace, call).await
+                        && let Err(e) = self.client.release_task(&self.cfg.trainer, &task, 0).await
+                    {
+                        tracing::warn!(task = %task.id, error = %e, "handing back a task leased while draining failed");
+                    }
+                    return;
+                }
             };
             match next {
                 Ok(Next::Task(task)) => {

@@ -179,7 +179,7 @@ async fn a_draining_trainer_hands_its_task_back_and_another_finishes_the_pass() 
     let model: Arc<dyn crate::Model> = Arc::from(build(&spec).unwrap());
     let store = Arc::new(LocalStore::new(model.clone(), OptimizerKind::Sgd, 0.01, 1));
 
-    let _l1 = register(&backend, "drain", "leaving", &stop).await;
+    let leaving_lease = register(&backend, "drain", "leaving", &stop).await;
     let _l2 = register(&backend, "drain", "staying", &stop).await;
     // The first trainer drains as soon as it has trained a few steps.
     let drain = CancellationToken::new();
@@ -196,24 +196,38 @@ async fn a_draining_trainer_hands_its_task_back_and_another_finishes_the_pass() 
     ));
     rx.wait_for(|p| p.tasks >= 2).await.unwrap();
     drain.cancel();
-    let p = leaving.await.unwrap().unwrap();
+    let p = tokio::time::timeout(Duration::from_secs(30), leaving)
+        .await
+        .expect("a draining trainer stops within its grace period")
+        .unwrap()
+        .unwrap();
     assert!(p.drained);
+    // As `edl trainer` does after draining: deregister.
+    leaving_lease.revoke().await.unwrap();
     let (tx, _rx) = watch::channel(Progress::default());
-    let stayer = run(
-        CloudReader::start(client.clone(), ReaderConfig::new("staying")),
-        model.clone(),
-        store.clone(),
-        RuntimeConfig::new("staying"),
-        stop.child_token(),
-        tx,
+    let stayer = tokio::time::timeout(
+        Duration::from_secs(120),
+        run(
+            CloudReader::start(client.clone(), ReaderConfig::new("staying")),
+            model.clone(),
+            store.clone(),
+            RuntimeConfig::new("staying"),
+            stop.child_token(),
+            tx,
+        ),
     )
     .await
+    .expect("the remaining trainer finishes the job")
     .unwrap();
     assert!(!stayer.drained);
     let st = client.status().await.unwrap();
     assert!(st.finished);
     let c = st.counters.unwrap();
     assert_eq!(c.failures, 0, "a hand-back is not a failure: {c:?}");
+    assert_eq!(
+        c.trainer_lost, 0,
+        "nothing was left leased to the drained trainer: {c:?}"
+    );
     assert_eq!(c.records_trained, 3 * all.len() as u64);
     assert_eq!(p.records + stayer.records, c.records_trained);
     stop.cancel();
