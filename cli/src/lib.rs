@@ -5,6 +5,7 @@
 //! - [`data`]: `edl data convert|stat|verify|cat|split`, RecordIO dataset tools.
 //! - [`master_cmd`]: `edl master`, a master of a job.
 //! - [`consume_cmd`]: `edl consume`, a model-less consumer of a job's tasks.
+//! - [`pserver_cmd`]: `edl pserver`, a parameter server (one shard) of a job.
 //! - [`common`]: etcd and job options, signals, the runtime.
 //!
 //! `main` only parses arguments and sets up logging; each subcommand is a function here
@@ -20,6 +21,7 @@ pub mod common;
 pub mod consume_cmd;
 pub mod data;
 pub mod master_cmd;
+pub mod pserver_cmd;
 
 /// edl: elastic, fault-tolerant distributed training.
 #[derive(Debug, Parser)]
@@ -45,6 +47,9 @@ pub enum Command {
     Master(master_cmd::MasterArgs),
     /// Read a job's tasks like a trainer, without a model (dry run of the data path).
     Consume(consume_cmd::ConsumeArgs),
+    /// Run a parameter server of a job: claims a shard index, restores its latest
+    /// checkpoint and serves pushes and pulls.
+    Pserver(pserver_cmd::PserverArgs),
 }
 
 /// Sets up `tracing` to stderr; `EDL_LOG` (a filter directive) wins over `-v`.
@@ -69,5 +74,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Data(cmd) => data::run(cmd),
         Command::Master(args) => master_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Consume(args) => consume_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Pserver(args) => pserver_cmd::run(args).map(|()| ExitCode::SUCCESS),
     }
 }

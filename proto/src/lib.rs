@@ -4,6 +4,10 @@
 //! - [`sample`]: the versioned training-sample encoding stored in RecordIO records
 //!   (`proto/edl/sample.proto`), with [`sample::encode`] and [`sample::decode`].
 //! - [`master`]: the master's gRPC service (`proto/edl/master.proto`).
+//! - [`pserver`]: the parameter server's gRPC service (`proto/edl/pserver.proto`),
+//!   with [`codec::SizedProstCodec`] for its large messages.
+
+pub mod codec;
 
 /// Metadata key naming the job a request is for.
 pub const JOB_HEADER: &str = "x-edl-job";
@@ -14,6 +18,12 @@ pub const TOKEN_HEADER: &str = "x-edl-token";
 pub mod master {
     #![allow(missing_docs, missing_debug_implementations, clippy::all)]
     tonic::include_proto!("edl.master.v1");
+}
+
+/// The parameter server's gRPC service and messages (`edl.pserver.v1`).
+pub mod pserver {
+    #![allow(missing_docs, missing_debug_implementations, clippy::all)]
+    tonic::include_proto!("edl.pserver.v1");
 }
 
 /// The training sample encoding (`edl.sample.v1`).

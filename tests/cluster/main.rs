@@ -3,6 +3,8 @@
 //! One test binary (built once) with a module per area:
 //! - [`support`]: etcd clusters, `edl` child processes, datasets, deadlines.
 //! - [`master`]: the master's task queue across trainer and master failures.
+//! - [`pserver`]: parameter servers across pserver and trainer failures.
 
 mod master;
+mod pserver;
 mod support;

@@ -246,3 +246,81 @@ impl Drop for World {
         self.cancel.cancel();
     }
 }
+
+/// `edl pserver` helpers.
+impl World {
+    /// The checkpoint root of this world's pservers.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.dir.path().join("checkpoints")
+    }
+
+    /// Starts `edl pserver` for this job (lease TTL 2 s, checkpoints under
+    /// [`checkpoint_dir`](Self::checkpoint_dir)) and waits until it holds a shard;
+    /// returns the process and its address.
+    pub async fn pserver(&self, name: &str, extra: &[&str]) -> (Proc, String) {
+        let addr_file = self.dir.path().join(format!("{name}.addr"));
+        let _ = std::fs::remove_file(&addr_file);
+        let mut args: Vec<String> = vec![
+            "pserver".into(),
+            "--etcd".into(),
+            self.etcd_arg(),
+            "--job".into(),
+            self.job.clone(),
+            "--lease-ttl".into(),
+            "2s".into(),
+            "--checkpoint-dir".into(),
+            self.checkpoint_dir().display().to_string(),
+            "--addr-file".into(),
+            addr_file.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let p = Proc::spawn(self.dir.path(), name, &args);
+        let ok = wait_until(Duration::from_secs(20), || async {
+            std::fs::read_to_string(&addr_file).is_ok_and(|s| !s.is_empty())
+        })
+        .await;
+        assert!(ok, "pserver {name} did not start; log:\n{}", p.log());
+        let addr = std::fs::read_to_string(&addr_file).expect("addr file");
+        let prefix = format!("/edl/{}/ps/", self.job);
+        let backend = self.backend.clone();
+        let claimed = wait_until(Duration::from_secs(30), || async {
+            backend.range(&prefix).await.is_ok_and(|(kvs, _)| {
+                kvs.iter()
+                    .any(|kv| String::from_utf8_lossy(&kv.value).contains(&addr))
+            })
+        })
+        .await;
+        assert!(
+            claimed,
+            "pserver {name} never claimed a shard; log:\n{}",
+            p.log()
+        );
+        (p, addr)
+    }
+
+    /// A pserver client of this job.
+    pub async fn ps_client(&self) -> edl_pserver::PsClient {
+        let mut cfg = edl_pserver::ClientConfig::new(&self.job);
+        cfg.retry_for = Duration::from_secs(30);
+        cfg.sync_wait = Duration::from_millis(500);
+        edl_pserver::PsClient::connect(self.backend.clone(), cfg, self.cancel.child_token())
+            .await
+            .expect("pserver client")
+    }
+
+    /// Registers trainer `id` under `trainers/` with a 2 s lease.
+    pub async fn register_trainer(&self, id: &str) -> edl_coord::Lease {
+        let lease = edl_coord::Lease::grant(
+            self.backend.clone(),
+            Duration::from_secs(2),
+            self.cancel.child_token(),
+        )
+        .await
+        .expect("lease");
+        edl_coord::Registry::new(self.backend.clone(), format!("/edl/{}/trainers/", self.job))
+            .register(id, b"test trainer".to_vec(), &lease)
+            .await
+            .expect("register");
+        lease
+    }
+}

@@ -1,0 +1,742 @@
+//! Checkpoint files of one shard and the manifests that name complete sets of them.
+//!
+//! # File format (version 1)
+//!
+//! ```text
+//! magic      8 bytes  "EDLPSCK\x01"
+//! header_len u32 LE
+//! header     JSON     FileHeader: uuid, step, shard, spec, counters, block and row counts
+//! blocks     for each block:  id u32, len u32, version u64, t u64,
+//!                             values f32[len], slots f32[slots * len]
+//! tables     for each table, for each row: row u64, t u64,
+//!                             values f32[dim], slots f32[slots * dim]
+//! trailer    crc32c u32 LE of every byte before it, then "EDLPSEND"
+//! ```
+//!
+//! All numbers little-endian. A file is written to a temporary name, fsynced, renamed
+//! into place and its directory fsynced, so a crash or a full disk leaves either the
+//! complete file or none (and earlier checkpoints untouched). A reader checks the size
+//! and checksum named by the manifest, then the trailer, then parses with bounds checks:
+//! a bad file is a [`CheckpointError::Corrupt`], never a panic.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::ModelSpec;
+use crate::optim::SlotState;
+
+const MAGIC: &[u8; 8] = b"EDLPSCK\x01";
+const END_MAGIC: &[u8; 8] = b"EDLPSEND";
+const TRAILER_LEN: usize = 12;
+const FORMAT_VERSION: u32 = 1;
+/// Largest header accepted (the spec of a model with many parameters fits easily).
+const MAX_HEADER: usize = 64 << 20;
+
+/// Why a checkpoint could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// File system error (a full disk is `io::ErrorKind::StorageFull`).
+    #[error("checkpoint I/O on {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The file is not a valid checkpoint (bad checksum, truncated, malformed).
+    #[error("checkpoint {path} is corrupt: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The file is valid but not the one the manifest names (other shard, uuid, step).
+    #[error("checkpoint {path} does not match its manifest: {reason}")]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// One dense block of a snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockSnap {
+    /// Global block id.
+    pub id: u32,
+    /// Its version.
+    pub version: u64,
+    /// Values.
+    pub values: Vec<f32>,
+    /// Optimizer state.
+    pub state: SlotState,
+}
+
+/// One trained sparse row of a snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowSnap {
+    /// Row id.
+    pub row: u64,
+    /// Values.
+    pub values: Vec<f32>,
+    /// Optimizer state.
+    pub state: SlotState,
+}
+
+/// A copy of a shard's state at one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// The checkpoint step (sync: the step last applied; async: the requested label).
+    pub step: u64,
+    /// The shard index.
+    pub shard: u32,
+    /// The shard count.
+    pub shards: u32,
+    /// The model spec and settings.
+    pub spec: ModelSpec,
+    /// Updates applied (drives the learning-rate schedule).
+    pub updates: u64,
+    /// Sync: the last step applied.
+    pub last_closed: u64,
+    /// Every block of the shard, in the shard's order.
+    pub blocks: Vec<BlockSnap>,
+    /// Trained rows of each table.
+    pub tables: Vec<Vec<RowSnap>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct FileHeader {
+    format: u32,
+    uuid: String,
+    step: u64,
+    shard: u32,
+    shards: u32,
+    updates: u64,
+    last_closed: u64,
+    slots: usize,
+    blocks: u64,
+    table_rows: Vec<u64>,
+    spec: ModelSpec,
+}
+
+/// One shard's file in a manifest (also the value of `checkpoints/parts/<step>/<shard>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// Shard index.
+    pub shard: u32,
+    /// Absolute path of the file (on the pserver's host).
+    pub path: String,
+    /// File size in bytes.
+    pub size: u64,
+    /// crc32c of the file up to its trailer (also stored in the trailer).
+    pub crc32c: u32,
+    /// Random id of this file, stored in its header.
+    pub uuid: String,
+}
+
+/// A complete checkpoint: one file per shard, all of the same step
+/// (`checkpoints/<step>` in etcd).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The step.
+    pub step: u64,
+    /// The shard count.
+    pub shards: u32,
+    /// `sync` or `async`.
+    pub mode: String,
+    /// When the manifest was committed (ms since the Unix epoch).
+    pub created_ms: u64,
+    /// One entry per shard, by index.
+    pub entries: Vec<ShardEntry>,
+    /// The task-queue cursor at this step, when the trainers report one (reserved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<serde_json::Value>,
+}
+
+impl Manifest {
+    /// The entry of `shard`.
+    pub fn entry(&self, shard: u32) -> Option<&ShardEntry> {
+        self.entries.iter().find(|e| e.shard == shard)
+    }
+}
+
+/// A writer that computes the crc32c of what passes through and can fail like a full
+/// disk after a quota (fault injection for tests).
+struct CrcWriter<W> {
+    inner: W,
+    crc: u32,
+    written: u64,
+    quota: Option<u64>,
+}
+
+impl<W: Write> Write for CrcWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(q) = self.quota
+            && self.written + buf.len() as u64 > q
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "no space left on device (injected)",
+            ));
+        }
+        let n = self.inner.write(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn write_f32s<W: Write>(w: &mut W, values: &[f32], scratch: &mut Vec<u8>) -> io::Result<()> {
+    for chunk in values.chunks(16 * 1024) {
+        scratch.clear();
+        scratch.reserve(chunk.len() * 4);
+        for v in chunk {
+            scratch.extend_from_slice(&v.to_le_bytes());
+        }
+        w.write_all(scratch)?;
+    }
+    Ok(())
+}
+
+/// Writes `snap` in the file format; returns (size, crc32c).
+fn encode_to<W: Write>(
+    snap: &Snapshot,
+    uuid: &str,
+    w: W,
+    quota: Option<u64>,
+) -> io::Result<(u64, u32)> {
+    let mut w = CrcWriter {
+        inner: w,
+        crc: 0,
+        written: 0,
+        quota,
+    };
+    let slots = snap.blocks.first().map_or_else(
+        || {
+            snap.tables
+                .iter()
+                .flatten()
+                .next()
+                .map_or(0, |r| r.state.slots.len() / r.values.len().max(1))
+        },
+        |b| b.state.slots.len() / b.values.len().max(1),
+    );
+    let header = FileHeader {
+        format: FORMAT_VERSION,
+        uuid: uuid.to_owned(),
+        step: snap.step,
+        shard: snap.shard,
+        shards: snap.shards,
+        updates: snap.updates,
+        last_closed: snap.last_closed,
+        slots,
+        blocks: snap.blocks.len() as u64,
+        table_rows: snap.tables.iter().map(|t| t.len() as u64).collect(),
+        spec: snap.spec.clone(),
+    };
+    let header = serde_json::to_vec(&header).map_err(io::Error::other)?;
+    w.write_all(MAGIC)?;
+    w.write_all(&(header.len() as u32).to_le_bytes())?;
+    w.write_all(&header)?;
+    let mut scratch = Vec::new();
+    for b in &snap.blocks {
+        w.write_all(&b.id.to_le_bytes())?;
+        w.write_all(&(b.values.len() as u32).to_le_bytes())?;
+        w.write_all(&b.version.to_le_bytes())?;
+        w.write_all(&b.state.t.to_le_bytes())?;
+        write_f32s(&mut w, &b.values, &mut scratch)?;
+        write_f32s(&mut w, &b.state.slots, &mut scratch)?;
+    }
+    for t in &snap.tables {
+        for r in t {
+            w.write_all(&r.row.to_le_bytes())?;
+            w.write_all(&r.state.t.to_le_bytes())?;
+            write_f32s(&mut w, &r.values, &mut scratch)?;
+            write_f32s(&mut w, &r.state.slots, &mut scratch)?;
+        }
+    }
+    let crc = w.crc;
+    w.write_all(&crc.to_le_bytes())?;
+    w.write_all(END_MAGIC)?;
+    w.flush()?;
+    Ok((w.written, crc))
+}
+
+/// A bounds-checked reader over the file bytes.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| format!("truncated at byte {} (needed {n} more)", self.at))?;
+        let s = &self.buf[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn f32s(&mut self, n: usize) -> Result<Vec<f32>, String> {
+        let bytes = n
+            .checked_mul(4)
+            .ok_or_else(|| format!("absurd length {n}"))?;
+        Ok(crate::wire::decode(self.take(bytes)?))
+    }
+}
+
+/// Parses and verifies a whole checkpoint file; returns the snapshot and its uuid.
+pub fn decode(bytes: &[u8]) -> Result<(Snapshot, String), String> {
+    if bytes.len() < MAGIC.len() + 4 + TRAILER_LEN {
+        return Err(format!("only {} bytes", bytes.len()));
+    }
+    if &bytes[..8] != MAGIC {
+        return Err("bad magic (not an edl pserver checkpoint, or another version)".into());
+    }
+    let body_end = bytes.len() - TRAILER_LEN;
+    if &bytes[body_end + 4..] != END_MAGIC {
+        return Err("bad trailer (torn or truncated write)".into());
+    }
+    let stored = u32::from_le_bytes([
+        bytes[body_end],
+        bytes[body_end + 1],
+        bytes[body_end + 2],
+        bytes[body_end + 3],
+    ]);
+    let actual = crc32c::crc32c(&bytes[..body_end]);
+    if stored != actual {
+        return Err(format!(
+            "crc32c mismatch: trailer says {stored:08x}, content hashes to {actual:08x}"
+        ));
+    }
+    let mut c = Cursor {
+        buf: &bytes[..body_end],
+        at: 8,
+    };
+    let hlen = c.u32()? as usize;
+    if hlen > MAX_HEADER {
+        return Err(format!("header of {hlen} bytes"));
+    }
+    let header: FileHeader = serde_json::from_slice(c.take(hlen)?)
+        .map_err(|e| format!("header is not valid JSON: {e}"))?;
+    if header.format != FORMAT_VERSION {
+        return Err(format!(
+            "format version {} (this build reads {FORMAT_VERSION})",
+            header.format
+        ));
+    }
+    header.spec.validate().map_err(|e| e.to_string())?;
+    let remaining = |c: &Cursor<'_>| c.buf.len() - c.at;
+    let slots = header.slots;
+    let mut blocks = Vec::new();
+    for _ in 0..header.blocks {
+        let id = c.u32()?;
+        let len = c.u32()? as usize;
+        if len.saturating_mul(4 * (1 + slots)) > remaining(&c) {
+            return Err(format!("block {id} of {len} floats overruns the file"));
+        }
+        let version = c.u64()?;
+        let t = c.u64()?;
+        let values = c.f32s(len)?;
+        let slot_values = c.f32s(len * slots)?;
+        blocks.push(BlockSnap {
+            id,
+            version,
+            values,
+            state: SlotState {
+                t,
+                slots: slot_values,
+            },
+        });
+    }
+    if header.table_rows.len() != header.spec.sparse.len() {
+        return Err(format!(
+            "{} tables in the header, {} in the spec",
+            header.table_rows.len(),
+            header.spec.sparse.len()
+        ));
+    }
+    let mut tables = Vec::new();
+    for (rows, spec) in header.table_rows.iter().zip(&header.spec.sparse) {
+        let per_row = 16 + spec.dim * 4 * (1 + slots);
+        if (*rows as usize).saturating_mul(per_row) > remaining(&c) {
+            return Err(format!(
+                "table {:?} of {rows} rows overruns the file",
+                spec.name
+            ));
+        }
+        let mut t = Vec::with_capacity(*rows as usize);
+        for _ in 0..*rows {
+            let row = c.u64()?;
+            let st = c.u64()?;
+            let values = c.f32s(spec.dim)?;
+            let slot_values = c.f32s(spec.dim * slots)?;
+            t.push(RowSnap {
+                row,
+                values,
+                state: SlotState {
+                    t: st,
+                    slots: slot_values,
+                },
+            });
+        }
+        tables.push(t);
+    }
+    if c.at != c.buf.len() {
+        return Err(format!(
+            "{} unexpected bytes after the tables",
+            c.buf.len() - c.at
+        ));
+    }
+    Ok((
+        Snapshot {
+            step: header.step,
+            shard: header.shard,
+            shards: header.shards,
+            spec: header.spec,
+            updates: header.updates,
+            last_closed: header.last_closed,
+            blocks,
+            tables,
+        },
+        header.uuid,
+    ))
+}
+
+/// The checkpoint directory of one shard: `<root>/<job>/ps-<shard>/`.
+#[derive(Debug, Clone)]
+pub struct CheckpointDir {
+    dir: PathBuf,
+    quota: Option<u64>,
+}
+
+/// A random id for a checkpoint file.
+pub fn new_uuid() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+impl CheckpointDir {
+    /// The directory of `shard` of `job` under `root` (created on first write).
+    pub fn new(root: impl AsRef<Path>, job: &str, shard: u32) -> Self {
+        CheckpointDir {
+            dir: root.as_ref().join(job).join(format!("ps-{shard}")),
+            quota: None,
+        }
+    }
+
+    /// Fails writes past `bytes` with `StorageFull` (a full disk, for tests).
+    #[doc(hidden)]
+    pub fn with_quota(mut self, bytes: u64) -> Self {
+        self.quota = Some(bytes);
+        self
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    fn file_name(step: u64, uuid: &str) -> String {
+        format!("step-{step:020}-{uuid}.ckpt")
+    }
+
+    /// Writes `snap` durably: temporary file, fsync, rename, directory fsync. On error
+    /// the temporary file is removed and no other file is touched.
+    pub fn write(&self, snap: &Snapshot) -> Result<ShardEntry, CheckpointError> {
+        fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+        let uuid = new_uuid();
+        let name = Self::file_name(snap.step, &uuid);
+        let path = self.dir.join(&name);
+        let tmp = self.dir.join(format!(".{name}.tmp"));
+        let result = (|| {
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .map_err(io_err(&tmp))?;
+            let mut w = BufWriter::with_capacity(1 << 20, file);
+            let (size, crc) = encode_to(snap, &uuid, &mut w, self.quota).map_err(io_err(&tmp))?;
+            let file = w.into_inner().map_err(|e| CheckpointError::Io {
+                path: tmp.clone(),
+                source: e.into_error(),
+            })?;
+            file.sync_all().map_err(io_err(&tmp))?;
+            drop(file);
+            fs::rename(&tmp, &path).map_err(io_err(&path))?;
+            File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_err(&self.dir))?;
+            Ok((size, crc))
+        })();
+        match result {
+            Ok((size, crc32c)) => Ok(ShardEntry {
+                shard: snap.shard,
+                path: path.display().to_string(),
+                size,
+                crc32c,
+                uuid,
+            }),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads and verifies the file of `entry` (size, checksum, uuid, shard) for a shard
+    /// laid out as `shard` of `shards`.
+    pub fn read(entry: &ShardEntry, shard: u32, shards: u32) -> Result<Snapshot, CheckpointError> {
+        let path = PathBuf::from(&entry.path);
+        let bytes = fs::read(&path).map_err(io_err(&path))?;
+        let corrupt = |reason: String| CheckpointError::Corrupt {
+            path: path.clone(),
+            reason,
+        };
+        if bytes.len() as u64 != entry.size {
+            return Err(corrupt(format!(
+                "size {} but the manifest says {}",
+                bytes.len(),
+                entry.size
+            )));
+        }
+        let (snap, uuid) = decode(&bytes).map_err(corrupt)?;
+        let body_end = bytes.len() - TRAILER_LEN;
+        let crc = crc32c::crc32c(&bytes[..body_end]);
+        let mismatch = |reason: String| CheckpointError::Mismatch {
+            path: path.clone(),
+            reason,
+        };
+        if crc != entry.crc32c {
+            return Err(mismatch(format!(
+                "crc32c {crc:08x}, the manifest says {:08x}",
+                entry.crc32c
+            )));
+        }
+        if uuid != entry.uuid {
+            return Err(mismatch(format!(
+                "uuid {uuid}, the manifest says {}",
+                entry.uuid
+            )));
+        }
+        if snap.shard != shard || snap.shards != shards {
+            return Err(mismatch(format!(
+                "holds shard {} of {}, wanted {shard} of {shards}",
+                snap.shard, snap.shards
+            )));
+        }
+        Ok(snap)
+    }
+
+    /// The checkpoint files in the directory, with their step, oldest first.
+    pub fn files(&self) -> io::Result<Vec<(u64, PathBuf)>> {
+        let rd = match fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for entry in rd {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(rest) = name.strip_prefix("step-") else {
+                continue;
+            };
+            if !name.ends_with(".ckpt") {
+                continue;
+            }
+            if let Some(step) = rest.get(..20).and_then(|s| s.parse().ok()) {
+                out.push((step, entry.path()));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Removes leftover temporary files (of a write cut short by a crash).
+    pub fn remove_temporaries(&self) {
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in rd.flatten() {
+            let name = entry.file_name();
+            if name
+                .to_str()
+                .is_some_and(|n| n.starts_with('.') && n.ends_with(".tmp"))
+            {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{DenseSpec, Mode, ParamConfig, RowInit, SparseSpec};
+    use crate::optim::OptimizerConfig;
+    use proptest::prelude::*;
+
+    pub(crate) fn sample(step: u64, blocks: usize, rows: usize) -> Snapshot {
+        let spec = ModelSpec {
+            dense: vec![DenseSpec {
+                name: "w".into(),
+                shape: vec![blocks.max(1) * 3],
+            }],
+            sparse: vec![SparseSpec {
+                name: "emb".into(),
+                dim: 2,
+                init: RowInit::Zeros,
+            }],
+            config: ParamConfig {
+                block_size: 3,
+                ..ParamConfig::new(Mode::sync(), OptimizerConfig::adam(0.1))
+            },
+        };
+        Snapshot {
+            step,
+            shard: 1,
+            shards: 2,
+            spec,
+            updates: step * 2,
+            last_closed: step,
+            blocks: (0..blocks)
+                .map(|i| BlockSnap {
+                    id: i as u32 * 2 + 1,
+                    version: 7 + i as u64,
+                    values: vec![i as f32, -1.5, 0.25],
+                    state: SlotState {
+                        t: 3,
+                        slots: vec![0.5; 6],
+                    },
+                })
+                .collect(),
+            tables: vec![
+                (0..rows)
+                    .map(|r| RowSnap {
+                        row: r as u64 * 11,
+                        values: vec![r as f32, 1.0],
+                        state: SlotState {
+                            t: 1,
+                            slots: vec![0.1; 4],
+                        },
+                    })
+                    .collect(),
+            ],
+        }
+    }
+
+    #[test]
+    fn write_read_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = CheckpointDir::new(dir.path(), "job", 1);
+        let snap = sample(4, 3, 5);
+        let e = d.write(&snap).unwrap();
+        assert_eq!(e.size, fs::metadata(&e.path).unwrap().len());
+        assert_eq!(CheckpointDir::read(&e, 1, 2).unwrap(), snap);
+        assert_eq!(d.files().unwrap().len(), 1);
+        assert_eq!(d.files().unwrap()[0].0, 4);
+        // Wrong shard, wrong uuid.
+        assert!(matches!(
+            CheckpointDir::read(&e, 0, 2),
+            Err(CheckpointError::Mismatch { .. })
+        ));
+        let mut other = e.clone();
+        other.uuid = new_uuid();
+        assert!(matches!(
+            CheckpointDir::read(&other, 1, 2),
+            Err(CheckpointError::Mismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn a_flipped_byte_is_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = CheckpointDir::new(dir.path(), "job", 1);
+        let e = d.write(&sample(2, 2, 2)).unwrap();
+        let mut bytes = fs::read(&e.path).unwrap();
+        let n = bytes.len();
+        bytes[n / 2] ^= 0x40;
+        fs::write(&e.path, &bytes).unwrap();
+        let err = CheckpointDir::read(&e, 1, 2).unwrap_err();
+        assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("crc32c mismatch"), "{err}");
+        // Truncated.
+        fs::write(&e.path, &bytes[..n - 5]).unwrap();
+        assert!(matches!(
+            CheckpointDir::read(&e, 1, 2),
+            Err(CheckpointError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn a_full_disk_leaves_no_file_and_earlier_checkpoints_intact() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = CheckpointDir::new(dir.path(), "job", 1);
+        let first = d.write(&sample(2, 4, 4)).unwrap();
+        let full = d.clone().with_quota(100);
+        let err = full.write(&sample(4, 4, 4)).unwrap_err();
+        match &err {
+            CheckpointError::Io { source, .. } => {
+                assert_eq!(source.kind(), io::ErrorKind::StorageFull)
+            }
+            other => panic!("{other}"),
+        }
+        let names: Vec<_> = fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no temporary left behind: {names:?}");
+        assert_eq!(CheckpointDir::read(&first, 1, 2).unwrap(), sample(2, 4, 4));
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics_on_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn any_single_corruption_is_detected(blocks in 0usize..4, rows in 0usize..4, at in any::<prop::sample::Index>(), bit in 0u8..8) {
+            let snap = sample(9, blocks, rows);
+            let mut buf = Vec::new();
+            encode_to(&snap, "u", &mut buf, None).unwrap();
+            prop_assert_eq!(decode(&buf).unwrap().0, snap);
+            let i = at.index(buf.len());
+            buf[i] ^= 1 << bit;
+            prop_assert!(decode(&buf).is_err());
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! Checkpoints through etcd: when to take them, the per-shard parts, the manifest once
+//! every shard of a step is written, retention, and restore.
+//!
+//! Protocol (keys under `/edl/<job>/checkpoints/`):
+//!
+//! 1. **When.** In sync mode with a step period, every shard snapshots right after
+//!    applying each step that is a multiple of it: all shards pick the same steps without
+//!    talking. Otherwise the holder of shard 0 is the coordinator: when its trigger fires
+//!    (N updates or T elapsed) it writes `request` = a step label (fenced by its claim).
+//!    Async shards snapshot as soon as they see it (each block copied under its lock,
+//!    training goes on); sync shards snapshot right after applying that step (the label is
+//!    two steps ahead of the coordinator, so no shard has applied it yet).
+//! 2. **Write.** The snapshot is written in the background (temporary file, fsync,
+//!    rename, directory fsync, crc32c); then `parts/<step>/<shard>` names it (fenced).
+//! 3. **Commit.** Whoever writes the last part of a step commits, in one transaction
+//!    guarded on every part and on `latest`: the manifest `<step>`, `latest` (if newer),
+//!    and the removal of the parts.
+//! 4. **Retention.** After a commit, manifests beyond the newest `keep` are deleted; each
+//!    shard then deletes its files older than the oldest manifest kept. A file is deleted
+//!    only after a newer manifest is committed.
+//! 5. **Restore.** A pserver that claims index `i` reads the manifests newest first and
+//!    restores the first whose file for `i` reads back intact (size, crc32c, uuid); a bad
+//!    file is logged with the reason and the previous manifest is tried.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use edl_coord::{Backend, Compare, CompareOp, Fence, KeyValue, Op, Txn, fenced_txn};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{CheckpointDir, Manifest, ShardEntry, Snapshot};
+use crate::error::PsError;
+use crate::keys::PsKeys;
+
+/// How often checkpoints are taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointEvery {
+    /// Every this many updates (sync: steps; async: pushes applied by shard 0).
+    Steps(u64),
+    /// Every this long.
+    Interval(Duration),
+}
+
+impl FromStr for CheckpointEvery {
+    type Err = String;
+
+    /// `100` (steps) or a duration such as `30s`, `5m`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if let Ok(n) = s.parse::<u64>() {
+            if n == 0 {
+                return Err("checkpoint period must be at least 1 step".into());
+            }
+            return Ok(CheckpointEvery::Steps(n));
+        }
+        match humantime::parse_duration(s) {
+            Ok(d) if d >= Duration::from_millis(100) => Ok(CheckpointEvery::Interval(d)),
+            Ok(d) => Err(format!("checkpoint interval {d:?} is too short (>= 100ms)")),
+            Err(e) => Err(format!(
+                "{s:?} is neither a step count nor a duration (like 30s): {e}"
+            )),
+        }
+    }
+}
+
+/// Checkpoint settings of a pserver.
+#[derive(Debug, Clone)]
+pub struct CheckpointConfig {
+    /// Root directory; files go to `<dir>/<job>/ps-<index>/`.
+    pub dir: PathBuf,
+    /// When.
+    pub every: CheckpointEvery,
+    /// Complete checkpoints kept.
+    pub keep: usize,
+}
+
+impl CheckpointConfig {
+    /// Checkpoints under `dir` every `every`, keeping 3.
+    pub fn new(dir: impl Into<PathBuf>, every: CheckpointEvery) -> Self {
+        CheckpointConfig {
+            dir: dir.into(),
+            every,
+            keep: 3,
+        }
+    }
+}
+
+/// The coordinator's request (`checkpoints/request`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// The step label to checkpoint.
+    pub step: u64,
+    /// When it was requested (ms since the Unix epoch).
+    pub at_ms: u64,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Every committed manifest, newest first (unparseable ones are skipped with a warning).
+pub async fn manifests(backend: &dyn Backend, keys: &PsKeys) -> Result<Vec<Manifest>, PsError> {
+    let (kvs, _) = backend.range(&keys.checkpoints()).await?;
+    Ok(parse_manifests(keys, kvs.iter()))
+}
+
+pub(crate) fn parse_manifests<'a>(
+    keys: &PsKeys,
+    kvs: impl Iterator<Item = &'a KeyValue>,
+) -> Vec<Manifest> {
+    let mut out: Vec<Manifest> = kvs
+        .filter(|kv| keys.manifest_step(&kv.key).is_some())
+        .filter_map(|kv| match serde_json::from_slice::<Manifest>(&kv.value) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(key = %kv.key, error = %e, "unreadable checkpoint manifest ignored");
+                None
+            }
+        })
+        .collect();
+    out.sort_by_key(|m| std::cmp::Reverse(m.step));
+    out
+}
+
+/// The newest checkpoint of `shard` that reads back intact and that `build` accepts,
+/// with its manifest. A bad file (or one `build` refuses) is logged with the reason and
+/// the previous checkpoint is tried.
+pub async fn restore_latest<T>(
+    backend: &dyn Backend,
+    keys: &PsKeys,
+    shard: u32,
+    shards: u32,
+    build: impl Fn(Snapshot) -> Result<T, PsError>,
+) -> Result<Option<(Manifest, T)>, PsError> {
+    let all = manifests(backend, keys).await?;
+    let total = all.len();
+    for (i, m) in all.into_iter().enumerate() {
+        if m.shards != shards {
+            tracing::warn!(
+                step = m.step,
+                manifest_shards = m.shards,
+                shards,
+                "checkpoint has another shard count; skipped"
+            );
+            continue;
+        }
+        let Some(entry) = m.entry(shard).cloned() else {
+            tracing::warn!(
+                step = m.step,
+                shard,
+                "checkpoint has no file for this shard; skipped"
+            );
+            continue;
+        };
+        let read = tokio::task::spawn_blocking(move || CheckpointDir::read(&entry, shard, shards))
+            .await
+            .map_err(|e| PsError::Internal(format!("checkpoint reader failed: {e}")))?;
+        match read.map_err(PsError::from).and_then(&build) {
+            Ok(built) => {
+                if i > 0 {
+                    tracing::warn!(
+                        step = m.step,
+                        shard,
+                        skipped = i,
+                        "restored an older checkpoint after skipping unusable newer ones"
+                    );
+                }
+                return Ok(Some((m, built)));
+            }
+            Err(e) => {
+                let fallback = if i + 1 < total {
+                    "falling back to the previous checkpoint"
+                } else {
+                    "no older checkpoint to fall back to"
+                };
+                tracing::error!(step = m.step, shard, error = %e, "checkpoint unusable; {fallback}");
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Names a written file as this shard's part of `step` (fenced by the shard's claim).
+pub async fn register_part(
+    backend: &dyn Backend,
+    keys: &PsKeys,
+    fence: &Fence,
+    step: u64,
+    entry: &ShardEntry,
+) -> Result<(), PsError> {
+    let value = serde_json::to_vec(entry)
+        .map_err(|e| PsError::Config(format!("encode checkpoint part: {e}")))?;
+    fenced_txn(
+        backend,
+        fence,
+        Txn::new().and_then([Op::put(keys.part(step, entry.shard), value)]),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Commits the manifest of `step` if every shard's part is there. Returns whether this
+/// call committed it.
+pub async fn try_commit(
+    backend: &dyn Backend,
+    keys: &PsKeys,
+    fence: &Fence,
+    step: u64,
+    shards: u32,
+    mode: &str,
+) -> Result<bool, PsError> {
+    for _ in 0..5 {
+        let (parts, _) = backend.range(&keys.parts(step)).await?;
+        let mut entries: Vec<ShardEntry> = Vec::new();
+        let mut compares = Vec::new();
+        for kv in &parts {
+            match serde_json::from_slice::<ShardEntry>(&kv.value) {
+                Ok(e) if e.shard < shards && kv.key == keys.part(step, e.shard) => {
+                    compares.push(Compare::mod_revision(
+                        kv.key.clone(),
+                        CompareOp::Equal,
+                        kv.mod_revision,
+                    ));
+                    entries.push(e);
+                }
+                _ => tracing::warn!(key = %kv.key, "malformed checkpoint part ignored"),
+            }
+        }
+        entries.sort_by_key(|e| e.shard);
+        entries.dedup_by_key(|e| e.shard);
+        if entries.len() < shards as usize {
+            return Ok(false);
+        }
+        let latest = backend.get(&keys.latest()).await?;
+        let latest_step = latest
+            .as_ref()
+            .and_then(|kv| {
+                std::str::from_utf8(&kv.value)
+                    .ok()?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0);
+        let manifest = Manifest {
+            step,
+            shards,
+            mode: mode.to_owned(),
+            created_ms: now_ms(),
+            entries,
+            cursor: None,
+        };
+        let value = serde_json::to_vec(&manifest)
+            .map_err(|e| PsError::Config(format!("encode manifest: {e}")))?;
+        compares.push(Compare::absent(keys.manifest(step)));
+        compares.push(Compare::mod_revision(
+            keys.latest(),
+            CompareOp::Equal,
+            latest.as_ref().map_or(0, |kv| kv.mod_revision),
+        ));
+        let mut ops = vec![
+            Op::put(keys.manifest(step), value),
+            Op::delete_prefix(keys.parts(step)),
+        ];
+        if step > latest_step {
+            ops.push(Op::put(keys.latest(), step.to_string()));
+        }
+        let resp = fenced_txn(backend, fence, Txn::new().when(compares).and_then(ops)).await?;
+        if resp.succeeded {
+            tracing::info!(step, shards, "checkpoint manifest committed");
+            return Ok(true);
+        }
+        if backend.get(&keys.manifest(step)).await?.is_some() {
+            return Ok(false);
+        }
+        // A part or `latest` changed meanwhile: look again.
+    }
+    Ok(false)
+}
+
+/// Deletes manifests beyond the newest `keep`, and parts of steps older than the newest
+/// manifest (abandoned rounds). Fenced by the caller's claim.
+pub async fn prune(
+    backend: &dyn Backend,
+    keys: &PsKeys,
+    fence: &Fence,
+    keep: usize,
+) -> Result<(), PsError> {
+    let (kvs, _) = backend.range(&keys.checkpoints()).await?;
+    let mut steps: Vec<u64> = kvs
+        .iter()
+        .filter_map(|kv| keys.manifest_step(&kv.key))
+        .collect();
+    steps.sort_unstable_by(|a, b| b.cmp(a));
+    let newest = steps.first().copied().unwrap_or(0);
+    let mut ops: Vec<Op> = steps
+        .iter()
+        .skip(keep.max(1))
+        .map(|s| Op::delete(keys.manifest(*s)))
+        .collect();
+    let parts_prefix = keys.all_parts();
+    let mut stale_parts: Vec<u64> = kvs
+        .iter()
+        .filter_map(|kv| {
+            let rest = kv.key.strip_prefix(&parts_prefix)?;
+            rest.split('/').next()?.parse::<u64>().ok()
+        })
+        .filter(|s| *s < newest)
+        .collect();
+    stale_parts.sort_unstable();
+    stale_parts.dedup();
+    ops.extend(
+        stale_parts
+            .iter()
+            .map(|s| Op::delete_prefix(keys.parts(*s))),
+    );
+    for chunk in ops.chunks(100) {
+        fenced_txn(backend, fence, Txn::new().and_then(chunk.to_vec())).await?;
+    }
+    if !ops.is_empty() {
+        tracing::debug!(deleted = ops.len(), keep, "old checkpoint records pruned");
+    }
+    Ok(())
+}
+
+/// Deletes this shard's files of steps older than the oldest manifest kept (called
+/// after manifests change). Never deletes a file a kept manifest names.
+pub fn prune_files(dir: &CheckpointDir, kept: &[Manifest], shard: u32) {
+    let Some(oldest) = kept.iter().map(|m| m.step).min() else {
+        return;
+    };
+    let named: Vec<&str> = kept
+        .iter()
+        .filter_map(|m| m.entry(shard))
+        .map(|e| e.path.as_str())
+        .collect();
+    let files = match dir.files() {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(dir = %dir.path().display(), error = %e, "cannot list checkpoint files");
+            return;
+        }
+    };
+    for (step, path) in files {
+        if step >= oldest || named.iter().any(|n| PathBuf::from(n) == path) {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::debug!(shard, step, path = %path.display(), "old checkpoint file deleted")
+            }
+            Err(e) => {
+                tracing::warn!(shard, step, path = %path.display(), error = %e, "cannot delete old checkpoint file")
+            }
+        }
+    }
+}
+
+/// Writes the coordinator's request for `step` (fenced by shard 0's claim).
+pub async fn request(
+    backend: &dyn Backend,
+    keys: &PsKeys,
+    fence: &Fence,
+    step: u64,
+) -> Result<(), PsError> {
+    let value = serde_json::to_vec(&Request {
+        step,
+        at_ms: now_ms(),
+    })
+    .map_err(|e| PsError::Config(format!("encode checkpoint request: {e}")))?;
+    fenced_txn(
+        backend,
+        fence,
+        Txn::new().and_then([Op::put(keys.request(), value)]),
+    )
+    .await?;
+    tracing::debug!(step, "checkpoint requested");
+    Ok(())
+}
+
+/// Writes a snapshot to `dir` on a blocking thread.
+pub async fn write_snapshot(
+    dir: &CheckpointDir,
+    snap: Arc<Snapshot>,
+) -> Result<ShardEntry, PsError> {
+    let dir = dir.clone();
+    tokio::task::spawn_blocking(move || dir.write(&snap))
+        .await
+        .map_err(|e| PsError::Config(format!("checkpoint writer panicked: {e}")))?
+        .map_err(PsError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_parses_steps_and_durations() {
+        assert_eq!("100".parse(), Ok(CheckpointEvery::Steps(100)));
+        assert_eq!(
+            "30s".parse(),
+            Ok(CheckpointEvery::Interval(Duration::from_secs(30)))
+        );
+        assert!("0".parse::<CheckpointEvery>().is_err());
+        assert!("1ms".parse::<CheckpointEvery>().is_err());
+        assert!("soon".parse::<CheckpointEvery>().is_err());
+    }
+}

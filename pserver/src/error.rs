@@ -1,0 +1,245 @@
+//! The pserver's errors and their one mapping to gRPC status codes.
+
+use crate::checkpoint::CheckpointError;
+use crate::layout::SpecError;
+
+/// Metadata key of the machine-readable kind of an error status (see [`ErrorKind`]).
+pub const ERROR_KIND_HEADER: &str = "x-edl-ps-error";
+/// Metadata key of the next step a stale sync push should use.
+pub const NEXT_STEP_HEADER: &str = "x-edl-ps-next-step";
+
+/// Machine-readable kinds of pserver errors, carried in [`ERROR_KIND_HEADER`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The pserver does not serve (lease lost, shutting down, wrong shard): look the
+    /// shard up again in etcd and retry.
+    NotServing,
+    /// The shard has no parameters (a pserver restarted without a checkpoint): a trainer
+    /// sends them again with `Init` + `FinishInit`.
+    Uninitialised,
+    /// Sync: the step is closed; pull and push the next one.
+    StaleStep,
+    /// Sync: the trainer is not registered under `trainers/`.
+    NotRegistered,
+    /// The shard was initialised with another spec.
+    SpecMismatch,
+    /// NaN or infinite gradients.
+    NonFinite,
+    /// Any other malformed request.
+    Invalid,
+}
+
+impl ErrorKind {
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NotServing => "not-serving",
+            ErrorKind::Uninitialised => "uninitialised",
+            ErrorKind::StaleStep => "stale-step",
+            ErrorKind::NotRegistered => "not-registered",
+            ErrorKind::SpecMismatch => "spec-mismatch",
+            ErrorKind::NonFinite => "non-finite",
+            ErrorKind::Invalid => "invalid",
+        }
+    }
+
+    /// Parses a header value.
+    pub fn parse(s: &str) -> Option<ErrorKind> {
+        Some(match s {
+            "not-serving" => ErrorKind::NotServing,
+            "uninitialised" => ErrorKind::Uninitialised,
+            "stale-step" => ErrorKind::StaleStep,
+            "not-registered" => ErrorKind::NotRegistered,
+            "spec-mismatch" => ErrorKind::SpecMismatch,
+            "non-finite" => ErrorKind::NonFinite,
+            "invalid" => ErrorKind::Invalid,
+            _ => return None,
+        })
+    }
+
+    /// The kind carried by a status, if any.
+    pub fn of(status: &tonic::Status) -> Option<ErrorKind> {
+        status
+            .metadata()
+            .get(ERROR_KIND_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(ErrorKind::parse)
+    }
+}
+
+/// Why a pserver operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PsError {
+    /// This pserver does not serve: lease lost, shutting down, not yet started.
+    #[error("pserver not serving: {0}")]
+    NotServing(String),
+    /// The request is for another shard (the caller's view of `ps/` is stale).
+    #[error(
+        "this pserver holds shard {have} of {shards}; the request is for shard {want} of {want_shards}"
+    )]
+    WrongShard {
+        /// Our index.
+        have: u32,
+        /// Our shard count.
+        shards: u32,
+        /// The requested index.
+        want: u32,
+        /// The requested shard count.
+        want_shards: u32,
+    },
+    /// The shard holds no parameters yet.
+    #[error("shard {0} is not initialised")]
+    Uninitialised(u32),
+    /// The shard was initialised with another spec.
+    #[error("shard already initialised with another model spec: {0}")]
+    SpecMismatch(String),
+    /// The request is malformed (unknown block or table, wrong length, row of another
+    /// shard, ...).
+    #[error("invalid request: {0}")]
+    InvalidArgument(String),
+    /// The spec is invalid.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// NaN or infinite values in a gradient (rejected whole, counted, never applied).
+    #[error("non-finite gradient values in {0}")]
+    NonFinite(String),
+    /// Sync mode: the step was closed without this trainer.
+    #[error("step {step} is closed; the next step is {next}")]
+    StaleStep {
+        /// The step pushed.
+        step: u64,
+        /// The step to push next.
+        next: u64,
+    },
+    /// Sync mode: pushes must come from registered trainers.
+    #[error(
+        "trainer {0:?} is not registered under trainers/ (sync mode counts registered trainers)"
+    )]
+    NotRegistered(String),
+    /// The request names another job or carries a wrong token.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The pserver's etcd lease was lost: it stopped serving (a replacement may hold its
+    /// index now).
+    #[error("lost the etcd lease of shard {0}; stopped serving")]
+    LeaseLost(u32),
+    /// An etcd operation failed.
+    #[error("etcd: {0}")]
+    Coord(#[from] edl_coord::Error),
+    /// A checkpoint could not be written or read.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Startup configuration problem (shard count mismatch, bad listener, ...).
+    #[error("{0}")]
+    Config(String),
+    /// Cancelled by shutdown.
+    #[error("cancelled")]
+    Cancelled,
+    /// A bug or a crashed worker thread.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl PsError {
+    /// Whether the same call may succeed later (possibly at another pserver).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            PsError::NotServing(_) | PsError::WrongShard { .. } | PsError::LeaseLost(_) => true,
+            PsError::Coord(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+
+    fn kind(&self) -> Option<ErrorKind> {
+        Some(match self {
+            PsError::NotServing(_) | PsError::WrongShard { .. } | PsError::LeaseLost(_) => {
+                ErrorKind::NotServing
+            }
+            PsError::Uninitialised(_) => ErrorKind::Uninitialised,
+            PsError::SpecMismatch(_) => ErrorKind::SpecMismatch,
+            PsError::InvalidArgument(_) | PsError::Spec(_) => ErrorKind::Invalid,
+            PsError::NonFinite(_) => ErrorKind::NonFinite,
+            PsError::StaleStep { .. } => ErrorKind::StaleStep,
+            PsError::NotRegistered(_) => ErrorKind::NotRegistered,
+            _ => return None,
+        })
+    }
+}
+
+impl From<PsError> for tonic::Status {
+    fn from(e: PsError) -> Self {
+        use tonic::Code;
+        let msg = e.to_string();
+        let kind = e.kind();
+        let code = match &e {
+            PsError::NotServing(_)
+            | PsError::WrongShard { .. }
+            | PsError::LeaseLost(_)
+            | PsError::Cancelled => Code::Unavailable,
+            PsError::Coord(c) if c.is_retryable() => Code::Unavailable,
+            PsError::Coord(_) => Code::Internal,
+            PsError::Uninitialised(_) | PsError::NotRegistered(_) => Code::FailedPrecondition,
+            PsError::SpecMismatch(_) => Code::AlreadyExists,
+            PsError::InvalidArgument(_) | PsError::Spec(_) | PsError::NonFinite(_) => {
+                Code::InvalidArgument
+            }
+            PsError::StaleStep { .. } => Code::Aborted,
+            PsError::Unauthenticated(_) => Code::Unauthenticated,
+            PsError::Checkpoint(_) | PsError::Config(_) | PsError::Internal(_) => Code::Internal,
+        };
+        let mut status = tonic::Status::new(code, msg);
+        if let Some(kind) = kind {
+            status.metadata_mut().insert(
+                ERROR_KIND_HEADER,
+                tonic::metadata::MetadataValue::from_static(kind.as_str()),
+            );
+        }
+        if let PsError::StaleStep { next, .. } = e
+            && let Ok(v) = next.to_string().parse()
+        {
+            status.metadata_mut().insert(NEXT_STEP_HEADER, v);
+        }
+        status
+    }
+}
+
+/// The next step carried by a stale-step status.
+pub fn next_step_of(status: &tonic::Status) -> Option<u64> {
+    status
+        .metadata()
+        .get(NEXT_STEP_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_codes() {
+        let s: tonic::Status = PsError::StaleStep { step: 3, next: 5 }.into();
+        assert_eq!(s.code(), tonic::Code::Aborted);
+        assert_eq!(ErrorKind::of(&s), Some(ErrorKind::StaleStep));
+        assert_eq!(next_step_of(&s), Some(5));
+        let s: tonic::Status = PsError::NonFinite("block 3".into()).into();
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert_eq!(ErrorKind::of(&s), Some(ErrorKind::NonFinite));
+        let s: tonic::Status = PsError::LeaseLost(1).into();
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert_eq!(ErrorKind::of(&s), Some(ErrorKind::NotServing));
+        let s: tonic::Status = PsError::Uninitialised(0).into();
+        assert_eq!(ErrorKind::of(&s), Some(ErrorKind::Uninitialised));
+        for k in [
+            ErrorKind::NotServing,
+            ErrorKind::Uninitialised,
+            ErrorKind::StaleStep,
+            ErrorKind::NotRegistered,
+            ErrorKind::SpecMismatch,
+            ErrorKind::NonFinite,
+            ErrorKind::Invalid,
+        ] {
+            assert_eq!(ErrorKind::parse(k.as_str()), Some(k));
+        }
+    }
+}

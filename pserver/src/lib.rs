@@ -1,0 +1,54 @@
+//! The edl parameter server: holds a shard of the model's parameters and their optimizer
+//! state, applies trainers' gradients (asynchronously, or in synchronous steps over the
+//! trainers alive), and checkpoints itself through etcd so that a restarted pserver
+//! continues where the last complete checkpoint left off.
+//!
+//! Dense parameters are cut into blocks spread round-robin over the `ps/desired` shards;
+//! sparse tables are spread by row. Each block has its own lock (sparse tables lock
+//! stripes of rows); nothing locks a whole shard on the data path. Pushes are tagged
+//! (trainer, session, step) so that a retried push is never applied twice.
+//!
+//! Layout:
+//! - [`optim`]: optimizers (SGD with momentum/Nesterov/weight decay, Adagrad, Adam,
+//!   AdamW), learning-rate schedules and gradient clipping on plain slices; reused by the
+//!   trainer's single-process baseline.
+//! - [`layout`]: the model spec ([`ModelSpec`], [`ParamConfig`], [`Mode`]) and its
+//!   deterministic layout over the shards.
+//! - [`sync`]: the sync-mode step protocol as a pure state machine.
+//! - [`shard`]: a shard's parameters and update logic (no I/O).
+//! - [`checkpoint`]: the checkpoint file format, durable writes, manifests.
+//! - [`ckpt`]: checkpoint triggers, parts, manifests and restore through etcd.
+//! - [`server`]: the pserver process: index claim, restore, gRPC service, lease gate;
+//!   `bulk`: the same pushes and pulls over plain TCP on the same port, floats outside
+//!   protobuf (the fast path for large dense models).
+//! - [`client`]: the trainer's client ([`PsClient`]): discovery, sharded push and pull,
+//!   initialisation through etcd, retries.
+//! - [`keys`], [`follow`], [`wire`]: etcd keys, prefix views, floats on the wire.
+//! - [`error`]: errors and their mapping to gRPC status codes.
+
+mod bulk;
+pub mod checkpoint;
+pub mod ckpt;
+pub mod client;
+pub mod error;
+pub mod follow;
+pub mod keys;
+pub mod layout;
+pub mod optim;
+pub mod server;
+pub mod shard;
+pub mod sync;
+pub mod wire;
+
+#[cfg(test)]
+mod tests;
+
+pub use ckpt::{CheckpointConfig, CheckpointEvery};
+pub use client::{
+    ClientConfig, DenseCache, DenseInit, InitOutcome, PsClient, PsClientError, PullStats,
+    PushOutcome, SparseGrad,
+};
+pub use error::PsError;
+pub use layout::{DenseSpec, Mode, ModelSpec, ParamConfig, RowInit, SparseSpec};
+pub use optim::{Clip, LrSchedule, Optimizer, OptimizerConfig, OptimizerKind, SlotState};
+pub use server::{IndexChoice, PsConfig, run};

@@ -1,0 +1,754 @@
+//! In-process tests of the pserver service: real gRPC on loopback (port 0), the in-memory
+//! coordination backend. Cross-process tests against real etcd are in `tests/cluster/`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{Backend, Lease, MemBackend, Registry};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::CheckpointDir;
+use crate::ckpt::{self, CheckpointConfig, CheckpointEvery};
+use crate::client::{
+    ClientConfig, DenseCache, DenseInit, InitOutcome, PsClient, PsClientError, SparseGrad,
+};
+use crate::error::{ErrorKind, PsError};
+use crate::keys::PsKeys;
+use crate::layout::{Mode, ParamConfig, RowInit, SparseSpec};
+use crate::optim::{Clip, OptimizerConfig};
+use crate::server::{IndexChoice, PsConfig, run};
+
+struct Harness {
+    backend: Arc<dyn Backend>,
+    stop: CancellationToken,
+    job: String,
+    shards: u32,
+    dir: tempfile::TempDir,
+    token: Option<String>,
+}
+
+struct Ps {
+    stop: CancellationToken,
+    handle: JoinHandle<Result<(), PsError>>,
+}
+
+impl Ps {
+    async fn stop(self) -> Result<(), PsError> {
+        self.stop.cancel();
+        self.handle.await.unwrap()
+    }
+}
+
+impl Harness {
+    fn new(job: &str, shards: u32) -> Harness {
+        Harness {
+            backend: Arc::new(MemBackend::new()),
+            stop: CancellationToken::new(),
+            job: job.into(),
+            shards,
+            dir: tempfile::tempdir().unwrap(),
+            token: None,
+        }
+    }
+
+    async fn pserver(&self, index: u32, every: Option<CheckpointEvery>) -> Ps {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = PsConfig::new(&self.job);
+        cfg.lease_ttl = Duration::from_secs(1);
+        cfg.index = IndexChoice::Fixed(index);
+        cfg.shards = Some(self.shards);
+        cfg.token = self.token.clone();
+        cfg.checkpoint = every.map(|e| CheckpointConfig {
+            keep: 2,
+            ..CheckpointConfig::new(self.dir.path(), e)
+        });
+        let stop = self.stop.child_token();
+        let handle = tokio::spawn(run(self.backend.clone(), cfg, listener, stop.clone()));
+        Ps { stop, handle }
+    }
+
+    async fn client(&self) -> PsClient {
+        self.client_with(|_| {}).await
+    }
+
+    async fn client_with(&self, f: impl FnOnce(&mut ClientConfig)) -> PsClient {
+        let mut cfg = ClientConfig::new(&self.job);
+        cfg.token = self.token.clone();
+        cfg.retry_for = Duration::from_secs(20);
+        cfg.sync_wait = Duration::from_millis(500);
+        f(&mut cfg);
+        PsClient::connect(self.backend.clone(), cfg, self.stop.child_token())
+            .await
+            .unwrap()
+    }
+
+    async fn register(&self, trainer: &str) -> Lease {
+        let lease = Lease::grant(
+            self.backend.clone(),
+            Duration::from_secs(1),
+            self.stop.child_token(),
+        )
+        .await
+        .unwrap();
+        Registry::new(self.backend.clone(), PsKeys::new(&self.job).trainers())
+            .register(trainer, b"test".to_vec(), &lease)
+            .await
+            .unwrap();
+        lease
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+const N: usize = 1000;
+
+type Grads<'a> = &'a [(&'a str, &'a [f32])];
+
+fn cfg(mode: Mode, opt: OptimizerConfig) -> ParamConfig {
+    ParamConfig {
+        block_size: 128,
+        ..ParamConfig::new(mode, opt)
+    }
+}
+
+fn emb() -> SparseSpec {
+    SparseSpec {
+        name: "emb".into(),
+        dim: 3,
+        init: RowInit::Uniform {
+            low: -1.0,
+            high: 1.0,
+            seed: 5,
+        },
+    }
+}
+
+async fn init(ps: &PsClient, trainer: &str, w: &[f32], config: ParamConfig) -> InitOutcome {
+    ps.init(
+        trainer,
+        &[
+            DenseInit {
+                name: "w",
+                shape: &[N],
+                values: w,
+            },
+            DenseInit {
+                name: "b",
+                shape: &[1],
+                values: &[0.5],
+            },
+        ],
+        &[emb()],
+        config,
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_trainer_initialises_and_concurrent_async_pushes_sum_exactly() {
+    let h = Harness::new("async-sum", 2);
+    let _p0 = h.pserver(0, None).await;
+    let _p1 = h.pserver(1, None).await;
+    let w: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let mut inits = Vec::new();
+    for t in 0..4 {
+        let ps = h.client().await;
+        let w = w.clone();
+        inits.push(tokio::spawn(async move {
+            init(
+                &ps,
+                &format!("t{t}"),
+                &w,
+                cfg(Mode::Async, OptimizerConfig::sgd(1.0)),
+            )
+            .await
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for i in inits {
+        outcomes.push(i.await.unwrap());
+    }
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == InitOutcome::Initialised)
+            .count(),
+        1,
+        "{outcomes:?}"
+    );
+    // 4 trainers x 25 pushes of gradient k (k = 1..=25) with lr 1: w -= 4 * 325.
+    let mut pushers = Vec::new();
+    for t in 0..4 {
+        let ps = h.client().await;
+        pushers.push(tokio::spawn(async move {
+            for k in 1..=25u64 {
+                let g = vec![k as f32; N];
+                let rows = [7u64, 7, 1_000_003];
+                let sg = vec![1.0f32; 9];
+                let out = ps
+                    .push(
+                        &format!("t{t}"),
+                        k,
+                        &[("w", &g), ("b", &[k as f32])],
+                        &[SparseGrad {
+                            table: "emb",
+                            rows: &rows,
+                            values: &sg,
+                        }],
+                    )
+                    .await
+                    .unwrap();
+                assert!(out.applied);
+                // A retry of the same push is recognised and not applied again.
+                if k == 5 {
+                    let again = ps
+                        .push(&format!("t{t}"), k, &[("w", &g)], &[])
+                        .await
+                        .unwrap();
+                    assert!(!again.applied);
+                }
+            }
+        }));
+    }
+    for p in pushers {
+        p.await.unwrap();
+    }
+    let ps = h.client().await;
+    let mut cache = DenseCache::new();
+    let stats = ps.pull_dense(&mut cache).await.unwrap();
+    assert_eq!(stats.blocks, N.div_ceil(128) + 1);
+    let got = cache.get("w").unwrap();
+    for (i, v) in got.iter().enumerate() {
+        assert_eq!(*v, i as f32 - 1300.0, "w[{i}]");
+    }
+    assert_eq!(cache.get("b").unwrap(), &[0.5 - 1300.0]);
+    // Nothing changed: the next pull moves nothing.
+    assert_eq!(ps.pull_dense(&mut cache).await.unwrap().blocks, 0);
+    // Sparse rows: row 7 was pushed twice per step (summed), 100 steps in all.
+    let mut init7 = [0f32; 3];
+    emb().init.fill(7, &mut init7);
+    let mut init9 = [0f32; 3];
+    emb().init.fill(9, &mut init9);
+    let rows = ps.pull_sparse("emb", &[7, 9, 1_000_003]).await.unwrap();
+    for d in 0..3 {
+        assert!((rows[d] - (init7[d] - 200.0)).abs() < 1e-3, "{rows:?}");
+        assert_eq!(
+            rows[3 + d],
+            init9[d],
+            "untrained row reads as its initial value"
+        );
+    }
+    let st = ps.status().await;
+    let dups: u64 = st
+        .iter()
+        .map(|s| s.as_ref().unwrap().counters.unwrap().duplicate_pushes)
+        .sum();
+    assert!(dups >= 4, "every retried push was recognised ({dups})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_gradients_are_refused_and_counted() {
+    let h = Harness::new("bad", 1);
+    let _p0 = h.pserver(0, None).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "t",
+        &vec![0.0; N],
+        cfg(Mode::Async, OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let mut g = vec![0.0f32; N];
+    g[17] = f32::NAN;
+    let err = ps.push("t", 1, &[("w", &g)], &[]).await.unwrap_err();
+    assert_eq!(err.kind(), Some(ErrorKind::NonFinite), "{err}");
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument));
+    let err = ps.push("t", 2, &[("w", &[1.0; 3])], &[]).await.unwrap_err();
+    assert!(matches!(err, PsClientError::InvalidArgument(_)), "{err}");
+    let err = ps.push("t", 2, &[("nope", &[1.0])], &[]).await.unwrap_err();
+    assert!(matches!(err, PsClientError::InvalidArgument(_)), "{err}");
+    let st = ps.shard_status(0).await.unwrap();
+    assert_eq!(st.counters.unwrap().nonfinite_rejected, 1);
+    let mut cache = DenseCache::new();
+    ps.pull_dense(&mut cache).await.unwrap();
+    assert!(
+        cache.get("w").unwrap().iter().all(|v| *v == 0.0),
+        "nothing applied"
+    );
+    // A trainer with another spec is told so.
+    let ps2 = h.client().await;
+    let err = ps2
+        .init(
+            "u",
+            &[DenseInit {
+                name: "w",
+                shape: &[3],
+                values: &[0.0; 3],
+            }],
+            &[],
+            cfg(Mode::Async, OptimizerConfig::sgd(1.0)),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PsClientError::SpecMismatch(_)), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clipping_is_applied_by_the_client_before_the_push() {
+    let h = Harness::new("clip", 2);
+    let _p0 = h.pserver(0, None).await;
+    let _p1 = h.pserver(1, None).await;
+    let ps = h.client().await;
+    let mut opt = OptimizerConfig::sgd(1.0);
+    opt.clip = Clip {
+        max_norm: Some(1.0),
+        max_value: None,
+    };
+    init(&ps, "t", &vec![0.0; N], cfg(Mode::Async, opt)).await;
+    // Every coordinate 1: norm sqrt(1001) over w and b; scaled to norm 1.
+    let g = vec![1.0f32; N];
+    ps.push("t", 1, &[("w", &g), ("b", &[1.0])], &[])
+        .await
+        .unwrap();
+    let mut cache = DenseCache::new();
+    ps.pull_dense(&mut cache).await.unwrap();
+    let want = -1.0 / ((N + 1) as f32).sqrt();
+    for v in cache.get("w").unwrap() {
+        assert!((v - want).abs() < 1e-6, "{v} != {want}");
+    }
+}
+
+/// Waits until every shard expects exactly `who` in its next sync step.
+async fn wait_participants(ps: &PsClient, who: &[&str]) {
+    let ok = edl_coord::testkit::wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async {
+            ps.status()
+                .await
+                .iter()
+                .all(|s| s.as_ref().is_ok_and(|s| s.participants == who))
+        },
+    )
+    .await;
+    assert!(
+        ok,
+        "participants never became {who:?}: {:?}",
+        ps.status().await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_steps_average_the_live_trainers_through_deaths_and_joins() {
+    let h = Harness::new("sync", 2);
+    let _p0 = h.pserver(0, None).await;
+    let _p1 = h.pserver(1, None).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![0.0; N],
+        cfg(Mode::sync(), OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let _la = h.register("a").await;
+    let lb = h.register("b").await;
+    wait_participants(&ps, &["a", "b"]).await;
+    let (a, b) = (h.client().await, h.client().await);
+    let (g1, g3) = (vec![1.0f32; N], vec![3.0f32; N]);
+    let mut expect = 0.0f32;
+    // Steps 1 and 2: a pushes 1, b pushes 3: mean 2 per step.
+    for step in 1..=2u64 {
+        let (da, db): (Grads<'_>, Grads<'_>) =
+            (&[("w", &g1), ("b", &[1.0])], &[("w", &g3), ("b", &[3.0])]);
+        let (ra, rb) = tokio::join!(a.push("a", step, da, &[]), b.push("b", step, db, &[]));
+        assert_eq!(ra.unwrap().step, step);
+        assert_eq!(rb.unwrap().step, step);
+        expect -= 2.0;
+    }
+    let mut cache = DenseCache::new();
+    assert_eq!(ps.pull_dense(&mut cache).await.unwrap().next_step, 3);
+    assert!(cache.get("w").unwrap().iter().all(|v| *v == expect));
+    assert_eq!(cache.get("b").unwrap(), &[0.5 + expect]);
+    // Step 3: a pushes; b dies before pushing (its lease ends): the step closes with a.
+    let pa = {
+        let a = a.clone();
+        tokio::spawn(async move { a.push("a", 3, &[("w", &vec![5.0; N])], &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!pa.is_finished(), "the step waits for b");
+    drop(lb); // no more keep-alives: the registration ends with the lease
+    assert_eq!(pa.await.unwrap().unwrap().step, 3);
+    expect -= 5.0;
+    ps.pull_dense(&mut cache).await.unwrap();
+    assert!(cache.get("w").unwrap().iter().all(|v| *v == expect));
+    // b's zombie push is refused: it is no longer registered.
+    let err = b
+        .push("b", 3, &[("w", &vec![100.0; N])], &[])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), Some(ErrorKind::NotRegistered), "{err}");
+    // Step 4 is open (a pushed) when c registers: c enters at step 5.
+    let pa = {
+        let a = a.clone();
+        tokio::spawn(async move { a.push("a", 4, &[("w", &vec![2.0; N])], &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _lc = h.register("c").await;
+    assert_eq!(
+        pa.await.unwrap().unwrap().step,
+        4,
+        "step 4 does not wait for c"
+    );
+    expect -= 2.0;
+    wait_participants(&ps, &["a", "c"]).await;
+    let c = h.client().await;
+    // c's push of the closed step 4 is stale.
+    let err = c
+        .push("c", 4, &[("w", &vec![100.0; N])], &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, PsClientError::StaleStep { step: 4, next: 5 }),
+        "{err}"
+    );
+    let pc = {
+        let c = c.clone();
+        tokio::spawn(async move { c.push("c", 5, &[("w", &vec![10.0; N])], &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!pc.is_finished(), "step 5 waits for a");
+    a.push("a", 5, &[("w", &vec![2.0; N])], &[]).await.unwrap();
+    pc.await.unwrap().unwrap();
+    expect -= 6.0;
+    ps.pull_dense(&mut cache).await.unwrap();
+    assert!(cache.get("w").unwrap().iter().all(|v| *v == expect));
+    // An unregistered trainer cannot take part.
+    let err = ps
+        .push("ghost", 6, &[("w", &vec![1.0; N])], &[])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), Some(ErrorKind::NotRegistered), "{err}");
+    // a leaves: c alone makes step 6.
+    a.leave("a").await.unwrap();
+    assert_eq!(
+        c.push("c", 6, &[("w", &vec![1.0; N])], &[])
+            .await
+            .unwrap()
+            .step,
+        6
+    );
+}
+
+async fn wait_manifest(backend: &Arc<dyn Backend>, keys: &PsKeys, step: u64) {
+    let ok = edl_coord::testkit::wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { backend.get(&keys.manifest(step)).await.unwrap().is_some() },
+    )
+    .await;
+    assert!(ok, "manifest of step {step} never committed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
+    let h = Harness::new("ckpt", 2);
+    let keys = PsKeys::new("ckpt");
+    let every = Some(CheckpointEvery::Steps(2));
+    let p0 = h.pserver(0, every).await;
+    let p1 = h.pserver(1, every).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![0.0; N],
+        cfg(Mode::sync(), OptimizerConfig::adam(0.1)),
+    )
+    .await;
+    let _la = h.register("a").await;
+    let mut cache = DenseCache::new();
+    let mut at = std::collections::BTreeMap::new();
+    for step in 1..=6u64 {
+        let g: Vec<f32> = (0..N)
+            .map(|i| ((i + step as usize) % 7) as f32 - 3.0)
+            .collect();
+        ps.push(
+            "a",
+            step,
+            &[("w", &g)],
+            &[SparseGrad {
+                table: "emb",
+                rows: &[step],
+                values: &[1.0, 2.0, 3.0],
+            }],
+        )
+        .await
+        .unwrap();
+        ps.pull_dense(&mut cache).await.unwrap();
+        at.insert(step, cache.get("w").unwrap().to_vec());
+        if step % 2 == 0 {
+            // A writer still busy when a newer step's snapshot arrives skips the older
+            // one; wait so that every checkpoint step gets written here.
+            wait_manifest(&h.backend, &keys, step).await;
+        }
+    }
+    // keep = 2: the manifest of step 2 is pruned once 6 is committed.
+    let ok = edl_coord::testkit::wait_until(
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || async { h.backend.get(&keys.manifest(2)).await.unwrap().is_none() },
+    )
+    .await;
+    assert!(ok, "old manifest not pruned");
+    assert_eq!(
+        h.backend.get(&keys.latest()).await.unwrap().unwrap().value,
+        b"6"
+    );
+    let rows_before = ps.pull_sparse("emb", &[1, 5, 6]).await.unwrap();
+    // Restart shard 1: it restores step 6 exactly.
+    p1.stop().await.unwrap();
+    let p1 = h.pserver(1, every).await;
+    ps.pull_dense(&mut cache).await.unwrap();
+    assert_eq!(cache.get("w").unwrap(), at[&6].as_slice());
+    assert_eq!(
+        ps.pull_sparse("emb", &[1, 5, 6]).await.unwrap(),
+        rows_before
+    );
+    let st = ps.shard_status(1).await.unwrap();
+    assert_eq!(st.restored_from, 6);
+    // Training goes on after the restore (the optimizer state came back too).
+    ps.push("a", 7, &[("w", &vec![1.0; N])], &[]).await.unwrap();
+    // Corrupt shard 1's file of step 6, restart: it falls back to step 4.
+    let manifests = ckpt::manifests(&*h.backend, &keys).await.unwrap();
+    let m6 = manifests.iter().find(|m| m.step == 6).unwrap();
+    let path = &m6.entry(1).unwrap().path;
+    let mut bytes = std::fs::read(path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(path, bytes).unwrap();
+    p1.stop().await.unwrap();
+    let _p1 = h.pserver(1, every).await;
+    let st = ps.shard_status(1).await.unwrap();
+    assert_eq!(st.restored_from, 4);
+    // Shard 1's blocks are step 4's; shard 0's are past step 6.
+    let layout = ps.layout().await.unwrap();
+    ps.pull_dense(&mut cache).await.unwrap();
+    let w = cache.get("w").unwrap();
+    for b in layout.param_blocks(0).iter().filter(|b| b.shard == 1) {
+        assert_eq!(
+            &w[b.offset..b.offset + b.len],
+            &at[&4][b.offset..b.offset + b.len]
+        );
+    }
+    // The restored shard keeps checkpointing (its step counter jumps to the trainers').
+    for step in 8..=10u64 {
+        ps.push("a", step, &[("w", &vec![0.5; N])], &[])
+            .await
+            .unwrap();
+    }
+    wait_manifest(&h.backend, &keys, 10).await;
+    let files = CheckpointDir::new(h.dir.path(), "ckpt", 1).files().unwrap();
+    assert!(
+        files.iter().all(|(s, _)| *s >= 6),
+        "old files pruned: {files:?}"
+    );
+    p0.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_checkpoints_are_coordinated_by_shard_zero() {
+    let h = Harness::new("ckpt-async", 2);
+    let keys = PsKeys::new("ckpt-async");
+    let every = Some(CheckpointEvery::Steps(5));
+    let _p0 = h.pserver(0, every).await;
+    let p1 = h.pserver(1, every).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![0.0; N],
+        cfg(Mode::Async, OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    for step in 1..=5u64 {
+        ps.push("a", step, &[("w", &vec![1.0; N])], &[])
+            .await
+            .unwrap();
+    }
+    let ok = edl_coord::testkit::wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { h.backend.get(&keys.latest()).await.unwrap().is_some() },
+    )
+    .await;
+    assert!(ok, "no async checkpoint committed");
+    let m = ckpt::manifests(&*h.backend, &keys).await.unwrap();
+    assert_eq!(m[0].entries.len(), 2);
+    assert_eq!(m[0].mode, "async");
+    p1.stop().await.unwrap();
+    let _p1 = h.pserver(1, every).await;
+    let mut cache = DenseCache::new();
+    ps.pull_dense(&mut cache).await.unwrap();
+    assert!(cache.get("w").unwrap().iter().all(|v| *v == -5.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_restarted_without_checkpoint_is_initialised_again_from_a_trainer() {
+    let h = Harness::new("reinit", 2);
+    let _p0 = h.pserver(0, None).await;
+    let p1 = h.pserver(1, None).await;
+    let ps = h.client().await;
+    let w: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    init(&ps, "a", &w, cfg(Mode::Async, OptimizerConfig::sgd(1.0))).await;
+    ps.push("a", 1, &[("w", &vec![1.0; N])], &[]).await.unwrap();
+    let mut cache = DenseCache::new();
+    ps.pull_dense(&mut cache).await.unwrap();
+    p1.stop().await.unwrap();
+    let _p1 = h.pserver(1, None).await;
+    ps.pull_dense(&mut cache).await.unwrap();
+    let got = cache.get("w").unwrap();
+    assert!(got.iter().enumerate().all(|(i, v)| *v == i as f32 - 1.0));
+    ps.push("a", 2, &[("w", &vec![1.0; N])], &[]).await.unwrap();
+    ps.pull_dense(&mut cache).await.unwrap();
+    assert!(
+        cache
+            .get("w")
+            .unwrap()
+            .iter()
+            .enumerate()
+            .all(|(i, v)| *v == i as f32 - 2.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pserver_that_loses_its_lease_stops_serving_and_exits() {
+    let h = Harness::new("lease", 1);
+    let p0 = h.pserver(0, None).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![1.0; N],
+        cfg(Mode::Async, OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let mut cache = DenseCache::new();
+    ps.pull_dense(&mut cache).await.unwrap();
+    let keys = PsKeys::new("lease");
+    let kv = h.backend.get(&keys.ps(0)).await.unwrap().unwrap();
+    h.backend.lease_revoke(kv.lease.unwrap()).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), p0.handle)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(r, Err(PsError::LeaseLost(0))), "{r:?}");
+    // A second pserver with index 0 takes over (empty: no checkpoint); the client
+    // follows it and initialises it again from its copy.
+    let _p = h.pserver(0, None).await;
+    ps.pull_dense(&mut cache).await.unwrap();
+    assert!(cache.get("w").unwrap().iter().all(|v| *v == 1.0));
+    ps.push("a", 1, &[("w", &vec![1.0; N])], &[]).await.unwrap();
+    ps.pull_dense(&mut cache).await.unwrap();
+    assert!(cache.get("w").unwrap().iter().all(|v| *v == 0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_and_bulk_paths_agree_and_check_the_token() {
+    let mut h = Harness::new("paths", 2);
+    h.token = Some("s3cret".into());
+    let _p0 = h.pserver(0, None).await;
+    let _p1 = h.pserver(1, None).await;
+    let bulk = h.client().await;
+    let grpc = h.client_with(|c| c.bulk = false).await;
+    let w: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    init(&grpc, "t", &w, cfg(Mode::Async, OptimizerConfig::sgd(0.5))).await;
+    for k in 1..=4u64 {
+        let g: Vec<f32> = (0..N).map(|i| ((i as u64 + k) % 3) as f32).collect();
+        let via = if k % 2 == 0 { &bulk } else { &grpc };
+        assert!(via.push("t", k, &[("w", &g)], &[]).await.unwrap().applied);
+    }
+    let (mut a, mut b) = (DenseCache::new(), DenseCache::new());
+    bulk.pull_dense(&mut a).await.unwrap();
+    grpc.pull_dense(&mut b).await.unwrap();
+    assert_eq!(a.get("w"), b.get("w"));
+    let want: Vec<f32> = (0..N)
+        .map(|i| i as f32 - 0.5 * (1..=4u64).map(|k| ((i as u64 + k) % 3) as f32).sum::<f32>())
+        .collect();
+    assert_eq!(a.get("w").unwrap(), want.as_slice());
+    // A retried push (same client and step) is recognised on either path.
+    let g = vec![1.0f32; N];
+    assert!(!grpc.push("t", 3, &[("w", &g)], &[]).await.unwrap().applied);
+    assert!(!bulk.push("t", 4, &[("w", &g)], &[]).await.unwrap().applied);
+    // Without the token, both paths refuse.
+    for use_bulk in [true, false] {
+        let bad = h
+            .client_with(|c| {
+                c.token = None;
+                c.bulk = use_bulk;
+            })
+            .await;
+        let mut cache = DenseCache::new();
+        let err = bad.pull_dense(&mut cache).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(tonic::Code::Unauthenticated),
+            "bulk={use_bulk}: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_based_checkpoints_pick_one_step_for_every_shard() {
+    let h = Harness::new("ckpt-interval", 2);
+    let keys = PsKeys::new("ckpt-interval");
+    let every = Some(CheckpointEvery::Interval(Duration::from_millis(300)));
+    let _p0 = h.pserver(0, every).await;
+    let _p1 = h.pserver(1, every).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![0.0; N],
+        cfg(Mode::sync(), OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let _la = h.register("a").await;
+    wait_participants(&ps, &["a"]).await;
+    // Shard 0 asks for a step two steps ahead; both shards snapshot right after it.
+    let mut step = 1;
+    let ok =
+        edl_coord::testkit::wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+            let ps = ps.clone();
+            let s = step;
+            step += 1;
+            async move {
+                ps.push("a", s, &[("w", &vec![1.0; N])], &[]).await.unwrap();
+                ps.status()
+                    .await
+                    .iter()
+                    .all(|s| s.as_ref().is_ok_and(|s| s.last_checkpoint > 0))
+            }
+        })
+        .await;
+    assert!(ok, "no time-based checkpoint");
+    let latest = loop {
+        if let Some(kv) = h.backend.get(&keys.latest()).await.unwrap() {
+            break String::from_utf8(kv.value).unwrap().parse::<u64>().unwrap();
+        }
+        ps.push("a", step, &[("w", &vec![1.0; N])], &[])
+            .await
+            .unwrap();
+        step += 1;
+    };
+    let m = ckpt::manifests(&*h.backend, &keys).await.unwrap();
+    assert_eq!(m[0].step, latest);
+    assert_eq!(m[0].mode, "sync");
+    assert_eq!(m[0].entries.len(), 2);
+}
