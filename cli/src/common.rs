@@ -74,7 +74,7 @@ impl EtcdArgs {
 /// The job a process belongs to.
 #[derive(Debug, Clone, Args)]
 pub struct JobArgs {
-    /// Job name: every key of the job lives under /edl/<job>/ in etcd.
+    /// Job name: every key of the job lives under `/edl/<job>/` in etcd.
     #[arg(long, env = "EDL_JOB")]
     pub job: String,
     /// Shared job token every RPC must carry (optional).

@@ -26,7 +26,7 @@ pub struct ConsumeArgs {
     /// The job.
     #[command(flatten)]
     pub job: JobArgs,
-    /// This consumer's id (default: consumer-<pid>).
+    /// This consumer's id (default: `consumer-<pid>`).
     #[arg(long)]
     pub id: Option<String>,
     /// TTL of the registration lease: the master notices a dead consumer within it.
