@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use edl_coord::testkit::{FaultyBackend, WATCH_STREAM};
 use edl_coord::{Backend, Lease, MemBackend, Registry};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -54,6 +55,18 @@ impl Harness {
     }
 
     async fn pserver(&self, index: u32, every: Option<CheckpointEvery>) -> Ps {
+        self.pserver_with(self.backend.clone(), index, every, |_| {})
+            .await
+    }
+
+    /// A pserver on `backend` (a fault-injecting wrapper, say), `f` adjusting its config.
+    async fn pserver_with(
+        &self,
+        backend: Arc<dyn Backend>,
+        index: u32,
+        every: Option<CheckpointEvery>,
+        f: impl FnOnce(&mut PsConfig),
+    ) -> Ps {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut cfg = PsConfig::new(&self.job);
         cfg.lease_ttl = Duration::from_secs(1);
@@ -64,8 +77,9 @@ impl Harness {
             keep: 2,
             ..CheckpointConfig::new(self.dir.path(), e)
         });
+        f(&mut cfg);
         let stop = self.stop.child_token();
-        let handle = tokio::spawn(run(self.backend.clone(), cfg, listener, stop.clone()));
+        let handle = tokio::spawn(run(backend, cfg, listener, stop.clone()));
         Ps { stop, handle }
     }
 
@@ -751,4 +765,33 @@ async fn time_based_checkpoints_pick_one_step_for_every_shard() {
     assert_eq!(m[0].step, latest);
     assert_eq!(m[0].mode, "sync");
     assert_eq!(m[0].entries.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_membership_and_ticks_go_on_after_the_trainer_watch_ends() {
+    let h = Harness::new("rewatch", 1);
+    let faulty = FaultyBackend::new(h.backend.clone());
+    let _p0 = h.pserver_with(faulty.clone(), 0, None, |_| {}).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![0.0; N],
+        cfg(Mode::sync(), OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let _la = h.register("a").await;
+    wait_participants(&ps, &["a"]).await;
+    // The pserver's registry watch ends on an error that retrying cannot cure; the
+    // pserver keeps reconciling its members (and ticking) and watches again.
+    faulty.fail(&[WATCH_STREAM], || {
+        edl_coord::Error::PermissionDenied("injected".into())
+    });
+    let _lb = h.register("b").await;
+    wait_participants(&ps, &["a", "b"]).await;
+    faulty.clear_failures();
+    let lc = h.register("c").await;
+    wait_participants(&ps, &["a", "b", "c"]).await;
+    drop(lc); // c's lease ends: the new watch sees it leave
+    wait_participants(&ps, &["a", "b"]).await;
 }
