@@ -49,7 +49,7 @@ use crate::ckpt::now_ms;
 use crate::error::{ErrorKind, next_step_of};
 use crate::follow::{PrefixView, follow_prefix};
 use crate::keys::{PsKeys, valid_id};
-use crate::layout::{DenseSpec, Layout, ModelSpec, ParamConfig, SparseSpec, SpecError};
+use crate::layout::{DenseSpec, Layout, Mode, ModelSpec, ParamConfig, SparseSpec, SpecError};
 use crate::optim::ClipPlan;
 use crate::server::{
     CONNECTION_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME, PsRecord, STREAM_WINDOW,
@@ -1013,7 +1013,10 @@ impl PsClient {
     /// - Sync mode: `step` is the global step (from [`PullStats::next_step`], or the
     ///   previous outcome's step plus one); returns once every shard applied the step, or
     ///   [`PsClientError::StaleStep`] when the step was closed without this trainer (pull,
-    ///   then push `next`). The trainer must be registered under `trainers/`.
+    ///   then push `next`). The trainer must be registered under `trainers/`. A shard that
+    ///   keeps its step open longer than `retry_for` plus twice the step timeout (it
+    ///   should have closed it by then) fails the push with
+    ///   [`PsClientError::Unavailable`].
     ///
     /// Retrying a push (same client, trainer and step) never applies it twice.
     pub async fn push(
@@ -1110,12 +1113,15 @@ impl PsClient {
             }
         }
         let timeout = self.inner.cfg.call_timeout + self.inner.cfg.sync_wait;
+        let give_up = self.sync_push_budget(&spec.config.mode);
         let sends = reqs
             .into_iter()
             .filter(|r| sync || !r.dense.is_empty() || !r.sparse.is_empty())
             .map(|req| async move {
                 let shard = req.shard;
                 let mut applied = false;
+                let start = Instant::now();
+                let give_up = start.checked_add(give_up);
                 loop {
                     let resp = self
                         .call(
@@ -1138,7 +1144,22 @@ impl PsClient {
                     if resp.done {
                         return Ok::<_, PsClientError>((resp.step, applied));
                     }
-                    // Sync: the step is still open; ask again (an idempotent wait).
+                    // Sync: the step is still open; ask again (an idempotent wait; the
+                    // gradients travel again, since a replacement pserver may not have
+                    // them), unless the pserver should long have closed it.
+                    let now = Instant::now();
+                    if give_up.is_some_and(|g| now >= g) {
+                        return Err(PsClientError::Unavailable {
+                            job: self.inner.cfg.job.clone(),
+                            shard,
+                            waited: now - start,
+                            last: format!(
+                                "sync step {} still not applied (the pserver keeps answering \
+                                 that it is open; its step timeout should have closed it)",
+                                resp.step.max(step)
+                            ),
+                        });
+                    }
                 }
             });
         let mut outcome = PushOutcome {
@@ -1165,6 +1186,21 @@ impl PsClient {
             Some(e) => Err(e),
             None => Ok(outcome),
         }
+    }
+
+    /// Sync mode: how long one push waits for its step before it gives up: `retry_for`,
+    /// plus what a live pserver may take to close the step (twice the step timeout: the
+    /// step before it may still be open, then its own; and one server-side wait).
+    fn sync_push_budget(&self, mode: &Mode) -> Duration {
+        let step_timeout = match mode {
+            Mode::Sync { step_timeout_ms } => Duration::from_millis(*step_timeout_ms),
+            Mode::Async => Duration::ZERO,
+        };
+        self.inner
+            .cfg
+            .retry_for
+            .saturating_add(step_timeout.saturating_mul(2))
+            .saturating_add(self.inner.cfg.sync_wait)
     }
 
     /// Sync mode: `trainer` stops taking part in steps (until its next push), so the

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use edl_coord::testkit::{FaultyBackend, WATCH_STREAM};
 use edl_coord::{Backend, Lease, MemBackend, Registry};
+use edl_proto::pserver as pb;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -17,9 +18,9 @@ use crate::client::{
 };
 use crate::error::{ErrorKind, PsError};
 use crate::keys::PsKeys;
-use crate::layout::{Mode, ParamConfig, RowInit, SparseSpec};
+use crate::layout::{DenseSpec, Mode, ModelSpec, ParamConfig, RowInit, SparseSpec};
 use crate::optim::{Clip, OptimizerConfig};
-use crate::server::{IndexChoice, PsConfig, run};
+use crate::server::{IndexChoice, PsConfig, PsRecord, run};
 
 struct Harness {
     backend: Arc<dyn Backend>,
@@ -794,4 +795,136 @@ async fn sync_membership_and_ticks_go_on_after_the_trainer_watch_ends() {
     wait_participants(&ps, &["a", "b", "c"]).await;
     drop(lc); // c's lease ends: the new watch sees it leave
     wait_participants(&ps, &["a", "b"]).await;
+}
+
+/// A pserver that takes every sync push and never applies its step (a bug, or a
+/// pserver whose step timeout never fires).
+#[derive(Debug, Clone, Copy)]
+struct NeverCloses;
+
+#[tonic::async_trait]
+impl pb::parameter_server_server::ParameterServer for NeverCloses {
+    async fn init(
+        &self,
+        _: tonic::Request<pb::InitRequest>,
+    ) -> Result<tonic::Response<pb::InitResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("init"))
+    }
+
+    async fn finish_init(
+        &self,
+        _: tonic::Request<pb::FinishInitRequest>,
+    ) -> Result<tonic::Response<pb::FinishInitResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("finish_init"))
+    }
+
+    async fn push(
+        &self,
+        req: tonic::Request<pb::PushRequest>,
+    ) -> Result<tonic::Response<pb::PushResponse>, tonic::Status> {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let step = req.get_ref().step;
+        Ok(tonic::Response::new(pb::PushResponse {
+            applied: true,
+            step,
+            done: false,
+            next_step: step,
+        }))
+    }
+
+    async fn pull(
+        &self,
+        _: tonic::Request<pb::PullRequest>,
+    ) -> Result<tonic::Response<pb::PullResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("pull"))
+    }
+
+    async fn pull_sparse(
+        &self,
+        _: tonic::Request<pb::PullSparseRequest>,
+    ) -> Result<tonic::Response<pb::PullSparseResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("pull_sparse"))
+    }
+
+    async fn leave(
+        &self,
+        _: tonic::Request<pb::LeaveRequest>,
+    ) -> Result<tonic::Response<pb::LeaveResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("leave"))
+    }
+
+    async fn status(
+        &self,
+        _: tonic::Request<pb::StatusRequest>,
+    ) -> Result<tonic::Response<pb::StatusResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("status"))
+    }
+}
+
+/// Serves `svc` on a loopback port recorded as `ps/<index>` of `h`'s job (no bulk path),
+/// with `spec` as the job's parameters.
+async fn fake_pserver(h: &Harness, svc: NeverCloses, spec: &ModelSpec) {
+    let keys = PsKeys::new(&h.job);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let record = PsRecord {
+        addr: listener.local_addr().unwrap().to_string(),
+        claim_revision: 0,
+        bulk: 0,
+        pid: 0,
+        started_ms: 0,
+    };
+    let stop = h.stop.child_token();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::parameter_server_server::ParameterServerServer::new(svc))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                stop.cancelled_owned(),
+            ),
+    );
+    let b = &h.backend;
+    b.put(&keys.desired(), h.shards.to_string().into_bytes(), None)
+        .await
+        .unwrap();
+    b.put(&keys.ps(0), serde_json::to_vec(&record).unwrap(), None)
+        .await
+        .unwrap();
+    b.put(&keys.params_spec(), spec.to_json().into_bytes(), None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_push_gives_up_on_a_step_that_never_closes() {
+    let h = Harness::new("never-closes", 1);
+    let spec = ModelSpec {
+        dense: vec![DenseSpec {
+            name: "w".into(),
+            shape: vec![4],
+        }],
+        sparse: Vec::new(),
+        config: ParamConfig::new(
+            Mode::Sync {
+                step_timeout_ms: 100,
+            },
+            OptimizerConfig::sgd(1.0),
+        ),
+    };
+    fake_pserver(&h, NeverCloses, &spec).await;
+    let ps = h
+        .client_with(|c| {
+            c.retry_for = Duration::from_millis(300);
+            c.sync_wait = Duration::from_millis(100);
+        })
+        .await;
+    let push = ps.push("a", 1, &[("w", &[1.0; 4])], &[]);
+    let err = tokio::time::timeout(Duration::from_secs(10), push)
+        .await
+        .expect("the push gives up")
+        .unwrap_err();
+    assert!(
+        matches!(err, PsClientError::Unavailable { shard: 0, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("sync step 1"), "{err}");
 }
