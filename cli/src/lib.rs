@@ -6,6 +6,8 @@
 //! - [`master_cmd`]: `edl master`, a master of a job.
 //! - [`consume_cmd`]: `edl consume`, a model-less consumer of a job's tasks.
 //! - [`pserver_cmd`]: `edl pserver`, a parameter server (one shard) of a job.
+//! - [`trainer_cmd`]: `edl trainer`, an elastic trainer of a job.
+//! - [`job`]: the job spec (TOML; stored as JSON in etcd).
 //! - [`common`]: etcd and job options, signals, the runtime.
 //!
 //! `main` only parses arguments and sets up logging; each subcommand is a function here
@@ -20,8 +22,10 @@ use clap::{Parser, Subcommand};
 pub mod common;
 pub mod consume_cmd;
 pub mod data;
+pub mod job;
 pub mod master_cmd;
 pub mod pserver_cmd;
+pub mod trainer_cmd;
 
 /// edl: elastic, fault-tolerant distributed training.
 #[derive(Debug, Parser)]
@@ -50,6 +54,9 @@ pub enum Command {
     /// Run a parameter server of a job: claims a shard index, restores its latest
     /// checkpoint and serves pushes and pulls.
     Pserver(pserver_cmd::PserverArgs),
+    /// Run an elastic trainer of a job: leases tasks from the master, pulls parameters
+    /// from the pservers, pushes gradients; SIGTERM drains it.
+    Trainer(trainer_cmd::TrainerArgs),
 }
 
 /// Sets up `tracing` to stderr; `EDL_LOG` (a filter directive) wins over `-v`.
@@ -75,5 +82,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Master(args) => master_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Consume(args) => consume_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Pserver(args) => pserver_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Trainer(args) => trainer_cmd::run(args).map(|()| ExitCode::SUCCESS),
     }
 }

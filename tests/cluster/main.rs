@@ -4,7 +4,9 @@
 //! - [`support`]: etcd clusters, `edl` child processes, datasets, deadlines.
 //! - [`master`]: the master's task queue across trainer and master failures.
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
+//! - [`trainer`]: `edl trainer` quality through pservers, and elasticity.
 
 mod master;
 mod pserver;
 mod support;
+mod trainer;

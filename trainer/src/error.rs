@@ -22,6 +22,10 @@ pub enum Error {
         reason: String,
     },
 
+    /// The compute device cannot be used (no CUDA in this build, no driver, ...).
+    #[error("device: {0}")]
+    Device(String),
+
     /// A local training configuration is not valid.
     #[error("invalid local training config: {0}")]
     Config(String),

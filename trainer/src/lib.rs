@@ -26,7 +26,9 @@
 //! - [`data`]: [`load_samples`] from RecordIO files.
 //! - [`store`]: [`ParamStore`], where parameters live ([`LocalStore`] in process;
 //!   the parameter servers in a job).
+//! - [`psstore`]: [`PsStore`], the parameter servers as a [`ParamStore`].
 //! - [`runtime`]: the elastic trainer loop over the master's `cloud_reader`.
+//! - [`device`]: [`select_device`] (`auto`, `cpu`, `cuda:N`; probes before touching CUDA).
 //! - [`error`]: errors ([`Error`]), with retryable and bad-data classification.
 //! - `rng.rs`: the stable generator behind initialisation and negative sampling.
 //!
@@ -57,10 +59,12 @@
 
 pub mod data;
 mod dense;
+pub mod device;
 pub mod error;
 pub mod local;
 pub mod local_optim;
 pub mod model;
+pub mod psstore;
 mod rng;
 pub mod runtime;
 pub mod spec;
@@ -75,12 +79,15 @@ mod testdata;
 mod tests;
 
 pub use data::load_samples;
+pub use device::{DeviceChoice, device_name, select_device};
 pub use error::{Error, Result};
 pub use local::{LocalConfig, LocalReport, StepTiming, evaluate_all, train_local};
 pub use local_optim::{LocalOptimizer, OptimizerKind};
 pub use model::{
-    Batch, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseTable, StepOutput,
+    Batch, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseInit, SparseTable,
+    StepOutput,
 };
+pub use psstore::{PsStore, PsStoreStats};
 pub use runtime::{Progress, RuntimeConfig, RuntimeError};
 pub use spec::{ModelSpec, NegativeSampler, Stats, build, build_on, feature_stats};
 pub use store::{InitOutcome, LocalStore, ParamStore, StoreError};

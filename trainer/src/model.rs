@@ -36,7 +36,7 @@ impl DenseParam {
 }
 
 /// A sparse (embedding) table: `rows` rows of `dim` values, pulled and pushed by row.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SparseTable {
     /// Unique name within the model.
     pub name: String,
@@ -44,6 +44,21 @@ pub struct SparseTable {
     pub rows: u64,
     /// Values per row.
     pub dim: usize,
+    /// How rows never trained start (parameter servers create rows lazily with it).
+    pub init: SparseInit,
+}
+
+/// The initial value of a sparse row, as a distribution (a parameter server draws it from
+/// its own seeded generator; [`Model::init_sparse_row`] is the trainer-side equivalent).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum SparseInit {
+    /// All zeros.
+    Zeros,
+    /// Uniform in `[-bound, bound)`.
+    Uniform {
+        /// Half-width.
+        bound: f32,
+    },
 }
 
 /// Parameter values for one step.

@@ -78,6 +78,12 @@ pub struct Progress {
     pub drained: bool,
     /// Whether this trainer initialised the parameters.
     pub initialised: bool,
+    /// Evaluation on the test split before this trainer's first step: (metric, value,
+    /// loss).
+    pub initial_eval: Option<(MetricKind, f64, f64)>,
+    /// Records of the task handed back when draining that were trained before (they are
+    /// trained again by whoever gets the task: the master counts them as duplicates).
+    pub handed_back_trained: u64,
 }
 
 /// Why the runtime stopped with an error.
@@ -135,14 +141,43 @@ pub async fn run(
         ..Progress::default()
     };
     let mut params = Params::default();
+    if let Some(test) = &cfg.test {
+        store.pull_dense(&mut params).await?;
+        let eval = evaluate(&model, &store, &mut params, test, cfg.eval_batch_size).await?;
+        let metric = model.metric();
+        let value = metric.value(&eval);
+        tracing::info!(
+            metric = metric.name(),
+            value,
+            loss = eval.mean_loss(),
+            "initial evaluation"
+        );
+        state.initial_eval = Some((metric, value, eval.mean_loss()));
+    }
     loop {
-        let item = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => {
-                state.drained = true;
-                break;
+        let item = {
+            let next = reader.next();
+            tokio::pin!(next);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => None,
+                item = &mut next => Some(item),
+                _ = tokio::time::sleep(IDLE_AFTER) => {
+                    // No task at hand: in sync mode, stop holding up the others' steps.
+                    if let Err(e) = store.idle(&cfg.trainer).await {
+                        tracing::warn!(error = %e, "could not leave the sync steps while idle");
+                    }
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.cancelled() => None,
+                        item = &mut next => Some(item),
+                    }
+                }
             }
-            item = reader.next() => item,
+        };
+        let Some(item) = item else {
+            state.drained = true;
+            break;
         };
         let Some(item) = item else { break };
         match item? {
@@ -174,6 +209,7 @@ pub async fn run(
                     },
                     TaskEnd::Drained(n) => {
                         report_release(&reader, &task.task, n).await;
+                        state.handed_back_trained += n;
                         state.drained = true;
                         progress.send_replace(state.clone());
                         break;
@@ -192,29 +228,49 @@ pub async fn run(
             }
             Item::PassFinished { ended, next } => {
                 tracing::info!(trainer = %cfg.trainer, pass = ended, next, "pass finished");
-                if let Some(test) = &cfg.test {
-                    store.pull_dense(&mut params).await?;
-                    let eval =
-                        evaluate(&model, &store, &mut params, test, cfg.eval_batch_size).await?;
-                    let metric = model.metric();
-                    let value = metric.value(&eval);
-                    tracing::info!(
-                        pass = ended,
-                        metric = metric.name(),
-                        value,
-                        loss = eval.mean_loss(),
-                        "evaluation"
-                    );
-                    state.evals.push((ended, metric, value, eval.mean_loss()));
-                    progress.send_replace(state.clone());
-                }
+                evaluate_pass(&model, &store, &cfg, &mut params, &mut state, ended).await?;
+                progress.send_replace(state.clone());
             }
-            Item::JobFinished => break,
+            Item::JobFinished => {
+                // The last pass ends with the job (no separate pass-end item).
+                let last = state.pass;
+                if state.evals.last().is_none_or(|e| e.0 != last) {
+                    evaluate_pass(&model, &store, &cfg, &mut params, &mut state, last).await?;
+                }
+                break;
+            }
         }
     }
     reader.drain().await;
     progress.send_replace(state.clone());
     Ok(state)
+}
+
+/// Evaluates the test split (if any) at the end of pass `ended`.
+async fn evaluate_pass(
+    model: &Arc<dyn Model>,
+    store: &Arc<dyn ParamStore>,
+    cfg: &RuntimeConfig,
+    params: &mut Params,
+    state: &mut Progress,
+    ended: u32,
+) -> Result<(), RuntimeError> {
+    let Some(test) = &cfg.test else {
+        return Ok(());
+    };
+    store.pull_dense(params).await?;
+    let eval = evaluate(model, store, params, test, cfg.eval_batch_size).await?;
+    let metric = model.metric();
+    let value = metric.value(&eval);
+    tracing::info!(
+        pass = ended,
+        metric = metric.name(),
+        value,
+        loss = eval.mean_loss(),
+        "evaluation"
+    );
+    state.evals.push((ended, metric, value, eval.mean_loss()));
+    Ok(())
 }
 
 async fn report_release(reader: &CloudReader, task: &pb::Task, trained: u64) {
@@ -342,6 +398,9 @@ async fn off_runtime<T: Send + 'static>(
     *params = p;
     Ok(out)
 }
+
+/// How long a trainer waits for its next task before it tells the store it is idle.
+const IDLE_AFTER: Duration = Duration::from_millis(100);
 
 /// How long the caller should wait for a draining trainer before giving up on it.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(30);

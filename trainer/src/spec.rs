@@ -147,6 +147,40 @@ impl ModelSpec {
         }
     }
 
+    /// Checks the hyper-parameters without data: like [`build`], but a spec that
+    /// standardises and has no statistics yet is accepted (they are computed later).
+    pub fn validate(&self) -> Result<()> {
+        let mut spec = self.clone();
+        let width = match &spec {
+            ModelSpec::FitALine { .. } => Some(13),
+            ModelSpec::Linear { inputs, .. } | ModelSpec::Mlp { inputs, .. } => Some(*inputs),
+            _ => None,
+        };
+        if let (true, None, Some(n)) = (spec.standardize(), spec.stats(), width) {
+            let placeholder = Stats {
+                mean: vec![0.0; n],
+                std: vec![1.0; n],
+            };
+            match &mut spec {
+                ModelSpec::FitALine { stats, .. }
+                | ModelSpec::Linear { stats, .. }
+                | ModelSpec::Mlp { stats, .. } => *stats = Some(placeholder),
+                _ => {}
+            }
+        }
+        build(&spec).map(|_| ())
+    }
+
+    /// Forgets stored feature statistics (to compare two specs by their settings).
+    pub fn clear_stats(&mut self) {
+        match self {
+            ModelSpec::FitALine { stats, .. }
+            | ModelSpec::Linear { stats, .. }
+            | ModelSpec::Mlp { stats, .. } => *stats = None,
+            _ => {}
+        }
+    }
+
     /// Computes feature statistics over the training split and stores them in the spec
     /// (only for a model that standardises; otherwise nothing is done).
     pub fn fit_stats(&mut self, train: &[Sample]) -> Result<()> {

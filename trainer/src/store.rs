@@ -63,6 +63,14 @@ pub trait ParamStore: Send + Sync + std::fmt::Debug {
     /// Pushes the gradients of this trainer's step `step`; a retried push of the same
     /// (trainer, step) is applied once.
     async fn push(&self, trainer: &str, step: u64, grads: &StepOutput) -> Result<(), StoreError>;
+
+    /// This trainer has no work for now (it waits for a task): in sync mode it stops
+    /// taking part in steps until its next push, so the other trainers' steps do not wait
+    /// for it. A no-op by default.
+    async fn idle(&self, trainer: &str) -> Result<(), StoreError> {
+        let _ = trainer;
+        Ok(())
+    }
 }
 
 #[derive(Debug)]

@@ -24,8 +24,8 @@ use edl_proto::sample::Sample;
 
 use crate::error::{Error, Result};
 use crate::model::{
-    Batch, BatchData, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseTable,
-    StepOutput,
+    Batch, BatchData, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseInit,
+    SparseTable, StepOutput,
 };
 use crate::rng::{SplitMix64, hash_str, mix};
 use crate::spec::NegativeSampler;
@@ -220,6 +220,13 @@ impl Model for Word2Vec {
                 name: (*name).to_string(),
                 rows: self.cfg.vocab_size,
                 dim: self.cfg.dim,
+                init: if *name == INPUT_TABLE {
+                    SparseInit::Uniform {
+                        bound: 0.5 / self.cfg.dim as f32,
+                    }
+                } else {
+                    SparseInit::Zeros
+                },
             })
             .collect()
     }

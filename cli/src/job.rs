@@ -1,0 +1,706 @@
+//! The job spec: a TOML file a user writes (`edl run JOB.toml`), and its resolved form
+//! stored as JSON under `/edl/<job>/job/spec` in etcd, from which every role reads what it
+//! needs (data globs, passes, model, mode, optimizer).
+//!
+//! ```toml
+//! name = "wine"
+//! [data]
+//! train = "data/wine-*.recordio"        # RecordIO globs (a string or a list)
+//! test = "data/wine-test-*.recordio"    # optional held-out split
+//! [model]
+//! kind = "mlp"        # fit_a_line | linear | mlp | mnist_mlp | mnist_cnn | word2vec
+//! inputs = 13
+//! hidden = [32]
+//! classes = 3
+//! standardize = true
+//! [train]
+//! mode = "sync"       # sync | async
+//! passes = 20
+//! batch_size = 32
+//! optimizer = "adam"  # sgd | momentum | adagrad | adam | adamw
+//! learning_rate = 0.01
+//! [cluster]
+//! masters = 1
+//! pservers = 1
+//! trainers = 2
+//! min_trainers = 1
+//! max_trainers = 4
+//! lease_ttl = "3s"
+//! checkpoint_every = "10s"
+//! ```
+//!
+//! Unknown keys and missing required ones are an error naming the key and the file;
+//! relative paths are relative to the spec file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use edl_coord::{Backend, Compare, Op, Txn};
+use edl_pserver::{Clip, LrSchedule, Mode, OptimizerConfig, OptimizerKind, ParamConfig};
+use edl_trainer::ModelSpec;
+use serde::{Deserialize, Serialize};
+
+/// Durations written as `"3s"`, `"500ms"`, `"2m"`.
+mod dur {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e}")))
+    }
+}
+
+/// One glob or a list of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Globs {
+    /// A single pattern.
+    One(String),
+    /// Several patterns.
+    Many(Vec<String>),
+}
+
+impl Globs {
+    /// The patterns.
+    pub fn patterns(&self) -> Vec<String> {
+        match self {
+            Globs::One(s) => vec![s.clone()],
+            Globs::Many(v) => v.clone(),
+        }
+    }
+
+    fn resolve(&mut self, base: &Path) {
+        let fix = |p: &mut String| {
+            if Path::new(p.as_str()).is_relative() {
+                *p = base.join(p.as_str()).to_string_lossy().into_owned();
+            }
+        };
+        match self {
+            Globs::One(s) => fix(s),
+            Globs::Many(v) => v.iter_mut().for_each(fix),
+        }
+    }
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSpec {
+    /// Training RecordIO files (globs).
+    pub train: Globs,
+    /// Held-out RecordIO files (globs) evaluated after every pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test: Option<Globs>,
+    /// Consecutive chunks per task (0: the master's default).
+    #[serde(default)]
+    pub chunks_per_task: u32,
+}
+
+/// `train.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ModeName {
+    /// Synchronous SGD: each step averages the live trainers' gradients.
+    Sync,
+    /// Asynchronous SGD: every push applied on arrival.
+    #[default]
+    Async,
+}
+
+/// `train.optimizer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerName {
+    /// Plain SGD.
+    #[default]
+    Sgd,
+    /// SGD with momentum (`train.momentum`, `train.nesterov`).
+    Momentum,
+    /// Adagrad.
+    Adagrad,
+    /// Adam.
+    Adam,
+    /// AdamW (decoupled weight decay).
+    Adamw,
+}
+
+/// `train.lr_schedule`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleName {
+    /// Constant.
+    #[default]
+    Constant,
+    /// Linear decay to `lr_end` over `lr_decay_steps`.
+    Linear,
+    /// Multiply by `lr_gamma` every `lr_decay_steps`.
+    Step,
+    /// Cosine annealing to `lr_end` over `lr_decay_steps`.
+    Cosine,
+}
+
+fn one() -> u32 {
+    1
+}
+fn d_batch() -> usize {
+    32
+}
+fn d_lr() -> f32 {
+    0.01
+}
+fn d_momentum() -> f32 {
+    0.9
+}
+fn d_gamma() -> f32 {
+    0.1
+}
+fn d_decay_steps() -> u64 {
+    1000
+}
+fn d_step_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn d_eval_batch() -> usize {
+    256
+}
+
+/// `[train]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSpec {
+    /// `sync` or `async` (default async).
+    #[serde(default)]
+    pub mode: ModeName,
+    /// Passes over the training data (default 1).
+    #[serde(default = "one")]
+    pub passes: u32,
+    /// Samples per gradient step (default 32).
+    #[serde(default = "d_batch")]
+    pub batch_size: usize,
+    /// The optimizer (default sgd).
+    #[serde(default)]
+    pub optimizer: OptimizerName,
+    /// Learning rate (default 0.01).
+    #[serde(default = "d_lr")]
+    pub learning_rate: f32,
+    /// Momentum of `optimizer = "momentum"` (default 0.9).
+    #[serde(default = "d_momentum")]
+    pub momentum: f32,
+    /// Nesterov momentum for `optimizer = "momentum"`.
+    #[serde(default)]
+    pub nesterov: bool,
+    /// Weight decay (L2 for sgd/momentum/adagrad/adam; decoupled for adamw).
+    #[serde(default)]
+    pub weight_decay: f32,
+    /// Learning rate schedule (default constant).
+    #[serde(default)]
+    pub lr_schedule: ScheduleName,
+    /// Final rate of the linear and cosine schedules (default 0).
+    #[serde(default)]
+    pub lr_end: f32,
+    /// Length of the linear/cosine schedules, period of the step schedule (updates).
+    #[serde(default = "d_decay_steps")]
+    pub lr_decay_steps: u64,
+    /// Factor of the step schedule (default 0.1).
+    #[serde(default = "d_gamma")]
+    pub lr_gamma: f32,
+    /// Clip each step's gradient to this global L2 norm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_norm: Option<f32>,
+    /// Clip each gradient value to `[-clip_value, clip_value]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_value: Option<f32>,
+    /// Seed of parameter initialisation and sampling (default 0).
+    #[serde(default)]
+    pub seed: u64,
+    /// Sync mode: how long a step waits for a live but silent trainer (default 60s).
+    #[serde(default = "d_step_timeout", with = "dur")]
+    pub step_timeout: Duration,
+    /// Batch size of the evaluation (default 256).
+    #[serde(default = "d_eval_batch")]
+    pub eval_batch_size: usize,
+    /// Floats per dense parameter block on the pservers (default: the pserver's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<usize>,
+}
+
+impl Default for TrainSpec {
+    fn default() -> Self {
+        // An empty table gets every default.
+        toml::from_str("").unwrap_or_else(|_| unreachable!("every field has a default"))
+    }
+}
+
+fn d_trainers() -> u32 {
+    2
+}
+fn d_ttl() -> Duration {
+    Duration::from_secs(3)
+}
+fn d_ckpt() -> Duration {
+    Duration::from_secs(10)
+}
+fn d_keep() -> usize {
+    3
+}
+fn d_restarts() -> u32 {
+    10
+}
+
+/// `[cluster]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// Masters (2 or more: standbys take over; default 1).
+    #[serde(default = "one")]
+    pub masters: u32,
+    /// Parameter server shards (default 1).
+    #[serde(default = "one")]
+    pub pservers: u32,
+    /// Initial trainers (default 2).
+    #[serde(default = "d_trainers")]
+    pub trainers: u32,
+    /// Fewest trainers `edl scale` may ask for (default 1).
+    #[serde(default = "one")]
+    pub min_trainers: u32,
+    /// Most trainers `edl scale` may ask for (default: max(trainers, 4)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_trainers: Option<u32>,
+    /// TTL of every process's etcd lease: a dead process is noticed within it (default 3s).
+    #[serde(default = "d_ttl", with = "dur")]
+    pub lease_ttl: Duration,
+    /// Pserver checkpoint interval (default 10s).
+    #[serde(default = "d_ckpt", with = "dur")]
+    pub checkpoint_every: Duration,
+    /// Checkpoints kept per shard (default 3).
+    #[serde(default = "d_keep")]
+    pub checkpoint_keep: usize,
+    /// Restarts of crashed processes `edl run` allows in all (default 10; scale events
+    /// and injected faults do not count).
+    #[serde(default = "d_restarts")]
+    pub max_restarts: u32,
+    /// etcd endpoints (optional; `edl run --etcd` wins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub etcd: Vec<String>,
+}
+
+impl Default for ClusterSpec {
+    fn default() -> Self {
+        toml::from_str("").unwrap_or_else(|_| unreachable!("every field has a default"))
+    }
+}
+
+impl ClusterSpec {
+    /// The upper bound of the trainer count.
+    pub fn max_trainers(&self) -> u32 {
+        self.max_trainers.unwrap_or(self.trainers.max(4))
+    }
+}
+
+/// A whole job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Job name (letters, digits, `-`, `_`, `.`).
+    pub name: String,
+    /// The data.
+    pub data: DataSpec,
+    /// The model and its hyper-parameters.
+    pub model: ModelSpec,
+    /// Training settings.
+    #[serde(default)]
+    pub train: TrainSpec,
+    /// Processes.
+    #[serde(default)]
+    pub cluster: ClusterSpec,
+}
+
+/// Whether `name` is usable as a job name (an etcd path segment).
+pub fn valid_job_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name != "."
+        && name != ".."
+}
+
+impl JobSpec {
+    /// Reads, parses, resolves (paths relative to the file) and validates a TOML spec.
+    pub fn load(path: &Path) -> anyhow::Result<JobSpec> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("read job spec {}", path.display()))?;
+        let mut spec: JobSpec = toml::from_str(&text).map_err(|e| {
+            anyhow::anyhow!("job spec {}: {}", path.display(), e.to_string().trim_end())
+        })?;
+        let base = path
+            .parent()
+            .map(Path::to_path_buf)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| PathBuf::from("."));
+        let base = std::path::absolute(&base).unwrap_or(base);
+        spec.data.train.resolve(&base);
+        if let Some(t) = &mut spec.data.test {
+            t.resolve(&base);
+        }
+        spec.validate()
+            .with_context(|| format!("job spec {}", path.display()))?;
+        Ok(spec)
+    }
+
+    /// Parses a spec stored in etcd (JSON).
+    pub fn from_json(bytes: &[u8]) -> anyhow::Result<JobSpec> {
+        let spec: JobSpec = serde_json::from_slice(bytes).context("parse the stored job spec")?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks every value.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            valid_job_name(&self.name),
+            "name: {:?} is not a valid job name (letters, digits, '-', '_', '.')",
+            self.name
+        );
+        anyhow::ensure!(
+            !self.data.train.patterns().is_empty(),
+            "data.train: no files given"
+        );
+        let t = &self.train;
+        anyhow::ensure!(t.passes >= 1, "train.passes: must be at least 1");
+        anyhow::ensure!(t.batch_size >= 1, "train.batch_size: must be at least 1");
+        anyhow::ensure!(
+            t.eval_batch_size >= 1,
+            "train.eval_batch_size: must be at least 1"
+        );
+        anyhow::ensure!(
+            t.learning_rate.is_finite() && t.learning_rate > 0.0,
+            "train.learning_rate: must be a positive number"
+        );
+        self.param_config()
+            .optimizer
+            .validate()
+            .map_err(|e| anyhow::anyhow!("train: {e}"))?;
+        self.model
+            .validate()
+            .map_err(|e| anyhow::anyhow!("model: {e}"))?;
+        let c = &self.cluster;
+        anyhow::ensure!(c.masters >= 1, "cluster.masters: must be at least 1");
+        anyhow::ensure!(
+            (1..=256).contains(&c.pservers),
+            "cluster.pservers: must be 1..=256"
+        );
+        anyhow::ensure!(
+            c.min_trainers >= 1,
+            "cluster.min_trainers: must be at least 1"
+        );
+        anyhow::ensure!(
+            c.min_trainers <= c.trainers && c.trainers <= c.max_trainers(),
+            "cluster: need min_trainers <= trainers <= max_trainers ({} <= {} <= {})",
+            c.min_trainers,
+            c.trainers,
+            c.max_trainers()
+        );
+        anyhow::ensure!(
+            c.lease_ttl >= Duration::from_secs(1),
+            "cluster.lease_ttl: must be at least 1s"
+        );
+        anyhow::ensure!(
+            c.checkpoint_keep >= 1,
+            "cluster.checkpoint_keep: must be at least 1"
+        );
+        Ok(())
+    }
+
+    /// The pservers' configuration: mode, optimizer, schedule, clipping.
+    pub fn param_config(&self) -> ParamConfig {
+        let t = &self.train;
+        let kind = match t.optimizer {
+            OptimizerName::Sgd => OptimizerKind::Sgd {
+                momentum: 0.0,
+                nesterov: false,
+                weight_decay: t.weight_decay,
+            },
+            OptimizerName::Momentum => OptimizerKind::Sgd {
+                momentum: t.momentum,
+                nesterov: t.nesterov,
+                weight_decay: t.weight_decay,
+            },
+            OptimizerName::Adagrad => OptimizerKind::Adagrad {
+                eps: 1e-10,
+                initial_accumulator: 0.0,
+                weight_decay: t.weight_decay,
+            },
+            OptimizerName::Adam => match OptimizerKind::adam() {
+                OptimizerKind::Adam {
+                    beta1, beta2, eps, ..
+                } => OptimizerKind::Adam {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay: t.weight_decay,
+                },
+                other => other,
+            },
+            OptimizerName::Adamw => match OptimizerKind::adam() {
+                OptimizerKind::Adam {
+                    beta1, beta2, eps, ..
+                } => OptimizerKind::AdamW {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay: if t.weight_decay > 0.0 {
+                        t.weight_decay
+                    } else {
+                        0.01
+                    },
+                },
+                other => other,
+            },
+        };
+        let lr = t.learning_rate;
+        let lr = match t.lr_schedule {
+            ScheduleName::Constant => LrSchedule::constant(lr),
+            ScheduleName::Linear => LrSchedule::Linear {
+                lr,
+                end_lr: t.lr_end,
+                steps: t.lr_decay_steps,
+            },
+            ScheduleName::Step => LrSchedule::Step {
+                lr,
+                every: t.lr_decay_steps,
+                gamma: t.lr_gamma,
+            },
+            ScheduleName::Cosine => LrSchedule::Cosine {
+                lr,
+                min_lr: t.lr_end,
+                steps: t.lr_decay_steps,
+            },
+        };
+        let mode = match t.mode {
+            ModeName::Async => Mode::Async,
+            ModeName::Sync => Mode::Sync {
+                step_timeout_ms: t.step_timeout.as_millis().min(u128::from(u64::MAX)) as u64,
+            },
+        };
+        let mut cfg = ParamConfig::new(
+            mode,
+            OptimizerConfig {
+                kind,
+                lr,
+                clip: Clip {
+                    max_norm: t.clip_norm,
+                    max_value: t.clip_value,
+                },
+            },
+        );
+        if let Some(b) = t.block_size {
+            cfg.block_size = b;
+        }
+        cfg
+    }
+
+    /// Computes the feature statistics of the training split when the model
+    /// standardises its features and has none yet.
+    pub fn fit_stats(&mut self) -> anyhow::Result<()> {
+        if !self.model.standardize() || self.model.stats().is_some() {
+            return Ok(());
+        }
+        let train = edl_trainer::load_samples(&self.data.train.patterns())
+            .context("read the training data to standardise its features")?;
+        self.model
+            .fit_stats(&train)
+            .context("compute feature statistics")?;
+        Ok(())
+    }
+
+    /// The key of the stored spec.
+    pub fn key(job: &str) -> String {
+        format!("/edl/{job}/job/spec")
+    }
+
+    /// Stores this spec as the job's spec unless one is stored; returns the stored one
+    /// (which must be equal to this one, apart from feature statistics, or it is an
+    /// error naming the difference).
+    pub async fn publish(&self, backend: &Arc<dyn Backend>) -> anyhow::Result<JobSpec> {
+        let key = Self::key(&self.name);
+        let value = serde_json::to_vec(self).context("encode the job spec")?;
+        let txn = Txn::new()
+            .when(vec![Compare::absent(&key)])
+            .and_then(vec![Op::put(&key, value)])
+            .or_else(vec![Op::get(&key)]);
+        let resp = backend
+            .txn(txn)
+            .await
+            .context("store the job spec in etcd")?;
+        if resp.succeeded {
+            return Ok(self.clone());
+        }
+        let stored = match resp.get(0).and_then(|kvs| kvs.first()) {
+            Some(kv) => JobSpec::from_json(&kv.value)?,
+            None => anyhow::bail!("the job spec at {key} vanished while storing it"),
+        };
+        let mut a = stored.clone();
+        let mut b = self.clone();
+        a.model.clear_stats();
+        b.model.clear_stats();
+        // The cluster section is how this run is laid out, not what the job computes.
+        a.cluster = b.cluster.clone();
+        anyhow::ensure!(
+            a == b,
+            "job {} already exists in etcd with a different spec (at {key}); use another name \
+             or remove the old job's keys",
+            self.name
+        );
+        Ok(stored)
+    }
+
+    /// Reads the job's stored spec, waiting up to `wait` for one to appear.
+    pub async fn fetch(
+        backend: &Arc<dyn Backend>,
+        job: &str,
+        wait: Duration,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<JobSpec> {
+        let key = Self::key(job);
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(kv) = backend.get(&key).await.context("read the job spec")? {
+                return JobSpec::from_json(&kv.value);
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < until,
+                "job {job} has no spec at {key} after {wait:?} (start it with `edl run`, or pass --spec)"
+            );
+            tokio::select! {
+                _ = cancel.cancelled() => anyhow::bail!("cancelled while waiting for the job spec"),
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        let p = dir.join("job.toml");
+        std::fs::write(&p, text).expect("write");
+        p
+    }
+
+    const WINE: &str = r#"
+name = "wine"
+[data]
+train = "data/wine-*.recordio"
+test = "data/wine-test-*.recordio"
+[model]
+kind = "mlp"
+inputs = 13
+hidden = [32]
+classes = 3
+standardize = true
+[train]
+mode = "sync"
+passes = 20
+batch_size = 32
+optimizer = "adam"
+learning_rate = 0.01
+[cluster]
+masters = 1
+pservers = 1
+trainers = 2
+min_trainers = 1
+max_trainers = 4
+lease_ttl = "3s"
+checkpoint_every = "10s"
+"#;
+
+    #[test]
+    fn the_issue_example_parses_and_resolves_paths() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spec = JobSpec::load(&write(dir.path(), WINE)).expect("valid");
+        assert_eq!(spec.name, "wine");
+        assert_eq!(spec.train.passes, 20);
+        assert_eq!(spec.train.mode, ModeName::Sync);
+        assert_eq!(spec.cluster.max_trainers(), 4);
+        assert_eq!(spec.cluster.lease_ttl, Duration::from_secs(3));
+        let train = spec.data.train.patterns();
+        assert!(
+            Path::new(&train[0]).is_absolute() && train[0].ends_with("data/wine-*.recordio"),
+            "{train:?}"
+        );
+        assert!(spec.param_config().mode.is_sync());
+        assert_eq!(
+            spec.param_config().optimizer.kind,
+            match OptimizerKind::adam() {
+                k @ OptimizerKind::Adam { .. } => k,
+                _ => unreachable!(),
+            }
+        );
+        // The JSON stored in etcd round-trips.
+        let json = serde_json::to_vec(&spec).expect("json");
+        assert_eq!(JobSpec::from_json(&json).expect("parse"), spec);
+    }
+
+    #[test]
+    fn unknown_and_missing_keys_name_the_key_and_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bad = WINE.replace("batch_size = 32", "batch_size = 32\nbatch_sise = 3");
+        let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("unknown key");
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("batch_sise") && msg.contains("job.toml"),
+            "{msg}"
+        );
+
+        let bad = WINE.replace("classes = 3\n", "");
+        let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("missing key");
+        let msg = format!("{e:#}");
+        assert!(msg.contains("classes") && msg.contains("job.toml"), "{msg}");
+
+        let bad = WINE.replace("kind = \"mlp\"", "kind = \"resnet\"");
+        let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("unknown model");
+        assert!(format!("{e:#}").contains("resnet"), "{e:#}");
+
+        let bad = WINE.replace("min_trainers = 1", "min_trainers = 3");
+        let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("bad bounds");
+        assert!(format!("{e:#}").contains("min_trainers"), "{e:#}");
+
+        let bad = WINE.replace("lease_ttl = \"3s\"", "lease_ttl = \"soon\"");
+        let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("bad duration");
+        assert!(format!("{e:#}").contains("soon"), "{e:#}");
+
+        let e = JobSpec::load(&dir.path().join("missing.toml")).expect_err("no file");
+        assert!(format!("{e:#}").contains("missing.toml"), "{e:#}");
+    }
+
+    #[test]
+    fn defaults_fill_a_minimal_spec() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spec = JobSpec::load(&write(
+            dir.path(),
+            "name = \"h\"\n[data]\ntrain = [\"/x/a.recordio\"]\n[model]\nkind = \"fit_a_line\"\n",
+        ))
+        .expect("valid");
+        assert_eq!(spec.train.passes, 1);
+        assert_eq!(spec.train.batch_size, 32);
+        assert_eq!(spec.train.mode, ModeName::Async);
+        assert_eq!(spec.cluster.trainers, 2);
+        assert_eq!(
+            spec.data.train.patterns(),
+            vec!["/x/a.recordio".to_string()]
+        );
+    }
+}

@@ -1,0 +1,265 @@
+//! [`PsStore`]: the [`ParamStore`] of a job, over the parameter servers' client.
+//!
+//! - `init`: exactly one trainer initialises the shards (an etcd election inside
+//!   [`PsClient::init`], recorded in `params/init`); the others wait and pull.
+//! - `pull_dense`: pulls only blocks that changed since this trainer's copy (block
+//!   versions in a [`DenseCache`]) and copies them into the model's order.
+//! - `pull_sparse`: only the rows a batch touches.
+//! - `push`: async mode pushes under this trainer's own step counter; sync mode pushes the
+//!   global step learnt from the last pull. If that step closed without this trainer (it
+//!   was slower than the step timeout, or it just joined), the gradients go to the next
+//!   step (one step stale) rather than being dropped, a bounded number of times.
+//! - `idle`: sync mode, a trainer with no task leaves the steps so the others do not wait
+//!   for it; its next push brings it back.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use edl_pserver::{
+    DenseCache, DenseInit, ParamConfig, PsClient, PsClientError, RowInit, SparseGrad as PsGrad,
+    SparseSpec,
+};
+use tokio::sync::Mutex;
+
+use crate::model::{Model, Params, SparseInit, StepOutput};
+use crate::store::{InitOutcome, ParamStore, StoreError};
+
+/// How often a sync push that keeps finding its step closed is moved to the next step
+/// before its gradients are dropped.
+const STALE_RETRIES: usize = 3;
+
+/// Counters of one [`PsStore`].
+#[derive(Debug, Default)]
+pub struct PsStoreStats {
+    /// Dense pulls.
+    pub pulls: AtomicU64,
+    /// Bytes of dense values received (only changed blocks move).
+    pub pull_bytes: AtomicU64,
+    /// Sparse pulls.
+    pub sparse_pulls: AtomicU64,
+    /// Sparse rows pulled.
+    pub sparse_rows: AtomicU64,
+    /// The most rows one sparse pull asked for.
+    pub max_sparse_rows: AtomicU64,
+    /// Pushes applied.
+    pub pushes: AtomicU64,
+    /// Sync pushes moved to a later step because theirs had closed.
+    pub stale_pushes: AtomicU64,
+    /// Sync pushes dropped after [`STALE_RETRIES`] moves.
+    pub dropped_pushes: AtomicU64,
+}
+
+/// The parameter servers as a [`ParamStore`].
+#[derive(Debug)]
+pub struct PsStore {
+    client: PsClient,
+    config: ParamConfig,
+    seed: u64,
+    cache: Mutex<DenseCache>,
+    stats: Arc<PsStoreStats>,
+}
+
+impl PsStore {
+    /// A store over `client`; `config` (mode, optimizer) is what the initialising trainer
+    /// installs on the shards, and `seed` seeds the sparse rows' initial values.
+    pub fn new(client: PsClient, config: ParamConfig, seed: u64) -> Self {
+        PsStore {
+            client,
+            config,
+            seed,
+            cache: Mutex::new(DenseCache::new()),
+            stats: Arc::new(PsStoreStats::default()),
+        }
+    }
+
+    /// The counters (shared; they keep counting).
+    pub fn stats(&self) -> Arc<PsStoreStats> {
+        self.stats.clone()
+    }
+
+    /// The client.
+    pub fn client(&self) -> &PsClient {
+        &self.client
+    }
+
+    fn sync(&self) -> bool {
+        self.config.mode.is_sync()
+    }
+}
+
+fn map_err(e: PsClientError) -> StoreError {
+    match e {
+        PsClientError::Unavailable { .. }
+        | PsClientError::Coord(_)
+        | PsClientError::NotInitialised(_)
+        | PsClientError::Connect { .. }
+        | PsClientError::Cancelled => StoreError::Unavailable(e.to_string()),
+        other => StoreError::Refused(other.to_string()),
+    }
+}
+
+fn row_init(init: SparseInit, seed: u64) -> RowInit {
+    match init {
+        SparseInit::Zeros => RowInit::Zeros,
+        SparseInit::Uniform { bound } => RowInit::Uniform {
+            low: -bound,
+            high: bound,
+            seed,
+        },
+    }
+}
+
+#[async_trait]
+impl ParamStore for PsStore {
+    async fn init(
+        &self,
+        trainer: &str,
+        model: &dyn Model,
+        seed: u64,
+    ) -> Result<InitOutcome, StoreError> {
+        let params = model.dense_params();
+        let values = model.init_dense(seed);
+        let dense: Vec<DenseInit<'_>> = params
+            .iter()
+            .zip(&values)
+            .map(|(p, v)| DenseInit {
+                name: &p.name,
+                shape: &p.shape,
+                values: v,
+            })
+            .collect();
+        let sparse: Vec<SparseSpec> = model
+            .sparse_tables()
+            .into_iter()
+            .map(|t| SparseSpec {
+                name: t.name,
+                dim: t.dim,
+                init: row_init(t.init, self.seed),
+            })
+            .collect();
+        let outcome = self
+            .client
+            .init(trainer, &dense, &sparse, self.config.clone())
+            .await
+            .map_err(map_err)?;
+        Ok(match outcome {
+            edl_pserver::InitOutcome::Initialised => InitOutcome::Initialised,
+            edl_pserver::InitOutcome::AlreadyInitialised => InitOutcome::AlreadyInitialised,
+        })
+    }
+
+    async fn pull_dense(&self, params: &mut Params) -> Result<(), StoreError> {
+        let mut cache = self.cache.lock().await;
+        let stats = self.client.pull_dense(&mut cache).await.map_err(map_err)?;
+        self.stats.pulls.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .pull_bytes
+            .fetch_add(stats.bytes as u64, Ordering::Relaxed);
+        let n = cache.params().len();
+        params.dense.resize_with(n, Vec::new);
+        for (dst, src) in params.dense.iter_mut().zip(cache.params()) {
+            dst.clone_from(&src.values);
+        }
+        Ok(())
+    }
+
+    async fn pull_sparse(
+        &self,
+        rows: &[(String, Vec<u64>)],
+        params: &mut Params,
+    ) -> Result<(), StoreError> {
+        params.sparse.clear();
+        for (table, ids) in rows {
+            let values = self.client.pull_sparse(table, ids).await.map_err(map_err)?;
+            self.stats.sparse_pulls.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .sparse_rows
+                .fetch_add(ids.len() as u64, Ordering::Relaxed);
+            self.stats
+                .max_sparse_rows
+                .fetch_max(ids.len() as u64, Ordering::Relaxed);
+            let dim = if ids.is_empty() {
+                0
+            } else {
+                values.len() / ids.len()
+            };
+            let out: HashMap<u64, Vec<f32>> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| (id, values[i * dim..(i + 1) * dim].to_vec()))
+                .collect();
+            params.sparse.insert(table.clone(), out);
+        }
+        Ok(())
+    }
+
+    async fn push(&self, trainer: &str, step: u64, grads: &StepOutput) -> Result<(), StoreError> {
+        let names: Vec<String> = {
+            let cache = self.cache.lock().await;
+            cache.params().iter().map(|p| p.name.clone()).collect()
+        };
+        if names.len() != grads.dense.len() {
+            return Err(StoreError::Refused(format!(
+                "{} dense gradients for {} parameters (pull before pushing)",
+                grads.dense.len(),
+                names.len()
+            )));
+        }
+        let dense: Vec<(&str, &[f32])> = names
+            .iter()
+            .zip(&grads.dense)
+            .map(|(n, g)| (n.as_str(), g.as_slice()))
+            .collect();
+        let sparse: Vec<PsGrad<'_>> = grads
+            .sparse
+            .iter()
+            .map(|s| PsGrad {
+                table: &s.table,
+                rows: &s.rows,
+                values: &s.values,
+            })
+            .collect();
+        if !self.sync() {
+            self.client
+                .push(trainer, step, &dense, &sparse)
+                .await
+                .map_err(map_err)?;
+            self.stats.pushes.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        let mut global = self.cache.lock().await.next_step();
+        for _ in 0..=STALE_RETRIES {
+            match self.client.push(trainer, global, &dense, &sparse).await {
+                Ok(_) => {
+                    self.stats.pushes.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(PsClientError::StaleStep { next, .. }) => {
+                    self.stats.stale_pushes.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        step = global,
+                        next,
+                        "sync step closed without this trainer; pushing to the next one"
+                    );
+                    global = next;
+                }
+                Err(e) => return Err(map_err(e)),
+            }
+        }
+        self.stats.dropped_pushes.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            trainer,
+            "dropping a sync push: its step kept closing without this trainer"
+        );
+        Ok(())
+    }
+
+    async fn idle(&self, trainer: &str) -> Result<(), StoreError> {
+        if self.sync() {
+            self.client.leave(trainer).await.map_err(map_err)?;
+        }
+        Ok(())
+    }
+}
