@@ -5,7 +5,9 @@
 //! trainers update different blocks in parallel; a pull copies each block under its own
 //! lock (in async mode a pull may see some blocks before and others after a concurrent
 //! push, as in any asynchronous parameter server). The only shard-wide locks are small:
-//! the async deduplication table and the sync step state, held for a few map operations.
+//! the async deduplication table and the sync step state, held for a few map operations,
+//! and, in sync mode, the step lock: applying a step holds it for writing and a pull for
+//! reading, so that a pull never returns some blocks of step `S` and others of `S - 1`.
 //!
 //! The functions here are synchronous and CPU-bound; the server calls them from
 //! blocking threads.
@@ -310,6 +312,8 @@ pub struct ShardCore {
     updates: AtomicU64,
     dedup: Mutex<Dedup>,
     sync: Option<Mutex<SyncState>>,
+    /// Sync mode: held for writing while a step is applied, for reading by pulls.
+    step_lock: RwLock<()>,
     members_seeded: std::sync::atomic::AtomicBool,
     closed_tx: watch::Sender<u64>,
     checkpoints: Arc<CheckpointHooks>,
@@ -352,6 +356,7 @@ impl ShardCore {
             updates: AtomicU64::new(updates),
             dedup: Mutex::new(Dedup::default()),
             sync,
+            step_lock: RwLock::new(()),
             members_seeded: std::sync::atomic::AtomicBool::new(false),
             closed_tx: watch::channel(last_closed).0,
             checkpoints,
@@ -771,9 +776,24 @@ impl ShardCore {
         }
     }
 
+    /// Sync mode: a pull's view of one step (no step is applied while it is held).
+    /// Async mode: nothing.
+    fn step_view(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
+        self.is_sync().then(|| {
+            self.step_lock
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+        })
+    }
+
     /// Sync mode: applies the mean of the accumulated gradients of `job`'s step,
-    /// snapshots it when a checkpoint is due, and wakes the waiting pushes.
+    /// snapshots it when a checkpoint is due, and wakes the waiting pushes. Pulls wait
+    /// while the step is applied.
     pub fn sync_close(&self, job: CloseJob) {
+        let applying = self
+            .step_lock
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         let scale = 1.0 / job.contributors.max(1) as f32;
         let u = self.updates.fetch_add(1, Ordering::AcqRel);
         let lr = self.optimizer.lr(u);
@@ -844,6 +864,7 @@ impl ShardCore {
             cp.slot.put(snap);
         }
         lock(self.sync_state()).closed(job);
+        drop(applying);
         self.closed_tx.send_replace(job.step);
         tracing::debug!(
             shard = self.index,
@@ -939,6 +960,7 @@ impl ShardCore {
         } else {
             &[]
         };
+        let view = self.step_view();
         let ids = self.layout.shard_blocks(self.index);
         let mut blocks = Vec::new();
         for (i, (b, &id)) in self.blocks.iter().zip(ids).enumerate() {
@@ -953,7 +975,7 @@ impl ShardCore {
             });
         }
         bump(&self.counters.pulls);
-        pb::PullResponse {
+        let resp = pb::PullResponse {
             blocks,
             next_step: if self.is_sync() {
                 self.next_step()
@@ -962,7 +984,9 @@ impl ShardCore {
             },
             updates: self.updates(),
             incarnation: self.incarnation,
-        }
+        };
+        drop(view);
+        resp
     }
 
     /// Values of `rows` of table `table` (rows never trained: their initial values).
@@ -983,6 +1007,7 @@ impl ShardCore {
         let dim = t.dim;
         let mut out = vec![0u8; rows.len() * dim * 4];
         let mut init = vec![0f32; dim];
+        let _view = self.step_view();
         for (i, &r) in rows.iter().enumerate() {
             let dst = &mut out[i * dim * 4..(i + 1) * dim * 4];
             let st = lock(&t.stripes[stripe_of(r)]);
@@ -1005,6 +1030,7 @@ impl ShardCore {
 
     /// A copy of the shard labelled `step` (each block copied under its own lock).
     pub fn snapshot(&self, step: u64) -> Snapshot {
+        let _view = self.step_view();
         self.snapshot_at(step, self.last_closed())
     }
 
@@ -1454,6 +1480,78 @@ mod tests {
         assert!(c.sync_member_left("b"));
         assert_eq!(c.last_closed(), 3);
         assert!(all(&c).iter().all(|&v| v == -6.0));
+    }
+
+    struct DropFlag<'a>(&'a std::sync::atomic::AtomicBool);
+
+    impl Drop for DropFlag<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+
+    #[test]
+    fn a_sync_pull_sees_one_step_whole() {
+        let spec = ModelSpec {
+            dense: vec![DenseSpec {
+                name: "w".into(),
+                shape: vec![64 * 256],
+            }],
+            sparse: Vec::new(),
+            config: ParamConfig {
+                block_size: 256,
+                ..ParamConfig::new(Mode::sync(), OptimizerConfig::sgd(1.0))
+            },
+        };
+        let layout = Arc::new(Layout::new(spec, 1).unwrap());
+        let values = layout
+            .shard_blocks(0)
+            .iter()
+            .map(|&id| vec![0.0; layout.block(id).unwrap().len])
+            .collect();
+        let c = ShardCore::new(layout, 0, 1, values, Arc::default()).unwrap();
+        c.sync_set_members(["a".to_string()].into());
+        const STEPS: u64 = 300;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // Set even if this thread panics, so the puller stops.
+                let _done = DropFlag(&done);
+                for step in 1..=STEPS {
+                    let mut req = push(&c, "a", 1, step, 1.0, &[]);
+                    req.sparse.clear();
+                    let p = c.validate_push(req).unwrap();
+                    assert_eq!(
+                        c.sync_push(&p, Instant::now()).unwrap(),
+                        Admit::Join { step }
+                    );
+                }
+            });
+            let mut pulls = 0;
+            while !done.load(Ordering::Acquire) || pulls == 0 {
+                let resp = c.pull(&[], 0);
+                // Every block holds the same step: the one before the next to push, or
+                // the one before that while the next is being applied.
+                let first = wire::decode(&resp.blocks[0].values)[0];
+                let applied = (-first) as u64;
+                assert!(
+                    applied + 1 == resp.next_step || applied + 2 == resp.next_step,
+                    "pull {pulls}: step {applied} applied, the next step is {}",
+                    resp.next_step
+                );
+                for b in &resp.blocks {
+                    let v = wire::decode(&b.values);
+                    assert!(
+                        v.iter().all(|&x| x == first),
+                        "pull {pulls}: block {} holds {}, block 0 holds {first}",
+                        b.id,
+                        v[0],
+                    );
+                }
+                pulls += 1;
+            }
+        });
+        assert_eq!(c.last_closed(), STEPS);
     }
 
     #[test]
