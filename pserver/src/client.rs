@@ -500,13 +500,17 @@ impl PsClient {
     async fn client(&self, shard: u32, until: Instant) -> Result<(Target, i64), String> {
         let (record, revision) = self.locate(shard, until).await?;
         let addr = record.addr;
-        let mut conns = self.inner.conns.lock().await;
-        if let Some(c) = conns.get(&shard)
-            && c.revision == revision
-            && c.addr == addr
-        {
-            return Ok((c.target.clone(), revision));
+        let cached = |conns: &HashMap<u32, Conn>| {
+            conns
+                .get(&shard)
+                .filter(|c| c.revision == revision && c.addr == addr)
+                .map(|c| c.target.clone())
+        };
+        if let Some(target) = cached(&*self.inner.conns.lock().await) {
+            return Ok((target, revision));
         }
+        // Connect without holding the map: a shard that cannot be reached must not stall
+        // the calls to the others.
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("bad pserver address {addr:?}: {e}"))?
             .connect_timeout(self.inner.cfg.connect_timeout)
@@ -532,6 +536,11 @@ impl PsClient {
                 cfg.max_message_bytes,
             ))
         });
+        let mut conns = self.inner.conns.lock().await;
+        if let Some(target) = cached(&conns) {
+            // Another call connected meanwhile: share its connection.
+            return Ok((target, revision));
+        }
         tracing::debug!(shard, addr = %addr, revision, bulk = bulk.is_some(), "connected to pserver");
         let target = Target { grpc: client, bulk };
         conns.insert(

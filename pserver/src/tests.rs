@@ -928,3 +928,60 @@ async fn a_sync_push_gives_up_on_a_step_that_never_closes() {
     );
     assert!(err.to_string().contains("sync step 1"), "{err}");
 }
+
+/// A listener whose accept queue is full (and the connections that fill it): a new
+/// connection to it hangs, the kernel dropping its SYNs.
+async fn full_listener() -> (TcpListener, Vec<tokio::net::TcpStream>) {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = sock.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut held = Vec::new();
+    loop {
+        let connect = tokio::net::TcpStream::connect(addr);
+        match tokio::time::timeout(Duration::from_millis(300), connect).await {
+            Ok(Ok(s)) => held.push(s),
+            Ok(Err(e)) => panic!("connect to the backlog listener: {e}"),
+            Err(_) => break,
+        }
+        assert!(held.len() < 64, "the accept queue never filled");
+    }
+    (listener, held)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_cannot_be_reached_does_not_stall_the_others() {
+    let h = Harness::new("partition", 2);
+    let _p0 = h.pserver(0, None).await;
+    let (stuck, _held) = full_listener().await;
+    let record = PsRecord {
+        addr: stuck.local_addr().unwrap().to_string(),
+        claim_revision: 0,
+        bulk: 0,
+        pid: 0,
+        started_ms: 0,
+    };
+    let keys = PsKeys::new(&h.job);
+    h.backend
+        .put(&keys.ps(1), serde_json::to_vec(&record).unwrap(), None)
+        .await
+        .unwrap();
+    let ps = h
+        .client_with(|c| c.connect_timeout = Duration::from_secs(5))
+        .await;
+    ps.shard_status(0).await.unwrap();
+    let stalled = {
+        let ps = ps.clone();
+        tokio::spawn(async move { ps.shard_status(1).await })
+    };
+    // For a second, while shard 1 is being connected to, shard 0 answers at once.
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        let st = tokio::time::timeout(Duration::from_millis(500), ps.shard_status(0))
+            .await
+            .expect("shard 0 answers while shard 1 is being connected to");
+        assert_eq!(st.unwrap().shard, 0);
+    }
+    assert!(!stalled.is_finished(), "shard 1 cannot be reached");
+    stalled.abort();
+}
