@@ -372,8 +372,10 @@ impl Service {
         r: pb::PullSparseRequest,
     ) -> Result<pb::PullSparseResponse, PsError> {
         let core = self.core(r.shard, r.shards)?;
+        // Room for the protobuf framing of the values.
+        let max = self.max_message_bytes.saturating_sub(64);
         let values = self
-            .blocking(move || core.pull_sparse(r.table, &r.rows))
+            .blocking(move || core.pull_sparse(r.table, &r.rows, max))
             .await??;
         self.gate.check()?;
         Ok(pb::PullSparseResponse { values })

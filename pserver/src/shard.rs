@@ -989,10 +989,29 @@ impl ShardCore {
         resp
     }
 
-    /// Values of `rows` of table `table` (rows never trained: their initial values).
-    pub fn pull_sparse(&self, table: u32, rows: &[u64]) -> Result<Bytes, PsError> {
+    /// Values of `rows` of table `table` (rows never trained: their initial values), in
+    /// at most `max_bytes`.
+    pub fn pull_sparse(
+        &self,
+        table: u32,
+        rows: &[u64],
+        max_bytes: usize,
+    ) -> Result<Bytes, PsError> {
         let Some(t) = self.tables.get(table as usize) else {
             return Err(PsError::InvalidArgument(format!("unknown table {table}")));
+        };
+        let dim = t.dim;
+        let Some(size) = rows
+            .len()
+            .checked_mul(dim)
+            .and_then(|n| n.checked_mul(4))
+            .filter(|&n| n <= max_bytes)
+        else {
+            return Err(PsError::InvalidArgument(format!(
+                "{} rows of {dim} floats exceed the {max_bytes} byte message limit; pull fewer \
+                 rows at once",
+                rows.len()
+            )));
         };
         if let Some(r) = rows
             .iter()
@@ -1004,8 +1023,7 @@ impl ShardCore {
                 self.index
             )));
         }
-        let dim = t.dim;
-        let mut out = vec![0u8; rows.len() * dim * 4];
+        let mut out = vec![0u8; size];
         let mut init = vec![0f32; dim];
         let _view = self.step_view();
         for (i, &r) in rows.iter().enumerate() {
@@ -1377,8 +1395,14 @@ mod tests {
         assert!(c.apply_async(&p2).applied);
         assert!(all(&c).iter().all(|&v| v == -3.0), "{:?}", all(&c));
         // Row 5 appeared twice in one push: summed, applied once (-2); row 7: -1.
-        let rows = wire::decode(&c.pull_sparse(0, &[5, 7, 9]).unwrap());
+        let rows = wire::decode(&c.pull_sparse(0, &[5, 7, 9], 1 << 20).unwrap());
         assert_eq!(rows, vec![-2.0, -2.0, -1.0, -1.0, 0.0, 0.0]);
+        // A pull larger than the message limit is refused before anything is allocated.
+        assert_eq!(c.pull_sparse(0, &[5, 7], 16).unwrap().len(), 16);
+        assert!(matches!(
+            c.pull_sparse(0, &[5, 7, 9], 16),
+            Err(PsError::InvalidArgument(_))
+        ));
         // A new session of the same trainer starts over.
         let p3 = c.validate_push(push(&c, "t", 2, 1, 1.0, &[])).unwrap();
         assert!(c.apply_async(&p3).applied);
@@ -1466,7 +1490,7 @@ mod tests {
         assert!(all(&c).iter().all(|&v| v == -5.0), "{:?}", all(&c));
         // Row 3: step 1: -2; step 2: only a pushed it (2), divided by 2 trainers: -1.
         assert_eq!(
-            wire::decode(&c.pull_sparse(0, &[3]).unwrap()),
+            wire::decode(&c.pull_sparse(0, &[3], 1 << 20).unwrap()),
             vec![-3.0, -3.0]
         );
         assert_eq!(
