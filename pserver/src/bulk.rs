@@ -13,6 +13,12 @@
 //! A connection starts with the magic `EDLB` (HTTP/2 starts with `PRI`, TLS with 0x16),
 //! so [`accept`] hands every other connection to the gRPC server. See
 //! `proto/edl/pserver.proto` for the framing.
+//!
+//! Limits, since a peer is unknown until its hello is checked: the hello is short and
+//! read within [`HELLO_TIMEOUT`]; at most `max_bulk_connections` connections are served
+//! at once; once a frame has started, its bytes must keep coming (`io_timeout` between
+//! reads), and buffer space grows with the bytes received, never with a length a peer
+//! announces.
 
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -23,7 +29,7 @@ use edl_proto::pserver as pb;
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
@@ -37,11 +43,18 @@ pub const VERSION: u32 = 1;
 pub const MAGIC: &[u8; 4] = b"EDLB";
 
 const KIND_PUSH: u32 = 1;
-const KIND_PULL: u32 = 2;
-const STATUS_OK: u32 = 0;
-const STATUS_ERR: u32 = 1;
+pub(crate) const KIND_PULL: u32 = 2;
+pub(crate) const STATUS_OK: u32 = 0;
+pub(crate) const STATUS_ERR: u32 = 1;
 /// Largest protobuf header (block ids and lengths of a large shard fit easily).
 const MAX_HEADER: usize = 16 << 20;
+/// Largest hello (a job name and a token), read before the peer is authenticated.
+const MAX_HELLO: usize = 64 << 10;
+/// Buffer space reserved per read: a peer gets memory as it sends bytes, not as it
+/// announces them.
+const READ_CHUNK: usize = 1 << 20;
+/// Bytes written per timed write.
+const WRITE_CHUNK: usize = 1 << 20;
 /// How long a new connection may take to say what it is.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle bulk connections are closed after this long.
@@ -50,11 +63,13 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 const POOL: usize = 8;
 
 /// Accepts connections on the pserver's port until `stop` fires: bulk connections are
-/// served here, the others go to the gRPC server through `grpc`.
+/// served here, at most as many at once as `bulk_slots` has permits (more are closed at
+/// once; their clients retry), the others go to the gRPC server through `grpc`.
 pub(crate) async fn accept(
     listener: TcpListener,
     svc: Arc<Service>,
     grpc: mpsc::Sender<io::Result<TcpStream>>,
+    bulk_slots: Arc<Semaphore>,
     stop: CancellationToken,
 ) {
     loop {
@@ -70,11 +85,15 @@ pub(crate) async fn accept(
             },
         };
         let _ = stream.set_nodelay(true);
-        let (svc, grpc) = (svc.clone(), grpc.clone());
+        let (svc, grpc, slots) = (svc.clone(), grpc.clone(), bulk_slots.clone());
         tokio::spawn(async move {
             let mut first = [0u8; 1];
             match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await {
                 Ok(Ok(1)) if first[0] == MAGIC[0] => {
+                    let Ok(_slot) = slots.try_acquire_owned() else {
+                        tracing::warn!(%peer, "too many bulk connections; closing a new one");
+                        return;
+                    };
                     if let Err(e) = serve(stream, svc).await {
                         tracing::debug!(%peer, error = %e, "bulk connection ended");
                     }
@@ -131,7 +150,9 @@ async fn write_frame<W: AsyncWriteExt + Unpin>(
     head.extend_from_slice(&status.to_le_bytes());
     head.extend_from_slice(&(body.len() as u32).to_le_bytes());
     head.extend_from_slice(&body);
-    w.write_all(&head).await
+    // A frame is small next to the socket buffers; a peer that reads none of it for this
+    // long is gone.
+    write_all_within(w, &head, crate::server::DEFAULT_IO_TIMEOUT).await
 }
 
 async fn write_error<W: AsyncWriteExt + Unpin>(w: &mut W, e: PsError) -> io::Result<()> {
@@ -139,63 +160,120 @@ async fn write_error<W: AsyncWriteExt + Unpin>(w: &mut W, e: PsError) -> io::Res
     write_frame(w, STATUS_ERR, &status_to_pb(&status)).await
 }
 
-/// Reads exactly `n` more bytes into `buf`.
+fn stalled(stall: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("peer stalled for {stall:?} in the middle of a frame"),
+    )
+}
+
+/// Reads exactly `n` more bytes into `buf`, each read making progress within `stall`
+/// (if given). Buffer space grows with the bytes received, not with `n`.
 async fn read_into<R: AsyncRead + Unpin>(
     r: &mut R,
     buf: &mut BytesMut,
     n: usize,
+    stall: Option<Duration>,
 ) -> io::Result<()> {
-    buf.reserve(n);
-    let end = buf.len() + n;
+    let end = buf
+        .len()
+        .checked_add(n)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "absurd length"))?;
     while buf.len() < end {
-        let want = (end - buf.len()) as u64;
-        if (&mut *r).take(want).read_buf(buf).await? == 0 {
+        let want = end - buf.len();
+        buf.reserve(want.min(READ_CHUNK));
+        let mut limited = (&mut *r).take(want as u64);
+        let read = limited.read_buf(buf);
+        let got = match stall {
+            Some(d) => tokio::time::timeout(d, read)
+                .await
+                .map_err(|_| stalled(d))??,
+            None => read.await?,
+        };
+        if got == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
     }
     Ok(())
 }
 
-async fn read_header<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> io::Result<Vec<u8>> {
-    if len > MAX_HEADER {
+/// Reads a header of `len` bytes, refusing more than `max`.
+async fn read_header<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: usize,
+    max: usize,
+    stall: Option<Duration>,
+) -> io::Result<Vec<u8>> {
+    if len > max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("header of {len} bytes"),
+            format!("header of {len} bytes (at most {max})"),
         ));
     }
-    let mut h = vec![0u8; len];
-    r.read_exact(&mut h).await?;
-    Ok(h)
+    let mut h = BytesMut::new();
+    read_into(r, &mut h, len, stall).await?;
+    Ok(h.to_vec())
+}
+
+/// Writes `buf`, each chunk within `stall`: a peer that stops reading a response loses
+/// its connection.
+async fn write_all_within<W: AsyncWriteExt + Unpin>(
+    w: &mut W,
+    buf: &[u8],
+    stall: Duration,
+) -> io::Result<()> {
+    for chunk in buf.chunks(WRITE_CHUNK) {
+        tokio::time::timeout(stall, w.write_all(chunk))
+            .await
+            .map_err(|_| stalled(stall))??;
+    }
+    Ok(())
 }
 
 fn invalid(msg: impl Into<String>) -> PsError {
     PsError::InvalidArgument(msg.into())
 }
 
-/// Serves one bulk connection.
-async fn serve(mut stream: TcpStream, svc: Arc<Service>) -> io::Result<()> {
+/// Reads the hello of a new connection: magic, version, then the job and token (at most
+/// [`MAX_HELLO`] bytes, all within [`HELLO_TIMEOUT`]). `Ok(Err(_))`: refused, tell the
+/// peer.
+async fn read_hello(stream: &mut TcpStream) -> io::Result<Result<pb::BulkHello, PsError>> {
     let mut head = [0u8; 12];
-    tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(&mut head))
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no hello"))??;
+    stream.read_exact(&mut head).await?;
     if &head[..4] != MAGIC {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "bad magic"));
     }
     if u32_at(&head[4..8]) != VERSION {
-        let e = invalid(format!(
+        return Ok(Err(invalid(format!(
             "bulk protocol version {} (this pserver speaks {VERSION})",
             u32_at(&head[4..8])
-        ));
-        return write_error(&mut stream, e).await;
+        ))));
     }
-    let hello = read_header(&mut stream, u32_at(&head[8..12]) as usize).await?;
-    let hello = pb::BulkHello::decode(&hello[..])
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let len = u32_at(&head[8..12]) as usize;
+    if len > MAX_HELLO {
+        return Ok(Err(invalid(format!(
+            "bulk hello of {len} bytes (at most {MAX_HELLO})"
+        ))));
+    }
+    let hello = read_header(stream, len, MAX_HELLO, None).await?;
+    Ok(pb::BulkHello::decode(&hello[..]).map_err(|e| invalid(format!("bad bulk hello: {e}"))))
+}
+
+/// Serves one bulk connection.
+async fn serve(mut stream: TcpStream, svc: Arc<Service>) -> io::Result<()> {
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no hello"))??;
+    let hello = match hello {
+        Ok(h) => h,
+        Err(e) => return write_error(&mut stream, e).await,
+    };
     let token = (!hello.token.is_empty()).then_some(hello.token.as_str());
     if let Err(e) = svc.authorize(&hello.job, token) {
         return write_error(&mut stream, e).await;
     }
     stream.write_all(&STATUS_OK.to_le_bytes()).await?;
+    let stall = svc.io_timeout();
     let mut buf = BytesMut::new();
     loop {
         let mut hdr = [0u8; 8];
@@ -208,7 +286,13 @@ async fn serve(mut stream: TcpStream, svc: Arc<Service>) -> io::Result<()> {
                 Ok(Ok(_)) => {}
             },
         }
-        let header = read_header(&mut stream, u32_at(&hdr[4..8]) as usize).await?;
+        let header = read_header(
+            &mut stream,
+            u32_at(&hdr[4..8]) as usize,
+            MAX_HEADER,
+            Some(stall),
+        )
+        .await?;
         if let Err(e) = svc.serving() {
             write_error(&mut stream, e).await?;
             return Ok(());
@@ -246,7 +330,7 @@ async fn serve(mut stream: TcpStream, svc: Arc<Service>) -> io::Result<()> {
                     return write_error(&mut stream, e).await;
                 }
                 buf.clear();
-                read_into(&mut stream, &mut buf, total as usize).await?;
+                read_into(&mut stream, &mut buf, total as usize, Some(stall)).await?;
                 let mut payload: Bytes = buf.split().freeze();
                 for (b, &n) in req.dense.iter_mut().zip(&bp.dense_bytes) {
                     b.values = payload.split_to(n as usize);
@@ -254,6 +338,7 @@ async fn serve(mut stream: TcpStream, svc: Arc<Service>) -> io::Result<()> {
                 for (s, &n) in req.sparse.iter_mut().zip(&bp.sparse_bytes) {
                     s.values = payload.split_to(n as usize);
                 }
+                // `push` checks again that we serve (the payload may have been slow).
                 match svc.push(req).await {
                     Ok(resp) => write_frame(&mut stream, STATUS_OK, &resp).await?,
                     Err(e) => write_error(&mut stream, e).await?,
@@ -280,7 +365,7 @@ async fn serve(mut stream: TcpStream, svc: Arc<Service>) -> io::Result<()> {
                         };
                         write_frame(&mut stream, STATUS_OK, &bp).await?;
                         for p in &payloads {
-                            stream.write_all(p).await?;
+                            write_all_within(&mut stream, p, stall).await?;
                         }
                     }
                     Err(e) => write_error(&mut stream, e).await?,
@@ -342,7 +427,8 @@ impl Conn {
         if u32_at(&status) != STATUS_OK {
             let mut len = [0u8; 4];
             conn.stream.read_exact(&mut len).await?;
-            let body = read_header(&mut conn.stream, u32_at(&len) as usize).await?;
+            let body =
+                read_header(&mut conn.stream, u32_at(&len) as usize, MAX_HEADER, None).await?;
             let e = pb::BulkError::decode(&body[..]).map_err(|e| Fail::Broken(e.to_string()))?;
             return Err(Fail::Refused(pb_to_status(e)));
         }
@@ -353,7 +439,13 @@ impl Conn {
     async fn response(&mut self) -> Result<Vec<u8>, Fail> {
         let mut hdr = [0u8; 8];
         self.stream.read_exact(&mut hdr).await?;
-        let body = read_header(&mut self.stream, u32_at(&hdr[4..8]) as usize).await?;
+        let body = read_header(
+            &mut self.stream,
+            u32_at(&hdr[4..8]) as usize,
+            MAX_HEADER,
+            None,
+        )
+        .await?;
         match u32_at(&hdr[..4]) {
             STATUS_OK => Ok(body),
             _ => {
@@ -419,7 +511,7 @@ impl Conn {
             )));
         }
         self.buf.clear();
-        read_into(&mut self.stream, &mut self.buf, total as usize).await?;
+        read_into(&mut self.stream, &mut self.buf, total as usize, None).await?;
         let mut payload = self.buf.split().freeze();
         for (b, &n) in resp.blocks.iter_mut().zip(&bp.block_bytes) {
             b.values = payload.split_to(n as usize);
@@ -535,6 +627,31 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn buffers_grow_with_the_bytes_received_not_the_length_announced() {
+        let (mut tx, mut rx) = tokio::io::duplex(1024);
+        tx.write_all(&[7u8; 10]).await.unwrap();
+        drop(tx);
+        let mut buf = BytesMut::new();
+        let err = read_into(&mut rx, &mut buf, 1 << 30, None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(&buf[..], &[7u8; 10]);
+        assert!(buf.capacity() <= 2 * READ_CHUNK, "{}", buf.capacity());
+        // A peer that stops sending in the middle is given up on.
+        let (_tx, mut rx) = tokio::io::duplex(1024);
+        let stall = Some(Duration::from_millis(50));
+        let err = read_into(&mut rx, &mut BytesMut::new(), 10, stall)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        let err = read_header(&mut rx, MAX_HEADER + 1, MAX_HEADER, None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
 
     #[test]
     fn errors_survive_the_round_trip() {

@@ -42,6 +42,10 @@ pub const STREAM_WINDOW: u32 = 16 << 20;
 pub const CONNECTION_WINDOW: u32 = 64 << 20;
 /// Largest HTTP/2 frame we accept: large frames mean few, large socket reads.
 pub const MAX_FRAME: u32 = 4 << 20;
+/// Default bound on bulk-path connections served at once.
+pub const DEFAULT_MAX_BULK_CONNECTIONS: usize = 1024;
+/// Default longest stall of a peer in the middle of a bulk request or response.
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Which shard index to claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +78,12 @@ pub struct PsConfig {
     pub max_message_bytes: usize,
     /// Pushes and pulls processed at once (CPU-bound work on blocking threads).
     pub workers: usize,
+    /// Bulk-path connections served at once; more are closed at once (the clients
+    /// retry).
+    pub max_bulk_connections: usize,
+    /// Longest a bulk-path peer may stall in the middle of a request (between the bytes
+    /// of one frame) or of reading a response, before its connection is closed.
+    pub io_timeout: Duration,
 }
 
 impl PsConfig {
@@ -89,6 +99,8 @@ impl PsConfig {
             checkpoint: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             workers: std::thread::available_parallelism().map_or(4, |n| n.get()),
+            max_bulk_connections: DEFAULT_MAX_BULK_CONNECTIONS,
+            io_timeout: DEFAULT_IO_TIMEOUT,
         }
     }
 }
@@ -152,6 +164,7 @@ pub(crate) struct Service {
     permits: Arc<Semaphore>,
     claim_revision: i64,
     max_message_bytes: usize,
+    io_timeout: Duration,
 }
 
 impl Service {
@@ -186,6 +199,11 @@ impl Service {
     /// Largest request or response accepted.
     pub(crate) fn max_message_bytes(&self) -> usize {
         self.max_message_bytes
+    }
+
+    /// Longest a bulk-path peer may stall within a frame.
+    pub(crate) fn io_timeout(&self) -> Duration {
+        self.io_timeout
     }
 
     /// Runs CPU-bound work on a blocking thread, at most `workers` at once. The work runs
@@ -263,13 +281,18 @@ impl Service {
     }
 
     pub(crate) async fn push(&self, r: pb::PushRequest) -> Result<pb::PushResponse, PsError> {
+        // The request may have taken long to arrive (a large bulk push): check again that
+        // we serve, and once more right before applying it.
+        self.gate.check()?;
         let core = self.core(r.shard, r.shards)?;
         if core.is_sync() {
             return self.sync_push(core, r).await;
         }
+        let gate = self.gate.clone();
         let reply = self
             .blocking(move || {
                 let push = core.validate_push(r)?;
+                gate.check()?;
                 Ok::<_, PsError>(core.apply_async(&push))
             })
             .await??;
@@ -302,9 +325,12 @@ impl Service {
         core.sync_member_joined(&push.trainer);
         let mut closed = core.subscribe();
         loop {
-            let (c, p) = (core.clone(), push.clone());
+            let (c, p, gate) = (core.clone(), push.clone(), self.gate.clone());
             let admit = self
-                .blocking(move || c.sync_push(&p, Instant::now()))
+                .blocking(move || {
+                    gate.check()?;
+                    c.sync_push(&p, Instant::now())
+                })
                 .await??;
             let (step, applied) = match admit {
                 Admit::Join { step } => (step, true),
@@ -779,6 +805,7 @@ pub async fn run(
         permits: Arc::new(Semaphore::new(cfg.workers.max(1))),
         claim_revision: claim.fence.revision,
         max_message_bytes: cfg.max_message_bytes,
+        io_timeout: cfg.io_timeout,
     });
     let grpc = pb::parameter_server_server::ParameterServerServer::new(PsGrpc { svc: svc.clone() })
         .max_decoding_message_size(cfg.max_message_bytes)
@@ -789,6 +816,7 @@ pub async fn run(
         listener,
         svc.clone(),
         conns_tx,
+        Arc::new(Semaphore::new(cfg.max_bulk_connections.max(1))),
         stop.clone(),
     ));
     let server_stop = stop.clone();

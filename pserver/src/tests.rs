@@ -985,3 +985,96 @@ async fn a_shard_that_cannot_be_reached_does_not_stall_the_others() {
     assert!(!stalled.is_finished(), "shard 1 cannot be reached");
     stalled.abort();
 }
+
+/// The address of shard `index`'s pserver, once it claimed its index.
+async fn ps_addr(h: &Harness, index: u32) -> String {
+    let keys = PsKeys::new(&h.job);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(kv) = h.backend.get(&keys.ps(index)).await.unwrap() {
+            let record: PsRecord = serde_json::from_slice(&kv.value).unwrap();
+            return record.addr;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "shard {index} never claimed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The first bytes of a bulk connection announcing a hello of `len` bytes.
+fn bulk_head(len: u32) -> Vec<u8> {
+    let mut head = crate::bulk::MAGIC.to_vec();
+    head.extend_from_slice(&crate::bulk::VERSION.to_le_bytes());
+    head.extend_from_slice(&len.to_le_bytes());
+    head
+}
+
+/// Opens a bulk connection and says hello; returns it and the status answered (`None`
+/// when the pserver closed it instead).
+async fn bulk_connect(addr: &str, job: &str) -> (tokio::net::TcpStream, Option<u32>) {
+    use prost::Message;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hello = pb::BulkHello {
+        job: job.into(),
+        token: String::new(),
+    }
+    .encode_to_vec();
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut msg = bulk_head(hello.len() as u32);
+    msg.extend_from_slice(&hello);
+    let _ = s.write_all(&msg).await;
+    let mut status = [0u8; 4];
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut status))
+        .await
+        .expect("the pserver answers a hello at once");
+    let status = read.ok().map(|_| u32::from_le_bytes(status));
+    (s, status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bulk_path_bounds_hellos_stalls_and_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = Harness::new("bulk-limits", 1);
+    let _p0 = h
+        .pserver_with(h.backend.clone(), 0, None, |c| {
+            c.io_timeout = Duration::from_millis(300);
+            c.max_bulk_connections = 2;
+        })
+        .await;
+    let addr = ps_addr(&h, 0).await;
+    // A hello longer than a job name and a token is refused before it is read.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(&bulk_head(1 << 20)).await.unwrap();
+    let mut status = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut status))
+        .await
+        .expect("a long hello is refused at once")
+        .unwrap();
+    assert_eq!(u32::from_le_bytes(status), crate::bulk::STATUS_ERR);
+    drop(s);
+    // Two connections are served; a third is closed at once.
+    let (mut a, st) = bulk_connect(&addr, &h.job).await;
+    assert_eq!(st, Some(crate::bulk::STATUS_OK));
+    let (_b, st) = bulk_connect(&addr, &h.job).await;
+    assert_eq!(st, Some(crate::bulk::STATUS_OK));
+    let (_c, st) = bulk_connect(&addr, &h.job).await;
+    assert_eq!(st, None, "a connection beyond the bound is closed");
+    // A peer that stalls in the middle of a frame loses its connection, and its slot.
+    let mut frame = crate::bulk::KIND_PULL.to_le_bytes().to_vec();
+    frame.extend_from_slice(&100u32.to_le_bytes());
+    a.write_all(&frame).await.unwrap();
+    let mut byte = [0u8; 1];
+    let r = tokio::time::timeout(Duration::from_secs(5), a.read(&mut byte))
+        .await
+        .expect("a stalled connection is closed");
+    assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    let ok = edl_coord::testkit::wait_until(
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || async { bulk_connect(&addr, &h.job).await.1 == Some(crate::bulk::STATUS_OK) },
+    )
+    .await;
+    assert!(ok, "the stalled connection's slot was never freed");
+}
