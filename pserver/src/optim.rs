@@ -386,16 +386,23 @@ impl Clip {
         let Some(max_norm) = self.max_norm else {
             return value_only;
         };
-        let mut sq = 0.0f64;
-        for g in grads {
-            let mut part = 0.0f32;
-            for &x in g {
-                let x = value_only.value(x);
-                part += x * x;
+        // Squares summed in f64: finite gradients (up to f32::MAX) never overflow it.
+        // Eight lanes keep the loop free of one long dependency chain.
+        let mut lanes = [0.0f64; 8];
+        let add = |lanes: &mut [f64; 8], xs: &[f32]| {
+            for (a, &x) in lanes.iter_mut().zip(xs) {
+                let x = f64::from(value_only.value(x));
+                *a += x * x;
             }
-            sq += f64::from(part);
+        };
+        for g in grads {
+            let mut chunks = g.chunks_exact(8);
+            for c in &mut chunks {
+                add(&mut lanes, c);
+            }
+            add(&mut lanes, chunks.remainder());
         }
-        let norm = sq.sqrt();
+        let norm = lanes.iter().sum::<f64>().sqrt();
         let coef = f64::from(max_norm) / (norm + 1e-6);
         ClipPlan {
             max_value: self.max_value,
@@ -827,6 +834,21 @@ mod tests {
         };
         close(cos_min.at(2), 0.6);
         close(cos_min.at(9), 0.2);
+    }
+
+    #[test]
+    fn the_norm_of_large_finite_gradients_does_not_overflow() {
+        let clip = Clip {
+            max_norm: Some(1.0),
+            max_value: None,
+        };
+        let mut g = vec![3e19f32, 4e19, 0.0];
+        let plan = clip.apply(&mut [&mut g[..]]);
+        close(plan.norm as f32, 5e19);
+        assert!(plan.scale > 0.0, "{plan:?}");
+        close(g[0], 0.6);
+        close(g[1], 0.8);
+        assert_eq!(g[2], 0.0);
     }
 
     #[test]

@@ -664,8 +664,19 @@ impl ShardCore {
             });
             b.version += 1;
         }
-        for s in &push.sparse {
-            self.apply_rows(s, lr, 1.0);
+        let overflowed: usize = push
+            .sparse
+            .iter()
+            .map(|s| self.apply_rows(s, lr, 1.0))
+            .sum();
+        if overflowed > 0 {
+            bump(&self.counters.nonfinite_rejected);
+            tracing::warn!(
+                shard = self.index,
+                trainer = %push.trainer,
+                rows = overflowed,
+                "repeated sparse rows summed past f32's range; those rows left as they were"
+            );
         }
         bump(&self.counters.pushes_applied);
         PushReply {
@@ -675,8 +686,10 @@ impl ShardCore {
     }
 
     /// Applies sparse gradients row by row, each stripe locked once; repeated rows are
-    /// summed first.
-    fn apply_rows(&self, s: &SparseGrad, lr: f32, scale: f32) {
+    /// summed first. A row whose sum overflows to infinity is left as it is; returns how
+    /// many were.
+    fn apply_rows(&self, s: &SparseGrad, lr: f32, scale: f32) -> usize {
+        let mut overflowed = 0;
         let t = &self.tables[s.table];
         let dim = t.dim;
         let mut by_stripe: Vec<Vec<usize>> = vec![Vec::new(); STRIPES];
@@ -699,6 +712,10 @@ impl ShardCore {
                     wire::add_into(&s.values[at..at + dim * 4], &mut grad);
                     k += 1;
                 }
+                if !grad.iter().all(|g| g.is_finite()) {
+                    overflowed += 1;
+                    continue;
+                }
                 let r = st.rows.entry(row).or_insert_with(|| {
                     let mut values = vec![0f32; dim];
                     t.init.fill(row, &mut values);
@@ -711,6 +728,7 @@ impl ShardCore {
                     .step(lr, &mut r.values, &grad, scale, &mut r.state);
             }
         }
+        overflowed
     }
 
     fn sync_state(&self) -> &Mutex<SyncState> {
@@ -794,44 +812,18 @@ impl ShardCore {
             .step_lock
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        let scale = 1.0 / job.contributors.max(1) as f32;
-        let u = self.updates.fetch_add(1, Ordering::AcqRel);
-        let lr = self.optimizer.lr(u);
-        for b in &self.blocks {
-            let mut b = lock(b);
-            if !b.has_acc {
-                continue;
-            }
-            let b = &mut *b;
-            self.optimizer
-                .step(lr, &mut b.values, &b.acc, scale, &mut b.state);
-            b.acc.fill(0.0);
-            b.has_acc = false;
-            b.version += 1;
-        }
-        for (ti, t) in self.tables.iter().enumerate() {
-            for stripe in &t.stripes {
-                let acc = std::mem::take(&mut lock(stripe).acc);
-                if acc.is_empty() {
-                    continue;
-                }
-                let rows: Vec<u64> = acc.keys().copied().collect();
-                let mut values = Vec::with_capacity(rows.len() * t.dim * 4);
-                for r in &rows {
-                    for v in &acc[r] {
-                        values.extend_from_slice(&v.to_le_bytes());
-                    }
-                }
-                self.apply_rows(
-                    &SparseGrad {
-                        table: ti,
-                        rows,
-                        values: Bytes::from(values),
-                    },
-                    lr,
-                    scale,
-                );
-            }
+        if self.accumulated_finite() {
+            self.apply_accumulated(job);
+        } else {
+            // Finite gradients may sum past f32's range: such a step changes nothing.
+            self.clear_accumulated();
+            bump(&self.counters.nonfinite_rejected);
+            tracing::error!(
+                shard = self.index,
+                step = job.step,
+                trainers = job.contributors,
+                "the step's summed gradients overflow to infinity; step dropped"
+            );
         }
         bump(&self.counters.steps_closed);
         if job.timed_out > 0 {
@@ -872,6 +864,78 @@ impl ShardCore {
             trainers = job.contributors,
             "step applied"
         );
+    }
+
+    /// Whether every accumulated gradient (dense and sparse) is finite.
+    fn accumulated_finite(&self) -> bool {
+        let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
+        self.blocks.iter().all(|b| {
+            let b = lock(b);
+            !b.has_acc || finite(&b.acc)
+        }) && self.tables.iter().all(|t| {
+            t.stripes
+                .iter()
+                .all(|s| lock(s).acc.values().all(|a| finite(a)))
+        })
+    }
+
+    /// Forgets the accumulated gradients.
+    fn clear_accumulated(&self) {
+        for b in &self.blocks {
+            let mut b = lock(b);
+            if b.has_acc {
+                b.acc.fill(0.0);
+                b.has_acc = false;
+            }
+        }
+        for t in &self.tables {
+            for stripe in &t.stripes {
+                lock(stripe).acc.clear();
+            }
+        }
+    }
+
+    /// Applies the mean of the accumulated gradients of `job`'s step.
+    fn apply_accumulated(&self, job: CloseJob) {
+        let scale = 1.0 / job.contributors.max(1) as f32;
+        let u = self.updates.fetch_add(1, Ordering::AcqRel);
+        let lr = self.optimizer.lr(u);
+        for b in &self.blocks {
+            let mut b = lock(b);
+            if !b.has_acc {
+                continue;
+            }
+            let b = &mut *b;
+            self.optimizer
+                .step(lr, &mut b.values, &b.acc, scale, &mut b.state);
+            b.acc.fill(0.0);
+            b.has_acc = false;
+            b.version += 1;
+        }
+        for (ti, t) in self.tables.iter().enumerate() {
+            for stripe in &t.stripes {
+                let acc = std::mem::take(&mut lock(stripe).acc);
+                if acc.is_empty() {
+                    continue;
+                }
+                let rows: Vec<u64> = acc.keys().copied().collect();
+                let mut values = Vec::with_capacity(rows.len() * t.dim * 4);
+                for r in &rows {
+                    for v in &acc[r] {
+                        values.extend_from_slice(&v.to_le_bytes());
+                    }
+                }
+                self.apply_rows(
+                    &SparseGrad {
+                        table: ti,
+                        rows,
+                        values: Bytes::from(values),
+                    },
+                    lr,
+                    scale,
+                );
+            }
+        }
     }
 
     fn sync_apply(&self, f: impl FnOnce(&mut SyncState) -> Option<CloseJob>) {
@@ -1576,6 +1640,42 @@ mod tests {
             }
         });
         assert_eq!(c.last_closed(), STEPS);
+    }
+
+    #[test]
+    fn a_sync_step_whose_sum_overflows_is_dropped() {
+        let c = core(Mode::sync(), 0, 1);
+        let now = Instant::now();
+        c.sync_set_members(["a".to_string(), "b".to_string()].into());
+        // Each gradient is finite; their sum is not.
+        for t in ["a", "b"] {
+            let p = c.validate_push(push(&c, t, 1, 1, 3e38, &[3])).unwrap();
+            assert_eq!(c.sync_push(&p, now).unwrap(), Admit::Join { step: 1 });
+        }
+        assert_eq!(c.last_closed(), 1, "the step is over");
+        assert!(all(&c).iter().all(|&v| v == 0.0), "{:?}", all(&c));
+        assert_eq!(
+            wire::decode(&c.pull_sparse(0, &[3], 1 << 20).unwrap()),
+            vec![0.0, 0.0]
+        );
+        assert_eq!(c.counters.nonfinite_rejected.load(Ordering::Relaxed), 1);
+        // The next step applies as usual.
+        for t in ["a", "b"] {
+            let p = c.validate_push(push(&c, t, 1, 2, 1.0, &[3])).unwrap();
+            c.sync_push(&p, now).unwrap();
+        }
+        assert_eq!(c.last_closed(), 2);
+        assert!(all(&c).iter().all(|&v| v == -1.0), "{:?}", all(&c));
+        // Async: a row repeated within one push may sum past the range too.
+        let c = core(Mode::Async, 0, 1);
+        let p = c
+            .validate_push(push(&c, "t", 1, 1, 3e38, &[5, 5, 7]))
+            .unwrap();
+        assert!(c.apply_async(&p).applied);
+        let rows = wire::decode(&c.pull_sparse(0, &[5, 7], 1 << 20).unwrap());
+        assert_eq!(&rows[..2], &[0.0, 0.0], "row 5 left as it was");
+        assert_eq!(&rows[2..], &[-3e38, -3e38]);
+        assert_eq!(c.counters.nonfinite_rejected.load(Ordering::Relaxed), 1);
     }
 
     #[test]
