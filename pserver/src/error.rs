@@ -25,6 +25,8 @@ pub enum ErrorKind {
     SpecMismatch,
     /// NaN or infinite gradients.
     NonFinite,
+    /// Async: the push is older than its session's deduplication window.
+    TooOld,
     /// Any other malformed request.
     Invalid,
 }
@@ -39,6 +41,7 @@ impl ErrorKind {
             ErrorKind::NotRegistered => "not-registered",
             ErrorKind::SpecMismatch => "spec-mismatch",
             ErrorKind::NonFinite => "non-finite",
+            ErrorKind::TooOld => "too-old",
             ErrorKind::Invalid => "invalid",
         }
     }
@@ -52,6 +55,7 @@ impl ErrorKind {
             "not-registered" => ErrorKind::NotRegistered,
             "spec-mismatch" => ErrorKind::SpecMismatch,
             "non-finite" => ErrorKind::NonFinite,
+            "too-old" => ErrorKind::TooOld,
             "invalid" => ErrorKind::Invalid,
             _ => return None,
         })
@@ -111,6 +115,20 @@ pub enum PsError {
         /// The step to push next.
         next: u64,
     },
+    /// Async mode: a push more than `window` steps behind its session's newest step;
+    /// whether it was applied can no longer be told, so it is not applied now.
+    #[error(
+        "step {step} is more than {window} steps behind this push session's newest ({newest}); \
+         too old to tell whether it was applied, so it is not applied now"
+    )]
+    StepTooOld {
+        /// The step pushed.
+        step: u64,
+        /// The session's newest step.
+        newest: u64,
+        /// Steps remembered per session.
+        window: u64,
+    },
     /// Sync mode: pushes must come from registered trainers.
     #[error(
         "trainer {0:?} is not registered under trainers/ (sync mode counts registered trainers)"
@@ -160,6 +178,7 @@ impl PsError {
             PsError::InvalidArgument(_) | PsError::Spec(_) => ErrorKind::Invalid,
             PsError::NonFinite(_) => ErrorKind::NonFinite,
             PsError::StaleStep { .. } => ErrorKind::StaleStep,
+            PsError::StepTooOld { .. } => ErrorKind::TooOld,
             PsError::NotRegistered(_) => ErrorKind::NotRegistered,
             _ => return None,
         })
@@ -178,7 +197,9 @@ impl From<PsError> for tonic::Status {
             | PsError::Cancelled => Code::Unavailable,
             PsError::Coord(c) if c.is_retryable() => Code::Unavailable,
             PsError::Coord(_) => Code::Internal,
-            PsError::Uninitialised(_) | PsError::NotRegistered(_) => Code::FailedPrecondition,
+            PsError::Uninitialised(_) | PsError::NotRegistered(_) | PsError::StepTooOld { .. } => {
+                Code::FailedPrecondition
+            }
             PsError::SpecMismatch(_) => Code::AlreadyExists,
             PsError::InvalidArgument(_) | PsError::Spec(_) | PsError::NonFinite(_) => {
                 Code::InvalidArgument
@@ -237,6 +258,7 @@ mod tests {
             ErrorKind::NotRegistered,
             ErrorKind::SpecMismatch,
             ErrorKind::NonFinite,
+            ErrorKind::TooOld,
             ErrorKind::Invalid,
         ] {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));

@@ -293,7 +293,7 @@ impl Service {
             .blocking(move || {
                 let push = core.validate_push(r)?;
                 gate.check()?;
-                Ok::<_, PsError>(core.apply_async(&push))
+                core.apply_async(&push)
             })
             .await??;
         self.gate.check()?;

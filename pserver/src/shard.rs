@@ -204,7 +204,26 @@ impl Table {
 /// beyond this (a session's retries come within seconds).
 const MAX_SESSIONS: usize = 4096;
 
-/// Sliding window of the last 64 steps of one push session, with those applied marked.
+/// Steps remembered per push session: a push this far behind its session's newest is
+/// refused, since whether it was applied can no longer be told.
+pub const DEDUP_WINDOW: u64 = 64;
+
+/// What the deduplication table says of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    /// Not seen before: apply it.
+    Fresh,
+    /// Applied before (a retry).
+    Repeat,
+    /// Older than the window behind the session's newest step.
+    TooOld {
+        /// The session's newest step.
+        newest: u64,
+    },
+}
+
+/// Sliding window of the last [`DEDUP_WINDOW`] steps of one push session, with those
+/// applied marked.
 #[derive(Debug, Clone, Copy, Default)]
 struct Window {
     max: u64,
@@ -213,23 +232,27 @@ struct Window {
 }
 
 impl Window {
-    /// Marks `step`; false when it was already applied (or is too old to tell).
-    fn mark(&mut self, step: u64) -> bool {
+    /// Marks `step`.
+    fn mark(&mut self, step: u64) -> Mark {
         if step > self.max {
             let shift = step - self.max;
-            self.seen = if shift >= 64 { 0 } else { self.seen << shift };
+            self.seen = if shift >= DEDUP_WINDOW {
+                0
+            } else {
+                self.seen << shift
+            };
             self.seen |= 1;
             self.max = step;
-            return true;
+            return Mark::Fresh;
         }
         let d = self.max - step;
-        if d >= 64 {
-            return false;
+        if d >= DEDUP_WINDOW {
+            return Mark::TooOld { newest: self.max };
         }
         let bit = 1u64 << d;
         let new = self.seen & bit == 0;
         self.seen |= bit;
-        new
+        if new { Mark::Fresh } else { Mark::Repeat }
     }
 }
 
@@ -241,22 +264,22 @@ struct Dedup {
 }
 
 impl Dedup {
-    /// Marks `step` of `trainer`'s `session`; false for a repeat.
-    fn mark(&mut self, trainer: &str, session: u64, step: u64) -> bool {
+    /// Marks `step` of `trainer`'s `session`.
+    fn mark(&mut self, trainer: &str, session: u64, step: u64) -> Mark {
         self.clock += 1;
         let w = self
             .sessions
             .entry((trainer.to_owned(), session))
             .or_default();
         w.used = self.clock;
-        let fresh = w.mark(step);
+        let mark = w.mark(step);
         if self.sessions.len() > MAX_SESSIONS {
             let mut used: Vec<u64> = self.sessions.values().map(|w| w.used).collect();
             used.sort_unstable();
             let cut = used[used.len() / 4];
             self.sessions.retain(|_, w| w.used > cut);
         }
-        fresh
+        mark
     }
 }
 
@@ -643,15 +666,27 @@ impl ShardCore {
             .map_or("?", |d| d.name.as_str())
     }
 
-    /// Async mode: applies `push` unless it was applied before.
-    pub fn apply_async(&self, push: &Push) -> PushReply {
-        let fresh = lock(&self.dedup).mark(&push.trainer, push.session, push.step);
-        if !fresh {
-            bump(&self.counters.duplicate_pushes);
-            return PushReply {
-                applied: false,
-                step: self.updates(),
-            };
+    /// Async mode: applies `push` unless it was applied before. A push more than
+    /// [`DEDUP_WINDOW`] steps behind its session's newest is refused
+    /// ([`PsError::StepTooOld`]): whether it was applied can no longer be told.
+    pub fn apply_async(&self, push: &Push) -> Result<PushReply, PsError> {
+        match lock(&self.dedup).mark(&push.trainer, push.session, push.step) {
+            Mark::Fresh => {}
+            Mark::Repeat => {
+                bump(&self.counters.duplicate_pushes);
+                return Ok(PushReply {
+                    applied: false,
+                    step: self.updates(),
+                });
+            }
+            Mark::TooOld { newest } => {
+                bump(&self.counters.invalid_rejected);
+                return Err(PsError::StepTooOld {
+                    step: push.step,
+                    newest,
+                    window: DEDUP_WINDOW,
+                });
+            }
         }
         let u = self.updates.fetch_add(1, Ordering::AcqRel);
         let lr = self.optimizer.lr(u);
@@ -679,10 +714,10 @@ impl ShardCore {
             );
         }
         bump(&self.counters.pushes_applied);
-        PushReply {
+        Ok(PushReply {
             applied: true,
             step: u + 1,
-        }
+        })
     }
 
     /// Applies sparse gradients row by row, each stripe locked once; repeated rows are
@@ -1453,10 +1488,13 @@ mod tests {
         let p = c
             .validate_push(push(&c, "t", 1, 1, 1.0, &[5, 5, 7]))
             .unwrap();
-        assert!(c.apply_async(&p).applied);
-        assert!(!c.apply_async(&p).applied, "a retry is not applied twice");
+        assert!(c.apply_async(&p).unwrap().applied);
+        assert!(
+            !c.apply_async(&p).unwrap().applied,
+            "a retry is not applied twice"
+        );
         let p2 = c.validate_push(push(&c, "t", 1, 2, 2.0, &[])).unwrap();
-        assert!(c.apply_async(&p2).applied);
+        assert!(c.apply_async(&p2).unwrap().applied);
         assert!(all(&c).iter().all(|&v| v == -3.0), "{:?}", all(&c));
         // Row 5 appeared twice in one push: summed, applied once (-2); row 7: -1.
         let rows = wire::decode(&c.pull_sparse(0, &[5, 7, 9], 1 << 20).unwrap());
@@ -1467,30 +1505,58 @@ mod tests {
             c.pull_sparse(0, &[5, 7, 9], 16),
             Err(PsError::InvalidArgument(_))
         ));
+        // A push older than the window is refused, not silently dropped.
+        let p_new = c.validate_push(push(&c, "t", 1, 200, 1.0, &[])).unwrap();
+        assert!(c.apply_async(&p_new).unwrap().applied);
+        let p_old = c.validate_push(push(&c, "t", 1, 3, 1.0, &[])).unwrap();
+        let err = c.apply_async(&p_old).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PsError::StepTooOld {
+                    step: 3,
+                    newest: 200,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let status: tonic::Status = err.into();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
         // A new session of the same trainer starts over.
         let p3 = c.validate_push(push(&c, "t", 2, 1, 1.0, &[])).unwrap();
-        assert!(c.apply_async(&p3).applied);
+        assert!(c.apply_async(&p3).unwrap().applied);
         assert_eq!(c.counters.duplicate_pushes.load(Ordering::Relaxed), 1);
     }
 
     #[test]
     fn the_dedup_window_accepts_reordering_and_rejects_repeats() {
         let mut d = Dedup::default();
-        assert!(d.mark("t", 1, 3));
-        assert!(d.mark("t", 1, 1));
-        assert!(d.mark("t", 1, 2));
-        assert!(!d.mark("t", 1, 2));
-        assert!(d.mark("t", 2, 2), "another session of the same trainer");
-        assert!(d.mark("t", 1, 100));
-        assert!(!d.mark("t", 1, 3), "too old to tell: refused");
-        assert!(!d.mark("t", 1, 100));
-        assert!(!d.mark("t", 2, 2));
+        assert_eq!(d.mark("t", 1, 3), Mark::Fresh);
+        assert_eq!(d.mark("t", 1, 1), Mark::Fresh);
+        assert_eq!(d.mark("t", 1, 2), Mark::Fresh);
+        assert_eq!(d.mark("t", 1, 2), Mark::Repeat);
+        assert_eq!(
+            d.mark("t", 2, 2),
+            Mark::Fresh,
+            "another session of the same trainer"
+        );
+        assert_eq!(d.mark("t", 1, 100), Mark::Fresh);
+        assert_eq!(
+            d.mark("t", 1, 3),
+            Mark::TooOld { newest: 100 },
+            "too old to tell: refused"
+        );
+        assert_eq!(d.mark("t", 1, 37), Mark::Fresh, "inside the window");
+        assert_eq!(d.mark("t", 1, 100), Mark::Repeat);
+        assert_eq!(d.mark("t", 2, 2), Mark::Repeat);
         for s in 0..(MAX_SESSIONS as u64 + 10) {
             d.mark("u", 10 + s, 1);
         }
         assert!(d.sessions.len() <= MAX_SESSIONS);
-        assert!(
-            !d.mark("u", 10 + MAX_SESSIONS as u64 + 9, 1),
+        assert_eq!(
+            d.mark("u", 10 + MAX_SESSIONS as u64 + 9, 1),
+            Mark::Repeat,
             "recent sessions kept"
         );
     }
@@ -1671,7 +1737,7 @@ mod tests {
         let p = c
             .validate_push(push(&c, "t", 1, 1, 3e38, &[5, 5, 7]))
             .unwrap();
-        assert!(c.apply_async(&p).applied);
+        assert!(c.apply_async(&p).unwrap().applied);
         let rows = wire::decode(&c.pull_sparse(0, &[5, 7], 1 << 20).unwrap());
         assert_eq!(&rows[..2], &[0.0, 0.0], "row 5 left as it was");
         assert_eq!(&rows[2..], &[-3e38, -3e38]);
@@ -1688,7 +1754,7 @@ mod tests {
             let p = c
                 .validate_push(push(&c, "t", 1, s, s as f32, &rows))
                 .unwrap();
-            c.apply_async(&p);
+            c.apply_async(&p).unwrap();
         }
         let snap = c.snapshot(3);
         let r = ShardCore::restore(snap.clone(), 10, Arc::default()).unwrap();
