@@ -350,6 +350,11 @@ impl Service {
                         next,
                     });
                 }
+                Admit::OutOfRange { next } => {
+                    return Err(PsError::InvalidArgument(crate::shard::out_of_range(
+                        push.step, next,
+                    )));
+                }
                 Admit::Wait => {
                     let changed = tokio::select! {
                         _ = self.gate.stop.cancelled() => return Err(PsError::NotServing("shutting down".into())),

@@ -283,6 +283,16 @@ impl Dedup {
     }
 }
 
+/// Why a sync push's step is refused.
+pub(crate) fn out_of_range(step: u64, next: u64) -> String {
+    format!(
+        "step {step} is out of range: this shard's next step is {next}, and a push may be \
+         at most {} steps past it (and at most step {})",
+        crate::sync::MAX_STEP_AHEAD,
+        crate::sync::MAX_STEP
+    )
+}
+
 /// Sparse gradients of one table, validated.
 #[derive(Debug, Clone)]
 pub struct SparseGrad {
@@ -805,6 +815,7 @@ impl ShardCore {
                 Ok(admit)
             }
             Admit::Wait => Ok(admit),
+            Admit::OutOfRange { next } => Err(self.invalid(out_of_range(push.step, next))),
         }
     }
 
@@ -1634,6 +1645,15 @@ mod tests {
         assert!(c.sync_member_left("b"));
         assert_eq!(c.last_closed(), 3);
         assert!(all(&c).iter().all(|&v| v == -6.0));
+        // A runaway step is refused, not admitted into the step counter.
+        let runaway = c
+            .validate_push(push(&c, "a", 1, u64::MAX, 1.0, &[]))
+            .unwrap();
+        assert!(matches!(
+            c.sync_push(&runaway, now),
+            Err(PsError::InvalidArgument(_))
+        ));
+        assert_eq!(c.next_step(), 4);
     }
 
     struct DropFlag<'a>(&'a std::sync::atomic::AtomicBool);

@@ -18,6 +18,10 @@
 //! - A push for a step beyond the open one waits for the open step to close; with no
 //!   step open, a push for a later step jumps the counter (a shard restored from an
 //!   older checkpoint catches up with the trainers).
+//! - Steps are bounded: none beyond [`MAX_STEP`], and once this shard applied a step,
+//!   none more than [`MAX_STEP_AHEAD`] past the next one (a runaway counter from a buggy
+//!   trainer would make every other trainer's push stale). Until then any step is
+//!   accepted, so that a restored or re-initialised shard catches up.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -26,6 +30,10 @@ use tokio::time::Instant;
 
 /// Closed steps whose contributors are remembered, to answer retries.
 const RECENT_STEPS: usize = 16;
+/// The largest step accepted (far from overflowing any step arithmetic).
+pub const MAX_STEP: u64 = 1 << 62;
+/// How far past the next step a push may be, once the shard applied a step.
+pub const MAX_STEP_AHEAD: u64 = 1 << 20;
 
 /// What a push is told by [`SyncState::admit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +63,12 @@ pub enum Admit {
     /// Not now (a step is being applied, or the push is for a later step than the open
     /// one): wait for the next change and ask again.
     Wait,
+    /// The step is out of range (beyond [`MAX_STEP`], or more than [`MAX_STEP_AHEAD`]
+    /// past `next`): refused.
+    OutOfRange {
+        /// The step to push next.
+        next: u64,
+    },
 }
 
 /// A step ready to be applied: the caller applies `sum / contributors` and then calls
@@ -88,6 +102,8 @@ pub struct SyncState {
     absent: BTreeSet<String>,
     recent: VecDeque<(u64, BTreeSet<String>)>,
     step_timeout: Duration,
+    /// Whether a step was applied since this state was created.
+    closed_any: bool,
 }
 
 impl SyncState {
@@ -101,6 +117,7 @@ impl SyncState {
             absent: BTreeSet::new(),
             recent: VecDeque::new(),
             step_timeout,
+            closed_any: false,
         }
     }
 
@@ -186,6 +203,10 @@ impl SyncState {
     /// Decides what to do with `trainer`'s push of `step`. The second value is a step
     /// that became ready to close as a consequence.
     pub fn admit(&mut self, trainer: &str, step: u64, now: Instant) -> (Admit, Option<CloseJob>) {
+        let next = self.next_step();
+        if step > MAX_STEP || (self.closed_any && step > next.saturating_add(MAX_STEP_AHEAD)) {
+            return (Admit::OutOfRange { next }, None);
+        }
         if self
             .recent
             .iter()
@@ -325,6 +346,7 @@ impl SyncState {
             }
         }
         self.last_closed = job.step;
+        self.closed_any = true;
     }
 }
 
@@ -441,6 +463,27 @@ mod tests {
         assert!(s.leave("a").0);
         assert_eq!(join(&mut s, "b", 3, t0).unwrap().contributors, 2);
         assert_eq!(s.participants().collect::<Vec<_>>(), vec!["b"]);
+    }
+
+    #[test]
+    fn steps_out_of_range_are_refused() {
+        let now = Instant::now();
+        let mut s = with(&["a"], 0);
+        assert_eq!(s.admit("a", u64::MAX, now).0, Admit::OutOfRange { next: 1 });
+        assert_eq!(
+            s.admit("a", MAX_STEP + 1, now).0,
+            Admit::OutOfRange { next: 1 }
+        );
+        // Before any step is applied here, a push far ahead is how a restored shard
+        // catches up.
+        let far = 5 * MAX_STEP_AHEAD;
+        join_closing(&mut s, "a", far, now);
+        assert_eq!(
+            s.admit("a", far + 1 + MAX_STEP_AHEAD + 1, now).0,
+            Admit::OutOfRange { next: far + 1 }
+        );
+        join_closing(&mut s, "a", far + 1 + MAX_STEP_AHEAD, now);
+        assert_eq!(s.last_closed(), far + 1 + MAX_STEP_AHEAD);
     }
 
     #[test]
