@@ -14,7 +14,10 @@
 //!    rename, directory fsync, crc32c); then `parts/<step>/<shard>` names it (fenced).
 //! 3. **Commit.** Whoever writes the last part of a step commits, in one transaction
 //!    guarded on every part and on `latest`: the manifest `<step>`, `latest` (if newer),
-//!    and the removal of the parts.
+//!    and the removal of the parts. A writer whose part or commit fails on a transient
+//!    etcd error tries again a few times; and the coordinator commits any step newer than
+//!    the newest manifest whose parts have all stayed registered for a while without one
+//!    (a commit lost all the same).
 //! 4. **Retention.** After a commit, manifests beyond the newest `keep` are deleted; each
 //!    shard then deletes its files older than the oldest manifest kept. A file is deleted
 //!    only after a newer manifest is committed.
@@ -22,6 +25,7 @@
 //!    restores the first whose file for `i` reads back intact (size, crc32c, uuid); a bad
 //!    file is logged with the reason and the previous manifest is tried.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -100,6 +104,38 @@ pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The steps whose parts are registered for every shard of `shards`, oldest first, from a
+/// listing of `checkpoints/`.
+pub(crate) fn complete_parts<'a>(
+    keys: &PsKeys,
+    kvs: impl Iterator<Item = &'a KeyValue>,
+    shards: u32,
+) -> Vec<u64> {
+    let prefix = keys.all_parts();
+    let mut by_step: BTreeMap<u64, BTreeSet<u32>> = BTreeMap::new();
+    for kv in kvs {
+        let Some(rest) = kv.key.strip_prefix(&prefix) else {
+            continue;
+        };
+        let mut it = rest.split('/');
+        let (Some(step), Some(shard), None) = (
+            it.next().and_then(|s| s.parse::<u64>().ok()),
+            it.next().and_then(|s| s.parse::<u32>().ok()),
+            it.next(),
+        ) else {
+            continue;
+        };
+        if shard < shards {
+            by_step.entry(step).or_default().insert(shard);
+        }
+    }
+    by_step
+        .into_iter()
+        .filter(|(_, got)| got.len() == shards as usize)
+        .map(|(step, _)| step)
+        .collect()
 }
 
 /// Every committed manifest, newest first (unparseable ones are skipped with a warning).
@@ -397,6 +433,31 @@ pub async fn write_snapshot(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn complete_part_sets_are_found() {
+        let keys = PsKeys::new("j");
+        let kv = |key: String| KeyValue {
+            key,
+            value: b"{}".to_vec(),
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: None,
+        };
+        let kvs = [
+            kv(keys.part(4, 0)),
+            kv(keys.part(4, 1)),
+            kv(keys.part(6, 1)),
+            kv(keys.part(8, 0)),
+            kv(keys.part(8, 1)),
+            kv(keys.part(8, 7)),
+            kv(format!("{}9/x/y", keys.all_parts())),
+            kv(keys.manifest(2)),
+        ];
+        assert_eq!(complete_parts(&keys, kvs.iter(), 2), vec![4, 8]);
+        assert!(complete_parts(&keys, kvs.iter(), 3).is_empty());
+    }
 
     #[test]
     fn every_parses_steps_and_durations() {

@@ -6,7 +6,7 @@
 //! the lease before it starts and again before it answers, so a pserver that was paused
 //! past its TTL (and replaced) answers nothing once it runs again, and exits.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::checkpoint::{CheckpointDir, Snapshot};
+use crate::checkpoint::{CheckpointDir, ShardEntry, Snapshot};
 use crate::ckpt::{self, CheckpointConfig, CheckpointEvery, Request as CkptRequest};
 use crate::error::PsError;
 use crate::follow::follow_prefix;
@@ -1008,6 +1008,12 @@ async fn next_member_event(events: &mut Option<MemberWatch>) -> Option<MemberEve
     }
 }
 
+/// Attempts to record a checkpoint part and commit its step, on transient etcd errors.
+const COMMIT_ATTEMPTS: u32 = 8;
+/// How long the coordinator leaves a complete set of parts to its last writer before
+/// committing it itself (that writer's commit was lost).
+const COMMIT_GRACE: Duration = Duration::from_secs(2);
+
 /// The background checkpoint writer of one shard (and the coordinator on shard 0).
 struct Checkpointer {
     backend: Arc<dyn Backend>,
@@ -1033,6 +1039,8 @@ impl Checkpointer {
         let mut requested_step = 0u64;
         let mut requested_at = Instant::now();
         let mut requested_updates = 0u64;
+        // Coordinator: complete sets of parts without a manifest, and since when.
+        let mut uncommitted: BTreeMap<u64, Instant> = BTreeMap::new();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -1040,7 +1048,7 @@ impl Checkpointer {
                 _ = stop.cancelled() => break,
                 _ = slot.wait() => {
                     if let Some(snap) = slot.take() {
-                        self.write(snap).await;
+                        self.write(snap, &stop).await;
                     }
                 }
                 r = view.changed() => {
@@ -1054,6 +1062,15 @@ impl Checkpointer {
                     let ms = ckpt::parse_manifests(&self.keys, v.kvs.values());
                     let steps: Vec<u64> = ms.iter().map(|m| m.step).collect();
                     newest_manifest = steps.first().copied().unwrap_or(0);
+                    if self.shard.index() == 0 {
+                        let complete =
+                            ckpt::complete_parts(&self.keys, v.kvs.values(), self.shard.shards());
+                        let now = Instant::now();
+                        uncommitted.retain(|s, _| complete.contains(s));
+                        for s in complete.into_iter().filter(|s| *s > newest_manifest) {
+                            uncommitted.entry(s).or_insert(now);
+                        }
+                    }
                     if steps != manifest_steps {
                         manifest_steps = steps;
                         let kept: Vec<_> = ms.into_iter().take(self.cfg.keep.max(1)).collect();
@@ -1069,12 +1086,14 @@ impl Checkpointer {
                         requested_step = requested_step.max(req.step);
                         if req.step > handled && req.step > newest_manifest {
                             handled = req.step;
-                            self.handle_request(req.step).await;
+                            self.handle_request(req.step, &stop).await;
                         }
                     }
                 }
                 _ = tick.tick(), if self.shard.index() == 0 => {
                     let Ok(core) = self.shard.core() else { continue };
+                    self.commit_lost(&mut uncommitted, newest_manifest, core.spec().config.mode.name())
+                        .await;
                     let updates = core.updates();
                     let due = match self.cfg.every {
                         CheckpointEvery::Steps(_) if core.is_sync() => false,
@@ -1106,7 +1125,7 @@ impl Checkpointer {
         }
     }
 
-    async fn handle_request(&self, step: u64) {
+    async fn handle_request(&self, step: u64, stop: &CancellationToken) {
         let Ok(core) = self.shard.core() else {
             tracing::debug!(step, "checkpoint requested before initialisation; skipped");
             return;
@@ -1129,12 +1148,92 @@ impl Checkpointer {
         }
         let snap = tokio::task::spawn_blocking(move || core.snapshot(step)).await;
         match snap {
-            Ok(s) => self.write(s).await,
+            Ok(s) => self.write(s, stop).await,
             Err(e) => tracing::error!(step, error = %e, "snapshot failed"),
         }
     }
 
-    async fn write(&self, snap: Snapshot) {
+    /// Coordinator: commits the steps of `uncommitted` newer than the newest manifest
+    /// whose parts have waited [`COMMIT_GRACE`] for their last writer's commit.
+    async fn commit_lost(
+        &self,
+        uncommitted: &mut BTreeMap<u64, Instant>,
+        newest_manifest: u64,
+        mode: &str,
+    ) {
+        uncommitted.retain(|s, _| *s > newest_manifest);
+        let due: Vec<u64> = uncommitted
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= COMMIT_GRACE)
+            .map(|(s, _)| *s)
+            .collect();
+        for step in due {
+            let shards = self.shard.shards();
+            match ckpt::try_commit(&*self.backend, &self.keys, &self.fence, step, shards, mode)
+                .await
+            {
+                Ok(committed) => {
+                    uncommitted.remove(&step);
+                    if committed {
+                        tracing::warn!(step, "committed a checkpoint its last writer did not");
+                        if let Err(e) =
+                            ckpt::prune(&*self.backend, &self.keys, &self.fence, self.cfg.keep)
+                                .await
+                        {
+                            tracing::warn!(error = %e, "checkpoint pruning failed");
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(step, error = %e, "checkpoint commit failed; trying again later");
+                    uncommitted.insert(step, Instant::now());
+                }
+            }
+        }
+    }
+
+    /// Records this shard's part of `step` and commits the step if every part is there,
+    /// trying again on transient etcd errors (at most [`COMMIT_ATTEMPTS`] times, until
+    /// `stop`).
+    async fn record(&self, step: u64, entry: &ShardEntry, mode: &str, stop: &CancellationToken) {
+        let shard = self.shard.index();
+        let mut delay = Duration::from_millis(50);
+        for attempt in 1..=COMMIT_ATTEMPTS {
+            let commit = async {
+                ckpt::register_part(&*self.backend, &self.keys, &self.fence, step, entry).await?;
+                let committed = ckpt::try_commit(
+                    &*self.backend,
+                    &self.keys,
+                    &self.fence,
+                    step,
+                    self.shard.shards(),
+                    mode,
+                )
+                .await?;
+                if committed {
+                    ckpt::prune(&*self.backend, &self.keys, &self.fence, self.cfg.keep).await?;
+                }
+                Ok::<_, PsError>(())
+            };
+            match commit.await {
+                Ok(()) => return,
+                Err(e) if e.is_retryable() && attempt < COMMIT_ATTEMPTS => {
+                    tracing::warn!(shard, step, attempt, error = %e, "checkpoint part not recorded in etcd; retrying");
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::error!(shard, step, error = %e, "checkpoint part not recorded in etcd");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn write(&self, snap: Snapshot, stop: &CancellationToken) {
         let step = snap.step;
         let shard = self.shard.index();
         let counters = self.shard.core().ok();
@@ -1164,24 +1263,6 @@ impl Checkpointer {
         let mode = counters
             .as_ref()
             .map_or("async", |c| c.spec().config.mode.name());
-        let commit = async {
-            ckpt::register_part(&*self.backend, &self.keys, &self.fence, step, &entry).await?;
-            let committed = ckpt::try_commit(
-                &*self.backend,
-                &self.keys,
-                &self.fence,
-                step,
-                self.shard.shards(),
-                mode,
-            )
-            .await?;
-            if committed {
-                ckpt::prune(&*self.backend, &self.keys, &self.fence, self.cfg.keep).await?;
-            }
-            Ok::<_, PsError>(())
-        };
-        if let Err(e) = commit.await {
-            tracing::warn!(shard, step, error = %e, "checkpoint part not recorded in etcd");
-        }
+        self.record(step, &entry, mode, stop).await;
     }
 }

@@ -1078,3 +1078,83 @@ async fn the_bulk_path_bounds_hellos_stalls_and_connections() {
     .await;
     assert!(ok, "the stalled connection's slot was never freed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_is_recorded_after_a_transient_etcd_failure() {
+    let h = Harness::new("ckpt-retry", 1);
+    let keys = PsKeys::new("ckpt-retry");
+    let faulty = FaultyBackend::new(h.backend.clone());
+    let every = Some(CheckpointEvery::Steps(2));
+    let _p0 = h.pserver_with(faulty.clone(), 0, every, |_| {}).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![0.0; N],
+        cfg(Mode::sync(), OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let _la = h.register("a").await;
+    wait_participants(&ps, &["a"]).await;
+    // etcd refuses the pserver's transactions while step 2's file is written.
+    faulty.fail(&["txn"], || edl_coord::Error::Unavailable {
+        endpoints: vec!["faulty-backend".into()],
+        msg: "injected".into(),
+    });
+    for step in 1..=2u64 {
+        ps.push("a", step, &[("w", &vec![1.0; N])], &[])
+            .await
+            .unwrap();
+    }
+    let dir = CheckpointDir::new(h.dir.path(), "ckpt-retry", 0);
+    let written = edl_coord::testkit::wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || async { dir.files().unwrap().iter().any(|(s, _)| *s == 2) },
+    )
+    .await;
+    assert!(written, "the checkpoint file of step 2 was never written");
+    faulty.clear_failures();
+    wait_manifest(&h.backend, &keys, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_commits_a_step_whose_commit_was_lost() {
+    let h = Harness::new("ckpt-lost", 2);
+    let keys = PsKeys::new("ckpt-lost");
+    let every = Some(CheckpointEvery::Steps(1000));
+    let _p0 = h.pserver(0, every).await;
+    let _p1 = h.pserver(1, every).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![0.0; N],
+        cfg(Mode::sync(), OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    // Every shard's part of step 7 is registered, and nobody committed it (its last
+    // writer died, or etcd kept failing its commit).
+    for shard in 0..2u32 {
+        let kv = h.backend.get(&keys.ps(shard)).await.unwrap().unwrap();
+        let fence = edl_coord::Fence {
+            key: keys.ps(shard),
+            revision: kv.create_revision,
+        };
+        let entry = crate::checkpoint::ShardEntry {
+            shard,
+            path: format!("/nonexistent/ps-{shard}.ckpt"),
+            size: 1,
+            crc32c: 0,
+            uuid: "u".into(),
+        };
+        ckpt::register_part(&*h.backend, &keys, &fence, 7, &entry)
+            .await
+            .unwrap();
+    }
+    wait_manifest(&h.backend, &keys, 7).await;
+    let m = ckpt::manifests(&*h.backend, &keys).await.unwrap();
+    assert_eq!(m[0].step, 7);
+    assert_eq!(m[0].entries.len(), 2);
+    assert_eq!(m[0].mode, "sync");
+}
