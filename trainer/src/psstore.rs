@@ -9,6 +9,12 @@
 //!   global step learnt from the last pull. If that step closed without this trainer (it
 //!   was slower than the step timeout, or it just joined), the gradients go to the next
 //!   step (one step stale) rather than being dropped, a bounded number of times.
+//! - Async mode overlaps communication with computation: `push` hands the gradients to a
+//!   background task and returns, so the next batch's pull and forward/backward run
+//!   while they travel; at most one push is in flight (the next push, [`ParamStore::flush`]
+//!   and `idle` wait for it, and report its error). Parameters a trainer computes on
+//!   therefore miss at most its own previous step (staleness 1, on top of the other
+//!   trainers' asynchrony). The runtime flushes before acknowledging a task.
 //! - `idle`: sync mode, a trainer with no task leaves the steps so the others do not wait
 //!   for it; its next push brings it back.
 
@@ -59,6 +65,7 @@ pub struct PsStore {
     seed: u64,
     cache: Mutex<DenseCache>,
     stats: Arc<PsStoreStats>,
+    inflight: Mutex<Option<tokio::task::JoinHandle<Result<(), StoreError>>>>,
 }
 
 impl PsStore {
@@ -71,6 +78,7 @@ impl PsStore {
             seed,
             cache: Mutex::new(DenseCache::new()),
             stats: Arc::new(PsStoreStats::default()),
+            inflight: Mutex::new(None),
         }
     }
 
@@ -86,6 +94,17 @@ impl PsStore {
 
     fn sync(&self) -> bool {
         self.config.mode.is_sync()
+    }
+
+    /// Waits for the push in flight, if any.
+    async fn wait_inflight(&self) -> Result<(), StoreError> {
+        let handle = self.inflight.lock().await.take();
+        match handle {
+            Some(h) => h
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("push task failed: {e}")))?,
+            None => Ok(()),
+        }
     }
 }
 
@@ -207,6 +226,40 @@ impl ParamStore for PsStore {
                 names.len()
             )));
         }
+        if !self.sync() {
+            // One push in flight at a time: wait for the previous one (and report its
+            // error), then send this one in the background.
+            self.wait_inflight().await?;
+            let client = self.client.clone();
+            let stats = self.stats.clone();
+            let trainer = trainer.to_owned();
+            let names = names.clone();
+            let grads = grads.clone();
+            let handle = tokio::spawn(async move {
+                let dense: Vec<(&str, &[f32])> = names
+                    .iter()
+                    .zip(&grads.dense)
+                    .map(|(n, g)| (n.as_str(), g.as_slice()))
+                    .collect();
+                let sparse: Vec<PsGrad<'_>> = grads
+                    .sparse
+                    .iter()
+                    .map(|s| PsGrad {
+                        table: &s.table,
+                        rows: &s.rows,
+                        values: &s.values,
+                    })
+                    .collect();
+                client
+                    .push(&trainer, step, &dense, &sparse)
+                    .await
+                    .map_err(map_err)?;
+                stats.pushes.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            });
+            *self.inflight.lock().await = Some(handle);
+            return Ok(());
+        }
         let dense: Vec<(&str, &[f32])> = names
             .iter()
             .zip(&grads.dense)
@@ -221,14 +274,6 @@ impl ParamStore for PsStore {
                 values: &s.values,
             })
             .collect();
-        if !self.sync() {
-            self.client
-                .push(trainer, step, &dense, &sparse)
-                .await
-                .map_err(map_err)?;
-            self.stats.pushes.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
         let mut global = self.cache.lock().await.next_step();
         for _ in 0..=STALE_RETRIES {
             match self.client.push(trainer, global, &dense, &sparse).await {
@@ -256,7 +301,12 @@ impl ParamStore for PsStore {
         Ok(())
     }
 
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.wait_inflight().await
+    }
+
     async fn idle(&self, trainer: &str) -> Result<(), StoreError> {
+        self.wait_inflight().await?;
         if self.sync() {
             self.client.leave(trainer).await.map_err(map_err)?;
         }

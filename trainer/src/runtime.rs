@@ -194,6 +194,8 @@ pub async fn run(
                     &shutdown,
                 )
                 .await?;
+                // A task is acknowledged only once its last batch's push is applied.
+                store.flush().await?;
                 match end {
                     TaskEnd::Trained(n) => match reader.finished(&task.task, n).await {
                         Ok(_) => {
@@ -258,6 +260,7 @@ async fn evaluate_pass(
     let Some(test) = &cfg.test else {
         return Ok(());
     };
+    store.flush().await?;
     store.pull_dense(params).await?;
     let eval = evaluate(model, store, params, test, cfg.eval_batch_size).await?;
     let metric = model.metric();

@@ -64,6 +64,12 @@ pub trait ParamStore: Send + Sync + std::fmt::Debug {
     /// (trainer, step) is applied once.
     async fn push(&self, trainer: &str, step: u64, grads: &StepOutput) -> Result<(), StoreError>;
 
+    /// Waits until every push made so far is applied (a store may send pushes in the
+    /// background), reporting the error of one that failed. A no-op by default.
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// This trainer has no work for now (it waits for a task): in sync mode it stops
     /// taking part in steps until its next push, so the other trainers' steps do not wait
     /// for it. A no-op by default.
