@@ -24,6 +24,11 @@ pub const MAX_BLOCK_SIZE: usize = 16 << 20;
 pub const MAX_DIM: usize = 1 << 20;
 /// Longest parameter or table name accepted.
 pub const MAX_NAME_LEN: usize = 256;
+/// Most dense blocks accepted in all (every process holds the layout's list of blocks):
+/// 2 Mi blocks, 512 GiB of parameters at the default block size.
+pub const MAX_BLOCKS: u64 = 1 << 21;
+/// Most sparse tables accepted (each shard keeps lock stripes for every one).
+pub const MAX_TABLES: usize = 4096;
 
 /// Why a spec or layout was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -255,6 +260,7 @@ impl ModelSpec {
         }
         Optimizer::new(self.config.optimizer.clone())?;
         let mut names = std::collections::HashSet::new();
+        let mut blocks = 0u64;
         for d in &self.dense {
             check_name("parameter", &d.name)?;
             if !names.insert(d.name.as_str()) {
@@ -264,7 +270,9 @@ impl ModelSpec {
                 )));
             }
             match d.numel() {
-                Some(n) if n > 0 && n <= u32::MAX as usize => {}
+                Some(n) if n > 0 && n <= u32::MAX as usize => {
+                    blocks = blocks.saturating_add(n.div_ceil(bs) as u64);
+                }
                 _ => {
                     return Err(SpecError::Invalid(format!(
                         "parameter {:?} has shape {:?}: its size must be in 1..=2^32-1",
@@ -272,6 +280,18 @@ impl ModelSpec {
                     )));
                 }
             }
+        }
+        if blocks > MAX_BLOCKS {
+            return Err(SpecError::Invalid(format!(
+                "the dense parameters make {blocks} blocks of {bs} floats, more than \
+                 {MAX_BLOCKS}: use a larger block_size"
+            )));
+        }
+        if self.sparse.len() > MAX_TABLES {
+            return Err(SpecError::Invalid(format!(
+                "{} sparse tables, more than {MAX_TABLES}",
+                self.sparse.len()
+            )));
         }
         let mut tables = std::collections::HashSet::new();
         for s in &self.sparse {
@@ -537,6 +557,32 @@ mod tests {
         assert!(Layout::new(spec(&[("w", &[2])], 0), 2).is_err());
         assert!(Layout::new(spec(&[("w", &[usize::MAX, 2])], 10), 2).is_err());
         assert!(Layout::new(spec(&[("w", &[2])], 10), 0).is_err());
+        // Too many blocks in all (an Init could otherwise make the pserver lay out
+        // billions of them).
+        let err = spec(&[("w", &[u32::MAX as usize])], 1)
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("blocks"), "{err}");
+        let many = MAX_BLOCKS as usize / 2;
+        assert!(
+            spec(&[("a", &[many]), ("b", &[many])], 1)
+                .validate()
+                .is_ok()
+        );
+        assert!(
+            spec(&[("a", &[many]), ("b", &[many + 1])], 1)
+                .validate()
+                .is_err()
+        );
+        let mut s = spec(&[("w", &[2])], 10);
+        s.sparse = (0..=MAX_TABLES)
+            .map(|i| SparseSpec {
+                name: format!("t{i}"),
+                dim: 1,
+                init: RowInit::Zeros,
+            })
+            .collect();
+        assert!(s.validate().is_err());
         assert!(ModelSpec::from_json("{").is_err());
         let s = spec(&[("w", &[2])], 10);
         assert_eq!(ModelSpec::from_json(&s.to_json()).unwrap(), s);
