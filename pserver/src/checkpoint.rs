@@ -34,6 +34,12 @@ const TRAILER_LEN: usize = 12;
 const FORMAT_VERSION: u32 = 1;
 /// Largest header accepted (the spec of a model with many parameters fits easily).
 const MAX_HEADER: usize = 64 << 20;
+/// Most optimizer slots per value a file may declare (Adam has two).
+const MAX_SLOTS: usize = 16;
+/// Bytes of a block's fixed fields (id, len, version, t).
+const BLOCK_FIXED: usize = 24;
+/// Bytes of a row's fixed fields (row, t).
+const ROW_FIXED: usize = 16;
 
 /// Why a checkpoint could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -358,19 +364,33 @@ pub fn decode(bytes: &[u8]) -> Result<(Snapshot, String), String> {
         ));
     }
     header.spec.validate().map_err(|e| e.to_string())?;
+    // Every length below comes from the file: checked arithmetic, and checked against
+    // the bytes left before anything is allocated.
     let remaining = |c: &Cursor<'_>| c.buf.len() - c.at;
     let slots = header.slots;
+    if slots > MAX_SLOTS {
+        return Err(format!(
+            "{slots} optimizer slots per value (at most {MAX_SLOTS})"
+        ));
+    }
+    // Bytes per value with its slots.
+    let value_bytes = (1 + slots) * 4;
+    let fits = |n: Option<usize>, c: &Cursor<'_>| n.is_some_and(|n| n <= remaining(c));
+    let block_count = usize::try_from(header.blocks).ok();
+    if !fits(block_count.and_then(|n| n.checked_mul(BLOCK_FIXED)), &c) {
+        return Err(format!("{} blocks overrun the file", header.blocks));
+    }
     let mut blocks = Vec::new();
     for _ in 0..header.blocks {
         let id = c.u32()?;
         let len = c.u32()? as usize;
-        if len.saturating_mul(4 * (1 + slots)) > remaining(&c) {
+        if !fits(len.checked_mul(value_bytes), &c) {
             return Err(format!("block {id} of {len} floats overruns the file"));
         }
         let version = c.u64()?;
         let t = c.u64()?;
         let values = c.f32s(len)?;
-        let slot_values = c.f32s(len * slots)?;
+        let slot_values = c.f32s(len.checked_mul(slots).ok_or("absurd block length")?)?;
         blocks.push(BlockSnap {
             id,
             version,
@@ -390,19 +410,27 @@ pub fn decode(bytes: &[u8]) -> Result<(Snapshot, String), String> {
     }
     let mut tables = Vec::new();
     for (rows, spec) in header.table_rows.iter().zip(&header.spec.sparse) {
-        let per_row = 16 + spec.dim * 4 * (1 + slots);
-        if (*rows as usize).saturating_mul(per_row) > remaining(&c) {
+        let per_row = spec
+            .dim
+            .checked_mul(value_bytes)
+            .and_then(|n| n.checked_add(ROW_FIXED));
+        let row_count = usize::try_from(*rows).ok();
+        if !fits(
+            row_count.zip(per_row).and_then(|(r, p)| r.checked_mul(p)),
+            &c,
+        ) {
             return Err(format!(
                 "table {:?} of {rows} rows overruns the file",
                 spec.name
             ));
         }
-        let mut t = Vec::with_capacity(*rows as usize);
+        let slot_len = spec.dim.checked_mul(slots).ok_or("absurd table width")?;
+        let mut t = Vec::with_capacity(row_count.unwrap_or(0));
         for _ in 0..*rows {
             let row = c.u64()?;
             let st = c.u64()?;
             let values = c.f32s(spec.dim)?;
-            let slot_values = c.f32s(spec.dim * slots)?;
+            let slot_values = c.f32s(slot_len)?;
             t.push(RowSnap {
                 row,
                 values,
@@ -720,6 +748,46 @@ mod tests {
             .collect();
         assert_eq!(names.len(), 1, "no temporary left behind: {names:?}");
         assert_eq!(CheckpointDir::read(&first, 1, 2).unwrap(), sample(2, 4, 4));
+    }
+
+    /// `snap`'s file with its header edited by `f` (the checksum recomputed, so that
+    /// only the parser stands between the lengths and the allocator).
+    fn with_header(snap: &Snapshot, f: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        let mut buf = Vec::new();
+        encode_to(snap, "u", &mut buf, None).unwrap();
+        let hlen = u32::from_le_bytes(buf[8..12].try_into().unwrap()) as usize;
+        let mut header: serde_json::Value = serde_json::from_slice(&buf[12..12 + hlen]).unwrap();
+        f(&mut header);
+        let header = serde_json::to_vec(&header).unwrap();
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(&buf[12 + hlen..buf.len() - TRAILER_LEN]);
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(END_MAGIC);
+        out
+    }
+
+    #[test]
+    fn absurd_lengths_in_a_well_formed_file_are_corruption() {
+        let snap = sample(9, 2, 2);
+        assert_eq!(decode(&with_header(&snap, |_| {})).unwrap().0, snap);
+        let edits: [(&str, serde_json::Value); 5] = [
+            ("slots", u64::MAX.into()),
+            ("slots", (MAX_SLOTS as u64 + 1).into()),
+            ("blocks", u64::MAX.into()),
+            ("blocks", (1u64 << 40).into()),
+            ("table_rows", vec![u64::MAX].into()),
+        ];
+        for (field, value) in edits {
+            let bytes = with_header(&snap, |h| h[field] = value.clone());
+            let err = decode(&bytes).unwrap_err();
+            assert!(
+                err.contains("overrun") || err.contains("slots"),
+                "{field} = {value}: {err}"
+            );
+        }
     }
 
     proptest! {
