@@ -842,7 +842,7 @@ mod tests {
             max_norm: Some(1.0),
             max_value: None,
         };
-        let mut g = vec![3e19f32, 4e19, 0.0];
+        let mut g = [3e19f32, 4e19, 0.0];
         let plan = clip.apply(&mut [&mut g[..]]);
         close(plan.norm as f32, 5e19);
         assert!(plan.scale > 0.0, "{plan:?}");
