@@ -7,6 +7,8 @@
 //! - [`consume_cmd`]: `edl consume`, a model-less consumer of a job's tasks.
 //! - [`pserver_cmd`]: `edl pserver`, a parameter server (one shard) of a job.
 //! - [`trainer_cmd`]: `edl trainer`, an elastic trainer of a job.
+//! - [`run_cmd`]: `edl run`, a whole job on one machine, supervised.
+//! - [`ops_cmd`]: `edl status|scale|kill|logs`.
 //! - [`job`]: the job spec (TOML; stored as JSON in etcd).
 //! - [`common`]: etcd and job options, signals, the runtime.
 //!
@@ -24,7 +26,9 @@ pub mod consume_cmd;
 pub mod data;
 pub mod job;
 pub mod master_cmd;
+pub mod ops_cmd;
 pub mod pserver_cmd;
+pub mod run_cmd;
 pub mod trainer_cmd;
 
 /// edl: elastic, fault-tolerant distributed training.
@@ -57,6 +61,18 @@ pub enum Command {
     /// Run an elastic trainer of a job: leases tasks from the master, pulls parameters
     /// from the pservers, pushes gradients; SIGTERM drains it.
     Trainer(trainer_cmd::TrainerArgs),
+    /// Run a whole job on this machine from a TOML job spec: masters, pservers and
+    /// trainers as supervised child processes (or in process without etcd), with live
+    /// progress, a summary and a report.
+    Run(run_cmd::RunArgs),
+    /// Show jobs: state, pass, tasks, trainers, pservers, masters, recent failures.
+    Status(ops_cmd::StatusArgs),
+    /// Set the desired trainer count of a job run by `edl run`.
+    Scale(ops_cmd::ScaleArgs),
+    /// Stop a job run by `edl run` gracefully.
+    Kill(ops_cmd::KillArgs),
+    /// Print (or follow) the logs of a job run by `edl run`.
+    Logs(ops_cmd::LogsArgs),
 }
 
 /// Sets up `tracing` to stderr; `EDL_LOG` (a filter directive) wins over `-v`.
@@ -83,5 +99,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Consume(args) => consume_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Pserver(args) => pserver_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Trainer(args) => trainer_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Run(args) => run_cmd::run(args),
+        Command::Status(args) => ops_cmd::status(args).map(|()| ExitCode::SUCCESS),
+        Command::Scale(args) => ops_cmd::scale(args).map(|()| ExitCode::SUCCESS),
+        Command::Kill(args) => ops_cmd::kill(args).map(|()| ExitCode::SUCCESS),
+        Command::Logs(args) => ops_cmd::logs(args).map(|()| ExitCode::SUCCESS),
     }
 }

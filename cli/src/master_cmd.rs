@@ -30,6 +30,10 @@ pub struct MasterArgs {
     /// A task failing more than this many times in a pass fails for good.
     #[arg(long, default_value_t = 3)]
     pub max_failures: u32,
+    /// A task whose trainer is lost (or times out) with it more than this many times in a
+    /// pass fails for good; losses do not count as failures.
+    #[arg(long, default_value_t = 10)]
+    pub max_losses: u32,
     /// TTL of the master's etcd lease: a dead leader is replaced within about this.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub lease_ttl: Duration,
@@ -64,6 +68,7 @@ pub fn run(args: MasterArgs) -> anyhow::Result<()> {
         cfg.lease_ttl = args.lease_ttl;
         cfg.reconcile_every = args.lease_ttl;
         cfg.queue.max_failures = args.max_failures;
+        cfg.queue.max_losses = args.max_losses;
         anyhow::ensure!(
             args.chunks_per_task > 0,
             "--chunks-per-task must be at least 1"

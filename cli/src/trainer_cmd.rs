@@ -261,10 +261,24 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Settings of one trainer (`edl trainer`, or a trainer inside `edl run`).
+#[derive(Debug, Clone)]
+pub struct TrainerOpts {
+    /// The trainer id.
+    pub id: String,
+    /// Compute device.
+    pub device: DeviceChoice,
+    /// TTL of the registration lease.
+    pub lease_ttl: Duration,
+    /// Where to serve `/metrics`.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The job token.
+    pub token: Option<String>,
+}
+
 /// Runs `edl trainer`.
 pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
     args.job.validate()?;
-    let started = Instant::now();
     runtime()?.block_on(async move {
         let shutdown = shutdown_on_signals()?;
         let backend = args.etcd.connect().await?;
@@ -283,20 +297,48 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
             }
             None => JobSpec::fetch(&backend, &job, args.spec_wait, &shutdown).await?,
         };
-        let device = select_device(args.device)?;
+        let opts = TrainerOpts {
+            id: args.id.clone().unwrap_or_else(|| {
+                format!(
+                    "trainer-{}-{:04x}",
+                    std::process::id(),
+                    rand::random::<u16>()
+                )
+            }),
+            device: args.device,
+            lease_ttl: args.lease_ttl.unwrap_or(spec.cluster.lease_ttl),
+            metrics_addr: args.metrics_addr,
+            token: args.job.token.clone(),
+        };
+        let rep = train(backend, spec, opts, shutdown).await?;
+        let line = serde_json::to_string(&rep)?;
+        println!("{line}");
+        if let Some(path) = &args.report {
+            std::fs::write(path, format!("{line}\n"))
+                .with_context(|| format!("write {}", path.display()))?;
+        }
+        Ok(())
+    })
+}
+
+/// Trains as one trainer of `spec`'s job until the job finishes (or `shutdown` drains it).
+pub async fn train(
+    backend: Arc<dyn edl_coord::Backend>,
+    spec: JobSpec,
+    opts: TrainerOpts,
+    shutdown: CancellationToken,
+) -> anyhow::Result<TrainerReport> {
+    let started = Instant::now();
+    let job = spec.name.clone();
+    let id = opts.id.clone();
+    let ttl = opts.lease_ttl;
+    {
+        let device = select_device(opts.device)?;
         let dev_name = device_name(&device);
         let model: Arc<dyn Model> = Arc::from(
             edl_trainer::build_on(&spec.model, &device, candle_core::DType::F32)
                 .context("build the model")?,
         );
-        let id = args.id.clone().unwrap_or_else(|| {
-            format!(
-                "trainer-{}-{:04x}",
-                std::process::id(),
-                rand::random::<u16>()
-            )
-        });
-        let ttl = args.lease_ttl.unwrap_or(spec.cluster.lease_ttl);
         let test = match &spec.data.test {
             Some(g) => Some(Arc::new(
                 edl_trainer::load_samples(&g.patterns()).context("read the test split")?,
@@ -315,7 +357,7 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
             "pid": std::process::id(),
             "device": dev_name,
             "started_ms": now_ms(),
-            "metrics": args.metrics_addr.map(|a| a.to_string()),
+            "metrics": opts.metrics_addr.map(|a| a.to_string()),
         });
         registry
             .register(&id, info.to_string().into_bytes(), &lease)
@@ -323,7 +365,7 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
             .context("register the trainer")?;
 
         let mut mcfg = ClientConfig::new(&job);
-        mcfg.token = args.job.token.clone();
+        mcfg.token = opts.token.clone();
         let master = MasterClient::new(backend.clone(), mcfg, life.child_token());
         let ds = master
             .set_dataset(
@@ -343,7 +385,7 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
         );
 
         let mut pcfg = PsClientConfig::new(&job);
-        pcfg.token = args.job.token.clone();
+        pcfg.token = opts.token.clone();
         let ps = PsClient::connect(backend.clone(), pcfg, life.child_token())
             .await
             .context("find the pservers")?;
@@ -351,7 +393,7 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
         let stats = store.stats();
 
         let (tx, rx) = watch::channel(Progress::default());
-        if let Some(addr) = args.metrics_addr {
+        if let Some(addr) = opts.metrics_addr {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("bind --metrics-addr {addr}"))?;
@@ -459,17 +501,11 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
         registry.deregister(&id, &lease).await.ok();
         lease.revoke().await.ok();
         let rep = report(&id, &dev_name, &progress, &stats, started);
-        let line = serde_json::to_string(&rep)?;
-        println!("{line}");
-        if let Some(path) = &args.report {
-            std::fs::write(path, format!("{line}\n"))
-                .with_context(|| format!("write {}", path.display()))?;
-        }
         anyhow::ensure!(
             !lease_lost,
             "lost the etcd lease (cut off from etcd for longer than {ttl:?}); stopped"
         );
         tracing::info!(trainer = %id, drained = progress.drained, "trainer done");
-        Ok(())
-    })
+        Ok(rep)
+    }
 }

@@ -97,8 +97,13 @@ pub struct Task {
     pub state: TaskState,
     /// Bumped on every dispatch and revocation.
     pub generation: u64,
-    /// Failures in this pass.
+    /// Failures in this pass reported by trainers (bad data, ...).
     pub failures: u32,
+    /// Times in this pass its holder was lost or timed out with it: counted apart from
+    /// failures, so that chaos among trainers does not fail healthy tasks (the bound
+    /// still stops a task that kills every trainer that takes it).
+    #[serde(default)]
+    pub losses: u32,
     /// The reason of the last failure in this pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -209,6 +214,9 @@ impl Default for TimeoutPolicy {
 pub struct QueueConfig {
     /// A task failing more than this many times in a pass fails for good.
     pub max_failures: u32,
+    /// A task whose holder is lost (or times out) more than this many times in a pass
+    /// fails for good.
+    pub max_losses: u32,
     /// Passes over the dataset; the job finishes after the last.
     pub passes: u32,
     /// Lease timeouts.
@@ -219,6 +227,7 @@ impl Default for QueueConfig {
     fn default() -> Self {
         QueueConfig {
             max_failures: 3,
+            max_losses: 10,
             passes: 1,
             timeout: TimeoutPolicy::default(),
         }
@@ -339,6 +348,7 @@ impl Queue {
                 state: TaskState::Todo,
                 generation: 0,
                 failures: 0,
+                losses: 0,
                 last_error: None,
             });
             q.todo.push_back(i);
@@ -371,6 +381,8 @@ impl Queue {
                 t.pass = q.meta.pass;
                 t.state = TaskState::Todo;
                 t.failures = 0;
+                t.losses = 0;
+                t.losses = 0;
                 t.last_error = None;
                 q.dirty.insert(i);
             }
@@ -714,15 +726,18 @@ impl Queue {
     /// `max_failures`.
     fn fail(&mut self, i: usize, reason: &str, redo: Redo) {
         self.unlease(i);
-        let max = self.cfg.max_failures;
+        let (max_failures, max_losses) = (self.cfg.max_failures, self.cfg.max_losses);
         let pass = self.meta.pass;
         let t = &mut self.tasks[i];
         t.generation += 1;
-        t.failures += 1;
+        match redo {
+            Redo::CutOff => t.losses += 1,
+            Redo::Reported(_) => t.failures += 1,
+        }
         t.last_error = Some(reason.to_owned());
         self.dirty.insert(i);
         let records = t.spec.records;
-        if t.failures > max {
+        if t.failures > max_failures || t.losses > max_losses {
             t.state = TaskState::Failed;
             let failed = FailedTask {
                 pass,
@@ -773,6 +788,7 @@ impl Queue {
             t.pass = self.meta.pass;
             t.state = TaskState::Todo;
             t.failures = 0;
+            t.losses = 0;
             t.last_error = None;
             self.todo.push_back(i);
         }
@@ -816,6 +832,7 @@ mod tests {
         QueueConfig {
             passes,
             max_failures,
+            max_losses: max_failures,
             ..QueueConfig::default()
         }
     }
@@ -845,6 +862,30 @@ mod tests {
         assert_eq!(q.get_task("a", 0, 0, 30), GetTask::JobFinished);
         assert_eq!(q.meta().counters.records_trained, 35);
         assert_eq!(q.meta().counters.passes_completed, 1);
+    }
+
+    #[test]
+    fn lost_trainers_do_not_use_up_a_tasks_failure_budget() {
+        let mut q = Queue::new(
+            QueueConfig {
+                max_losses: 4,
+                ..cfg(1, 1)
+            },
+            specs(1),
+        );
+        // Four holders die with it: still retried (failures stay 0).
+        for n in 0..4 {
+            let t = take(&mut q, &format!("t{n}"), 0);
+            q.trainer_lost(&format!("t{n}"));
+            assert_eq!(q.tasks[0].failures, 0);
+            assert_eq!(q.tasks[0].losses, n + 1);
+            assert!(matches!(q.tasks[0].state, TaskState::Todo), "{t:?}");
+        }
+        // The fifth loss exceeds max_losses: a task that kills every trainer is stopped.
+        take(&mut q, "t4", 0);
+        q.trainer_lost("t4");
+        assert!(matches!(q.tasks[0].state, TaskState::Failed));
+        assert!(q.is_finished());
     }
 
     #[test]
@@ -939,6 +980,7 @@ mod tests {
             QueueConfig {
                 passes: 1,
                 max_failures: 5,
+                max_losses: 5,
                 timeout: policy,
             },
             specs(8),

@@ -858,6 +858,28 @@ impl PsClient {
         Ok(())
     }
 
+    /// Fills `cache` with `values` (one vector per dense parameter, in spec order) as
+    /// this trainer's copy, so that a shard found without parameters (restarted before
+    /// its first checkpoint) can be initialised again from them even before this
+    /// trainer's first pull succeeded. The next pull moves every block.
+    pub async fn seed_cache(&self, cache: &mut DenseCache, values: &[Vec<f32>]) -> Result<()> {
+        let layout = self.layout().await?;
+        cache.reset(&layout);
+        for (p, v) in cache.params.iter_mut().zip(values) {
+            if p.values.len() != v.len() {
+                return Err(PsClientError::InvalidArgument(format!(
+                    "{} values for parameter {} of {} values",
+                    v.len(),
+                    p.name,
+                    p.values.len()
+                )));
+            }
+            p.values.copy_from_slice(v);
+        }
+        cache.complete.iter_mut().for_each(|c| *c = true);
+        Ok(())
+    }
+
     /// Pulls the dense blocks that changed since `cache`'s copy from every shard in
     /// parallel. A shard that lost its parameters (restarted without a checkpoint) is
     /// initialised again from the cache's copy, when the cache has one.

@@ -163,6 +163,12 @@ impl ParamStore for PsStore {
             .init(trainer, &dense, &sparse, self.config.clone())
             .await
             .map_err(map_err)?;
+        // The initial values are this trainer's copy until its first pull: a shard that
+        // restarted before its first checkpoint is initialised again from them.
+        self.client
+            .seed_cache(&mut *self.cache.lock().await, &values)
+            .await
+            .map_err(map_err)?;
         Ok(match outcome {
             edl_pserver::InitOutcome::Initialised => InitOutcome::Initialised,
             edl_pserver::InitOutcome::AlreadyInitialised => InitOutcome::AlreadyInitialised,

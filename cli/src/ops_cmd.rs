@@ -1,0 +1,421 @@
+//! Operator commands against running jobs, from any machine that reaches etcd:
+//! `edl status`, `edl scale`, `edl kill`, `edl logs`.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use edl_coord::Backend;
+use edl_master::client::{ClientConfig, MasterClient};
+use edl_master::keys::Keys;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{EtcdArgs, runtime, shutdown_on_signals};
+use crate::job::{JobSpec, valid_job_name};
+
+/// Arguments of `edl status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// Only this job.
+    pub job: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `edl scale`.
+#[derive(Debug, Args)]
+pub struct ScaleArgs {
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// The job.
+    pub job: String,
+    /// Desired trainer count (kept within the spec's [min_trainers, max_trainers]).
+    #[arg(long)]
+    pub trainers: u32,
+}
+
+/// Arguments of `edl kill`.
+#[derive(Debug, Args)]
+pub struct KillArgs {
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// The job.
+    pub job: String,
+}
+
+/// Arguments of `edl logs`.
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// The job.
+    pub job: String,
+    /// Only this role: master, pserver or trainer.
+    #[arg(long)]
+    pub role: Option<String>,
+    /// Keep printing what is appended (until Ctrl-C).
+    #[arg(long, short)]
+    pub follow: bool,
+}
+
+/// One job in `edl status`.
+#[derive(Debug, Serialize)]
+pub struct JobStatus {
+    /// Name.
+    pub job: String,
+    /// running, pending, succeeded, failed, stopped.
+    pub state: String,
+    /// The model kind.
+    pub model: Option<String>,
+    /// Current pass (0-based) and passes.
+    pub pass: Option<(u32, u32)>,
+    /// Tasks by state: todo, pending, done, failed.
+    pub tasks: Option<[u64; 4]>,
+    /// Records trained so far.
+    pub records_trained: Option<u64>,
+    /// Registered trainers.
+    pub trainers: Vec<String>,
+    /// Desired trainers (`edl scale`), if set.
+    pub desired_trainers: Option<u32>,
+    /// Pserver shards: index -> address.
+    pub pservers: Vec<(u32, String)>,
+    /// Masters: (address, leading).
+    pub masters: Vec<(String, bool)>,
+    /// Recent failures: task and reason.
+    pub failures: Vec<(String, String)>,
+}
+
+/// `edl status` output.
+#[derive(Debug, Serialize)]
+pub struct Overview {
+    /// Jobs.
+    pub jobs: Vec<JobStatus>,
+    /// Jobs waiting for a master.
+    pub pending_jobs: usize,
+    /// Running trainers over all jobs.
+    pub running_trainers: usize,
+    /// This machine's 1-minute load average divided by its cores.
+    pub cpu_utilisation: Option<f64>,
+}
+
+fn cpu_utilisation() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let load: f64 = text.split_whitespace().next()?.parse().ok()?;
+    let cores = std::thread::available_parallelism().ok()?.get() as f64;
+    Some(load / cores)
+}
+
+async fn job_names(backend: &Arc<dyn Backend>) -> anyhow::Result<Vec<String>> {
+    let (kvs, _) = backend.range("/edl/").await.context("list jobs")?;
+    let names: BTreeSet<String> = kvs
+        .iter()
+        .filter_map(|kv| {
+            let rest = kv.key.strip_prefix("/edl/")?;
+            let (job, key) = rest.split_once('/')?;
+            (key == "job/spec").then(|| job.to_owned())
+        })
+        .collect();
+    Ok(names.into_iter().collect())
+}
+
+async fn job_status(backend: &Arc<dyn Backend>, job: &str) -> anyhow::Result<JobStatus> {
+    let keys = Keys::new(job);
+    let spec = backend
+        .get(&JobSpec::key(job))
+        .await?
+        .and_then(|kv| JobSpec::from_json(&kv.value).ok());
+    let (trainers, _) = backend.range(&keys.trainers()).await?;
+    let trainers: Vec<String> = trainers
+        .iter()
+        .filter_map(|kv| kv.key.strip_prefix(&keys.trainers()).map(str::to_owned))
+        .collect();
+    let ps_prefix = format!("{}ps/", keys.root());
+    let (ps, _) = backend.range(&ps_prefix).await?;
+    let pservers: Vec<(u32, String)> = ps
+        .iter()
+        .filter_map(|kv| {
+            let i = kv.key.strip_prefix(&ps_prefix)?.parse::<u32>().ok()?;
+            let v: serde_json::Value = serde_json::from_slice(&kv.value).unwrap_or_default();
+            let addr = v["addr"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| String::from_utf8_lossy(&kv.value).into_owned());
+            Some((i, addr))
+        })
+        .collect();
+    let (mut masters, _) = backend.range(&keys.master_election()).await?;
+    masters.sort_by_key(|kv| kv.create_revision);
+    let masters: Vec<(String, bool)> = masters
+        .iter()
+        .enumerate()
+        .map(|(i, kv)| (String::from_utf8_lossy(&kv.value).into_owned(), i == 0))
+        .collect();
+    let desired_trainers = backend
+        .get(&format!("{}scale/trainers", keys.root()))
+        .await?
+        .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.trim().parse().ok());
+    let recorded = backend.get(&keys.state()).await?.and_then(|kv| {
+        serde_json::from_slice::<serde_json::Value>(&kv.value)
+            .ok()
+            .and_then(|v| v["state"].as_str().map(str::to_owned))
+    });
+    let status = if masters.is_empty() {
+        None
+    } else {
+        let mut cfg = ClientConfig::new(job);
+        cfg.retry_for = Duration::from_secs(2);
+        cfg.call_timeout = Duration::from_secs(2);
+        MasterClient::new(backend.clone(), cfg, CancellationToken::new())
+            .status()
+            .await
+            .ok()
+    };
+    let state = match (&recorded, &status) {
+        (Some(s), _) => s.clone(),
+        (None, Some(s)) if s.finished => "succeeded".into(),
+        (None, Some(_)) => "running".into(),
+        (None, None) => "pending".into(),
+    };
+    Ok(JobStatus {
+        job: job.to_owned(),
+        state,
+        model: spec.map(|s| s.model.kind().to_owned()),
+        pass: status.as_ref().map(|s| (s.pass, s.passes)),
+        tasks: status
+            .as_ref()
+            .map(|s| [s.todo, s.pending, s.done, s.failed]),
+        records_trained: status
+            .as_ref()
+            .and_then(|s| s.counters.map(|c| c.records_trained)),
+        trainers,
+        desired_trainers,
+        pservers,
+        masters,
+        failures: status
+            .map(|s| {
+                s.failed_tasks
+                    .into_iter()
+                    .rev()
+                    .take(5)
+                    .map(|f| (f.id, f.reason))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    })
+}
+
+/// Runs `edl status`.
+pub fn status(args: StatusArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async move {
+        let backend = args.etcd.connect().await?;
+        let names = match &args.job {
+            Some(j) => vec![j.clone()],
+            None => job_names(&backend).await?,
+        };
+        let mut jobs = Vec::new();
+        for n in &names {
+            jobs.push(job_status(&backend, n).await?);
+        }
+        if let Some(j) = &args.job {
+            anyhow::ensure!(
+                jobs.first()
+                    .is_some_and(|s| s.model.is_some() || !s.masters.is_empty()),
+                "no job {j} in etcd at {}",
+                args.etcd.etcd.join(",")
+            );
+        }
+        let overview = Overview {
+            pending_jobs: jobs.iter().filter(|j| j.state == "pending").count(),
+            running_trainers: jobs.iter().map(|j| j.trainers.len()).sum(),
+            cpu_utilisation: cpu_utilisation(),
+            jobs,
+        };
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&overview)?);
+            return Ok(());
+        }
+        println!(
+            "jobs {}  pending {}  running trainers {}  cpu {}",
+            overview.jobs.len(),
+            overview.pending_jobs,
+            overview.running_trainers,
+            overview
+                .cpu_utilisation
+                .map_or("?".into(), |u| format!("{:.0}%", u * 100.0))
+        );
+        for j in &overview.jobs {
+            println!(
+                "\n{}  [{}]  model {}",
+                j.job,
+                j.state,
+                j.model.as_deref().unwrap_or("?")
+            );
+            if let Some((p, n)) = j.pass {
+                println!("  pass {}/{}", p + 1, n.max(1));
+            }
+            if let Some([todo, pending, done, failed]) = j.tasks {
+                println!("  tasks todo {todo}  pending {pending}  done {done}  failed {failed}");
+            }
+            if let Some(r) = j.records_trained {
+                println!("  records trained {r}");
+            }
+            println!(
+                "  trainers {}{}: {}",
+                j.trainers.len(),
+                j.desired_trainers
+                    .map_or(String::new(), |d| format!(" (desired {d})")),
+                j.trainers.join(", ")
+            );
+            for (i, a) in &j.pservers {
+                println!("  pserver {i}: {a}");
+            }
+            for (a, leading) in &j.masters {
+                println!("  master {a}{}", if *leading { " (leader)" } else { "" });
+            }
+            for (t, r) in &j.failures {
+                println!("  failed {t}: {r}");
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Runs `edl scale`.
+pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(valid_job_name(&args.job), "invalid job name {:?}", args.job);
+    anyhow::ensure!(args.trainers >= 1, "--trainers must be at least 1");
+    runtime()?.block_on(async move {
+        let backend = args.etcd.connect().await?;
+        let spec = backend
+            .get(&JobSpec::key(&args.job))
+            .await?
+            .with_context(|| format!("no job {} in etcd", args.job))?;
+        let spec = JobSpec::from_json(&spec.value)?;
+        let c = &spec.cluster;
+        let want = args.trainers.clamp(c.min_trainers, c.max_trainers());
+        if want != args.trainers {
+            eprintln!(
+                "note: job {} allows {}..={} trainers; asking for {want}",
+                args.job,
+                c.min_trainers,
+                c.max_trainers()
+            );
+        }
+        backend
+            .put(
+                &format!("{}scale/trainers", Keys::new(&args.job).root()),
+                want.to_string().into_bytes(),
+                None,
+            )
+            .await
+            .context("write scale/trainers")?;
+        println!("job {}: desired trainers {want}", args.job);
+        Ok(())
+    })
+}
+
+/// Runs `edl kill`.
+pub fn kill(args: KillArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(valid_job_name(&args.job), "invalid job name {:?}", args.job);
+    runtime()?.block_on(async move {
+        let backend = args.etcd.connect().await?;
+        anyhow::ensure!(
+            backend.get(&JobSpec::key(&args.job)).await?.is_some(),
+            "no job {} in etcd",
+            args.job
+        );
+        backend
+            .put(
+                &format!("{}job/control", Keys::new(&args.job).root()),
+                b"stop".to_vec(),
+                None,
+            )
+            .await
+            .context("write job/control")?;
+        println!(
+            "job {}: stop requested (edl run stops every process gracefully)",
+            args.job
+        );
+        Ok(())
+    })
+}
+
+/// Runs `edl logs`.
+pub fn logs(args: LogsArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(valid_job_name(&args.job), "invalid job name {:?}", args.job);
+    if let Some(r) = &args.role {
+        anyhow::ensure!(
+            matches!(r.as_str(), "master" | "pserver" | "trainer"),
+            "--role must be master, pserver or trainer"
+        );
+    }
+    runtime()?.block_on(async move {
+        let backend = args.etcd.connect().await?;
+        let run = backend
+            .get(&format!("{}job/run", Keys::new(&args.job).root()))
+            .await?
+            .with_context(|| {
+                format!(
+                    "job {} was not started by `edl run` (no job/run key)",
+                    args.job
+                )
+            })?;
+        let run: serde_json::Value = serde_json::from_slice(&run.value).context("parse job/run")?;
+        let dir = std::path::PathBuf::from(run["dir"].as_str().unwrap_or_default()).join("logs");
+        let shutdown = shutdown_on_signals()?;
+        let mut offsets: std::collections::BTreeMap<std::path::PathBuf, u64> = Default::default();
+        loop {
+            let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+                .with_context(|| {
+                    format!(
+                        "read {} (logs live on the machine that ran the job)",
+                        dir.display()
+                    )
+                })?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                    name.ends_with(".log")
+                        && args.role.as_deref().is_none_or(|r| name.starts_with(r))
+                })
+                .collect();
+            files.sort();
+            let mut out = std::io::stdout().lock();
+            for f in files {
+                let name = f
+                    .file_stem()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default()
+                    .to_owned();
+                let off = offsets.entry(f.clone()).or_insert(0);
+                let mut file = std::fs::File::open(&f)?;
+                file.seek(SeekFrom::Start(*off))?;
+                let mut buf = String::new();
+                let n = file.read_to_string(&mut buf)? as u64;
+                *off += n;
+                for line in buf.lines() {
+                    writeln!(out, "[{name}] {line}")?;
+                }
+            }
+            out.flush()?;
+            if !args.follow {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    })
+}
