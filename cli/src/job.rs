@@ -103,6 +103,45 @@ pub struct DataSpec {
     /// Consecutive chunks per task (0: the master's default).
     #[serde(default)]
     pub chunks_per_task: u32,
+    /// How `edl run` creates the RecordIO files from a raw file when they are missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepare: Option<PrepareSpec>,
+}
+
+fn d_test_every() -> usize {
+    5
+}
+
+/// `[data.prepare]`: convert a raw file (CSV, MNIST CSV or text; gzip allowed) into the
+/// `train` (and `test`) RecordIO files, holding out every `test_every`-th line. The
+/// `train` and `test` globs must then be of the form `DIR/PREFIX-*.recordio`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrepareSpec {
+    /// The raw file (relative to the spec).
+    pub from: String,
+    /// `csv`, `mnist-csv` or `text` (as `edl data convert --format`).
+    pub format: String,
+    /// Every this many lines one goes to the test split (0: no test split; default 5).
+    #[serde(default = "d_test_every")]
+    pub test_every: usize,
+    /// Training shards (default 1).
+    #[serde(default = "d_shards")]
+    pub shards: u32,
+    /// Uncompressed bytes per chunk (default: `edl data convert`'s); a task is made of
+    /// chunks, so smaller chunks give more tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_size: Option<String>,
+    /// For csv: `value` (regression, default), `class` or `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// For csv: the first line is a header.
+    #[serde(default)]
+    pub header: bool,
+}
+
+fn d_shards() -> u32 {
+    1
 }
 
 /// `train.mode`.
@@ -341,7 +380,17 @@ impl JobSpec {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("read job spec {}", path.display()))?;
         let mut spec: JobSpec = toml::from_str(&text).map_err(|e| {
-            anyhow::anyhow!("job spec {}: {}", path.display(), e.to_string().trim_end())
+            let at = e.span().map_or(String::new(), |span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!("line {line}, column {column}: ")
+            });
+            anyhow::anyhow!(
+                "job spec {}: {at}{}",
+                path.display(),
+                e.message().trim_end()
+            )
         })?;
         let base = path
             .parent()
@@ -352,6 +401,11 @@ impl JobSpec {
         spec.data.train.resolve(&base);
         if let Some(t) = &mut spec.data.test {
             t.resolve(&base);
+        }
+        if let Some(p) = &mut spec.data.prepare
+            && Path::new(&p.from).is_relative()
+        {
+            p.from = base.join(&p.from).to_string_lossy().into_owned();
         }
         spec.validate()
             .with_context(|| format!("job spec {}", path.display()))?;

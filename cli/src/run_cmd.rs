@@ -291,8 +291,10 @@ fn now_ms() -> u64 {
 pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut spec = JobSpec::load(&args.spec)?;
     let chaos: Option<Chaos> = args.chaos.as_deref().map(str::parse).transpose()?;
-    check_data(&spec)?;
-    spec.fit_stats()?;
+    let in_spec = |e: anyhow::Error| e.context(format!("job spec {}", args.spec.display()));
+    prepare_data(&spec).map_err(in_spec)?;
+    check_data(&spec).map_err(in_spec)?;
+    spec.fit_stats().map_err(in_spec)?;
     let run_dir = match &args.run_dir {
         Some(d) => d.clone(),
         None => args
@@ -303,6 +305,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             .join("edl-runs")
             .join(&spec.name),
     };
+    // A run starts a new job: the logs, checkpoints and reports of an earlier run in the
+    // same directory are removed (checkpoints are only ever restored through a manifest
+    // of this job in etcd).
+    for stale in ["logs", "checkpoints"] {
+        let p = run_dir.join(stale);
+        if std::fs::symlink_metadata(&p).is_ok() {
+            std::fs::remove_dir_all(&p).with_context(|| format!("remove {}", p.display()))?;
+        }
+    }
     std::fs::create_dir_all(run_dir.join("logs"))
         .with_context(|| format!("create run directory {}", run_dir.display()))?;
     let run_dir = std::path::absolute(&run_dir).unwrap_or(run_dir);
@@ -371,6 +382,146 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     })
 }
 
+/// `DIR/PREFIX-*.recordio` -> (DIR, PREFIX).
+fn glob_target(glob: &str, key: &str) -> anyhow::Result<(PathBuf, String)> {
+    let path = Path::new(glob);
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let prefix = name.strip_suffix("-*.recordio").with_context(|| {
+        format!(
+            "data.{key}: with [data.prepare] it must look like DIR/PREFIX-*.recordio, not {glob}"
+        )
+    })?;
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    Ok((dir, prefix.to_owned()))
+}
+
+fn matches_nothing(globs: &[String]) -> bool {
+    edl_recordio::expand_globs(globs).map_or(true, |f| f.is_empty())
+}
+
+/// Creates the spec's RecordIO files from `[data.prepare]` when they are missing.
+fn prepare_data(spec: &JobSpec) -> anyhow::Result<()> {
+    let Some(prep) = &spec.data.prepare else {
+        return Ok(());
+    };
+    let train = spec.data.train.patterns();
+    let test = spec.data.test.as_ref().map(|t| t.patterns());
+    let missing = matches_nothing(&train) || test.as_deref().is_some_and(matches_nothing);
+    if !missing {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        train.len() == 1 && test.as_ref().is_none_or(|t| t.len() == 1),
+        "data: with [data.prepare], train and test are one glob each"
+    );
+    let (train_dir, train_prefix) = glob_target(&train[0], "train")?;
+    let test_target = match &test {
+        Some(t) => Some(glob_target(&t[0], "test")?),
+        None => None,
+    };
+    anyhow::ensure!(
+        test_target.is_none() || prep.test_every >= 2,
+        "data.prepare.test_every: must be at least 2 when data.test is set"
+    );
+    let raw = std::fs::read(&prep.from)
+        .with_context(|| format!("data.prepare.from: read {}", prep.from))?;
+    let text = if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(&raw[..]), &mut s)
+            .with_context(|| format!("data.prepare.from: decompress {}", prep.from))?;
+        s
+    } else {
+        String::from_utf8(raw)
+            .with_context(|| format!("data.prepare.from: {} is not UTF-8", prep.from))?
+    };
+    let mut lines: Vec<&str> = text.lines().collect();
+    let header = if prep.header && !lines.is_empty() {
+        Some(lines.remove(0))
+    } else {
+        None
+    };
+    let (mut tr, mut te) = (Vec::new(), Vec::new());
+    for (i, l) in lines.into_iter().enumerate() {
+        if test_target.is_some() && i % prep.test_every == prep.test_every - 1 {
+            te.push(l);
+        } else {
+            tr.push(l);
+        }
+    }
+    println!(
+        "edl run: preparing {} training and {} test lines from {}",
+        tr.len(),
+        te.len(),
+        prep.from
+    );
+    std::fs::create_dir_all(&train_dir)
+        .with_context(|| format!("create {}", train_dir.display()))?;
+    let exe = std::env::current_exe().context("find the edl binary")?;
+    let convert = |lines: &[&str],
+                   dir: &Path,
+                   prefix: &str,
+                   shards: u32,
+                   vocab: Option<PathBuf>|
+     -> anyhow::Result<()> {
+        let input = dir.join(format!(".{prefix}.prepare.txt"));
+        let mut body = String::new();
+        if let Some(h) = header {
+            body.push_str(h);
+            body.push('\n');
+        }
+        for l in lines {
+            body.push_str(l);
+            body.push('\n');
+        }
+        std::fs::write(&input, body).with_context(|| format!("write {}", input.display()))?;
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "data",
+            "convert",
+            "--format",
+            &prep.format,
+            "--prefix",
+            prefix,
+        ])
+        .arg("--shards")
+        .arg(shards.to_string())
+        .arg("--out")
+        .arg(dir);
+        if let Some(c) = &prep.chunk_size {
+            cmd.args(["--chunk-size", c]);
+        }
+        if let Some(l) = &prep.label {
+            cmd.args(["--label", l]);
+        }
+        if prep.header {
+            cmd.arg("--header");
+        }
+        if let Some(v) = vocab {
+            cmd.arg("--vocab").arg(v);
+        }
+        let out = cmd.arg(&input).output().context("run edl data convert")?;
+        let _ = std::fs::remove_file(&input);
+        anyhow::ensure!(
+            out.status.success(),
+            "data.prepare: converting {} failed: {}",
+            prep.from,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(())
+    };
+    convert(&tr, &train_dir, &train_prefix, prep.shards.max(1), None)?;
+    if let Some((dir, prefix)) = &test_target {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        let vocab =
+            (prep.format == "text").then(|| train_dir.join(format!("{train_prefix}.vocab")));
+        convert(&te, dir, prefix, 1, vocab)?;
+    }
+    Ok(())
+}
+
 /// Every glob of the spec matches at least one file (one clear error otherwise).
 fn check_data(spec: &JobSpec) -> anyhow::Result<()> {
     let mut globs = spec.data.train.patterns();
@@ -378,9 +529,11 @@ fn check_data(spec: &JobSpec) -> anyhow::Result<()> {
         globs.extend(t.patterns());
     }
     for g in globs {
-        let files = edl_recordio::expand_globs(std::slice::from_ref(&g))
-            .with_context(|| format!("data: {g}"))?;
-        anyhow::ensure!(!files.is_empty(), "data: no file matches {g}");
+        match edl_recordio::expand_globs(std::slice::from_ref(&g)) {
+            Ok(files) if !files.is_empty() => {}
+            Ok(_) => anyhow::bail!("data: no files match {g}"),
+            Err(e) => anyhow::bail!("data: {e}"),
+        }
     }
     Ok(())
 }
@@ -633,7 +786,11 @@ impl Supervisor {
             .put(
                 &format!("{}job/state", self.keys.root()),
                 serde_json::json!({
-                    "state": if succeeded { "succeeded" } else { "failed" },
+                    "state": match &error {
+                    None => "succeeded",
+                    Some(e) if e.contains("edl kill") => "stopped",
+                    Some(_) => "failed",
+                },
                     "reason": error,
                     "at_ms": now_ms(),
                 })
@@ -888,13 +1045,25 @@ impl Supervisor {
             })
             .map(|(i, _)| i)
             .collect();
-        if role == Role::Master
-            && let Some((_, value)) = self.leader().await
-        {
-            // The leading master (its value is its address; match by log is not needed:
-            // pick the oldest live master, which is the leader unless it failed over).
-            let _ = value;
-            candidates.sort_by_key(|&i| self.procs[i].slot);
+        if role == Role::Master {
+            // The leading master: the election value is its address, which each master
+            // prints when it starts.
+            let leader = self
+                .leader()
+                .await
+                .map(|(_, v)| String::from_utf8_lossy(&v).into_owned());
+            let log_addr = |p: &Proc| -> Option<String> {
+                let log = std::fs::read_to_string(
+                    self.run_dir.join("logs").join(format!("{}.log", p.name)),
+                )
+                .ok()?;
+                log.lines()
+                    .rev()
+                    .find_map(|l| l.strip_prefix("master listening on ").map(str::to_owned))
+            };
+            if let Some(leader) = leader {
+                candidates.sort_by_key(|&i| log_addr(&self.procs[i]).is_none_or(|a| a != leader));
+            }
         }
         if candidates.is_empty() {
             return;

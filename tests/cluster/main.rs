@@ -4,9 +4,11 @@
 //! - [`support`]: etcd clusters, `edl` child processes, datasets, deadlines.
 //! - [`master`]: the master's task queue across trainer and master failures.
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
+//! - [`run`]: `edl run` of the examples, chaos, operator commands, bad input.
 //! - [`trainer`]: `edl trainer` quality through pservers, and elasticity.
 
 mod master;
 mod pserver;
+mod run;
 mod support;
 mod trainer;

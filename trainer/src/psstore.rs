@@ -53,7 +53,7 @@ pub struct PsStoreStats {
     pub pushes: AtomicU64,
     /// Sync pushes moved to a later step because theirs had closed.
     pub stale_pushes: AtomicU64,
-    /// Sync pushes dropped after [`STALE_RETRIES`] moves.
+    /// Sync pushes dropped after being moved to a later step 3 times.
     pub dropped_pushes: AtomicU64,
 }
 
