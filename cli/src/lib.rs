@@ -9,6 +9,7 @@
 //! - [`trainer_cmd`]: `edl trainer`, an elastic trainer of a job.
 //! - [`run_cmd`]: `edl run`, a whole job on one machine, supervised.
 //! - [`ops_cmd`]: `edl status|scale|kill|logs`.
+//! - [`paddle`]: PaddlePaddle's environment variables as a role.
 //! - [`job`]: the job spec (TOML; stored as JSON in etcd).
 //! - [`common`]: etcd and job options, signals, the runtime.
 //!
@@ -27,6 +28,7 @@ pub mod data;
 pub mod job;
 pub mod master_cmd;
 pub mod ops_cmd;
+pub mod paddle;
 pub mod pserver_cmd;
 pub mod run_cmd;
 pub mod trainer_cmd;
@@ -39,9 +41,9 @@ pub struct Cli {
     /// with a tracing filter such as `info,edl_coord=debug`.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// The subcommand.
+    /// The subcommand (none: the role named by PaddlePaddle's environment variables).
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 /// The subcommands of `edl`.
@@ -94,7 +96,21 @@ pub fn init_logging(verbose: u8) {
 
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    match cli.command {
+    let command = match cli.command {
+        Some(c) => c,
+        None => {
+            let args = paddle::role_args(|k| std::env::var(k).ok())?;
+            tracing::info!(?args, "running the role named by PADDLE_TRAINING_ROLE");
+            match Cli::try_parse_from(std::iter::once("edl".to_owned()).chain(args)) {
+                Ok(Cli {
+                    command: Some(c), ..
+                }) => c,
+                Ok(_) => anyhow::bail!("no command"),
+                Err(e) => anyhow::bail!("{e}"),
+            }
+        }
+    };
+    match command {
         Command::Data(cmd) => data::run(cmd),
         Command::Master(args) => master_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Consume(args) => consume_cmd::run(args).map(|()| ExitCode::SUCCESS),

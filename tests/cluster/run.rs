@@ -427,3 +427,83 @@ async fn bad_specs_missing_data_and_unreachable_etcd_are_one_clear_error() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paddle_environment_variables_run_the_pserver_and_trainer_roles() {
+    let w = World::new("paddle").await;
+    let spec = example(w.dir.path(), "fit_a_line", "job.toml", |s| {
+        s.replace("name = \"fit-a-line\"", "name = \"paddle\"")
+            .replace("passes = 30", "passes = 3")
+    });
+    // Make the example's data once (what `edl run` would do).
+    let (ok, out, err) = edl_cmd(&["run", &spec.display().to_string(), "--coord", "memory"]);
+    assert!(ok, "{out}{err}");
+    let (_m, _) = w.master("master", &[]).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let ep = format!("127.0.0.1:{port}");
+    let spawn = |name: &str, vars: &[(&str, &str)]| {
+        let log = std::fs::File::create(w.dir.path().join(format!("{name}.log"))).expect("log");
+        let mut cmd = Command::new(edl_bin());
+        cmd.env("EDL_ETCD", w.etcd_arg())
+            .env("EDL_JOB", "paddle")
+            .env("EDL_CHECKPOINT_DIR", w.checkpoint_dir())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        cmd.spawn().expect("spawn edl")
+    };
+    let mut ps = spawn(
+        "ps",
+        &[
+            ("PADDLE_TRAINING_ROLE", "PSERVER"),
+            ("PADDLE_PSERVER_EPS", &ep),
+            ("PADDLE_CURRENT_ENDPOINT", &ep),
+        ],
+    );
+    let spec_s = spec.display().to_string();
+    let mut trainer = spawn(
+        "trainer",
+        &[
+            ("PADDLE_TRAINING_ROLE", "TRAINER"),
+            ("PADDLE_TRAINER_ID", "0"),
+            ("PADDLE_TRAINERS", "1"),
+            ("EDL_SPEC", &spec_s),
+        ],
+    );
+    let done = wait_until(Duration::from_secs(120), || {
+        let exited = matches!(trainer.try_wait(), Ok(Some(_)));
+        async move { exited }
+    })
+    .await;
+    let log = |n: &str| {
+        std::fs::read_to_string(w.dir.path().join(format!("{n}.log"))).unwrap_or_default()
+    };
+    assert!(
+        done,
+        "the trainer did not finish:\n{}\n{}",
+        log("trainer"),
+        log("ps")
+    );
+    let status = trainer.wait().expect("wait");
+    assert!(status.success(), "trainer: {status}\n{}", log("trainer"));
+    assert!(
+        log("ps").contains(&format!("pserver listening on {ep}")),
+        "{}",
+        log("ps")
+    );
+    assert!(
+        log("trainer").contains("\"trainer\":\"trainer-0\""),
+        "{}",
+        log("trainer")
+    );
+    let s = w.client().status().await.expect("status");
+    assert!(s.finished);
+    assert_eq!(s.counters.map(|c| c.records_trained), Some(3 * 405));
+    let _ = ps.kill();
+    let _ = ps.wait();
+}
