@@ -401,10 +401,12 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<()> {
                 let off = offsets.entry(f.clone()).or_insert(0);
                 let mut file = std::fs::File::open(&f)?;
                 file.seek(SeekFrom::Start(*off))?;
-                let mut buf = String::new();
-                let n = file.read_to_string(&mut buf)? as u64;
-                *off += n;
-                for line in buf.lines() {
+                let mut buf = Vec::new();
+                file.read_to_end(&mut buf)?;
+                // Whole lines only: a line being written is printed once complete.
+                let whole = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                *off += whole as u64;
+                for line in String::from_utf8_lossy(&buf[..whole]).lines() {
                     writeln!(out, "[{name}] {line}")?;
                 }
             }

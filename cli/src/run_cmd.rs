@@ -207,6 +207,8 @@ pub struct RunReport {
     pub final_metric: Option<FinalMetric>,
     /// Recoveries, one per fault.
     pub recoveries: Vec<Recovery>,
+    /// Faults injected whose recovery was not seen before the job ended.
+    pub unrecovered: Vec<String>,
     /// Crash restarts (counted against the budget).
     pub restarts: u32,
     /// Scale events.
@@ -266,7 +268,10 @@ enum Check {
     /// The trainer's registration is gone (its tasks are back in the queue) and the job
     /// has as many trainers registered as before.
     Trainer { key: String, want: usize },
-    /// The pserver shard is claimed again (a new claim).
+    /// The stopped trainer's registration is gone (its tasks are back in the queue).
+    TrainerGone { key: String },
+    /// The pserver shard is claimed again (a new claim) and the new pserver answers (it
+    /// restored its checkpoint before serving).
     Pserver { key: String, old_create: i64 },
     /// A master leads again (a new leader key) and answers.
     Master { old_leader: Option<Vec<u8>> },
@@ -305,16 +310,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             .join("edl-runs")
             .join(&spec.name),
     };
-    // A run starts a new job: the logs, checkpoints and reports of an earlier run in the
-    // same directory are removed (checkpoints are only ever restored through a manifest
-    // of this job in etcd).
-    for stale in ["logs", "checkpoints"] {
-        let p = run_dir.join(stale);
-        if std::fs::symlink_metadata(&p).is_ok() {
-            std::fs::remove_dir_all(&p).with_context(|| format!("remove {}", p.display()))?;
-        }
-    }
-    std::fs::create_dir_all(run_dir.join("logs"))
+    std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("create run directory {}", run_dir.display()))?;
     let run_dir = std::path::absolute(&run_dir).unwrap_or(run_dir);
     let endpoints = if args.etcd.is_empty() {
@@ -717,7 +713,12 @@ impl Supervisor {
             let per = (cores / self.desired_trainers.max(1) as usize).max(1);
             cmd.env("RAYON_NUM_THREADS", per.to_string());
         }
-        let child = cmd.spawn().with_context(|| format!("start {name}"))?;
+        // Its own process group: a terminal's Ctrl-C reaches only `edl run`, which stops
+        // the children in order (trainers drain first). Tied to this process: if `edl run`
+        // dies, however it dies, its children are SIGKILLed.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let child = edl_coord::testkit::spawn_tied_to_process(cmd)
+            .with_context(|| format!("start {name}"))?;
         tracing::info!(process = %name, pid = child.id(), "started");
         self.procs.push(Proc {
             role,
@@ -781,6 +782,13 @@ impl Supervisor {
         };
         let status = self.status().await;
         self.stop_all().await;
+        let succeeded = succeeded && metric.is_some();
+        let error = error.or_else(|| (!succeeded).then(|| "no final evaluation".to_owned()));
+        let unrecovered: Vec<String> = self
+            .pending
+            .iter()
+            .map(|p| format!("{} of {} {}", p.fault, p.role.name(), p.process))
+            .collect();
         let _ = self
             .backend
             .put(
@@ -802,8 +810,8 @@ impl Supervisor {
         let c = status.as_ref().and_then(|s| s.counters).unwrap_or_default();
         Ok(RunReport {
             job: self.spec.name.clone(),
-            succeeded: succeeded && metric.is_some(),
-            error: error.or_else(|| metric.is_none().then(|| "no final evaluation".to_owned())),
+            succeeded,
+            error,
             coordination: self.coordination.clone(),
             passes: c.passes_completed,
             records_trained: c.records_trained,
@@ -825,6 +833,7 @@ impl Supervisor {
                 .unwrap_or_default(),
             final_metric: metric,
             recoveries: self.recoveries.clone(),
+            unrecovered,
             restarts: self.restarts,
             scale_events: self.scale_events.clone(),
             params_file,
@@ -842,6 +851,17 @@ impl Supervisor {
 
     async fn status(&self) -> Option<StatusResponse> {
         self.master_client().status().await.ok()
+    }
+
+    /// One short attempt (recovery checks must not stall the supervisor).
+    async fn quick_status(&self) -> Option<StatusResponse> {
+        let mut cfg = ClientConfig::new(&self.spec.name);
+        cfg.retry_for = Duration::from_millis(300);
+        cfg.call_timeout = Duration::from_millis(300);
+        MasterClient::new(self.backend.clone(), cfg, CancellationToken::new())
+            .status()
+            .await
+            .ok()
     }
 
     async fn supervise(
@@ -878,16 +898,7 @@ impl Supervisor {
             );
             self.reap().await?;
             self.resume_stopped();
-            let due: Vec<(Role, u32)> = self
-                .restart_queue
-                .iter()
-                .filter(|(_, _, at)| Instant::now() >= *at)
-                .map(|(r, s, _)| (*r, *s))
-                .collect();
-            self.restart_queue.retain(|(_, _, at)| Instant::now() < *at);
-            for (role, slot) in due {
-                self.spawn(role, slot)?;
-            }
+            self.restart_due(false)?;
             self.check_recoveries().await;
             if let Some(fault) = next_chaos.due() {
                 self.inject(fault).await;
@@ -913,10 +924,22 @@ impl Supervisor {
                     && s.finished
                 {
                     display.finish();
-                    // Trainers stop on their own at the end of the job.
+                    // Trainers stop on their own at the end of the job; pservers killed
+                    // near the end come back (the final parameters are pulled from them).
                     let deadline = Instant::now() + Duration::from_secs(60);
-                    while self.live(Role::Trainer).count() > 0 && Instant::now() < deadline {
+                    loop {
                         self.reap().await?;
+                        self.resume_stopped();
+                        self.restart_due(true)?;
+                        self.check_recoveries().await;
+                        let waiting = self.live(Role::Trainer).count() > 0
+                            || self
+                                .restart_queue
+                                .iter()
+                                .any(|(r, _, _)| *r != Role::Trainer);
+                        if !waiting || Instant::now() >= deadline {
+                            break;
+                        }
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     return Ok(());
@@ -924,6 +947,19 @@ impl Supervisor {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Starts the processes whose restart is due (trainers too unless `skip_trainers`).
+    fn restart_due(&mut self, skip_trainers: bool) -> anyhow::Result<()> {
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.restart_queue)
+            .into_iter()
+            .partition(|(r, _, at)| now >= *at && !(skip_trainers && *r == Role::Trainer));
+        self.restart_queue = later;
+        for (role, slot, _) in due {
+            self.spawn(role, slot)?;
+        }
+        Ok(())
     }
 
     /// Collects exited processes; restarts crashed ones.
@@ -936,12 +972,14 @@ impl Supervisor {
                 continue;
             };
             let p = self.procs.remove(i);
-            let finished = self.status().await.is_some_and(|s| s.finished);
             if p.role == Role::Trainer && status.success() {
                 tracing::info!(process = %p.name, "exited");
                 continue;
             }
-            if p.stopping || (finished && p.role == Role::Trainer) {
+            if p.stopping {
+                continue;
+            }
+            if p.role == Role::Trainer && self.status().await.is_some_and(|s| s.finished) {
                 continue;
             }
             let count = self.restart_counts.entry((p.role, p.slot)).or_insert(0);
@@ -1036,12 +1074,27 @@ impl Supervisor {
             Fault::KillPserver => Role::Pserver,
             Fault::KillMaster => Role::Master,
         };
+        let registered: Vec<String> = if role == Role::Trainer {
+            self.backend
+                .range(&self.keys.trainers())
+                .await
+                .map(|(kvs, _)| kvs.into_iter().map(|kv| kv.key).collect())
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let trainers_prefix = self.keys.trainers();
         let mut candidates: Vec<usize> = self
             .procs
             .iter()
             .enumerate()
             .filter(|(_, p)| {
                 p.role == role && !p.stopping && !p.injected && p.stopped_until.is_none()
+            })
+            // A trainer is a victim once registered (else its "recovery" is instant).
+            .filter(|(_, p)| {
+                role != Role::Trainer
+                    || registered.contains(&format!("{trainers_prefix}{}", p.name))
             })
             .map(|(i, _)| i)
             .collect();
@@ -1074,6 +1127,9 @@ impl Supervisor {
             candidates[self.rng.random_range(0..candidates.len())]
         };
         let check = match role {
+            Role::Trainer if fault == Fault::StopTrainer => Check::TrainerGone {
+                key: format!("{}{}", self.keys.trainers(), self.procs[pick].name),
+            },
             Role::Trainer => Check::Trainer {
                 key: format!("{}{}", self.keys.trainers(), self.procs[pick].name),
                 want: self.registered_trainers().await,
@@ -1125,16 +1181,33 @@ impl Supervisor {
                     let gone = self.backend.get(key).await.is_ok_and(|kv| kv.is_none());
                     gone && self.registered_trainers().await >= *want
                 }
-                Check::Pserver { key, old_create } => self
-                    .backend
-                    .get(key)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some_and(|kv| kv.create_revision != *old_create),
+                Check::TrainerGone { key } => {
+                    self.backend.get(key).await.is_ok_and(|kv| kv.is_none())
+                }
+                Check::Pserver { key, old_create } => {
+                    let claim = self.backend.get(key).await.ok().flatten();
+                    match claim.filter(|kv| kv.create_revision != *old_create) {
+                        Some(kv) => {
+                            let v: serde_json::Value =
+                                serde_json::from_slice(&kv.value).unwrap_or_default();
+                            match v["addr"].as_str() {
+                                Some(addr) => edl_pserver::client::probe(
+                                    addr,
+                                    &self.spec.name,
+                                    None,
+                                    Duration::from_millis(500),
+                                )
+                                .await
+                                .is_ok(),
+                                None => true,
+                            }
+                        }
+                        None => false,
+                    }
+                }
                 Check::Master { old_leader } => {
                     let now = self.leader().await.map(|(k, _)| k.into_bytes());
-                    now.is_some() && now != *old_leader && self.status().await.is_some()
+                    now.is_some() && now != *old_leader && self.quick_status().await.is_some()
                 }
             };
             if done {
@@ -1190,7 +1263,17 @@ impl Supervisor {
     }
 }
 
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+}
+
 /// Stores the spec and the run's whereabouts; refuses a job name that is running or ran.
+/// Only then clears the logs and checkpoints of an earlier run in the same directory.
 async fn prepare_job(
     backend: &Arc<dyn Backend>,
     spec: &JobSpec,
@@ -1209,7 +1292,6 @@ async fn prepare_job(
             keys.root()
         );
     }
-    spec.publish(backend).await?;
     let run = serde_json::json!({
         "pid": std::process::id(),
         "dir": run_dir.display().to_string(),
@@ -1217,14 +1299,35 @@ async fn prepare_job(
         "started_ms": now_ms(),
         "state": "running",
     });
-    backend
-        .put(
-            &format!("{}job/run", keys.root()),
-            run.to_string().into_bytes(),
-            None,
+    let run_key = format!("{}job/run", keys.root());
+    let claimed = backend
+        .txn(
+            edl_coord::Txn::new()
+                .when([
+                    edl_coord::Compare::absent(&run_key),
+                    edl_coord::Compare::absent(keys.state()),
+                ])
+                .and_then([edl_coord::Op::put(&run_key, run.to_string().into_bytes())]),
         )
         .await
         .context("record the run in etcd")?;
+    anyhow::ensure!(
+        claimed.succeeded,
+        "job {} is already running or ran in this etcd (see `edl status {}`); use another name",
+        spec.name,
+        spec.name
+    );
+    spec.publish(backend).await?;
+    // A run starts a new job: the logs and checkpoints of an earlier run in the same
+    // directory go (checkpoints are only ever restored through this job's manifests).
+    for stale in ["logs", "checkpoints"] {
+        let p = run_dir.join(stale);
+        if std::fs::symlink_metadata(&p).is_ok() {
+            std::fs::remove_dir_all(&p).with_context(|| format!("remove {}", p.display()))?;
+        }
+    }
+    std::fs::create_dir_all(run_dir.join("logs"))
+        .with_context(|| format!("create {}", run_dir.join("logs").display()))?;
     Ok(())
 }
 
@@ -1511,7 +1614,13 @@ async fn run_in_memory(
         error = Some("the trainers stopped before the job finished".into());
     }
     let (metric, params_file) = if error.is_none() {
-        final_params(&backend, &spec, &run_dir).await?
+        match final_params(&backend, &spec, &run_dir).await {
+            Ok(x) => x,
+            Err(e) => {
+                error = Some(format!("final evaluation: {e:#}"));
+                (None, None)
+            }
+        }
     } else {
         (None, None)
     };
@@ -1541,6 +1650,7 @@ async fn run_in_memory(
             .unwrap_or_default(),
         final_metric: metric,
         recoveries: Vec::new(),
+        unrecovered: Vec::new(),
         restarts: 0,
         scale_events: Vec::new(),
         params_file,

@@ -113,6 +113,8 @@ pub struct TrainerReport {
     pub pushes: u64,
     /// Sync pushes moved to a later step.
     pub stale_pushes: u64,
+    /// Sync pushes given up (the trainer then stops with an error).
+    pub dropped_pushes: u64,
     /// Seconds it ran.
     pub wall_s: f64,
 }
@@ -171,6 +173,7 @@ fn report(
         max_sparse_rows: s.max_sparse_rows.load(Ordering::Relaxed),
         pushes: s.pushes.load(Ordering::Relaxed),
         stale_pushes: s.stale_pushes.load(Ordering::Relaxed),
+        dropped_pushes: s.dropped_pushes.load(Ordering::Relaxed),
         wall_s: started.elapsed().as_secs_f64(),
     }
 }
@@ -295,7 +298,14 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
                 spec.fit_stats()?;
                 spec.publish(&backend).await?
             }
-            None => JobSpec::fetch(&backend, &job, args.spec_wait, &shutdown).await?,
+            None => match JobSpec::fetch(&backend, &job, args.spec_wait, &shutdown).await {
+                Ok(spec) => spec,
+                Err(_) if shutdown.is_cancelled() => {
+                    tracing::info!("stopped while waiting for the job spec");
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            },
         };
         let opts = TrainerOpts {
             id: args.id.clone().unwrap_or_else(|| {
@@ -367,14 +377,28 @@ pub async fn train(
         let mut mcfg = ClientConfig::new(&job);
         mcfg.token = opts.token.clone();
         let master = MasterClient::new(backend.clone(), mcfg, life.child_token());
-        let ds = master
-            .set_dataset(
+        // SIGTERM while starting up: leave without having done anything.
+        let drained_early = |registry: Registry, lease: Lease| {
+            let (id, dev) = (id.clone(), dev_name.clone());
+            async move {
+                registry.deregister(&id, &lease).await.ok();
+                lease.revoke().await.ok();
+                tracing::info!(trainer = %id, "drained while starting");
+                let p = Progress {
+                    drained: true,
+                    ..Progress::default()
+                };
+                Ok(report(&id, &dev, &p, &PsStoreStats::default(), started))
+            }
+        };
+        let ds = tokio::select! {
+            r = master.set_dataset(
                 spec.data.train.patterns(),
                 spec.data.chunks_per_task,
                 spec.train.passes,
-            )
-            .await
-            .context("define the dataset at the master")?;
+            ) => r.context("define the dataset at the master")?,
+            _ = shutdown.cancelled() => return drained_early(registry, lease).await,
+        };
         tracing::info!(
             trainer = %id,
             device = %dev_name,
@@ -386,9 +410,12 @@ pub async fn train(
 
         let mut pcfg = PsClientConfig::new(&job);
         pcfg.token = opts.token.clone();
-        let ps = PsClient::connect(backend.clone(), pcfg, life.child_token())
-            .await
-            .context("find the pservers")?;
+        let ps = tokio::select! {
+            r = PsClient::connect(backend.clone(), pcfg, life.child_token()) => {
+                r.context("find the pservers")?
+            }
+            _ = shutdown.cancelled() => return drained_early(registry, lease).await,
+        };
         let store = Arc::new(PsStore::new(ps, spec.param_config(), spec.train.seed));
         let stats = store.stats();
 

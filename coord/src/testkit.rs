@@ -127,10 +127,10 @@ struct SpawnRequest {
 /// docs: the parent-death signal follows the forking thread).
 ///
 /// The one `unsafe` block of the crate (the workspace denies `unsafe_code`):
-/// `pre_exec` is the only way to run `prctl` in the child before `exec`, and it is
-/// test support only.
+/// `pre_exec` is the only way to run `prctl` in the child before `exec`. Used by the
+/// test harness and by `edl run` for its children.
 #[allow(unsafe_code)]
-fn spawn_tied_to_process(mut cmd: Command) -> io::Result<Child> {
+pub fn spawn_tied_to_process(mut cmd: Command) -> io::Result<Child> {
     static SPAWNER: OnceLock<Mutex<std::sync::mpsc::Sender<SpawnRequest>>> = OnceLock::new();
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the child between fork and exec; it only makes

@@ -205,7 +205,7 @@ async fn mnist_and_word2vec_examples_reach_their_metrics_on_etcd_and_in_memory()
 async fn chaos_with_trainer_pserver_and_master_kills_loses_no_records() {
     let dir = tempfile::tempdir().expect("tempdir");
     let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
-        s.replace("passes = 30", "passes = 150")
+        s.replace("passes = 30", "passes = 60")
             .replace("masters = 1", "masters = 2")
             .replace("lease_ttl = \"3s\"", "lease_ttl = \"2s\"")
             .replace("checkpoint_every = \"10s\"", "checkpoint_every = \"2s\"")
@@ -216,15 +216,15 @@ async fn chaos_with_trainer_pserver_and_master_kills_loses_no_records() {
         &[
             &spec.display().to_string(),
             "--chaos",
-            "kill-trainer=3s,kill-pserver=5s,kill-master=7s,stop-trainer=9s,seed=3",
+            "kill-trainer=4s,kill-pserver=6s,kill-master=8s,stop-trainer=10s,seed=3",
         ],
         Duration::from_secs(600),
     )
     .await;
     assert!(ok, "edl run --chaos failed: {r}\n{log}");
     assert_eq!(r["lost_records"], 0, "{r}");
-    assert_eq!(r["passes"], 150);
-    assert_eq!(r["records_trained"], 150 * 405);
+    assert_eq!(r["passes"], 60);
+    assert_eq!(r["records_trained"], 60 * 405);
     let recoveries = r["recoveries"].as_array().expect("recoveries");
     for role in ["trainer", "pserver", "master"] {
         assert!(

@@ -34,7 +34,7 @@ use crate::store::{InitOutcome, ParamStore, StoreError};
 
 /// How often a sync push that keeps finding its step closed is moved to the next step
 /// before its gradients are dropped.
-const STALE_RETRIES: usize = 3;
+const STALE_RETRIES: usize = 10;
 
 /// Counters of one [`PsStore`].
 #[derive(Debug, Default)]
@@ -53,7 +53,7 @@ pub struct PsStoreStats {
     pub pushes: AtomicU64,
     /// Sync pushes moved to a later step because theirs had closed.
     pub stale_pushes: AtomicU64,
-    /// Sync pushes dropped after being moved to a later step 3 times.
+    /// Sync pushes given up after being moved to a later step 10 times (an error).
     pub dropped_pushes: AtomicU64,
 }
 
@@ -300,11 +300,11 @@ impl ParamStore for PsStore {
             }
         }
         self.stats.dropped_pushes.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(
-            trainer,
-            "dropping a sync push: its step kept closing without this trainer"
-        );
-        Ok(())
+        // Never acknowledge a batch whose gradients were not applied: the trainer stops
+        // with this error and its task goes back to the queue.
+        Err(StoreError::Unavailable(format!(
+            "sync push of trainer {trainer} kept finding its step closed ({STALE_RETRIES} times)"
+        )))
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -136,6 +136,8 @@ pub async fn run(
         }
     };
     tracing::info!(trainer = %cfg.trainer, ?outcome, "parameters ready");
+    // Sync mode: not taking part in steps until the first push.
+    idle(&store, &cfg.trainer).await;
     let mut state = Progress {
         initialised: outcome == InitOutcome::Initialised,
         ..Progress::default()
@@ -210,6 +212,7 @@ pub async fn run(
                         Err(e) => return Err(e.into()),
                     },
                     TaskEnd::Drained(n) => {
+                        idle(&store, &cfg.trainer).await;
                         report_release(&reader, &task.task, n).await;
                         state.handed_back_trained += n;
                         state.drained = true;
@@ -230,11 +233,13 @@ pub async fn run(
             }
             Item::PassFinished { ended, next } => {
                 tracing::info!(trainer = %cfg.trainer, pass = ended, next, "pass finished");
+                state.pass = next;
                 evaluate_pass(&model, &store, &cfg, &mut params, &mut state, ended).await?;
                 progress.send_replace(state.clone());
             }
             Item::JobFinished => {
-                // The last pass ends with the job (no separate pass-end item).
+                // The last pass ends with the job (no separate pass-end item); `pass`
+                // follows the pass ends seen, so it is the last pass.
                 let last = state.pass;
                 if state.evals.last().is_none_or(|e| e.0 != last) {
                     evaluate_pass(&model, &store, &cfg, &mut params, &mut state, last).await?;
@@ -261,6 +266,8 @@ async fn evaluate_pass(
         return Ok(());
     };
     store.flush().await?;
+    // Sync mode: the others' steps do not wait while this trainer evaluates.
+    idle(store, &cfg.trainer).await;
     store.pull_dense(params).await?;
     let eval = evaluate(model, store, params, test, cfg.eval_batch_size).await?;
     let metric = model.metric();
@@ -274,6 +281,13 @@ async fn evaluate_pass(
     );
     state.evals.push((ended, metric, value, eval.mean_loss()));
     Ok(())
+}
+
+/// Tells the store this trainer is not computing for now (best effort).
+async fn idle(store: &Arc<dyn ParamStore>, trainer: &str) {
+    if let Err(e) = store.idle(trainer).await {
+        tracing::warn!(error = %e, "could not leave the sync steps");
+    }
 }
 
 async fn report_release(reader: &CloudReader, task: &pb::Task, trained: u64) {
