@@ -63,7 +63,12 @@ pub struct PsStore {
     client: PsClient,
     config: ParamConfig,
     seed: u64,
-    cache: Mutex<DenseCache>,
+    cache: Arc<Mutex<DenseCache>>,
+    /// Async mode: the pull of the next step's parameters, running while this step
+    /// computes.
+    prefetch: Mutex<Option<tokio::task::JoinHandle<Result<u64, StoreError>>>>,
+    /// The dense parameters' names, in spec order (known after `init`).
+    names: std::sync::OnceLock<Vec<String>>,
     stats: Arc<PsStoreStats>,
     inflight: Mutex<Option<tokio::task::JoinHandle<Result<(), StoreError>>>>,
 }
@@ -76,7 +81,9 @@ impl PsStore {
             client,
             config,
             seed,
-            cache: Mutex::new(DenseCache::new()),
+            cache: Arc::new(Mutex::new(DenseCache::new())),
+            prefetch: Mutex::new(None),
+            names: std::sync::OnceLock::new(),
             stats: Arc::new(PsStoreStats::default()),
             inflight: Mutex::new(None),
         }
@@ -165,10 +172,14 @@ impl ParamStore for PsStore {
             .map_err(map_err)?;
         // The initial values are this trainer's copy until its first pull: a shard that
         // restarted before its first checkpoint is initialised again from them.
+        let mut cache = self.cache.lock().await;
         self.client
-            .seed_cache(&mut *self.cache.lock().await, &values)
+            .seed_cache(&mut cache, &values)
             .await
             .map_err(map_err)?;
+        let _ = self
+            .names
+            .set(cache.params().iter().map(|p| p.name.clone()).collect());
         Ok(match outcome {
             edl_pserver::InitOutcome::Initialised => InitOutcome::Initialised,
             edl_pserver::InitOutcome::AlreadyInitialised => InitOutcome::AlreadyInitialised,
@@ -176,16 +187,43 @@ impl ParamStore for PsStore {
     }
 
     async fn pull_dense(&self, params: &mut Params) -> Result<(), StoreError> {
+        // Async mode prefetches: the pull for the next step starts as soon as this one's
+        // values are copied out, and runs while the step computes. The parameters a step
+        // computes on then miss at most this trainer's own last two pushes (the other
+        // trainers' are missed anyway in async SGD). After `flush` (task end, evaluation)
+        // the next pull is a fresh one.
+        let prefetched = self.prefetch.lock().await.take();
+        let fresh = match prefetched {
+            Some(h) => !matches!(h.await, Ok(Ok(_))),
+            None => true,
+        };
         let mut cache = self.cache.lock().await;
-        let stats = self.client.pull_dense(&mut cache).await.map_err(map_err)?;
-        self.stats.pulls.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .pull_bytes
-            .fetch_add(stats.bytes as u64, Ordering::Relaxed);
+        if fresh {
+            let stats = self.client.pull_dense(&mut cache).await.map_err(map_err)?;
+            self.stats.pulls.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .pull_bytes
+                .fetch_add(stats.bytes as u64, Ordering::Relaxed);
+        }
         let n = cache.params().len();
         params.dense.resize_with(n, Vec::new);
         for (dst, src) in params.dense.iter_mut().zip(cache.params()) {
             dst.clone_from(&src.values);
+        }
+        drop(cache);
+        if !self.sync() {
+            let (cache, client, stats) =
+                (self.cache.clone(), self.client.clone(), self.stats.clone());
+            let handle = tokio::spawn(async move {
+                let mut cache = cache.lock().await;
+                let pulled = client.pull_dense(&mut cache).await.map_err(map_err)?;
+                stats.pulls.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .pull_bytes
+                    .fetch_add(pulled.bytes as u64, Ordering::Relaxed);
+                Ok(pulled.bytes as u64)
+            });
+            *self.prefetch.lock().await = Some(handle);
         }
         Ok(())
     }
@@ -221,10 +259,7 @@ impl ParamStore for PsStore {
     }
 
     async fn push(&self, trainer: &str, step: u64, grads: &StepOutput) -> Result<(), StoreError> {
-        let names: Vec<String> = {
-            let cache = self.cache.lock().await;
-            cache.params().iter().map(|p| p.name.clone()).collect()
-        };
+        let names: Vec<String> = self.names.get().cloned().unwrap_or_default();
         if names.len() != grads.dense.len() {
             return Err(StoreError::Refused(format!(
                 "{} dense gradients for {} parameters (pull before pushing)",
@@ -308,7 +343,12 @@ impl ParamStore for PsStore {
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
-        self.wait_inflight().await
+        self.wait_inflight().await?;
+        // A prefetch may predate the pushes just applied: drop it, the next pull is fresh.
+        if let Some(h) = self.prefetch.lock().await.take() {
+            let _ = h.await;
+        }
+        Ok(())
     }
 
     async fn idle(&self, trainer: &str) -> Result<(), StoreError> {
