@@ -3,7 +3,10 @@
 //! - `init`: exactly one trainer initialises the shards (an etcd election inside
 //!   [`PsClient::init`], recorded in `params/init`); the others wait and pull.
 //! - `pull_dense`: pulls only blocks that changed since this trainer's copy (block
-//!   versions in a [`DenseCache`]) and copies them into the model's order.
+//!   versions in a [`DenseCache`]) and copies them into the model's order. Async mode
+//!   prefetches: the next step's pull runs while this step computes (a step then misses
+//!   at most this trainer's own last two pushes); after [`ParamStore::flush`] the next
+//!   pull is fresh.
 //! - `pull_sparse`: only the rows a batch touches.
 //! - `push`: async mode pushes under this trainer's own step counter; sync mode pushes the
 //!   global step learnt from the last pull. If that step closed without this trainer (it
