@@ -20,6 +20,11 @@
 //! Responses of up to [`MAX_DECODING_MESSAGE_SIZE`] are accepted, and
 //! [`Backend::range`] reads large prefixes in pages of [`RANGE_PAGE_SIZE`] keys,
 //! all at the revision of the first page (one consistent snapshot).
+//!
+//! The client speaks etcd's v3 gRPC API directly, through the stubs in
+//! [`edl_proto::etcd`] (generated from etcd's own `.proto` files). With
+//! authentication on, each connection authenticates once and again whenever etcd
+//! answers that its token is no longer valid (etcd's simple tokens expire).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -30,13 +35,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::proto::{PbKeyValue, PbTxnOpResponse, PbTxnResponse};
-use etcd_client::{
-    Client, ConnectOptions, DeleteOptions, GetOptions, KvClient, PutOptions, TxnOp, WatchClient,
-    WatchOptions,
+use edl_proto::etcd::etcdserverpb::{
+    self as pb, auth_client::AuthClient, compare, kv_client::KvClient, lease_client::LeaseClient,
+    request_op, response_op, watch_client::WatchClient, watch_request,
 };
+use edl_proto::etcd::mvccpb;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::backend::{Backend, WatchStream};
 use crate::error::{Error, Result};
@@ -172,7 +181,8 @@ pub struct EtcdBackend {
 
 struct EtcdInner {
     cfg: EtcdConfig,
-    options: ConnectOptions,
+    #[cfg(feature = "tls")]
+    tls: Option<tonic::transport::ClientTlsConfig>,
     slots: Vec<Slot>,
     pinned: AtomicUsize,
 }
@@ -196,27 +206,120 @@ const MIN_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
 /// the pin to the next endpoint (a healthy member answers in milliseconds).
 const ROTATE_ON_DROP_AFTER: Duration = Duration::from_millis(250);
 
+/// What every request carries: etcd's "require a leader" flag and, with
+/// authentication on, the connection's current token.
+#[derive(Clone)]
+struct Metadata {
+    require_leader: bool,
+    token: Arc<std::sync::RwLock<Option<AsciiMetadataValue>>>,
+}
+
+impl Interceptor for Metadata {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if self.require_leader {
+            // etcd's `rpctypes.MetadataRequireLeaderKey`: a member without a raft
+            // leader refuses the request (and cancels the watch) instead of serving
+            // what may be stale.
+            req.metadata_mut()
+                .insert("hasleader", AsciiMetadataValue::from_static("true"));
+        }
+        let token = match self.token.read() {
+            Ok(t) => t.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        if let Some(token) = token {
+            req.metadata_mut().insert("token", token);
+        }
+        Ok(req)
+    }
+}
+
+type Svc = InterceptedService<Channel, Metadata>;
+
 /// The connection to one endpoint, with KV and watch clients that accept large
 /// responses.
 #[derive(Clone)]
 struct Conn {
-    client: Client,
-    kv: KvClient,
-    watch: WatchClient,
+    channel: Channel,
+    meta: Metadata,
+    kv: KvClient<Svc>,
+    watch: WatchClient<Svc>,
+    lease: LeaseClient<Svc>,
 }
 
 impl Conn {
-    fn new(client: Client) -> Self {
+    fn new(channel: Channel, require_leader: bool) -> Self {
+        let meta = Metadata {
+            require_leader,
+            token: Arc::new(std::sync::RwLock::new(None)),
+        };
         Self {
-            kv: client
-                .kv_client()
+            kv: KvClient::with_interceptor(channel.clone(), meta.clone())
                 .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE),
-            watch: client
-                .watch_client()
+            watch: WatchClient::with_interceptor(channel.clone(), meta.clone())
                 .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE),
-            client,
+            lease: LeaseClient::with_interceptor(channel.clone(), meta.clone()),
+            channel,
+            meta,
         }
     }
+
+    /// Gets a fresh token for `auth` and uses it on every later request.
+    async fn authenticate(&self, auth: &EtcdAuth) -> Result<(), Failure> {
+        let resp = AuthClient::new(self.channel.clone())
+            .authenticate(pb::AuthenticateRequest {
+                name: auth.user.clone(),
+                password: auth.password.clone(),
+            })
+            .await?
+            .into_inner();
+        let token = AsciiMetadataValue::try_from(resp.token.as_str()).map_err(|_| {
+            Failure::from(Error::Malformed(
+                "etcd returned an auth token that is not valid ASCII".into(),
+            ))
+        })?;
+        match self.meta.token.write() {
+            Ok(mut t) => *t = Some(token),
+            Err(poisoned) => *poisoned.into_inner() = Some(token),
+        }
+        Ok(())
+    }
+}
+
+/// A channel to one etcd endpoint (`http://host:port`, `https://host:port` or
+/// `host:port`), connected within `timeout`.
+async fn connect_channel(
+    endpoint: &str,
+    cfg: &EtcdConfig,
+    tls: Option<&TlsConfig>,
+) -> Result<Channel, Failure> {
+    let uri = if endpoint.contains("://") {
+        endpoint.to_owned()
+    } else if tls.is_some() {
+        format!("https://{endpoint}")
+    } else {
+        format!("http://{endpoint}")
+    };
+    let mut ep = Endpoint::from_shared(uri).map_err(|e| {
+        Failure::from(Error::InvalidArgument(format!(
+            "etcd endpoint {endpoint:?} is not a URL: {e}"
+        )))
+    })?;
+    ep = ep
+        .connect_timeout(cfg.dial_timeout)
+        .tcp_nodelay(true)
+        .keep_alive_while_idle(false);
+    if let Some((interval, timeout)) = cfg.keep_alive {
+        ep = ep
+            .http2_keep_alive_interval(interval)
+            .keep_alive_timeout(timeout);
+    }
+    ep = with_tls(ep, endpoint, tls)?;
+    ep.connect().await.map_err(|e| Failure {
+        error: Error::unavailable(String::new(), error_chain(&e)),
+        not_sent: true,
+        stale_token: false,
+    })
 }
 
 /// Moves the pin off an endpoint when the request waiting on it is dropped by its
@@ -255,6 +358,9 @@ impl fmt::Debug for EtcdBackend {
 struct Failure {
     error: Error,
     not_sent: bool,
+    /// etcd refused the connection's auth token (expired): authenticate again and
+    /// re-send (the request was not applied).
+    stale_token: bool,
 }
 
 impl From<Error> for Failure {
@@ -262,13 +368,14 @@ impl From<Error> for Failure {
         Failure {
             error,
             not_sent: false,
+            stale_token: false,
         }
     }
 }
 
-impl From<etcd_client::Error> for Failure {
-    fn from(e: etcd_client::Error) -> Self {
-        classify(e)
+impl From<tonic::Status> for Failure {
+    fn from(s: tonic::Status) -> Self {
+        status_failure(&s)
     }
 }
 
@@ -323,7 +430,14 @@ fn status_failure(s: &tonic::Status) -> Failure {
         Code::Unauthenticated | Code::PermissionDenied => Error::PermissionDenied(msg),
         code => Error::Etcd(format!("{code:?}: {msg}")),
     };
-    Failure { error, not_sent }
+    // etcd's ErrGRPCInvalidAuthToken.
+    let stale_token =
+        s.code() == Code::Unauthenticated && s.message().contains("invalid auth token");
+    Failure {
+        error,
+        not_sent,
+        stale_token,
+    }
 }
 
 /// An error with its root cause (transport errors say little alone).
@@ -345,26 +459,6 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
-fn classify(e: etcd_client::Error) -> Failure {
-    use etcd_client::Error as E;
-    match e {
-        E::GRpcStatus(s) => status_failure(&s),
-        E::TransportError(t) => Failure {
-            error: Error::unavailable(String::new(), error_chain(&t)),
-            not_sent: true,
-        },
-        E::IoError(io) => Error::unavailable(String::new(), io.to_string()).into(),
-        E::WatchError(m) | E::EndpointError(m) => Error::unavailable(String::new(), m).into(),
-        E::LeaseKeepAliveError(m) if m.contains("not found") => Error::LeaseLost.into(),
-        E::LeaseKeepAliveError(m) => Error::unavailable(String::new(), m).into(),
-        E::InvalidArgs(m) => Error::InvalidArgument(m).into(),
-        E::InvalidUri(u) => Error::InvalidArgument(u.to_string()).into(),
-        E::InvalidMetadataValue(v) => Error::InvalidArgument(v.to_string()).into(),
-        E::Utf8Error(u) => Error::Malformed(u.to_string()).into(),
-        other => Error::Etcd(other.to_string()).into(),
-    }
-}
-
 /// Fills in the endpoint of an `Unavailable` error.
 fn with_endpoint(mut e: Error, endpoint: &str) -> Error {
     if let Error::Unavailable { endpoints, .. } = &mut e {
@@ -376,39 +470,27 @@ fn with_endpoint(mut e: Error, endpoint: &str) -> Error {
     e
 }
 
-async fn connect_options(cfg: &EtcdConfig) -> Result<ConnectOptions> {
-    let mut o = ConnectOptions::new()
-        .with_connect_timeout(cfg.dial_timeout)
-        .with_require_leader(cfg.require_leader)
-        .with_keep_alive_while_idle(false);
-    if let Some((interval, timeout)) = cfg.keep_alive {
-        o = o.with_keep_alive(interval, timeout);
-    }
-    if let Some(a) = &cfg.auth {
-        o = o
-            .with_user(a.user.clone(), a.password.clone())
-            .with_auto_token_refresh(true);
-    }
-    if let Some(tls) = &cfg.tls {
-        o = with_tls(o, tls).await?;
-    }
-    Ok(o)
-}
-
 #[cfg(feature = "tls")]
-async fn with_tls(o: ConnectOptions, tls: &EtcdTls) -> Result<ConnectOptions> {
+type TlsConfig = tonic::transport::ClientTlsConfig;
+#[cfg(not(feature = "tls"))]
+type TlsConfig = std::convert::Infallible;
+
+/// The TLS settings of the configuration, with its files read.
+#[cfg(feature = "tls")]
+async fn tls_config(tls: &EtcdTls) -> Result<TlsConfig> {
+    use tonic::transport::{Certificate, Identity};
     async fn read(what: &str, path: &std::path::Path) -> Result<Vec<u8>> {
         tokio::fs::read(path).await.map_err(|e| {
             Error::InvalidArgument(format!("read etcd tls {what} {}: {e}", path.display()))
         })
     }
-    let mut t = etcd_client::TlsOptions::new();
+    let mut t = TlsConfig::new();
     if let Some(ca) = &tls.ca_file {
-        t = t.ca_certificate(etcd_client::Certificate::from_pem(read("ca", ca).await?));
+        t = t.ca_certificate(Certificate::from_pem(read("ca", ca).await?));
     }
     match (&tls.cert_file, &tls.key_file) {
         (Some(cert), Some(key)) => {
-            t = t.identity(etcd_client::Identity::from_pem(
+            t = t.identity(Identity::from_pem(
                 read("cert", cert).await?,
                 read("key", key).await?,
             ));
@@ -423,14 +505,43 @@ async fn with_tls(o: ConnectOptions, tls: &EtcdTls) -> Result<ConnectOptions> {
     if let Some(domain) = &tls.domain {
         t = t.domain_name(domain.clone());
     }
-    Ok(o.with_tls(t))
+    Ok(t)
 }
 
 #[cfg(not(feature = "tls"))]
-async fn with_tls(_o: ConnectOptions, _tls: &EtcdTls) -> Result<ConnectOptions> {
+async fn tls_config(_tls: &EtcdTls) -> Result<TlsConfig> {
     Err(Error::InvalidArgument(
         "etcd tls requested but edl-coord was built without its `tls` feature".into(),
     ))
+}
+
+#[cfg(feature = "tls")]
+fn with_tls(ep: Endpoint, endpoint: &str, tls: Option<&TlsConfig>) -> Result<Endpoint, Failure> {
+    match tls {
+        Some(t) => ep.tls_config(t.clone()).map_err(|e| {
+            Failure::from(Error::InvalidArgument(format!(
+                "etcd tls for {endpoint}: {}",
+                error_chain(&e)
+            )))
+        }),
+        None if endpoint.starts_with("https://") => Err(https_without_tls(endpoint)),
+        None => Ok(ep),
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_tls(ep: Endpoint, endpoint: &str, _tls: Option<&TlsConfig>) -> Result<Endpoint, Failure> {
+    if endpoint.starts_with("https://") {
+        return Err(https_without_tls(endpoint));
+    }
+    Ok(ep)
+}
+
+fn https_without_tls(endpoint: &str) -> Failure {
+    Error::InvalidArgument(format!(
+        "etcd endpoint {endpoint} is https: give the CA that signed its certificate (--etcd-ca)"
+    ))
+    .into()
 }
 
 impl EtcdBackend {
@@ -446,7 +557,15 @@ impl EtcdBackend {
                 "etcd dial and request timeouts must be positive".into(),
             ));
         }
-        let options = connect_options(&cfg).await?;
+        #[cfg(feature = "tls")]
+        let tls = match &cfg.tls {
+            Some(t) => Some(tls_config(t).await?),
+            None => None,
+        };
+        #[cfg(not(feature = "tls"))]
+        if let Some(t) = &cfg.tls {
+            tls_config(t).await?;
+        }
         let slots = cfg
             .endpoints
             .iter()
@@ -458,7 +577,8 @@ impl EtcdBackend {
         let backend = EtcdBackend {
             inner: Arc::new(EtcdInner {
                 cfg,
-                options,
+                #[cfg(feature = "tls")]
+                tls,
                 slots,
                 pinned: AtomicUsize::new(0),
             }),
@@ -467,7 +587,7 @@ impl EtcdBackend {
         for (i, slot) in backend.inner.slots.iter().enumerate() {
             let probe = async {
                 let mut conn = backend.conn(i).await?;
-                conn.kv.get("health", None).await?;
+                conn.kv.range(range_one(b"health")).await?;
                 Ok::<(), Failure>(())
             };
             match tokio::time::timeout(backend.inner.cfg.dial_timeout, probe).await {
@@ -504,12 +624,20 @@ impl EtcdBackend {
 
     async fn conn(&self, i: usize) -> Result<Conn, Failure> {
         let slot = &self.inner.slots[i];
+        let cfg = &self.inner.cfg;
         let conn = slot
             .conn
             .get_or_try_init(|| async {
-                Client::connect([slot.endpoint.as_str()], Some(self.inner.options.clone()))
-                    .await
-                    .map(Conn::new)
+                #[cfg(feature = "tls")]
+                let tls = self.inner.tls.as_ref();
+                #[cfg(not(feature = "tls"))]
+                let tls = None;
+                let channel = connect_channel(&slot.endpoint, cfg, tls).await?;
+                let conn = Conn::new(channel, cfg.require_leader);
+                if let Some(auth) = &cfg.auth {
+                    conn.authenticate(auth).await?;
+                }
+                Ok::<_, Failure>(conn)
             })
             .await?;
         Ok(conn.clone())
@@ -552,7 +680,18 @@ impl EtcdBackend {
             };
             let attempt = async {
                 let conn = self.conn(i).await?;
-                f(conn).await
+                match f(conn.clone()).await {
+                    Err(failure) if failure.stale_token => {
+                        // The token expired: the request was refused, not applied.
+                        let Some(auth) = &self.inner.cfg.auth else {
+                            return Err(failure);
+                        };
+                        tracing::debug!(endpoint = %endpoint, "etcd auth token expired; authenticating again");
+                        conn.authenticate(auth).await?;
+                        f(conn).await
+                    }
+                    other => other,
+                }
             };
             let mut guard = RotateOnDrop {
                 inner: &self.inner,
@@ -623,7 +762,7 @@ fn unavailable_msg(e: &Error) -> String {
     }
 }
 
-fn decode_kv(kv: PbKeyValue) -> Result<KeyValue> {
+fn decode_kv(kv: mvccpb::KeyValue) -> Result<KeyValue> {
     let key = String::from_utf8(kv.key)
         .map_err(|e| Error::Malformed(format!("non-UTF-8 key {:?}", e.as_bytes())))?;
     Ok(KeyValue {
@@ -636,23 +775,25 @@ fn decode_kv(kv: PbKeyValue) -> Result<KeyValue> {
     })
 }
 
-fn decode_kvs(kvs: Vec<etcd_client::KeyValue>) -> Result<Vec<KeyValue>> {
-    kvs.into_iter().map(|kv| decode_kv(kv.0)).collect()
+fn decode_kvs(kvs: Vec<mvccpb::KeyValue>) -> Result<Vec<KeyValue>> {
+    kvs.into_iter().map(decode_kv).collect()
 }
 
-fn decode_txn(resp: PbTxnResponse) -> Result<TxnResponse> {
-    let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+fn revision_of(header: Option<&pb::ResponseHeader>) -> Revision {
+    header.map_or(0, |h| h.revision)
+}
+
+fn decode_txn(resp: pb::TxnResponse) -> Result<TxnResponse> {
+    let revision = revision_of(resp.header.as_ref());
     let mut responses = Vec::with_capacity(resp.responses.len());
     for op in resp.responses {
         let r = match op.response {
-            Some(PbTxnOpResponse::ResponsePut(_)) => OpResponse::Put,
-            Some(PbTxnOpResponse::ResponseRange(r)) => {
-                OpResponse::Get(r.kvs.into_iter().map(decode_kv).collect::<Result<_>>()?)
-            }
-            Some(PbTxnOpResponse::ResponseDeleteRange(d)) => OpResponse::Delete {
+            Some(response_op::Response::ResponsePut(_)) => OpResponse::Put,
+            Some(response_op::Response::ResponseRange(r)) => OpResponse::Get(decode_kvs(r.kvs)?),
+            Some(response_op::Response::ResponseDeleteRange(d)) => OpResponse::Delete {
                 deleted: u64::try_from(d.deleted).unwrap_or(0),
             },
-            Some(PbTxnOpResponse::ResponseTxn(t)) => OpResponse::Txn(decode_txn(t)?),
+            Some(response_op::Response::ResponseTxn(t)) => OpResponse::Txn(decode_txn(t)?),
             None => {
                 return Err(Error::Malformed(
                     "txn response op without a response".into(),
@@ -668,47 +809,106 @@ fn decode_txn(resp: PbTxnResponse) -> Result<TxnResponse> {
     })
 }
 
-fn encode_compare(c: &Compare) -> etcd_client::Compare {
-    let op = match c.op {
-        CompareOp::Equal => etcd_client::CompareOp::Equal,
-        CompareOp::NotEqual => etcd_client::CompareOp::NotEqual,
-        CompareOp::Less => etcd_client::CompareOp::Less,
-        CompareOp::Greater => etcd_client::CompareOp::Greater,
+fn encode_compare(c: &Compare) -> pb::Compare {
+    use compare::{CompareResult as R, CompareTarget as T, TargetUnion as U};
+    let result = match c.op {
+        CompareOp::Equal => R::Equal,
+        CompareOp::NotEqual => R::NotEqual,
+        CompareOp::Less => R::Less,
+        CompareOp::Greater => R::Greater,
     };
-    let key = c.key.clone();
-    match &c.target {
-        CompareTarget::Value(v) => etcd_client::Compare::value(key, op, v.clone()),
-        CompareTarget::CreateRevision(r) => etcd_client::Compare::create_revision(key, op, *r),
-        CompareTarget::ModRevision(r) => etcd_client::Compare::mod_revision(key, op, *r),
-        CompareTarget::Version(v) => etcd_client::Compare::version(key, op, *v),
-        CompareTarget::Lease(l) => etcd_client::Compare::lease(key, op, l.map_or(0, |l| l.0)),
+    let (target, value) = match &c.target {
+        CompareTarget::Value(v) => (T::Value, U::Value(v.clone())),
+        CompareTarget::CreateRevision(r) => (T::Create, U::CreateRevision(*r)),
+        CompareTarget::ModRevision(r) => (T::Mod, U::ModRevision(*r)),
+        CompareTarget::Version(v) => (T::Version, U::Version(*v)),
+        CompareTarget::Lease(l) => (T::Lease, U::Lease(l.map_or(0, |l| l.0))),
+    };
+    pb::Compare {
+        result: result as i32,
+        target: target as i32,
+        key: c.key.clone().into_bytes(),
+        range_end: Vec::new(),
+        target_union: Some(value),
     }
 }
 
-fn encode_op(op: &Op) -> TxnOp {
-    match op {
-        Op::Put { key, value, lease } => TxnOp::put(
-            key.clone(),
-            value.clone(),
-            lease.map(|l| PutOptions::new().with_lease(l.0)),
-        ),
-        Op::Get { key } => TxnOp::get(key.clone(), None),
-        Op::GetPrefix { prefix } => {
-            TxnOp::get(prefix.clone(), Some(GetOptions::new().with_prefix()))
-        }
-        Op::Delete { key } => TxnOp::delete(key.clone(), None),
-        Op::DeletePrefix { prefix } => {
-            TxnOp::delete(prefix.clone(), Some(DeleteOptions::new().with_prefix()))
-        }
-        Op::Txn(t) => TxnOp::txn(encode_txn(t)),
+/// A range request for exactly `key`.
+fn range_one(key: &[u8]) -> pb::RangeRequest {
+    pb::RangeRequest {
+        key: key.to_vec(),
+        ..Default::default()
     }
 }
 
-fn encode_txn(t: &Txn) -> etcd_client::Txn {
-    etcd_client::Txn::new()
-        .when(t.compares.iter().map(encode_compare).collect::<Vec<_>>())
-        .and_then(t.success.iter().map(encode_op).collect::<Vec<_>>())
-        .or_else(t.failure.iter().map(encode_op).collect::<Vec<_>>())
+/// The `(key, range_end)` of every key starting with `prefix` (etcd's
+/// `WithPrefix`): the whole key space for the empty prefix.
+fn prefix_range(prefix: &str) -> (Vec<u8>, Vec<u8>) {
+    let start = if prefix.is_empty() {
+        vec![0]
+    } else {
+        prefix.as_bytes().to_vec()
+    };
+    (start, prefix_end(prefix.as_bytes()))
+}
+
+fn range_prefix(prefix: &str) -> pb::RangeRequest {
+    let (key, range_end) = prefix_range(prefix);
+    pb::RangeRequest {
+        key,
+        range_end,
+        ..Default::default()
+    }
+}
+
+fn put_request(key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> pb::PutRequest {
+    pb::PutRequest {
+        key: key.as_bytes().to_vec(),
+        value,
+        lease: lease.map_or(0, |l| l.0),
+        ..Default::default()
+    }
+}
+
+fn delete_request(key: &str) -> pb::DeleteRangeRequest {
+    pb::DeleteRangeRequest {
+        key: key.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+fn delete_prefix_request(prefix: &str) -> pb::DeleteRangeRequest {
+    let (key, range_end) = prefix_range(prefix);
+    pb::DeleteRangeRequest {
+        key,
+        range_end,
+        ..Default::default()
+    }
+}
+
+fn encode_op(op: &Op) -> pb::RequestOp {
+    use request_op::Request;
+    let request = match op {
+        Op::Put { key, value, lease } => {
+            Request::RequestPut(put_request(key, value.clone(), *lease))
+        }
+        Op::Get { key } => Request::RequestRange(range_one(key.as_bytes())),
+        Op::GetPrefix { prefix } => Request::RequestRange(range_prefix(prefix)),
+        Op::Delete { key } => Request::RequestDeleteRange(delete_request(key)),
+        Op::DeletePrefix { prefix } => Request::RequestDeleteRange(delete_prefix_request(prefix)),
+        Op::Txn(t) => Request::RequestTxn(encode_txn(t)),
+    };
+    pb::RequestOp {
+        request: Some(request),
+    }
+}
+
+fn encode_txn(t: &Txn) -> pb::TxnRequest {
+    pb::TxnRequest {
+        compare: t.compares.iter().map(encode_compare).collect(),
+        success: t.success.iter().map(encode_op).collect(),
+        failure: t.failure.iter().map(encode_op).collect(),
+    }
 }
 
 /// The end of the key range of `prefix` (etcd's `GetPrefixRangeEnd`): `[0]`, meaning
@@ -740,9 +940,9 @@ fn secs(ttl: i64) -> Duration {
 impl Backend for EtcdBackend {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         self.call("get", Resend::Always, |mut c| async move {
-            let mut resp = c.kv.get(key, None).await?;
-            Ok(match resp.take_kvs().into_iter().next() {
-                Some(kv) => Some(decode_kv(kv.0)?),
+            let resp = c.kv.range(range_one(key.as_bytes())).await?.into_inner();
+            Ok(match resp.kvs.into_iter().next() {
+                Some(kv) => Some(decode_kv(kv)?),
                 None => None,
             })
         })
@@ -753,12 +953,7 @@ impl Backend for EtcdBackend {
         // Pages of RANGE_PAGE_SIZE keys; the later pages read at the revision of the
         // first, so the result is one snapshot. If that revision is compacted away
         // meanwhile, start over (a few times).
-        let start: Vec<u8> = if prefix.is_empty() {
-            vec![0]
-        } else {
-            prefix.as_bytes().to_vec()
-        };
-        let end = prefix_end(prefix.as_bytes());
+        let (start, end) = prefix_range(prefix);
         let mut restarts = 0;
         'snapshot: loop {
             let mut kvs = Vec::new();
@@ -768,15 +963,17 @@ impl Backend for EtcdBackend {
             loop {
                 let page = self
                     .call("range", Resend::Always, |mut c| {
-                        let opts = GetOptions::new()
-                            .with_range(end.clone())
-                            .with_limit(limit)
-                            .with_revision(revision);
-                        let from = from.clone();
+                        let req = pb::RangeRequest {
+                            key: from.clone(),
+                            range_end: end.clone(),
+                            limit,
+                            revision,
+                            ..Default::default()
+                        };
                         async move {
-                            let mut resp = c.kv.get(from, Some(opts)).await?;
-                            let rev = resp.header().map_or(0, |h| h.revision());
-                            Ok((resp.take_kvs(), resp.more(), rev))
+                            let resp = c.kv.range(req).await?.into_inner();
+                            let rev = revision_of(resp.header.as_ref());
+                            Ok((resp.kvs, resp.more, rev))
                         }
                     })
                     .await;
@@ -786,7 +983,7 @@ impl Backend for EtcdBackend {
                             revision = rev;
                         }
                         let next = page.last().map(|kv| {
-                            let mut k = kv.key().to_vec();
+                            let mut k = kv.key.clone();
                             k.push(0);
                             k
                         });
@@ -826,11 +1023,10 @@ impl Backend for EtcdBackend {
 
     async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
         self.call("put", Resend::IfNotSent, |mut c| {
-            let value = value.clone();
+            let req = put_request(key, value.clone(), lease);
             async move {
-                let opts = lease.map(|l| PutOptions::new().with_lease(l.0));
-                let resp = c.kv.put(key, value, opts).await?;
-                Ok(resp.header().map_or(0, |h| h.revision()))
+                let resp = c.kv.put(req).await?.into_inner();
+                Ok(revision_of(resp.header.as_ref()))
             }
         })
         .await
@@ -838,7 +1034,12 @@ impl Backend for EtcdBackend {
 
     async fn delete(&self, key: &str) -> Result<bool> {
         self.call("delete", Resend::IfNotSent, |mut c| async move {
-            Ok(c.kv.delete(key, None).await?.deleted() > 0)
+            Ok(c.kv
+                .delete_range(delete_request(key))
+                .await?
+                .into_inner()
+                .deleted
+                > 0)
         })
         .await
     }
@@ -846,9 +1047,10 @@ impl Backend for EtcdBackend {
     async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
         self.call("delete_prefix", Resend::IfNotSent, |mut c| async move {
             let resp =
-                c.kv.delete(prefix, Some(DeleteOptions::new().with_prefix()))
-                    .await?;
-            Ok(u64::try_from(resp.deleted()).unwrap_or(0))
+                c.kv.delete_range(delete_prefix_request(prefix))
+                    .await?
+                    .into_inner();
+            Ok(u64::try_from(resp.deleted).unwrap_or(0))
         })
         .await
     }
@@ -857,7 +1059,7 @@ impl Backend for EtcdBackend {
         let mut resp = self
             .call("txn", Resend::IfNotSent, |mut c| {
                 let t = encode_txn(&txn);
-                async move { Ok(decode_txn(c.kv.txn(t).await?.0)?) }
+                async move { Ok(decode_txn(c.kv.txn(t).await?.into_inner())?) }
             })
             .await?;
         // Nested responses carry no header: give them the transaction's revision.
@@ -868,7 +1070,11 @@ impl Backend for EtcdBackend {
 
     async fn compact(&self, revision: Revision) -> Result<()> {
         self.call("compact", Resend::Always, |mut c| async move {
-            c.kv.compact(revision, None).await?;
+            c.kv.compact(pb::CompactionRequest {
+                revision,
+                physical: false,
+            })
+            .await?;
             Ok(())
         })
         .await
@@ -877,13 +1083,17 @@ impl Backend for EtcdBackend {
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {
         let ttl = ttl_secs(ttl)?;
         self.call("lease_grant", Resend::IfNotSent, |mut c| async move {
-            let resp = c.client.lease_grant(ttl, None).await?;
-            if !resp.error().is_empty() {
-                return Err(Error::Etcd(format!("lease grant: {}", resp.error())).into());
+            let resp = c
+                .lease
+                .lease_grant(pb::LeaseGrantRequest { ttl, id: 0 })
+                .await?
+                .into_inner();
+            if !resp.error.is_empty() {
+                return Err(Error::Etcd(format!("lease grant: {}", resp.error)).into());
             }
             Ok(LeaseGrant {
-                id: LeaseId(resp.id()),
-                ttl: secs(resp.ttl()),
+                id: LeaseId(resp.id),
+                ttl: secs(resp.ttl),
             })
         })
         .await
@@ -891,25 +1101,31 @@ impl Backend for EtcdBackend {
 
     async fn lease_keep_alive_once(&self, id: LeaseId) -> Result<Option<Duration>> {
         self.call("lease_keep_alive", Resend::Always, |mut c| async move {
-            // Opening the stream sends one renewal and reads its answer (failing with
-            // "lease not found" when the lease is gone); a second round trip on the
-            // same stream reports the TTL.
-            let (mut keeper, mut stream) = match c.client.lease_keep_alive(id.0).await {
-                Ok(pair) => pair,
-                Err(e) => {
-                    let f = classify(e);
+            // One renewal on a keep-alive stream that ends after it: etcd answers it
+            // (TTL 0 when the lease is gone), then closes the stream.
+            let request = pb::LeaseKeepAliveRequest { id: id.0 };
+            let mut stream = match c.lease.lease_keep_alive(tokio_stream::once(request)).await {
+                Ok(s) => s.into_inner(),
+                Err(status) => {
+                    let f = status_failure(&status);
                     return match f.error {
                         Error::LeaseLost => Ok(None),
                         _ => Err(f),
                     };
                 }
             };
-            keeper.keep_alive().await?;
-            match stream.message().await? {
-                Some(resp) if resp.ttl() > 0 => Ok(Some(secs(resp.ttl()))),
-                Some(_) => Ok(None),
-                None => {
+            match stream.message().await {
+                Ok(Some(resp)) if resp.ttl > 0 => Ok(Some(secs(resp.ttl))),
+                Ok(Some(_)) => Ok(None),
+                Ok(None) => {
                     Err(Error::unavailable(String::new(), "lease keep-alive stream closed").into())
+                }
+                Err(status) => {
+                    let f = status_failure(&status);
+                    match f.error {
+                        Error::LeaseLost => Ok(None),
+                        _ => Err(f),
+                    }
                 }
             }
         })
@@ -919,7 +1135,9 @@ impl Backend for EtcdBackend {
     async fn lease_revoke(&self, id: LeaseId) -> Result<()> {
         match self
             .call("lease_revoke", Resend::Always, |mut c| async move {
-                c.client.lease_revoke(id.0).await?;
+                c.lease
+                    .lease_revoke(pb::LeaseRevokeRequest { id: id.0 })
+                    .await?;
                 Ok(())
             })
             .await
@@ -931,8 +1149,15 @@ impl Backend for EtcdBackend {
 
     async fn lease_ttl(&self, id: LeaseId) -> Result<Option<Duration>> {
         self.call("lease_ttl", Resend::Always, |mut c| async move {
-            let resp = c.client.lease_time_to_live(id.0, None).await?;
-            Ok((resp.ttl() >= 0).then(|| secs(resp.ttl())))
+            let resp = c
+                .lease
+                .lease_time_to_live(pb::LeaseTimeToLiveRequest {
+                    id: id.0,
+                    keys: false,
+                })
+                .await?
+                .into_inner();
+            Ok((resp.ttl >= 0).then(|| secs(resp.ttl)))
         })
         .await
     }
@@ -942,24 +1167,40 @@ impl Backend for EtcdBackend {
         prefix: &str,
         start_revision: Option<Revision>,
     ) -> Result<WatchStream> {
-        let (ws, buf, pending_err) = self
+        let (requests, ws, buf, pending_err) = self
             .call("watch", Resend::Always, |mut c| async move {
-                let mut opts = WatchOptions::new().with_prefix();
-                if let Some(r) = start_revision.filter(|r| *r > 0) {
-                    opts = opts.with_start_revision(r);
-                }
-                let mut ws = c.watch.watch(prefix, Some(opts)).await?;
+                let (key, range_end) = prefix_range(prefix);
+                let create = pb::WatchCreateRequest {
+                    key,
+                    range_end,
+                    start_revision: start_revision.filter(|r| *r > 0).unwrap_or(0),
+                    ..Default::default()
+                };
+                // The request side stays open for as long as the watch is read.
+                let (requests, rx) = tokio::sync::mpsc::channel(1);
+                requests
+                    .send(pb::WatchRequest {
+                        request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
+                    })
+                    .await
+                    .map_err(|_| Error::Etcd("watch request channel closed".into()))?;
+                let mut ws = c
+                    .watch
+                    .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+                    .await?
+                    .into_inner();
                 // Wait for the server to confirm, so the watch is in place on return.
                 let Some(first) = ws.message().await? else {
                     return Err(Error::unavailable(String::new(), "watch stream closed").into());
                 };
                 let mut buf = VecDeque::new();
-                let pending_err = decode_watch_response(first.0, &mut buf).err();
-                Ok((ws, buf, pending_err))
+                let pending_err = decode_watch_response(first, &mut buf).err();
+                Ok((requests, ws, buf, pending_err))
             })
             .await?;
         let pinned = self.inner.pinned.load(Ordering::Relaxed) % self.inner.slots.len();
         let state = EtcdWatch {
+            _requests: requests,
             ws,
             buf,
             pending_err,
@@ -975,20 +1216,22 @@ impl Backend for EtcdBackend {
 
 /// Appends the events of one watch response; an error when the watch ended
 /// (compacted, cancelled by the server) or an event cannot be decoded.
-fn decode_watch_response(
-    resp: etcd_client::proto::PbWatchResponse,
-    buf: &mut VecDeque<WatchEvent>,
-) -> Result<()> {
+fn decode_watch_response(resp: pb::WatchResponse, buf: &mut VecDeque<WatchEvent>) -> Result<()> {
     if resp.compact_revision != 0 {
         return Err(Error::Compacted {
             compact_revision: resp.compact_revision,
         });
     }
     for ev in resp.events {
-        let kind = match ev.r#type {
-            0 => EventKind::Put,
-            1 => EventKind::Delete,
-            t => return Err(Error::Malformed(format!("unknown watch event type {t}"))),
+        let kind = match mvccpb::event::EventType::try_from(ev.r#type) {
+            Ok(mvccpb::event::EventType::Put) => EventKind::Put,
+            Ok(mvccpb::event::EventType::Delete) => EventKind::Delete,
+            Err(_) => {
+                return Err(Error::Malformed(format!(
+                    "unknown watch event type {}",
+                    ev.r#type
+                )));
+            }
         };
         let Some(kv) = ev.kv else {
             return Err(Error::Malformed("watch event without key-value".into()));
@@ -1013,7 +1256,9 @@ fn decode_watch_response(
 }
 
 struct EtcdWatch {
-    ws: etcd_client::WatchStream,
+    /// Kept so the request side of the stream stays open.
+    _requests: tokio::sync::mpsc::Sender<pb::WatchRequest>,
+    ws: tonic::Streaming<pb::WatchResponse>,
     buf: VecDeque<WatchEvent>,
     pending_err: Option<Error>,
     done: bool,
@@ -1036,7 +1281,7 @@ impl EtcdWatch {
             }
             match self.ws.message().await {
                 Ok(Some(resp)) => {
-                    if let Err(e) = decode_watch_response(resp.0, &mut self.buf) {
+                    if let Err(e) = decode_watch_response(resp, &mut self.buf) {
                         self.pending_err = Some(e);
                     }
                 }
@@ -1044,8 +1289,15 @@ impl EtcdWatch {
                     self.pending_err =
                         Some(Error::unavailable(String::new(), "watch stream closed"));
                 }
-                Err(e) => self.pending_err = Some(classify(e).error),
+                Err(status) => self.pending_err = Some(status_failure(&status).error),
             }
         }
     }
+}
+
+/// A plain channel to one endpoint, for the test kit's cluster queries (member
+/// list, status) that the [`Backend`] does not offer.
+pub(crate) async fn probe_channel(endpoint: &str, timeout: Duration) -> Option<Channel> {
+    let cfg = EtcdConfig::new([endpoint]).with_dial_timeout(timeout);
+    connect_channel(endpoint, &cfg, None).await.ok()
 }

@@ -49,8 +49,11 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, WatchStream};
 use crate::error::{Error, Result};
-use crate::etcd::{EtcdBackend, EtcdConfig};
+use crate::etcd::{EtcdBackend, EtcdConfig, probe_channel};
 use crate::types::{KeyValue, LeaseGrant, LeaseId, Revision, Txn, TxnResponse};
+use edl_proto::etcd::etcdserverpb::{
+    self as pb, cluster_client::ClusterClient, maintenance_client::MaintenanceClient,
+};
 
 /// Environment variable naming the etcd binary to use.
 pub const ETCD_BIN_ENV: &str = "EDL_ETCD_BIN";
@@ -454,17 +457,17 @@ impl EtcdCluster {
     /// answer.
     async fn identity(&self, i: usize) -> Option<String> {
         let ask = async {
-            let opts =
-                etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(1));
-            let mut c = etcd_client::Client::connect([self.endpoint(i)], Some(opts))
+            let channel = probe_channel(&self.endpoint(i), Duration::from_secs(1)).await?;
+            let resp = ClusterClient::new(channel)
+                .member_list(pb::MemberListRequest::default())
                 .await
-                .ok()?;
-            let resp = c.member_list().await.ok()?;
-            let me = resp.header()?.member_id();
-            resp.members()
-                .iter()
-                .find(|m| m.id() == me)
-                .map(|m| m.name().to_owned())
+                .ok()?
+                .into_inner();
+            let me = resp.header?.member_id;
+            resp.members
+                .into_iter()
+                .find(|m| m.id == me)
+                .map(|m| m.name)
         };
         tokio::time::timeout(Duration::from_secs(2), ask)
             .await
@@ -544,18 +547,18 @@ impl EtcdCluster {
                 continue;
             }
             let status = async {
-                let opts =
-                    etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(1));
-                let mut c = etcd_client::Client::connect([self.endpoint(i)], Some(opts))
+                let channel = probe_channel(&self.endpoint(i), Duration::from_secs(1)).await?;
+                MaintenanceClient::new(channel)
+                    .status(pb::StatusRequest {})
                     .await
-                    .ok()?;
-                c.status().await.ok()
+                    .ok()
+                    .map(tonic::Response::into_inner)
             };
             match tokio::time::timeout(Duration::from_secs(2), status).await {
                 Ok(Some(s)) => {
-                    ids.push(s.header().map(|h| h.member_id()));
-                    if s.leader() != 0 {
-                        leader_id = Some(s.leader());
+                    ids.push(s.header.map(|h| h.member_id));
+                    if s.leader != 0 {
+                        leader_id = Some(s.leader);
                     }
                 }
                 _ => ids.push(None),

@@ -1,4 +1,4 @@
-//! The etcd key layout of a job (see DESIGN.md): everything under `/edl/<job>/`.
+//! The etcd key layout of a job (see docs/design.md): everything under `/edl/<job>/`.
 
 /// Keys of one job.
 #[derive(Clone, Debug, PartialEq, Eq)]

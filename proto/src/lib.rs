@@ -6,6 +6,11 @@
 //! - [`master`]: the master's gRPC service (`proto/edl/master.proto`).
 //! - [`pserver`]: the parameter server's gRPC service (`proto/edl/pserver.proto`),
 //!   with [`codec::SizedProstCodec`] for its large messages.
+//! - [`etcd`]: client stubs of the etcd v3 API (`third_party/etcd/`, vendored), which
+//!   `edl-coord` speaks to etcd with.
+//!
+//! Every `.proto` file is compiled by protox (a protobuf compiler in Rust) in
+//! `build.rs`: building needs no `protoc`.
 
 pub mod codec;
 
@@ -24,6 +29,25 @@ pub mod master {
 pub mod pserver {
     #![allow(missing_docs, missing_debug_implementations, clippy::all)]
     tonic::include_proto!("edl.pserver.v1");
+}
+
+/// The etcd v3 API (client stubs and messages), as etcd publishes it.
+pub mod etcd {
+    /// KV, Watch, Lease, Cluster, Maintenance and Auth services (`etcdserverpb`).
+    pub mod etcdserverpb {
+        #![allow(missing_docs, missing_debug_implementations, clippy::all)]
+        tonic::include_proto!("etcdserverpb");
+    }
+    /// Keys, values and events (`mvccpb`).
+    pub mod mvccpb {
+        #![allow(missing_docs, missing_debug_implementations, clippy::all)]
+        tonic::include_proto!("mvccpb");
+    }
+    /// Users, roles and permissions (`authpb`).
+    pub mod authpb {
+        #![allow(missing_docs, missing_debug_implementations, clippy::all)]
+        tonic::include_proto!("authpb");
+    }
 }
 
 /// The training sample encoding (`edl.sample.v1`).

@@ -1,4 +1,4 @@
-//! The pserver's etcd keys (see DESIGN.md), all under `/edl/<job>/`.
+//! The pserver's etcd keys (see docs/design.md), all under `/edl/<job>/`.
 
 /// Keys of one job used by pservers and their clients.
 #[derive(Clone, Debug, PartialEq, Eq)]
