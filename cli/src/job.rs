@@ -578,6 +578,18 @@ impl JobSpec {
         Ok(())
     }
 
+    /// Checks that the first records of every file of the training and test splits fit
+    /// the model (feature count, label kind, class ids): one error naming the file and
+    /// the fix when they do not. Call after [`JobSpec::fit_stats`].
+    pub fn check_data_fits_model(&self) -> anyhow::Result<()> {
+        let model = edl_trainer::build(&self.model).context("build the model")?;
+        edl_trainer::check_split(model.as_ref(), &self.data.train.patterns())?;
+        if let Some(test) = &self.data.test {
+            edl_trainer::check_split(model.as_ref(), &test.patterns())?;
+        }
+        Ok(())
+    }
+
     /// The key of the stored spec.
     pub fn key(job: &str) -> String {
         format!("/edl/{job}/job/spec")

@@ -12,6 +12,7 @@
 //! - [`paddle`]: PaddlePaddle's environment variables as a role.
 //! - [`job`]: the job spec (TOML; stored as JSON in etcd).
 //! - [`common`]: etcd and job options, signals, the runtime.
+//! - [`logging`]: quiet query commands, INFO for roles, per-role files in process.
 //!
 //! `main` only parses arguments and sets up logging; each subcommand is a function here
 //! that returns an exit code or an error with context.
@@ -26,6 +27,7 @@ pub mod common;
 pub mod consume_cmd;
 pub mod data;
 pub mod job;
+pub mod logging;
 pub mod master_cmd;
 pub mod ops_cmd;
 pub mod paddle;
@@ -77,21 +79,24 @@ pub enum Command {
     Logs(ops_cmd::LogsArgs),
 }
 
-/// Sets up `tracing` to stderr; `EDL_LOG` (a filter directive) wins over `-v`.
-pub fn init_logging(verbose: u8) {
-    let default = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
+/// Sets up `tracing` for this command line (see [`logging`]): queries, data tools
+/// and `edl run` print warnings only unless `-v`; the roles log INFO.
+pub fn init_logging(cli: &Cli) {
+    let verbosity = match &cli.command {
+        Some(
+            Command::Data(_)
+            | Command::Run(_)
+            | Command::Status(_)
+            | Command::Scale(_)
+            | Command::Kill(_)
+            | Command::Logs(_),
+        ) => logging::Verbosity::Quiet,
+        Some(
+            Command::Master(_) | Command::Consume(_) | Command::Pserver(_) | Command::Trainer(_),
+        )
+        | None => logging::Verbosity::Info,
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("EDL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+    logging::init(verbosity, cli.verbose);
 }
 
 /// Runs a parsed command line.

@@ -6,7 +6,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = edl::Cli::parse();
-    edl::init_logging(cli.verbose);
+    edl::init_logging(&cli);
     match edl::run(cli) {
         Ok(code) => code,
         Err(err) => {

@@ -69,6 +69,59 @@ pub struct LogsArgs {
     pub follow: bool,
 }
 
+/// The version of the JSON that `edl status --json` prints (docs/json.md). Bumped
+/// when a field changes meaning or goes away; new fields may appear within a version.
+pub const STATUS_JSON_VERSION: u32 = 1;
+
+/// Where a job is in its passes.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PassProgress {
+    /// The pass being trained, 1-based; equal to `total` once the last pass ended.
+    pub current: u32,
+    /// Passes of the job.
+    pub total: u32,
+}
+
+/// A job's tasks by state (of the current pass).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TaskCounts {
+    /// Waiting to be leased.
+    pub todo: u64,
+    /// Leased to a trainer.
+    pub pending: u64,
+    /// Acknowledged.
+    pub done: u64,
+    /// Failed for good.
+    pub failed: u64,
+}
+
+/// One pserver shard.
+#[derive(Debug, Clone, Serialize)]
+pub struct PserverStatus {
+    /// Shard index.
+    pub index: u32,
+    /// Its address.
+    pub address: String,
+}
+
+/// One master.
+#[derive(Debug, Clone, Serialize)]
+pub struct MasterStatus {
+    /// Its address.
+    pub address: String,
+    /// Whether it leads (the others stand by).
+    pub leader: bool,
+}
+
+/// A task that failed for good.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskFailure {
+    /// Task id.
+    pub task: String,
+    /// Why.
+    pub reason: String,
+}
+
 /// One job in `edl status`.
 #[derive(Debug, Serialize)]
 pub struct JobStatus {
@@ -78,27 +131,29 @@ pub struct JobStatus {
     pub state: String,
     /// The model kind.
     pub model: Option<String>,
-    /// Current pass (0-based) and passes.
-    pub pass: Option<(u32, u32)>,
-    /// Tasks by state: todo, pending, done, failed.
-    pub tasks: Option<[u64; 4]>,
+    /// Current pass and passes (when a master answers).
+    pub pass: Option<PassProgress>,
+    /// Tasks by state (when a master answers).
+    pub tasks: Option<TaskCounts>,
     /// Records trained so far.
     pub records_trained: Option<u64>,
     /// Registered trainers.
     pub trainers: Vec<String>,
     /// Desired trainers (`edl scale`), if set.
     pub desired_trainers: Option<u32>,
-    /// Pserver shards: index -> address.
-    pub pservers: Vec<(u32, String)>,
-    /// Masters: (address, leading).
-    pub masters: Vec<(String, bool)>,
-    /// Recent failures: task and reason.
-    pub failures: Vec<(String, String)>,
+    /// Pserver shards, by index.
+    pub pservers: Vec<PserverStatus>,
+    /// Masters, the leader first.
+    pub masters: Vec<MasterStatus>,
+    /// The last (at most five) tasks failed for good.
+    pub failures: Vec<TaskFailure>,
 }
 
 /// `edl status` output.
 #[derive(Debug, Serialize)]
 pub struct Overview {
+    /// [`STATUS_JSON_VERSION`].
+    pub version: u32,
     /// Jobs.
     pub jobs: Vec<JobStatus>,
     /// Jobs waiting for a master.
@@ -142,7 +197,7 @@ async fn job_status(backend: &Arc<dyn Backend>, job: &str) -> anyhow::Result<Job
         .collect();
     let ps_prefix = format!("{}ps/", keys.root());
     let (ps, _) = backend.range(&ps_prefix).await?;
-    let pservers: Vec<(u32, String)> = ps
+    let pservers: Vec<PserverStatus> = ps
         .iter()
         .filter_map(|kv| {
             let i = kv.key.strip_prefix(&ps_prefix)?.parse::<u32>().ok()?;
@@ -151,15 +206,21 @@ async fn job_status(backend: &Arc<dyn Backend>, job: &str) -> anyhow::Result<Job
                 .as_str()
                 .map(str::to_owned)
                 .unwrap_or_else(|| String::from_utf8_lossy(&kv.value).into_owned());
-            Some((i, addr))
+            Some(PserverStatus {
+                index: i,
+                address: addr,
+            })
         })
         .collect();
     let (mut masters, _) = backend.range(&keys.master_election()).await?;
     masters.sort_by_key(|kv| kv.create_revision);
-    let masters: Vec<(String, bool)> = masters
+    let masters: Vec<MasterStatus> = masters
         .iter()
         .enumerate()
-        .map(|(i, kv)| (String::from_utf8_lossy(&kv.value).into_owned(), i == 0))
+        .map(|(i, kv)| MasterStatus {
+            address: String::from_utf8_lossy(&kv.value).into_owned(),
+            leader: i == 0,
+        })
         .collect();
     let desired_trainers = backend
         .get(&format!("{}scale/trainers", keys.root()))
@@ -191,10 +252,16 @@ async fn job_status(backend: &Arc<dyn Backend>, job: &str) -> anyhow::Result<Job
         job: job.to_owned(),
         state,
         model: spec.map(|s| s.model.kind().to_owned()),
-        pass: status.as_ref().map(|s| (s.pass, s.passes)),
-        tasks: status
-            .as_ref()
-            .map(|s| [s.todo, s.pending, s.done, s.failed]),
+        pass: status.as_ref().map(|s| PassProgress {
+            current: (s.pass + 1).min(s.passes.max(1)),
+            total: s.passes.max(1),
+        }),
+        tasks: status.as_ref().map(|s| TaskCounts {
+            todo: s.todo,
+            pending: s.pending,
+            done: s.done,
+            failed: s.failed,
+        }),
         records_trained: status
             .as_ref()
             .and_then(|s| s.counters.map(|c| c.records_trained)),
@@ -208,7 +275,10 @@ async fn job_status(backend: &Arc<dyn Backend>, job: &str) -> anyhow::Result<Job
                     .into_iter()
                     .rev()
                     .take(5)
-                    .map(|f| (f.id, f.reason))
+                    .map(|f| TaskFailure {
+                        task: f.id,
+                        reason: f.reason,
+                    })
                     .collect()
             })
             .unwrap_or_default(),
@@ -236,6 +306,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
             );
         }
         let overview = Overview {
+            version: STATUS_JSON_VERSION,
             pending_jobs: jobs.iter().filter(|j| j.state == "pending").count(),
             running_trainers: jobs.iter().map(|j| j.trainers.len()).sum(),
             cpu_utilisation: cpu_utilisation(),
@@ -261,11 +332,14 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                 j.state,
                 j.model.as_deref().unwrap_or("?")
             );
-            if let Some((p, n)) = j.pass {
-                println!("  pass {}/{}", p + 1, n.max(1));
+            if let Some(p) = j.pass {
+                println!("  pass {}/{}", p.current, p.total);
             }
-            if let Some([todo, pending, done, failed]) = j.tasks {
-                println!("  tasks todo {todo}  pending {pending}  done {done}  failed {failed}");
+            if let Some(t) = j.tasks {
+                println!(
+                    "  tasks todo {}  pending {}  done {}  failed {}",
+                    t.todo, t.pending, t.done, t.failed
+                );
             }
             if let Some(r) = j.records_trained {
                 println!("  records trained {r}");
@@ -277,14 +351,18 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                     .map_or(String::new(), |d| format!(" (desired {d})")),
                 j.trainers.join(", ")
             );
-            for (i, a) in &j.pservers {
-                println!("  pserver {i}: {a}");
+            for p in &j.pservers {
+                println!("  pserver {}: {}", p.index, p.address);
             }
-            for (a, leading) in &j.masters {
-                println!("  master {a}{}", if *leading { " (leader)" } else { "" });
+            for m in &j.masters {
+                println!(
+                    "  master {}{}",
+                    m.address,
+                    if m.leader { " (leader)" } else { "" }
+                );
             }
-            for (t, r) in &j.failures {
-                println!("  failed {t}: {r}");
+            for f in &j.failures {
+                println!("  failed {}: {}", f.task, f.reason);
             }
         }
         Ok(())

@@ -35,6 +35,7 @@ use edl_trainer::{DeviceChoice, Model, ParamStore, PsStore};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::common::{runtime, shutdown_on_signals};
 use crate::job::JobSpec;
@@ -178,9 +179,15 @@ pub struct FailedTaskReport {
     pub reason: String,
 }
 
+/// The version of the `edl run --report` JSON (docs/json.md). Bumped when a field
+/// changes meaning or goes away; new fields may appear within a version.
+pub const RUN_REPORT_VERSION: u32 = 1;
+
 /// What `edl run --report` writes.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
+    /// [`RUN_REPORT_VERSION`].
+    pub version: u32,
     /// Job name.
     pub job: String,
     /// Whether it succeeded.
@@ -196,8 +203,8 @@ pub struct RunReport {
     pub records_trained: u64,
     /// Records trained twice, as reported by trainers that handed back or failed tasks.
     pub duplicate_records: u64,
-    /// Records of tasks cut off by a lost trainer and dispatched again (an upper bound of
-    /// what may have been trained twice).
+    /// Records of tasks cut off by a lost trainer and dispatched again: an upper bound of
+    /// what may have been trained twice (so never more than `records_trained`).
     pub cutoff_records: u64,
     /// Records never trained in their pass (tasks failed for good).
     pub lost_records: u64,
@@ -300,6 +307,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     prepare_data(&spec).map_err(in_spec)?;
     check_data(&spec).map_err(in_spec)?;
     spec.fit_stats().map_err(in_spec)?;
+    spec.check_data_fits_model().map_err(in_spec)?;
     let run_dir = match &args.run_dir {
         Some(d) => d.clone(),
         None => args
@@ -532,6 +540,13 @@ fn check_data(spec: &JobSpec) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The records of tasks cut off by a lost trainer, as a bound of what was trained
+/// twice: a record trained twice was trained once in a task that was acknowledged, so
+/// the bound never exceeds the records trained (a job that trained nothing reports 0).
+fn twice_trained_bound(c: &edl_proto::master::Counters) -> u64 {
+    c.cutoff_records.min(c.records_trained)
 }
 
 fn print_summary(r: &RunReport) {
@@ -809,6 +824,7 @@ impl Supervisor {
             .await;
         let c = status.as_ref().and_then(|s| s.counters).unwrap_or_default();
         Ok(RunReport {
+            version: RUN_REPORT_VERSION,
             job: self.spec.name.clone(),
             succeeded,
             error,
@@ -816,7 +832,7 @@ impl Supervisor {
             passes: c.passes_completed,
             records_trained: c.records_trained,
             duplicate_records: c.duplicate_records,
-            cutoff_records: c.cutoff_records,
+            cutoff_records: twice_trained_bound(&c),
             lost_records: c.lost_records,
             failed_tasks: status
                 .map(|s| {
@@ -1519,6 +1535,8 @@ async fn run_in_memory(
 ) -> anyhow::Result<RunReport> {
     let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
     prepare_job(&backend, &spec, &run_dir).await?;
+    // The roles' logs go to RUN_DIR/logs/<role>.log, as the child processes' do.
+    crate::logging::set_role_log_dir(run_dir.join("logs"));
     let roles = CancellationToken::new();
     let _stop_roles = roles.clone().drop_guard();
     let ttl = spec.cluster.lease_ttl;
@@ -1529,8 +1547,9 @@ async fn run_in_memory(
         cfg.reconcile_every = ttl;
         cfg.default_chunks_per_task = 1;
         let (b, t) = (backend.clone(), roles.clone());
+        let role = crate::logging::role_span(&format!("master-{i}"));
         tokio::spawn(async move {
-            if let Err(e) = edl_master::run(b, cfg, listener, t).await {
+            if let Err(e) = edl_master::run(b, cfg, listener, t).instrument(role).await {
                 tracing::error!(master = i, error = %e, "master failed");
             }
         });
@@ -1551,14 +1570,16 @@ async fn run_in_memory(
             )
         });
         let (b, t) = (backend.clone(), roles.clone());
+        let role = crate::logging::role_span(&format!("pserver-{i}"));
         tokio::spawn(async move {
-            if let Err(e) = edl_pserver::run(b, cfg, listener, t).await {
+            if let Err(e) = edl_pserver::run(b, cfg, listener, t).instrument(role).await {
                 tracing::error!(pserver = i, error = %e, "pserver failed");
             }
         });
     }
     let mut trainers = Vec::new();
     for k in 0..spec.cluster.trainers {
+        let role = crate::logging::role_span(&format!("trainer-{k}"));
         let opts = TrainerOpts {
             id: format!("trainer-{k}"),
             device: args.device,
@@ -1566,12 +1587,10 @@ async fn run_in_memory(
             metrics_addr: None,
             token: None,
         };
-        trainers.push(tokio::spawn(crate::trainer_cmd::train(
-            backend.clone(),
-            spec.clone(),
-            opts,
-            shutdown.child_token(),
-        )));
+        trainers.push(tokio::spawn(
+            crate::trainer_cmd::train(backend.clone(), spec.clone(), opts, shutdown.child_token())
+                .instrument(role),
+        ));
     }
     let mut display = Display::new(args.quiet);
     let mut client_cfg = ClientConfig::new(&spec.name);
@@ -1599,7 +1618,7 @@ async fn run_in_memory(
             for t in trainers.drain(..) {
                 match t.await {
                     Ok(Ok(r)) => reports.push(r),
-                    Ok(Err(e)) => error = Some(format!("a trainer failed: {e:#}")),
+                    Ok(Err(e)) => error = Some(format!("{e:#}")),
                     Err(e) => error = Some(format!("a trainer panicked: {e}")),
                 }
             }
@@ -1626,6 +1645,7 @@ async fn run_in_memory(
     };
     let c = status.as_ref().and_then(|s| s.counters).unwrap_or_default();
     Ok(RunReport {
+        version: RUN_REPORT_VERSION,
         job: spec.name.clone(),
         succeeded: error.is_none() && metric.is_some(),
         error,
@@ -1633,7 +1653,7 @@ async fn run_in_memory(
         passes: c.passes_completed,
         records_trained: c.records_trained,
         duplicate_records: c.duplicate_records,
-        cutoff_records: c.cutoff_records,
+        cutoff_records: twice_trained_bound(&c),
         lost_records: c.lost_records,
         failed_tasks: status
             .map(|s| {

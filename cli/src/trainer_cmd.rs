@@ -71,9 +71,15 @@ pub struct TrainerArgs {
     pub report: Option<PathBuf>,
 }
 
+/// The version of the trainer report JSON (docs/json.md). Bumped when a field changes
+/// meaning or goes away; new fields may appear within a version.
+pub const TRAINER_REPORT_VERSION: u32 = 1;
+
 /// The trainer's final totals (printed as one JSON line).
 #[derive(Debug, Serialize)]
 pub struct TrainerReport {
+    /// [`TRAINER_REPORT_VERSION`].
+    pub version: u32,
     /// The trainer id.
     pub trainer: String,
     /// The device it computed on.
@@ -140,6 +146,7 @@ fn report(
     started: Instant,
 ) -> TrainerReport {
     TrainerReport {
+        version: TRAINER_REPORT_VERSION,
         trainer: id.to_owned(),
         device: device.to_owned(),
         initialised: p.initialised,
@@ -296,6 +303,7 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
                     spec.name
                 );
                 spec.fit_stats()?;
+                spec.check_data_fits_model()?;
                 spec.publish(&backend).await?
             }
             None => match JobSpec::fetch(&backend, &job, args.spec_wait, &shutdown).await {
@@ -516,7 +524,7 @@ pub async fn train(
             Err(e) => {
                 registry.deregister(&id, &lease).await.ok();
                 lease.revoke().await.ok();
-                return Err(e).context("trainer failed");
+                return Err(e).with_context(|| format!("trainer {id} failed"));
             }
         };
         // Let the others' sync steps go on without this trainer.

@@ -27,6 +27,12 @@ fn ok(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // Data commands are quiet: on success nothing on stderr (no INFO lines without -v).
+    assert!(
+        out.stderr.is_empty(),
+        "{cmd:?} succeeded but wrote to stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).expect("utf-8 output")
 }
 

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use futures::StreamExt;
 use tokio::sync::watch;
@@ -315,13 +316,16 @@ impl Election {
         let (tx, rx) = watch::channel(None);
         let backend = self.backend.clone();
         let prefix = self.prefix.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = cancel.cancelled() => {}
-                _ = tx.closed() => {}
-                _ = observe_loop(backend, prefix, &tx) => {}
+        tokio::spawn(
+            async move {
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = tx.closed() => {}
+                    _ = observe_loop(backend, prefix, &tx) => {}
+                }
             }
-        });
+            .in_current_span(),
+        );
         rx
     }
 }
@@ -432,7 +436,9 @@ pub struct Leadership {
 impl Leadership {
     fn start(backend: Arc<dyn Backend>, fence: Fence, value: Vec<u8>, lease: &Lease) -> Self {
         let lost = lease.lost().child_token();
-        let monitor = tokio::spawn(monitor_key(backend.clone(), fence.clone(), lost.clone()));
+        let monitor = tokio::spawn(
+            monitor_key(backend.clone(), fence.clone(), lost.clone()).in_current_span(),
+        );
         Self {
             backend,
             fence,

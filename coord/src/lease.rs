@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -90,7 +91,8 @@ impl Lease {
                 cancel,
                 deadline: deadline.clone(),
             }
-            .run(),
+            .run()
+            .in_current_span(),
         );
         Ok(Lease {
             id: grant.id,

@@ -13,6 +13,7 @@ use std::fmt;
 use std::sync::atomic::{self, AtomicBool};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use async_trait::async_trait;
 use tokio::sync::{Notify, watch};
@@ -149,23 +150,26 @@ impl MemBackend {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         let granted = self.inner.lease_granted.clone();
         let shutdown = self.inner.shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                let notified = granted.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                let next = {
-                    let Some(inner) = weak.upgrade() else { return };
-                    let st = inner.locked_now();
-                    st.leases.values().map(|l| l.deadline).min()
-                };
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = &mut notified => {}
-                    _ = sleep_until_opt(next) => {}
+        tokio::spawn(
+            async move {
+                loop {
+                    let notified = granted.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    let next = {
+                        let Some(inner) = weak.upgrade() else { return };
+                        let st = inner.locked_now();
+                        st.leases.values().map(|l| l.deadline).min()
+                    };
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = &mut notified => {}
+                        _ = sleep_until_opt(next) => {}
+                    }
                 }
             }
-        });
+            .in_current_span(),
+        );
     }
 }
 

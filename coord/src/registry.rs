@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -186,16 +187,19 @@ impl Registry {
         let stop = cancel.child_token();
         let task_stop = stop.clone();
         let task_error = error.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = task_stop.cancelled() => {}
-                end = follower.run() => {
-                    if let Err(e) = end {
-                        *task_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+        tokio::spawn(
+            async move {
+                tokio::select! {
+                    _ = task_stop.cancelled() => {}
+                    end = follower.run() => {
+                        if let Err(e) = end {
+                            *task_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                        }
                     }
                 }
             }
-        });
+            .in_current_span(),
+        );
         MemberWatch {
             rx,
             error,

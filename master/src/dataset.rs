@@ -57,7 +57,7 @@ pub enum DatasetError {
     Invalid(String),
     /// A file could not be listed or indexed (missing, unreadable, corrupt headers).
     #[error("cannot index the dataset: {0}")]
-    Index(#[from] edl_recordio::Error),
+    Index(edl_recordio::Error),
     /// A different dataset is already defined for this job.
     #[error(
         "the job already has another dataset (globs {existing:?}, {chunks} chunks per task, {passes} passes)"
@@ -70,6 +70,14 @@ pub enum DatasetError {
         /// The existing pass count.
         passes: u32,
     },
+}
+
+// The message includes the cause's text, so the cause is not also its `source()`
+// (a report of the chain would say it twice).
+impl From<edl_recordio::Error> for DatasetError {
+    fn from(e: edl_recordio::Error) -> Self {
+        DatasetError::Index(e)
+    }
 }
 
 impl DatasetSpec {

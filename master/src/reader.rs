@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use edl_proto::master as pb;
 use edl_recordio::{ChunkIndex, RangeScanner, ReadOptions};
@@ -106,7 +107,8 @@ impl CloudReader {
                 stop: stop.clone(),
                 indexes: HashMap::new(),
             }
-            .run(),
+            .run()
+            .in_current_span(),
         );
         CloudReader {
             client,
@@ -268,7 +270,12 @@ impl Fetcher {
                 if self.send(Ok(Item::Task(data))).await.is_err()
                     && let Err(e) = self.client.release_task(&self.cfg.trainer, &task, 0).await
                 {
-                    tracing::warn!(task = %task.id, error = %e, "handing back an unread task failed");
+                    if matches!(e, ClientError::Cancelled) {
+                        // Shutting down: the lease ends with the trainer's registration.
+                        tracing::debug!(task = %task.id, "shutting down before handing back an unread task");
+                    } else {
+                        tracing::warn!(task = %task.id, error = %e, "handing back an unread task failed");
+                    }
                 }
             }
             Err(reason) => {

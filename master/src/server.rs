@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use edl_coord::{Backend, Election, Lease, Registry};
 use edl_proto::master as pb;
@@ -337,16 +338,19 @@ pub async fn run(
         }),
     );
     let server_stop = shutdown.clone();
-    let server = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .accept_http1(true)
-            .add_routes(tonic::service::Routes::from(router))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                server_stop.cancelled_owned(),
-            )
-            .await
-    });
+    let server = tokio::spawn(
+        async move {
+            tonic::transport::Server::builder()
+                .accept_http1(true)
+                .add_routes(tonic::service::Routes::from(router))
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    server_stop.cancelled_owned(),
+                )
+                .await
+        }
+        .in_current_span(),
+    );
     tracing::info!(job = %cfg.job, addr = %advertise, "master serving");
 
     let keys = Keys::new(&cfg.job);
@@ -354,18 +358,21 @@ pub async fn run(
     // Follow the leader's address for standby redirects.
     let mut leader_rx = election.observe(shutdown.child_token());
     let hint = shared.clone();
-    tokio::spawn(async move {
-        loop {
-            let addr = leader_rx
-                .borrow_and_update()
-                .as_ref()
-                .map(|l| String::from_utf8_lossy(&l.value).into_owned());
-            *hint.leader.write().await = addr;
-            if leader_rx.changed().await.is_err() {
-                break;
+    tokio::spawn(
+        async move {
+            loop {
+                let addr = leader_rx
+                    .borrow_and_update()
+                    .as_ref()
+                    .map(|l| String::from_utf8_lossy(&l.value).into_owned());
+                *hint.leader.write().await = addr;
+                if leader_rx.changed().await.is_err() {
+                    break;
+                }
             }
         }
-    });
+        .in_current_span(),
+    );
 
     let result = lead_loop(
         &backend, &cfg, &keys, &election, &advertise, &shared, &shutdown,
@@ -414,18 +421,20 @@ async fn lead_loop(
         tracing::info!(addr = %advertise, revision = leadership.revision(), "leading");
         let term = CancellationToken::new();
         let lost = leadership.lost();
-        let stop = {
-            let term = term.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
+        let stop =
+            {
+                let term = term.clone();
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
                 tokio::select! {
                     _ = lost.cancelled() => tracing::warn!("leadership lost; stepping down"),
                     _ = shutdown.cancelled() => {}
                     _ = term.cancelled() => {}
                 }
                 term.cancel();
-            })
-        };
+            }
+.in_current_span())
+            };
         let store = Store::new(backend.clone(), keys.clone(), leadership.fence().clone());
         match lead(backend, cfg, keys, store, shared, &term).await {
             Ok(()) => {}
@@ -480,12 +489,10 @@ async fn lead(
             .reconcile(members.into_iter().map(|m| m.id).collect())
             .await;
     }
-    let follower = tokio::spawn(follow_trainers(
-        registry,
-        handle.clone(),
-        cfg.reconcile_every,
-        term.clone(),
-    ));
+    let follower = tokio::spawn(
+        follow_trainers(registry, handle.clone(), cfg.reconcile_every, term.clone())
+            .in_current_span(),
+    );
     *shared.core.write().await = Some(handle);
     let result = core.run(term.clone()).await;
     term.cancel();

@@ -65,7 +65,7 @@ pub mod sample {
     pub enum DecodeError {
         /// The bytes are not a protobuf `Sample`.
         #[error("record is not a valid sample: {0}")]
-        Malformed(#[from] prost::DecodeError),
+        Malformed(prost::DecodeError),
         /// The sample was written by an encoding version this build does not read.
         #[error(
             "unsupported sample encoding version {found} (this build reads version {SAMPLE_VERSION})"
@@ -74,6 +74,14 @@ pub mod sample {
             /// The version found in the record.
             found: u32,
         },
+    }
+
+    // The message includes the cause's text, so the cause is not also its `source()`
+    // (a report of the chain would say it twice).
+    impl From<prost::DecodeError> for DecodeError {
+        fn from(e: prost::DecodeError) -> Self {
+            DecodeError::Malformed(e)
+        }
     }
 
     impl Sample {

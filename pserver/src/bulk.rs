@@ -23,6 +23,7 @@
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use bytes::{Bytes, BytesMut};
 use edl_proto::pserver as pb;
@@ -86,24 +87,27 @@ pub(crate) async fn accept(
         };
         let _ = stream.set_nodelay(true);
         let (svc, grpc, slots) = (svc.clone(), grpc.clone(), bulk_slots.clone());
-        tokio::spawn(async move {
-            let mut first = [0u8; 1];
-            match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await {
-                Ok(Ok(1)) if first[0] == MAGIC[0] => {
-                    let Ok(_slot) = slots.try_acquire_owned() else {
-                        tracing::warn!(%peer, "too many bulk connections; closing a new one");
-                        return;
-                    };
-                    if let Err(e) = serve(stream, svc).await {
-                        tracing::debug!(%peer, error = %e, "bulk connection ended");
+        tokio::spawn(
+            async move {
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await {
+                    Ok(Ok(1)) if first[0] == MAGIC[0] => {
+                        let Ok(_slot) = slots.try_acquire_owned() else {
+                            tracing::warn!(%peer, "too many bulk connections; closing a new one");
+                            return;
+                        };
+                        if let Err(e) = serve(stream, svc).await {
+                            tracing::debug!(%peer, error = %e, "bulk connection ended");
+                        }
                     }
+                    Ok(Ok(n)) if n > 0 => {
+                        let _ = grpc.send(Ok(stream)).await;
+                    }
+                    _ => {}
                 }
-                Ok(Ok(n)) if n > 0 => {
-                    let _ = grpc.send(Ok(stream)).await;
-                }
-                _ => {}
             }
-        });
+            .in_current_span(),
+        );
     }
 }
 

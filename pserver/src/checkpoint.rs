@@ -45,13 +45,12 @@ const ROW_FIXED: usize = 16;
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// File system error (a full disk is `io::ErrorKind::StorageFull`).
-    #[error("checkpoint I/O on {path}: {source}")]
+    #[error("checkpoint I/O on {path}: {error}")]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// The error.
-        #[source]
-        source: io::Error,
+        /// The error (in the message, so not a `source()` too).
+        error: io::Error,
     },
     /// The file is not a valid checkpoint (bad checksum, truncated, malformed).
     #[error("checkpoint {path} is corrupt: {reason}")]
@@ -72,9 +71,9 @@ pub enum CheckpointError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
+    move |error| CheckpointError::Io {
         path: path.to_owned(),
-        source,
+        error,
     }
 }
 
@@ -518,7 +517,7 @@ impl CheckpointDir {
             let (size, crc) = encode_to(snap, &uuid, &mut w, self.quota).map_err(io_err(&tmp))?;
             let file = w.into_inner().map_err(|e| CheckpointError::Io {
                 path: tmp.clone(),
-                source: e.into_error(),
+                error: e.into_error(),
             })?;
             file.sync_all().map_err(io_err(&tmp))?;
             drop(file);
@@ -737,8 +736,8 @@ mod tests {
         let full = d.clone().with_quota(100);
         let err = full.write(&sample(4, 4, 4)).unwrap_err();
         match &err {
-            CheckpointError::Io { source, .. } => {
-                assert_eq!(source.kind(), io::ErrorKind::StorageFull)
+            CheckpointError::Io { error, .. } => {
+                assert_eq!(error.kind(), io::ErrorKind::StorageFull)
             }
             other => panic!("{other}"),
         }

@@ -118,10 +118,18 @@ pub enum PsClientError {
     Spec(#[from] SpecError),
     /// etcd failed.
     #[error("etcd: {0}")]
-    Coord(#[from] edl_coord::Error),
+    Coord(edl_coord::Error),
     /// Cancelled.
     #[error("cancelled")]
     Cancelled,
+}
+
+// The message includes the cause's text, so the cause is not also its `source()`
+// (a report of the chain would say it twice).
+impl From<edl_coord::Error> for PsClientError {
+    fn from(e: edl_coord::Error) -> Self {
+        PsClientError::Coord(e)
+    }
 }
 
 impl PsClientError {

@@ -143,7 +143,7 @@ pub enum PsError {
     LeaseLost(u32),
     /// An etcd operation failed.
     #[error("etcd: {0}")]
-    Coord(#[from] edl_coord::Error),
+    Coord(edl_coord::Error),
     /// A checkpoint could not be written or read.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
@@ -156,6 +156,14 @@ pub enum PsError {
     /// A bug or a crashed worker thread.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+// The message includes the cause's text, so the cause is not also its `source()`
+// (a report of the chain would say it twice).
+impl From<edl_coord::Error> for PsError {
+    fn from(e: edl_coord::Error) -> Self {
+        PsError::Coord(e)
+    }
 }
 
 impl PsError {

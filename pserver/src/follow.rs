@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use edl_coord::{Backend, Backoff, EventKind, KeyValue, RetryPolicy, Revision};
 use futures::StreamExt;
@@ -27,12 +28,15 @@ pub fn follow_prefix(
     cancel: CancellationToken,
 ) -> watch::Receiver<Arc<PrefixView>> {
     let (tx, rx) = watch::channel(Arc::new(PrefixView::default()));
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = cancel.cancelled() => {}
-            _ = run(backend, prefix, tx) => {}
+    tokio::spawn(
+        async move {
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = run(backend, prefix, tx) => {}
+            }
         }
-    });
+        .in_current_span(),
+    );
     rx
 }
 

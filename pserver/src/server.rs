@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use edl_coord::{
     Backend, Compare, EventKind, Fence, IndexClaim, Lease, MemberEvent, MemberWatch, Op, Registry,
@@ -817,38 +818,47 @@ pub async fn run(
         .max_encoding_message_size(cfg.max_message_bytes);
     // One port: bulk connections are told apart from HTTP/2 by their first byte.
     let (conns_tx, conns_rx) = tokio::sync::mpsc::channel(64);
-    let acceptor = tokio::spawn(crate::bulk::accept(
-        listener,
-        svc.clone(),
-        conns_tx,
-        Arc::new(Semaphore::new(cfg.max_bulk_connections.max(1))),
-        stop.clone(),
-    ));
+    let acceptor = tokio::spawn(
+        crate::bulk::accept(
+            listener,
+            svc.clone(),
+            conns_tx,
+            Arc::new(Semaphore::new(cfg.max_bulk_connections.max(1))),
+            stop.clone(),
+        )
+        .in_current_span(),
+    );
     let server_stop = stop.clone();
-    let mut server = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .initial_stream_window_size(Some(STREAM_WINDOW))
-            .initial_connection_window_size(Some(CONNECTION_WINDOW))
-            .max_frame_size(Some(MAX_FRAME))
-            .tcp_nodelay(true)
-            .add_service(grpc)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::ReceiverStream::new(conns_rx),
-                server_stop.cancelled_owned(),
-            )
-            .await
-    });
+    let mut server = tokio::spawn(
+        async move {
+            tonic::transport::Server::builder()
+                .initial_stream_window_size(Some(STREAM_WINDOW))
+                .initial_connection_window_size(Some(CONNECTION_WINDOW))
+                .max_frame_size(Some(MAX_FRAME))
+                .tcp_nodelay(true)
+                .add_service(grpc)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::ReceiverStream::new(conns_rx),
+                    server_stop.cancelled_owned(),
+                )
+                .await
+        }
+        .in_current_span(),
+    );
     tracing::info!(job = %cfg.job, shard = index, addr = %advertise, "pserver serving");
 
     let mut tasks = vec![
         acceptor,
-        tokio::spawn(follow_trainers(
-            backend.clone(),
-            keys.clone(),
-            shard.clone(),
-            members,
-            stop.clone(),
-        )),
+        tokio::spawn(
+            follow_trainers(
+                backend.clone(),
+                keys.clone(),
+                shard.clone(),
+                members,
+                stop.clone(),
+            )
+            .in_current_span(),
+        ),
     ];
     if let (Some(c), Some(dir)) = (cfg.checkpoint.clone(), dir) {
         tasks.push(tokio::spawn(
@@ -860,7 +870,8 @@ pub async fn run(
                 dir,
                 cfg: c,
             }
-            .run(stop.clone()),
+            .run(stop.clone())
+            .in_current_span(),
         ));
     }
 

@@ -45,7 +45,12 @@ fn example(root: &Path, dir: &str, file: &str, edit: impl Fn(String) -> String) 
 fn read_report(path: &Path) -> Value {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("no report {}: {e}", path.display()));
-    serde_json::from_str(&text).expect("report json")
+    let report: Value = serde_json::from_str(&text).expect("report json");
+    assert_eq!(
+        report["version"], 1,
+        "the report says its schema version: {report}"
+    );
+    report
 }
 
 /// Runs `edl run` to the end; returns (exit success, report, log).
@@ -312,7 +317,7 @@ async fn scale_up_and_down_then_kill_show_in_status_logs_and_the_report() {
         run.log()
     );
     let (ok, out, err) = edl_cmd(&["scale", job, "--trainers", "3", "--etcd", &etcd]);
-    assert!(ok, "{out}{err}");
+    assert!(ok && err.is_empty(), "scale: ok {ok}, {out}, stderr: {err}");
     assert!(
         wait_until(Duration::from_secs(60), at(3)).await,
         "never scaled to 3:\n{}",
@@ -325,16 +330,39 @@ async fn scale_up_and_down_then_kill_show_in_status_logs_and_the_report() {
         "never scaled to 1:\n{}",
         run.log()
     );
+    // Machine-readable status: named fields and a version, nothing on stderr.
+    let (ok, out, err) = edl_cmd(&["status", job, "--json", "--etcd", &etcd]);
+    assert!(
+        ok && err.is_empty(),
+        "status --json: ok {ok}, stderr: {err}"
+    );
+    let v: Value = serde_json::from_str(&out).expect("status json");
+    assert_eq!(v["version"], 1, "{v}");
+    let j = &v["jobs"][0];
+    assert_eq!(j["state"], "running", "{v}");
+    let pass = &j["pass"];
+    assert!(
+        pass["current"].as_u64() >= Some(1) && pass["total"] == 100000,
+        "{v}"
+    );
+    let tasks = &j["tasks"];
+    for field in ["todo", "pending", "done", "failed"] {
+        assert!(tasks[field].is_u64(), "tasks.{field}: {v}");
+    }
+    assert_eq!(j["masters"][0]["leader"], true, "{v}");
+    assert!(j["masters"][0]["address"].is_string(), "{v}");
+    assert_eq!(j["pservers"][0]["index"], 0, "{v}");
+    assert!(j["pservers"][0]["address"].is_string(), "{v}");
     // The human view names the job, its pass and its processes.
     let (ok, out, err) = edl_cmd(&["status", "--etcd", &etcd]);
-    assert!(ok, "{err}");
+    assert!(ok && err.is_empty(), "status: ok {ok}, stderr: {err}");
     assert!(
         out.contains(job) && out.contains("(leader)") && out.contains("pserver 0"),
         "{out}"
     );
     // Logs of the trainers, by process.
     let (ok, out, err) = edl_cmd(&["logs", job, "--role", "trainer", "--etcd", &etcd]);
-    assert!(ok, "{err}");
+    assert!(ok && err.is_empty(), "logs: ok {ok}, stderr: {err}");
     assert!(
         out.contains("[trainer-0]") && out.contains("trainer registered"),
         "{out}"
@@ -342,7 +370,7 @@ async fn scale_up_and_down_then_kill_show_in_status_logs_and_the_report() {
     assert!(!out.contains("[master-0]"), "--role filters");
     // A graceful stop.
     let (ok, out, err) = edl_cmd(&["kill", job, "--etcd", &etcd]);
-    assert!(ok, "{out}{err}");
+    assert!(ok && err.is_empty(), "kill: ok {ok}, {out}, stderr: {err}");
     let status = run.wait_exit(Duration::from_secs(120)).await;
     assert!(!status.success(), "a killed job is not a success");
     let r = read_report(&report);
@@ -371,7 +399,7 @@ async fn scale_up_and_down_then_kill_show_in_status_logs_and_the_report() {
 async fn bad_specs_missing_data_and_unreachable_etcd_are_one_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     type Edit = Box<dyn Fn(String) -> String>;
-    let cases: [(&str, Edit, Vec<&str>, &str); 4] = [
+    let cases: [(&str, Edit, Vec<&str>, &str); 5] = [
         (
             "unknown key",
             Box::new(|s: String| s.replace("batch_size = 20", "batch_size = 20\nbatch_sise = 3")),
@@ -396,6 +424,19 @@ async fn bad_specs_missing_data_and_unreachable_etcd_are_one_clear_error() {
             "no files match",
         ),
         (
+            // A classifier on real-valued labels: said once, naming the data file, with
+            // the fix.
+            "labels of the wrong kind",
+            Box::new(|s: String| {
+                s.replace(
+                    "kind = \"fit_a_line\"",
+                    "kind = \"mlp\"\ninputs = 13\nhidden = [4]\nclasses = 3",
+                )
+            }),
+            vec![],
+            "edl data convert --label class",
+        ),
+        (
             "unreachable etcd",
             Box::new(|s: String| s),
             vec!["--etcd", "http://127.0.0.1:1"],
@@ -418,6 +459,14 @@ async fn bad_specs_missing_data_and_unreachable_etcd_are_one_clear_error() {
             "{what}: {:?} lacks {needle:?}",
             errors[0]
         );
+        if what == "labels of the wrong kind" {
+            assert!(
+                errors[0].contains("housing-train-")
+                    && errors[0].matches("real-valued").count() == 1,
+                "{what}: names the data file, says it once: {}",
+                errors[0]
+            );
+        }
         if what != "unreachable etcd" {
             assert!(
                 errors[0].contains("job.toml"),

@@ -229,7 +229,12 @@ impl World {
     fn report(&self, name: &str) -> Value {
         let text = std::fs::read_to_string(self.report_path(name))
             .unwrap_or_else(|e| panic!("no report of {name}: {e}"));
-        serde_json::from_str(&text).expect("report json")
+        let report: Value = serde_json::from_str(&text).expect("report json");
+        assert_eq!(
+            report["version"], 1,
+            "the report says its schema version: {report}"
+        );
+        report
     }
 }
 

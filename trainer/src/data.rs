@@ -1,9 +1,14 @@
-//! [`load_samples`]: reading a whole RecordIO data set of [`Sample`]s into memory.
+//! [`load_samples`]: reading a whole RecordIO data set of [`Sample`]s into memory;
+//! [`check_split`]: whether a split's records fit a model, with how to fix them if not.
 
 use edl_proto::sample::{self, Sample};
 use edl_recordio::{ReadOptions, Scanner, expand_globs};
 
 use crate::error::{Error, Result};
+use crate::model::Model;
+
+/// How many records of a file [`check_split`] tries on the model.
+const CHECK_RECORDS: usize = 64;
 
 /// Reads every record of the files matched by `globs` (sorted, see
 /// [`edl_recordio::expand_globs`]) and decodes it as a [`Sample`]. Strict: a corrupt
@@ -20,13 +25,71 @@ pub fn load_samples(globs: &[String]) -> Result<Vec<Sample>> {
                 return Err(Error::Decode {
                     path: scanner.current_path().map(Into::into).unwrap_or_default(),
                     record,
-                    source,
+                    error: source,
                 });
             }
         }
         record += 1;
     }
     Ok(samples)
+}
+
+/// Checks that the first records of each file of a split fit `model` (feature
+/// count, label kind, class ids), so that a job whose data was converted for another
+/// kind of model fails once, at the start, naming the file and the fix, instead of
+/// failing task after task. Reads at most 64 records per file.
+pub fn check_split(model: &dyn Model, globs: &[String]) -> Result<()> {
+    for path in expand_globs(globs)? {
+        let mut scanner = Scanner::open(vec![path.clone()], ReadOptions::default())?;
+        let mut samples = Vec::new();
+        while samples.len() < CHECK_RECORDS {
+            let Some(bytes) = scanner.next_record()? else {
+                break;
+            };
+            let record = samples.len() as u64;
+            samples.push(sample::decode(bytes).map_err(|error| Error::Decode {
+                path: path.clone(),
+                record,
+                error,
+            })?);
+        }
+        if samples.is_empty() {
+            continue;
+        }
+        if let Err(e) = model.prepare(&samples) {
+            if !e.is_bad_data() {
+                return Err(e);
+            }
+            return Err(Error::DataMismatch {
+                path,
+                hint: fix_hint(&e),
+                detail: e.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// How to fix data that does not fit the model.
+fn fix_hint(e: &Error) -> String {
+    match e {
+        Error::Label { expected, .. } if expected.contains("class id") => {
+            "convert the data with `edl data convert --label class` (labels as integer class \
+             ids), or use a regression model (linear, fit_a_line)"
+                .into()
+        }
+        Error::Label { .. } => "convert the data with `edl data convert --label value` (the \
+             default: real-valued labels), or use a classifier (mlp, mnist_mlp, mnist_cnn)"
+            .into(),
+        Error::FeatureCount { found, .. } => format!(
+            "set `inputs = {found}` under [model] in the job spec, or convert the data with \
+             the columns the model takes"
+        ),
+        Error::ClassOutOfRange { class, .. } => {
+            format!("set `classes` under [model] to more than the largest class id ({class})")
+        }
+        _ => "check the data against the job spec's [model]".into(),
+    }
 }
 
 #[cfg(test)]

@@ -181,20 +181,39 @@ pub enum Error {
     RecordIo(#[from] edl_recordio::Error),
 
     /// A record is not a valid sample.
-    #[error("record {record} of {} is not a valid sample: {source}", path.display())]
+    #[error("record {record} of {} is not a valid sample: {error}", path.display())]
     Decode {
         /// The file.
         path: PathBuf,
         /// Ordinal of the record in the data set (0-based, over all files).
         record: u64,
-        /// Why it could not be decoded.
-        #[source]
-        source: edl_proto::sample::DecodeError,
+        /// Why it could not be decoded (in the message, so not a `source()` too).
+        error: edl_proto::sample::DecodeError,
+    },
+
+    /// The data does not fit the model (checked on a split's first records before a
+    /// job starts), with how to fix it.
+    #[error("{}: {detail}; {hint}", path.display())]
+    DataMismatch {
+        /// The file whose records do not fit.
+        path: PathBuf,
+        /// What does not fit.
+        detail: String,
+        /// How to fix it.
+        hint: String,
     },
 
     /// The tensor library failed (a bug or an unsupported device/dtype, not bad data).
     #[error("tensor computation failed: {0}")]
-    Candle(#[from] candle_core::Error),
+    Candle(candle_core::Error),
+}
+
+// The message includes the cause's text, so the cause is not also its `source()`
+// (a report of the chain would say it twice).
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Self {
+        Error::Candle(e)
+    }
 }
 
 impl Error {

@@ -78,7 +78,7 @@ mod testdata;
 #[cfg(test)]
 mod tests;
 
-pub use data::load_samples;
+pub use data::{check_split, load_samples};
 pub use device::{DeviceChoice, device_name, select_device};
 pub use error::{Error, Result};
 pub use local::{LocalConfig, LocalReport, StepTiming, evaluate_all, train_local};

@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use tracing::Instrument as _;
 
 use async_trait::async_trait;
 use edl_pserver::{
@@ -217,15 +218,18 @@ impl ParamStore for PsStore {
         if !self.sync() {
             let (cache, client, stats) =
                 (self.cache.clone(), self.client.clone(), self.stats.clone());
-            let handle = tokio::spawn(async move {
-                let mut cache = cache.lock().await;
-                let pulled = client.pull_dense(&mut cache).await.map_err(map_err)?;
-                stats.pulls.fetch_add(1, Ordering::Relaxed);
-                stats
-                    .pull_bytes
-                    .fetch_add(pulled.bytes as u64, Ordering::Relaxed);
-                Ok(pulled.bytes as u64)
-            });
+            let handle = tokio::spawn(
+                async move {
+                    let mut cache = cache.lock().await;
+                    let pulled = client.pull_dense(&mut cache).await.map_err(map_err)?;
+                    stats.pulls.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .pull_bytes
+                        .fetch_add(pulled.bytes as u64, Ordering::Relaxed);
+                    Ok(pulled.bytes as u64)
+                }
+                .in_current_span(),
+            );
             *self.prefetch.lock().await = Some(handle);
         }
         Ok(())
@@ -279,28 +283,31 @@ impl ParamStore for PsStore {
             let trainer = trainer.to_owned();
             let names = names.clone();
             let grads = grads.clone();
-            let handle = tokio::spawn(async move {
-                let dense: Vec<(&str, &[f32])> = names
-                    .iter()
-                    .zip(&grads.dense)
-                    .map(|(n, g)| (n.as_str(), g.as_slice()))
-                    .collect();
-                let sparse: Vec<PsGrad<'_>> = grads
-                    .sparse
-                    .iter()
-                    .map(|s| PsGrad {
-                        table: &s.table,
-                        rows: &s.rows,
-                        values: &s.values,
-                    })
-                    .collect();
-                client
-                    .push(&trainer, step, &dense, &sparse)
-                    .await
-                    .map_err(map_err)?;
-                stats.pushes.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            });
+            let handle = tokio::spawn(
+                async move {
+                    let dense: Vec<(&str, &[f32])> = names
+                        .iter()
+                        .zip(&grads.dense)
+                        .map(|(n, g)| (n.as_str(), g.as_slice()))
+                        .collect();
+                    let sparse: Vec<PsGrad<'_>> = grads
+                        .sparse
+                        .iter()
+                        .map(|s| PsGrad {
+                            table: &s.table,
+                            rows: &s.rows,
+                            values: &s.values,
+                        })
+                        .collect();
+                    client
+                        .push(&trainer, step, &dense, &sparse)
+                        .await
+                        .map_err(map_err)?;
+                    stats.pushes.fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                }
+                .in_current_span(),
+            );
             *self.inflight.lock().await = Some(handle);
             return Ok(());
         }

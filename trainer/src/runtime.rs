@@ -91,13 +91,37 @@ pub struct Progress {
 pub enum RuntimeError {
     /// The master could not be reached (past the client's retry budget) or refused.
     #[error("master: {0}")]
-    Master(#[from] ClientError),
+    Master(ClientError),
     /// The parameter store failed.
     #[error("parameter store: {0}")]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// The model failed on data that passed validation (a bug or a device error).
     #[error("model: {0}")]
-    Model(#[from] crate::Error),
+    Model(crate::Error),
+}
+
+// The message includes the cause's text, so the cause is not also its `source()`
+// (a report of the chain would say it twice).
+impl From<crate::Error> for RuntimeError {
+    fn from(e: crate::Error) -> Self {
+        RuntimeError::Model(e)
+    }
+}
+
+// The message includes the cause's text, so the cause is not also its `source()`
+// (a report of the chain would say it twice).
+impl From<StoreError> for RuntimeError {
+    fn from(e: StoreError) -> Self {
+        RuntimeError::Store(e)
+    }
+}
+
+// The message includes the cause's text, so the cause is not also its `source()`
+// (a report of the chain would say it twice).
+impl From<ClientError> for RuntimeError {
+    fn from(e: ClientError) -> Self {
+        RuntimeError::Master(e)
+    }
 }
 
 impl From<ReaderError> for RuntimeError {

@@ -70,7 +70,7 @@ impl ShardSet {
             chunks += stats.chunks;
             bytes += stats.file_bytes;
         }
-        eprintln!(
+        println!(
             "wrote {} records in {} chunks ({} bytes) to {} shard(s): {}{}",
             self.records,
             chunks,
@@ -394,7 +394,7 @@ fn convert_text(args: &ConvertArgs, opts: WriterOptions, bar: &ProgressBar) -> a
                 .out
                 .join(format!("{}.vocab", args.output.prefix));
             v.save(&path)?;
-            eprintln!(
+            println!(
                 "vocabulary of {} words written to {}",
                 v.words.len(),
                 path.display()

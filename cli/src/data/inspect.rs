@@ -137,7 +137,7 @@ pub fn verify(args: &PathsArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: {bad} of {} file(s) are corrupt", files.len());
         return Ok(ExitCode::FAILURE);
     }
-    eprintln!("all {} file(s) ok", files.len());
+    println!("all {} file(s) ok", files.len());
     Ok(ExitCode::SUCCESS)
 }
 
