@@ -66,7 +66,7 @@ impl EtcdArgs {
     pub async fn connect(&self) -> anyhow::Result<Arc<dyn Backend>> {
         let backend = EtcdBackend::connect(self.config()?)
             .await
-            .with_context(|| format!("connect to etcd at {}", self.etcd.join(",")))?;
+            .map_err(etcd_connect_error)?;
         Ok(Arc::new(backend))
     }
 }
@@ -128,4 +128,14 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("start the async runtime")
+}
+
+/// An error connecting to etcd, said once (the error names the endpoints), with the
+/// fix when etcd cannot be reached.
+pub fn etcd_connect_error(e: edl_coord::Error) -> anyhow::Error {
+    if e.is_retryable() {
+        anyhow::anyhow!("{e} (is etcd running there? pass its client URLs with --etcd or EDL_ETCD)")
+    } else {
+        anyhow::anyhow!("etcd: {e}")
+    }
 }

@@ -366,7 +366,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             tokio::time::timeout(Duration::from_secs(15), EtcdBackend::connect(cfg))
                 .await
                 .map_err(|_| anyhow::anyhow!("cannot reach etcd at {} (timed out)", endpoints.join(",")))?
-                .with_context(|| format!("cannot reach etcd at {}", endpoints.join(",")))?,
+                .map_err(crate::common::etcd_connect_error)?,
         );
         let mut sup = Supervisor::new(spec, backend, endpoints, run_dir, args.device, chaos)?;
         sup.coordination = coordination.to_owned();

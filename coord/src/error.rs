@@ -17,7 +17,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// No endpoint could serve the request (connection refused, no leader, too
     /// many requests, connection lost). Retryable.
-    #[error("etcd unavailable at [{}]: {msg}", endpoints.join(", "))]
+    #[error("cannot reach etcd at {}: {msg}", endpoints.join(", "))]
     Unavailable {
         /// The endpoints that were tried.
         endpoints: Vec<String>,

@@ -597,18 +597,26 @@ impl EtcdBackend {
                     return Ok(backend);
                 }
                 Ok(Err(f)) if !f.error.is_retryable() => return Err(f.error),
-                Ok(Err(f)) => {
-                    errors.push(format!("{}: {}", slot.endpoint, unavailable_msg(&f.error)))
-                }
-                Err(_) => errors.push(format!(
-                    "{}: no answer within {:?}",
-                    slot.endpoint, backend.inner.cfg.dial_timeout
+                Ok(Err(f)) => errors.push((slot.endpoint.as_str(), unavailable_msg(&f.error))),
+                Err(_) => errors.push((
+                    slot.endpoint.as_str(),
+                    format!("no answer within {:?}", backend.inner.cfg.dial_timeout),
                 )),
             }
         }
+        // The endpoints are in the error's own text: name each again only when there
+        // are several, to say which failed how.
+        let msg = match errors.as_slice() {
+            [(_, only)] => only.clone(),
+            many => many
+                .iter()
+                .map(|(endpoint, e)| format!("{endpoint}: {e}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        };
         Err(Error::Unavailable {
             endpoints: backend.inner.cfg.endpoints.clone(),
-            msg: format!("no endpoint reachable ({})", errors.join("; ")),
+            msg,
         })
     }
 

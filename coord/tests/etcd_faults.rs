@@ -737,3 +737,84 @@ async fn etcd_dies_with_its_sigkilled_test_process() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(gone, "etcd {pid} outlived its SIGKILLed parent");
 }
+
+/// With authentication on, a backend with the right credentials reads and writes (its
+/// watch too); a wrong password is a clear, final error; no credentials are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authentication_on_credentials_work_and_bad_ones_are_refused() {
+    use edl_proto::etcd::etcdserverpb::{self as pb, auth_client::AuthClient};
+    let cluster = EtcdCluster::start(1).await.expect("start etcd");
+    let endpoint = cluster.endpoint(0);
+    // Turn auth on through the Auth API, as `etcdctl user add root && etcdctl auth
+    // enable` would: root needs the root role.
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut auth = AuthClient::new(channel);
+    auth.user_add(pb::AuthUserAddRequest {
+        name: "root".into(),
+        password: "s3cret".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("add root");
+    auth.role_add(pb::AuthRoleAddRequest {
+        name: "root".into(),
+    })
+    .await
+    .expect("add role root");
+    auth.user_grant_role(pb::AuthUserGrantRoleRequest {
+        user: "root".into(),
+        role: "root".into(),
+    })
+    .await
+    .expect("grant root");
+    auth.auth_enable(pb::AuthEnableRequest {})
+        .await
+        .expect("enable auth");
+
+    let cfg = |user: Option<(&str, &str)>| {
+        let mut cfg = EtcdConfig::new([endpoint.clone()])
+            .with_dial_timeout(Duration::from_secs(2))
+            .with_request_timeout(Duration::from_secs(2));
+        if let Some((u, p)) = user {
+            cfg = cfg.with_auth(u, p);
+        }
+        cfg
+    };
+    let backend: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(cfg(Some(("root", "s3cret"))))
+            .await
+            .expect("connect with credentials"),
+    );
+    let mut watch = backend.watch_prefix("/auth/", None).await.expect("watch");
+    backend
+        .put("/auth/k", b"v".to_vec(), None)
+        .await
+        .expect("put with credentials");
+    let got = backend.get("/auth/k").await.expect("get").expect("key");
+    assert_eq!(got.value, b"v");
+    let ev = tokio::time::timeout(Duration::from_secs(5), watch.next())
+        .await
+        .expect("watch event in time")
+        .expect("watch open")
+        .expect("watch event");
+    assert_eq!((ev.kind, ev.kv.key.as_str()), (EventKind::Put, "/auth/k"));
+
+    let wrong = EtcdBackend::connect(cfg(Some(("root", "wrong"))))
+        .await
+        .expect_err("a wrong password is refused");
+    assert!(!wrong.is_retryable(), "{wrong}");
+    assert!(
+        wrong.to_string().contains("authentication failed"),
+        "{wrong}"
+    );
+
+    // Without credentials the connection probe itself is refused: a final error too.
+    let anonymous = EtcdBackend::connect(cfg(None))
+        .await
+        .expect_err("no credentials are refused");
+    assert!(!anonymous.is_retryable(), "{anonymous}");
+}
