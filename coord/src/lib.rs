@@ -13,7 +13,8 @@
 //! - [`types`]: keys and values, leases, compares, ops, transactions, watch events,
 //!   the [`Fence`] token.
 //! - [`backend`]: the [`Backend`] trait.
-//! - [`etcd`]: [`EtcdBackend`] and its [`EtcdConfig`].
+//! - [`etcd`]: [`EtcdBackend`] and its [`EtcdConfig`], by concern: configuration,
+//!   connection (auth, TLS), failures, message codec, operations, watches.
 //! - [`mem`]: [`MemBackend`], on tokio's clock.
 //! - [`retry`](mod@retry): [`retry()`] with exponential backoff and jitter.
 //! - [`lease`]: [`Lease`], kept alive in the background, with a `lost` token.
