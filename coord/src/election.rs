@@ -10,12 +10,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};

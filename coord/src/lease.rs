@@ -3,11 +3,11 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};

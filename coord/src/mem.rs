@@ -13,12 +13,12 @@ use std::fmt;
 use std::sync::atomic::{self, AtomicBool};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use async_trait::async_trait;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::backend::{Backend, WatchStream};
 use crate::error::{Error, Result};

@@ -14,13 +14,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use edl_proto::master as pb;
 use edl_recordio::{ChunkIndex, RangeScanner, ReadOptions};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::client::{ClientError, MasterClient, Next};
 

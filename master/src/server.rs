@@ -9,7 +9,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use edl_coord::{Backend, Election, Lease, Registry};
 use edl_proto::master as pb;
@@ -18,6 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{RwLock, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::core::{Core, CoreHandle, StatusReport, TaskReply};
 use crate::dataset::DatasetSpec;

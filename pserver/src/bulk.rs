@@ -23,7 +23,6 @@
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use bytes::{Bytes, BytesMut};
 use edl_proto::pserver as pb;
@@ -33,6 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
+use tracing::Instrument as _;
 
 use crate::error::{ERROR_KIND_HEADER, NEXT_STEP_HEADER, PsError, next_step_of};
 use crate::server::Service;

@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use edl_coord::{Backend, Backoff, EventKind, KeyValue, RetryPolicy, Revision};
 use futures::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 /// The keys under a prefix as of `revision` (0: not listed yet).
 #[derive(Debug, Clone, Default)]

@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use edl_coord::{
     Backend, Compare, EventKind, Fence, IndexClaim, Lease, MemberEvent, MemberWatch, Op, Registry,
@@ -24,6 +23,7 @@ use tokio::sync::{RwLock, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::checkpoint::{CheckpointDir, ShardEntry, Snapshot};
 use crate::ckpt::{self, CheckpointConfig, CheckpointEvery, Request as CkptRequest};

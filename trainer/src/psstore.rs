@@ -24,7 +24,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tracing::Instrument as _;
 
 use async_trait::async_trait;
 use edl_pserver::{
@@ -32,6 +31,7 @@ use edl_pserver::{
     SparseSpec,
 };
 use tokio::sync::Mutex;
+use tracing::Instrument as _;
 
 use crate::model::{Model, Params, SparseInit, StepOutput};
 use crate::store::{InitOutcome, ParamStore, StoreError};
@@ -285,20 +285,7 @@ impl ParamStore for PsStore {
             let grads = grads.clone();
             let handle = tokio::spawn(
                 async move {
-                    let dense: Vec<(&str, &[f32])> = names
-                        .iter()
-                        .zip(&grads.dense)
-                        .map(|(n, g)| (n.as_str(), g.as_slice()))
-                        .collect();
-                    let sparse: Vec<PsGrad<'_>> = grads
-                        .sparse
-                        .iter()
-                        .map(|s| PsGrad {
-                            table: &s.table,
-                            rows: &s.rows,
-                            values: &s.values,
-                        })
-                        .collect();
+                    let (dense, sparse) = push_views(&names, &grads);
                     client
                         .push(&trainer, step, &dense, &sparse)
                         .await
@@ -311,20 +298,7 @@ impl ParamStore for PsStore {
             *self.inflight.lock().await = Some(handle);
             return Ok(());
         }
-        let dense: Vec<(&str, &[f32])> = names
-            .iter()
-            .zip(&grads.dense)
-            .map(|(n, g)| (n.as_str(), g.as_slice()))
-            .collect();
-        let sparse: Vec<PsGrad<'_>> = grads
-            .sparse
-            .iter()
-            .map(|s| PsGrad {
-                table: &s.table,
-                rows: &s.rows,
-                values: &s.values,
-            })
-            .collect();
+        let (dense, sparse) = push_views(&names, grads);
         let mut global = self.cache.lock().await.next_step();
         for _ in 0..=STALE_RETRIES {
             match self.client.push(trainer, global, &dense, &sparse).await {
@@ -368,4 +342,27 @@ impl ParamStore for PsStore {
         }
         Ok(())
     }
+}
+
+/// A step's gradients as the borrowed views the pserver client pushes: dense values by
+/// parameter name, sparse rows by table.
+fn push_views<'a>(
+    names: &'a [String],
+    grads: &'a StepOutput,
+) -> (Vec<(&'a str, &'a [f32])>, Vec<PsGrad<'a>>) {
+    let dense = names
+        .iter()
+        .zip(&grads.dense)
+        .map(|(n, g)| (n.as_str(), g.as_slice()))
+        .collect();
+    let sparse = grads
+        .sparse
+        .iter()
+        .map(|s| PsGrad {
+            table: &s.table,
+            rows: &s.rows,
+            values: &s.values,
+        })
+        .collect();
+    (dense, sparse)
 }
