@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use edl_coord::{Backend, EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls};
+use edl_job::JobName;
 use tokio_util::sync::CancellationToken;
 
 /// How to reach etcd.
@@ -76,27 +77,10 @@ impl EtcdArgs {
 pub struct JobArgs {
     /// Job name: every key of the job lives under `/edl/<job>/` in etcd.
     #[arg(long, env = "EDL_JOB")]
-    pub job: String,
+    pub job: JobName,
     /// Shared job token every RPC must carry (optional).
     #[arg(long, env = "EDL_JOB_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-}
-
-impl JobArgs {
-    /// Checks the job name is usable as an etcd path segment.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        let ok = !self.job.is_empty()
-            && self
-                .job
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-        anyhow::ensure!(
-            ok,
-            "invalid job name {:?}: use letters, digits, '-', '_' and '.'",
-            self.job
-        );
-        Ok(())
-    }
 }
 
 /// A token cancelled on SIGTERM or SIGINT (Ctrl-C); a second signal exits at once.

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use edl_coord::{Lease, Registry};
-use edl_master::client::{ClientConfig, MasterClient};
-use edl_master::keys::Keys;
-use edl_master::reader::{CloudReader, Item, ReaderConfig};
+use edl_job::{RECORD_VERSION, TrainerRecord};
+use edl_master::reader::Item;
+use edl_trainer::process::{Session, SessionConfig};
+use tokio_util::sync::CancellationToken;
 
 use crate::common::{EtcdArgs, JobArgs, runtime, shutdown_on_signals};
 
@@ -46,7 +46,6 @@ pub struct ConsumeArgs {
 
 /// Runs `edl consume`.
 pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
-    args.job.validate()?;
     runtime()?.block_on(async move {
         let shutdown = shutdown_on_signals()?;
         let backend = args.etcd.connect().await?;
@@ -54,24 +53,28 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             .id
             .clone()
             .unwrap_or_else(|| format!("consumer-{}", std::process::id()));
-        let lease = Lease::grant(backend.clone(), args.lease_ttl, shutdown.child_token())
-            .await
-            .context("get an etcd lease")?;
-        let registry = Registry::new(backend.clone(), Keys::new(&args.job.job).trainers());
-        registry
-            .register(
-                &id,
-                format!("consumer pid {}", std::process::id()).into_bytes(),
-                &lease,
-            )
-            .await
-            .context("register")?;
-        let mut ccfg = ClientConfig::new(&args.job.job);
-        ccfg.token = args.job.token.clone();
-        let client = MasterClient::new(backend.clone(), ccfg, shutdown.child_token());
-        let mut rcfg = ReaderConfig::new(&id);
-        rcfg.read_ahead = args.read_ahead;
-        let mut reader = CloudReader::start(client, rcfg);
+        // The session lives until the drain is over: `shutdown` only starts it.
+        let life = CancellationToken::new();
+        let _life_guard = life.clone().drop_guard();
+        let session = Session::join(
+            backend,
+            SessionConfig {
+                job: args.job.job.clone(),
+                id: id.clone(),
+                lease_ttl: args.lease_ttl,
+                token: args.job.token.clone(),
+                record: TrainerRecord {
+                    version: RECORD_VERSION,
+                    pid: std::process::id(),
+                    device: None,
+                    started_ms: edl_job::records::now_ms(),
+                    metrics: None,
+                },
+            },
+            life.clone(),
+        )
+        .await?;
+        let mut reader = session.reader(Some(args.read_ahead));
         let mut out = match &args.out {
             Some(p) => Some(
                 std::fs::OpenOptions::new()
@@ -84,7 +87,7 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         };
         println!("consumer {id} registered");
         let (mut tasks, mut records) = (0u64, 0u64);
-        let lost = lease.lost();
+        let lost = session.lost();
         loop {
             let item = tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -131,8 +134,7 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             }
         }
         reader.drain().await;
-        registry.deregister(&id, &lease).await.ok();
-        lease.revoke().await.ok();
+        session.leave().await;
         println!("consumed {tasks} tasks, {records} records");
         Ok(())
     })

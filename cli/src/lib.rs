@@ -26,7 +26,6 @@ use clap::{Parser, Subcommand};
 pub mod common;
 pub mod consume_cmd;
 pub mod data;
-pub mod job;
 pub mod logging;
 pub mod master_cmd;
 pub mod ops_cmd;

@@ -50,7 +50,6 @@ pub struct MasterArgs {
 
 /// Runs `edl master`.
 pub fn run(args: MasterArgs) -> anyhow::Result<()> {
-    args.job.validate()?;
     runtime()?.block_on(async move {
         let shutdown = shutdown_on_signals()?;
         let backend = args.etcd.connect().await?;
@@ -62,7 +61,7 @@ pub fn run(args: MasterArgs) -> anyhow::Result<()> {
             std::fs::write(path, addr.to_string())
                 .with_context(|| format!("write {}", path.display()))?;
         }
-        let mut cfg = MasterConfig::new(&args.job.job);
+        let mut cfg = MasterConfig::new(args.job.job.clone());
         cfg.token = args.job.token.clone();
         cfg.advertise = args.advertise.clone();
         cfg.lease_ttl = args.lease_ttl;

@@ -9,13 +9,15 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use edl_coord::Backend;
+use edl_job::{
+    ControlRecord, JobKeys, JobName, JobSpec, JobStateRecord, Record, RunRecord, ScaleRecord,
+};
 use edl_master::client::{ClientConfig, MasterClient};
-use edl_master::keys::Keys;
+use edl_pserver::server::PsRecord;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{EtcdArgs, runtime, shutdown_on_signals};
-use crate::job::{JobSpec, valid_job_name};
 
 /// Arguments of `edl status`.
 #[derive(Debug, Args)]
@@ -24,7 +26,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub etcd: EtcdArgs,
     /// Only this job.
-    pub job: Option<String>,
+    pub job: Option<JobName>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -37,7 +39,7 @@ pub struct ScaleArgs {
     #[command(flatten)]
     pub etcd: EtcdArgs,
     /// The job.
-    pub job: String,
+    pub job: JobName,
     /// Desired trainer count (kept within the spec's [min_trainers, max_trainers]).
     #[arg(long)]
     pub trainers: u32,
@@ -50,7 +52,7 @@ pub struct KillArgs {
     #[command(flatten)]
     pub etcd: EtcdArgs,
     /// The job.
-    pub job: String,
+    pub job: JobName,
 }
 
 /// Arguments of `edl logs`.
@@ -60,7 +62,7 @@ pub struct LogsArgs {
     #[command(flatten)]
     pub etcd: EtcdArgs,
     /// The job.
-    pub job: String,
+    pub job: JobName,
     /// Only this role: master, pserver or trainer.
     #[arg(long)]
     pub role: Option<String>,
@@ -171,45 +173,39 @@ fn cpu_utilisation() -> Option<f64> {
     Some(load / cores)
 }
 
-async fn job_names(backend: &Arc<dyn Backend>) -> anyhow::Result<Vec<String>> {
-    let (kvs, _) = backend.range("/edl/").await.context("list jobs")?;
-    let names: BTreeSet<String> = kvs
+async fn job_names(backend: &Arc<dyn Backend>) -> anyhow::Result<Vec<JobName>> {
+    let (kvs, _) = backend
+        .range(edl_job::keys::ROOT)
+        .await
+        .context("list jobs")?;
+    let names: BTreeSet<JobName> = kvs
         .iter()
-        .filter_map(|kv| {
-            let rest = kv.key.strip_prefix("/edl/")?;
-            let (job, key) = rest.split_once('/')?;
-            (key == "job/spec").then(|| job.to_owned())
-        })
+        .filter_map(|kv| JobKeys::job_of_spec_key(&kv.key))
         .collect();
     Ok(names.into_iter().collect())
 }
 
-async fn job_status(backend: &Arc<dyn Backend>, job: &str) -> anyhow::Result<JobStatus> {
-    let keys = Keys::new(job);
+async fn job_status(backend: &Arc<dyn Backend>, job: &JobName) -> anyhow::Result<JobStatus> {
+    let keys = JobKeys::new(job);
     let spec = backend
-        .get(&JobSpec::key(job))
+        .get(&keys.spec())
         .await?
-        .and_then(|kv| JobSpec::from_json(&kv.value).ok());
+        .and_then(|kv| JobSpec::from_stored(&kv.value).ok());
     let (trainers, _) = backend.range(&keys.trainers()).await?;
     let trainers: Vec<String> = trainers
         .iter()
-        .filter_map(|kv| kv.key.strip_prefix(&keys.trainers()).map(str::to_owned))
+        .filter_map(|kv| keys.trainer_id(&kv.key).map(str::to_owned))
         .collect();
-    let ps_prefix = format!("{}ps/", keys.root());
-    let (ps, _) = backend.range(&ps_prefix).await?;
+    let (ps, _) = backend.range(&keys.ps_prefix()).await?;
     let pservers: Vec<PserverStatus> = ps
         .iter()
         .filter_map(|kv| {
-            let i = kv.key.strip_prefix(&ps_prefix)?.parse::<u32>().ok()?;
-            let v: serde_json::Value = serde_json::from_slice(&kv.value).unwrap_or_default();
-            let addr = v["addr"]
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| String::from_utf8_lossy(&kv.value).into_owned());
-            Some(PserverStatus {
-                index: i,
-                address: addr,
-            })
+            let index = keys.ps_index(&kv.key)?;
+            let address = match serde_json::from_slice::<PsRecord>(&kv.value) {
+                Ok(r) => r.addr,
+                Err(e) => format!("(unreadable claim: {e})"),
+            };
+            Some(PserverStatus { index, address })
         })
         .collect();
     let (mut masters, _) = backend.range(&keys.master_election()).await?;
@@ -223,18 +219,19 @@ async fn job_status(backend: &Arc<dyn Backend>, job: &str) -> anyhow::Result<Job
         })
         .collect();
     let desired_trainers = backend
-        .get(&format!("{}scale/trainers", keys.root()))
+        .get(&keys.scale_trainers())
         .await?
-        .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.trim().parse().ok());
-    let recorded = backend.get(&keys.state()).await?.and_then(|kv| {
-        serde_json::from_slice::<serde_json::Value>(&kv.value)
-            .ok()
-            .and_then(|v| v["state"].as_str().map(str::to_owned))
-    });
+        .and_then(|kv| ScaleRecord::decode(&kv.value).ok())
+        .map(|r| r.trainers);
+    let recorded = backend
+        .get(&keys.state())
+        .await?
+        .and_then(|kv| JobStateRecord::decode(&kv.value).ok())
+        .map(|r| r.state.name().to_owned());
     let status = if masters.is_empty() {
         None
     } else {
-        let mut cfg = ClientConfig::new(job);
+        let mut cfg = ClientConfig::new(job.clone());
         cfg.retry_for = Duration::from_secs(2);
         cfg.call_timeout = Duration::from_secs(2);
         MasterClient::new(backend.clone(), cfg, CancellationToken::new())
@@ -249,7 +246,7 @@ async fn job_status(backend: &Arc<dyn Backend>, job: &str) -> anyhow::Result<Job
         (None, None) => "pending".into(),
     };
     Ok(JobStatus {
-        job: job.to_owned(),
+        job: job.to_string(),
         state,
         model: spec.map(|s| s.model.kind().to_owned()),
         pass: status.as_ref().map(|s| PassProgress {
@@ -371,15 +368,12 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
 
 /// Runs `edl scale`.
 pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(valid_job_name(&args.job), "invalid job name {:?}", args.job);
     anyhow::ensure!(args.trainers >= 1, "--trainers must be at least 1");
     runtime()?.block_on(async move {
         let backend = args.etcd.connect().await?;
-        let spec = backend
-            .get(&JobSpec::key(&args.job))
+        let spec = JobSpec::get(&backend, &args.job)
             .await?
             .with_context(|| format!("no job {} in etcd", args.job))?;
-        let spec = JobSpec::from_json(&spec.value)?;
         let c = &spec.cluster;
         let want = args.trainers.clamp(c.min_trainers, c.max_trainers());
         if want != args.trainers {
@@ -392,8 +386,8 @@ pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
         }
         backend
             .put(
-                &format!("{}scale/trainers", Keys::new(&args.job).root()),
-                want.to_string().into_bytes(),
+                &JobKeys::new(&args.job).scale_trainers(),
+                ScaleRecord::new(want).encode(),
                 None,
             )
             .await
@@ -405,20 +399,16 @@ pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
 
 /// Runs `edl kill`.
 pub fn kill(args: KillArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(valid_job_name(&args.job), "invalid job name {:?}", args.job);
     runtime()?.block_on(async move {
         let backend = args.etcd.connect().await?;
+        let keys = JobKeys::new(&args.job);
         anyhow::ensure!(
-            backend.get(&JobSpec::key(&args.job)).await?.is_some(),
+            backend.get(&keys.spec()).await?.is_some(),
             "no job {} in etcd",
             args.job
         );
         backend
-            .put(
-                &format!("{}job/control", Keys::new(&args.job).root()),
-                b"stop".to_vec(),
-                None,
-            )
+            .put(&keys.control(), ControlRecord::stop().encode(), None)
             .await
             .context("write job/control")?;
         println!(
@@ -431,7 +421,6 @@ pub fn kill(args: KillArgs) -> anyhow::Result<()> {
 
 /// Runs `edl logs`.
 pub fn logs(args: LogsArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(valid_job_name(&args.job), "invalid job name {:?}", args.job);
     if let Some(r) = &args.role {
         anyhow::ensure!(
             matches!(r.as_str(), "master" | "pserver" | "trainer"),
@@ -441,7 +430,7 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let backend = args.etcd.connect().await?;
         let run = backend
-            .get(&format!("{}job/run", Keys::new(&args.job).root()))
+            .get(&JobKeys::new(&args.job).run())
             .await?
             .with_context(|| {
                 format!(
@@ -449,8 +438,8 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<()> {
                     args.job
                 )
             })?;
-        let run: serde_json::Value = serde_json::from_slice(&run.value).context("parse job/run")?;
-        let dir = std::path::PathBuf::from(run["dir"].as_str().unwrap_or_default()).join("logs");
+        let run = RunRecord::decode(&run.value)?;
+        let dir = std::path::PathBuf::from(run.dir).join("logs");
         let shutdown = shutdown_on_signals()?;
         let mut offsets: std::collections::BTreeMap<std::path::PathBuf, u64> = Default::default();
         loop {

@@ -68,7 +68,6 @@ fn parse_every(s: &str) -> Result<CheckpointEvery, String> {
 
 /// Runs `edl pserver`.
 pub fn run(args: PserverArgs) -> anyhow::Result<()> {
-    args.job.validate()?;
     anyhow::ensure!(args.shards != Some(0), "--shards must be at least 1");
     anyhow::ensure!(
         args.keep_checkpoints >= 1,
@@ -83,7 +82,7 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
         let addr = listener.local_addr().context("listener address")?;
         std::fs::create_dir_all(&args.checkpoint_dir)
             .with_context(|| format!("create checkpoint dir {}", args.checkpoint_dir.display()))?;
-        let mut cfg = PsConfig::new(&args.job.job);
+        let mut cfg = PsConfig::new(args.job.job.as_str());
         cfg.token = args.job.token.clone();
         cfg.advertise = args.advertise.clone();
         cfg.lease_ttl = args.lease_ttl;

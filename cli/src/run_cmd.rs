@@ -28,7 +28,6 @@ use clap::{Args, ValueEnum};
 use edl_coord::testkit::EtcdCluster;
 use edl_coord::{Backend, EtcdBackend, EtcdConfig, MemBackend};
 use edl_master::client::{ClientConfig, MasterClient};
-use edl_master::keys::Keys;
 use edl_proto::master::StatusResponse;
 use edl_pserver::{DenseCache, PsClient};
 use edl_trainer::{DeviceChoice, Model, ParamStore, PsStore};
@@ -38,8 +37,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::common::{runtime, shutdown_on_signals};
-use crate::job::JobSpec;
-use crate::trainer_cmd::{TrainerOpts, TrainerReport};
+use edl_job::{
+    ControlRecord, FinalState, JobKeys, JobSpec, JobStateRecord, RECORD_VERSION, Record, RunRecord,
+    ScaleRecord,
+};
+use edl_pserver::server::PsRecord;
+use edl_trainer::process::{TrainerConfig, TrainerReport};
 
 /// Where the coordination state lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -301,13 +304,13 @@ fn now_ms() -> u64 {
 
 /// Runs `edl run`.
 pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
-    let mut spec = JobSpec::load(&args.spec)?;
+    let mut spec = edl_trainer::job::load(&args.spec)?;
     let chaos: Option<Chaos> = args.chaos.as_deref().map(str::parse).transpose()?;
     let in_spec = |e: anyhow::Error| e.context(format!("job spec {}", args.spec.display()));
     prepare_data(&spec).map_err(in_spec)?;
     check_data(&spec).map_err(in_spec)?;
-    spec.fit_stats().map_err(in_spec)?;
-    spec.check_data_fits_model().map_err(in_spec)?;
+    edl_trainer::job::fit_stats(&mut spec).map_err(|e| in_spec(e.into()))?;
+    edl_trainer::job::check_data_fits_model(&spec).map_err(|e| in_spec(e.into()))?;
     let run_dir = match &args.run_dir {
         Some(d) => d.clone(),
         None => args
@@ -316,7 +319,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."))
             .join("edl-runs")
-            .join(&spec.name),
+            .join(spec.name.as_str()),
     };
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("create run directory {}", run_dir.display()))?;
@@ -606,7 +609,7 @@ struct Supervisor {
     device: DeviceChoice,
     chaos: Option<Chaos>,
     coordination: String,
-    keys: Keys,
+    keys: JobKeys,
     procs: Vec<Proc>,
     next_trainer: u32,
     desired_trainers: u32,
@@ -629,7 +632,7 @@ impl Supervisor {
         device: DeviceChoice,
         chaos: Option<Chaos>,
     ) -> anyhow::Result<Supervisor> {
-        let keys = Keys::new(&spec.name);
+        let keys = JobKeys::new(&spec.name);
         let seed = chaos.as_ref().map_or(0, |c| c.seed);
         Ok(Supervisor {
             desired_trainers: spec.cluster.trainers,
@@ -658,7 +661,7 @@ impl Supervisor {
     }
 
     fn spawn(&mut self, role: Role, slot: u32) -> anyhow::Result<()> {
-        let job = self.spec.name.clone();
+        let job = self.spec.name.to_string();
         let ttl = humantime::format_duration(self.spec.cluster.lease_ttl).to_string();
         let gen_ = self.restart_counts.get(&(role, slot)).copied().unwrap_or(0);
         let name = match role {
@@ -807,25 +810,25 @@ impl Supervisor {
         let _ = self
             .backend
             .put(
-                &format!("{}job/state", self.keys.root()),
-                serde_json::json!({
-                    "state": match &error {
-                    None => "succeeded",
-                    Some(e) if e.contains("edl kill") => "stopped",
-                    Some(_) => "failed",
-                },
-                    "reason": error,
-                    "at_ms": now_ms(),
-                })
-                .to_string()
-                .into_bytes(),
+                &self.keys.state(),
+                JobStateRecord {
+                    version: RECORD_VERSION,
+                    state: match &error {
+                        None => FinalState::Succeeded,
+                        Some(e) if e.contains("edl kill") => FinalState::Stopped,
+                        Some(_) => FinalState::Failed,
+                    },
+                    reason: error.clone(),
+                    at_ms: now_ms(),
+                }
+                .encode(),
                 None,
             )
             .await;
         let c = status.as_ref().and_then(|s| s.counters).unwrap_or_default();
         Ok(RunReport {
             version: RUN_REPORT_VERSION,
-            job: self.spec.name.clone(),
+            job: self.spec.name.to_string(),
             succeeded,
             error,
             coordination: self.coordination.clone(),
@@ -859,7 +862,7 @@ impl Supervisor {
     }
 
     fn master_client(&self) -> MasterClient {
-        let mut cfg = ClientConfig::new(&self.spec.name);
+        let mut cfg = ClientConfig::new(self.spec.name.clone());
         cfg.retry_for = Duration::from_secs(2);
         cfg.call_timeout = Duration::from_secs(2);
         MasterClient::new(self.backend.clone(), cfg, CancellationToken::new())
@@ -871,7 +874,7 @@ impl Supervisor {
 
     /// One short attempt (recovery checks must not stall the supervisor).
     async fn quick_status(&self) -> Option<StatusResponse> {
-        let mut cfg = ClientConfig::new(&self.spec.name);
+        let mut cfg = ClientConfig::new(self.spec.name.clone());
         cfg.retry_for = Duration::from_millis(300);
         cfg.call_timeout = Duration::from_millis(300);
         MasterClient::new(self.backend.clone(), cfg, CancellationToken::new())
@@ -902,8 +905,8 @@ impl Supervisor {
         let mut display = Display::new(quiet);
         let mut next_chaos = ChaosClock::new(self.chaos.as_ref(), started);
         let mut last_poll = Instant::now() - Duration::from_secs(10);
-        let control_key = format!("{}job/control", self.keys.root());
-        let scale_key = format!("{}scale/trainers", self.keys.root());
+        let control_key = self.keys.control();
+        let scale_key = self.keys.scale_trainers();
         loop {
             if shutdown.is_cancelled() {
                 anyhow::bail!("interrupted");
@@ -922,14 +925,13 @@ impl Supervisor {
             if last_poll.elapsed() >= Duration::from_millis(500) {
                 last_poll = Instant::now();
                 if let Ok(Some(kv)) = self.backend.get(&control_key).await
-                    && kv.value == b"stop"
+                    && ControlRecord::decode(&kv.value)
+                        .is_ok_and(|c| c.command == edl_job::Control::Stop)
                 {
                     anyhow::bail!("stopped by `edl kill`");
                 }
                 if let Ok(Some(kv)) = self.backend.get(&scale_key).await
-                    && let Some(n) = std::str::from_utf8(&kv.value)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<u32>().ok())
+                    && let Ok(ScaleRecord { trainers: n, .. }) = ScaleRecord::decode(&kv.value)
                 {
                     self.scale(n, started)?;
                 }
@@ -1144,14 +1146,14 @@ impl Supervisor {
         };
         let check = match role {
             Role::Trainer if fault == Fault::StopTrainer => Check::TrainerGone {
-                key: format!("{}{}", self.keys.trainers(), self.procs[pick].name),
+                key: self.keys.trainer(&self.procs[pick].name),
             },
             Role::Trainer => Check::Trainer {
-                key: format!("{}{}", self.keys.trainers(), self.procs[pick].name),
+                key: self.keys.trainer(&self.procs[pick].name),
                 want: self.registered_trainers().await,
             },
             Role::Pserver => {
-                let key = format!("{}ps/{}", self.keys.root(), self.procs[pick].slot);
+                let key = self.keys.ps(self.procs[pick].slot);
                 let old_create = self
                     .backend
                     .get(&key)
@@ -1203,21 +1205,17 @@ impl Supervisor {
                 Check::Pserver { key, old_create } => {
                     let claim = self.backend.get(key).await.ok().flatten();
                     match claim.filter(|kv| kv.create_revision != *old_create) {
-                        Some(kv) => {
-                            let v: serde_json::Value =
-                                serde_json::from_slice(&kv.value).unwrap_or_default();
-                            match v["addr"].as_str() {
-                                Some(addr) => edl_pserver::client::probe(
-                                    addr,
-                                    &self.spec.name,
-                                    None,
-                                    Duration::from_millis(500),
-                                )
-                                .await
-                                .is_ok(),
-                                None => true,
-                            }
-                        }
+                        Some(kv) => match serde_json::from_slice::<PsRecord>(&kv.value) {
+                            Ok(r) => edl_pserver::client::probe(
+                                &r.addr,
+                                self.spec.name.as_str(),
+                                None,
+                                Duration::from_millis(500),
+                            )
+                            .await
+                            .is_ok(),
+                            Err(_) => true,
+                        },
                         None => false,
                     }
                 }
@@ -1295,7 +1293,7 @@ async fn prepare_job(
     spec: &JobSpec,
     run_dir: &Path,
 ) -> anyhow::Result<()> {
-    let keys = Keys::new(&spec.name);
+    let keys = JobKeys::new(&spec.name);
     if let Some(kv) = backend
         .get(&keys.state())
         .await
@@ -1308,14 +1306,14 @@ async fn prepare_job(
             keys.root()
         );
     }
-    let run = serde_json::json!({
-        "pid": std::process::id(),
-        "dir": run_dir.display().to_string(),
-        "host": std::env::var("HOSTNAME").unwrap_or_default(),
-        "started_ms": now_ms(),
-        "state": "running",
-    });
-    let run_key = format!("{}job/run", keys.root());
+    let run = RunRecord {
+        version: RECORD_VERSION,
+        pid: std::process::id(),
+        dir: run_dir.display().to_string(),
+        host: std::env::var("HOSTNAME").unwrap_or_default(),
+        started_ms: now_ms(),
+    };
+    let run_key = keys.run();
     let claimed = backend
         .txn(
             edl_coord::Txn::new()
@@ -1323,7 +1321,7 @@ async fn prepare_job(
                     edl_coord::Compare::absent(&run_key),
                     edl_coord::Compare::absent(keys.state()),
                 ])
-                .and_then([edl_coord::Op::put(&run_key, run.to_string().into_bytes())]),
+                .and_then([edl_coord::Op::put(&run_key, run.encode())]),
         )
         .await
         .context("record the run in etcd")?;
@@ -1356,7 +1354,7 @@ async fn final_params(
 ) -> anyhow::Result<(Option<FinalMetric>, Option<String>)> {
     let cancel = CancellationToken::new();
     let _guard = cancel.clone().drop_guard();
-    let mut cfg = edl_pserver::ClientConfig::new(&spec.name);
+    let mut cfg = edl_pserver::ClientConfig::new(spec.name.as_str());
     cfg.retry_for = Duration::from_secs(20);
     let client = PsClient::connect(backend.clone(), cfg, cancel.child_token()).await?;
     let mut cache = DenseCache::new();
@@ -1379,8 +1377,11 @@ async fn final_params(
         None => ("train", spec.data.train.patterns()),
     };
     let samples = Arc::new(edl_trainer::load_samples(&globs)?);
-    let store: Arc<dyn ParamStore> =
-        Arc::new(PsStore::new(client, spec.param_config(), spec.train.seed));
+    let store: Arc<dyn ParamStore> = Arc::new(PsStore::new(
+        client,
+        edl_trainer::job::param_config(spec),
+        spec.train.seed,
+    ));
     let mut params = edl_trainer::Params::default();
     store.pull_dense(&mut params).await?;
     let eval = edl_trainer::runtime::evaluate(
@@ -1542,7 +1543,7 @@ async fn run_in_memory(
     let ttl = spec.cluster.lease_ttl;
     for i in 0..spec.cluster.masters {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let mut cfg = edl_master::MasterConfig::new(&spec.name);
+        let mut cfg = edl_master::MasterConfig::new(spec.name.clone());
         cfg.lease_ttl = ttl;
         cfg.reconcile_every = ttl;
         cfg.default_chunks_per_task = 1;
@@ -1556,7 +1557,7 @@ async fn run_in_memory(
     }
     for i in 0..spec.cluster.pservers {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let mut cfg = edl_pserver::PsConfig::new(&spec.name);
+        let mut cfg = edl_pserver::PsConfig::new(spec.name.as_str());
         cfg.lease_ttl = ttl;
         cfg.index = edl_pserver::IndexChoice::Fixed(i);
         cfg.shards = Some(spec.cluster.pservers);
@@ -1580,20 +1581,17 @@ async fn run_in_memory(
     let mut trainers = Vec::new();
     for k in 0..spec.cluster.trainers {
         let role = crate::logging::role_span(&format!("trainer-{k}"));
-        let opts = TrainerOpts {
-            id: format!("trainer-{k}"),
-            device: args.device,
-            lease_ttl: ttl,
-            metrics_addr: None,
-            token: None,
-        };
+        let mut cfg = TrainerConfig::new(spec.name.clone());
+        cfg.id = format!("trainer-{k}");
+        cfg.device = args.device;
+        cfg.lease_ttl = Some(ttl);
         trainers.push(tokio::spawn(
-            crate::trainer_cmd::train(backend.clone(), spec.clone(), opts, shutdown.child_token())
+            edl_trainer::process::run(backend.clone(), cfg, shutdown.child_token())
                 .instrument(role),
         ));
     }
     let mut display = Display::new(args.quiet);
-    let mut client_cfg = ClientConfig::new(&spec.name);
+    let mut client_cfg = ClientConfig::new(spec.name.clone());
     client_cfg.retry_for = Duration::from_secs(2);
     let master = MasterClient::new(backend.clone(), client_cfg, roles.child_token());
     let mut error = None;
@@ -1646,7 +1644,7 @@ async fn run_in_memory(
     let c = status.as_ref().and_then(|s| s.counters).unwrap_or_default();
     Ok(RunReport {
         version: RUN_REPORT_VERSION,
-        job: spec.name.clone(),
+        job: spec.name.to_string(),
         succeeded: error.is_none() && metric.is_some(),
         error,
         coordination: "memory".into(),

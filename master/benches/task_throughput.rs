@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use edl_coord::testkit::EtcdCluster;
 use edl_coord::{Backend, Lease, Registry};
+use edl_job::{JobKeys, JobName};
 use edl_master::client::{ClientConfig, MasterClient, Next};
-use edl_master::keys::Keys;
 use edl_master::{MasterConfig, run};
 use edl_recordio::{FileWriter, WriterOptions};
 use tokio::time::Instant;
@@ -50,17 +50,18 @@ async fn run_once(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let mut cfg = MasterConfig::new(job);
+    let job = JobName::new(job).expect("a valid job name");
+    let mut cfg = MasterConfig::new(job.clone());
     cfg.max_batch = max_batch;
     let master = tokio::spawn(run(backend.clone(), cfg, listener, stop.clone()));
-    let mut ccfg = ClientConfig::new(job);
+    let mut ccfg = ClientConfig::new(job.clone());
     ccfg.retry_for = Duration::from_secs(30);
     let client = MasterClient::new(backend.clone(), ccfg.clone(), stop.child_token());
     let ds = client
         .set_dataset(vec![data.to_owned()], 1, 1)
         .await
         .expect("set dataset");
-    let registry = Registry::new(backend.clone(), Keys::new(job).trainers());
+    let registry = Registry::new(backend.clone(), JobKeys::new(&job).trainers());
     let mut leases = Vec::new();
     for c in 0..CLIENTS {
         let lease = Lease::grant(backend.clone(), Duration::from_secs(10), stop.child_token())

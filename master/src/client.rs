@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{Backend, LeaderInfo};
+use edl_job::JobName;
 use edl_proto::master as pb;
 use pb::master_client::MasterClient as GrpcClient;
 use tokio::sync::{Mutex, watch};
@@ -60,7 +61,7 @@ impl ClientError {
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
     /// The job.
-    pub job: String,
+    pub job: JobName,
     /// The job token, if the job has one.
     pub token: Option<String>,
     /// How long one call keeps retrying across failovers before giving up.
@@ -73,9 +74,9 @@ pub struct ClientConfig {
 
 impl ClientConfig {
     /// Defaults for job `job`: retry for 60 s, connect 3 s, calls 10 s.
-    pub fn new(job: impl Into<String>) -> Self {
+    pub fn new(job: JobName) -> Self {
         ClientConfig {
-            job: job.into(),
+            job,
             token: None,
             retry_for: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(3),
@@ -165,7 +166,7 @@ impl MasterClient {
         let mut req = tonic::Request::new(msg);
         req.set_timeout(timeout);
         let md = req.metadata_mut();
-        if let Ok(v) = self.cfg.job.parse() {
+        if let Ok(v) = self.cfg.job.as_str().parse() {
             md.insert(edl_proto::JOB_HEADER, v);
         }
         if let Some(t) = &self.cfg.token
@@ -206,7 +207,7 @@ impl MasterClient {
             let now = Instant::now();
             if now >= until {
                 return Err(ClientError::Unavailable {
-                    job: self.cfg.job.clone(),
+                    job: self.cfg.job.to_string(),
                     waited: now - start,
                     last,
                 });

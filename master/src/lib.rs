@@ -5,7 +5,7 @@
 //! - [`queue`]: the task queue as a pure, deterministic state machine (events in, changed
 //!   tasks out); no I/O, no clocks — time is an argument.
 //! - [`dataset`]: globs expanded and indexed into deterministic task specs.
-//! - [`keys`]: the job's etcd key layout.
+//! - the job's etcd keys are `edl_job::JobKeys` (one builder for the whole job tree).
 //! - [`store`]: the queue's records in etcd, written by fenced transactions.
 //! - [`core`]: the leader's actor: batches requests, group-commits them, long-polls.
 //! - [`server`]: the master process (election, gRPC adapter, trainer follower).
@@ -18,7 +18,6 @@ pub mod client;
 pub mod core;
 pub mod dataset;
 pub mod error;
-pub mod keys;
 pub mod metrics;
 pub mod queue;
 pub mod reader;

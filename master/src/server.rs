@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{Backend, Election, Lease, Registry};
+use edl_job::{JobKeys, JobName};
 use edl_proto::master as pb;
 use futures::StreamExt;
 use tokio::net::TcpListener;
@@ -22,7 +23,6 @@ use tracing::Instrument as _;
 use crate::core::{Core, CoreHandle, StatusReport, TaskReply};
 use crate::dataset::DatasetSpec;
 use crate::error::MasterError;
-use crate::keys::Keys;
 use crate::queue::QueueConfig;
 use crate::store::Store;
 
@@ -30,7 +30,7 @@ use crate::store::Store;
 #[derive(Clone, Debug)]
 pub struct MasterConfig {
     /// The job name (the etcd prefix `/edl/<job>/`).
-    pub job: String,
+    pub job: JobName,
     /// The shared job token every request must carry, if set.
     pub token: Option<String>,
     /// The address trainers reach this master at; defaults to the listener's address.
@@ -51,9 +51,9 @@ pub struct MasterConfig {
 
 impl MasterConfig {
     /// Defaults for job `job`.
-    pub fn new(job: impl Into<String>) -> Self {
+    pub fn new(job: JobName) -> Self {
         MasterConfig {
-            job: job.into(),
+            job,
             token: None,
             advertise: None,
             lease_ttl: Duration::from_secs(5),
@@ -307,7 +307,7 @@ pub async fn run(
     let shared = Arc::new(Shared::default());
     let grpc = MasterGrpc {
         shared: shared.clone(),
-        job: cfg.job.clone(),
+        job: cfg.job.to_string(),
         token: cfg.token.clone(),
         default_chunks_per_task: cfg.default_chunks_per_task.max(1),
     };
@@ -315,7 +315,7 @@ pub async fn run(
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let metrics_shared = shared.clone();
-    let metrics_job = cfg.job.clone();
+    let metrics_job = cfg.job.to_string();
     let router = tonic::service::Routes::new(svc).into_axum_router().route(
         "/metrics",
         axum::routing::get(move || {
@@ -353,7 +353,7 @@ pub async fn run(
     );
     tracing::info!(job = %cfg.job, addr = %advertise, "master serving");
 
-    let keys = Keys::new(&cfg.job);
+    let keys = JobKeys::new(&cfg.job);
     let election = Election::new(backend.clone(), keys.master_election());
     // Follow the leader's address for standby redirects.
     let mut leader_rx = election.observe(shutdown.child_token());
@@ -391,7 +391,7 @@ pub async fn run(
 async fn lead_loop(
     backend: &Arc<dyn Backend>,
     cfg: &MasterConfig,
-    keys: &Keys,
+    keys: &JobKeys,
     election: &Election,
     advertise: &str,
     shared: &Arc<Shared>,
@@ -463,7 +463,7 @@ async fn lead_loop(
 async fn lead(
     backend: &Arc<dyn Backend>,
     cfg: &MasterConfig,
-    keys: &Keys,
+    keys: &JobKeys,
     store: Store,
     shared: &Arc<Shared>,
     term: &CancellationToken,
@@ -542,8 +542,8 @@ async fn backoff(delay: &mut Duration, cancel: &CancellationToken) {
 /// A watch of the leading master's address (for clients).
 pub fn observe_leader(
     backend: Arc<dyn Backend>,
-    job: &str,
+    job: &JobName,
     cancel: CancellationToken,
 ) -> watch::Receiver<Option<edl_coord::LeaderInfo>> {
-    Election::new(backend, Keys::new(job).master_election()).observe(cancel)
+    Election::new(backend, JobKeys::new(job).master_election()).observe(cancel)
 }

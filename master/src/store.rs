@@ -8,8 +8,8 @@ use edl_coord::{Backend, Fence, Op, Txn, fenced_txn};
 
 use crate::dataset::Dataset;
 use crate::error::MasterError;
-use crate::keys::Keys;
 use crate::queue::{Changes, Meta, Task};
+use edl_job::JobKeys;
 
 /// etcd refuses transactions of more than `--max-txn-ops` (128 by default) operations;
 /// stay below it, keeping room for the fence compare.
@@ -34,7 +34,7 @@ pub struct Loaded {
 #[derive(Debug, Clone)]
 pub struct Store {
     backend: Arc<dyn Backend>,
-    keys: Keys,
+    keys: JobKeys,
     fence: Fence,
     txns: Arc<AtomicU64>,
 }
@@ -50,7 +50,7 @@ fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, 
 
 impl Store {
     /// A store writing under `keys`, fenced by `fence`.
-    pub fn new(backend: Arc<dyn Backend>, keys: Keys, fence: Fence) -> Store {
+    pub fn new(backend: Arc<dyn Backend>, keys: JobKeys, fence: Fence) -> Store {
         Store {
             backend,
             keys,

@@ -12,9 +12,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{ClientConfig, MasterClient, Next};
-use crate::keys::Keys;
 use crate::reader::{CloudReader, Item, ReaderConfig};
 use crate::server::{MasterConfig, run};
+use edl_job::{JobKeys, JobName};
 
 /// Writes `files` RecordIO files of `per_file` records (`f<i>-r<j>`), 5 records a chunk.
 fn dataset(dir: &Path, files: usize, per_file: usize) -> String {
@@ -39,7 +39,7 @@ struct Harness {
     backend: Arc<dyn Backend>,
     stop: CancellationToken,
     masters: Vec<(CancellationToken, tokio::task::JoinHandle<()>)>,
-    job: String,
+    job: JobName,
 }
 
 impl Harness {
@@ -48,13 +48,13 @@ impl Harness {
             backend: Arc::new(MemBackend::new()),
             stop: CancellationToken::new(),
             masters: Vec::new(),
-            job: job.to_owned(),
+            job: JobName::new(job).unwrap(),
         }
     }
 
     async fn start_master(&mut self) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut cfg = MasterConfig::new(&self.job);
+        let mut cfg = MasterConfig::new(self.job.clone());
         cfg.lease_ttl = Duration::from_secs(1);
         cfg.reconcile_every = Duration::from_millis(200);
         let stop = self.stop.child_token();
@@ -67,7 +67,7 @@ impl Harness {
     }
 
     fn client(&self) -> MasterClient {
-        let mut cfg = ClientConfig::new(&self.job);
+        let mut cfg = ClientConfig::new(self.job.clone());
         cfg.retry_for = Duration::from_secs(20);
         MasterClient::new(self.backend.clone(), cfg, self.stop.child_token())
     }
@@ -80,7 +80,7 @@ impl Harness {
         )
         .await
         .unwrap();
-        Registry::new(self.backend.clone(), Keys::new(&self.job).trainers())
+        Registry::new(self.backend.clone(), JobKeys::new(&self.job).trainers())
             .register(trainer, b"test".to_vec(), &lease)
             .await
             .unwrap();

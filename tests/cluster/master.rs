@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use edl_coord::{Lease, Registry};
+use edl_job::{JobKeys, JobName};
 use edl_master::client::Next;
-use edl_master::keys::Keys;
 use tokio::time::Instant;
 
 use crate::support::{World, wait_until};
@@ -211,10 +211,13 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     )
     .await
     .unwrap();
-    Registry::new(w.backend.clone(), Keys::new(&w.job).trainers())
-        .register("old", b"x".to_vec(), &lease)
-        .await
-        .unwrap();
+    Registry::new(
+        w.backend.clone(),
+        JobKeys::new(&JobName::new(w.job.as_str()).unwrap()).trainers(),
+    )
+    .register("old", b"x".to_vec(), &lease)
+    .await
+    .unwrap();
     let Next::Task(task) = client.get_task("old", 0, 1, Duration::ZERO).await.unwrap() else {
         panic!("expected a task")
     };
@@ -231,10 +234,13 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     )
     .await
     .unwrap();
-    Registry::new(w.backend.clone(), Keys::new(&w.job).trainers())
-        .register("new", b"x".to_vec(), &lease2)
-        .await
-        .unwrap();
+    Registry::new(
+        w.backend.clone(),
+        JobKeys::new(&JobName::new(w.job.as_str()).unwrap()).trainers(),
+    )
+    .register("new", b"x".to_vec(), &lease2)
+    .await
+    .unwrap();
     // The requeued task went to the back of the queue: finish the others first.
     let mut again = None;
     for request in 1..=3 {

@@ -210,7 +210,8 @@ impl World {
     }
 
     pub fn client(&self) -> MasterClient {
-        let mut cfg = ClientConfig::new(&self.job);
+        let mut cfg =
+            ClientConfig::new(edl_job::JobName::new(self.job.as_str()).expect("a valid job name"));
         cfg.retry_for = Duration::from_secs(30);
         MasterClient::new(self.backend.clone(), cfg, self.cancel.child_token())
     }

@@ -11,7 +11,7 @@ use crate::model::{
     Target,
 };
 use crate::rng::{SplitMix64, hash_str, mix};
-use crate::spec::{ModelSpec, Stats};
+use edl_job::model::{ModelSpec, Stats};
 
 /// MNIST images are 28x28 = 784 pixels.
 const MNIST_SIDE: usize = 28;
@@ -237,7 +237,7 @@ impl DenseModel {
                         .into(),
                 )
             })?;
-            stats.check(kind, inputs)?;
+            stats.check(inputs).map_err(bad)?;
             Some((
                 stats.mean.clone(),
                 stats.std.iter().map(|s| 1.0 / s).collect(),

@@ -237,3 +237,9 @@ impl Error {
         ) || matches!(self, Error::RecordIo(e) if e.is_corruption())
     }
 }
+
+impl From<edl_job::model::StatsError> for Error {
+    fn from(e: edl_job::model::StatsError) -> Self {
+        Error::Stats(e.0)
+    }
+}

@@ -17,8 +17,9 @@
 //!
 //! - [`model`]: the [`Model`] trait and its types ([`Params`], [`Batch`],
 //!   [`StepOutput`], [`EvalOutput`], [`MetricKind`], ...).
-//! - [`spec`]: [`ModelSpec`] (serde), feature standardisation ([`Stats`],
-//!   [`feature_stats`]) and [`build`].
+//! - [`spec`]: [`build`] a model from its [`ModelSpec`] ([`check_model`] checks one);
+//!   the description, with feature standardisation ([`Stats`], [`feature_stats`]), is
+//!   `edl_job::model`, re-exported here.
 //! - `dense.rs`: the dense models (fully connected and convolutional).
 //! - [`word2vec`]: skip-gram with negative sampling.
 //! - [`local_optim`]: minimal SGD and Adam for local training.
@@ -61,9 +62,11 @@ pub mod data;
 mod dense;
 pub mod device;
 pub mod error;
+pub mod job;
 pub mod local;
 pub mod local_optim;
 pub mod model;
+pub mod process;
 pub mod psstore;
 mod rng;
 pub mod runtime;
@@ -80,6 +83,7 @@ mod tests;
 
 pub use data::{check_split, load_samples};
 pub use device::{DeviceChoice, device_name, select_device};
+pub use edl_job::model::{ModelSpec, NegativeSampler, Stats, StatsError, feature_stats};
 pub use error::{Error, Result};
 pub use local::{LocalConfig, LocalReport, StepTiming, evaluate_all, train_local};
 pub use local_optim::{LocalOptimizer, OptimizerKind};
@@ -89,5 +93,5 @@ pub use model::{
 };
 pub use psstore::{PsStore, PsStoreStats};
 pub use runtime::{Progress, RuntimeConfig, RuntimeError};
-pub use spec::{ModelSpec, NegativeSampler, Stats, build, build_on, feature_stats};
+pub use spec::{build, build_on, check_model};
 pub use store::{InitOutcome, LocalStore, ParamStore, StoreError};

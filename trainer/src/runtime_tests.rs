@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{Backend, Lease, MemBackend, Registry};
+use edl_job::{JobKeys, JobName};
 use edl_master::client::{ClientConfig, MasterClient};
-use edl_master::keys::Keys;
 use edl_master::reader::{CloudReader, ReaderConfig};
 use edl_master::{MasterConfig, run as run_master};
 use edl_recordio::{FileWriter, WriterOptions};
@@ -58,10 +58,13 @@ async fn register(
     let lease = Lease::grant(backend.clone(), Duration::from_secs(5), stop.child_token())
         .await
         .unwrap();
-    Registry::new(backend.clone(), Keys::new(job).trainers())
-        .register(id, b"test".to_vec(), &lease)
-        .await
-        .unwrap();
+    Registry::new(
+        backend.clone(),
+        JobKeys::new(&JobName::new(job).unwrap()).trainers(),
+    )
+    .register(id, b"test".to_vec(), &lease)
+    .await
+    .unwrap();
     lease
 }
 
@@ -75,13 +78,13 @@ async fn two_elastic_trainers_fit_a_line_through_the_master() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let master = tokio::spawn(run_master(
         backend.clone(),
-        MasterConfig::new("line"),
+        MasterConfig::new(JobName::new("line").unwrap()),
         listener,
         stop.child_token(),
     ));
     let client = MasterClient::new(
         backend.clone(),
-        ClientConfig::new("line"),
+        ClientConfig::new(JobName::new("line").unwrap()),
         stop.child_token(),
     );
     let passes = 30;
@@ -162,13 +165,13 @@ async fn a_draining_trainer_hands_its_task_back_and_another_finishes_the_pass() 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let master = tokio::spawn(run_master(
         backend.clone(),
-        MasterConfig::new("drain"),
+        MasterConfig::new(JobName::new("drain").unwrap()),
         listener,
         stop.child_token(),
     ));
     let client = MasterClient::new(
         backend.clone(),
-        ClientConfig::new("drain"),
+        ClientConfig::new(JobName::new("drain").unwrap()),
         stop.child_token(),
     );
     client.set_dataset(vec![glob], 1, 3).await.unwrap();

@@ -12,9 +12,9 @@ use crate::local::{LocalConfig, train_local};
 use crate::local_optim::OptimizerKind;
 use crate::model::{Model, Params};
 use crate::rng::SplitMix64;
-use crate::spec::{ModelSpec, NegativeSampler, build, build_on};
 use crate::testdata;
 use crate::word2vec::{INPUT_TABLE, OUTPUT_TABLE};
+use crate::{ModelSpec, NegativeSampler, build, build_on};
 
 /// Loss of `model` in f64 at `params` on `samples` (prepared with `seed`).
 fn loss_at(model: &dyn Model, params: &Params, samples: &[Sample]) -> f64 {

@@ -28,7 +28,7 @@ use crate::model::{
     SparseTable, StepOutput,
 };
 use crate::rng::{SplitMix64, hash_str, mix};
-use crate::spec::NegativeSampler;
+use edl_job::model::NegativeSampler;
 
 /// Name of the input (center word) embedding table.
 pub const INPUT_TABLE: &str = "emb_in";

@@ -1,4 +1,4 @@
-//! The job spec: a TOML file a user writes (`edl run JOB.toml`), and its resolved form
+//! [`JobSpec`]: a TOML file a user writes (`edl run JOB.toml`), and its resolved form
 //! stored as JSON under `/edl/<job>/job/spec` in etcd, from which every role reads what it
 //! needs (data globs, passes, model, mode, optimizer).
 //!
@@ -31,16 +31,34 @@
 //!
 //! Unknown keys and missing required ones are an error naming the key and the file;
 //! relative paths are relative to the spec file.
+//!
+//! # Layout
+//!
+//! - this module: the spec's types, as written in TOML and stored in etcd.
+//! - [`parse`]: reading a TOML file ([`JobSpec::load`]): key, line and column in errors;
+//!   paths resolved against the file.
+//! - [`validate`]: [`JobSpec::validate`] and the typed [`SpecError`].
+//! - [`store`]: the versioned JSON stored at `job/spec` ([`JobSpec::publish`],
+//!   [`JobSpec::fetch`]).
+//!
+//! Turning a spec into the roles' settings (the pservers' parameter config, the
+//! trainer's runtime config, the dataset definition) and checking the model by building
+//! it are the trainer's: `edl_trainer::job`.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+pub mod parse;
+pub mod store;
+pub mod validate;
+
+use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
-use edl_coord::{Backend, Compare, Op, Txn};
-use edl_pserver::{Clip, LrSchedule, Mode, OptimizerConfig, OptimizerKind, ParamConfig};
-use edl_trainer::ModelSpec;
 use serde::{Deserialize, Serialize};
+
+pub use store::{SPEC_VERSION, StoredSpec};
+pub use validate::SpecError;
+
+use crate::model::ModelSpec;
+use crate::name::JobName;
 
 /// Durations written as `"3s"`, `"500ms"`, `"2m"`.
 mod dur {
@@ -78,7 +96,7 @@ impl Globs {
         }
     }
 
-    fn resolve(&mut self, base: &Path) {
+    pub(crate) fn resolve(&mut self, base: &Path) {
         let fix = |p: &mut String| {
             if Path::new(p.as_str()).is_relative() {
                 *p = base.join(p.as_str()).to_string_lossy().into_owned();
@@ -350,7 +368,7 @@ impl ClusterSpec {
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     /// Job name (letters, digits, `-`, `_`, `.`).
-    pub name: String,
+    pub name: JobName,
     /// The data.
     pub data: DataSpec,
     /// The model and its hyper-parameters.
@@ -363,301 +381,10 @@ pub struct JobSpec {
     pub cluster: ClusterSpec,
 }
 
-/// Whether `name` is usable as a job name (an etcd path segment).
-pub fn valid_job_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 128
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        && name != "."
-        && name != ".."
-}
-
-impl JobSpec {
-    /// Reads, parses, resolves (paths relative to the file) and validates a TOML spec.
-    pub fn load(path: &Path) -> anyhow::Result<JobSpec> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("read job spec {}", path.display()))?;
-        let mut spec: JobSpec = toml::from_str(&text).map_err(|e| {
-            let at = e.span().map_or(String::new(), |span| {
-                let before = &text[..span.start.min(text.len())];
-                let line = before.matches('\n').count() + 1;
-                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-                format!("line {line}, column {column}: ")
-            });
-            anyhow::anyhow!(
-                "job spec {}: {at}{}",
-                path.display(),
-                e.message().trim_end()
-            )
-        })?;
-        let base = path
-            .parent()
-            .map(Path::to_path_buf)
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or_else(|| PathBuf::from("."));
-        let base = std::path::absolute(&base).unwrap_or(base);
-        spec.data.train.resolve(&base);
-        if let Some(t) = &mut spec.data.test {
-            t.resolve(&base);
-        }
-        if let Some(p) = &mut spec.data.prepare
-            && Path::new(&p.from).is_relative()
-        {
-            p.from = base.join(&p.from).to_string_lossy().into_owned();
-        }
-        spec.validate()
-            .with_context(|| format!("job spec {}", path.display()))?;
-        Ok(spec)
-    }
-
-    /// Parses a spec stored in etcd (JSON).
-    pub fn from_json(bytes: &[u8]) -> anyhow::Result<JobSpec> {
-        let spec: JobSpec = serde_json::from_slice(bytes).context("parse the stored job spec")?;
-        spec.validate()?;
-        Ok(spec)
-    }
-
-    /// Checks every value.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            valid_job_name(&self.name),
-            "name: {:?} is not a valid job name (letters, digits, '-', '_', '.')",
-            self.name
-        );
-        anyhow::ensure!(
-            !self.data.train.patterns().is_empty(),
-            "data.train: no files given"
-        );
-        let t = &self.train;
-        anyhow::ensure!(t.passes >= 1, "train.passes: must be at least 1");
-        anyhow::ensure!(t.batch_size >= 1, "train.batch_size: must be at least 1");
-        anyhow::ensure!(
-            t.eval_batch_size >= 1,
-            "train.eval_batch_size: must be at least 1"
-        );
-        anyhow::ensure!(
-            t.learning_rate.is_finite() && t.learning_rate > 0.0,
-            "train.learning_rate: must be a positive number"
-        );
-        self.param_config()
-            .optimizer
-            .validate()
-            .map_err(|e| anyhow::anyhow!("train: {e}"))?;
-        self.model
-            .validate()
-            .map_err(|e| anyhow::anyhow!("model: {e}"))?;
-        let c = &self.cluster;
-        anyhow::ensure!(c.masters >= 1, "cluster.masters: must be at least 1");
-        anyhow::ensure!(
-            (1..=256).contains(&c.pservers),
-            "cluster.pservers: must be 1..=256"
-        );
-        anyhow::ensure!(
-            c.min_trainers >= 1,
-            "cluster.min_trainers: must be at least 1"
-        );
-        anyhow::ensure!(
-            c.min_trainers <= c.trainers && c.trainers <= c.max_trainers(),
-            "cluster: need min_trainers <= trainers <= max_trainers ({} <= {} <= {})",
-            c.min_trainers,
-            c.trainers,
-            c.max_trainers()
-        );
-        anyhow::ensure!(
-            c.lease_ttl >= Duration::from_secs(1),
-            "cluster.lease_ttl: must be at least 1s"
-        );
-        anyhow::ensure!(
-            c.checkpoint_keep >= 1,
-            "cluster.checkpoint_keep: must be at least 1"
-        );
-        Ok(())
-    }
-
-    /// The pservers' configuration: mode, optimizer, schedule, clipping.
-    pub fn param_config(&self) -> ParamConfig {
-        let t = &self.train;
-        let kind = match t.optimizer {
-            OptimizerName::Sgd => OptimizerKind::Sgd {
-                momentum: 0.0,
-                nesterov: false,
-                weight_decay: t.weight_decay,
-            },
-            OptimizerName::Momentum => OptimizerKind::Sgd {
-                momentum: t.momentum,
-                nesterov: t.nesterov,
-                weight_decay: t.weight_decay,
-            },
-            OptimizerName::Adagrad => OptimizerKind::Adagrad {
-                eps: 1e-10,
-                initial_accumulator: 0.0,
-                weight_decay: t.weight_decay,
-            },
-            OptimizerName::Adam => match OptimizerKind::adam() {
-                OptimizerKind::Adam {
-                    beta1, beta2, eps, ..
-                } => OptimizerKind::Adam {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay: t.weight_decay,
-                },
-                other => other,
-            },
-            OptimizerName::Adamw => match OptimizerKind::adam() {
-                OptimizerKind::Adam {
-                    beta1, beta2, eps, ..
-                } => OptimizerKind::AdamW {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay: if t.weight_decay > 0.0 {
-                        t.weight_decay
-                    } else {
-                        0.01
-                    },
-                },
-                other => other,
-            },
-        };
-        let lr = t.learning_rate;
-        let lr = match t.lr_schedule {
-            ScheduleName::Constant => LrSchedule::constant(lr),
-            ScheduleName::Linear => LrSchedule::Linear {
-                lr,
-                end_lr: t.lr_end,
-                steps: t.lr_decay_steps,
-            },
-            ScheduleName::Step => LrSchedule::Step {
-                lr,
-                every: t.lr_decay_steps,
-                gamma: t.lr_gamma,
-            },
-            ScheduleName::Cosine => LrSchedule::Cosine {
-                lr,
-                min_lr: t.lr_end,
-                steps: t.lr_decay_steps,
-            },
-        };
-        let mode = match t.mode {
-            ModeName::Async => Mode::Async,
-            ModeName::Sync => Mode::Sync {
-                step_timeout_ms: t.step_timeout.as_millis().min(u128::from(u64::MAX)) as u64,
-            },
-        };
-        let mut cfg = ParamConfig::new(
-            mode,
-            OptimizerConfig {
-                kind,
-                lr,
-                clip: Clip {
-                    max_norm: t.clip_norm,
-                    max_value: t.clip_value,
-                },
-            },
-        );
-        if let Some(b) = t.block_size {
-            cfg.block_size = b;
-        }
-        cfg
-    }
-
-    /// Computes the feature statistics of the training split when the model
-    /// standardises its features and has none yet.
-    pub fn fit_stats(&mut self) -> anyhow::Result<()> {
-        if !self.model.standardize() || self.model.stats().is_some() {
-            return Ok(());
-        }
-        let train = edl_trainer::load_samples(&self.data.train.patterns())
-            .context("read the training data to standardise its features")?;
-        self.model
-            .fit_stats(&train)
-            .context("compute feature statistics")?;
-        Ok(())
-    }
-
-    /// Checks that the first records of every file of the training and test splits fit
-    /// the model (feature count, label kind, class ids): one error naming the file and
-    /// the fix when they do not. Call after [`JobSpec::fit_stats`].
-    pub fn check_data_fits_model(&self) -> anyhow::Result<()> {
-        let model = edl_trainer::build(&self.model).context("build the model")?;
-        edl_trainer::check_split(model.as_ref(), &self.data.train.patterns())?;
-        if let Some(test) = &self.data.test {
-            edl_trainer::check_split(model.as_ref(), &test.patterns())?;
-        }
-        Ok(())
-    }
-
-    /// The key of the stored spec.
-    pub fn key(job: &str) -> String {
-        format!("/edl/{job}/job/spec")
-    }
-
-    /// Stores this spec as the job's spec unless one is stored; returns the stored one
-    /// (which must be equal to this one, apart from feature statistics, or it is an
-    /// error naming the difference).
-    pub async fn publish(&self, backend: &Arc<dyn Backend>) -> anyhow::Result<JobSpec> {
-        let key = Self::key(&self.name);
-        let value = serde_json::to_vec(self).context("encode the job spec")?;
-        let txn = Txn::new()
-            .when(vec![Compare::absent(&key)])
-            .and_then(vec![Op::put(&key, value)])
-            .or_else(vec![Op::get(&key)]);
-        let resp = backend
-            .txn(txn)
-            .await
-            .context("store the job spec in etcd")?;
-        if resp.succeeded {
-            return Ok(self.clone());
-        }
-        let stored = match resp.get(0).and_then(|kvs| kvs.first()) {
-            Some(kv) => JobSpec::from_json(&kv.value)?,
-            None => anyhow::bail!("the job spec at {key} vanished while storing it"),
-        };
-        let mut a = stored.clone();
-        let mut b = self.clone();
-        a.model.clear_stats();
-        b.model.clear_stats();
-        // The cluster section is how this run is laid out, not what the job computes.
-        a.cluster = b.cluster.clone();
-        anyhow::ensure!(
-            a == b,
-            "job {} already exists in etcd with a different spec (at {key}); use another name \
-             or remove the old job's keys",
-            self.name
-        );
-        Ok(stored)
-    }
-
-    /// Reads the job's stored spec, waiting up to `wait` for one to appear.
-    pub async fn fetch(
-        backend: &Arc<dyn Backend>,
-        job: &str,
-        wait: Duration,
-        cancel: &tokio_util::sync::CancellationToken,
-    ) -> anyhow::Result<JobSpec> {
-        let key = Self::key(job);
-        let until = tokio::time::Instant::now() + wait;
-        loop {
-            if let Some(kv) = backend.get(&key).await.context("read the job spec")? {
-                return JobSpec::from_json(&kv.value);
-            }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < until,
-                "job {job} has no spec at {key} after {wait:?} (start it with `edl run`, or pass --spec)"
-            );
-            tokio::select! {
-                _ = cancel.cancelled() => anyhow::bail!("cancelled while waiting for the job spec"),
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     fn write(dir: &Path, text: &str) -> PathBuf {
@@ -707,17 +434,11 @@ checkpoint_every = "10s"
             Path::new(&train[0]).is_absolute() && train[0].ends_with("data/wine-*.recordio"),
             "{train:?}"
         );
-        assert!(spec.param_config().mode.is_sync());
-        assert_eq!(
-            spec.param_config().optimizer.kind,
-            match OptimizerKind::adam() {
-                k @ OptimizerKind::Adam { .. } => k,
-                _ => unreachable!(),
-            }
-        );
-        // The JSON stored in etcd round-trips.
-        let json = serde_json::to_vec(&spec).expect("json");
-        assert_eq!(JobSpec::from_json(&json).expect("parse"), spec);
+        assert_eq!(spec.train.optimizer, OptimizerName::Adam);
+        // The JSON stored in etcd round-trips, with its version.
+        let stored = spec.to_stored();
+        assert!(stored.starts_with(br#"{"version":1,"spec":"#));
+        assert_eq!(JobSpec::from_stored(&stored).expect("parse"), spec);
     }
 
     #[test]
@@ -767,6 +488,36 @@ checkpoint_every = "10s"
         assert_eq!(
             spec.data.train.patterns(),
             vec!["/x/a.recordio".to_string()]
+        );
+    }
+
+    #[test]
+    fn stored_specs_of_a_newer_version_or_a_bad_name_are_refused() {
+        let spec = JobSpec::parse_toml(
+            "name = \"h\"\n[data]\ntrain = [\"/x/a.recordio\"]\n[model]\nkind = \"fit_a_line\"\n",
+        )
+        .expect("valid");
+        let newer = String::from_utf8(spec.to_stored())
+            .expect("utf-8")
+            .replace(r#""version":1"#, r#""version":2"#);
+        let e = JobSpec::from_stored(newer.as_bytes()).expect_err("newer");
+        assert!(e.to_string().contains("upgrade edl"), "{e}");
+        let bad = String::from_utf8(spec.to_stored())
+            .expect("utf-8")
+            .replace(r#""name":"h""#, r#""name":"../h""#);
+        let e = JobSpec::from_stored(bad.as_bytes()).expect_err("bad name");
+        assert!(e.to_string().contains("invalid job name"), "{e}");
+    }
+
+    #[test]
+    fn an_invalid_name_in_a_file_is_an_error_at_its_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = JobSpec::load(&write(dir.path(), &WINE.replace("\"wine\"", "\"a/b\"")))
+            .expect_err("bad name");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("job.toml") && msg.contains("line 2") && msg.contains("invalid job name"),
+            "{msg}"
         );
     }
 }

@@ -1,0 +1,32 @@
+//! The contract of an edl job in etcd: what every process of a job agrees on.
+//!
+//! Every key of a job lives under `/edl/<job>/`; [`JobKeys`] is the one place that builds
+//! (and parses) those paths, [`JobName`] the one validated job name, and [`records`] the
+//! typed, versioned values stored under them. The full tree, with who writes and who
+//! reads each key, is in `docs/design.md` ("etcd keys").
+//!
+//! # Layout
+//!
+//! - [`name`]: [`JobName`], the one job-name type and its validator.
+//! - [`keys`]: [`JobKeys`], every key of the job tree.
+//! - [`records`]: the typed, versioned values ([`JobStateRecord`], [`ControlRecord`],
+//!   [`RunRecord`], [`ScaleRecord`], [`TrainerRecord`]) and their encoding.
+//! - [`model`]: [`ModelSpec`](model::ModelSpec), the built-in model a job trains (the
+//!   description; the trainer builds it), and feature statistics.
+//! - [`spec`]: [`JobSpec`], the job spec: parse, validate, store in etcd.
+
+#![warn(missing_docs)]
+
+pub mod keys;
+pub mod model;
+pub mod name;
+pub mod records;
+pub mod spec;
+
+pub use keys::JobKeys;
+pub use name::{InvalidJobName, JobName};
+pub use records::{
+    Control, ControlRecord, FinalState, JobStateRecord, RECORD_VERSION, Record, RecordError,
+    RunRecord, ScaleRecord, TrainerRecord,
+};
+pub use spec::{JobSpec, SpecError};

@@ -1,0 +1,324 @@
+//! The typed values stored under a job's keys, each with a `version`.
+//!
+//! Every record is JSON with a `version` field ([`RECORD_VERSION`]). A reader accepts any
+//! version up to the one it knows; fields may be added within a version (readers ignore
+//! fields they do not know), and a change of meaning bumps it. [`Record::decode`] refuses
+//! a newer version with an error that says so, rather than misreading it.
+//!
+//! | key | record | writer |
+//! |---|---|---|
+//! | `job/run` | [`RunRecord`] | `edl run` |
+//! | `job/state` | [`JobStateRecord`] | `edl run` |
+//! | `job/control` | [`ControlRecord`] | `edl kill` |
+//! | `scale/trainers` | [`ScaleRecord`] | `edl scale`, autoscalers |
+//! | `trainers/<id>` | [`TrainerRecord`] | each trainer (and `edl consume`) |
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// The version of every record this build writes.
+pub const RECORD_VERSION: u32 = 1;
+
+/// Now, in ms since the Unix epoch (the timestamps of records).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn v1() -> u32 {
+    RECORD_VERSION
+}
+
+/// A record that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Not the JSON of this record.
+    #[error("{what}: not a valid record: {error}")]
+    Malformed {
+        /// The record.
+        what: &'static str,
+        /// Why.
+        error: String,
+    },
+    /// Written by a newer edl.
+    #[error("{what}: version {found} is newer than this edl reads ({known}); upgrade edl")]
+    TooNew {
+        /// The record.
+        what: &'static str,
+        /// The version stored.
+        found: u32,
+        /// The newest version this build reads.
+        known: u32,
+    },
+}
+
+/// A value stored under a job key.
+pub trait Record: Serialize + DeserializeOwned {
+    /// What the record is, for errors (its key).
+    const WHAT: &'static str;
+
+    /// The stored version.
+    fn version(&self) -> u32;
+
+    /// The bytes to store.
+    fn encode(&self) -> Vec<u8> {
+        // Plain data (strings, numbers, enums of unit variants) always serialises.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Reads a stored value.
+    fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let r: Self = serde_json::from_slice(bytes).map_err(|e| RecordError::Malformed {
+            what: Self::WHAT,
+            error: e.to_string(),
+        })?;
+        if r.version() > RECORD_VERSION {
+            return Err(RecordError::TooNew {
+                what: Self::WHAT,
+                found: r.version(),
+                known: RECORD_VERSION,
+            });
+        }
+        Ok(r)
+    }
+}
+
+macro_rules! record {
+    ($t:ty, $what:literal) => {
+        impl Record for $t {
+            const WHAT: &'static str = $what;
+
+            fn version(&self) -> u32 {
+                self.version
+            }
+        }
+    };
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinalState {
+    /// Every pass trained and evaluated.
+    Succeeded,
+    /// Stopped by `edl kill`.
+    Stopped,
+    /// Failed (the reason says why).
+    Failed,
+}
+
+impl FinalState {
+    /// `succeeded`, `stopped` or `failed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FinalState::Succeeded => "succeeded",
+            FinalState::Stopped => "stopped",
+            FinalState::Failed => "failed",
+        }
+    }
+}
+
+/// `job/state`: the job's final state, written once when it ends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStateRecord {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// How it ended.
+    pub state: FinalState,
+    /// Why, when it did not succeed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When, ms since the Unix epoch.
+    #[serde(default)]
+    pub at_ms: u64,
+}
+record!(JobStateRecord, "job/state");
+
+/// A request to a running job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Control {
+    /// Stop every process gracefully.
+    Stop,
+}
+
+/// `job/control`: a request to the running job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ControlRecord {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// The request.
+    pub command: Control,
+}
+record!(ControlRecord, "job/control");
+
+impl ControlRecord {
+    /// A stop request.
+    pub fn stop() -> Self {
+        ControlRecord {
+            version: RECORD_VERSION,
+            command: Control::Stop,
+        }
+    }
+}
+
+/// `job/run`: the `edl run` process that started the job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// Its process id.
+    pub pid: u32,
+    /// The run directory (logs, checkpoints, report).
+    pub dir: String,
+    /// The machine (`$HOSTNAME`; may be empty).
+    #[serde(default)]
+    pub host: String,
+    /// When it started, ms since the Unix epoch.
+    #[serde(default)]
+    pub started_ms: u64,
+}
+record!(RunRecord, "job/run");
+
+/// `scale/trainers`: the trainer count the job should have.
+///
+/// Written by `edl scale` (and autoscalers); `edl run` follows it. A bare decimal number
+/// (as `etcdctl put /edl/<job>/scale/trainers 4` writes) is read as version 1 too.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScaleRecord {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// Desired trainers.
+    pub trainers: u32,
+}
+
+impl Record for ScaleRecord {
+    const WHAT: &'static str = "scale/trainers";
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        if let Some(n) = std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            return Ok(ScaleRecord::new(n));
+        }
+        let r: ScaleRecord = serde_json::from_slice(bytes).map_err(|e| RecordError::Malformed {
+            what: Self::WHAT,
+            error: e.to_string(),
+        })?;
+        if r.version > RECORD_VERSION {
+            return Err(RecordError::TooNew {
+                what: Self::WHAT,
+                found: r.version,
+                known: RECORD_VERSION,
+            });
+        }
+        Ok(r)
+    }
+}
+
+impl ScaleRecord {
+    /// `trainers` trainers.
+    pub fn new(trainers: u32) -> Self {
+        ScaleRecord {
+            version: RECORD_VERSION,
+            trainers,
+        }
+    }
+}
+
+/// `trainers/<id>`: a trainer's registration, under its lease.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerRecord {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// Its process id.
+    pub pid: u32,
+    /// The device it computes on (`cpu`, `cuda:0`; none for `edl consume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// When it started, ms since the Unix epoch.
+    #[serde(default)]
+    pub started_ms: u64,
+    /// Where it serves `/metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
+}
+record!(TrainerRecord, "trainers/<id>");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_with_their_version() {
+        let s = JobStateRecord {
+            version: RECORD_VERSION,
+            state: FinalState::Failed,
+            reason: Some("boom".into()),
+            at_ms: 7,
+        };
+        let bytes = s.encode();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(text.contains("\"version\":1"), "{text}");
+        assert!(text.contains("\"state\":\"failed\""), "{text}");
+        assert_eq!(JobStateRecord::decode(&bytes).unwrap(), s);
+
+        let c = ControlRecord::stop();
+        assert_eq!(ControlRecord::decode(&c.encode()).unwrap(), c);
+        let r = RunRecord {
+            version: RECORD_VERSION,
+            pid: 1,
+            dir: "/tmp/x".into(),
+            host: String::new(),
+            started_ms: 2,
+        };
+        assert_eq!(RunRecord::decode(&r.encode()).unwrap(), r);
+        let t = TrainerRecord {
+            version: RECORD_VERSION,
+            pid: 3,
+            device: Some("cpu".into()),
+            started_ms: 4,
+            metrics: None,
+        };
+        assert_eq!(TrainerRecord::decode(&t.encode()).unwrap(), t);
+    }
+
+    #[test]
+    fn scale_reads_json_and_a_bare_number() {
+        assert_eq!(ScaleRecord::decode(b"4").unwrap(), ScaleRecord::new(4));
+        assert_eq!(ScaleRecord::decode(b" 7\n").unwrap(), ScaleRecord::new(7));
+        let r = ScaleRecord::new(9);
+        assert_eq!(ScaleRecord::decode(&r.encode()).unwrap(), r);
+        assert!(matches!(
+            ScaleRecord::decode(b"-1"),
+            Err(RecordError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn newer_and_malformed_records_are_refused_by_name() {
+        let e = ControlRecord::decode(br#"{"version":2,"command":"stop"}"#).unwrap_err();
+        assert!(matches!(e, RecordError::TooNew { found: 2, .. }));
+        assert!(e.to_string().contains("job/control"), "{e}");
+        assert!(e.to_string().contains("upgrade edl"), "{e}");
+        let e = ControlRecord::decode(b"stop").unwrap_err();
+        assert!(matches!(e, RecordError::Malformed { .. }), "{e}");
+        let e = JobStateRecord::decode(br#"{"state":"exploded"}"#).unwrap_err();
+        assert!(
+            e.to_string().starts_with("job/state: not a valid record"),
+            "{e}"
+        );
+    }
+}

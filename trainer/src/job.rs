@@ -1,0 +1,211 @@
+//! The job spec ([`edl_job::JobSpec`]) as a trainer uses it: the checks only a trainer
+//! can make (the model builds, the optimizer's settings are usable), the data checks
+//! before a job starts, and the conversion of a spec to the pservers' parameter config and
+//! the trainer runtime's config.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use edl_job::spec::{ModeName, OptimizerName, ScheduleName};
+use edl_job::{JobSpec, SpecError};
+use edl_pserver::{Clip, LrSchedule, Mode, OptimizerConfig, OptimizerKind, ParamConfig};
+
+use crate::RuntimeConfig;
+use crate::error::Result;
+
+/// Reads, parses, resolves and validates a TOML spec, model and optimizer included.
+pub fn load(path: &Path) -> std::result::Result<JobSpec, SpecError> {
+    let spec = JobSpec::load(path)?;
+    check(&spec).map_err(|error| SpecError::InFile {
+        path: path.to_path_buf(),
+        error: Box::new(error),
+    })?;
+    Ok(spec)
+}
+
+/// The checks of a spec that need the trainer: the optimizer's settings and the model's
+/// hyper-parameters (by building it).
+pub fn check(spec: &JobSpec) -> std::result::Result<(), SpecError> {
+    param_config(spec)
+        .optimizer
+        .validate()
+        .map_err(|e| SpecError::Invalid {
+            field: "train",
+            reason: e.to_string(),
+        })?;
+    crate::check_model(&spec.model).map_err(|e| SpecError::Invalid {
+        field: "model",
+        reason: e.to_string(),
+    })
+}
+
+/// Computes the feature statistics of the training split when the model standardises
+/// its features and has none yet.
+pub fn fit_stats(spec: &mut JobSpec) -> Result<()> {
+    if !spec.model.standardize() || spec.model.stats().is_some() {
+        return Ok(());
+    }
+    let train = crate::load_samples(&spec.data.train.patterns())?;
+    spec.model.fit_stats(&train)?;
+    Ok(())
+}
+
+/// Checks that the first records of every file of the training and test splits fit the
+/// model (feature count, label kind, class ids): one error naming the file and the fix
+/// when they do not. Call after [`fit_stats`].
+pub fn check_data_fits_model(spec: &JobSpec) -> Result<()> {
+    let model = crate::build(&spec.model)?;
+    crate::check_split(model.as_ref(), &spec.data.train.patterns())?;
+    if let Some(test) = &spec.data.test {
+        crate::check_split(model.as_ref(), &test.patterns())?;
+    }
+    Ok(())
+}
+
+/// The trainer runtime's settings for trainer `id` of the job, with the held-out split
+/// `test` (read by the caller: [`crate::load_samples`] of the spec's `data.test`).
+pub fn runtime_config(
+    spec: &JobSpec,
+    id: &str,
+    test: Option<Arc<Vec<edl_proto::sample::Sample>>>,
+) -> RuntimeConfig {
+    let mut cfg = RuntimeConfig::new(id);
+    cfg.batch_size = spec.train.batch_size;
+    cfg.seed = spec.train.seed;
+    cfg.test = test;
+    cfg.eval_batch_size = spec.train.eval_batch_size;
+    cfg
+}
+
+/// The pservers' configuration: mode, optimizer, schedule, clipping.
+pub fn param_config(spec: &JobSpec) -> ParamConfig {
+    let t = &spec.train;
+    let kind = match t.optimizer {
+        OptimizerName::Sgd => OptimizerKind::Sgd {
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: t.weight_decay,
+        },
+        OptimizerName::Momentum => OptimizerKind::Sgd {
+            momentum: t.momentum,
+            nesterov: t.nesterov,
+            weight_decay: t.weight_decay,
+        },
+        OptimizerName::Adagrad => OptimizerKind::Adagrad {
+            eps: 1e-10,
+            initial_accumulator: 0.0,
+            weight_decay: t.weight_decay,
+        },
+        OptimizerName::Adam => match OptimizerKind::adam() {
+            OptimizerKind::Adam {
+                beta1, beta2, eps, ..
+            } => OptimizerKind::Adam {
+                beta1,
+                beta2,
+                eps,
+                weight_decay: t.weight_decay,
+            },
+            other => other,
+        },
+        OptimizerName::Adamw => match OptimizerKind::adam() {
+            OptimizerKind::Adam {
+                beta1, beta2, eps, ..
+            } => OptimizerKind::AdamW {
+                beta1,
+                beta2,
+                eps,
+                weight_decay: if t.weight_decay > 0.0 {
+                    t.weight_decay
+                } else {
+                    0.01
+                },
+            },
+            other => other,
+        },
+    };
+    let lr = t.learning_rate;
+    let lr = match t.lr_schedule {
+        ScheduleName::Constant => LrSchedule::constant(lr),
+        ScheduleName::Linear => LrSchedule::Linear {
+            lr,
+            end_lr: t.lr_end,
+            steps: t.lr_decay_steps,
+        },
+        ScheduleName::Step => LrSchedule::Step {
+            lr,
+            every: t.lr_decay_steps,
+            gamma: t.lr_gamma,
+        },
+        ScheduleName::Cosine => LrSchedule::Cosine {
+            lr,
+            min_lr: t.lr_end,
+            steps: t.lr_decay_steps,
+        },
+    };
+    let mode = match t.mode {
+        ModeName::Async => Mode::Async,
+        ModeName::Sync => Mode::Sync {
+            step_timeout_ms: t.step_timeout.as_millis().min(u128::from(u64::MAX)) as u64,
+        },
+    };
+    let mut cfg = ParamConfig::new(
+        mode,
+        OptimizerConfig {
+            kind,
+            lr,
+            clip: Clip {
+                max_norm: t.clip_norm,
+                max_value: t.clip_value,
+            },
+        },
+    );
+    if let Some(b) = t.block_size {
+        cfg.block_size = b;
+    }
+    cfg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINE: &str = r#"
+name = "wine"
+[data]
+train = "/data/wine-*.recordio"
+[model]
+kind = "mlp"
+inputs = 13
+hidden = [32]
+classes = 3
+standardize = true
+[train]
+mode = "sync"
+optimizer = "adam"
+"#;
+
+    #[test]
+    fn a_spec_becomes_the_pservers_config() {
+        let spec = JobSpec::parse_toml(WINE).expect("valid");
+        assert!(param_config(&spec).mode.is_sync());
+        assert_eq!(
+            param_config(&spec).optimizer.kind,
+            match OptimizerKind::adam() {
+                k @ OptimizerKind::Adam { .. } => k,
+                _ => unreachable!(),
+            }
+        );
+    }
+
+    #[test]
+    fn the_trainer_checks_name_the_model_and_the_optimizer() {
+        let bad = JobSpec::parse_toml(&WINE.replace("hidden = [32]", "hidden = [0]")).unwrap();
+        let e = check(&bad).expect_err("bad model");
+        assert!(e.to_string().starts_with("model: "), "{e}");
+        let bad = JobSpec::parse_toml(&format!("{WINE}momentum = 1.5\n")).unwrap();
+        let mut bad = bad;
+        bad.train.optimizer = OptimizerName::Momentum;
+        let e = check(&bad).expect_err("bad momentum");
+        assert!(e.to_string().starts_with("train: "), "{e}");
+    }
+}

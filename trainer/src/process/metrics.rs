@@ -1,0 +1,135 @@
+//! The trainer's `/metrics` endpoint: counters and gauges of its progress and its
+//! parameter-server traffic, in the OpenMetrics text format.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry as PromRegistry;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Progress, PsStoreStats};
+
+/// The trainer's Prometheus metrics (OpenMetrics text).
+pub(crate) fn render_metrics(
+    job: &str,
+    id: &str,
+    device: &str,
+    p: &Progress,
+    s: &PsStoreStats,
+) -> String {
+    let mut reg = PromRegistry::with_prefix_and_labels(
+        "edl_trainer",
+        [
+            ("job".into(), job.to_owned().into()),
+            ("trainer".into(), id.to_owned().into()),
+            ("device".into(), device.to_owned().into()),
+        ]
+        .into_iter(),
+    );
+    let counter = |reg: &mut PromRegistry, name: &str, help: &str, v: u64| {
+        let c: Counter = Counter::default();
+        c.inc_by(v);
+        reg.register(name, help, c);
+    };
+    counter(&mut reg, "tasks", "Tasks acknowledged", p.tasks);
+    counter(
+        &mut reg,
+        "records",
+        "Records trained in acknowledged tasks",
+        p.records,
+    );
+    counter(&mut reg, "steps", "Gradient steps pushed", p.steps);
+    counter(
+        &mut reg,
+        "failed_tasks",
+        "Tasks failed for bad data",
+        p.failed_tasks,
+    );
+    counter(
+        &mut reg,
+        "skipped_batches",
+        "Batches skipped for a non-finite loss",
+        p.skipped_batches,
+    );
+    counter(
+        &mut reg,
+        "pulls",
+        "Dense pulls",
+        s.pulls.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut reg,
+        "pull_bytes",
+        "Bytes of dense values pulled",
+        s.pull_bytes.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut reg,
+        "sparse_rows",
+        "Sparse rows pulled",
+        s.sparse_rows.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut reg,
+        "pushes",
+        "Pushes applied",
+        s.pushes.load(Ordering::Relaxed),
+    );
+    let g: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
+    g.set(p.samples_per_sec);
+    reg.register(
+        "samples_per_second",
+        "Samples per second over the last task",
+        g,
+    );
+    let g: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
+    g.set(f64::from(p.last_loss));
+    reg.register("loss", "Loss of the last step", g);
+    let g: Gauge = Gauge::default();
+    g.set(i64::from(p.pass));
+    reg.register("pass", "Pass of the current task", g);
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &reg).is_err() {
+        out.clear();
+    }
+    out
+}
+
+/// Serves `GET /metrics` on `addr` until `stop`; returns the bound address.
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    job: String,
+    id: String,
+    device: String,
+    progress: watch::Receiver<Progress>,
+    stats: Arc<PsStoreStats>,
+    stop: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let body = render_metrics(&job, &id, &device, &progress.borrow(), &stats);
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    body,
+                )
+            }
+        }),
+    );
+    tokio::spawn(tracing::Instrument::in_current_span(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+    }));
+    Ok(local)
+}

@@ -1,0 +1,333 @@
+//! The trainer process: one elastic trainer of a job, from joining to leaving.
+//!
+//! [`run`] reads the job's spec from etcd, builds the model on the chosen device, joins
+//! the job ([`Session`]: a lease, the registration under `trainers/<id>`, a master
+//! client), defines the dataset at the master (idempotent), connects to the pservers and
+//! trains through the master's `cloud_reader` (exactly one trainer initialises the
+//! parameters). `shutdown` drains: no new task, the current one handed back,
+//! deregistered, a report returned. Losing the etcd lease (cut off from etcd past the
+//! TTL) stops it with [`TrainerError::LeaseLost`]: the master has already given its task
+//! to someone else. `edl trainer` and the in-memory `edl run` are thin callers of it.
+//!
+//! # Layout
+//!
+//! - this module: [`TrainerConfig`], [`TrainerError`] and [`run`].
+//! - [`session`]: [`Session`], the membership shared with `edl consume`.
+//! - [`report`]: [`TrainerReport`], the final totals (docs/json.md).
+//! - `metrics.rs`: the `/metrics` endpoint.
+
+mod metrics;
+pub mod report;
+pub mod session;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use edl_coord::Backend;
+use edl_job::{JobName, JobSpec, RECORD_VERSION, SpecError, TrainerRecord};
+use edl_master::client::ClientError;
+use edl_pserver::{ClientConfig as PsClientConfig, PsClient, PsClientError};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use report::{EvalReport, TRAINER_REPORT_VERSION, TrainerReport};
+pub use session::{Session, SessionConfig, SessionError};
+
+use crate::runtime::{self, DRAIN_GRACE, RuntimeError};
+use crate::{DeviceChoice, Model, ParamStore, Progress, PsStore, PsStoreStats};
+
+/// Settings of one trainer process.
+#[derive(Debug, Clone)]
+pub struct TrainerConfig {
+    /// The job.
+    pub job: JobName,
+    /// The trainer id (default `trainer-<pid>-<random>`).
+    pub id: String,
+    /// Compute device.
+    pub device: DeviceChoice,
+    /// TTL of the registration lease (default: the spec's `cluster.lease_ttl`).
+    pub lease_ttl: Option<Duration>,
+    /// Where to serve `/metrics`.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The job token.
+    pub token: Option<String>,
+    /// How long to wait for the job spec to appear in etcd.
+    pub spec_wait: Duration,
+}
+
+impl TrainerConfig {
+    /// Defaults for a trainer of `job`: a fresh id, the `auto` device, the spec's lease
+    /// TTL, no metrics, no token, 60 s for the spec to appear.
+    pub fn new(job: JobName) -> Self {
+        TrainerConfig {
+            job,
+            id: format!(
+                "trainer-{}-{:04x}",
+                std::process::id(),
+                rand::random::<u16>()
+            ),
+            device: DeviceChoice::Auto,
+            lease_ttl: None,
+            metrics_addr: None,
+            token: None,
+            spec_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why a trainer stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainerError {
+    /// Stopped (`shutdown`) before the job spec appeared: nothing was done.
+    #[error("stopped while waiting for the job spec")]
+    StoppedBeforeStart,
+    /// The job spec could not be read.
+    #[error("{0}")]
+    Spec(SpecError),
+    /// The model could not be built on the device.
+    #[error("build the model: {0}")]
+    Model(crate::Error),
+    /// The held-out split could not be read.
+    #[error("read the test split: {0}")]
+    TestSplit(crate::Error),
+    /// Joining the job failed.
+    #[error("{0}")]
+    Join(SessionError),
+    /// The master refused or could not be reached to define the dataset.
+    #[error("define the dataset at the master: {0}")]
+    Dataset(ClientError),
+    /// No pservers were found.
+    #[error("find the pservers: {0}")]
+    Pservers(PsClientError),
+    /// The metrics address could not be bound.
+    #[error("bind --metrics-addr {addr}: {error}")]
+    Metrics {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// Training failed.
+    #[error("trainer {id} failed: {error}")]
+    Runtime {
+        /// The trainer.
+        id: String,
+        /// Why.
+        error: RuntimeError,
+    },
+    /// A drain took longer than [`DRAIN_GRACE`].
+    #[error("the trainer did not drain within {DRAIN_GRACE:?}; exiting")]
+    DrainTimeout,
+    /// The etcd lease was lost.
+    #[error("lost the etcd lease (cut off from etcd for longer than {ttl:?}); stopped")]
+    LeaseLost {
+        /// The lease's TTL.
+        ttl: Duration,
+    },
+}
+
+/// Runs one trainer of `cfg.job` until the job finishes (or `shutdown` drains it).
+pub async fn run(
+    backend: Arc<dyn Backend>,
+    cfg: TrainerConfig,
+    shutdown: CancellationToken,
+) -> Result<TrainerReport, TrainerError> {
+    let started = Instant::now();
+    let spec = match JobSpec::fetch(&backend, &cfg.job, cfg.spec_wait, &shutdown).await {
+        Ok(spec) => spec,
+        Err(SpecError::Cancelled) => return Err(TrainerError::StoppedBeforeStart),
+        Err(e) => return Err(TrainerError::Spec(e)),
+    };
+    let id = cfg.id.clone();
+    let ttl = cfg.lease_ttl.unwrap_or(spec.cluster.lease_ttl);
+    let device = crate::select_device(cfg.device).map_err(TrainerError::Model)?;
+    let dev_name = crate::device_name(&device);
+    let model: Arc<dyn Model> = Arc::from(
+        crate::build_on(&spec.model, &device, candle_core::DType::F32)
+            .map_err(TrainerError::Model)?,
+    );
+    let test = match &spec.data.test {
+        Some(g) => Some(Arc::new(
+            crate::load_samples(&g.patterns()).map_err(TrainerError::TestSplit)?,
+        )),
+        None => None,
+    };
+
+    // The session and the clients live until the drain is over: `shutdown` only starts it.
+    let life = CancellationToken::new();
+    let _life_guard = life.clone().drop_guard();
+    let session = Session::join(
+        backend.clone(),
+        SessionConfig {
+            job: cfg.job.clone(),
+            id: id.clone(),
+            lease_ttl: ttl,
+            token: cfg.token.clone(),
+            record: TrainerRecord {
+                version: RECORD_VERSION,
+                pid: std::process::id(),
+                device: Some(dev_name.clone()),
+                started_ms: edl_job::records::now_ms(),
+                metrics: cfg.metrics_addr.map(|a| a.to_string()),
+            },
+        },
+        life.clone(),
+    )
+    .await
+    .map_err(TrainerError::Join)?;
+
+    // SIGTERM while starting up: leave without having done anything.
+    let drained_early = |session: Session| {
+        let (id, dev) = (id.clone(), dev_name.clone());
+        async move {
+            session.leave().await;
+            tracing::info!(trainer = %id, "drained while starting");
+            let p = Progress {
+                drained: true,
+                ..Progress::default()
+            };
+            Ok(report::report(
+                &id,
+                &dev,
+                &p,
+                &PsStoreStats::default(),
+                started,
+            ))
+        }
+    };
+    let ds = tokio::select! {
+        r = session.master().set_dataset(
+            spec.data.train.patterns(),
+            spec.data.chunks_per_task,
+            spec.train.passes,
+        ) => match r {
+            Ok(ds) => ds,
+            Err(e) => {
+                session.leave().await;
+                return Err(TrainerError::Dataset(e));
+            }
+        },
+        _ = shutdown.cancelled() => return drained_early(session).await,
+    };
+    tracing::info!(
+        trainer = %id,
+        device = %dev_name,
+        files = ds.files,
+        tasks = ds.tasks,
+        records = ds.records,
+        "trainer registered"
+    );
+
+    let mut pcfg = PsClientConfig::new(cfg.job.as_str());
+    pcfg.token = cfg.token.clone();
+    let ps = tokio::select! {
+        r = PsClient::connect(backend.clone(), pcfg, life.child_token()) => match r {
+            Ok(ps) => ps,
+            Err(e) => {
+                session.leave().await;
+                return Err(TrainerError::Pservers(e));
+            }
+        },
+        _ = shutdown.cancelled() => return drained_early(session).await,
+    };
+    let store = Arc::new(PsStore::new(
+        ps,
+        crate::job::param_config(&spec),
+        spec.train.seed,
+    ));
+    let stats = store.stats();
+
+    let (tx, rx) = watch::channel(Progress::default());
+    if let Some(addr) = cfg.metrics_addr {
+        let local = match metrics::serve(
+            addr,
+            cfg.job.to_string(),
+            id.clone(),
+            dev_name.clone(),
+            rx.clone(),
+            stats.clone(),
+            life.clone(),
+        )
+        .await
+        {
+            Ok(local) => local,
+            Err(error) => {
+                session.leave().await;
+                return Err(TrainerError::Metrics { addr, error });
+            }
+        };
+        tracing::info!(addr = %local, "serving /metrics");
+    }
+    log_progress(rx, id.clone());
+
+    let rcfg = crate::job::runtime_config(&spec, &id, test);
+    let reader = session.reader(None);
+    let stop = CancellationToken::new();
+    let lost = session.lost();
+    let watcher = {
+        let (stop, shutdown, lost) = (stop.clone(), shutdown.clone(), lost.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = lost.cancelled() => {}
+            }
+            stop.cancel();
+        })
+    };
+    let run = runtime::run(reader, model, store.clone() as _, rcfg, stop.clone(), tx);
+    tokio::pin!(run);
+    let result = tokio::select! {
+        r = &mut run => r,
+        _ = async {
+            stop.cancelled().await;
+            tokio::time::sleep(DRAIN_GRACE).await;
+        } => {
+            return Err(TrainerError::DrainTimeout);
+        }
+    };
+    watcher.abort();
+    let progress = match result {
+        Ok(p) => p,
+        Err(error) => {
+            session.leave().await;
+            return Err(TrainerError::Runtime { id, error });
+        }
+    };
+    // Let the others' sync steps go on without this trainer.
+    if let Err(e) = store.idle(&id).await {
+        tracing::debug!(error = %e, "leave the sync steps");
+    }
+    let lease_lost = lost.is_cancelled() && !shutdown.is_cancelled();
+    session.leave().await;
+    let rep = report::report(&id, &dev_name, &progress, &stats, started);
+    if lease_lost {
+        return Err(TrainerError::LeaseLost { ttl });
+    }
+    tracing::info!(trainer = %id, drained = progress.drained, "trainer done");
+    Ok(rep)
+}
+
+/// Progress in the log, at most every 5 s.
+fn log_progress(mut rx: watch::Receiver<Progress>, id: String) {
+    tokio::spawn(tracing::Instrument::in_current_span(async move {
+        let mut last = Instant::now() - Duration::from_secs(60);
+        while rx.changed().await.is_ok() {
+            if last.elapsed() < Duration::from_secs(5) {
+                continue;
+            }
+            last = Instant::now();
+            let p = rx.borrow().clone();
+            tracing::info!(
+                trainer = %id,
+                pass = p.pass,
+                tasks = p.tasks,
+                records = p.records,
+                steps = p.steps,
+                loss = p.last_loss,
+                samples_per_s = format!("{:.0}", p.samples_per_sec),
+                "progress"
+            );
+        }
+    }));
+}

@@ -1,0 +1,125 @@
+//! [`Session`]: a trainer's membership in a job — its etcd lease, its registration under
+//! `trainers/<id>`, and its client of the leading master — shared by the trainer process
+//! and `edl consume`.
+//!
+//! Invariant: while a session exists its registration is held under its own lease; the
+//! master treats the trainer as alive exactly that long. [`Session::leave`] deregisters
+//! and revokes (a drain); dropping it without leaving lets the lease expire (a crash).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{Backend, Lease, Registry};
+use edl_job::{JobKeys, JobName, Record, TrainerRecord};
+use edl_master::client::{ClientConfig, MasterClient};
+use edl_master::reader::{CloudReader, ReaderConfig};
+use tokio_util::sync::CancellationToken;
+
+/// What joining a job needs.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// The job.
+    pub job: JobName,
+    /// This trainer's id (its key under `trainers/`).
+    pub id: String,
+    /// TTL of the registration lease: the master notices a dead trainer within it.
+    pub lease_ttl: Duration,
+    /// The job token every RPC carries.
+    pub token: Option<String>,
+    /// The value registered.
+    pub record: TrainerRecord,
+}
+
+/// Joining a job failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// No lease could be granted.
+    #[error("get an etcd lease: {0}")]
+    Lease(edl_coord::Error),
+    /// The registration could not be written.
+    #[error("register the trainer: {0}")]
+    Register(edl_coord::Error),
+}
+
+/// A trainer's membership in a job.
+#[derive(Debug)]
+pub struct Session {
+    id: String,
+    lease: Lease,
+    registry: Registry,
+    master: MasterClient,
+}
+
+impl Session {
+    /// Takes a lease, registers under it and starts a master client. The lease is kept
+    /// alive, and the master client runs, until `life` is cancelled (after
+    /// [`Session::leave`]: a drain needs both).
+    pub async fn join(
+        backend: Arc<dyn Backend>,
+        cfg: SessionConfig,
+        life: CancellationToken,
+    ) -> Result<Session, SessionError> {
+        let lease = Lease::grant(backend.clone(), cfg.lease_ttl, life.child_token())
+            .await
+            .map_err(SessionError::Lease)?;
+        let registry = Registry::new(backend.clone(), JobKeys::new(&cfg.job).trainers());
+        if let Err(e) = registry
+            .register(&cfg.id, cfg.record.encode(), &lease)
+            .await
+        {
+            lease.revoke().await.ok();
+            return Err(SessionError::Register(e));
+        }
+        let mut mcfg = ClientConfig::new(cfg.job.clone());
+        mcfg.token = cfg.token;
+        let master = MasterClient::new(backend, mcfg, life.child_token());
+        Ok(Session {
+            id: cfg.id,
+            lease,
+            registry,
+            master,
+        })
+    }
+
+    /// This trainer's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The client of the job's leading master.
+    pub fn master(&self) -> &MasterClient {
+        &self.master
+    }
+
+    /// Cancelled when the lease is lost (cut off from etcd past its TTL): the master has
+    /// then given this trainer's tasks to others.
+    pub fn lost(&self) -> CancellationToken {
+        self.lease.lost()
+    }
+
+    /// The lease's TTL.
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease.ttl()
+    }
+
+    /// A `cloud_reader` of the job's tasks with `read_ahead` tasks buffered (the
+    /// reader's default when `None`).
+    pub fn reader(&self, read_ahead: Option<usize>) -> CloudReader {
+        let mut cfg = ReaderConfig::new(&self.id);
+        if let Some(n) = read_ahead {
+            cfg.read_ahead = n;
+        }
+        CloudReader::start(self.master.clone(), cfg)
+    }
+
+    /// Deregisters and revokes the lease (best effort: an unreachable etcd lets the lease
+    /// expire instead).
+    pub async fn leave(self) {
+        if let Err(e) = self.registry.deregister(&self.id, &self.lease).await {
+            tracing::debug!(error = %e, "deregister");
+        }
+        if let Err(e) = self.lease.revoke().await {
+            tracing::debug!(error = %e, "revoke the lease");
+        }
+    }
+}
