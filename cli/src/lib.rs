@@ -6,11 +6,13 @@
 //! - [`master_cmd`]: `edl master`, a master of a job.
 //! - [`consume_cmd`]: `edl consume`, a model-less consumer of a job's tasks.
 //! - [`pserver_cmd`]: `edl pserver`, a parameter server (one shard) of a job.
-//! - [`trainer_cmd`]: `edl trainer`, an elastic trainer of a job.
+//! - [`trainer_cmd`]: `edl trainer`, an elastic trainer of a job (arguments over
+//!   `edl_trainer::process::run`).
 //! - [`run_cmd`]: `edl run`, a whole job on one machine, supervised.
 //! - [`ops_cmd`]: `edl status|scale|kill|logs`.
 //! - [`paddle`]: PaddlePaddle's environment variables as a role.
-//! - [`job`]: the job spec (TOML; stored as JSON in etcd).
+//! - the job spec, keys and records are the `edl-job` crate; the trainer process is
+//!   `edl_trainer::process`.
 //! - [`common`]: etcd and job options, signals, the runtime.
 //! - [`logging`]: quiet query commands, INFO for roles, per-role files in process.
 //!

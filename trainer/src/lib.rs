@@ -29,6 +29,10 @@
 //!   the parameter servers in a job).
 //! - [`psstore`]: [`PsStore`], the parameter servers as a [`ParamStore`].
 //! - [`runtime`]: the elastic trainer loop over the master's `cloud_reader`.
+//! - [`process`]: the trainer process ([`process::run`]: spec, session, pservers,
+//!   `/metrics`, drain, report) and the [`process::Session`] shared with `edl consume`.
+//! - [`job`]: the job spec as a trainer uses it: model and optimizer checks, data checks,
+//!   conversion to the pservers' and the runtime's configs.
 //! - [`device`]: [`select_device`] (`auto`, `cpu`, `cuda:N`; probes before touching CUDA).
 //! - [`error`]: errors ([`Error`]), with retryable and bad-data classification.
 //! - `rng.rs`: the stable generator behind initialisation and negative sampling.
