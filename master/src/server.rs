@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Election, Lease, Registry};
+use edl_coord::{Backend, Backoff, Election, Lease, Registry, RetryPolicy};
 use edl_job::{JobKeys, JobName};
 use edl_proto::master as pb;
 use futures::StreamExt;
@@ -397,14 +397,14 @@ async fn lead_loop(
     shared: &Arc<Shared>,
     shutdown: &CancellationToken,
 ) -> Result<(), MasterError> {
-    let mut delay = Duration::from_millis(100);
+    let mut backoff = Backoff::new(retry_forever(Duration::from_millis(100)));
     while !shutdown.is_cancelled() {
         let lease = match Lease::grant(backend.clone(), cfg.lease_ttl, shutdown.child_token()).await
         {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot get an etcd lease; retrying");
-                backoff(&mut delay, shutdown).await;
+                backoff.wait(shutdown).await;
                 continue;
             }
         };
@@ -413,11 +413,11 @@ async fn lead_loop(
             Err(edl_coord::Error::Cancelled) => break,
             Err(e) => {
                 tracing::warn!(error = %e, "campaign ended; retrying");
-                backoff(&mut delay, shutdown).await;
+                backoff.wait(shutdown).await;
                 continue;
             }
         };
-        delay = Duration::from_millis(100);
+        backoff = Backoff::new(retry_forever(Duration::from_millis(100)));
         tracing::info!(addr = %advertise, revision = leadership.revision(), "leading");
         let term = CancellationToken::new();
         let lost = leadership.lost();
@@ -468,14 +468,14 @@ async fn lead(
     shared: &Arc<Shared>,
     term: &CancellationToken,
 ) -> Result<(), MasterError> {
-    let mut delay = Duration::from_millis(50);
+    let mut backoff = Backoff::new(retry_forever(Duration::from_millis(50)));
     let (core, handle) = loop {
         match Core::start(store.clone(), cfg.queue.clone(), cfg.max_batch).await {
             Ok(x) => break x,
             Err(e @ MasterError::NotLeader { .. }) => return Err(e),
             Err(e) => {
                 tracing::warn!(error = %e, "loading the queue failed; retrying");
-                backoff(&mut delay, term).await;
+                backoff.wait(term).await;
                 if term.is_cancelled() {
                     return Ok(());
                 }
@@ -500,28 +500,62 @@ async fn lead(
     result
 }
 
-/// Reports trainers that leave, and reconciles lease holders with a consistent listing.
+/// Reports trainers that leave, and reconciles lease holders with a consistent listing
+/// every `every`, for the whole term. The member watch absorbs disconnects and
+/// compactions itself; if it ends anyway (an error retrying cannot cure, such as a
+/// revoked permission) it is started again after a backoff, and the reconcile tick goes
+/// on meanwhile, so a trainer that leaves is never missed for longer than the gap.
 async fn follow_trainers(
     registry: Registry,
     handle: CoreHandle,
     every: Duration,
     term: CancellationToken,
 ) {
-    let mut events = registry.watch_members(term.child_token());
+    let mut events = Some(registry.watch_members(term.child_token()));
+    let mut backoff = Backoff::new(retry_forever(Duration::from_millis(100)));
+    let mut rewatch_at: Option<tokio::time::Instant> = None;
     let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let next_event = async {
+            match &mut events {
+                Some(w) => w.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        let rewatch = async {
+            match rewatch_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = term.cancelled() => break,
-            ev = events.next() => match ev {
+            ev = next_event => match ev {
                 Some(edl_coord::MemberEvent::Left(m)) => {
                     tracing::info!(trainer = %m.id, "trainer left");
                     handle.trainers_lost(vec![m.id]).await;
                 }
-                Some(edl_coord::MemberEvent::Joined(m)) => tracing::info!(trainer = %m.id, "trainer joined"),
+                Some(edl_coord::MemberEvent::Joined(m)) => {
+                    backoff = Backoff::new(retry_forever(Duration::from_millis(100)));
+                    tracing::info!(trainer = %m.id, "trainer joined");
+                }
                 Some(_) => {}
-                None => break,
+                None => {
+                    let error = events.take().and_then(|w| w.take_error());
+                    let delay = backoff.next_delay().unwrap_or(Duration::from_secs(2));
+                    tracing::warn!(
+                        error = error.map(|e| e.to_string()),
+                        retry_in = ?delay,
+                        "the trainer watch ended; following by listing until it is back"
+                    );
+                    rewatch_at = Some(tokio::time::Instant::now() + delay);
+                }
             },
+            _ = rewatch => {
+                rewatch_at = None;
+                events = Some(registry.watch_members(term.child_token()));
+            }
             _ = tick.tick() => {
                 if let Ok((members, _)) = registry.list().await {
                     handle.reconcile(members.into_iter().map(|m| m.id).collect()).await;
@@ -531,12 +565,9 @@ async fn follow_trainers(
     }
 }
 
-async fn backoff(delay: &mut Duration, cancel: &CancellationToken) {
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        _ = tokio::time::sleep(*delay) => {}
-    }
-    *delay = (*delay * 2).min(Duration::from_secs(2));
+/// Retries until cancelled, from `initial` up to 2 s between attempts.
+fn retry_forever(initial: Duration) -> RetryPolicy {
+    RetryPolicy::forever().with_delays(initial, Duration::from_secs(2))
 }
 
 /// A watch of the leading master's address (for clients).
