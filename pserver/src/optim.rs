@@ -69,7 +69,7 @@ fn default_adamw_decay() -> f32 {
 }
 
 /// The update rule and its hyper-parameters (the learning rate is in [`LrSchedule`]).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum OptimizerKind {
     /// Stochastic gradient descent, with optional (Nesterov) momentum and L2 weight decay.

@@ -22,7 +22,7 @@
 //!   `edl_job::model`, re-exported here.
 //! - `dense.rs`: the dense models (fully connected and convolutional).
 //! - [`word2vec`]: skip-gram with negative sampling.
-//! - [`local_optim`]: minimal SGD and Adam for local training.
+//! - [`local_optim`]: the pservers' optimizers ([`OptimizerKind`]) applied in process.
 //! - [`local`]: [`train_local`], the single-process trainer.
 //! - [`data`]: [`load_samples`] from RecordIO files.
 //! - [`store`]: [`ParamStore`], where parameters live ([`LocalStore`] in process;
@@ -88,9 +88,10 @@ mod tests;
 pub use data::{check_split, load_samples};
 pub use device::{DeviceChoice, device_name, select_device};
 pub use edl_job::model::{ModelSpec, NegativeSampler, Stats, StatsError, feature_stats};
+pub use edl_pserver::OptimizerKind;
 pub use error::{Error, Result};
 pub use local::{LocalConfig, LocalReport, StepTiming, evaluate_all, train_local};
-pub use local_optim::{LocalOptimizer, OptimizerKind};
+pub use local_optim::LocalOptimizer;
 pub use model::{
     Batch, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseInit, SparseTable,
     StepOutput,

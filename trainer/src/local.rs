@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use edl_proto::sample::Sample;
 
 use crate::error::{Error, Result};
-use crate::local_optim::{LocalOptimizer, OptimizerKind};
+use edl_pserver::OptimizerKind;
+
+use crate::local_optim::LocalOptimizer;
 use crate::model::{Batch, EvalOutput, MetricKind, Model, Params};
 use crate::rng::{SplitMix64, hash_str, mix};
 

@@ -1,115 +1,51 @@
-//! `local_optim`: minimal SGD and Adam for the single-process baseline
-//! ([`crate::train_local`]).
+//! `local_optim`: the parameter servers' optimizers ([`edl_pserver::Optimizer`]) applied
+//! in process, for the single-process baseline ([`crate::train_local`]) and the
+//! in-process [`crate::LocalStore`].
 //!
-//! In a distributed job the parameter server owns the optimizers and their state; these
-//! exist only so the local trainer (tests, benchmarks, the throughput baseline) can
-//! train without one. They update [`Params`] in place from a [`StepOutput`]:
-//!
-//! - SGD: `p -= lr * g`.
-//! - Adam (Kingma & Ba 2015): `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`,
-//!   `p -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`. Sparse rows use
-//!   "lazy" Adam: each row keeps its own moments and step count, updated only when the
-//!   row has a gradient.
+//! In a distributed job the parameter servers own the optimizers and their state; here
+//! the same update rules run over a [`Params`] in place, so a local run and a job with
+//! one trainer apply identical math. State is kept per dense parameter and per sparse
+//! row: a row's moments and step count advance only when the row has a gradient ("lazy"
+//! updates, as on the pservers).
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
+use edl_pserver::{LrSchedule, Optimizer, OptimizerConfig, OptimizerKind, SlotState};
 
 use crate::error::{Error, Result};
 use crate::model::{Params, StepOutput};
 
-/// Which optimizer the local trainer uses.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum OptimizerKind {
-    /// Plain stochastic gradient descent.
-    Sgd,
-    /// Adam.
-    Adam {
-        /// Decay of the first moment (0.9).
-        beta1: f32,
-        /// Decay of the second moment (0.999).
-        beta2: f32,
-        /// Added to the root of the second moment (1e-8).
-        epsilon: f32,
-    },
-}
-
-impl OptimizerKind {
-    /// Adam with the usual constants (0.9, 0.999, 1e-8).
-    pub fn adam() -> Self {
-        OptimizerKind::Adam {
-            beta1: 0.9,
-            beta2: 0.999,
-            epsilon: 1e-8,
-        }
-    }
-
-    pub(crate) fn check(&self) -> Result<()> {
-        if let OptimizerKind::Adam {
-            beta1,
-            beta2,
-            epsilon,
-        } = *self
-        {
-            let unit = |b: f32| (0.0..1.0).contains(&b);
-            if !(unit(beta1) && unit(beta2) && epsilon.is_finite() && epsilon > 0.0) {
-                return Err(Error::Config(format!(
-                    "adam needs 0 <= beta1, beta2 < 1 and epsilon > 0, got {beta1}, {beta2}, {epsilon}"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Adam moments of one tensor or row.
-#[derive(Debug, Clone, Default)]
-struct Moments {
-    m: Vec<f32>,
-    v: Vec<f32>,
-    /// Updates applied so far.
-    t: i32,
-}
-
-impl Moments {
-    fn apply(&mut self, p: &mut [f32], g: &[f32], lr: f32, b1: f32, b2: f32, eps: f32) {
-        if self.m.len() != p.len() {
-            self.m = vec![0.0; p.len()];
-            self.v = vec![0.0; p.len()];
-            self.t = 0;
-        }
-        self.t = self.t.saturating_add(1);
-        let lr_t = lr * (1.0 - b2.powi(self.t)).sqrt() / (1.0 - b1.powi(self.t));
-        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(&mut self.m).zip(&mut self.v) {
-            *m = b1 * *m + (1.0 - b1) * g;
-            *v = b2 * *v + (1.0 - b2) * g * g;
-            *p -= lr_t * *m / (v.sqrt() + eps);
-        }
-    }
-}
-
 /// An optimizer with its state, for one [`Params`].
 #[derive(Debug, Clone)]
 pub struct LocalOptimizer {
-    kind: OptimizerKind,
-    lr: f32,
-    dense: Vec<Moments>,
-    sparse: HashMap<String, HashMap<u64, Moments>>,
+    optimizer: Optimizer,
+    /// Updates applied so far (the learning-rate schedule's step).
+    step: u64,
+    dense: Vec<SlotState>,
+    sparse: HashMap<String, HashMap<u64, SlotState>>,
 }
 
 impl LocalOptimizer {
-    /// A fresh optimizer with learning rate `lr`.
+    /// A fresh `kind` optimizer with the constant learning rate `lr`.
     pub fn new(kind: OptimizerKind, lr: f32) -> Result<Self> {
-        kind.check()?;
         if !(lr.is_finite() && lr > 0.0) {
             return Err(Error::Config(format!(
                 "learning rate must be positive, got {lr}"
             )));
         }
-        Ok(LocalOptimizer {
+        Self::with_config(OptimizerConfig {
             kind,
-            lr,
+            lr: LrSchedule::constant(lr),
+            clip: Default::default(),
+        })
+    }
+
+    /// A fresh optimizer of any configuration the pservers accept.
+    pub fn with_config(cfg: OptimizerConfig) -> Result<Self> {
+        let optimizer = Optimizer::new(cfg).map_err(|e| Error::Config(e.to_string()))?;
+        Ok(LocalOptimizer {
+            optimizer,
+            step: 0,
             dense: Vec::new(),
             sparse: HashMap::new(),
         })
@@ -119,47 +55,25 @@ impl LocalOptimizer {
     /// be in `params`; nothing is changed when a gradient does not fit its parameter.
     pub fn step(&mut self, params: &mut Params, grads: &StepOutput) -> Result<()> {
         check(params, grads)?;
-        let lr = self.lr;
-        match self.kind {
-            OptimizerKind::Sgd => {
-                for (p, g) in params.dense.iter_mut().zip(&grads.dense) {
-                    sgd(p, g, lr);
-                }
-                for sg in &grads.sparse {
-                    if let Some(table) = params.sparse.get_mut(&sg.table) {
-                        for (i, row) in sg.rows.iter().enumerate() {
-                            if let (Some(p), Some(g)) = (table.get_mut(row), sg.row(i)) {
-                                sgd(p, g, lr);
-                            }
-                        }
-                    }
-                }
-            }
-            OptimizerKind::Adam {
-                beta1,
-                beta2,
-                epsilon,
-            } => {
-                self.dense.resize_with(params.dense.len(), Moments::default);
-                for ((p, g), state) in params
-                    .dense
-                    .iter_mut()
-                    .zip(&grads.dense)
-                    .zip(&mut self.dense)
-                {
-                    state.apply(p, g, lr, beta1, beta2, epsilon);
-                }
-                for sg in &grads.sparse {
-                    let states = self.sparse.entry(sg.table.clone()).or_default();
-                    if let Some(table) = params.sparse.get_mut(&sg.table) {
-                        for (i, row) in sg.rows.iter().enumerate() {
-                            if let (Some(p), Some(g)) = (table.get_mut(row), sg.row(i)) {
-                                states
-                                    .entry(*row)
-                                    .or_default()
-                                    .apply(p, g, lr, beta1, beta2, epsilon);
-                            }
-                        }
+        let lr = self.optimizer.lr(self.step);
+        self.step += 1;
+        let opt = &self.optimizer;
+        self.dense
+            .resize_with(params.dense.len(), SlotState::default);
+        for ((p, g), state) in params
+            .dense
+            .iter_mut()
+            .zip(&grads.dense)
+            .zip(&mut self.dense)
+        {
+            opt.step(lr, p, g, 1.0, state);
+        }
+        for sg in &grads.sparse {
+            let states = self.sparse.entry(sg.table.clone()).or_default();
+            if let Some(table) = params.sparse.get_mut(&sg.table) {
+                for (i, row) in sg.rows.iter().enumerate() {
+                    if let (Some(p), Some(g)) = (table.get_mut(row), sg.row(i)) {
+                        opt.step(lr, p, g, 1.0, states.entry(*row).or_default());
                     }
                 }
             }
@@ -215,10 +129,4 @@ fn check(params: &Params, grads: &StepOutput) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn sgd(p: &mut [f32], g: &[f32], lr: f32) {
-    for (p, g) in p.iter_mut().zip(g) {
-        *p -= lr * g;
-    }
 }

@@ -97,7 +97,12 @@ async fn two_elastic_trainers_fit_a_line_through_the_master() {
     };
     spec.fit_stats(&train).unwrap();
     let model: Arc<dyn crate::Model> = Arc::from(build(&spec).unwrap());
-    let store = Arc::new(LocalStore::new(model.clone(), OptimizerKind::Sgd, 0.01, 7));
+    let store = Arc::new(LocalStore::new(
+        model.clone(),
+        OptimizerKind::sgd(),
+        0.01,
+        7,
+    ));
     let test = Arc::new(test);
     let mut handles = Vec::new();
     let mut leases = Vec::new();
@@ -181,7 +186,12 @@ async fn a_draining_trainer_hands_its_task_back_and_another_finishes_the_pass() 
     };
     spec.fit_stats(&all).unwrap();
     let model: Arc<dyn crate::Model> = Arc::from(build(&spec).unwrap());
-    let store = Arc::new(LocalStore::new(model.clone(), OptimizerKind::Sgd, 0.01, 1));
+    let store = Arc::new(LocalStore::new(
+        model.clone(),
+        OptimizerKind::sgd(),
+        0.01,
+        1,
+    ));
 
     let leaving_lease = register(&backend, "drain", "leaving", &stop).await;
     let _l2 = register(&backend, "drain", "staying", &stop).await;

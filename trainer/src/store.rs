@@ -11,7 +11,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
-use crate::local_optim::{LocalOptimizer, OptimizerKind};
+use edl_pserver::OptimizerKind;
+
+use crate::local_optim::LocalOptimizer;
 use crate::model::{Model, Params, StepOutput};
 
 /// Why a parameter store call failed.

@@ -8,8 +8,8 @@ use candle_core::{DType, Device};
 use edl_proto::sample::Sample;
 
 use crate::Error;
+use crate::OptimizerKind;
 use crate::local::{LocalConfig, train_local};
-use crate::local_optim::OptimizerKind;
 use crate::model::{Model, Params};
 use crate::rng::SplitMix64;
 use crate::testdata;
@@ -228,7 +228,7 @@ fn fit_a_line_reaches_least_squares_cost_on_uci_housing() {
         epochs: 300,
         batch_size: 20,
         lr: 0.01,
-        optimizer: OptimizerKind::Sgd,
+        optimizer: OptimizerKind::sgd(),
         seed: 1,
         eval_batch_size: 256,
     };
@@ -653,7 +653,8 @@ fn local_training_is_deterministic_from_its_seed() {
             optimizer: OptimizerKind::Adam {
                 beta1: 1.0,
                 beta2: 0.9,
-                epsilon: 1e-8,
+                eps: 1e-8,
+                weight_decay: 0.0,
             },
             ..LocalConfig::default()
         },
