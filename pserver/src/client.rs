@@ -45,7 +45,7 @@ use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::bulk;
-use crate::ckpt::now_ms;
+use crate::checkpoint::protocol::now_ms;
 use crate::error::{ErrorKind, next_step_of};
 use crate::follow::{PrefixView, follow_prefix};
 use crate::keys::{PsKeys, valid_id};

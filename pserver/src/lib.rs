@@ -16,8 +16,10 @@
 //!   deterministic layout over the shards.
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.
 //! - [`shard`]: a shard's parameters and update logic (no I/O).
-//! - [`checkpoint`]: the checkpoint file format, durable writes, manifests.
-//! - [`ckpt`]: checkpoint triggers, parts, manifests and restore through etcd.
+//! - [`checkpoint`]: checkpoints: [`checkpoint::format`] (the file format),
+//!   [`checkpoint::dir`] (a shard's files: durable writes, verified reads) and
+//!   [`checkpoint::protocol`] (triggers, parts, manifests, retention and restore through
+//!   etcd).
 //! - [`server`]: the pserver process: index claim, restore, gRPC service, lease gate;
 //!   `bulk`: the same pushes and pulls over plain TCP on the same port, floats outside
 //!   protobuf (the fast path for large dense models).
@@ -28,7 +30,6 @@
 
 mod bulk;
 pub mod checkpoint;
-pub mod ckpt;
 pub mod client;
 pub mod error;
 pub mod follow;
@@ -43,7 +44,7 @@ pub mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use ckpt::{CheckpointConfig, CheckpointEvery};
+pub use checkpoint::{CheckpointConfig, CheckpointEvery};
 pub use client::{
     ClientConfig, DenseCache, DenseInit, InitOutcome, PsClient, PsClientError, PullStats,
     PushOutcome, SparseGrad,

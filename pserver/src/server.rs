@@ -25,8 +25,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
+use crate::checkpoint::protocol::{
+    self, CheckpointConfig, CheckpointEvery, Request as CkptRequest,
+};
 use crate::checkpoint::{CheckpointDir, ShardEntry, Snapshot};
-use crate::ckpt::{self, CheckpointConfig, CheckpointEvery, Request as CkptRequest};
 use crate::error::PsError;
 use crate::follow::follow_prefix;
 use crate::keys::{PsKeys, valid_id};
@@ -700,7 +702,7 @@ pub async fn run(
         claim_revision: 0,
         bulk: crate::bulk::VERSION,
         pid: std::process::id(),
-        started_ms: ckpt::now_ms(),
+        started_ms: protocol::now_ms(),
     };
     let value = serde_json::to_vec(&record).unwrap_or_default();
     let claim = match cfg.index {
@@ -756,7 +758,7 @@ pub async fn run(
         let incarnation = claim.fence.revision as u64;
         let build = |snap| ShardCore::restore(snap, incarnation, checkpoints.clone());
         let restored = retry_cancellable(&policy, &shutdown, || async {
-            match ckpt::restore_latest(&*backend, &keys, index, shards, build).await {
+            match protocol::restore_latest(&*backend, &keys, index, shards, build).await {
                 Ok(r) => Ok(Ok(r)),
                 Err(PsError::Coord(e)) => Err(e),
                 Err(e) => Ok(Err(e)),
@@ -1070,12 +1072,12 @@ impl Checkpointer {
                     if v.revision == 0 {
                         continue;
                     }
-                    let ms = ckpt::parse_manifests(&self.keys, v.kvs.values());
+                    let ms = protocol::parse_manifests(&self.keys, v.kvs.values());
                     let steps: Vec<u64> = ms.iter().map(|m| m.step).collect();
                     newest_manifest = steps.first().copied().unwrap_or(0);
                     if self.shard.index() == 0 {
                         let complete =
-                            ckpt::complete_parts(&self.keys, v.kvs.values(), self.shard.shards());
+                            protocol::complete_parts(&self.keys, v.kvs.values(), self.shard.shards());
                         let now = Instant::now();
                         uncommitted.retain(|s, _| complete.contains(s));
                         for s in complete.into_iter().filter(|s| *s > newest_manifest) {
@@ -1087,7 +1089,7 @@ impl Checkpointer {
                         let kept: Vec<_> = ms.into_iter().take(self.cfg.keep.max(1)).collect();
                         let dir = self.dir.clone();
                         let index = self.shard.index();
-                        let _ = tokio::task::spawn_blocking(move || ckpt::prune_files(&dir, &kept, index)).await;
+                        let _ = tokio::task::spawn_blocking(move || protocol::prune_files(&dir, &kept, index)).await;
                     }
                     let req = v
                         .kvs
@@ -1123,7 +1125,7 @@ impl Checkpointer {
                     }
                     .max(requested_step + 1)
                     .max(newest_manifest + 1);
-                    match ckpt::request(&*self.backend, &self.keys, &self.fence, step).await {
+                    match protocol::request(&*self.backend, &self.keys, &self.fence, step).await {
                         Ok(()) => {
                             requested_step = step;
                             requested_at = Instant::now();
@@ -1180,7 +1182,7 @@ impl Checkpointer {
             .collect();
         for step in due {
             let shards = self.shard.shards();
-            match ckpt::try_commit(&*self.backend, &self.keys, &self.fence, step, shards, mode)
+            match protocol::try_commit(&*self.backend, &self.keys, &self.fence, step, shards, mode)
                 .await
             {
                 Ok(committed) => {
@@ -1188,7 +1190,7 @@ impl Checkpointer {
                     if committed {
                         tracing::warn!(step, "committed a checkpoint its last writer did not");
                         if let Err(e) =
-                            ckpt::prune(&*self.backend, &self.keys, &self.fence, self.cfg.keep)
+                            protocol::prune(&*self.backend, &self.keys, &self.fence, self.cfg.keep)
                                 .await
                         {
                             tracing::warn!(error = %e, "checkpoint pruning failed");
@@ -1211,8 +1213,9 @@ impl Checkpointer {
         let mut delay = Duration::from_millis(50);
         for attempt in 1..=COMMIT_ATTEMPTS {
             let commit = async {
-                ckpt::register_part(&*self.backend, &self.keys, &self.fence, step, entry).await?;
-                let committed = ckpt::try_commit(
+                protocol::register_part(&*self.backend, &self.keys, &self.fence, step, entry)
+                    .await?;
+                let committed = protocol::try_commit(
                     &*self.backend,
                     &self.keys,
                     &self.fence,
@@ -1222,7 +1225,7 @@ impl Checkpointer {
                 )
                 .await?;
                 if committed {
-                    ckpt::prune(&*self.backend, &self.keys, &self.fence, self.cfg.keep).await?;
+                    protocol::prune(&*self.backend, &self.keys, &self.fence, self.cfg.keep).await?;
                 }
                 Ok::<_, PsError>(())
             };
@@ -1249,7 +1252,7 @@ impl Checkpointer {
         let shard = self.shard.index();
         let counters = self.shard.core().ok();
         let started = Instant::now();
-        let entry = match ckpt::write_snapshot(&self.dir, Arc::new(snap)).await {
+        let entry = match protocol::write_snapshot(&self.dir, Arc::new(snap)).await {
             Ok(e) => e,
             Err(e) => {
                 if let Some(c) = &counters {
