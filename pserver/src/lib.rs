@@ -15,7 +15,9 @@
 //! - [`layout`]: the model spec ([`ModelSpec`], [`ParamConfig`], [`Mode`]) and its
 //!   deterministic layout over the shards.
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.
-//! - [`shard`]: a shard's parameters and update logic (no I/O).
+//! - [`shard`]: a shard's parameters and update logic on its own types (no protobuf, no
+//!   I/O): storage, push validation, the async dedup window, async and sync apply, pulls,
+//!   snapshots, initialisation.
 //! - [`checkpoint`]: checkpoints: [`checkpoint::format`] (the file format),
 //!   [`checkpoint::dir`] (a shard's files: durable writes, verified reads) and
 //!   [`checkpoint::protocol`] (triggers, parts, manifests, retention and restore through

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use edl_coord::{
@@ -32,7 +33,11 @@ use crate::checkpoint::{CheckpointDir, ShardEntry, Snapshot};
 use crate::error::PsError;
 use crate::follow::follow_prefix;
 use crate::keys::{PsKeys, valid_id};
-use crate::shard::{CheckpointHooks, Shard, ShardCore};
+use crate::layout::ModelSpec;
+use crate::shard::{
+    BlockValues, CheckpointHooks, Counters, InitBlocks, PullReply, RawPush, Shard, ShardCore,
+    TableRows,
+};
 use crate::sync::Admit;
 
 /// Default largest message: a push or pull of a whole shard of a large model fits.
@@ -258,7 +263,14 @@ impl Service {
         }
         let shard = self.shard.clone();
         let trainer = r.trainer.clone();
-        let (already, missing) = self.blocking(move || shard.init(r)).await??;
+        let (already, missing) = self
+            .blocking(move || {
+                // The target before the spec, so that a request for another shard is told
+                // so whatever its spec.
+                shard.check_target(r.shard, r.shards)?;
+                shard.init(init_blocks(r)?)
+            })
+            .await??;
         tracing::debug!(shard = self.shard.index(), trainer = %trainer, already, missing, "init blocks received");
         self.gate.check()?;
         Ok(pb::InitResponse {
@@ -292,9 +304,10 @@ impl Service {
             return self.sync_push(core, r).await;
         }
         let gate = self.gate.clone();
+        let raw = raw_push(r);
         let reply = self
             .blocking(move || {
-                let push = core.validate_push(r)?;
+                let push = core.validate_push(raw)?;
                 gate.check()?;
                 core.apply_async(&push)
             })
@@ -316,7 +329,8 @@ impl Service {
         let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_PUSH_WAIT);
         let deadline = Instant::now() + wait;
         let c = core.clone();
-        let push = Arc::new(self.blocking(move || c.validate_push(req)).await??);
+        let raw = raw_push(req);
+        let push = Arc::new(self.blocking(move || c.validate_push(raw)).await??);
         if !self.is_registered(&push.trainer).await? {
             return Err(PsError::NotRegistered(push.trainer.clone()));
         }
@@ -398,7 +412,7 @@ impl Service {
             .blocking(move || core.pull(&r.known_versions, r.incarnation))
             .await?;
         self.gate.check()?;
-        Ok(resp)
+        Ok(pull_response(resp))
     }
 
     pub(crate) async fn pull_sparse(
@@ -445,7 +459,7 @@ impl Service {
             resp.participants = participants;
             resp.contributed = contributed;
             resp.restored_from = core.restored_from();
-            resp.counters = Some(core.counters.to_pb());
+            resp.counters = Some(counters(&core.counters));
         }
         resp.last_checkpoint = self
             .shard
@@ -1278,5 +1292,80 @@ impl Checkpointer {
             .as_ref()
             .map_or("async", |c| c.spec().config.mode.name());
         self.record(step, &entry, mode, stop).await;
+    }
+}
+
+// Protobuf and the shard's types meet here, for both transports (gRPC and the bulk path).
+
+/// The shard's view of a push (the target shard and the sync wait stay with the service).
+fn raw_push(r: pb::PushRequest) -> RawPush {
+    RawPush {
+        trainer: r.trainer,
+        session: r.session,
+        step: r.step,
+        dense: r.dense.into_iter().map(block_values).collect(),
+        sparse: r
+            .sparse
+            .into_iter()
+            .map(|s| TableRows {
+                table: s.table,
+                rows: s.rows,
+                values: s.values,
+            })
+            .collect(),
+    }
+}
+
+fn block_values(b: pb::DenseBlock) -> BlockValues {
+    BlockValues {
+        id: b.id,
+        values: b.values,
+    }
+}
+
+/// The shard's view of an `Init` request: the spec parsed from its JSON.
+fn init_blocks(r: pb::InitRequest) -> Result<InitBlocks, PsError> {
+    Ok(InitBlocks {
+        shard: r.shard,
+        shards: r.shards,
+        spec: ModelSpec::from_json(&r.spec_json)?,
+        trainer: r.trainer,
+        blocks: r.blocks.into_iter().map(block_values).collect(),
+    })
+}
+
+fn pull_response(r: PullReply) -> pb::PullResponse {
+    pb::PullResponse {
+        blocks: r
+            .blocks
+            .into_iter()
+            .map(|b| pb::DenseBlock {
+                id: b.id,
+                version: b.version,
+                values: b.values,
+            })
+            .collect(),
+        next_step: r.next_step,
+        updates: r.updates,
+        incarnation: r.incarnation,
+    }
+}
+
+/// The protobuf form of a shard's counters.
+fn counters(c: &Counters) -> pb::Counters {
+    let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    pb::Counters {
+        pushes_applied: g(&c.pushes_applied),
+        duplicate_pushes: g(&c.duplicate_pushes),
+        stale_pushes: g(&c.stale_pushes),
+        nonfinite_rejected: g(&c.nonfinite_rejected),
+        invalid_rejected: g(&c.invalid_rejected),
+        steps_closed: g(&c.steps_closed),
+        trainers_dropped: g(&c.trainers_dropped),
+        step_timeouts: g(&c.step_timeouts),
+        pulls: g(&c.pulls),
+        sparse_rows_pulled: g(&c.sparse_rows_pulled),
+        checkpoints_written: g(&c.checkpoints_written),
+        checkpoints_failed: g(&c.checkpoints_failed),
     }
 }
