@@ -22,9 +22,11 @@
 //!   [`checkpoint::dir`] (a shard's files: durable writes, verified reads) and
 //!   [`checkpoint::protocol`] (triggers, parts, manifests, retention and restore through
 //!   etcd).
-//! - [`server`]: the pserver process: index claim, restore, gRPC service, lease gate;
-//!   `bulk`: the same pushes and pulls over plain TCP on the same port, floats outside
-//!   protobuf (the fast path for large dense models).
+//! - [`server`]: the pserver process: configuration, index claim, the service behind the
+//!   lease gate (protobuf converted to the shard's types at its edge), the gRPC adapter,
+//!   the trainer registry followed, the checkpointer, and `run`; `bulk`: the same pushes
+//!   and pulls over plain TCP on the same port, floats outside protobuf (the fast path
+//!   for large dense models).
 //! - [`client`]: the trainer's client ([`PsClient`]): discovery, sharded push and pull,
 //!   initialisation through etcd, retries.
 //! - [`keys`], [`follow`], [`wire`]: etcd keys, prefix views, floats on the wire.
