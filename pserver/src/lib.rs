@@ -27,8 +27,9 @@
 //!   the trainer registry followed, the checkpointer, and `run`; `bulk`: the same pushes
 //!   and pulls over plain TCP on the same port, floats outside protobuf (the fast path
 //!   for large dense models).
-//! - [`client`]: the trainer's client ([`PsClient`]): discovery, sharded push and pull,
-//!   initialisation through etcd, retries.
+//! - [`client`]: the trainer's client ([`PsClient`]): connections found through etcd,
+//!   retries, initialisation through etcd, the dense cache, sharded pull and push,
+//!   status and probes.
 //! - [`keys`], [`follow`], [`wire`]: etcd keys, prefix views, floats on the wire.
 //! - [`error`]: errors and their mapping to gRPC status codes.
 
