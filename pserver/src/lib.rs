@@ -16,20 +16,22 @@
 //!   deterministic layout over the shards.
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.
 //! - [`shard`]: a shard's parameters and update logic on its own types (no protobuf, no
-//!   I/O): storage, push validation, the async dedup window, async and sync apply, pulls,
-//!   snapshots, initialisation.
-//! - [`checkpoint`]: checkpoints: [`checkpoint::format`] (the file format),
+//!   I/O), one concern per file: `storage`, `push` (validation), `dedup` (the async
+//!   window), `async_apply`, `sync_apply`, `pull`, `snapshot`, `lifecycle` (`Init`).
+//! - [`checkpoint`]: [`checkpoint::format`] (a checkpoint file's bytes),
 //!   [`checkpoint::dir`] (a shard's files: durable writes, verified reads) and
 //!   [`checkpoint::protocol`] (triggers, parts, manifests, retention and restore through
 //!   etcd).
-//! - [`server`]: the pserver process: configuration, index claim, the service behind the
-//!   lease gate (protobuf converted to the shard's types at its edge), the gRPC adapter,
-//!   the trainer registry followed, the checkpointer, and `run`; `bulk`: the same pushes
-//!   and pulls over plain TCP on the same port, floats outside protobuf (the fast path
-//!   for large dense models).
-//! - [`client`]: the trainer's client ([`PsClient`]): connections found through etcd,
-//!   retries, initialisation through etcd, the dense cache, sharded pull and push,
-//!   status and probes.
+//! - [`server`]: the pserver process: `config`, `claim` (the shard count and the index),
+//!   `service` (the operations behind the lease gate), `convert` (protobuf to the shard's
+//!   types and back, for both transports), `grpc`, `membership` (the trainer registry),
+//!   `checkpointer`, `run`.
+//! - `bulk`: the same pushes and pulls over plain TCP on the same port, floats outside
+//!   protobuf (the fast path for large dense models): the shared framing, `serve` (the
+//!   pserver's side) and `pool` (the client's).
+//! - [`client`]: the trainer's client ([`PsClient`]): `error`, `connection` (shards found
+//!   through etcd), `retry`, `init` (once per job, through etcd), `cache` (the trainer's
+//!   dense copy), `pull`, `push`, `status` (and probes).
 //! - [`keys`], [`follow`], [`wire`]: etcd keys, prefix views, floats on the wire.
 //! - [`error`]: errors and their mapping to gRPC status codes.
 

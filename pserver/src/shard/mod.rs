@@ -25,6 +25,7 @@
 //!   snapshots go.
 //! - `lifecycle`: a shard before and after initialisation ([`Shard`]: `Init`,
 //!   `FinishInit`).
+//! - `testutil` (tests only): a small model, a shard of it, pushes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
