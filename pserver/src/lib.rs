@@ -15,20 +15,28 @@
 //! - [`layout`]: the model spec ([`ModelSpec`], [`ParamConfig`], [`Mode`]) and its
 //!   deterministic layout over the shards.
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.
-//! - [`shard`]: a shard's parameters and update logic (no I/O).
-//! - [`checkpoint`]: the checkpoint file format, durable writes, manifests.
-//! - [`ckpt`]: checkpoint triggers, parts, manifests and restore through etcd.
-//! - [`server`]: the pserver process: index claim, restore, gRPC service, lease gate;
-//!   `bulk`: the same pushes and pulls over plain TCP on the same port, floats outside
-//!   protobuf (the fast path for large dense models).
-//! - [`client`]: the trainer's client ([`PsClient`]): discovery, sharded push and pull,
-//!   initialisation through etcd, retries.
+//! - [`shard`]: a shard's parameters and update logic on its own types (no protobuf, no
+//!   I/O), one concern per file: `storage`, `push` (validation), `dedup` (the async
+//!   window), `async_apply`, `sync_apply`, `pull`, `snapshot`, `lifecycle` (`Init`).
+//! - [`checkpoint`]: [`checkpoint::format`] (a checkpoint file's bytes),
+//!   [`checkpoint::dir`] (a shard's files: durable writes, verified reads) and
+//!   [`checkpoint::protocol`] (triggers, parts, manifests, retention and restore through
+//!   etcd).
+//! - [`server`]: the pserver process: `config`, `claim` (the shard count and the index),
+//!   `service` (the operations behind the lease gate), `convert` (protobuf to the shard's
+//!   types and back, for both transports), `grpc`, `membership` (the trainer registry),
+//!   `checkpointer`, `run`.
+//! - `bulk`: the same pushes and pulls over plain TCP on the same port, floats outside
+//!   protobuf (the fast path for large dense models): the shared framing, `serve` (the
+//!   pserver's side) and `pool` (the client's).
+//! - [`client`]: the trainer's client ([`PsClient`]): `error`, `connection` (shards found
+//!   through etcd), `retry`, `init` (once per job, through etcd), `cache` (the trainer's
+//!   dense copy), `pull`, `push`, `status` (and probes).
 //! - [`keys`], [`follow`], [`wire`]: etcd keys, prefix views, floats on the wire.
 //! - [`error`]: errors and their mapping to gRPC status codes.
 
 mod bulk;
 pub mod checkpoint;
-pub mod ckpt;
 pub mod client;
 pub mod error;
 pub mod follow;
@@ -43,7 +51,7 @@ pub mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use ckpt::{CheckpointConfig, CheckpointEvery};
+pub use checkpoint::{CheckpointConfig, CheckpointEvery};
 pub use client::{
     ClientConfig, DenseCache, DenseInit, InitOutcome, PsClient, PsClientError, PullStats,
     PushOutcome, SparseGrad,

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::CheckpointDir;
-use crate::ckpt::{self, CheckpointConfig, CheckpointEvery};
+use crate::checkpoint::protocol::{self, CheckpointConfig, CheckpointEvery};
 use crate::client::{
     ClientConfig, DenseCache, DenseInit, InitOutcome, PsClient, PsClientError, SparseGrad,
 };
@@ -541,7 +541,7 @@ async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
     // Training goes on after the restore (the optimizer state came back too).
     ps.push("a", 7, &[("w", &vec![1.0; N])], &[]).await.unwrap();
     // Corrupt shard 1's file of step 6, restart: it falls back to step 4.
-    let manifests = ckpt::manifests(&*h.backend, &keys).await.unwrap();
+    let manifests = protocol::manifests(&*h.backend, &keys).await.unwrap();
     let m6 = manifests.iter().find(|m| m.step == 6).unwrap();
     let path = &m6.entry(1).unwrap().path;
     let mut bytes = std::fs::read(path).unwrap();
@@ -604,7 +604,7 @@ async fn async_checkpoints_are_coordinated_by_shard_zero() {
     )
     .await;
     assert!(ok, "no async checkpoint committed");
-    let m = ckpt::manifests(&*h.backend, &keys).await.unwrap();
+    let m = protocol::manifests(&*h.backend, &keys).await.unwrap();
     assert_eq!(m[0].entries.len(), 2);
     assert_eq!(m[0].mode, "async");
     p1.stop().await.unwrap();
@@ -762,7 +762,7 @@ async fn time_based_checkpoints_pick_one_step_for_every_shard() {
             .unwrap();
         step += 1;
     };
-    let m = ckpt::manifests(&*h.backend, &keys).await.unwrap();
+    let m = protocol::manifests(&*h.backend, &keys).await.unwrap();
     assert_eq!(m[0].step, latest);
     assert_eq!(m[0].mode, "sync");
     assert_eq!(m[0].entries.len(), 2);
@@ -1148,12 +1148,12 @@ async fn the_coordinator_commits_a_step_whose_commit_was_lost() {
             crc32c: 0,
             uuid: "u".into(),
         };
-        ckpt::register_part(&*h.backend, &keys, &fence, 7, &entry)
+        protocol::register_part(&*h.backend, &keys, &fence, 7, &entry)
             .await
             .unwrap();
     }
     wait_manifest(&h.backend, &keys, 7).await;
-    let m = ckpt::manifests(&*h.backend, &keys).await.unwrap();
+    let m = protocol::manifests(&*h.backend, &keys).await.unwrap();
     assert_eq!(m[0].step, 7);
     assert_eq!(m[0].entries.len(), 2);
     assert_eq!(m[0].mode, "sync");

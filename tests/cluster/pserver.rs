@@ -5,11 +5,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use edl_coord::testkit::{ChildProcess, child_role};
+use edl_pserver::checkpoint::protocol as ckpt;
 use edl_pserver::client::{DenseCache, DenseInit, PsClient, probe};
 use edl_pserver::error::ErrorKind;
-use edl_pserver::{
-    Mode, OptimizerConfig, ParamConfig, PsClientError, checkpoint, ckpt, keys::PsKeys,
-};
+use edl_pserver::{Mode, OptimizerConfig, ParamConfig, PsClientError, checkpoint, keys::PsKeys};
 use tokio::time::Instant;
 
 use crate::support::{World, wait_until};

@@ -1,5 +1,6 @@
-//! Checkpoints through etcd: when to take them, the per-shard parts, the manifest once
-//! every shard of a step is written, retention, and restore.
+//! The checkpoint protocol through etcd: when checkpoints are taken, the per-shard parts,
+//! the [`Manifest`] once every shard of a step is written, retention, and restore. The
+//! files themselves are [`super::dir`]'s.
 //!
 //! Protocol (keys under `/edl/<job>/checkpoints/`):
 //!
@@ -34,7 +35,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use edl_coord::{Backend, Compare, CompareOp, Fence, KeyValue, Op, Txn, fenced_txn};
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{CheckpointDir, Manifest, ShardEntry, Snapshot};
+use super::dir::{CheckpointDir, ShardEntry};
+use super::format::Snapshot;
 use crate::error::PsError;
 use crate::keys::PsKeys;
 
@@ -98,6 +100,32 @@ pub struct Request {
     pub step: u64,
     /// When it was requested (ms since the Unix epoch).
     pub at_ms: u64,
+}
+
+/// A complete checkpoint: one file per shard, all of the same step
+/// (`checkpoints/<step>` in etcd).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The step.
+    pub step: u64,
+    /// The shard count.
+    pub shards: u32,
+    /// `sync` or `async`.
+    pub mode: String,
+    /// When the manifest was committed (ms since the Unix epoch).
+    pub created_ms: u64,
+    /// One entry per shard, by index.
+    pub entries: Vec<ShardEntry>,
+    /// The task-queue cursor at this step, when the trainers report one (reserved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<serde_json::Value>,
+}
+
+impl Manifest {
+    /// The entry of `shard`.
+    pub fn entry(&self, shard: u32) -> Option<&ShardEntry> {
+        self.entries.iter().find(|e| e.shard == shard)
+    }
 }
 
 pub(crate) fn now_ms() -> u64 {

@@ -1,0 +1,216 @@
+//! The bulk data path: dense pushes and pulls over a plain TCP connection to the
+//! pserver's own port, next to gRPC.
+//!
+//! gRPC moves a message through several buffers (the protobuf encoding, tonic's encode
+//! buffer, tonic's decode buffer, each freshly allocated per message), which caps a
+//! 40 MB push or pull at a fraction of what the socket can carry. The bulk path sends the
+//! same protobuf messages as headers, with the floats after them: the sender writes the
+//! values straight from their buffers, the receiver reads them into a buffer reused from
+//! request to request, and the shard's logic is the same as for gRPC (the values become
+//! zero-copy slices of that buffer). Errors travel as [`pb::BulkError`], built from the
+//! same gRPC status mapping.
+//!
+//! A connection starts with the magic `EDLB` (HTTP/2 starts with `PRI`, TLS with 0x16),
+//! so [`accept`] hands every other connection to the gRPC server. See
+//! `proto/edl/pserver.proto` for the framing.
+//!
+//! Limits, since a peer is unknown until its hello is checked: the hello is short and
+//! read within [`HELLO_TIMEOUT`]; at most `max_bulk_connections` connections are served
+//! at once; once a frame has started, its bytes must keep coming (`io_timeout` between
+//! reads), and buffer space grows with the bytes received, never with a length a peer
+//! announces.
+//!
+//! Layout: this file holds the framing both sides share (constants, reads and writes
+//! bounded in time and memory, errors as [`pb::BulkError`]); `serve` is the pserver's
+//! side (accepting connections on the shared port, serving them through the service);
+//! `pool` is the client's side (connections to one pserver, reused).
+
+use std::io;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use edl_proto::pserver as pb;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tonic::{Code, Status};
+
+use crate::error::{ERROR_KIND_HEADER, NEXT_STEP_HEADER, next_step_of};
+
+mod pool;
+mod serve;
+
+pub(crate) use pool::Pool;
+pub(crate) use serve::accept;
+
+/// The bulk protocol version served.
+pub const VERSION: u32 = 1;
+/// First bytes of a bulk connection.
+pub const MAGIC: &[u8; 4] = b"EDLB";
+
+const KIND_PUSH: u32 = 1;
+pub(crate) const KIND_PULL: u32 = 2;
+pub(crate) const STATUS_OK: u32 = 0;
+pub(crate) const STATUS_ERR: u32 = 1;
+/// Largest protobuf header (block ids and lengths of a large shard fit easily).
+const MAX_HEADER: usize = 16 << 20;
+/// Largest hello (a job name and a token), read before the peer is authenticated.
+const MAX_HELLO: usize = 64 << 10;
+/// Buffer space reserved per read: a peer gets memory as it sends bytes, not as it
+/// announces them.
+const READ_CHUNK: usize = 1 << 20;
+/// Bytes written per timed write.
+const WRITE_CHUNK: usize = 1 << 20;
+/// How long a new connection may take to say what it is.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle bulk connections are closed after this long.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Idle client connections kept per pserver.
+const POOL: usize = 8;
+
+fn u32_at(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn status_to_pb(s: &Status) -> pb::BulkError {
+    pb::BulkError {
+        code: s.code() as i32,
+        message: s.message().to_owned(),
+        kind: s
+            .metadata()
+            .get(ERROR_KIND_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned(),
+        next_step: next_step_of(s).unwrap_or(0),
+    }
+}
+
+fn pb_to_status(e: pb::BulkError) -> Status {
+    let mut s = Status::new(Code::from_i32(e.code), e.message);
+    if let Ok(v) = e.kind.parse()
+        && !e.kind.is_empty()
+    {
+        s.metadata_mut().insert(ERROR_KIND_HEADER, v);
+    }
+    if e.next_step > 0
+        && let Ok(v) = e.next_step.to_string().parse()
+    {
+        s.metadata_mut().insert(NEXT_STEP_HEADER, v);
+    }
+    s
+}
+
+fn stalled(stall: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("peer stalled for {stall:?} in the middle of a frame"),
+    )
+}
+
+/// Reads exactly `n` more bytes into `buf`, each read making progress within `stall`
+/// (if given). Buffer space grows with the bytes received, not with `n`.
+async fn read_into<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+    n: usize,
+    stall: Option<Duration>,
+) -> io::Result<()> {
+    let end = buf
+        .len()
+        .checked_add(n)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "absurd length"))?;
+    while buf.len() < end {
+        let want = end - buf.len();
+        buf.reserve(want.min(READ_CHUNK));
+        let mut limited = (&mut *r).take(want as u64);
+        let read = limited.read_buf(buf);
+        let got = match stall {
+            Some(d) => tokio::time::timeout(d, read)
+                .await
+                .map_err(|_| stalled(d))??,
+            None => read.await?,
+        };
+        if got == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(())
+}
+
+/// Reads a header of `len` bytes, refusing more than `max`.
+async fn read_header<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: usize,
+    max: usize,
+    stall: Option<Duration>,
+) -> io::Result<Vec<u8>> {
+    if len > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("header of {len} bytes (at most {max})"),
+        ));
+    }
+    let mut h = BytesMut::new();
+    read_into(r, &mut h, len, stall).await?;
+    Ok(h.to_vec())
+}
+
+/// Writes `buf`, each chunk within `stall`: a peer that stops reading a response loses
+/// its connection.
+async fn write_all_within<W: AsyncWriteExt + Unpin>(
+    w: &mut W,
+    buf: &[u8],
+    stall: Duration,
+) -> io::Result<()> {
+    for chunk in buf.chunks(WRITE_CHUNK) {
+        tokio::time::timeout(stall, w.write_all(chunk))
+            .await
+            .map_err(|_| stalled(stall))??;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::PsError;
+
+    #[tokio::test]
+    async fn buffers_grow_with_the_bytes_received_not_the_length_announced() {
+        let (mut tx, mut rx) = tokio::io::duplex(1024);
+        tx.write_all(&[7u8; 10]).await.unwrap();
+        drop(tx);
+        let mut buf = BytesMut::new();
+        let err = read_into(&mut rx, &mut buf, 1 << 30, None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(&buf[..], &[7u8; 10]);
+        assert!(buf.capacity() <= 2 * READ_CHUNK, "{}", buf.capacity());
+        // A peer that stops sending in the middle is given up on.
+        let (_tx, mut rx) = tokio::io::duplex(1024);
+        let stall = Some(Duration::from_millis(50));
+        let err = read_into(&mut rx, &mut BytesMut::new(), 10, stall)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        let err = read_header(&mut rx, MAX_HEADER + 1, MAX_HEADER, None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn errors_survive_the_round_trip() {
+        let s: Status = PsError::StaleStep { step: 3, next: 7 }.into();
+        let back = pb_to_status(status_to_pb(&s));
+        assert_eq!(back.code(), Code::Aborted);
+        assert_eq!(back.message(), s.message());
+        assert_eq!(
+            crate::error::ErrorKind::of(&back),
+            Some(crate::error::ErrorKind::StaleStep)
+        );
+        assert_eq!(next_step_of(&back), Some(7));
+        let plain = pb_to_status(status_to_pb(&Status::internal("x")));
+        assert_eq!(crate::error::ErrorKind::of(&plain), None);
+    }
+}

@@ -1,0 +1,263 @@
+//! The client's side of the bulk path: connections to one pserver, each opened with a
+//! hello and kept in a small pool between requests; a pushed request's floats are written
+//! straight from its buffers, a pull's read into a buffer reused from pull to pull. A
+//! refusal leaves the connection usable; any other failure drops it.
+
+use std::io;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use edl_proto::pserver as pb;
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::Status;
+
+use super::{
+    KIND_PULL, KIND_PUSH, MAGIC, MAX_HEADER, POOL, STATUS_OK, VERSION, pb_to_status, read_header,
+    read_into, u32_at,
+};
+use crate::shard::lock;
+
+/// Why a client-side bulk request failed.
+enum Fail {
+    /// The connection is unusable (I/O error, protocol violation).
+    Broken(String),
+    /// The pserver answered with an error; the connection is fine.
+    Refused(Status),
+}
+
+impl From<io::Error> for Fail {
+    fn from(e: io::Error) -> Self {
+        Fail::Broken(e.to_string())
+    }
+}
+
+/// One client connection.
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Conn {
+    async fn connect(addr: &str, job: &str, token: Option<&str>) -> Result<Conn, Fail> {
+        let mut stream = TcpStream::connect(addr).await?;
+        let _ = stream.set_nodelay(true);
+        let hello = pb::BulkHello {
+            job: job.to_owned(),
+            token: token.unwrap_or_default().to_owned(),
+        }
+        .encode_to_vec();
+        let mut head = Vec::with_capacity(12 + hello.len());
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&VERSION.to_le_bytes());
+        head.extend_from_slice(&(hello.len() as u32).to_le_bytes());
+        head.extend_from_slice(&hello);
+        stream.write_all(&head).await?;
+        let mut status = [0u8; 4];
+        stream.read_exact(&mut status).await?;
+        let mut conn = Conn {
+            stream,
+            buf: BytesMut::new(),
+        };
+        if u32_at(&status) != STATUS_OK {
+            let mut len = [0u8; 4];
+            conn.stream.read_exact(&mut len).await?;
+            let body =
+                read_header(&mut conn.stream, u32_at(&len) as usize, MAX_HEADER, None).await?;
+            let e = pb::BulkError::decode(&body[..]).map_err(|e| Fail::Broken(e.to_string()))?;
+            return Err(Fail::Refused(pb_to_status(e)));
+        }
+        Ok(conn)
+    }
+
+    /// Reads a response frame; returns the header of an OK response.
+    async fn response(&mut self) -> Result<Vec<u8>, Fail> {
+        let mut hdr = [0u8; 8];
+        self.stream.read_exact(&mut hdr).await?;
+        let body = read_header(
+            &mut self.stream,
+            u32_at(&hdr[4..8]) as usize,
+            MAX_HEADER,
+            None,
+        )
+        .await?;
+        match u32_at(&hdr[..4]) {
+            STATUS_OK => Ok(body),
+            _ => {
+                let e =
+                    pb::BulkError::decode(&body[..]).map_err(|e| Fail::Broken(e.to_string()))?;
+                Err(Fail::Refused(pb_to_status(e)))
+            }
+        }
+    }
+
+    async fn push(&mut self, req: &pb::PushRequest) -> Result<pb::PushResponse, Fail> {
+        let mut header = req.clone();
+        let dense_bytes = header
+            .dense
+            .iter_mut()
+            .map(|b| std::mem::take(&mut b.values).len() as u32)
+            .collect();
+        let sparse_bytes = header
+            .sparse
+            .iter_mut()
+            .map(|s| std::mem::take(&mut s.values).len() as u32)
+            .collect();
+        let bp = pb::BulkPush {
+            request: Some(header),
+            dense_bytes,
+            sparse_bytes,
+        };
+        let body = bp.encode_to_vec();
+        let mut head = Vec::with_capacity(8 + body.len());
+        head.extend_from_slice(&KIND_PUSH.to_le_bytes());
+        head.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        head.extend_from_slice(&body);
+        self.stream.write_all(&head).await?;
+        for b in &req.dense {
+            self.stream.write_all(&b.values).await?;
+        }
+        for s in &req.sparse {
+            self.stream.write_all(&s.values).await?;
+        }
+        let body = self.response().await?;
+        pb::PushResponse::decode(&body[..]).map_err(|e| Fail::Broken(e.to_string()))
+    }
+
+    async fn pull(&mut self, req: &pb::PullRequest, max: usize) -> Result<pb::PullResponse, Fail> {
+        let body = req.encode_to_vec();
+        let mut head = Vec::with_capacity(8 + body.len());
+        head.extend_from_slice(&KIND_PULL.to_le_bytes());
+        head.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        head.extend_from_slice(&body);
+        self.stream.write_all(&head).await?;
+        let body = self.response().await?;
+        let bp = pb::BulkPull::decode(&body[..]).map_err(|e| Fail::Broken(e.to_string()))?;
+        let mut resp = bp.response.unwrap_or_default();
+        if bp.block_bytes.len() != resp.blocks.len() {
+            return Err(Fail::Broken(
+                "pull header lengths do not match its blocks".into(),
+            ));
+        }
+        let total: u64 = bp.block_bytes.iter().map(|&n| u64::from(n)).sum();
+        if total > max as u64 {
+            return Err(Fail::Broken(format!(
+                "pull of {total} bytes exceeds the limit"
+            )));
+        }
+        self.buf.clear();
+        read_into(&mut self.stream, &mut self.buf, total as usize, None).await?;
+        let mut payload = self.buf.split().freeze();
+        for (b, &n) in resp.blocks.iter_mut().zip(&bp.block_bytes) {
+            b.values = payload.split_to(n as usize);
+        }
+        Ok(resp)
+    }
+}
+
+/// Bulk connections to one pserver, reused across requests.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    addr: String,
+    job: String,
+    token: Option<String>,
+    connect_timeout: Duration,
+    max_message_bytes: usize,
+    idle: Mutex<Vec<Conn>>,
+}
+
+impl Pool {
+    pub(crate) fn new(
+        addr: String,
+        job: String,
+        token: Option<String>,
+        connect_timeout: Duration,
+        max_message_bytes: usize,
+    ) -> Self {
+        Pool {
+            addr,
+            job,
+            token,
+            connect_timeout,
+            max_message_bytes,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    async fn take(&self) -> Result<Conn, Status> {
+        if let Some(c) = lock(&self.idle).pop() {
+            return Ok(c);
+        }
+        let connect = Conn::connect(&self.addr, &self.job, self.token.as_deref());
+        match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(Fail::Refused(s))) => Err(s),
+            Ok(Err(Fail::Broken(e))) => Err(Status::unavailable(format!(
+                "bulk connection to {}: {e}",
+                self.addr
+            ))),
+            Err(_) => Err(Status::unavailable(format!(
+                "bulk connection to {} timed out",
+                self.addr
+            ))),
+        }
+    }
+
+    fn put(&self, c: Conn) {
+        let mut idle = lock(&self.idle);
+        if idle.len() < POOL {
+            idle.push(c);
+        }
+    }
+
+    fn finish<R>(
+        &self,
+        c: Conn,
+        r: Result<Result<R, Fail>, tokio::time::error::Elapsed>,
+    ) -> Result<R, Status> {
+        match r {
+            Ok(Ok(v)) => {
+                self.put(c);
+                Ok(v)
+            }
+            Ok(Err(Fail::Refused(s))) => {
+                self.put(c);
+                Err(s)
+            }
+            Ok(Err(Fail::Broken(e))) => Err(Status::unavailable(format!(
+                "bulk connection to {}: {e}",
+                self.addr
+            ))),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "bulk request to {} timed out",
+                self.addr
+            ))),
+        }
+    }
+
+    /// Pushes over a pooled connection.
+    pub(crate) async fn push(
+        &self,
+        req: pb::PushRequest,
+        timeout: Duration,
+    ) -> Result<pb::PushResponse, Status> {
+        let mut c = self.take().await?;
+        let r = tokio::time::timeout(timeout, c.push(&req)).await;
+        self.finish(c, r)
+    }
+
+    /// Pulls over a pooled connection.
+    pub(crate) async fn pull(
+        &self,
+        req: pb::PullRequest,
+        timeout: Duration,
+    ) -> Result<pb::PullResponse, Status> {
+        let mut c = self.take().await?;
+        let max = self.max_message_bytes;
+        let r = tokio::time::timeout(timeout, c.pull(&req, max)).await;
+        self.finish(c, r)
+    }
+}

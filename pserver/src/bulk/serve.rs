@@ -1,0 +1,245 @@
+//! The pserver's side of the bulk path: [`accept`] tells bulk connections from gRPC ones
+//! by their first byte, bounds how many are served at once, and serves each: a hello
+//! (job and token, checked like gRPC's headers), then push and pull frames handed to the
+//! service, which converts them as it does gRPC requests.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use edl_proto::pserver as pb;
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tracing::Instrument as _;
+
+use super::{
+    HELLO_TIMEOUT, IDLE_TIMEOUT, KIND_PULL, KIND_PUSH, MAGIC, MAX_HEADER, MAX_HELLO, STATUS_ERR,
+    STATUS_OK, VERSION, read_header, read_into, status_to_pb, u32_at, write_all_within,
+};
+use crate::error::PsError;
+use crate::server::Service;
+
+/// Accepts connections on the pserver's port until `stop` fires: bulk connections are
+/// served here, at most as many at once as `bulk_slots` has permits (more are closed at
+/// once; their clients retry), the others go to the gRPC server through `grpc`.
+pub(crate) async fn accept(
+    listener: TcpListener,
+    svc: Arc<Service>,
+    grpc: mpsc::Sender<io::Result<TcpStream>>,
+    bulk_slots: Arc<Semaphore>,
+    stop: CancellationToken,
+) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let (svc, grpc, slots) = (svc.clone(), grpc.clone(), bulk_slots.clone());
+        tokio::spawn(
+            async move {
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await {
+                    Ok(Ok(1)) if first[0] == MAGIC[0] => {
+                        let Ok(_slot) = slots.try_acquire_owned() else {
+                            tracing::warn!(%peer, "too many bulk connections; closing a new one");
+                            return;
+                        };
+                        if let Err(e) = serve(stream, svc).await {
+                            tracing::debug!(%peer, error = %e, "bulk connection ended");
+                        }
+                    }
+                    Ok(Ok(n)) if n > 0 => {
+                        let _ = grpc.send(Ok(stream)).await;
+                    }
+                    _ => {}
+                }
+            }
+            .in_current_span(),
+        );
+    }
+}
+
+async fn write_frame<W: AsyncWriteExt + Unpin>(
+    w: &mut W,
+    status: u32,
+    msg: &impl Message,
+) -> io::Result<()> {
+    let body = msg.encode_to_vec();
+    let mut head = Vec::with_capacity(8 + body.len());
+    head.extend_from_slice(&status.to_le_bytes());
+    head.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    head.extend_from_slice(&body);
+    // A frame is small next to the socket buffers; a peer that reads none of it for this
+    // long is gone.
+    write_all_within(w, &head, crate::server::DEFAULT_IO_TIMEOUT).await
+}
+
+async fn write_error<W: AsyncWriteExt + Unpin>(w: &mut W, e: PsError) -> io::Result<()> {
+    let status: Status = e.into();
+    write_frame(w, STATUS_ERR, &status_to_pb(&status)).await
+}
+
+fn invalid(msg: impl Into<String>) -> PsError {
+    PsError::InvalidArgument(msg.into())
+}
+
+/// Reads the hello of a new connection: magic, version, then the job and token (at most
+/// [`MAX_HELLO`] bytes, all within [`HELLO_TIMEOUT`]). `Ok(Err(_))`: refused, tell the
+/// peer.
+async fn read_hello(stream: &mut TcpStream) -> io::Result<Result<pb::BulkHello, PsError>> {
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).await?;
+    if &head[..4] != MAGIC {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "bad magic"));
+    }
+    if u32_at(&head[4..8]) != VERSION {
+        return Ok(Err(invalid(format!(
+            "bulk protocol version {} (this pserver speaks {VERSION})",
+            u32_at(&head[4..8])
+        ))));
+    }
+    let len = u32_at(&head[8..12]) as usize;
+    if len > MAX_HELLO {
+        return Ok(Err(invalid(format!(
+            "bulk hello of {len} bytes (at most {MAX_HELLO})"
+        ))));
+    }
+    let hello = read_header(stream, len, MAX_HELLO, None).await?;
+    Ok(pb::BulkHello::decode(&hello[..]).map_err(|e| invalid(format!("bad bulk hello: {e}"))))
+}
+
+/// Serves one bulk connection.
+async fn serve(mut stream: TcpStream, svc: Arc<Service>) -> io::Result<()> {
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no hello"))??;
+    let hello = match hello {
+        Ok(h) => h,
+        Err(e) => return write_error(&mut stream, e).await,
+    };
+    let token = (!hello.token.is_empty()).then_some(hello.token.as_str());
+    if let Err(e) = svc.authorize(&hello.job, token) {
+        return write_error(&mut stream, e).await;
+    }
+    stream.write_all(&STATUS_OK.to_le_bytes()).await?;
+    let stall = svc.io_timeout();
+    let mut buf = BytesMut::new();
+    loop {
+        let mut hdr = [0u8; 8];
+        tokio::select! {
+            _ = svc.stopped().cancelled() => return Ok(()),
+            r = tokio::time::timeout(IDLE_TIMEOUT, stream.read_exact(&mut hdr)) => match r {
+                Err(_) => return Ok(()),
+                Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(_)) => {}
+            },
+        }
+        let header = read_header(
+            &mut stream,
+            u32_at(&hdr[4..8]) as usize,
+            MAX_HEADER,
+            Some(stall),
+        )
+        .await?;
+        if let Err(e) = svc.serving() {
+            write_error(&mut stream, e).await?;
+            return Ok(());
+        }
+        match u32_at(&hdr[..4]) {
+            KIND_PUSH => {
+                let bp = match pb::BulkPush::decode(&header[..]) {
+                    Ok(bp) => bp,
+                    Err(e) => {
+                        return write_error(&mut stream, invalid(format!("bad push header: {e}")))
+                            .await;
+                    }
+                };
+                let mut req = bp.request.unwrap_or_default();
+                if bp.dense_bytes.len() != req.dense.len()
+                    || bp.sparse_bytes.len() != req.sparse.len()
+                {
+                    return write_error(
+                        &mut stream,
+                        invalid("push header lengths do not match its blocks"),
+                    )
+                    .await;
+                }
+                let total: u64 = bp
+                    .dense_bytes
+                    .iter()
+                    .chain(&bp.sparse_bytes)
+                    .map(|&n| u64::from(n))
+                    .sum();
+                if total > svc.max_message_bytes() as u64 {
+                    let e = invalid(format!(
+                        "push of {total} bytes exceeds the {} byte limit",
+                        svc.max_message_bytes()
+                    ));
+                    return write_error(&mut stream, e).await;
+                }
+                buf.clear();
+                read_into(&mut stream, &mut buf, total as usize, Some(stall)).await?;
+                let mut payload: Bytes = buf.split().freeze();
+                for (b, &n) in req.dense.iter_mut().zip(&bp.dense_bytes) {
+                    b.values = payload.split_to(n as usize);
+                }
+                for (s, &n) in req.sparse.iter_mut().zip(&bp.sparse_bytes) {
+                    s.values = payload.split_to(n as usize);
+                }
+                // `push` checks again that we serve (the payload may have been slow).
+                match svc.push(req).await {
+                    Ok(resp) => write_frame(&mut stream, STATUS_OK, &resp).await?,
+                    Err(e) => write_error(&mut stream, e).await?,
+                }
+            }
+            KIND_PULL => {
+                let req = match pb::PullRequest::decode(&header[..]) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        return write_error(&mut stream, invalid(format!("bad pull header: {e}")))
+                            .await;
+                    }
+                };
+                match svc.pull(req).await {
+                    Ok(mut resp) => {
+                        let payloads: Vec<Bytes> = resp
+                            .blocks
+                            .iter_mut()
+                            .map(|b| std::mem::take(&mut b.values))
+                            .collect();
+                        let bp = pb::BulkPull {
+                            block_bytes: payloads.iter().map(|p| p.len() as u32).collect(),
+                            response: Some(resp),
+                        };
+                        write_frame(&mut stream, STATUS_OK, &bp).await?;
+                        for p in &payloads {
+                            write_all_within(&mut stream, p, stall).await?;
+                        }
+                    }
+                    Err(e) => write_error(&mut stream, e).await?,
+                }
+            }
+            other => {
+                return write_error(
+                    &mut stream,
+                    invalid(format!("unknown bulk request kind {other}")),
+                )
+                .await;
+            }
+        }
+    }
+}

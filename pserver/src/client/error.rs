@@ -1,0 +1,106 @@
+//! Why a client call failed, and the pserver's error kind of a refusal.
+
+use std::time::Duration;
+
+use tonic::Code;
+
+use crate::error::ErrorKind;
+use crate::layout::SpecError;
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PsClientError {
+    /// A shard did not answer within the call's retry budget.
+    #[error("shard {shard} of job {job} unreachable for {waited:?}: {last}")]
+    Unavailable {
+        /// The job.
+        job: String,
+        /// The shard.
+        shard: u32,
+        /// How long the call tried.
+        waited: Duration,
+        /// The last error seen.
+        last: String,
+    },
+    /// A pserver refused the call (malformed request, NaN gradients, ...); retrying will
+    /// not help.
+    #[error("shard {shard} refused: {status}")]
+    Refused {
+        /// The shard.
+        shard: u32,
+        /// The status.
+        status: tonic::Status,
+    },
+    /// The arguments do not fit the model (unknown parameter, wrong length, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Sync mode: the step was applied without this push; pull and push `next`.
+    #[error("step {step} was already applied without this trainer; the next step is {next}")]
+    StaleStep {
+        /// The step pushed.
+        step: u64,
+        /// The step to push next.
+        next: u64,
+    },
+    /// A pserver probed directly refused or failed the call.
+    #[error("the pserver at {addr} refused: {status}")]
+    ProbeRefused {
+        /// The address.
+        addr: String,
+        /// The status.
+        status: tonic::Status,
+    },
+    /// A pserver could not be reached at all (direct probes).
+    #[error("cannot reach the pserver at {addr}: {msg}")]
+    Connect {
+        /// The address.
+        addr: String,
+        /// What failed.
+        msg: String,
+    },
+    /// No trainer initialised the parameters yet.
+    #[error("the parameters of job {0} are not initialised yet")]
+    NotInitialised(String),
+    /// The job was initialised with another model spec.
+    #[error("the job's parameters were initialised with another model spec: {0}")]
+    SpecMismatch(String),
+    /// The spec is invalid.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// etcd failed.
+    #[error("etcd: {0}")]
+    Coord(edl_coord::Error),
+    /// Cancelled.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+// The message includes the cause's text, so the cause is not also its `source()`
+// (a report of the chain would say it twice).
+impl From<edl_coord::Error> for PsClientError {
+    fn from(e: edl_coord::Error) -> Self {
+        PsClientError::Coord(e)
+    }
+}
+
+impl PsClientError {
+    /// The gRPC code of a refusal.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            PsClientError::Refused { status, .. } | PsClientError::ProbeRefused { status, .. } => {
+                Some(status.code())
+            }
+            _ => None,
+        }
+    }
+
+    /// The pserver's error kind of a refusal.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            PsClientError::Refused { status, .. } | PsClientError::ProbeRefused { status, .. } => {
+                ErrorKind::of(status)
+            }
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The trainer's pserver client: finds the shards through etcd, maps blocks and rows to
+//! shards, pushes and pulls to every shard in parallel, follows a shard to its new
+//! address when `ps/<i>` changes, and retries idempotently.
+//!
+//! ```no_run
+//! # async fn demo(backend: std::sync::Arc<dyn edl_coord::Backend>) -> Result<(), edl_pserver::PsClientError> {
+//! use edl_pserver::client::{ClientConfig, DenseCache, DenseInit, PsClient};
+//! use edl_pserver::{Mode, OptimizerConfig, ParamConfig};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let ps = PsClient::connect(backend, ClientConfig::new("job1"), CancellationToken::new()).await?;
+//! let w = vec![0.0f32; 784 * 10];
+//! let dense = [DenseInit { name: "w", shape: &[784, 10], values: &w }];
+//! let cfg = ParamConfig::new(Mode::sync(), OptimizerConfig::adam(1e-3));
+//! // Exactly one trainer initialises; the others get `AlreadyInitialised`.
+//! ps.init("trainer-0", &dense, &[], cfg).await?;
+//! let mut cache = DenseCache::new();
+//! let mut step = ps.pull_dense(&mut cache).await?.next_step;
+//! loop {
+//!     let grad = vec![0.01f32; 784 * 10]; // computed on cache.get("w")
+//!     let outcome = ps.push("trainer-0", step, &[("w", &grad)], &[]).await?;
+//!     step = outcome.step + 1;
+//!     ps.pull_dense(&mut cache).await?; // only changed blocks travel
+//! #   break;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Retries are safe: a push carries (trainer, session, step) and a pserver applies each
+//! at most once; pulls and status calls are read-only; `Init` is idempotent.
+//!
+//! Layout (each part adds the methods of one concern to [`PsClient`]):
+//! - `error`: [`PsClientError`], and whether a refusal can be retried.
+//! - `connection`: finding a shard's pserver in `ps/` and connecting to it (gRPC, and
+//!   the bulk path when it offers one); a call in flight is abandoned when the shard
+//!   moves.
+//! - `retry`: one call to one shard, retried until `retry_for` ends, and how each kind
+//!   of refusal is treated.
+//! - `init`: initialising the parameters once for the job (an etcd election among the
+//!   trainers) and the job's layout.
+//! - `cache`: the trainer's copy of the dense parameters ([`DenseCache`]).
+//! - `pull`: dense blocks that changed and sparse rows, from every shard in parallel.
+//! - `push`: gradients to every shard in parallel, and `Leave`.
+//! - `status`: shard status through etcd, and [`probe`] of one address.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::Backend;
+use tokio::sync::{Mutex, RwLock, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::follow::{PrefixView, follow_prefix};
+use crate::keys::{PsKeys, valid_id};
+use crate::layout::Layout;
+use crate::server::DEFAULT_MAX_MESSAGE_BYTES;
+
+mod cache;
+mod connection;
+mod error;
+mod init;
+mod pull;
+mod push;
+mod retry;
+mod status;
+
+pub use cache::{DenseCache, DenseParam};
+pub use error::PsClientError;
+pub use init::{DenseInit, InitOutcome, InitRecord};
+pub use pull::PullStats;
+pub use push::{PushOutcome, SparseGrad};
+pub use status::probe;
+
+use connection::Conn;
+
+type Result<T, E = PsClientError> = std::result::Result<T, E>;
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// The job.
+    pub job: String,
+    /// The job token, if the job has one.
+    pub token: Option<String>,
+    /// How long one call keeps retrying (reconnecting, waiting for a replacement
+    /// pserver) before it gives up.
+    pub retry_for: Duration,
+    /// Connect timeout to a pserver.
+    pub connect_timeout: Duration,
+    /// Deadline of one attempt of a call (large pushes and pulls included).
+    pub call_timeout: Duration,
+    /// Sync mode: how long one push call may wait for its step on the server before the
+    /// client asks again.
+    pub sync_wait: Duration,
+    /// TTL of the lease held while initialising (a dead initialiser is replaced within it).
+    pub init_lease_ttl: Duration,
+    /// Largest message sent or received.
+    pub max_message_bytes: usize,
+    /// Largest `Init` message (bigger shards are sent in several).
+    pub init_chunk_bytes: usize,
+    /// Moves dense pushes and pulls over the pservers' bulk path (plain TCP on the same
+    /// port, floats outside protobuf) when they offer it; gRPC otherwise.
+    pub bulk: bool,
+}
+
+impl ClientConfig {
+    /// Defaults for job `job`: retry for 60 s, connect 3 s, calls 60 s, sync wait 10 s.
+    pub fn new(job: impl Into<String>) -> Self {
+        ClientConfig {
+            job: job.into(),
+            token: None,
+            retry_for: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(3),
+            call_timeout: Duration::from_secs(60),
+            sync_wait: Duration::from_secs(10),
+            init_lease_ttl: Duration::from_secs(5),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            init_chunk_bytes: 64 << 20,
+            bulk: true,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: ClientConfig,
+    backend: Arc<dyn Backend>,
+    keys: PsKeys,
+    shards: u32,
+    view: watch::Receiver<Arc<PrefixView>>,
+    conns: Mutex<HashMap<u32, Conn>>,
+    layout: RwLock<Option<Arc<Layout>>>,
+    session: u64,
+    cancel: CancellationToken,
+}
+
+/// A client of a job's pservers. Cheap to clone (shared connections).
+#[derive(Debug, Clone)]
+pub struct PsClient {
+    inner: Arc<Inner>,
+}
+
+impl PsClient {
+    /// Connects to the pservers of `cfg.job` through etcd: reads the shard count
+    /// (`ps/desired`, waiting up to `retry_for` for it) and follows `ps/<i>`.
+    pub async fn connect(
+        backend: Arc<dyn Backend>,
+        cfg: ClientConfig,
+        cancel: CancellationToken,
+    ) -> Result<PsClient> {
+        if !valid_id(&cfg.job) {
+            return Err(PsClientError::InvalidArgument(format!(
+                "invalid job name {:?}",
+                cfg.job
+            )));
+        }
+        let keys = PsKeys::new(&cfg.job);
+        let start = Instant::now();
+        let shards = loop {
+            if let Some(kv) = backend.get(&keys.desired()).await? {
+                match std::str::from_utf8(&kv.value)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok())
+                    .filter(|n| *n > 0)
+                {
+                    Some(n) => break n,
+                    None => {
+                        return Err(PsClientError::InvalidArgument(format!(
+                            "{} holds {:?}, not a shard count",
+                            keys.desired(),
+                            String::from_utf8_lossy(&kv.value)
+                        )));
+                    }
+                }
+            }
+            if start.elapsed() >= cfg.retry_for {
+                return Err(PsClientError::Unavailable {
+                    job: cfg.job.clone(),
+                    shard: 0,
+                    waited: start.elapsed(),
+                    last: format!("{} is not set (no pserver started)", keys.desired()),
+                });
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(PsClientError::Cancelled),
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        };
+        let view = follow_prefix(backend.clone(), keys.ps_prefix(), cancel.child_token());
+        Ok(PsClient {
+            inner: Arc::new(Inner {
+                cfg,
+                backend,
+                keys,
+                shards,
+                view,
+                conns: Mutex::new(HashMap::new()),
+                layout: RwLock::new(None),
+                session: rand::random::<u64>() | 1,
+                cancel,
+            }),
+        })
+    }
+
+    /// The shard count.
+    pub fn shards(&self) -> u32 {
+        self.inner.shards
+    }
+
+    /// This client's push session (random; a new client starts a new sequence of steps).
+    pub fn session(&self) -> u64 {
+        self.inner.session
+    }
+}

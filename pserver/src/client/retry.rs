@@ -1,0 +1,130 @@
+//! One call to one shard, retried: transient failures (unreachable, moved, not serving)
+//! are retried at the shard's current pserver with a bounded backoff until the call's
+//! `retry_for` ends; each caller says how the refusals it expects are treated (a retry,
+//! or a specific error).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::Code;
+
+use super::connection::Target;
+use super::{PsClient, PsClientError, Result};
+use crate::error::{ErrorKind, next_step_of};
+
+/// Codes worth retrying (possibly at a replacement pserver).
+fn retryable(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
+    ) || ErrorKind::of(s) == Some(ErrorKind::NotServing)
+}
+
+/// How one attempt of a call ended.
+pub(super) enum Attempt<R> {
+    Done(R),
+    Retry(String),
+    Fail(PsClientError),
+}
+
+impl PsClient {
+    /// Runs `op` on shard `shard`, retrying transient failures (reconnecting to the
+    /// shard's current holder) until `retry_for` ends. `classify` may turn a refusal into
+    /// a retry or a specific error.
+    pub(super) async fn call<T, R, F, Fut>(
+        &self,
+        shard: u32,
+        msg: T,
+        timeout: Duration,
+        op: F,
+        classify: impl Fn(&tonic::Status) -> Option<Attempt<R>>,
+    ) -> Result<R>
+    where
+        T: Clone,
+        F: Fn(Target, tonic::Request<T>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let start = Instant::now();
+        let until = start + self.inner.cfg.retry_for;
+        let mut delay = Duration::from_millis(20);
+        loop {
+            if self.inner.cancel.is_cancelled() {
+                return Err(PsClientError::Cancelled);
+            }
+            let attempt = match self.client(shard, until).await {
+                Ok((c, revision)) => match tokio::select! {
+                    r = op(c, self.request(msg.clone(), timeout)) => Some(r),
+                    _ = self.moved(shard, revision) => None,
+                } {
+                    None => {
+                        self.inner.conns.lock().await.remove(&shard);
+                        Attempt::Retry(format!("shard {shard} moved to another pserver"))
+                    }
+                    Some(Ok(resp)) => Attempt::Done(resp.into_inner()),
+                    Some(Err(s)) => match classify(&s) {
+                        Some(a) => a,
+                        None if retryable(&s) => {
+                            // The shard may have moved: reconnect on the next attempt.
+                            self.inner.conns.lock().await.remove(&shard);
+                            Attempt::Retry(format!("{}: {}", s.code(), s.message()))
+                        }
+                        None => Attempt::Fail(PsClientError::Refused { shard, status: s }),
+                    },
+                },
+                Err(e) => Attempt::Retry(e),
+            };
+            let last = match attempt {
+                Attempt::Done(r) => return Ok(r),
+                Attempt::Fail(e) => return Err(e),
+                Attempt::Retry(last) => last,
+            };
+            let now = Instant::now();
+            if now >= until {
+                return Err(PsClientError::Unavailable {
+                    job: self.inner.cfg.job.clone(),
+                    shard,
+                    waited: now - start,
+                    last,
+                });
+            }
+            tracing::debug!(shard, error = %last, "pserver call failed; retrying");
+            tokio::select! {
+                _ = self.inner.cancel.cancelled() => return Err(PsClientError::Cancelled),
+                _ = tokio::time::sleep(delay.min(until - now)) => {}
+            }
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+    }
+}
+
+pub(super) fn spec_mismatch<R>(s: &tonic::Status, shard: u32) -> Option<Attempt<R>> {
+    (ErrorKind::of(s) == Some(ErrorKind::SpecMismatch)).then(|| {
+        Attempt::Fail(PsClientError::SpecMismatch(format!(
+            "shard {shard}: {}",
+            s.message()
+        )))
+    })
+}
+
+pub(super) fn uninitialised<R>(s: &tonic::Status, shard: u32) -> Option<Attempt<R>> {
+    (ErrorKind::of(s) == Some(ErrorKind::Uninitialised)).then(|| {
+        Attempt::Fail(PsClientError::Refused {
+            shard,
+            status: s.clone(),
+        })
+    })
+}
+
+pub(super) fn push_refusal<R>(s: &tonic::Status, shard: u32, step: u64) -> Option<Attempt<R>> {
+    match ErrorKind::of(s) {
+        Some(ErrorKind::StaleStep) => Some(Attempt::Fail(PsClientError::StaleStep {
+            step,
+            next: next_step_of(s).unwrap_or(step + 1),
+        })),
+        // Another trainer's pull initialises a shard that lost its parameters.
+        Some(ErrorKind::Uninitialised) => Some(Attempt::Retry(format!(
+            "shard {shard} has no parameters yet"
+        ))),
+        _ => None,
+    }
+}

@@ -1,0 +1,78 @@
+//! Pserver configuration, and the limits of its transports shared with the client.
+
+use std::time::Duration;
+
+use crate::checkpoint::CheckpointConfig;
+
+/// Default largest message: a push or pull of a whole shard of a large model fits.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1 << 30;
+/// Longest a sync push waits for its step in one call.
+pub const MAX_PUSH_WAIT: Duration = Duration::from_secs(30);
+/// HTTP/2 flow-control windows: large, so that one stream moves tens of MB at full speed.
+pub const STREAM_WINDOW: u32 = 16 << 20;
+/// HTTP/2 connection window.
+pub const CONNECTION_WINDOW: u32 = 64 << 20;
+/// Largest HTTP/2 frame we accept: large frames mean few, large socket reads.
+pub const MAX_FRAME: u32 = 4 << 20;
+/// Default bound on bulk-path connections served at once.
+pub const DEFAULT_MAX_BULK_CONNECTIONS: usize = 1024;
+/// Default longest stall of a peer in the middle of a bulk request or response.
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Which shard index to claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexChoice {
+    /// The lowest free index (waiting for one when all are held).
+    Auto,
+    /// This index (waiting while another pserver holds it).
+    Fixed(u32),
+}
+
+/// Pserver configuration.
+#[derive(Debug, Clone)]
+pub struct PsConfig {
+    /// The job (the etcd prefix `/edl/<job>/`).
+    pub job: String,
+    /// The shared job token every request must carry, if set.
+    pub token: Option<String>,
+    /// The address clients reach this pserver at; defaults to the listener's address.
+    pub advertise: Option<String>,
+    /// TTL of the pserver's lease: a dead pserver's index frees within about this long.
+    pub lease_ttl: Duration,
+    /// The index to claim.
+    pub index: IndexChoice,
+    /// The shard count: creates `ps/desired` when absent, must match it otherwise.
+    /// `None`: read `ps/desired` (it must exist).
+    pub shards: Option<u32>,
+    /// Checkpoints, if any.
+    pub checkpoint: Option<CheckpointConfig>,
+    /// Largest gRPC message (a push or pull of one shard).
+    pub max_message_bytes: usize,
+    /// Pushes and pulls processed at once (CPU-bound work on blocking threads).
+    pub workers: usize,
+    /// Bulk-path connections served at once; more are closed at once (the clients
+    /// retry).
+    pub max_bulk_connections: usize,
+    /// Longest a bulk-path peer may stall in the middle of a request (between the bytes
+    /// of one frame) or of reading a response, before its connection is closed.
+    pub io_timeout: Duration,
+}
+
+impl PsConfig {
+    /// Defaults for job `job`: auto index, 5 s lease, no checkpoints.
+    pub fn new(job: impl Into<String>) -> Self {
+        PsConfig {
+            job: job.into(),
+            token: None,
+            advertise: None,
+            lease_ttl: Duration::from_secs(5),
+            index: IndexChoice::Auto,
+            shards: None,
+            checkpoint: None,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            workers: std::thread::available_parallelism().map_or(4, |n| n.get()),
+            max_bulk_connections: DEFAULT_MAX_BULK_CONNECTIONS,
+            io_timeout: DEFAULT_IO_TIMEOUT,
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The gRPC adapter over the pserver's operations: reads the job and token headers and
+//! hands each call to the service.
+
+use std::sync::Arc;
+
+use edl_proto::pserver as pb;
+use tonic::{Request, Response, Status};
+
+use super::service::Service;
+
+/// The gRPC adapter over the pserver's operations.
+#[derive(Debug, Clone)]
+pub struct PsGrpc {
+    pub(super) svc: Arc<Service>,
+}
+
+impl PsGrpc {
+    fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let md = req.metadata();
+        let job = md
+            .get(edl_proto::JOB_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let token = md
+            .get(edl_proto::TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok());
+        Ok(self.svc.authorize(job, token)?)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::parameter_server_server::ParameterServer for PsGrpc {
+    async fn init(
+        &self,
+        req: Request<pb::InitRequest>,
+    ) -> Result<Response<pb::InitResponse>, Status> {
+        self.check(&req)?;
+        Ok(Response::new(self.svc.init(req.into_inner()).await?))
+    }
+
+    async fn finish_init(
+        &self,
+        req: Request<pb::FinishInitRequest>,
+    ) -> Result<Response<pb::FinishInitResponse>, Status> {
+        self.check(&req)?;
+        Ok(Response::new(self.svc.finish_init(req.into_inner()).await?))
+    }
+
+    async fn push(
+        &self,
+        req: Request<pb::PushRequest>,
+    ) -> Result<Response<pb::PushResponse>, Status> {
+        self.check(&req)?;
+        Ok(Response::new(self.svc.push(req.into_inner()).await?))
+    }
+
+    async fn pull(
+        &self,
+        req: Request<pb::PullRequest>,
+    ) -> Result<Response<pb::PullResponse>, Status> {
+        self.check(&req)?;
+        Ok(Response::new(self.svc.pull(req.into_inner()).await?))
+    }
+
+    async fn pull_sparse(
+        &self,
+        req: Request<pb::PullSparseRequest>,
+    ) -> Result<Response<pb::PullSparseResponse>, Status> {
+        self.check(&req)?;
+        Ok(Response::new(self.svc.pull_sparse(req.into_inner()).await?))
+    }
+
+    async fn leave(
+        &self,
+        req: Request<pb::LeaveRequest>,
+    ) -> Result<Response<pb::LeaveResponse>, Status> {
+        self.check(&req)?;
+        Ok(Response::new(self.svc.leave(req.into_inner()).await?))
+    }
+
+    async fn status(
+        &self,
+        req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        self.check(&req)?;
+        Ok(Response::new(self.svc.status()))
+    }
+}

@@ -1,0 +1,36 @@
+//! The pserver process: claims a shard index in etcd, restores its latest checkpoint,
+//! serves the gRPC API, follows the trainer registry (sync mode), and checkpoints in the
+//! background.
+//!
+//! A pserver serves only while its etcd lease is valid by its own clock: every RPC checks
+//! the lease before it starts and again before it answers, so a pserver that was paused
+//! past its TTL (and replaced) answers nothing once it runs again, and exits.
+//!
+//! Layout:
+//! - `config`: [`PsConfig`], [`IndexChoice`] and the transport's limits.
+//! - `claim`: the job's shard count (`ps/desired`) and the claim of `ps/<index>`
+//!   ([`PsRecord`]).
+//! - `service`: the pserver's operations whatever the transport, behind the lease gate.
+//! - `convert`: protobuf to the shard's types and back, once for both transports.
+//! - `grpc`: the gRPC adapter ([`PsGrpc`]).
+//! - `membership`: the trainer registry followed (the trainers a sync step expects).
+//! - `checkpointer`: the background checkpoint writer, and the coordinator on shard 0.
+//! - `run`: startup, serving and shutdown ([`run`](fn@run)).
+
+mod checkpointer;
+mod claim;
+mod config;
+mod convert;
+mod grpc;
+mod membership;
+mod run;
+mod service;
+
+pub use claim::PsRecord;
+pub use config::{
+    CONNECTION_WINDOW, DEFAULT_IO_TIMEOUT, DEFAULT_MAX_BULK_CONNECTIONS, DEFAULT_MAX_MESSAGE_BYTES,
+    IndexChoice, MAX_FRAME, MAX_PUSH_WAIT, PsConfig, STREAM_WINDOW,
+};
+pub use grpc::PsGrpc;
+pub use run::run;
+pub(crate) use service::Service;

@@ -1,0 +1,282 @@
+//! A pserver's life: resolve the shard count, claim an index under a lease, restore the
+//! latest checkpoint, list the registered trainers, then serve gRPC and the bulk path on
+//! one port, follow the registry and checkpoint in the background until shutdown or the
+//! lease is lost; then stop serving, wait for the tasks, and free the index.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{
+    Backend, Lease, Op, Registry, RetryPolicy, Txn, claim_index_wait, fenced_txn, retry_cancellable,
+};
+use edl_proto::pserver as pb;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use super::checkpointer::Checkpointer;
+use super::claim::{PsRecord, claim_fixed, resolve_desired};
+use super::config::{CONNECTION_WINDOW, IndexChoice, MAX_FRAME, PsConfig, STREAM_WINDOW};
+use super::grpc::PsGrpc;
+use super::membership::{Members, follow_trainers};
+use super::service::{Gate, Service};
+use crate::checkpoint::protocol;
+use crate::checkpoint::{CheckpointDir, CheckpointEvery};
+use crate::error::PsError;
+use crate::keys::{PsKeys, valid_id};
+use crate::shard::{CheckpointHooks, Shard, ShardCore};
+
+/// Runs a pserver on `listener` until `shutdown` fires. Returns
+/// [`PsError::LeaseLost`] if the lease was lost (the pserver stopped serving at once;
+/// the caller should exit and let a fresh process restore from the checkpoint).
+pub async fn run(
+    backend: Arc<dyn Backend>,
+    cfg: PsConfig,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), PsError> {
+    if !valid_id(&cfg.job) {
+        return Err(PsError::Config(format!("invalid job name {:?}", cfg.job)));
+    }
+    let local: SocketAddr = listener
+        .local_addr()
+        .map_err(|e| PsError::Config(format!("listener address: {e}")))?;
+    let advertise = cfg.advertise.clone().unwrap_or_else(|| local.to_string());
+    let keys = PsKeys::new(&cfg.job);
+    let policy = RetryPolicy::default();
+    let shards = retry_cancellable(&policy, &shutdown, || {
+        resolve_desired(&*backend, &keys, cfg.shards)
+    })
+    .await??;
+    if let IndexChoice::Fixed(i) = cfg.index
+        && i >= shards
+    {
+        return Err(PsError::Config(format!(
+            "index {i} is out of range: the job has {shards} shards"
+        )));
+    }
+    // The lease is revoked explicitly at the end, after serving stopped; its own token
+    // makes sure it ends on every path.
+    let lease_cancel = CancellationToken::new();
+    let _lease_guard = lease_cancel.clone().drop_guard();
+    let lease = Arc::new(Lease::grant(backend.clone(), cfg.lease_ttl, lease_cancel.clone()).await?);
+    let mut record = PsRecord {
+        addr: advertise.clone(),
+        claim_revision: 0,
+        bulk: crate::bulk::VERSION,
+        pid: std::process::id(),
+        started_ms: protocol::now_ms(),
+    };
+    let value = serde_json::to_vec(&record).unwrap_or_default();
+    let claim = match cfg.index {
+        IndexChoice::Auto => claim_index_wait(
+            &*backend,
+            &keys.ps_prefix(),
+            shards,
+            value,
+            &lease,
+            &shutdown,
+        )
+        .await
+        .map_err(|e| match e {
+            edl_coord::Error::Cancelled => PsError::Cancelled,
+            other => other.into(),
+        })?,
+        IndexChoice::Fixed(i) => {
+            claim_fixed(&*backend, &keys, i, &value, &lease, &shutdown).await?
+        }
+    };
+    let index = claim.index;
+    record.claim_revision = claim.fence.revision;
+    let value = serde_json::to_vec(&record).unwrap_or_default();
+    fenced_txn(
+        &*backend,
+        &claim.fence,
+        Txn::new().and_then([Op::put_with_lease(claim.key(), value, lease.id())]),
+    )
+    .await?;
+    tracing::info!(job = %cfg.job, shard = index, shards, addr = %advertise, claim_revision = claim.fence.revision, "shard claimed");
+
+    let sync_every = match cfg.checkpoint.as_ref().map(|c| c.every) {
+        Some(CheckpointEvery::Steps(n)) => Some(n),
+        _ => None,
+    };
+    let checkpoints = Arc::new(CheckpointHooks {
+        every_steps: sync_every,
+        ..Default::default()
+    });
+    let shard = Arc::new(Shard::new(
+        index,
+        shards,
+        claim.fence.revision as u64,
+        checkpoints.clone(),
+    ));
+    let dir = cfg
+        .checkpoint
+        .as_ref()
+        .map(|c| CheckpointDir::new(&c.dir, &cfg.job, index));
+    if let Some(dir) = &dir {
+        let d = dir.clone();
+        let _ = tokio::task::spawn_blocking(move || d.remove_temporaries()).await;
+        let incarnation = claim.fence.revision as u64;
+        let build = |snap| ShardCore::restore(snap, incarnation, checkpoints.clone());
+        let restored = retry_cancellable(&policy, &shutdown, || async {
+            match protocol::restore_latest(&*backend, &keys, index, shards, build).await {
+                Ok(r) => Ok(Ok(r)),
+                Err(PsError::Coord(e)) => Err(e),
+                Err(e) => Ok(Err(e)),
+            }
+        })
+        .await??;
+        match restored {
+            Some((manifest, core)) => {
+                let step = core.restored_from();
+                checkpoints
+                    .last_written
+                    .store(step, std::sync::atomic::Ordering::Relaxed);
+                shard.install(core);
+                tracing::info!(
+                    shard = index,
+                    step,
+                    manifest_step = manifest.step,
+                    "restored from checkpoint"
+                );
+            }
+            None => tracing::info!(
+                shard = index,
+                "no checkpoint to restore; waiting for a trainer to initialise the parameters"
+            ),
+        }
+    }
+
+    // The registered trainers, before any sync step can open.
+    let members = Arc::new(Members::default());
+    let registry = Registry::new(backend.clone(), keys.trainers());
+    let (listed, _) = retry_cancellable(&policy, &shutdown, || registry.list()).await?;
+    members
+        .set
+        .write()
+        .await
+        .extend(listed.into_iter().map(|m| m.id));
+
+    let stop = shutdown.child_token();
+    let gate = Arc::new(Gate {
+        lease: lease.clone(),
+        stop: stop.clone(),
+        index,
+    });
+    let svc = Arc::new(Service {
+        shard: shard.clone(),
+        gate,
+        job: cfg.job.clone(),
+        token: cfg.token.clone(),
+        members: members.clone(),
+        backend: backend.clone(),
+        keys: keys.clone(),
+        permits: Arc::new(Semaphore::new(cfg.workers.max(1))),
+        claim_revision: claim.fence.revision,
+        max_message_bytes: cfg.max_message_bytes,
+        io_timeout: cfg.io_timeout,
+    });
+    let grpc = pb::parameter_server_server::ParameterServerServer::new(PsGrpc { svc: svc.clone() })
+        .max_decoding_message_size(cfg.max_message_bytes)
+        .max_encoding_message_size(cfg.max_message_bytes);
+    // One port: bulk connections are told apart from HTTP/2 by their first byte.
+    let (conns_tx, conns_rx) = tokio::sync::mpsc::channel(64);
+    let acceptor = tokio::spawn(
+        crate::bulk::accept(
+            listener,
+            svc.clone(),
+            conns_tx,
+            Arc::new(Semaphore::new(cfg.max_bulk_connections.max(1))),
+            stop.clone(),
+        )
+        .in_current_span(),
+    );
+    let server_stop = stop.clone();
+    let mut server = tokio::spawn(
+        async move {
+            tonic::transport::Server::builder()
+                .initial_stream_window_size(Some(STREAM_WINDOW))
+                .initial_connection_window_size(Some(CONNECTION_WINDOW))
+                .max_frame_size(Some(MAX_FRAME))
+                .tcp_nodelay(true)
+                .add_service(grpc)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::ReceiverStream::new(conns_rx),
+                    server_stop.cancelled_owned(),
+                )
+                .await
+        }
+        .in_current_span(),
+    );
+    tracing::info!(job = %cfg.job, shard = index, addr = %advertise, "pserver serving");
+
+    let mut tasks = vec![
+        acceptor,
+        tokio::spawn(
+            follow_trainers(
+                backend.clone(),
+                keys.clone(),
+                shard.clone(),
+                members,
+                stop.clone(),
+            )
+            .in_current_span(),
+        ),
+    ];
+    if let (Some(c), Some(dir)) = (cfg.checkpoint.clone(), dir) {
+        tasks.push(tokio::spawn(
+            Checkpointer {
+                backend: backend.clone(),
+                keys: keys.clone(),
+                fence: claim.fence.clone(),
+                shard: shard.clone(),
+                dir,
+                cfg: c,
+            }
+            .run(stop.clone())
+            .in_current_span(),
+        ));
+    }
+
+    let lost = lease.lost();
+    let result = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => Ok(()),
+        _ = lost.cancelled() => {
+            tracing::error!(job = %cfg.job, shard = index, "etcd lease lost; stopped serving (a replacement may hold this index now)");
+            Err(PsError::LeaseLost(index))
+        }
+        r = &mut server => Err(PsError::Config(format!("grpc server ended: {r:?}"))),
+    };
+    stop.cancel();
+    if !server.is_finished() {
+        match tokio::time::timeout(Duration::from_secs(5), &mut server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(r) => tracing::warn!(result = ?r, "grpc server ended with an error"),
+            Err(_) => {
+                tracing::warn!("grpc server did not stop in time");
+                server.abort();
+            }
+        }
+    }
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    if result.is_ok() {
+        // Free the index at once for a successor.
+        match Arc::try_unwrap(lease) {
+            Ok(lease) => {
+                if let Err(e) = lease.revoke().await {
+                    tracing::warn!(error = %e, "lease revoke failed; the index frees when it expires");
+                }
+            }
+            Err(lease) => drop(lease),
+        }
+        tracing::info!(shard = index, "pserver stopped");
+    }
+    result
+}

@@ -1,0 +1,137 @@
+//! Async mode: each push applied as it comes, at most once per (trainer, session,
+//! step) (see `dedup`), block by block under each block's own lock.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+
+use super::dedup::{DEDUP_WINDOW, Mark};
+use super::push::{Push, PushReply};
+use super::{ShardCore, bump, lock};
+use crate::error::PsError;
+use crate::wire;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with a thread-local scratch buffer of `n` floats (contents unspecified: the
+/// caller overwrites them).
+fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < n {
+            s.resize(n, 0.0);
+        }
+        f(&mut s[..n])
+    })
+}
+
+impl ShardCore {
+    /// Async mode: applies `push` unless it was applied before. A push more than
+    /// [`DEDUP_WINDOW`] steps behind its session's newest is refused
+    /// ([`PsError::StepTooOld`]): whether it was applied can no longer be told.
+    pub fn apply_async(&self, push: &Push) -> Result<PushReply, PsError> {
+        match lock(&self.dedup).mark(&push.trainer, push.session, push.step) {
+            Mark::Fresh => {}
+            Mark::Repeat => {
+                bump(&self.counters.duplicate_pushes);
+                return Ok(PushReply {
+                    applied: false,
+                    step: self.updates(),
+                });
+            }
+            Mark::TooOld { newest } => {
+                bump(&self.counters.invalid_rejected);
+                return Err(PsError::StepTooOld {
+                    step: push.step,
+                    newest,
+                    window: DEDUP_WINDOW,
+                });
+            }
+        }
+        let u = self.updates.fetch_add(1, Ordering::AcqRel);
+        let lr = self.optimizer.lr(u);
+        for (local, bytes) in &push.dense {
+            let mut b = lock(&self.blocks[*local]);
+            let b = &mut *b;
+            with_scratch(b.values.len(), |g| {
+                wire::decode_into(bytes, g);
+                self.optimizer.step(lr, &mut b.values, g, 1.0, &mut b.state);
+            });
+            b.version += 1;
+        }
+        let overflowed: usize = push
+            .sparse
+            .iter()
+            .map(|s| self.apply_rows(s, lr, 1.0))
+            .sum();
+        if overflowed > 0 {
+            bump(&self.counters.nonfinite_rejected);
+            tracing::warn!(
+                shard = self.index,
+                trainer = %push.trainer,
+                rows = overflowed,
+                "repeated sparse rows summed past f32's range; those rows left as they were"
+            );
+        }
+        bump(&self.counters.pushes_applied);
+        Ok(PushReply {
+            applied: true,
+            step: u + 1,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Mode;
+    use crate::shard::testutil::{all, core, push};
+
+    #[test]
+    fn async_pushes_apply_once_each() {
+        let c = core(Mode::Async, 0, 1);
+        let p = c
+            .validate_push(push(&c, "t", 1, 1, 1.0, &[5, 5, 7]))
+            .unwrap();
+        assert!(c.apply_async(&p).unwrap().applied);
+        assert!(
+            !c.apply_async(&p).unwrap().applied,
+            "a retry is not applied twice"
+        );
+        let p2 = c.validate_push(push(&c, "t", 1, 2, 2.0, &[])).unwrap();
+        assert!(c.apply_async(&p2).unwrap().applied);
+        assert!(all(&c).iter().all(|&v| v == -3.0), "{:?}", all(&c));
+        // Row 5 appeared twice in one push: summed, applied once (-2); row 7: -1.
+        let rows = wire::decode(&c.pull_sparse(0, &[5, 7, 9], 1 << 20).unwrap());
+        assert_eq!(rows, vec![-2.0, -2.0, -1.0, -1.0, 0.0, 0.0]);
+        // A pull larger than the message limit is refused before anything is allocated.
+        assert_eq!(c.pull_sparse(0, &[5, 7], 16).unwrap().len(), 16);
+        assert!(matches!(
+            c.pull_sparse(0, &[5, 7, 9], 16),
+            Err(PsError::InvalidArgument(_))
+        ));
+        // A push older than the window is refused, not silently dropped.
+        let p_new = c.validate_push(push(&c, "t", 1, 200, 1.0, &[])).unwrap();
+        assert!(c.apply_async(&p_new).unwrap().applied);
+        let p_old = c.validate_push(push(&c, "t", 1, 3, 1.0, &[])).unwrap();
+        let err = c.apply_async(&p_old).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PsError::StepTooOld {
+                    step: 3,
+                    newest: 200,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let status: tonic::Status = err.into();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        // A new session of the same trainer starts over.
+        let p3 = c.validate_push(push(&c, "t", 2, 1, 1.0, &[])).unwrap();
+        assert!(c.apply_async(&p3).unwrap().applied);
+        assert_eq!(c.counters.duplicate_pushes.load(Ordering::Relaxed), 1);
+    }
+}

@@ -1,0 +1,130 @@
+//! Deduplication of async pushes: the steps applied per push session, so that a
+//! retried push is applied at most once.
+//!
+//! Invariants: within a session, a step is [`Mark::Fresh`] at most once; a step more
+//! than [`DEDUP_WINDOW`] behind the session's newest is [`Mark::TooOld`] (never applied:
+//! whether it was can no longer be told). At most [`MAX_SESSIONS`] sessions are
+//! remembered; beyond that the least recently used are forgotten (a session's retries
+//! come within seconds).
+
+use std::collections::HashMap;
+
+/// Push sessions remembered for deduplication; the least recently used are forgotten
+/// beyond this (a session's retries come within seconds).
+const MAX_SESSIONS: usize = 4096;
+
+/// Steps remembered per push session: a push this far behind its session's newest is
+/// refused, since whether it was applied can no longer be told.
+pub const DEDUP_WINDOW: u64 = 64;
+
+/// What the deduplication table says of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mark {
+    /// Not seen before: apply it.
+    Fresh,
+    /// Applied before (a retry).
+    Repeat,
+    /// Older than the window behind the session's newest step.
+    TooOld {
+        /// The session's newest step.
+        newest: u64,
+    },
+}
+
+/// Sliding window of the last [`DEDUP_WINDOW`] steps of one push session, with those
+/// applied marked.
+#[derive(Debug, Clone, Copy, Default)]
+struct Window {
+    max: u64,
+    seen: u64,
+    used: u64,
+}
+
+impl Window {
+    /// Marks `step`.
+    fn mark(&mut self, step: u64) -> Mark {
+        if step > self.max {
+            let shift = step - self.max;
+            self.seen = if shift >= DEDUP_WINDOW {
+                0
+            } else {
+                self.seen << shift
+            };
+            self.seen |= 1;
+            self.max = step;
+            return Mark::Fresh;
+        }
+        let d = self.max - step;
+        if d >= DEDUP_WINDOW {
+            return Mark::TooOld { newest: self.max };
+        }
+        let bit = 1u64 << d;
+        let new = self.seen & bit == 0;
+        self.seen |= bit;
+        if new { Mark::Fresh } else { Mark::Repeat }
+    }
+}
+
+/// The steps applied per (trainer, session).
+#[derive(Debug, Default)]
+pub(super) struct Dedup {
+    sessions: HashMap<(String, u64), Window>,
+    clock: u64,
+}
+
+impl Dedup {
+    /// Marks `step` of `trainer`'s `session`.
+    pub(super) fn mark(&mut self, trainer: &str, session: u64, step: u64) -> Mark {
+        self.clock += 1;
+        let w = self
+            .sessions
+            .entry((trainer.to_owned(), session))
+            .or_default();
+        w.used = self.clock;
+        let mark = w.mark(step);
+        if self.sessions.len() > MAX_SESSIONS {
+            let mut used: Vec<u64> = self.sessions.values().map(|w| w.used).collect();
+            used.sort_unstable();
+            let cut = used[used.len() / 4];
+            self.sessions.retain(|_, w| w.used > cut);
+        }
+        mark
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dedup_window_accepts_reordering_and_rejects_repeats() {
+        let mut d = Dedup::default();
+        assert_eq!(d.mark("t", 1, 3), Mark::Fresh);
+        assert_eq!(d.mark("t", 1, 1), Mark::Fresh);
+        assert_eq!(d.mark("t", 1, 2), Mark::Fresh);
+        assert_eq!(d.mark("t", 1, 2), Mark::Repeat);
+        assert_eq!(
+            d.mark("t", 2, 2),
+            Mark::Fresh,
+            "another session of the same trainer"
+        );
+        assert_eq!(d.mark("t", 1, 100), Mark::Fresh);
+        assert_eq!(
+            d.mark("t", 1, 3),
+            Mark::TooOld { newest: 100 },
+            "too old to tell: refused"
+        );
+        assert_eq!(d.mark("t", 1, 37), Mark::Fresh, "inside the window");
+        assert_eq!(d.mark("t", 1, 100), Mark::Repeat);
+        assert_eq!(d.mark("t", 2, 2), Mark::Repeat);
+        for s in 0..(MAX_SESSIONS as u64 + 10) {
+            d.mark("u", 10 + s, 1);
+        }
+        assert!(d.sessions.len() <= MAX_SESSIONS);
+        assert_eq!(
+            d.mark("u", 10 + MAX_SESSIONS as u64 + 9, 1),
+            Mark::Repeat,
+            "recent sessions kept"
+        );
+    }
+}
