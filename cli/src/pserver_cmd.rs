@@ -82,7 +82,7 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
         let addr = listener.local_addr().context("listener address")?;
         std::fs::create_dir_all(&args.checkpoint_dir)
             .with_context(|| format!("create checkpoint dir {}", args.checkpoint_dir.display()))?;
-        let mut cfg = PsConfig::new(args.job.job.as_str());
+        let mut cfg = PsConfig::new(args.job.job.clone());
         cfg.token = args.job.token.clone();
         cfg.advertise = args.advertise.clone();
         cfg.lease_ttl = args.lease_ttl;

@@ -1354,7 +1354,7 @@ async fn final_params(
 ) -> anyhow::Result<(Option<FinalMetric>, Option<String>)> {
     let cancel = CancellationToken::new();
     let _guard = cancel.clone().drop_guard();
-    let mut cfg = edl_pserver::ClientConfig::new(spec.name.as_str());
+    let mut cfg = edl_pserver::ClientConfig::new(spec.name.clone());
     cfg.retry_for = Duration::from_secs(20);
     let client = PsClient::connect(backend.clone(), cfg, cancel.child_token()).await?;
     let mut cache = DenseCache::new();
@@ -1557,7 +1557,7 @@ async fn run_in_memory(
     }
     for i in 0..spec.cluster.pservers {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let mut cfg = edl_pserver::PsConfig::new(spec.name.as_str());
+        let mut cfg = edl_pserver::PsConfig::new(spec.name.clone());
         cfg.lease_ttl = ttl;
         cfg.index = edl_pserver::IndexChoice::Fixed(i);
         cfg.shards = Some(spec.cluster.pservers);

@@ -24,7 +24,7 @@ pub mod records;
 pub mod spec;
 
 pub use keys::JobKeys;
-pub use name::{InvalidJobName, JobName};
+pub use name::{InvalidJobName, JobName, valid_member_id};
 pub use records::{
     Control, ControlRecord, FinalState, JobStateRecord, RECORD_VERSION, Record, RecordError,
     RunRecord, ScaleRecord, TrainerRecord,

@@ -53,6 +53,12 @@ impl JobName {
     }
 }
 
+/// Whether `id` is usable as a member id (a trainer's id: one etcd path segment under
+/// `trainers/`): 1 to 200 characters, no `/`, no control characters.
+pub fn valid_member_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 200 && !id.contains('/') && id.chars().all(|c| !c.is_control())
+}
+
 impl fmt::Display for JobName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -144,6 +150,15 @@ mod tests {
             assert_eq!(e.0, bad);
             assert!(e.to_string().contains("invalid job name"), "{e}");
         }
+    }
+
+    #[test]
+    fn member_ids_are_single_segments() {
+        assert!(valid_member_id("trainer-1.2"));
+        assert!(!valid_member_id(""));
+        assert!(!valid_member_id("a/b"));
+        assert!(!valid_member_id("a\nb"));
+        assert!(!valid_member_id(&"x".repeat(201)));
     }
 
     #[test]

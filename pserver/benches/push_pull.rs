@@ -52,7 +52,7 @@ async fn ps_round_trips(floats: usize, rounds: usize, bulk: bool) -> (Rate, Rate
     let stop = CancellationToken::new();
     for i in 0..SHARDS {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let mut cfg = PsConfig::new("bench");
+        let mut cfg = PsConfig::new(edl_job::JobName::new("bench").expect("a valid job name"));
         cfg.index = IndexChoice::Fixed(i);
         cfg.shards = Some(SHARDS);
         tokio::spawn(edl_pserver::run(
@@ -63,7 +63,7 @@ async fn ps_round_trips(floats: usize, rounds: usize, bulk: bool) -> (Rate, Rate
         ));
     }
     let connect = || async {
-        let mut cfg = ClientConfig::new("bench");
+        let mut cfg = ClientConfig::new(edl_job::JobName::new("bench").expect("a valid job name"));
         cfg.bulk = bulk;
         PsClient::connect(backend.clone(), cfg, stop.child_token())
             .await

@@ -32,7 +32,8 @@
 //! - [`client`]: the trainer's client ([`PsClient`]): `error`, `connection` (shards found
 //!   through etcd), `retry`, `init` (once per job, through etcd), `cache` (the trainer's
 //!   dense copy), `pull`, `push`, `status` (and probes).
-//! - [`keys`], [`follow`], [`wire`]: etcd keys, prefix views, floats on the wire.
+//! - [`follow`], [`wire`]: prefix views, floats on the wire (the job's etcd keys are
+//!   `edl_job::JobKeys`).
 //! - [`error`]: errors and their mapping to gRPC status codes.
 
 mod bulk;
@@ -40,7 +41,6 @@ pub mod checkpoint;
 pub mod client;
 pub mod error;
 pub mod follow;
-pub mod keys;
 pub mod layout;
 pub mod optim;
 pub mod server;

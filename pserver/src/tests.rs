@@ -17,15 +17,15 @@ use crate::client::{
     ClientConfig, DenseCache, DenseInit, InitOutcome, PsClient, PsClientError, SparseGrad,
 };
 use crate::error::{ErrorKind, PsError};
-use crate::keys::PsKeys;
 use crate::layout::{DenseSpec, Mode, ModelSpec, ParamConfig, RowInit, SparseSpec};
 use crate::optim::{Clip, OptimizerConfig};
 use crate::server::{IndexChoice, PsConfig, PsRecord, run};
+use edl_job::{JobKeys, JobName};
 
 struct Harness {
     backend: Arc<dyn Backend>,
     stop: CancellationToken,
-    job: String,
+    job: JobName,
     shards: u32,
     dir: tempfile::TempDir,
     token: Option<String>,
@@ -48,7 +48,7 @@ impl Harness {
         Harness {
             backend: Arc::new(MemBackend::new()),
             stop: CancellationToken::new(),
-            job: job.into(),
+            job: JobName::new(job).unwrap(),
             shards,
             dir: tempfile::tempdir().unwrap(),
             token: None,
@@ -69,7 +69,7 @@ impl Harness {
         f: impl FnOnce(&mut PsConfig),
     ) -> Ps {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut cfg = PsConfig::new(&self.job);
+        let mut cfg = PsConfig::new(self.job.clone());
         cfg.lease_ttl = Duration::from_secs(1);
         cfg.index = IndexChoice::Fixed(index);
         cfg.shards = Some(self.shards);
@@ -89,7 +89,7 @@ impl Harness {
     }
 
     async fn client_with(&self, f: impl FnOnce(&mut ClientConfig)) -> PsClient {
-        let mut cfg = ClientConfig::new(&self.job);
+        let mut cfg = ClientConfig::new(self.job.clone());
         cfg.token = self.token.clone();
         cfg.retry_for = Duration::from_secs(20);
         cfg.sync_wait = Duration::from_millis(500);
@@ -107,7 +107,7 @@ impl Harness {
         )
         .await
         .unwrap();
-        Registry::new(self.backend.clone(), PsKeys::new(&self.job).trainers())
+        Registry::new(self.backend.clone(), JobKeys::new(&self.job).trainers())
             .register(trainer, b"test".to_vec(), &lease)
             .await
             .unwrap();
@@ -462,7 +462,7 @@ async fn sync_steps_average_the_live_trainers_through_deaths_and_joins() {
     );
 }
 
-async fn wait_manifest(backend: &Arc<dyn Backend>, keys: &PsKeys, step: u64) {
+async fn wait_manifest(backend: &Arc<dyn Backend>, keys: &JobKeys, step: u64) {
     let ok = edl_coord::testkit::wait_until(
         Duration::from_secs(10),
         Duration::from_millis(20),
@@ -475,7 +475,7 @@ async fn wait_manifest(backend: &Arc<dyn Backend>, keys: &PsKeys, step: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
     let h = Harness::new("ckpt", 2);
-    let keys = PsKeys::new("ckpt");
+    let keys = JobKeys::new(&JobName::new("ckpt").unwrap());
     let every = Some(CheckpointEvery::Steps(2));
     let p0 = h.pserver(0, every).await;
     let p1 = h.pserver(1, every).await;
@@ -580,7 +580,7 @@ async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_checkpoints_are_coordinated_by_shard_zero() {
     let h = Harness::new("ckpt-async", 2);
-    let keys = PsKeys::new("ckpt-async");
+    let keys = JobKeys::new(&JobName::new("ckpt-async").unwrap());
     let every = Some(CheckpointEvery::Steps(5));
     let _p0 = h.pserver(0, every).await;
     let p1 = h.pserver(1, every).await;
@@ -656,7 +656,7 @@ async fn a_pserver_that_loses_its_lease_stops_serving_and_exits() {
     .await;
     let mut cache = DenseCache::new();
     ps.pull_dense(&mut cache).await.unwrap();
-    let keys = PsKeys::new("lease");
+    let keys = JobKeys::new(&JobName::new("lease").unwrap());
     let kv = h.backend.get(&keys.ps(0)).await.unwrap().unwrap();
     h.backend.lease_revoke(kv.lease.unwrap()).await.unwrap();
     let r = tokio::time::timeout(Duration::from_secs(5), p0.handle)
@@ -722,7 +722,7 @@ async fn the_grpc_and_bulk_paths_agree_and_check_the_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn time_based_checkpoints_pick_one_step_for_every_shard() {
     let h = Harness::new("ckpt-interval", 2);
-    let keys = PsKeys::new("ckpt-interval");
+    let keys = JobKeys::new(&JobName::new("ckpt-interval").unwrap());
     let every = Some(CheckpointEvery::Interval(Duration::from_millis(300)));
     let _p0 = h.pserver(0, every).await;
     let _p1 = h.pserver(1, every).await;
@@ -864,7 +864,7 @@ impl pb::parameter_server_server::ParameterServer for NeverCloses {
 /// Serves `svc` on a loopback port recorded as `ps/<index>` of `h`'s job (no bulk path),
 /// with `spec` as the job's parameters.
 async fn fake_pserver(h: &Harness, svc: NeverCloses, spec: &ModelSpec) {
-    let keys = PsKeys::new(&h.job);
+    let keys = JobKeys::new(&h.job);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let record = PsRecord {
         addr: listener.local_addr().unwrap().to_string(),
@@ -961,7 +961,7 @@ async fn a_shard_that_cannot_be_reached_does_not_stall_the_others() {
         pid: 0,
         started_ms: 0,
     };
-    let keys = PsKeys::new(&h.job);
+    let keys = JobKeys::new(&h.job);
     h.backend
         .put(&keys.ps(1), serde_json::to_vec(&record).unwrap(), None)
         .await
@@ -988,7 +988,7 @@ async fn a_shard_that_cannot_be_reached_does_not_stall_the_others() {
 
 /// The address of shard `index`'s pserver, once it claimed its index.
 async fn ps_addr(h: &Harness, index: u32) -> String {
-    let keys = PsKeys::new(&h.job);
+    let keys = JobKeys::new(&h.job);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(kv) = h.backend.get(&keys.ps(index)).await.unwrap() {
@@ -1055,11 +1055,11 @@ async fn the_bulk_path_bounds_hellos_stalls_and_connections() {
     assert_eq!(u32::from_le_bytes(status), crate::bulk::STATUS_ERR);
     drop(s);
     // Two connections are served; a third is closed at once.
-    let (mut a, st) = bulk_connect(&addr, &h.job).await;
+    let (mut a, st) = bulk_connect(&addr, h.job.as_str()).await;
     assert_eq!(st, Some(crate::bulk::STATUS_OK));
-    let (_b, st) = bulk_connect(&addr, &h.job).await;
+    let (_b, st) = bulk_connect(&addr, h.job.as_str()).await;
     assert_eq!(st, Some(crate::bulk::STATUS_OK));
-    let (_c, st) = bulk_connect(&addr, &h.job).await;
+    let (_c, st) = bulk_connect(&addr, h.job.as_str()).await;
     assert_eq!(st, None, "a connection beyond the bound is closed");
     // A peer that stalls in the middle of a frame loses its connection, and its slot.
     let mut frame = crate::bulk::KIND_PULL.to_le_bytes().to_vec();
@@ -1073,7 +1073,7 @@ async fn the_bulk_path_bounds_hellos_stalls_and_connections() {
     let ok = edl_coord::testkit::wait_until(
         Duration::from_secs(5),
         Duration::from_millis(20),
-        || async { bulk_connect(&addr, &h.job).await.1 == Some(crate::bulk::STATUS_OK) },
+        || async { bulk_connect(&addr, h.job.as_str()).await.1 == Some(crate::bulk::STATUS_OK) },
     )
     .await;
     assert!(ok, "the stalled connection's slot was never freed");
@@ -1082,7 +1082,7 @@ async fn the_bulk_path_bounds_hellos_stalls_and_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_is_recorded_after_a_transient_etcd_failure() {
     let h = Harness::new("ckpt-retry", 1);
-    let keys = PsKeys::new("ckpt-retry");
+    let keys = JobKeys::new(&JobName::new("ckpt-retry").unwrap());
     let faulty = FaultyBackend::new(h.backend.clone());
     let every = Some(CheckpointEvery::Steps(2));
     let _p0 = h.pserver_with(faulty.clone(), 0, every, |_| {}).await;
@@ -1121,7 +1121,7 @@ async fn a_checkpoint_is_recorded_after_a_transient_etcd_failure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_coordinator_commits_a_step_whose_commit_was_lost() {
     let h = Harness::new("ckpt-lost", 2);
-    let keys = PsKeys::new("ckpt-lost");
+    let keys = JobKeys::new(&JobName::new("ckpt-lost").unwrap());
     let every = Some(CheckpointEvery::Steps(1000));
     let _p0 = h.pserver(0, every).await;
     let _p1 = h.pserver(1, every).await;

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use edl_coord::testkit::{ChildProcess, child_role};
+use edl_job::{JobKeys, JobName};
 use edl_pserver::checkpoint::protocol as ckpt;
 use edl_pserver::client::{DenseCache, DenseInit, PsClient, probe};
 use edl_pserver::error::ErrorKind;
-use edl_pserver::{Mode, OptimizerConfig, ParamConfig, PsClientError, checkpoint, keys::PsKeys};
+use edl_pserver::{Mode, OptimizerConfig, ParamConfig, PsClientError, checkpoint};
 use tokio::time::Instant;
 
 use crate::support::{World, wait_until};
@@ -100,7 +101,7 @@ async fn concurrent_async_pushes_to_two_pserver_processes_apply_the_exact_sum() 
 async fn trainer_child() {
     let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
     let endpoints: Vec<String> = env("EDL_TEST_ETCD").split(',').map(str::to_owned).collect();
-    let job = env("EDL_TEST_JOB");
+    let job = JobName::new(env("EDL_TEST_JOB")).expect("a valid job name");
     let id = env("EDL_TEST_ID");
     let grad: f32 = env("EDL_TEST_GRAD").parse().expect("EDL_TEST_GRAD");
     let steps: u64 = env("EDL_TEST_STEPS").parse().expect("EDL_TEST_STEPS");
@@ -113,11 +114,11 @@ async fn trainer_child() {
     let lease = edl_coord::Lease::grant(backend.clone(), Duration::from_secs(2), cancel.clone())
         .await
         .expect("trainer child");
-    edl_coord::Registry::new(backend.clone(), PsKeys::new(&job).trainers())
+    edl_coord::Registry::new(backend.clone(), JobKeys::new(&job).trainers())
         .register(&id, b"child".to_vec(), &lease)
         .await
         .expect("trainer child");
-    let mut cfg = edl_pserver::ClientConfig::new(&job);
+    let mut cfg = edl_pserver::ClientConfig::new(job.clone());
     cfg.sync_wait = Duration::from_millis(500);
     let ps = PsClient::connect(backend, cfg, cancel.clone())
         .await
@@ -246,7 +247,7 @@ async fn sync_steps_average_live_trainer_processes_through_a_kill_and_a_join() {
 
 /// Waits until `checkpoints/latest` is at least `step`.
 async fn wait_checkpoint(w: &World, step: u64) {
-    let key = PsKeys::new(&w.job).latest();
+    let key = JobKeys::new(&JobName::new(w.job.as_str()).expect("a valid job name")).latest();
     let ok = wait_until(Duration::from_secs(30), || async {
         w.backend.get(&key).await.ok().flatten().is_some_and(|kv| {
             std::str::from_utf8(&kv.value)
@@ -353,7 +354,7 @@ async fn a_pserver_paused_past_its_ttl_and_replaced_never_serves_again() {
     let mut cache = DenseCache::new();
     ps.pull_dense(&mut cache).await.unwrap();
     old.signal("STOP");
-    let key = PsKeys::new(&w.job).ps(0);
+    let key = JobKeys::new(&JobName::new(w.job.as_str()).expect("a valid job name")).ps(0);
     let expired = wait_until(Duration::from_secs(10), || async {
         w.backend.get(&key).await.is_ok_and(|kv| kv.is_none())
     })
@@ -431,7 +432,7 @@ async fn a_corrupt_checkpoint_file_falls_back_to_the_previous_checkpoint() {
         p.log()
     );
     // Flip a byte in the middle of step 4's file.
-    let keys = PsKeys::new(&w.job);
+    let keys = JobKeys::new(&JobName::new(w.job.as_str()).expect("a valid job name"));
     let manifests = ckpt::manifests(&*w.backend, &keys).await.unwrap();
     assert_eq!(
         manifests.iter().map(|m| m.step).collect::<Vec<_>>(),

@@ -301,7 +301,9 @@ impl World {
 
     /// A pserver client of this job.
     pub async fn ps_client(&self) -> edl_pserver::PsClient {
-        let mut cfg = edl_pserver::ClientConfig::new(&self.job);
+        let mut cfg = edl_pserver::ClientConfig::new(
+            edl_job::JobName::new(self.job.as_str()).expect("a valid job name"),
+        );
         cfg.retry_for = Duration::from_secs(30);
         cfg.sync_wait = Duration::from_millis(500);
         edl_pserver::PsClient::connect(self.backend.clone(), cfg, self.cancel.child_token())

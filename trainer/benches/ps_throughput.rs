@@ -118,7 +118,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let stop = stop.clone();
         server_rt.block_on(async move {
             let listener = TcpListener::bind("127.0.0.1:0").await?;
-            let mut cfg = PsConfig::new("bench");
+            let mut cfg = PsConfig::new(edl_job::JobName::new("bench").expect("a valid job name"));
             cfg.shards = Some(1);
             tokio::spawn(edl_pserver::run(backend, cfg, listener, stop));
             Ok::<_, std::io::Error>(())
@@ -127,7 +127,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let connect = |rt: &tokio::runtime::Runtime| {
         rt.block_on(PsClient::connect(
             backend.clone(),
-            ClientConfig::new("bench"),
+            ClientConfig::new(edl_job::JobName::new("bench").expect("a valid job name")),
             stop.child_token(),
         ))
     };

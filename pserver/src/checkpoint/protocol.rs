@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use super::dir::{CheckpointDir, ShardEntry};
 use super::format::Snapshot;
 use crate::error::PsError;
-use crate::keys::PsKeys;
+use edl_job::JobKeys;
 
 /// How often checkpoints are taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +137,7 @@ pub(crate) fn now_ms() -> u64 {
 /// The steps whose parts are registered for every shard of `shards`, oldest first, from a
 /// listing of `checkpoints/`.
 pub(crate) fn complete_parts<'a>(
-    keys: &PsKeys,
+    keys: &JobKeys,
     kvs: impl Iterator<Item = &'a KeyValue>,
     shards: u32,
 ) -> Vec<u64> {
@@ -167,13 +167,13 @@ pub(crate) fn complete_parts<'a>(
 }
 
 /// Every committed manifest, newest first (unparseable ones are skipped with a warning).
-pub async fn manifests(backend: &dyn Backend, keys: &PsKeys) -> Result<Vec<Manifest>, PsError> {
+pub async fn manifests(backend: &dyn Backend, keys: &JobKeys) -> Result<Vec<Manifest>, PsError> {
     let (kvs, _) = backend.range(&keys.checkpoints()).await?;
     Ok(parse_manifests(keys, kvs.iter()))
 }
 
 pub(crate) fn parse_manifests<'a>(
-    keys: &PsKeys,
+    keys: &JobKeys,
     kvs: impl Iterator<Item = &'a KeyValue>,
 ) -> Vec<Manifest> {
     let mut out: Vec<Manifest> = kvs
@@ -195,7 +195,7 @@ pub(crate) fn parse_manifests<'a>(
 /// the previous checkpoint is tried.
 pub async fn restore_latest<T>(
     backend: &dyn Backend,
-    keys: &PsKeys,
+    keys: &JobKeys,
     shard: u32,
     shards: u32,
     build: impl Fn(Snapshot) -> Result<T, PsError>,
@@ -251,7 +251,7 @@ pub async fn restore_latest<T>(
 /// Names a written file as this shard's part of `step` (fenced by the shard's claim).
 pub async fn register_part(
     backend: &dyn Backend,
-    keys: &PsKeys,
+    keys: &JobKeys,
     fence: &Fence,
     step: u64,
     entry: &ShardEntry,
@@ -271,7 +271,7 @@ pub async fn register_part(
 /// call committed it.
 pub async fn try_commit(
     backend: &dyn Backend,
-    keys: &PsKeys,
+    keys: &JobKeys,
     fence: &Fence,
     step: u64,
     shards: u32,
@@ -350,7 +350,7 @@ pub async fn try_commit(
 /// manifest (abandoned rounds). Fenced by the caller's claim.
 pub async fn prune(
     backend: &dyn Backend,
-    keys: &PsKeys,
+    keys: &JobKeys,
     fence: &Fence,
     keep: usize,
 ) -> Result<(), PsError> {
@@ -427,7 +427,7 @@ pub fn prune_files(dir: &CheckpointDir, kept: &[Manifest], shard: u32) {
 /// Writes the coordinator's request for `step` (fenced by shard 0's claim).
 pub async fn request(
     backend: &dyn Backend,
-    keys: &PsKeys,
+    keys: &JobKeys,
     fence: &Fence,
     step: u64,
 ) -> Result<(), PsError> {
@@ -464,7 +464,7 @@ mod tests {
 
     #[test]
     fn complete_part_sets_are_found() {
-        let keys = PsKeys::new("j");
+        let keys = JobKeys::new(&edl_job::JobName::new("j").unwrap());
         let kv = |key: String| KeyValue {
             key,
             value: b"{}".to_vec(),

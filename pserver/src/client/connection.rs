@@ -109,7 +109,7 @@ impl PsClient {
         let bulk = (cfg.bulk && record.bulk >= 1).then(|| {
             Arc::new(bulk::Pool::new(
                 addr.clone(),
-                cfg.job.clone(),
+                cfg.job.to_string(),
                 cfg.token.clone(),
                 cfg.connect_timeout,
                 cfg.max_message_bytes,
@@ -137,7 +137,7 @@ impl PsClient {
         let mut req = tonic::Request::new(msg);
         req.set_timeout(timeout);
         let md = req.metadata_mut();
-        if let Ok(v) = self.inner.cfg.job.parse() {
+        if let Ok(v) = self.inner.cfg.job.as_str().parse() {
             md.insert(edl_proto::JOB_HEADER, v);
         }
         if let Some(t) = &self.inner.cfg.token

@@ -15,9 +15,9 @@ use tokio::time::Instant;
 use super::retry::spec_mismatch;
 use super::{PsClient, PsClientError, Result};
 use crate::checkpoint::protocol::now_ms;
-use crate::keys::valid_id;
 use crate::layout::{DenseSpec, Layout, ModelSpec, ParamConfig, SparseSpec, SpecError};
 use crate::wire;
+use edl_job::valid_member_id;
 
 /// Initial values of a dense parameter.
 #[derive(Debug, Clone, Copy)]
@@ -62,7 +62,9 @@ impl PsClient {
             .get(&self.inner.keys.params_spec())
             .await?
         else {
-            return Err(PsClientError::NotInitialised(self.inner.cfg.job.clone()));
+            return Err(PsClientError::NotInitialised(
+                self.inner.cfg.job.to_string(),
+            ));
         };
         let json = std::str::from_utf8(&kv.value).map_err(|_| {
             PsClientError::Spec(SpecError::Invalid("params/spec is not UTF-8".into()))
@@ -104,7 +106,7 @@ impl PsClient {
         sparse: &[SparseSpec],
         config: ParamConfig,
     ) -> Result<InitOutcome> {
-        if !valid_id(trainer) {
+        if !valid_member_id(trainer) {
             return Err(PsClientError::InvalidArgument(format!(
                 "trainer id {trainer:?} must be non-empty and contain no '/'"
             )));

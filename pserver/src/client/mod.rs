@@ -53,9 +53,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::follow::{PrefixView, follow_prefix};
-use crate::keys::{PsKeys, valid_id};
 use crate::layout::Layout;
 use crate::server::DEFAULT_MAX_MESSAGE_BYTES;
+use edl_job::{JobKeys, JobName};
 
 mod cache;
 mod connection;
@@ -81,7 +81,7 @@ type Result<T, E = PsClientError> = std::result::Result<T, E>;
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
     /// The job.
-    pub job: String,
+    pub job: JobName,
     /// The job token, if the job has one.
     pub token: Option<String>,
     /// How long one call keeps retrying (reconnecting, waiting for a replacement
@@ -107,9 +107,9 @@ pub struct ClientConfig {
 
 impl ClientConfig {
     /// Defaults for job `job`: retry for 60 s, connect 3 s, calls 60 s, sync wait 10 s.
-    pub fn new(job: impl Into<String>) -> Self {
+    pub fn new(job: JobName) -> Self {
         ClientConfig {
-            job: job.into(),
+            job,
             token: None,
             retry_for: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(3),
@@ -127,7 +127,7 @@ impl ClientConfig {
 struct Inner {
     cfg: ClientConfig,
     backend: Arc<dyn Backend>,
-    keys: PsKeys,
+    keys: JobKeys,
     shards: u32,
     view: watch::Receiver<Arc<PrefixView>>,
     conns: Mutex<HashMap<u32, Conn>>,
@@ -150,13 +150,7 @@ impl PsClient {
         cfg: ClientConfig,
         cancel: CancellationToken,
     ) -> Result<PsClient> {
-        if !valid_id(&cfg.job) {
-            return Err(PsClientError::InvalidArgument(format!(
-                "invalid job name {:?}",
-                cfg.job
-            )));
-        }
-        let keys = PsKeys::new(&cfg.job);
+        let keys = JobKeys::new(&cfg.job);
         let start = Instant::now();
         let shards = loop {
             if let Some(kv) = backend.get(&keys.desired()).await? {
@@ -177,7 +171,7 @@ impl PsClient {
             }
             if start.elapsed() >= cfg.retry_for {
                 return Err(PsClientError::Unavailable {
-                    job: cfg.job.clone(),
+                    job: cfg.job.to_string(),
                     shard: 0,
                     waited: start.elapsed(),
                     last: format!("{} is not set (no pserver started)", keys.desired()),

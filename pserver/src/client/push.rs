@@ -10,10 +10,10 @@ use tokio::time::Instant;
 
 use super::retry::push_refusal;
 use super::{PsClient, PsClientError, Result};
-use crate::keys::valid_id;
 use crate::layout::Mode;
 use crate::optim::ClipPlan;
 use crate::wire;
+use edl_job::valid_member_id;
 
 /// Gradients of rows of a sparse table.
 #[derive(Debug, Clone, Copy)]
@@ -66,7 +66,7 @@ impl PsClient {
         dense: &[(&str, &[f32])],
         sparse: &[SparseGrad<'_>],
     ) -> Result<PushOutcome> {
-        if !valid_id(trainer) {
+        if !valid_member_id(trainer) {
             return Err(PsClientError::InvalidArgument(format!(
                 "trainer id {trainer:?} must be non-empty and contain no '/'"
             )));
@@ -190,7 +190,7 @@ impl PsClient {
                     let now = Instant::now();
                     if give_up.is_some_and(|g| now >= g) {
                         return Err(PsClientError::Unavailable {
-                            job: self.inner.cfg.job.clone(),
+                            job: self.inner.cfg.job.to_string(),
                             shard,
                             waited: now - start,
                             last: format!(

@@ -81,7 +81,7 @@ impl PsClient {
             let now = Instant::now();
             if now >= until {
                 return Err(PsClientError::Unavailable {
-                    job: self.inner.cfg.job.clone(),
+                    job: self.inner.cfg.job.to_string(),
                     shard,
                     waited: now - start,
                     last,

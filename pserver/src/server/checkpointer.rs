@@ -19,8 +19,8 @@ use crate::checkpoint::protocol::{
 use crate::checkpoint::{CheckpointDir, ShardEntry, Snapshot};
 use crate::error::PsError;
 use crate::follow::follow_prefix;
-use crate::keys::PsKeys;
 use crate::shard::Shard;
+use edl_job::JobKeys;
 
 /// Attempts to record a checkpoint part and commit its step, on transient etcd errors.
 const COMMIT_ATTEMPTS: u32 = 8;
@@ -31,7 +31,7 @@ const COMMIT_GRACE: Duration = Duration::from_secs(2);
 /// The background checkpoint writer of one shard (and the coordinator on shard 0).
 pub(super) struct Checkpointer {
     pub(super) backend: Arc<dyn Backend>,
-    pub(super) keys: PsKeys,
+    pub(super) keys: JobKeys,
     pub(super) fence: Fence,
     pub(super) shard: Arc<Shard>,
     pub(super) dir: CheckpointDir,

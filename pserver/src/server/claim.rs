@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::PsError;
-use crate::keys::PsKeys;
+use edl_job::JobKeys;
 
 /// The value of `ps/<index>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,7 +38,7 @@ pub struct PsRecord {
 /// Creates `ps/desired` with `want` if absent; returns the job's shard count.
 pub(super) async fn resolve_desired(
     backend: &dyn Backend,
-    keys: &PsKeys,
+    keys: &JobKeys,
     want: Option<u32>,
 ) -> Result<Result<u32, PsError>, edl_coord::Error> {
     let parse = |v: &[u8]| -> Result<u32, PsError> {
@@ -93,7 +93,7 @@ pub(super) async fn resolve_desired(
 /// pserver holds it.
 pub(super) async fn claim_fixed(
     backend: &dyn Backend,
-    keys: &PsKeys,
+    keys: &JobKeys,
     index: u32,
     value: &[u8],
     lease: &Lease,

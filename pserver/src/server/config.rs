@@ -1,5 +1,6 @@
 //! Pserver configuration, and the limits of its transports shared with the client.
 
+use edl_job::JobName;
 use std::time::Duration;
 
 use crate::checkpoint::CheckpointConfig;
@@ -32,7 +33,7 @@ pub enum IndexChoice {
 #[derive(Debug, Clone)]
 pub struct PsConfig {
     /// The job (the etcd prefix `/edl/<job>/`).
-    pub job: String,
+    pub job: JobName,
     /// The shared job token every request must carry, if set.
     pub token: Option<String>,
     /// The address clients reach this pserver at; defaults to the listener's address.
@@ -60,9 +61,9 @@ pub struct PsConfig {
 
 impl PsConfig {
     /// Defaults for job `job`: auto index, 5 s lease, no checkpoints.
-    pub fn new(job: impl Into<String>) -> Self {
+    pub fn new(job: JobName) -> Self {
         PsConfig {
-            job: job.into(),
+            job,
             token: None,
             advertise: None,
             lease_ttl: Duration::from_secs(5),

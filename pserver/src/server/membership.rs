@@ -12,8 +12,8 @@ use tokio::sync::RwLock;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::keys::PsKeys;
 use crate::shard::Shard;
+use edl_job::JobKeys;
 
 /// Registered trainers, as seen through the registry watch.
 #[derive(Debug, Default)]
@@ -39,7 +39,7 @@ const REWATCH_HEALTHY: Duration = Duration::from_secs(30);
 /// left while no watch ran are forgotten.
 pub(super) async fn follow_trainers(
     backend: Arc<dyn Backend>,
-    keys: PsKeys,
+    keys: JobKeys,
     shard: Arc<Shard>,
     members: Arc<Members>,
     stop: CancellationToken,

@@ -25,8 +25,8 @@ use super::service::{Gate, Service};
 use crate::checkpoint::protocol;
 use crate::checkpoint::{CheckpointDir, CheckpointEvery};
 use crate::error::PsError;
-use crate::keys::{PsKeys, valid_id};
 use crate::shard::{CheckpointHooks, Shard, ShardCore};
+use edl_job::JobKeys;
 
 /// Runs a pserver on `listener` until `shutdown` fires. Returns
 /// [`PsError::LeaseLost`] if the lease was lost (the pserver stopped serving at once;
@@ -37,14 +37,11 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), PsError> {
-    if !valid_id(&cfg.job) {
-        return Err(PsError::Config(format!("invalid job name {:?}", cfg.job)));
-    }
     let local: SocketAddr = listener
         .local_addr()
         .map_err(|e| PsError::Config(format!("listener address: {e}")))?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| local.to_string());
-    let keys = PsKeys::new(&cfg.job);
+    let keys = JobKeys::new(&cfg.job);
     let policy = RetryPolicy::default();
     let shards = retry_cancellable(&policy, &shutdown, || {
         resolve_desired(&*backend, &keys, cfg.shards)
@@ -116,7 +113,7 @@ pub async fn run(
     let dir = cfg
         .checkpoint
         .as_ref()
-        .map(|c| CheckpointDir::new(&c.dir, &cfg.job, index));
+        .map(|c| CheckpointDir::new(&c.dir, cfg.job.as_str(), index));
     if let Some(dir) = &dir {
         let d = dir.clone();
         let _ = tokio::task::spawn_blocking(move || d.remove_temporaries()).await;
@@ -170,7 +167,7 @@ pub async fn run(
     let svc = Arc::new(Service {
         shard: shard.clone(),
         gate,
-        job: cfg.job.clone(),
+        job: cfg.job.to_string(),
         token: cfg.token.clone(),
         members: members.clone(),
         backend: backend.clone(),

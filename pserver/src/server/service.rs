@@ -22,9 +22,9 @@ use super::config::MAX_PUSH_WAIT;
 use super::convert::{counters, init_blocks, pull_response, raw_push};
 use super::membership::Members;
 use crate::error::PsError;
-use crate::keys::{PsKeys, valid_id};
 use crate::shard::{Shard, ShardCore};
 use crate::sync::Admit;
+use edl_job::{JobKeys, valid_member_id};
 
 /// Serves only while the lease is valid and no shutdown was asked.
 #[derive(Debug)]
@@ -56,7 +56,7 @@ pub(crate) struct Service {
     pub(super) token: Option<String>,
     pub(super) members: Arc<Members>,
     pub(super) backend: Arc<dyn Backend>,
-    pub(super) keys: PsKeys,
+    pub(super) keys: JobKeys,
     pub(super) permits: Arc<Semaphore>,
     pub(super) claim_revision: i64,
     pub(super) max_message_bytes: usize,
@@ -143,7 +143,7 @@ impl Service {
     }
 
     pub(crate) async fn init(&self, r: pb::InitRequest) -> Result<pb::InitResponse, PsError> {
-        if !valid_id(&r.trainer) {
+        if !valid_member_id(&r.trainer) {
             return Err(PsError::InvalidArgument(format!(
                 "bad trainer id {:?}",
                 r.trainer

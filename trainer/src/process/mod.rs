@@ -219,7 +219,7 @@ pub async fn run(
         "trainer registered"
     );
 
-    let mut pcfg = PsClientConfig::new(cfg.job.as_str());
+    let mut pcfg = PsClientConfig::new(cfg.job.clone());
     pcfg.token = cfg.token.clone();
     let ps = tokio::select! {
         r = PsClient::connect(backend.clone(), pcfg, life.child_token()) => match r {
