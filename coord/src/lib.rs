@@ -20,6 +20,8 @@
 //! - [`lease`]: [`Lease`], kept alive in the background, with a `lost` token.
 //! - [`election`]: [`Election`], [`Leadership`] and [`fenced_txn`].
 //! - [`registry`]: [`Registry`] and its [`MemberWatch`].
+//! - [`membership`]: [`follow_members`], a registry followed until cancelled: events,
+//!   periodic listings, re-watched after the watch ends (master and pservers use it).
 //! - [`index`]: [`claim_index`] and [`claim_index_wait`].
 //! - [`testkit`]: real etcd clusters, child processes and fault injection for tests.
 //!
@@ -49,6 +51,7 @@ pub mod etcd;
 pub mod index;
 pub mod lease;
 pub mod mem;
+pub mod membership;
 pub mod registry;
 pub mod retry;
 pub mod testkit;
@@ -64,6 +67,7 @@ pub use etcd::{EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls};
 pub use index::{IndexClaim, claim_index, claim_index_wait};
 pub use lease::Lease;
 pub use mem::MemBackend;
+pub use membership::{MemberFollow, Membership, follow_members};
 pub use registry::{Member, MemberEvent, MemberWatch, Registry};
 pub use retry::{Backoff, RetryPolicy, retry, retry_cancellable};
 pub use types::{

@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Backoff, Election, Lease, Registry, RetryPolicy};
+use edl_coord::{
+    Backend, Backoff, Election, Lease, MemberEvent, Membership, Registry, RetryPolicy,
+};
 use edl_job::{JobKeys, JobName};
 use edl_proto::master as pb;
 use futures::StreamExt;
@@ -501,65 +503,29 @@ async fn lead(
 }
 
 /// Reports trainers that leave, and reconciles lease holders with a consistent listing
-/// every `every`, for the whole term. The member watch absorbs disconnects and
-/// compactions itself; if it ends anyway (an error retrying cannot cure, such as a
-/// revoked permission) it is started again after a backoff, and the reconcile tick goes
-/// on meanwhile, so a trainer that leaves is never missed for longer than the gap.
+/// every `every`, for the whole term (through [`edl_coord::follow_members`], which
+/// re-watches after a watch ends and lists after each re-watch).
 async fn follow_trainers(
     registry: Registry,
     handle: CoreHandle,
     every: Duration,
     term: CancellationToken,
 ) {
-    let mut events = Some(registry.watch_members(term.child_token()));
-    let mut backoff = Backoff::new(retry_forever(Duration::from_millis(100)));
-    let mut rewatch_at: Option<tokio::time::Instant> = None;
-    let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let next_event = async {
-            match &mut events {
-                Some(w) => w.next().await,
-                None => std::future::pending().await,
+    let mut follow = edl_coord::follow_members(registry, Some(every), term.child_token());
+    while let Some(m) = follow.next().await {
+        match m {
+            Membership::Event(MemberEvent::Left(m)) => {
+                tracing::info!(trainer = %m.id, "trainer left");
+                handle.trainers_lost(vec![m.id]).await;
             }
-        };
-        let rewatch = async {
-            match rewatch_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
+            Membership::Event(MemberEvent::Joined(m)) => {
+                tracing::info!(trainer = %m.id, "trainer joined");
             }
-        };
-        tokio::select! {
-            _ = term.cancelled() => break,
-            ev = next_event => match ev {
-                Some(edl_coord::MemberEvent::Left(m)) => {
-                    tracing::info!(trainer = %m.id, "trainer left");
-                    handle.trainers_lost(vec![m.id]).await;
-                }
-                Some(edl_coord::MemberEvent::Joined(m)) => {
-                    backoff = Backoff::new(retry_forever(Duration::from_millis(100)));
-                    tracing::info!(trainer = %m.id, "trainer joined");
-                }
-                Some(_) => {}
-                None => {
-                    let error = events.take().and_then(|w| w.take_error());
-                    let delay = backoff.next_delay().unwrap_or(Duration::from_secs(2));
-                    tracing::warn!(
-                        error = error.map(|e| e.to_string()),
-                        retry_in = ?delay,
-                        "the trainer watch ended; following by listing until it is back"
-                    );
-                    rewatch_at = Some(tokio::time::Instant::now() + delay);
-                }
-            },
-            _ = rewatch => {
-                rewatch_at = None;
-                events = Some(registry.watch_members(term.child_token()));
-            }
-            _ = tick.tick() => {
-                if let Ok((members, _)) = registry.list().await {
-                    handle.reconcile(members.into_iter().map(|m| m.id).collect()).await;
-                }
+            Membership::Event(MemberEvent::Updated(_)) => {}
+            Membership::Listing(members) => {
+                handle
+                    .reconcile(members.into_iter().map(|m| m.id).collect())
+                    .await;
             }
         }
     }

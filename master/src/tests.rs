@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use edl_coord::testkit::{FaultyBackend, WATCH_STREAM};
 use edl_coord::{Backend, Lease, MemBackend, Registry};
 use edl_recordio::{FileWriter, WriterOptions};
 use tokio::net::TcpListener;
@@ -53,12 +54,17 @@ impl Harness {
     }
 
     async fn start_master(&mut self) {
+        self.start_master_on(self.backend.clone(), Duration::from_millis(200))
+            .await;
+    }
+
+    /// A master on `backend` (a fault-injecting wrapper, say) reconciling every `every`.
+    async fn start_master_on(&mut self, backend: Arc<dyn Backend>, every: Duration) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut cfg = MasterConfig::new(self.job.clone());
         cfg.lease_ttl = Duration::from_secs(1);
-        cfg.reconcile_every = Duration::from_millis(200);
+        cfg.reconcile_every = every;
         let stop = self.stop.child_token();
-        let backend = self.backend.clone();
         let s = stop.clone();
         let h = tokio::spawn(async move {
             run(backend, cfg, listener, s).await.unwrap();
@@ -229,6 +235,124 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
     let mut reader = CloudReader::start(h.client(), ReaderConfig::new("alive"));
     let (seen, _) = read_all(&mut reader).await;
     assert_eq!(seen.len(), 20);
+}
+
+/// A backend whose watches under `prefix` go through `faulty` (so faults hit only them)
+/// and everything else straight to `inner`.
+#[derive(Debug)]
+struct FaultyWatchesUnder {
+    inner: Arc<dyn Backend>,
+    faulty: Arc<FaultyBackend>,
+    prefix: String,
+}
+
+#[async_trait::async_trait]
+impl Backend for FaultyWatchesUnder {
+    async fn get(&self, key: &str) -> edl_coord::Result<Option<edl_coord::KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn range(
+        &self,
+        prefix: &str,
+    ) -> edl_coord::Result<(Vec<edl_coord::KeyValue>, edl_coord::Revision)> {
+        self.inner.range(prefix).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        lease: Option<edl_coord::LeaseId>,
+    ) -> edl_coord::Result<edl_coord::Revision> {
+        self.inner.put(key, value, lease).await
+    }
+    async fn delete(&self, key: &str) -> edl_coord::Result<bool> {
+        self.inner.delete(key).await
+    }
+    async fn delete_prefix(&self, prefix: &str) -> edl_coord::Result<u64> {
+        self.inner.delete_prefix(prefix).await
+    }
+    async fn txn(&self, txn: edl_coord::Txn) -> edl_coord::Result<edl_coord::TxnResponse> {
+        self.inner.txn(txn).await
+    }
+    async fn compact(&self, revision: edl_coord::Revision) -> edl_coord::Result<()> {
+        self.inner.compact(revision).await
+    }
+    async fn lease_grant(&self, ttl: Duration) -> edl_coord::Result<edl_coord::LeaseGrant> {
+        self.inner.lease_grant(ttl).await
+    }
+    async fn lease_keep_alive_once(
+        &self,
+        id: edl_coord::LeaseId,
+    ) -> edl_coord::Result<Option<Duration>> {
+        self.inner.lease_keep_alive_once(id).await
+    }
+    async fn lease_revoke(&self, id: edl_coord::LeaseId) -> edl_coord::Result<()> {
+        self.inner.lease_revoke(id).await
+    }
+    async fn lease_ttl(&self, id: edl_coord::LeaseId) -> edl_coord::Result<Option<Duration>> {
+        self.inner.lease_ttl(id).await
+    }
+    async fn watch_prefix(
+        &self,
+        prefix: &str,
+        start_revision: Option<edl_coord::Revision>,
+    ) -> edl_coord::Result<edl_coord::WatchStream> {
+        if prefix.starts_with(&self.prefix) {
+            self.faulty.watch_prefix(prefix, start_revision).await
+        } else {
+            self.inner.watch_prefix(prefix, start_revision).await
+        }
+    }
+}
+
+/// The master's trainer watch ends on an error retrying cannot cure; the master goes on
+/// following its trainers (watching again, and reconciling with each new listing), so a
+/// trainer that dies meanwhile still gets its task requeued. (Before, the follower
+/// stopped for good, and the task stayed with the dead trainer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_lost_after_the_trainer_watch_ended_gets_its_task_requeued() {
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 1, 20);
+    let mut h = Harness::new("rewatch");
+    let faulty = FaultyBackend::new(h.backend.clone());
+    // Only the trainer watch is faulty (the election's is not: the master stays leader).
+    let backend = Arc::new(FaultyWatchesUnder {
+        inner: h.backend.clone(),
+        faulty: faulty.clone(),
+        prefix: JobKeys::new(&h.job).trainers(),
+    });
+    // Reconciling on a timer only once (at the start): only the follower's own listings
+    // and events can requeue the task.
+    h.start_master_on(backend, Duration::from_secs(3600)).await;
+    let client = h.client();
+    client.set_dataset(vec![glob], 0, 0).await.unwrap();
+    let lease = h.register("doomed").await;
+    let Next::Task(_) = client
+        .get_task("doomed", 0, 1, Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("expected a task")
+    };
+    faulty.fail(&[WATCH_STREAM], || {
+        edl_coord::Error::PermissionDenied("injected".into())
+    });
+    // The trainer dies while no watch can see it leave.
+    lease.revoke().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = client.status().await.unwrap();
+        if st.counters.as_ref().unwrap().trainer_lost == 1 {
+            assert_eq!(st.pending, 0);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "task not requeued: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    faulty.clear_failures();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, MemberEvent, MemberWatch, Registry};
+use edl_coord::{Backend, MemberEvent, Membership, Registry, follow_members};
 use futures::StreamExt;
 use tokio::sync::RwLock;
 use tokio::time::Instant;
@@ -21,22 +21,15 @@ pub(super) struct Members {
     pub(super) set: RwLock<HashSet<String>>,
 }
 
-/// First delay before the trainer watch is opened again after it ended.
-const REWATCH_MIN: Duration = Duration::from_millis(100);
-/// Longest delay between attempts to open the trainer watch again.
-const REWATCH_MAX: Duration = Duration::from_secs(5);
-/// A trainer watch that lived this long resets the re-watch backoff.
-const REWATCH_HEALTHY: Duration = Duration::from_secs(30);
-
 /// Follows the trainer registry: registered ids for the sync check and the sync steps'
 /// expected trainers (a trainer whose lease ends is dropped from the open step at once),
-/// a reconciliation and the step timeout every tick.
+/// and the step timeout every tick.
 ///
-/// The registry watch ends only on an error that retrying cannot cure (a permission
-/// taken away, ...); then the ticks go on (steps still time out) and the watch is
-/// opened again with a bounded backoff until `stop` fires. Each new watch starts with a
-/// fresh listing of the registry that replaces the members known, so that trainers that
-/// left while no watch ran are forgotten.
+/// Through [`edl_coord::follow_members`]: if the registry watch ends (a permission taken
+/// away, ...), the ticks go on (steps still time out) and the watch is opened again with
+/// a bounded backoff until `stop` fires; the listing that follows each new watch
+/// replaces the members known, so that trainers that left while no watch ran are
+/// forgotten.
 pub(super) async fn follow_trainers(
     backend: Arc<dyn Backend>,
     keys: JobKeys,
@@ -45,24 +38,21 @@ pub(super) async fn follow_trainers(
     stop: CancellationToken,
 ) {
     let registry = Registry::new(backend, keys.trainers());
-    let mut events = Some(registry.watch_members(stop.child_token()));
-    let mut opened = Instant::now();
-    let mut delay = REWATCH_MIN;
-    let mut rewatch_at = Instant::now();
+    let mut follow = follow_members(registry, None, stop.child_token());
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let sync_core = || shard.core().ok().filter(|c| c.is_sync());
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
-            ev = next_member_event(&mut events) => match ev {
-                Some(MemberEvent::Joined(m) | MemberEvent::Updated(m)) => {
+            m = follow.next() => match m {
+                Some(Membership::Event(MemberEvent::Joined(m) | MemberEvent::Updated(m))) => {
                     if let Some(core) = sync_core() {
                         core.sync_member_joined(&m.id);
                     }
                     members.set.write().await.insert(m.id);
                 }
-                Some(MemberEvent::Left(m)) => {
+                Some(Membership::Event(MemberEvent::Left(m))) => {
                     members.set.write().await.remove(&m.id);
                     if let Some(core) = sync_core() {
                         let id = m.id.clone();
@@ -74,36 +64,11 @@ pub(super) async fn follow_trainers(
                         }
                     }
                 }
-                None => {
-                    let error = events.take().and_then(|w| w.take_error());
-                    if opened.elapsed() >= REWATCH_HEALTHY {
-                        delay = REWATCH_MIN;
-                    }
-                    tracing::error!(shard = shard.index(), error = ?error, retry_in = ?delay, "trainer registry watch ended; watching again");
-                    rewatch_at = Instant::now() + delay;
-                    delay = (delay * 2).min(REWATCH_MAX);
+                Some(Membership::Listing(listed)) => {
+                    *members.set.write().await = listed.into_iter().map(|m| m.id).collect();
                 }
+                None => break,
             },
-            _ = tokio::time::sleep_until(rewatch_at), if events.is_none() => {
-                // The new watch reports every change after its own listing; ours
-                // replaces what the ended watch left behind. (A trainer leaving in the
-                // moment between the two listings stays known until the next re-watch:
-                // at worst a step waits for it until the step timeout.)
-                let watch = registry.watch_members(stop.child_token());
-                match registry.list().await {
-                    Ok((listed, _)) => {
-                        *members.set.write().await = listed.into_iter().map(|m| m.id).collect();
-                        events = Some(watch);
-                        opened = Instant::now();
-                        tracing::info!(shard = shard.index(), "trainer registry watched again");
-                    }
-                    Err(e) => {
-                        tracing::warn!(shard = shard.index(), error = %e, retry_in = ?delay, "trainer registry listing failed; retrying");
-                        rewatch_at = Instant::now() + delay;
-                        delay = (delay * 2).min(REWATCH_MAX);
-                    }
-                }
-            }
             _ = tick.tick() => {
                 if let Some(core) = sync_core() {
                     let set: BTreeSet<String> = members.set.read().await.iter().cloned().collect();
@@ -115,13 +80,5 @@ pub(super) async fn follow_trainers(
                 }
             }
         }
-    }
-}
-
-/// The next event of the trainer watch; pending while there is none.
-async fn next_member_event(events: &mut Option<MemberWatch>) -> Option<MemberEvent> {
-    match events {
-        Some(w) => w.next().await,
-        None => std::future::pending().await,
     }
 }
