@@ -22,6 +22,8 @@
 //! - [`registry`]: [`Registry`] and its [`MemberWatch`].
 //! - [`membership`]: [`follow_members`], a registry followed until cancelled: events,
 //!   periodic listings, re-watched after the watch ends (master and pservers use it).
+//! - [`follow`]: [`follow_prefix`], a live view of every key under a prefix, on the same
+//!   machinery.
 //! - [`index`]: [`claim_index`] and [`claim_index_wait`].
 //! - [`testkit`]: real etcd clusters, child processes and fault injection for tests.
 //!
@@ -48,6 +50,7 @@ pub mod backend;
 pub mod election;
 pub mod error;
 pub mod etcd;
+pub mod follow;
 pub mod index;
 pub mod lease;
 pub mod mem;
@@ -64,6 +67,7 @@ pub use backend::{Backend, WatchStream};
 pub use election::{Election, LeaderInfo, Leadership, fenced_txn};
 pub use error::{Error, Result};
 pub use etcd::{EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls};
+pub use follow::{PrefixView, follow_prefix};
 pub use index::{IndexClaim, claim_index, claim_index_wait};
 pub use lease::Lease;
 pub use mem::MemBackend;

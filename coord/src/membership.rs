@@ -4,7 +4,8 @@
 //!
 //! It yields [`Membership::Event`]s from [`Registry::watch_members`] (which itself
 //! absorbs disconnects and compactions) and [`Membership::Listing`]s: a consistent
-//! listing of every member, every `reconcile_every` (when set) and after every re-watch.
+//! listing of every member when it starts, every `reconcile_every` (when set) and after
+//! every re-watch.
 //!
 //! Invariants:
 //! - The stream ends only when `cancel` fires or it is dropped; never on its own.
@@ -27,6 +28,7 @@ use tracing::Instrument as _;
 
 use crate::registry::{Member, MemberEvent, MemberWatch, Registry};
 use crate::retry::{Backoff, RetryPolicy};
+use crate::types::Revision;
 
 /// First delay before the member watch is opened again after it ended.
 pub const REWATCH_MIN: Duration = Duration::from_millis(100);
@@ -40,8 +42,8 @@ pub const REWATCH_HEALTHY: Duration = Duration::from_secs(30);
 pub enum Membership {
     /// A member joined, changed or left.
     Event(MemberEvent),
-    /// Every member, as of one consistent listing.
-    Listing(Vec<Member>),
+    /// Every member, as of one consistent listing at the revision given.
+    Listing(Vec<Member>, Revision),
 }
 
 /// Stream of [`Membership`] from [`follow_members`].
@@ -59,8 +61,9 @@ impl Stream for MemberFollow {
     }
 }
 
-/// Follows `registry` until `cancel` fires (see the module's invariants): events, a
-/// listing every `reconcile_every` (none when `None`) and after every re-watch.
+/// Follows `registry` until `cancel` fires (see the module's invariants): a listing
+/// first, events, a listing every `reconcile_every` (none when `None`) and after every
+/// re-watch.
 ///
 /// Runs a task on the current tokio runtime. Items are buffered (256); a consumer that
 /// stops reading holds the task back, it does not lose items.
@@ -115,10 +118,12 @@ async fn run(
     stop: CancellationToken,
 ) {
     let prefix = registry.prefix().to_owned();
-    let mut events = Some(registry.watch_members(stop.child_token()));
+    let mut events = None;
+    let mut watched = false;
     let mut opened = Instant::now();
     let mut backoff = rewatch_backoff();
-    let mut rewatch_at: Option<Instant> = None;
+    // The first watch is opened (and listed) like every later one, at once.
+    let mut rewatch_at: Option<Instant> = Some(Instant::now());
     let mut interval = reconcile_every.map(|every| {
         let mut i = tokio::time::interval(every.max(Duration::from_millis(100)));
         i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -150,12 +155,15 @@ async fn run(
                 // sent here replaces what the ended watch left behind.
                 let watch = registry.watch_members(stop.child_token());
                 match registry.list().await {
-                    Ok((members, _)) => {
+                    Ok((members, revision)) => {
+                        if watched {
+                            tracing::info!(prefix = %prefix, "member registry watched again");
+                        }
+                        watched = true;
                         events = Some(watch);
                         opened = Instant::now();
                         rewatch_at = None;
-                        tracing::info!(prefix = %prefix, "member registry watched again");
-                        tx.send(Membership::Listing(members)).await
+                        tx.send(Membership::Listing(members, revision)).await
                     }
                     Err(e) => {
                         let delay = backoff.next_delay().unwrap_or(REWATCH_MAX);
@@ -166,7 +174,7 @@ async fn run(
                 }
             }
             _ = tick(&mut interval) => match registry.list().await {
-                Ok((members, _)) => tx.send(Membership::Listing(members)).await,
+                Ok((members, revision)) => tx.send(Membership::Listing(members, revision)).await,
                 Err(e) => {
                     tracing::debug!(prefix = %prefix, error = %e, "member listing failed; next tick");
                     Ok(())
@@ -211,7 +219,7 @@ mod tests {
                     assert_eq!(m.id, "a");
                     joined = true;
                 }
-                Membership::Listing(ms) => {
+                Membership::Listing(ms, _) => {
                     assert_eq!(ms.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["a"]);
                     listed = true;
                 }
@@ -225,7 +233,7 @@ mod tests {
                     assert_eq!(m.id, "a");
                     break;
                 }
-                Membership::Listing(_) => {}
+                Membership::Listing(..) => {}
                 other => panic!("unexpected {other:?}"),
             }
         }

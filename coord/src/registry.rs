@@ -34,6 +34,8 @@ pub struct Member {
     pub create_revision: Revision,
     /// Revision of its last update.
     pub mod_revision: Revision,
+    /// Writes of its key since it was created (etcd's key version).
+    pub version: i64,
 }
 
 /// A change of membership.
@@ -99,6 +101,7 @@ impl Registry {
             lease: kv.lease,
             create_revision: kv.create_revision,
             mod_revision: kv.mod_revision,
+            version: kv.version,
         })
     }
 

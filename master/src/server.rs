@@ -522,7 +522,7 @@ async fn follow_trainers(
                 tracing::info!(trainer = %m.id, "trainer joined");
             }
             Membership::Event(MemberEvent::Updated(_)) => {}
-            Membership::Listing(members) => {
+            Membership::Listing(members, _) => {
                 handle
                     .reconcile(members.into_iter().map(|m| m.id).collect())
                     .await;

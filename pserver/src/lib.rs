@@ -32,15 +32,14 @@
 //! - [`client`]: the trainer's client ([`PsClient`]): `error`, `connection` (shards found
 //!   through etcd), `retry`, `init` (once per job, through etcd), `cache` (the trainer's
 //!   dense copy), `pull`, `push`, `status` (and probes).
-//! - [`follow`], [`wire`]: prefix views, floats on the wire (the job's etcd keys are
-//!   `edl_job::JobKeys`).
+//! - [`wire`]: floats on the wire. (Prefix views are `edl_coord::follow_prefix`; the
+//!   job's etcd keys are `edl_job::JobKeys`.)
 //! - [`error`]: errors and their mapping to gRPC status codes.
 
 mod bulk;
 pub mod checkpoint;
 pub mod client;
 pub mod error;
-pub mod follow;
 pub mod layout;
 pub mod optim;
 pub mod server;

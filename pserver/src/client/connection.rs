@@ -15,8 +15,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::PsClient;
 use crate::bulk;
-use crate::follow::PrefixView;
 use crate::server::{CONNECTION_WINDOW, MAX_FRAME, PsRecord, STREAM_WINDOW};
+use edl_coord::PrefixView;
 
 /// The connection to a shard's pserver, for the claim it was made to.
 #[derive(Debug)]

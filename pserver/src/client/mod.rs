@@ -52,9 +52,9 @@ use tokio::sync::{Mutex, RwLock, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::follow::{PrefixView, follow_prefix};
 use crate::layout::Layout;
 use crate::server::DEFAULT_MAX_MESSAGE_BYTES;
+use edl_coord::{PrefixView, follow_prefix};
 use edl_job::{JobKeys, JobName};
 
 mod cache;

@@ -18,8 +18,8 @@ use crate::checkpoint::protocol::{
 };
 use crate::checkpoint::{CheckpointDir, ShardEntry, Snapshot};
 use crate::error::PsError;
-use crate::follow::follow_prefix;
 use crate::shard::Shard;
+use edl_coord::follow_prefix;
 use edl_job::JobKeys;
 
 /// Attempts to record a checkpoint part and commit its step, on transient etcd errors.

@@ -64,7 +64,7 @@ pub(super) async fn follow_trainers(
                         }
                     }
                 }
-                Some(Membership::Listing(listed)) => {
+                Some(Membership::Listing(listed, _)) => {
                     *members.set.write().await = listed.into_iter().map(|m| m.id).collect();
                 }
                 None => break,
