@@ -3,9 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use edl_coord::{Lease, Registry};
 use edl_master::client::Next;
-use edl_master::keys::Keys;
 use tokio::time::Instant;
 
 use crate::support::{World, wait_until};
@@ -204,17 +202,7 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     let (_master, _) = w.master("master", &[]).await;
     let client = w.client();
     client.set_dataset(vec![glob], 1, 1).await.unwrap();
-    let lease = Lease::grant(
-        w.backend.clone(),
-        Duration::from_secs(2),
-        w.cancel.child_token(),
-    )
-    .await
-    .unwrap();
-    Registry::new(w.backend.clone(), Keys::new(&w.job).trainers())
-        .register("old", b"x".to_vec(), &lease)
-        .await
-        .unwrap();
+    let lease = w.register_trainer("old").await;
     let Next::Task(task) = client.get_task("old", 0, 1, Duration::ZERO).await.unwrap() else {
         panic!("expected a task")
     };
@@ -224,17 +212,7 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     })
     .await;
     assert!(requeued);
-    let lease2 = Lease::grant(
-        w.backend.clone(),
-        Duration::from_secs(2),
-        w.cancel.child_token(),
-    )
-    .await
-    .unwrap();
-    Registry::new(w.backend.clone(), Keys::new(&w.job).trainers())
-        .register("new", b"x".to_vec(), &lease2)
-        .await
-        .unwrap();
+    let _lease2 = w.register_trainer("new").await;
     // The requeued task went to the back of the queue: finish the others first.
     let mut again = None;
     for request in 1..=3 {
