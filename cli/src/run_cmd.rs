@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use edl_coord::testkit::EtcdCluster;
+use edl_coord::LocalEtcd;
 use edl_coord::{Backend, EtcdBackend, EtcdConfig, MemBackend};
 use edl_master::client::{ClientConfig, MasterClient};
 use edl_proto::master::StatusResponse;
@@ -334,7 +334,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     let report = rt.block_on(async move {
         let shutdown = shutdown_on_signals()?;
         let started = Instant::now();
-        let etcd_found = edl_coord::testkit::etcd_binary().is_ok();
+        let etcd_found = edl_coord::local_etcd::etcd_binary().is_ok();
         let use_memory = match args.coord {
             CoordChoice::Memory => true,
             CoordChoice::Etcd => false,
@@ -352,7 +352,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         }
         let mut private = None;
         let (endpoints, coordination) = if endpoints.is_empty() {
-            let cluster = EtcdCluster::start(1).await.map_err(|e| {
+            let cluster = LocalEtcd::start(1).await.map_err(|e| {
                 anyhow::anyhow!("start a private etcd: {e} (install etcd, or pass --etcd, or --coord memory)")
             })?;
             let eps = cluster.endpoints();
@@ -735,7 +735,7 @@ impl Supervisor {
         // the children in order (trainers drain first). Tied to this process: if `edl run`
         // dies, however it dies, its children are SIGKILLed.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let child = edl_coord::testkit::spawn_tied_to_process(cmd)
+        let child = edl_coord::local_etcd::spawn_tied_to_process(cmd)
             .with_context(|| format!("start {name}"))?;
         tracing::info!(process = %name, pid = child.id(), "started");
         self.procs.push(Proc {

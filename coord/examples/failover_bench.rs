@@ -1,5 +1,5 @@
 //! Measures how fast coordination recovers from a killed process, on a local
-//! single-member etcd started by the testkit (lease TTL 2 s):
+//! single-member etcd started by the test kit (lease TTL 2 s):
 //!
 //! - SIGKILL of a lease holder → deletion of its key (seen by a watch);
 //! - SIGKILL of the leader → a waiting follower is elected.
@@ -15,8 +15,8 @@ use std::error::Error as StdError;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::testkit::{ChildProcess, EtcdCluster, child_role};
 use edl_coord::{Backend, Election, EtcdBackend, EtcdConfig, EventKind, Lease};
+use edl_testkit::{ChildProcess, EtcdCluster, child_role};
 use futures::StreamExt;
 use rand::Rng;
 use tokio::time::Instant;

@@ -90,7 +90,8 @@ impl Error {
         matches!(self, Error::Unavailable { .. } | Error::Timeout(_))
     }
 
-    pub(crate) fn unavailable(endpoint: impl Into<String>, msg: impl Into<String>) -> Self {
+    /// An [`Error::Unavailable`] from one endpoint (retryable).
+    pub fn unavailable(endpoint: impl Into<String>, msg: impl Into<String>) -> Self {
         Error::Unavailable {
             endpoints: vec![endpoint.into()],
             msg: msg.into(),

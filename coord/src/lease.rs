@@ -543,7 +543,7 @@ mod tests {
     }
 
     async fn wait_revoked(b: &MemBackend, key: &str) -> bool {
-        crate::testkit::wait_until(TTL / 2, Duration::from_millis(10), || async {
+        edl_testkit::wait_until(TTL / 2, Duration::from_millis(10), || async {
             b.get(key).await.unwrap().is_none()
         })
         .await

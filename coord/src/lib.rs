@@ -5,7 +5,9 @@
 //!
 //! Everything is built on the [`Backend`] trait (etcd's KV, lease, transaction and
 //! watch primitives). The recipes take an `Arc<dyn Backend>`, so they behave the
-//! same on [`EtcdBackend`] and [`MemBackend`]; one conformance suite checks both.
+//! same on [`EtcdBackend`] and [`MemBackend`]; one conformance suite
+//! (`tests/conformance.rs`) checks both. Tests inject faults with the `edl-testkit`
+//! crate (a dev-dependency).
 //!
 //! # Layout
 //!
@@ -25,7 +27,9 @@
 //! - [`follow`]: [`follow_prefix`], a live view of every key under a prefix, on the same
 //!   machinery.
 //! - [`index`]: [`claim_index`] and [`claim_index_wait`].
-//! - [`testkit`]: real etcd clusters, child processes and fault injection for tests.
+//! - [`local_etcd`]: [`LocalEtcd`], real etcd processes on loopback ports (the
+//!   private etcd of `edl run`; the test kit builds on it), and
+//!   [`spawn_tied_to_process`](local_etcd::spawn_tied_to_process).
 //!
 //! # Example
 //!
@@ -53,15 +57,12 @@ pub mod etcd;
 pub mod follow;
 pub mod index;
 pub mod lease;
+pub mod local_etcd;
 pub mod mem;
 pub mod membership;
 pub mod registry;
 pub mod retry;
-pub mod testkit;
 pub mod types;
-
-#[cfg(test)]
-mod conformance;
 
 pub use backend::{Backend, WatchStream};
 pub use election::{Election, LeaderInfo, Leadership, fenced_txn};
@@ -70,6 +71,7 @@ pub use etcd::{EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls};
 pub use follow::{PrefixView, follow_prefix};
 pub use index::{IndexClaim, claim_index, claim_index_wait};
 pub use lease::Lease;
+pub use local_etcd::LocalEtcd;
 pub use mem::MemBackend;
 pub use membership::{MemberFollow, Membership, follow_members};
 pub use registry::{Member, MemberEvent, MemberWatch, Registry};

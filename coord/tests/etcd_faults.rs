@@ -8,11 +8,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::testkit::{ChildProcess, EtcdCluster, child_role, wait_until};
 use edl_coord::{
     Backend, Election, Error, EtcdBackend, EtcdConfig, EventKind, Lease, MemberEvent, Op, Registry,
     claim_index,
 };
+use edl_testkit::{ChildProcess, EtcdCluster, child_role, wait_until};
 use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -711,7 +711,7 @@ fn process_alive(pid: u32) -> bool {
 }
 
 /// etcd started by a test process that is SIGKILLed does not outlive it (the
-/// testkit sets a parent-death signal).
+/// local etcd sets a parent-death signal, `local_etcd::spawn_tied_to_process`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_dies_with_its_sigkilled_test_process() {
     let mut child = ChildProcess::spawn_test("child_entry", "etcd-owner", &[]).unwrap();

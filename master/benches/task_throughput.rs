@@ -10,12 +10,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::testkit::EtcdCluster;
 use edl_coord::{Backend, Lease, Registry};
 use edl_job::{JobKeys, JobName};
 use edl_master::client::{ClientConfig, MasterClient, Next};
 use edl_master::{MasterConfig, run};
 use edl_recordio::{FileWriter, WriterOptions};
+use edl_testkit::EtcdCluster;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 

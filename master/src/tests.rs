@@ -6,9 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::testkit::{FaultyBackend, WATCH_STREAM};
-use edl_coord::{Backend, Lease, MemBackend, Registry};
+use edl_coord::{Backend, Lease, MemBackend};
 use edl_recordio::{FileWriter, WriterOptions};
+use edl_testkit::{FaultyBackend, WATCH_STREAM};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -79,18 +79,14 @@ impl Harness {
     }
 
     async fn register(&self, trainer: &str) -> Lease {
-        let lease = Lease::grant(
-            self.backend.clone(),
+        edl_testkit::register_trainer(
+            &self.backend,
+            JobKeys::new(&self.job).trainers(),
+            trainer,
             Duration::from_secs(1),
             self.stop.child_token(),
         )
         .await
-        .unwrap();
-        Registry::new(self.backend.clone(), JobKeys::new(&self.job).trainers())
-            .register(trainer, b"test".to_vec(), &lease)
-            .await
-            .unwrap();
-        lease
     }
 }
 

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::testkit::{FaultyBackend, WATCH_STREAM};
 use edl_coord::{Backend, Lease, MemBackend, Registry};
 use edl_proto::pserver as pb;
+use edl_testkit::{FaultyBackend, WATCH_STREAM};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -342,7 +342,7 @@ async fn clipping_is_applied_by_the_client_before_the_push() {
 
 /// Waits until every shard expects exactly `who` in its next sync step.
 async fn wait_participants(ps: &PsClient, who: &[&str]) {
-    let ok = edl_coord::testkit::wait_until(
+    let ok = edl_testkit::wait_until(
         Duration::from_secs(10),
         Duration::from_millis(20),
         || async {
@@ -463,7 +463,7 @@ async fn sync_steps_average_the_live_trainers_through_deaths_and_joins() {
 }
 
 async fn wait_manifest(backend: &Arc<dyn Backend>, keys: &JobKeys, step: u64) {
-    let ok = edl_coord::testkit::wait_until(
+    let ok = edl_testkit::wait_until(
         Duration::from_secs(10),
         Duration::from_millis(20),
         || async { backend.get(&keys.manifest(step)).await.unwrap().is_some() },
@@ -515,7 +515,7 @@ async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
         }
     }
     // keep = 2: the manifest of step 2 is pruned once 6 is committed.
-    let ok = edl_coord::testkit::wait_until(
+    let ok = edl_testkit::wait_until(
         Duration::from_secs(5),
         Duration::from_millis(20),
         || async { h.backend.get(&keys.manifest(2)).await.unwrap().is_none() },
@@ -597,7 +597,7 @@ async fn async_checkpoints_are_coordinated_by_shard_zero() {
             .await
             .unwrap();
     }
-    let ok = edl_coord::testkit::wait_until(
+    let ok = edl_testkit::wait_until(
         Duration::from_secs(10),
         Duration::from_millis(20),
         || async { h.backend.get(&keys.latest()).await.unwrap().is_some() },
@@ -738,20 +738,19 @@ async fn time_based_checkpoints_pick_one_step_for_every_shard() {
     wait_participants(&ps, &["a"]).await;
     // Shard 0 asks for a step two steps ahead; both shards snapshot right after it.
     let mut step = 1;
-    let ok =
-        edl_coord::testkit::wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
-            let ps = ps.clone();
-            let s = step;
-            step += 1;
-            async move {
-                ps.push("a", s, &[("w", &vec![1.0; N])], &[]).await.unwrap();
-                ps.status()
-                    .await
-                    .iter()
-                    .all(|s| s.as_ref().is_ok_and(|s| s.last_checkpoint > 0))
-            }
-        })
-        .await;
+    let ok = edl_testkit::wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+        let ps = ps.clone();
+        let s = step;
+        step += 1;
+        async move {
+            ps.push("a", s, &[("w", &vec![1.0; N])], &[]).await.unwrap();
+            ps.status()
+                .await
+                .iter()
+                .all(|s| s.as_ref().is_ok_and(|s| s.last_checkpoint > 0))
+        }
+    })
+    .await;
     assert!(ok, "no time-based checkpoint");
     let latest = loop {
         if let Some(kv) = h.backend.get(&keys.latest()).await.unwrap() {
@@ -1070,7 +1069,7 @@ async fn the_bulk_path_bounds_hellos_stalls_and_connections() {
         .await
         .expect("a stalled connection is closed");
     assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
-    let ok = edl_coord::testkit::wait_until(
+    let ok = edl_testkit::wait_until(
         Duration::from_secs(5),
         Duration::from_millis(20),
         || async { bulk_connect(&addr, h.job.as_str()).await.1 == Some(crate::bulk::STATUS_OK) },
@@ -1107,7 +1106,7 @@ async fn a_checkpoint_is_recorded_after_a_transient_etcd_failure() {
             .unwrap();
     }
     let dir = CheckpointDir::new(h.dir.path(), "ckpt-retry", 0);
-    let written = edl_coord::testkit::wait_until(
+    let written = edl_testkit::wait_until(
         Duration::from_secs(10),
         Duration::from_millis(10),
         || async { dir.files().unwrap().iter().any(|(s, _)| *s == 2) },

@@ -3,8 +3,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use edl_coord::{Lease, Registry};
-use edl_job::{JobKeys, JobName};
 use edl_master::client::Next;
 use tokio::time::Instant;
 
@@ -204,20 +202,7 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     let (_master, _) = w.master("master", &[]).await;
     let client = w.client();
     client.set_dataset(vec![glob], 1, 1).await.unwrap();
-    let lease = Lease::grant(
-        w.backend.clone(),
-        Duration::from_secs(2),
-        w.cancel.child_token(),
-    )
-    .await
-    .unwrap();
-    Registry::new(
-        w.backend.clone(),
-        JobKeys::new(&JobName::new(w.job.as_str()).unwrap()).trainers(),
-    )
-    .register("old", b"x".to_vec(), &lease)
-    .await
-    .unwrap();
+    let lease = w.register_trainer("old").await;
     let Next::Task(task) = client.get_task("old", 0, 1, Duration::ZERO).await.unwrap() else {
         panic!("expected a task")
     };
@@ -227,20 +212,7 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     })
     .await;
     assert!(requeued);
-    let lease2 = Lease::grant(
-        w.backend.clone(),
-        Duration::from_secs(2),
-        w.cancel.child_token(),
-    )
-    .await
-    .unwrap();
-    Registry::new(
-        w.backend.clone(),
-        JobKeys::new(&JobName::new(w.job.as_str()).unwrap()).trainers(),
-    )
-    .register("new", b"x".to_vec(), &lease2)
-    .await
-    .unwrap();
+    let _lease2 = w.register_trainer("new").await;
     // The requeued task went to the back of the queue: finish the others first.
     let mut again = None;
     for request in 1..=3 {

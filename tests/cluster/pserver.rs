@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use edl_coord::testkit::{ChildProcess, child_role};
 use edl_job::{JobKeys, JobName};
 use edl_pserver::checkpoint::protocol as ckpt;
 use edl_pserver::client::{DenseCache, DenseInit, PsClient, probe};
 use edl_pserver::error::ErrorKind;
 use edl_pserver::{Mode, OptimizerConfig, ParamConfig, PsClientError, checkpoint};
+use edl_testkit::{ChildProcess, child_role};
 use tokio::time::Instant;
 
 use crate::support::{World, wait_until};
@@ -111,13 +111,14 @@ async fn trainer_child() {
             .expect("trainer child"),
     );
     let cancel = tokio_util::sync::CancellationToken::new();
-    let lease = edl_coord::Lease::grant(backend.clone(), Duration::from_secs(2), cancel.clone())
-        .await
-        .expect("trainer child");
-    edl_coord::Registry::new(backend.clone(), JobKeys::new(&job).trainers())
-        .register(&id, b"child".to_vec(), &lease)
-        .await
-        .expect("trainer child");
+    let _lease = edl_testkit::register_trainer(
+        &backend,
+        JobKeys::new(&job).trainers(),
+        &id,
+        Duration::from_secs(2),
+        cancel.clone(),
+    )
+    .await;
     let mut cfg = edl_pserver::ClientConfig::new(job.clone());
     cfg.sync_wait = Duration::from_millis(500);
     let ps = PsClient::connect(backend, cfg, cancel.clone())

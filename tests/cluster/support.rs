@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::Backend;
-use edl_coord::testkit::EtcdCluster;
 use edl_master::client::{ClientConfig, MasterClient};
 use edl_recordio::{FileWriter, WriterOptions};
+use edl_testkit::EtcdCluster;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -60,12 +60,9 @@ impl Proc {
 
     /// Sends a signal by name (TERM, STOP, CONT) to this process only.
     pub fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{sig} {} failed", self.child.id());
+        let signal: edl_testkit::Signal = format!("SIG{sig}").parse().expect("a signal name");
+        edl_testkit::signal(self.child.id(), signal)
+            .unwrap_or_else(|e| panic!("kill -{sig} {} failed: {e}", self.child.id()));
     }
 
     /// The log so far.
@@ -116,7 +113,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    edl_coord::testkit::wait_until(within, Duration::from_millis(20), cond).await
+    edl_testkit::wait_until(within, Duration::from_millis(20), cond).await
 }
 
 /// A test's world: a temp dir, an etcd, a job name.
@@ -313,17 +310,13 @@ impl World {
 
     /// Registers trainer `id` under `trainers/` with a 2 s lease.
     pub async fn register_trainer(&self, id: &str) -> edl_coord::Lease {
-        let lease = edl_coord::Lease::grant(
-            self.backend.clone(),
+        edl_testkit::register_trainer(
+            &self.backend,
+            format!("/edl/{}/trainers/", self.job),
+            id,
             Duration::from_secs(2),
             self.cancel.child_token(),
         )
         .await
-        .expect("lease");
-        edl_coord::Registry::new(self.backend.clone(), format!("/edl/{}/trainers/", self.job))
-            .register(id, b"test trainer".to_vec(), &lease)
-            .await
-            .expect("register");
-        lease
     }
 }

@@ -6,6 +6,10 @@
 //! store. Time passes through tokio's clock: on the paused runtime, sleeps and
 //! deadlines advance virtual time; against etcd they are real.
 
+// The cases are plain functions called by the tests, where clippy's
+// `allow-unwrap-in-tests` does not reach.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +18,8 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use crate::testkit::{EtcdCluster, FaultyBackend, wait_until};
-use crate::*;
+use edl_coord::*;
+use edl_testkit::{EtcdCluster, FaultyBackend, wait_until};
 
 const TTL: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_millis(50);
@@ -53,7 +57,7 @@ macro_rules! cases {
                 #[tokio::test(start_paused = true)]
                 async fn $name() {
                     let env = super::Env {
-                        backend: std::sync::Arc::new(crate::MemBackend::new()),
+                        backend: std::sync::Arc::new(edl_coord::MemBackend::new()),
                         prefix: format!("/conformance/{}/", stringify!($name)),
                     };
                     super::$name(env).await;

@@ -1,0 +1,81 @@
+//! Test support for the edl workspace: real etcd clusters with fault injection,
+//! child processes, a fault-injecting backend, deadlines, and common fixtures. A
+//! dev-dependency only: nothing here is compiled into a production crate.
+//!
+//! # Layout
+//!
+//! - [`etcd`]: [`EtcdCluster`], a [`LocalEtcd`](edl_coord::local_etcd::LocalEtcd)
+//!   (real `etcd` processes on free loopback ports) with `restart`, `pause`, `resume`
+//!   and finding the raft leader.
+//! - [`child`]: [`ChildProcess`] runs a role of the *current* test binary as a child
+//!   process (the binary re-executes itself with [`CHILD_ROLE_ENV`] set), so a test
+//!   can SIGKILL or SIGSTOP "a process holding a lease"; [`signal`] for any process.
+//! - [`faulty`]: [`FaultyBackend`] wraps a [`Backend`] and injects outages, watch
+//!   disconnects and chosen errors (non-retryable ones too), for either backend, and
+//!   counts requests (to check that loops back off).
+//! - [`wait_until`]: polls a condition until a deadline.
+//! - [`register_trainer`]: registers a trainer under a job's `trainers/` with its own
+//!   lease, as trainers do.
+//!
+//! The `etcd` binary is found through `EDL_ETCD_BIN`, else on `PATH`
+//! ([`etcd_binary`](edl_coord::local_etcd::etcd_binary)).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use edl_coord::{Backend, Lease, Registry};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub mod child;
+pub mod etcd;
+pub mod faulty;
+
+pub use child::{CHILD_ROLE_ENV, ChildProcess, child_role, signal};
+pub use etcd::EtcdCluster;
+pub use faulty::{ErrorFn, FaultyBackend, WATCH_STREAM};
+pub use nix::sys::signal::Signal;
+
+/// Polls `cond` every `every` until it returns true (then `true`) or `within` has
+/// passed (then `false`). Works on paused and real clocks alike.
+pub async fn wait_until<F, Fut>(within: Duration, every: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(every.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
+}
+
+/// Registers trainer `id` under `trainers_prefix` (a job's `/edl/<job>/trainers/`)
+/// with a lease of `ttl` kept alive until `cancel`, as a trainer does (the master
+/// and the pservers count registered trainers). Panics on failure (a test fixture).
+pub async fn register_trainer(
+    backend: &Arc<dyn Backend>,
+    trainers_prefix: impl Into<String>,
+    id: &str,
+    ttl: Duration,
+    cancel: CancellationToken,
+) -> Lease {
+    let lease = Lease::grant(backend.clone(), ttl, cancel)
+        .await
+        .expect("grant a trainer lease");
+    Registry::new(backend.clone(), trainers_prefix)
+        .register(id, b"test trainer".to_vec(), &lease)
+        .await
+        .expect("register the trainer");
+    lease
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
