@@ -12,7 +12,7 @@ use edl_coord::Backend;
 use edl_job::{
     ControlRecord, JobKeys, JobName, JobSpec, JobStateRecord, Record, RunRecord, ScaleRecord,
 };
-use edl_master::client::{ClientConfig, MasterClient};
+use edl_master::client::{MasterClient, MasterClientConfig};
 use edl_pserver::server::PsRecord;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -231,7 +231,7 @@ async fn job_status(backend: &Arc<dyn Backend>, job: &JobName) -> anyhow::Result
     let status = if masters.is_empty() {
         None
     } else {
-        let mut cfg = ClientConfig::new(job.clone());
+        let mut cfg = MasterClientConfig::new(job.clone());
         cfg.retry_for = Duration::from_secs(2);
         cfg.call_timeout = Duration::from_secs(2);
         MasterClient::new(backend.clone(), cfg, CancellationToken::new())

@@ -27,7 +27,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use edl_coord::LocalEtcd;
 use edl_coord::{Backend, EtcdBackend, EtcdConfig, MemBackend};
-use edl_master::client::{ClientConfig, MasterClient};
+use edl_master::client::{MasterClient, MasterClientConfig};
 use edl_proto::master::StatusResponse;
 use edl_pserver::{DenseCache, PsClient};
 use edl_trainer::{DeviceChoice, Model, ParamStore, PsStore};
@@ -862,7 +862,7 @@ impl Supervisor {
     }
 
     fn master_client(&self) -> MasterClient {
-        let mut cfg = ClientConfig::new(self.spec.name.clone());
+        let mut cfg = MasterClientConfig::new(self.spec.name.clone());
         cfg.retry_for = Duration::from_secs(2);
         cfg.call_timeout = Duration::from_secs(2);
         MasterClient::new(self.backend.clone(), cfg, CancellationToken::new())
@@ -874,7 +874,7 @@ impl Supervisor {
 
     /// One short attempt (recovery checks must not stall the supervisor).
     async fn quick_status(&self) -> Option<StatusResponse> {
-        let mut cfg = ClientConfig::new(self.spec.name.clone());
+        let mut cfg = MasterClientConfig::new(self.spec.name.clone());
         cfg.retry_for = Duration::from_millis(300);
         cfg.call_timeout = Duration::from_millis(300);
         MasterClient::new(self.backend.clone(), cfg, CancellationToken::new())
@@ -1354,7 +1354,7 @@ async fn final_params(
 ) -> anyhow::Result<(Option<FinalMetric>, Option<String>)> {
     let cancel = CancellationToken::new();
     let _guard = cancel.clone().drop_guard();
-    let mut cfg = edl_pserver::ClientConfig::new(spec.name.clone());
+    let mut cfg = edl_pserver::PsClientConfig::new(spec.name.clone());
     cfg.retry_for = Duration::from_secs(20);
     let client = PsClient::connect(backend.clone(), cfg, cancel.child_token()).await?;
     let mut cache = DenseCache::new();
@@ -1591,7 +1591,7 @@ async fn run_in_memory(
         ));
     }
     let mut display = Display::new(args.quiet);
-    let mut client_cfg = ClientConfig::new(spec.name.clone());
+    let mut client_cfg = MasterClientConfig::new(spec.name.clone());
     client_cfg.retry_for = Duration::from_secs(2);
     let master = MasterClient::new(backend.clone(), client_cfg, roles.child_token());
     let mut error = None;

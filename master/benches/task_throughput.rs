@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use edl_coord::{Backend, Lease, Registry};
 use edl_job::{JobKeys, JobName};
-use edl_master::client::{ClientConfig, MasterClient, Next};
+use edl_master::client::{MasterClient, MasterClientConfig, Next};
 use edl_master::{MasterConfig, run};
 use edl_recordio::{FileWriter, WriterOptions};
 use edl_testkit::EtcdCluster;
@@ -54,7 +54,7 @@ async fn run_once(
     let mut cfg = MasterConfig::new(job.clone());
     cfg.max_batch = max_batch;
     let master = tokio::spawn(run(backend.clone(), cfg, listener, stop.clone()));
-    let mut ccfg = ClientConfig::new(job.clone());
+    let mut ccfg = MasterClientConfig::new(job.clone());
     ccfg.retry_for = Duration::from_secs(30);
     let client = MasterClient::new(backend.clone(), ccfg.clone(), stop.child_token());
     let ds = client

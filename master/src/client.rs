@@ -59,7 +59,7 @@ impl ClientError {
 
 /// Client settings.
 #[derive(Clone, Debug)]
-pub struct ClientConfig {
+pub struct MasterClientConfig {
     /// The job.
     pub job: JobName,
     /// The job token, if the job has one.
@@ -72,10 +72,10 @@ pub struct ClientConfig {
     pub call_timeout: Duration,
 }
 
-impl ClientConfig {
+impl MasterClientConfig {
     /// Defaults for job `job`: retry for 60 s, connect 3 s, calls 10 s.
     pub fn new(job: JobName) -> Self {
-        ClientConfig {
+        MasterClientConfig {
             job,
             token: None,
             retry_for: Duration::from_secs(60),
@@ -91,7 +91,7 @@ type Conn = Arc<Mutex<Option<(String, GrpcClient<Channel>)>>>;
 /// A client of the job's leading master.
 #[derive(Clone, Debug)]
 pub struct MasterClient {
-    cfg: Arc<ClientConfig>,
+    cfg: Arc<MasterClientConfig>,
     leader: watch::Receiver<Option<LeaderInfo>>,
     conn: Conn,
     cancel: CancellationToken,
@@ -112,7 +112,11 @@ pub enum Next {
 
 impl MasterClient {
     /// A client that follows the master election of `cfg.job` through `backend`.
-    pub fn new(backend: Arc<dyn Backend>, cfg: ClientConfig, cancel: CancellationToken) -> Self {
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        cfg: MasterClientConfig,
+        cancel: CancellationToken,
+    ) -> Self {
         let leader = observe_leader(backend, &cfg.job, cancel.child_token());
         MasterClient {
             cfg: Arc::new(cfg),

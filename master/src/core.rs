@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::dataset::{self, Dataset, DatasetSpec};
 use crate::error::MasterError;
-use crate::queue::{self, Ack, Counters, FailedTask, GetTask, Millis, Queue, QueueConfig, Task};
+use crate::queue::{
+    self, Ack, FailedTask, GetTask, Millis, Queue, QueueConfig, QueueCounters, Task,
+};
 use crate::store::Store;
 
 /// Most requests applied in one batch by default. Each request changes at most one task
@@ -29,7 +31,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// A leased task as trainers see it: the spec plus the file path.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
+pub struct LeasedTask {
     /// The task record.
     pub task: Task,
     /// The file it reads.
@@ -40,7 +42,7 @@ pub struct Lease {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskReply {
     /// A task to process.
-    Task(Lease),
+    Task(LeasedTask),
     /// Nothing free yet; ask again.
     Wait,
     /// The requested pass is over; this is the current one.
@@ -67,7 +69,7 @@ pub struct StatusReport {
     /// Trainers holding leases.
     pub holders: Vec<String>,
     /// Life counters.
-    pub counters: Counters,
+    pub counters: QueueCounters,
     /// Tasks failed for good.
     pub failed: Vec<FailedTask>,
     /// The current lease timeout.
@@ -438,7 +440,7 @@ impl Core {
             .and_then(|d| d.files.get(task.spec.file as usize))
             .map(|f| f.path.clone())
             .unwrap_or_default();
-        TaskReply::Task(Lease { task, path })
+        TaskReply::Task(LeasedTask { task, path })
     }
 
     fn try_get(&mut self, trainer: &str, pass: u32, request: u64) -> TaskReply {

@@ -112,7 +112,7 @@ pub struct Task {
 /// Counters of the queue's life, kept across failovers (they are part of [`Meta`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct Counters {
+pub struct QueueCounters {
     /// Tasks handed to trainers.
     pub dispatched: u64,
     /// Tasks finished (a record set trained).
@@ -168,7 +168,7 @@ pub struct Meta {
     /// Every pass is complete.
     pub finished: bool,
     /// Life counters.
-    pub counters: Counters,
+    pub counters: QueueCounters,
     /// Tasks failed for good, oldest first, at most [`MAX_FAILED_REPORTED`].
     pub failed: Vec<FailedTask>,
 }
@@ -704,7 +704,7 @@ impl Queue {
         Changes { tasks, meta }
     }
 
-    fn bump(&mut self, f: impl FnOnce(&mut Counters)) {
+    fn bump(&mut self, f: impl FnOnce(&mut QueueCounters)) {
         f(&mut self.meta.counters);
         self.meta_dirty = true;
     }

@@ -120,7 +120,7 @@ impl MasterGrpc {
     }
 }
 
-fn task_to_pb(l: crate::core::Lease) -> pb::Task {
+fn task_to_pb(l: crate::core::LeasedTask) -> pb::Task {
     let t = l.task;
     pb::Task {
         id: t.spec.id,

@@ -12,7 +12,7 @@ use edl_testkit::{FaultyBackend, WATCH_STREAM};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{ClientConfig, MasterClient, Next};
+use crate::client::{MasterClient, MasterClientConfig, Next};
 use crate::reader::{CloudReader, Item, ReaderConfig};
 use crate::server::{MasterConfig, run};
 use edl_job::{JobKeys, JobName};
@@ -73,7 +73,7 @@ impl Harness {
     }
 
     fn client(&self) -> MasterClient {
-        let mut cfg = ClientConfig::new(self.job.clone());
+        let mut cfg = MasterClientConfig::new(self.job.clone());
         cfg.retry_for = Duration::from_secs(20);
         MasterClient::new(self.backend.clone(), cfg, self.stop.child_token())
     }

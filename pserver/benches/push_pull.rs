@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{Backend, MemBackend};
-use edl_pserver::client::{ClientConfig, DenseCache, DenseInit, PsClient};
+use edl_pserver::client::{DenseCache, DenseInit, PsClient, PsClientConfig};
 use edl_pserver::{
     IndexChoice, Mode, Optimizer, OptimizerConfig, OptimizerKind, ParamConfig, PsConfig,
 };
@@ -63,7 +63,8 @@ async fn ps_round_trips(floats: usize, rounds: usize, bulk: bool) -> (Rate, Rate
         ));
     }
     let connect = || async {
-        let mut cfg = ClientConfig::new(edl_job::JobName::new("bench").expect("a valid job name"));
+        let mut cfg =
+            PsClientConfig::new(edl_job::JobName::new("bench").expect("a valid job name"));
         cfg.bulk = bulk;
         PsClient::connect(backend.clone(), cfg, stop.child_token())
             .await

@@ -227,7 +227,7 @@ impl ParamConfig {
 /// Everything the shards must agree on: parameters, tables, settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ModelSpec {
+pub struct ParamSpec {
     /// Dense parameters, in order.
     pub dense: Vec<DenseSpec>,
     /// Sparse tables, in order.
@@ -249,7 +249,7 @@ fn check_name(kind: &str, name: &str) -> Result<(), SpecError> {
     }
 }
 
-impl ModelSpec {
+impl ParamSpec {
     /// Checks names, sizes and settings.
     pub fn validate(&self) -> Result<(), SpecError> {
         let bs = self.config.block_size;
@@ -320,8 +320,8 @@ impl ModelSpec {
     }
 
     /// Parses and validates a JSON spec.
-    pub fn from_json(json: &str) -> Result<ModelSpec, SpecError> {
-        let spec: ModelSpec = serde_json::from_str(json)
+    pub fn from_json(json: &str) -> Result<ParamSpec, SpecError> {
+        let spec: ParamSpec = serde_json::from_str(json)
             .map_err(|e| SpecError::Invalid(format!("spec is not valid JSON: {e}")))?;
         spec.validate()?;
         Ok(spec)
@@ -348,7 +348,7 @@ pub struct BlockInfo {
 /// A spec laid out over `shards` shards.
 #[derive(Debug, Clone)]
 pub struct Layout {
-    spec: Arc<ModelSpec>,
+    spec: Arc<ParamSpec>,
     shards: u32,
     blocks: Vec<BlockInfo>,
     /// First block id of each parameter, plus the total at the end.
@@ -360,7 +360,7 @@ pub struct Layout {
 
 impl Layout {
     /// Lays `spec` out over `shards` shards (validating the spec).
-    pub fn new(spec: ModelSpec, shards: u32) -> Result<Layout, SpecError> {
+    pub fn new(spec: ParamSpec, shards: u32) -> Result<Layout, SpecError> {
         spec.validate()?;
         if shards == 0 {
             return Err(SpecError::Invalid("zero shards".into()));
@@ -416,7 +416,7 @@ impl Layout {
     }
 
     /// The spec.
-    pub fn spec(&self) -> &Arc<ModelSpec> {
+    pub fn spec(&self) -> &Arc<ParamSpec> {
         &self.spec
     }
 
@@ -471,8 +471,8 @@ impl Layout {
 mod tests {
     use super::*;
 
-    fn spec(dense: &[(&str, &[usize])], block_size: usize) -> ModelSpec {
-        ModelSpec {
+    fn spec(dense: &[(&str, &[usize])], block_size: usize) -> ParamSpec {
+        ParamSpec {
             dense: dense
                 .iter()
                 .map(|(n, s)| DenseSpec {
@@ -583,8 +583,8 @@ mod tests {
             })
             .collect();
         assert!(s.validate().is_err());
-        assert!(ModelSpec::from_json("{").is_err());
+        assert!(ParamSpec::from_json("{").is_err());
         let s = spec(&[("w", &[2])], 10);
-        assert_eq!(ModelSpec::from_json(&s.to_json()).unwrap(), s);
+        assert_eq!(ParamSpec::from_json(&s.to_json()).unwrap(), s);
     }
 }

@@ -12,7 +12,7 @@
 //! - [`optim`]: optimizers (SGD with momentum/Nesterov/weight decay, Adagrad, Adam,
 //!   AdamW), learning-rate schedules and gradient clipping on plain slices; reused by the
 //!   trainer's single-process baseline.
-//! - [`layout`]: the model spec ([`ModelSpec`], [`ParamConfig`], [`Mode`]) and its
+//! - [`layout`]: the model spec ([`ParamSpec`], [`ParamConfig`], [`Mode`]) and its
 //!   deterministic layout over the shards.
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.
 //! - [`shard`]: a shard's parameters and update logic on its own types (no protobuf, no
@@ -52,10 +52,10 @@ mod tests;
 
 pub use checkpoint::{CheckpointConfig, CheckpointEvery};
 pub use client::{
-    ClientConfig, DenseCache, DenseInit, InitOutcome, PsClient, PsClientError, PullStats,
+    DenseCache, DenseInit, InitOutcome, PsClient, PsClientConfig, PsClientError, PullStats,
     PushOutcome, SparseGrad,
 };
 pub use error::PsError;
-pub use layout::{DenseSpec, Mode, ModelSpec, ParamConfig, RowInit, SparseSpec};
+pub use layout::{DenseSpec, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
 pub use optim::{Clip, LrSchedule, Optimizer, OptimizerConfig, OptimizerKind, SlotState};
 pub use server::{IndexChoice, PsConfig, run};

@@ -14,10 +14,10 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::CheckpointDir;
 use crate::checkpoint::protocol::{self, CheckpointConfig, CheckpointEvery};
 use crate::client::{
-    ClientConfig, DenseCache, DenseInit, InitOutcome, PsClient, PsClientError, SparseGrad,
+    DenseCache, DenseInit, InitOutcome, PsClient, PsClientConfig, PsClientError, SparseGrad,
 };
 use crate::error::{ErrorKind, PsError};
-use crate::layout::{DenseSpec, Mode, ModelSpec, ParamConfig, RowInit, SparseSpec};
+use crate::layout::{DenseSpec, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
 use crate::optim::{Clip, OptimizerConfig};
 use crate::server::{IndexChoice, PsConfig, PsRecord, run};
 use edl_job::{JobKeys, JobName};
@@ -88,8 +88,8 @@ impl Harness {
         self.client_with(|_| {}).await
     }
 
-    async fn client_with(&self, f: impl FnOnce(&mut ClientConfig)) -> PsClient {
-        let mut cfg = ClientConfig::new(self.job.clone());
+    async fn client_with(&self, f: impl FnOnce(&mut PsClientConfig)) -> PsClient {
+        let mut cfg = PsClientConfig::new(self.job.clone());
         cfg.token = self.token.clone();
         cfg.retry_for = Duration::from_secs(20);
         cfg.sync_wait = Duration::from_millis(500);
@@ -862,7 +862,7 @@ impl pb::parameter_server_server::ParameterServer for NeverCloses {
 
 /// Serves `svc` on a loopback port recorded as `ps/<index>` of `h`'s job (no bulk path),
 /// with `spec` as the job's parameters.
-async fn fake_pserver(h: &Harness, svc: NeverCloses, spec: &ModelSpec) {
+async fn fake_pserver(h: &Harness, svc: NeverCloses, spec: &ParamSpec) {
     let keys = JobKeys::new(&h.job);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let record = PsRecord {
@@ -896,7 +896,7 @@ async fn fake_pserver(h: &Harness, svc: NeverCloses, spec: &ModelSpec) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sync_push_gives_up_on_a_step_that_never_closes() {
     let h = Harness::new("never-closes", 1);
-    let spec = ModelSpec {
+    let spec = ParamSpec {
         dense: vec![DenseSpec {
             name: "w".into(),
             shape: vec![4],

@@ -119,7 +119,7 @@ async fn trainer_child() {
         cancel.clone(),
     )
     .await;
-    let mut cfg = edl_pserver::ClientConfig::new(job.clone());
+    let mut cfg = edl_pserver::PsClientConfig::new(job.clone());
     cfg.sync_wait = Duration::from_millis(500);
     let ps = PsClient::connect(backend, cfg, cancel.clone())
         .await

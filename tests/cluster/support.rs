@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::Backend;
-use edl_master::client::{ClientConfig, MasterClient};
+use edl_master::client::{MasterClient, MasterClientConfig};
 use edl_recordio::{FileWriter, WriterOptions};
 use edl_testkit::EtcdCluster;
 use tokio::time::Instant;
@@ -207,8 +207,9 @@ impl World {
     }
 
     pub fn client(&self) -> MasterClient {
-        let mut cfg =
-            ClientConfig::new(edl_job::JobName::new(self.job.as_str()).expect("a valid job name"));
+        let mut cfg = MasterClientConfig::new(
+            edl_job::JobName::new(self.job.as_str()).expect("a valid job name"),
+        );
         cfg.retry_for = Duration::from_secs(30);
         MasterClient::new(self.backend.clone(), cfg, self.cancel.child_token())
     }
@@ -298,7 +299,7 @@ impl World {
 
     /// A pserver client of this job.
     pub async fn ps_client(&self) -> edl_pserver::PsClient {
-        let mut cfg = edl_pserver::ClientConfig::new(
+        let mut cfg = edl_pserver::PsClientConfig::new(
             edl_job::JobName::new(self.job.as_str()).expect("a valid job name"),
         );
         cfg.retry_for = Duration::from_secs(30);

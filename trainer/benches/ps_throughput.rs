@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use edl_coord::{Backend, MemBackend};
 use edl_proto::sample::Sample;
-use edl_pserver::{ClientConfig, Mode, OptimizerConfig, ParamConfig, PsClient, PsConfig};
+use edl_pserver::{Mode, OptimizerConfig, ParamConfig, PsClient, PsClientConfig, PsConfig};
 use edl_trainer::{
     LocalStore, Model, ModelSpec, OptimizerKind, ParamStore, Params, PsStore, build,
 };
@@ -127,7 +127,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let connect = |rt: &tokio::runtime::Runtime| {
         rt.block_on(PsClient::connect(
             backend.clone(),
-            ClientConfig::new(edl_job::JobName::new("bench").expect("a valid job name")),
+            PsClientConfig::new(edl_job::JobName::new("bench").expect("a valid job name")),
             stop.child_token(),
         ))
     };

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use edl_coord::{Backend, Lease, MemBackend, Registry};
 use edl_job::{JobKeys, JobName};
-use edl_master::client::{ClientConfig, MasterClient};
+use edl_master::client::{MasterClient, MasterClientConfig};
 use edl_master::reader::{CloudReader, ReaderConfig};
 use edl_master::{MasterConfig, run as run_master};
 use edl_recordio::{FileWriter, WriterOptions};
@@ -84,7 +84,7 @@ async fn two_elastic_trainers_fit_a_line_through_the_master() {
     ));
     let client = MasterClient::new(
         backend.clone(),
-        ClientConfig::new(JobName::new("line").unwrap()),
+        MasterClientConfig::new(JobName::new("line").unwrap()),
         stop.child_token(),
     );
     let passes = 30;
@@ -176,7 +176,7 @@ async fn a_draining_trainer_hands_its_task_back_and_another_finishes_the_pass() 
     ));
     let client = MasterClient::new(
         backend.clone(),
-        ClientConfig::new(JobName::new("drain").unwrap()),
+        MasterClientConfig::new(JobName::new("drain").unwrap()),
         stop.child_token(),
     );
     client.set_dataset(vec![glob], 1, 3).await.unwrap();

@@ -23,7 +23,7 @@ use std::io::{self, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::layout::ModelSpec;
+use crate::layout::ParamSpec;
 use crate::optim::SlotState;
 
 const MAGIC: &[u8; 8] = b"EDLPSCK\x01";
@@ -73,7 +73,7 @@ pub struct Snapshot {
     /// The shard count.
     pub shards: u32,
     /// The model spec and settings.
-    pub spec: ModelSpec,
+    pub spec: ParamSpec,
     /// Updates applied (drives the learning-rate schedule).
     pub updates: u64,
     /// Sync: the last step applied.
@@ -96,7 +96,7 @@ struct FileHeader {
     slots: usize,
     blocks: u64,
     table_rows: Vec<u64>,
-    spec: ModelSpec,
+    spec: ParamSpec,
 }
 
 /// A writer that computes the crc32c of what passes through and can fail like a full
@@ -391,7 +391,7 @@ pub(super) mod tests {
     use proptest::prelude::*;
 
     pub(crate) fn sample(step: u64, blocks: usize, rows: usize) -> Snapshot {
-        let spec = ModelSpec {
+        let spec = ParamSpec {
             dense: vec![DenseSpec {
                 name: "w".into(),
                 shape: vec![blocks.max(1) * 3],

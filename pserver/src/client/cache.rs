@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{PsClient, PsClientError, Result};
-use crate::layout::{Layout, ModelSpec};
+use crate::layout::{Layout, ParamSpec};
 
 /// A dense parameter in the cache.
 #[derive(Debug, Clone)]
@@ -23,7 +23,7 @@ pub struct DenseParam {
 /// pull only moves blocks that changed.
 #[derive(Debug, Clone, Default)]
 pub struct DenseCache {
-    pub(super) spec: Option<Arc<ModelSpec>>,
+    pub(super) spec: Option<Arc<ParamSpec>>,
     pub(super) params: Vec<DenseParam>,
     pub(super) by_name: HashMap<String, usize>,
     pub(super) versions: Vec<Vec<u64>>,

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::retry::spec_mismatch;
 use super::{PsClient, PsClientError, Result};
 use crate::checkpoint::protocol::now_ms;
-use crate::layout::{DenseSpec, Layout, ModelSpec, ParamConfig, SparseSpec, SpecError};
+use crate::layout::{DenseSpec, Layout, ParamConfig, ParamSpec, SparseSpec, SpecError};
 use crate::wire;
 use edl_job::valid_member_id;
 
@@ -69,7 +69,7 @@ impl PsClient {
         let json = std::str::from_utf8(&kv.value).map_err(|_| {
             PsClientError::Spec(SpecError::Invalid("params/spec is not UTF-8".into()))
         })?;
-        let layout = Arc::new(Layout::new(ModelSpec::from_json(json)?, self.inner.shards)?);
+        let layout = Arc::new(Layout::new(ParamSpec::from_json(json)?, self.inner.shards)?);
         *self.inner.layout.write().await = Some(layout.clone());
         Ok(layout)
     }
@@ -111,7 +111,7 @@ impl PsClient {
                 "trainer id {trainer:?} must be non-empty and contain no '/'"
             )));
         }
-        let spec = ModelSpec {
+        let spec = ParamSpec {
             dense: dense
                 .iter()
                 .map(|d| DenseSpec {

@@ -4,11 +4,13 @@
 //!
 //! ```no_run
 //! # async fn demo(backend: std::sync::Arc<dyn edl_coord::Backend>) -> Result<(), edl_pserver::PsClientError> {
-//! use edl_pserver::client::{ClientConfig, DenseCache, DenseInit, PsClient};
+//! use edl_job::JobName;
+//! use edl_pserver::client::{DenseCache, DenseInit, PsClient, PsClientConfig};
 //! use edl_pserver::{Mode, OptimizerConfig, ParamConfig};
 //! use tokio_util::sync::CancellationToken;
 //!
-//! let ps = PsClient::connect(backend, ClientConfig::new("job1"), CancellationToken::new()).await?;
+//! let job = JobName::new("job1").expect("a valid job name");
+//! let ps = PsClient::connect(backend, PsClientConfig::new(job), CancellationToken::new()).await?;
 //! let w = vec![0.0f32; 784 * 10];
 //! let dense = [DenseInit { name: "w", shape: &[784, 10], values: &w }];
 //! let cfg = ParamConfig::new(Mode::sync(), OptimizerConfig::adam(1e-3));
@@ -79,7 +81,7 @@ type Result<T, E = PsClientError> = std::result::Result<T, E>;
 
 /// Client settings.
 #[derive(Clone, Debug)]
-pub struct ClientConfig {
+pub struct PsClientConfig {
     /// The job.
     pub job: JobName,
     /// The job token, if the job has one.
@@ -105,10 +107,10 @@ pub struct ClientConfig {
     pub bulk: bool,
 }
 
-impl ClientConfig {
+impl PsClientConfig {
     /// Defaults for job `job`: retry for 60 s, connect 3 s, calls 60 s, sync wait 10 s.
     pub fn new(job: JobName) -> Self {
-        ClientConfig {
+        PsClientConfig {
             job,
             token: None,
             retry_for: Duration::from_secs(60),
@@ -125,7 +127,7 @@ impl ClientConfig {
 
 #[derive(Debug)]
 struct Inner {
-    cfg: ClientConfig,
+    cfg: PsClientConfig,
     backend: Arc<dyn Backend>,
     keys: JobKeys,
     shards: u32,
@@ -147,7 +149,7 @@ impl PsClient {
     /// (`ps/desired`, waiting up to `retry_for` for it) and follows `ps/<i>`.
     pub async fn connect(
         backend: Arc<dyn Backend>,
-        cfg: ClientConfig,
+        cfg: PsClientConfig,
         cancel: CancellationToken,
     ) -> Result<PsClient> {
         let keys = JobKeys::new(&cfg.job);

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use edl_proto::pserver as pb;
 
 use crate::error::PsError;
-use crate::layout::ModelSpec;
-use crate::shard::{BlockValues, Counters, InitBlocks, PullReply, RawPush, TableRows};
+use crate::layout::ParamSpec;
+use crate::shard::{BlockValues, InitBlocks, PullReply, RawPush, ShardCounters, TableRows};
 
 /// The shard's view of a push (the target shard and the sync wait stay with the service).
 pub(super) fn raw_push(r: pb::PushRequest) -> RawPush {
@@ -41,7 +41,7 @@ pub(super) fn init_blocks(r: pb::InitRequest) -> Result<InitBlocks, PsError> {
     Ok(InitBlocks {
         shard: r.shard,
         shards: r.shards,
-        spec: ModelSpec::from_json(&r.spec_json)?,
+        spec: ParamSpec::from_json(&r.spec_json)?,
         trainer: r.trainer,
         blocks: r.blocks.into_iter().map(block_values).collect(),
     })
@@ -65,7 +65,7 @@ pub(super) fn pull_response(r: PullReply) -> pb::PullResponse {
 }
 
 /// The protobuf form of a shard's counters.
-pub(super) fn counters(c: &Counters) -> pb::Counters {
+pub(super) fn counters(c: &ShardCounters) -> pb::Counters {
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     pb::Counters {
         pushes_applied: g(&c.pushes_applied),

@@ -11,7 +11,7 @@ use super::ShardCore;
 use super::push::BlockValues;
 use super::snapshot::CheckpointHooks;
 use crate::error::PsError;
-use crate::layout::{Layout, ModelSpec};
+use crate::layout::{Layout, ParamSpec};
 use crate::wire;
 
 /// Initial values for some blocks of a shard (one `Init` call).
@@ -24,7 +24,7 @@ pub struct InitBlocks {
     /// The initialising trainer.
     pub trainer: String,
     /// The model spec and its settings.
-    pub spec: ModelSpec,
+    pub spec: ParamSpec,
     /// Initial values of blocks of this shard.
     pub blocks: Vec<BlockValues>,
 }
@@ -227,7 +227,7 @@ mod tests {
                 values: wire::encode(&vec![1.0; layout.block(id).unwrap().len]),
             })
             .collect();
-        let req = |blocks: Vec<BlockValues>, spec: &ModelSpec| InitBlocks {
+        let req = |blocks: Vec<BlockValues>, spec: &ParamSpec| InitBlocks {
             shard: 0,
             shards: 2,
             trainer: "t".into(),

@@ -63,7 +63,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Counters of one shard (reported by `Status`).
 #[derive(Debug, Default)]
-pub struct Counters {
+pub struct ShardCounters {
     /// Pushes applied (async) or accumulated (sync).
     pub pushes_applied: AtomicU64,
     /// Retried pushes recognised and not applied again.
@@ -126,5 +126,5 @@ pub struct ShardCore {
     /// The step of the checkpoint this shard was restored from (0: none).
     restored_from: u64,
     /// Counters.
-    pub counters: Counters,
+    pub counters: ShardCounters,
 }

@@ -139,7 +139,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
-    use crate::layout::{DenseSpec, Layout, Mode, ModelSpec, ParamConfig};
+    use crate::layout::{DenseSpec, Layout, Mode, ParamConfig, ParamSpec};
     use crate::optim::OptimizerConfig;
     use crate::shard::testutil::push;
     use crate::sync::Admit;
@@ -154,7 +154,7 @@ mod tests {
 
     #[test]
     fn a_sync_pull_sees_one_step_whole() {
-        let spec = ModelSpec {
+        let spec = ParamSpec {
             dense: vec![DenseSpec {
                 name: "w".into(),
                 shape: vec![64 * 256],

@@ -19,9 +19,9 @@ use tokio::sync::watch;
 use super::dedup::Dedup;
 use super::push::SparseGrad;
 use super::snapshot::CheckpointHooks;
-use super::{Counters, ShardCore, lock};
+use super::{ShardCore, ShardCounters, lock};
 use crate::error::PsError;
-use crate::layout::{Layout, Mode, ModelSpec, RowInit, mix64};
+use crate::layout::{Layout, Mode, ParamSpec, RowInit, mix64};
 use crate::optim::{Optimizer, SlotState};
 use crate::sync::SyncState;
 use crate::wire;
@@ -130,7 +130,7 @@ impl ShardCore {
             closed_tx: watch::channel(last_closed).0,
             checkpoints,
             restored_from,
-            counters: Counters::default(),
+            counters: ShardCounters::default(),
         })
     }
 
@@ -191,7 +191,7 @@ impl ShardCore {
     }
 
     /// The spec.
-    pub fn spec(&self) -> &ModelSpec {
+    pub fn spec(&self) -> &ParamSpec {
         self.layout.spec()
     }
 

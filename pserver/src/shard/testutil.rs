@@ -4,12 +4,12 @@ use std::sync::Arc;
 
 use super::ShardCore;
 use super::push::{BlockValues, RawPush, TableRows};
-use crate::layout::{DenseSpec, Layout, Mode, ModelSpec, ParamConfig, RowInit, SparseSpec};
+use crate::layout::{DenseSpec, Layout, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
 use crate::optim::OptimizerConfig;
 use crate::wire;
 
-pub(super) fn spec(mode: Mode, opt: OptimizerConfig) -> ModelSpec {
-    ModelSpec {
+pub(super) fn spec(mode: Mode, opt: OptimizerConfig) -> ParamSpec {
+    ParamSpec {
         dense: vec![
             DenseSpec {
                 name: "w".into(),

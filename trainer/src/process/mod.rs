@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use edl_coord::Backend;
 use edl_job::{JobName, JobSpec, RECORD_VERSION, SpecError, TrainerRecord};
 use edl_master::client::ClientError;
-use edl_pserver::{ClientConfig as PsClientConfig, PsClient, PsClientError};
+use edl_pserver::{PsClient, PsClientConfig, PsClientError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

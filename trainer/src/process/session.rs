@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use edl_coord::{Backend, Lease, Registry};
 use edl_job::{JobKeys, JobName, Record, TrainerRecord};
-use edl_master::client::{ClientConfig, MasterClient};
+use edl_master::client::{MasterClient, MasterClientConfig};
 use edl_master::reader::{CloudReader, ReaderConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -70,7 +70,7 @@ impl Session {
             lease.revoke().await.ok();
             return Err(SessionError::Register(e));
         }
-        let mut mcfg = ClientConfig::new(cfg.job.clone());
+        let mut mcfg = MasterClientConfig::new(cfg.job.clone());
         mcfg.token = cfg.token;
         let master = MasterClient::new(backend, mcfg, life.child_token());
         Ok(Session {
