@@ -75,7 +75,7 @@ pub use local_etcd::LocalEtcd;
 pub use mem::MemBackend;
 pub use membership::{MemberFollow, Membership, follow_members};
 pub use registry::{Member, MemberEvent, MemberWatch, Registry};
-pub use retry::{Backoff, RetryPolicy, retry, retry_cancellable};
+pub use retry::{Attempt, Backoff, CallError, RetryPolicy, call_until, retry, retry_cancellable};
 pub use types::{
     Compare, CompareOp, CompareTarget, EventKind, Fence, KeyValue, LeaseGrant, LeaseId,
     MAX_REQUEST_BYTES, MAX_TXN_OPS, Op, OpResponse, Revision, Txn, TxnResponse, WatchEvent,

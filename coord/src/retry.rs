@@ -1,4 +1,5 @@
-//! Retrying retryable errors with exponential backoff and jitter.
+//! Retrying with exponential backoff and jitter: [`retry`] for coordination calls,
+//! [`call_until`], the one retry/failover loop of the master and pserver clients.
 
 use std::future::Future;
 use std::time::Duration;
@@ -173,6 +174,79 @@ where
     }
 }
 
+/// How one attempt of a client call ended (see [`call_until`]).
+#[derive(Debug)]
+pub enum Attempt<R, E> {
+    /// It succeeded.
+    Done(R),
+    /// It failed for good.
+    Fail(E),
+    /// It failed in a way another attempt may cure (reconnect, failover); why.
+    Retry(String),
+}
+
+/// Why [`call_until`] gave up.
+#[derive(Debug)]
+pub enum CallError<E> {
+    /// An attempt failed for good.
+    Failed(E),
+    /// `cancel` fired.
+    Cancelled,
+    /// Every attempt for `waited` asked for a retry; `last` says why the last did.
+    GaveUp {
+        /// How long it tried.
+        waited: Duration,
+        /// The last attempt's reason.
+        last: String,
+    },
+}
+
+/// The one retry/failover loop of edl's clients (the master's and the pservers'): runs
+/// `attempt` (given the deadline, for its own connect waits) until it is done or fails
+/// for good, retrying for `retry_for` with a backoff of 20 ms doubling to 500 ms
+/// (jittered; never sleeping past the deadline), and stopping at once when `cancel` fires.
+pub async fn call_until<R, E, F, Fut>(
+    retry_for: Duration,
+    cancel: &CancellationToken,
+    mut attempt: F,
+) -> std::result::Result<R, CallError<E>>
+where
+    F: FnMut(Instant) -> Fut,
+    Fut: Future<Output = Attempt<R, E>>,
+{
+    let start = Instant::now();
+    let until = start + retry_for;
+    let mut backoff = Backoff::new(
+        RetryPolicy::forever().with_delays(Duration::from_millis(20), Duration::from_millis(500)),
+    );
+    loop {
+        if cancel.is_cancelled() {
+            return Err(CallError::Cancelled);
+        }
+        let last = match attempt(until).await {
+            Attempt::Done(r) => return Ok(r),
+            Attempt::Fail(e) => return Err(CallError::Failed(e)),
+            Attempt::Retry(last) => last,
+        };
+        let now = Instant::now();
+        if now >= until {
+            return Err(CallError::GaveUp {
+                waited: now - start,
+                last,
+            });
+        }
+        tracing::debug!(error = %last, "call failed; retrying");
+        let delay = backoff
+            .next_delay()
+            .unwrap_or(Duration::from_millis(500))
+            .min(until - now);
+        tokio::select! {
+            _ = cancel.cancelled() => return Err(CallError::Cancelled),
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +328,54 @@ mod tests {
             }
             proptest::prop_assert_eq!(n, 19);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn call_until_retries_until_done_or_the_deadline() {
+        let cancel = CancellationToken::new();
+        let mut n = 0;
+        let r: std::result::Result<u32, CallError<()>> =
+            call_until(Duration::from_secs(5), &cancel, |_| {
+                n += 1;
+                let k = n;
+                async move {
+                    if k < 3 {
+                        Attempt::Retry(format!("try {k}"))
+                    } else {
+                        Attempt::Done(k)
+                    }
+                }
+            })
+            .await;
+        assert_eq!(r.unwrap(), 3);
+
+        let r: std::result::Result<(), CallError<()>> =
+            call_until(Duration::from_millis(300), &cancel, |_| async {
+                Attempt::Retry("down".into())
+            })
+            .await;
+        match r {
+            Err(CallError::GaveUp { waited, last }) => {
+                assert!(waited >= Duration::from_millis(300), "{waited:?}");
+                assert!(waited < Duration::from_millis(900), "{waited:?}");
+                assert_eq!(last, "down");
+            }
+            other => panic!("expected GaveUp, got {other:?}"),
+        }
+
+        let r: std::result::Result<(), CallError<&str>> =
+            call_until(Duration::from_secs(5), &cancel, |_| async {
+                Attempt::Fail("no")
+            })
+            .await;
+        assert!(matches!(r, Err(CallError::Failed("no"))));
+
+        cancel.cancel();
+        let r: std::result::Result<(), CallError<()>> =
+            call_until(Duration::from_secs(5), &cancel, |_| async {
+                Attempt::Done(())
+            })
+            .await;
+        assert!(matches!(r, Err(CallError::Cancelled)));
     }
 }

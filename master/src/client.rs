@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, LeaderInfo};
+use edl_coord::{Attempt, Backend, CallError, LeaderInfo, call_until};
 use edl_job::JobName;
 use edl_proto::master as pb;
 use pb::master_client::MasterClient as GrpcClient;
@@ -188,41 +188,33 @@ impl MasterClient {
         F: Fn(GrpcClient<Channel>, tonic::Request<T>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
-        let start = Instant::now();
-        let until = start + self.cfg.retry_for;
-        let mut delay = Duration::from_millis(20);
-        let mut last;
-        loop {
-            if self.cancel.is_cancelled() {
-                return Err(ClientError::Cancelled);
+        let r = call_until(self.cfg.retry_for, &self.cancel, |until| {
+            let (op, msg) = (&op, &msg);
+            async move {
+                match self.client(until).await {
+                    Ok(c) => match op(c, self.request(msg.clone(), timeout)).await {
+                        Ok(resp) => Attempt::Done(resp.into_inner()),
+                        Err(s) if retryable(&s) => {
+                            // Reconnect: the leader may have moved.
+                            *self.conn.lock().await = None;
+                            Attempt::Retry(format!("{}: {}", s.code(), s.message()))
+                        }
+                        Err(s) => Attempt::Fail(ClientError::Refused(s)),
+                    },
+                    Err(e) => Attempt::Retry(e),
+                }
             }
-            match self.client(until).await {
-                Ok(c) => match op(c, self.request(msg.clone(), timeout)).await {
-                    Ok(resp) => return Ok(resp.into_inner()),
-                    Err(s) if retryable(&s) => {
-                        last = format!("{}: {}", s.code(), s.message());
-                        // Reconnect: the leader may have moved.
-                        *self.conn.lock().await = None;
-                    }
-                    Err(s) => return Err(ClientError::Refused(s)),
-                },
-                Err(e) => last = e,
-            }
-            let now = Instant::now();
-            if now >= until {
-                return Err(ClientError::Unavailable {
-                    job: self.cfg.job.to_string(),
-                    waited: now - start,
-                    last,
-                });
-            }
-            tracing::debug!(error = %last, "master call failed; retrying");
-            tokio::select! {
-                _ = self.cancel.cancelled() => return Err(ClientError::Cancelled),
-                _ = tokio::time::sleep(delay.min(until - now)) => {}
-            }
-            delay = (delay * 2).min(Duration::from_millis(500));
-        }
+        })
+        .await;
+        r.map_err(|e| match e {
+            CallError::Failed(e) => e,
+            CallError::Cancelled => ClientError::Cancelled,
+            CallError::GaveUp { waited, last } => ClientError::Unavailable {
+                job: self.cfg.job.to_string(),
+                waited,
+                last,
+            },
+        })
     }
 
     /// Defines the dataset (or checks it is the same).

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use edl_coord::{Backoff, RetryPolicy};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -400,7 +401,9 @@ impl Core {
 
     /// Retries `reload` until it works, the fence breaks or we are cancelled.
     async fn recover(&mut self, cancel: &CancellationToken) -> Result<(), MasterError> {
-        let mut delay = Duration::from_millis(50);
+        let mut backoff = Backoff::new(
+            RetryPolicy::forever().with_delays(Duration::from_millis(50), Duration::from_secs(2)),
+        );
         for p in self.parked.drain(..) {
             let _ = p.reply.send(Err(MasterError::Unavailable(
                 "master state being rebuilt".into(),
@@ -412,11 +415,9 @@ impl Core {
                 Err(e @ MasterError::NotLeader { .. }) => return Err(e),
                 Err(e) => tracing::warn!(error = %e, "rebuilding the queue failed; retrying"),
             }
-            tokio::select! {
-                _ = cancel.cancelled() => return Err(MasterError::Unavailable("stopping".into())),
-                _ = tokio::time::sleep(delay) => {}
+            if !backoff.wait(cancel).await {
+                return Err(MasterError::Unavailable("stopping".into()));
             }
-            delay = (delay * 2).min(Duration::from_secs(2));
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use edl_coord::{CallError, call_until};
 use tonic::Code;
 
 use super::connection::Target;
@@ -21,11 +21,7 @@ fn retryable(s: &tonic::Status) -> bool {
 }
 
 /// How one attempt of a call ended.
-pub(super) enum Attempt<R> {
-    Done(R),
-    Retry(String),
-    Fail(PsClientError),
-}
+pub(super) type Attempt<R> = edl_coord::Attempt<R, PsClientError>;
 
 impl PsClient {
     /// Runs `op` on shard `shard`, retrying transient failures (reconnecting to the
@@ -44,56 +40,44 @@ impl PsClient {
         F: Fn(Target, tonic::Request<T>) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
     {
-        let start = Instant::now();
-        let until = start + self.inner.cfg.retry_for;
-        let mut delay = Duration::from_millis(20);
-        loop {
-            if self.inner.cancel.is_cancelled() {
-                return Err(PsClientError::Cancelled);
-            }
-            let attempt = match self.client(shard, until).await {
-                Ok((c, revision)) => match tokio::select! {
-                    r = op(c, self.request(msg.clone(), timeout)) => Some(r),
-                    _ = self.moved(shard, revision) => None,
-                } {
-                    None => {
-                        self.inner.conns.lock().await.remove(&shard);
-                        Attempt::Retry(format!("shard {shard} moved to another pserver"))
-                    }
-                    Some(Ok(resp)) => Attempt::Done(resp.into_inner()),
-                    Some(Err(s)) => match classify(&s) {
-                        Some(a) => a,
-                        None if retryable(&s) => {
-                            // The shard may have moved: reconnect on the next attempt.
+        let r = call_until(self.inner.cfg.retry_for, &self.inner.cancel, |until| {
+            let (op, msg, classify) = (&op, &msg, &classify);
+            async move {
+                match self.client(shard, until).await {
+                    Ok((c, revision)) => match tokio::select! {
+                        r = op(c, self.request(msg.clone(), timeout)) => Some(r),
+                        _ = self.moved(shard, revision) => None,
+                    } {
+                        None => {
                             self.inner.conns.lock().await.remove(&shard);
-                            Attempt::Retry(format!("{}: {}", s.code(), s.message()))
+                            Attempt::Retry(format!("shard {shard} moved to another pserver"))
                         }
-                        None => Attempt::Fail(PsClientError::Refused { shard, status: s }),
+                        Some(Ok(resp)) => Attempt::Done(resp.into_inner()),
+                        Some(Err(s)) => match classify(&s) {
+                            Some(a) => a,
+                            None if retryable(&s) => {
+                                // The shard may have moved: reconnect on the next attempt.
+                                self.inner.conns.lock().await.remove(&shard);
+                                Attempt::Retry(format!("{}: {}", s.code(), s.message()))
+                            }
+                            None => Attempt::Fail(PsClientError::Refused { shard, status: s }),
+                        },
                     },
-                },
-                Err(e) => Attempt::Retry(e),
-            };
-            let last = match attempt {
-                Attempt::Done(r) => return Ok(r),
-                Attempt::Fail(e) => return Err(e),
-                Attempt::Retry(last) => last,
-            };
-            let now = Instant::now();
-            if now >= until {
-                return Err(PsClientError::Unavailable {
-                    job: self.inner.cfg.job.to_string(),
-                    shard,
-                    waited: now - start,
-                    last,
-                });
+                    Err(e) => Attempt::Retry(e),
+                }
             }
-            tracing::debug!(shard, error = %last, "pserver call failed; retrying");
-            tokio::select! {
-                _ = self.inner.cancel.cancelled() => return Err(PsClientError::Cancelled),
-                _ = tokio::time::sleep(delay.min(until - now)) => {}
-            }
-            delay = (delay * 2).min(Duration::from_millis(500));
-        }
+        })
+        .await;
+        r.map_err(|e| match e {
+            CallError::Failed(e) => e,
+            CallError::Cancelled => PsClientError::Cancelled,
+            CallError::GaveUp { waited, last } => PsClientError::Unavailable {
+                job: self.inner.cfg.job.to_string(),
+                shard,
+                waited,
+                last,
+            },
+        })
     }
 }
 

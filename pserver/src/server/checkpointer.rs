@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Fence};
+use edl_coord::{Backend, Backoff, Fence, RetryPolicy, follow_prefix};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -19,7 +19,6 @@ use crate::checkpoint::protocol::{
 use crate::checkpoint::{CheckpointDir, ShardEntry, Snapshot};
 use crate::error::PsError;
 use crate::shard::Shard;
-use edl_coord::follow_prefix;
 use edl_job::JobKeys;
 
 /// Attempts to record a checkpoint part and commit its step, on transient etcd errors.
@@ -211,7 +210,9 @@ impl Checkpointer {
     /// `stop`).
     async fn record(&self, step: u64, entry: &ShardEntry, mode: &str, stop: &CancellationToken) {
         let shard = self.shard.index();
-        let mut delay = Duration::from_millis(50);
+        let mut backoff = Backoff::new(
+            RetryPolicy::forever().with_delays(Duration::from_millis(50), Duration::from_secs(2)),
+        );
         for attempt in 1..=COMMIT_ATTEMPTS {
             let commit = async {
                 protocol::register_part(&*self.backend, &self.keys, &self.fence, step, entry)
@@ -234,11 +235,9 @@ impl Checkpointer {
                 Ok(()) => return,
                 Err(e) if e.is_retryable() && attempt < COMMIT_ATTEMPTS => {
                     tracing::warn!(shard, step, attempt, error = %e, "checkpoint part not recorded in etcd; retrying");
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(delay) => {}
+                    if !backoff.wait(stop).await {
+                        return;
                     }
-                    delay = (delay * 2).min(Duration::from_secs(2));
                 }
                 Err(e) => {
                     tracing::error!(shard, step, error = %e, "checkpoint part not recorded in etcd");

@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use edl_coord::{Backend, Compare, EventKind, Fence, IndexClaim, Lease, Op, Txn};
+use edl_coord::{
+    Backend, Backoff, Compare, EventKind, Fence, IndexClaim, Lease, Op, RetryPolicy, Txn,
+};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -101,7 +103,9 @@ pub(super) async fn claim_fixed(
 ) -> Result<IndexClaim, PsError> {
     let key = keys.ps(index);
     let lost = lease.lost();
-    let mut delay = Duration::from_millis(50);
+    let mut backoff = Backoff::new(
+        RetryPolicy::forever().with_delays(Duration::from_millis(50), Duration::from_secs(1)),
+    );
     loop {
         let txn = Txn::new()
             .when([Compare::absent(key.clone())])
@@ -116,8 +120,12 @@ pub(super) async fn claim_fixed(
             Ok(r) => r,
             Err(e) if e.is_retryable() => {
                 tracing::warn!(key = %key, error = %e, "claim failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
+                tokio::select! {
+                    _ = lost.cancelled() => return Err(PsError::LeaseLost(index)),
+                    more = backoff.wait(cancel) => if !more {
+                        return Err(PsError::Cancelled);
+                    },
+                }
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -158,7 +166,12 @@ pub(super) async fn claim_fixed(
                 }
             }
         } else {
-            tokio::time::sleep(delay).await;
+            tokio::select! {
+                _ = lost.cancelled() => return Err(PsError::LeaseLost(index)),
+                more = backoff.wait(cancel) => if !more {
+                    return Err(PsError::Cancelled);
+                },
+            }
         }
     }
 }
