@@ -8,7 +8,7 @@
 //! - [`pserver_cmd`]: `edl pserver`, a parameter server (one shard) of a job.
 //! - [`trainer_cmd`]: `edl trainer`, an elastic trainer of a job (arguments over
 //!   `edl_trainer::process::run`).
-//! - [`run_cmd`]: `edl run`, a whole job on one machine, supervised.
+//! - [`run`](mod@run): `edl run`, a whole job on one machine, supervised.
 //! - [`ops_cmd`]: `edl status|scale|kill|logs`.
 //! - [`paddle`]: PaddlePaddle's environment variables as a role.
 //! - the job spec, keys and records are the `edl-job` crate; the trainer process is
@@ -33,7 +33,7 @@ pub mod master_cmd;
 pub mod ops_cmd;
 pub mod paddle;
 pub mod pserver_cmd;
-pub mod run_cmd;
+pub mod run;
 pub mod trainer_cmd;
 
 /// edl: elastic, fault-tolerant distributed training.
@@ -69,7 +69,7 @@ pub enum Command {
     /// Run a whole job on this machine from a TOML job spec: masters, pservers and
     /// trainers as supervised child processes (or in process without etcd), with live
     /// progress, a summary and a report.
-    Run(run_cmd::RunArgs),
+    Run(run::RunArgs),
     /// Show jobs: state, pass, tasks, trainers, pservers, masters, recent failures.
     Status(ops_cmd::StatusArgs),
     /// Set the desired trainer count of a job run by `edl run`.
@@ -122,7 +122,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Consume(args) => consume_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Pserver(args) => pserver_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Trainer(args) => trainer_cmd::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Run(args) => run_cmd::run(args),
+        Command::Run(args) => run::run(args),
         Command::Status(args) => ops_cmd::status(args).map(|()| ExitCode::SUCCESS),
         Command::Scale(args) => ops_cmd::scale(args).map(|()| ExitCode::SUCCESS),
         Command::Kill(args) => ops_cmd::kill(args).map(|()| ExitCode::SUCCESS),

@@ -60,7 +60,8 @@ impl ShardSet {
         Ok(())
     }
 
-    fn finish(self) -> anyhow::Result<()> {
+    /// Completes every shard; returns the line that says what was written.
+    fn finish(self) -> anyhow::Result<String> {
         let mut chunks = 0;
         let mut bytes = 0;
         for (w, path) in self.writers.into_iter().zip(&self.paths) {
@@ -70,7 +71,7 @@ impl ShardSet {
             chunks += stats.chunks;
             bytes += stats.file_bytes;
         }
-        println!(
+        Ok(format!(
             "wrote {} records in {} chunks ({} bytes) to {} shard(s): {}{}",
             self.records,
             chunks,
@@ -81,8 +82,7 @@ impl ShardSet {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
             if self.paths.len() > 1 { " ..." } else { "" },
-        );
-        Ok(())
+        ))
     }
 }
 
@@ -172,8 +172,9 @@ fn for_each_line(
     }
 }
 
-/// Runs `edl data convert`.
-pub fn convert(args: &ConvertArgs) -> anyhow::Result<()> {
+/// Runs `edl data convert`; returns the lines that say what was written (`edl data
+/// convert` prints them; `edl run` converts in process, quietly).
+pub fn convert(args: &ConvertArgs) -> anyhow::Result<Vec<String>> {
     let opts = args.output.writer_options()?;
     for input in &args.inputs {
         let meta =
@@ -183,12 +184,12 @@ pub fn convert(args: &ConvertArgs) -> anyhow::Result<()> {
         }
     }
     let bar = progress_bar(&args.inputs);
-    match args.format {
+    let written = match args.format {
         InputFormat::Csv | InputFormat::MnistCsv => convert_csv(args, opts, &bar)?,
         InputFormat::Text => convert_text(args, opts, &bar)?,
-    }
+    };
     bar.finish_and_clear();
-    Ok(())
+    Ok(written)
 }
 
 /// How one CSV row becomes a sample.
@@ -255,7 +256,11 @@ impl CsvLayout {
     }
 }
 
-fn convert_csv(args: &ConvertArgs, opts: WriterOptions, bar: &ProgressBar) -> anyhow::Result<()> {
+fn convert_csv(
+    args: &ConvertArgs,
+    opts: WriterOptions,
+    bar: &ProgressBar,
+) -> anyhow::Result<Vec<String>> {
     let mut layout = match args.format {
         InputFormat::MnistCsv => CsvLayout {
             columns: Some(785),
@@ -307,7 +312,7 @@ fn convert_csv(args: &ConvertArgs, opts: WriterOptions, bar: &ProgressBar) -> an
             shards.write(&buf)
         })?;
     }
-    shards.finish()
+    Ok(vec![shards.finish()?])
 }
 
 /// A word vocabulary: id = position.
@@ -381,7 +386,12 @@ impl Vocab {
     }
 }
 
-fn convert_text(args: &ConvertArgs, opts: WriterOptions, bar: &ProgressBar) -> anyhow::Result<()> {
+fn convert_text(
+    args: &ConvertArgs,
+    opts: WriterOptions,
+    bar: &ProgressBar,
+) -> anyhow::Result<Vec<String>> {
+    let mut written = Vec::new();
     let vocab = match &args.vocab {
         Some(path) => Vocab::load(path)?,
         None => {
@@ -394,11 +404,11 @@ fn convert_text(args: &ConvertArgs, opts: WriterOptions, bar: &ProgressBar) -> a
                 .out
                 .join(format!("{}.vocab", args.output.prefix));
             v.save(&path)?;
-            println!(
+            written.push(format!(
                 "vocabulary of {} words written to {}",
                 v.words.len(),
                 path.display()
-            );
+            ));
             v
         }
     };
@@ -422,7 +432,8 @@ fn convert_text(args: &ConvertArgs, opts: WriterOptions, bar: &ProgressBar) -> a
             shards.write(&buf)
         })?;
     }
-    shards.finish()
+    written.push(shards.finish()?);
+    Ok(written)
 }
 
 /// Runs `edl data split`: re-shards existing RecordIO files, records passed through as is.
@@ -456,5 +467,6 @@ pub fn split(args: &SplitArgs) -> anyhow::Result<()> {
         last = read;
     }
     bar.finish_and_clear();
-    shards.finish()
+    println!("{}", shards.finish()?);
+    Ok(())
 }

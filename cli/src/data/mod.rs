@@ -17,6 +17,7 @@ mod convert;
 mod inspect;
 mod size;
 
+pub use convert::convert;
 pub use size::parse_size;
 
 /// The `edl data` subcommands.
@@ -187,7 +188,12 @@ pub struct SplitArgs {
 /// Runs an `edl data` subcommand.
 pub fn run(cmd: DataCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        DataCommand::Convert(args) => convert::convert(&args).map(|()| ExitCode::SUCCESS),
+        DataCommand::Convert(args) => {
+            for line in convert::convert(&args)? {
+                println!("{line}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         DataCommand::Split(args) => convert::split(&args).map(|()| ExitCode::SUCCESS),
         DataCommand::Stat(args) => inspect::stat(&args).map(|()| ExitCode::SUCCESS),
         DataCommand::Verify(args) => inspect::verify(&args),

@@ -1,0 +1,50 @@
+//! The arguments of `edl run`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use edl_trainer::DeviceChoice;
+
+/// Where the coordination state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CoordChoice {
+    /// `--etcd`/the spec's etcd, else a private etcd if one is installed, else memory.
+    Auto,
+    /// etcd (the given one, or a private one).
+    Etcd,
+    /// Every role in this process on the in-memory backend.
+    Memory,
+}
+
+/// Arguments of `edl run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The job spec (TOML).
+    pub spec: PathBuf,
+    /// etcd client URLs, comma-separated (default: the spec's `cluster.etcd`).
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Coordination backend.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub coord: CoordChoice,
+    /// Seeded fault injection, e.g. `kill-trainer=10s,kill-pserver=30s,kill-master=60s,stop-trainer=20s,seed=7`.
+    #[arg(long)]
+    pub chaos: Option<String>,
+    /// Write the report (JSON) here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Run directory for logs, checkpoints and the final parameters (default:
+    /// `edl-runs/<job>` next to the spec).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Compute device of the trainers: auto, cpu or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceChoice,
+    /// No live progress display (log lines only).
+    #[arg(long)]
+    pub quiet: bool,
+    /// Give up when the job has not finished after this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2h")]
+    pub timeout: Duration,
+}

@@ -1,0 +1,273 @@
+//! The etcd mode: every role a child process, driven by the [`Supervisor`] state
+//! machine. This is its shell: it turns exits, the clock, `edl scale`/`edl kill` and
+//! due faults into events, and runs the effects on real processes.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use edl_coord::Backend;
+use edl_job::{ControlRecord, JobKeys, JobSpec, Record, ScaleRecord};
+use edl_master::client::{MasterClient, MasterClientConfig};
+use edl_proto::master::StatusResponse;
+use edl_trainer::DeviceChoice;
+use tokio_util::sync::CancellationToken;
+
+use super::chaos::Chaos;
+use super::display::Display;
+use super::faults::Faults;
+use super::lifecycle::{final_params, prepare_job, record_end};
+use super::procs::{Children, Launch};
+use super::report::Outcome;
+use super::supervisor::{Effect, Limits, Role, Supervisor};
+
+/// How often etcd is asked for `edl kill`, `edl scale` and the master's status.
+const POLL: Duration = Duration::from_millis(500);
+/// The supervisor's tick.
+const TICK: Duration = Duration::from_millis(100);
+
+/// What the etcd mode runs.
+#[derive(Debug)]
+pub(crate) struct ClusterRun {
+    pub spec: JobSpec,
+    pub backend: Arc<dyn Backend>,
+    pub endpoints: Vec<String>,
+    pub run_dir: PathBuf,
+    pub device: DeviceChoice,
+    pub chaos: Option<Chaos>,
+    /// `etcd` or `private-etcd`.
+    pub coordination: String,
+}
+
+/// The shell around the supervisor.
+struct Shell {
+    spec: JobSpec,
+    backend: Arc<dyn Backend>,
+    keys: JobKeys,
+    launch: Launch,
+    sup: Supervisor,
+    children: Children,
+    faults: Faults,
+}
+
+/// Runs the job as processes until it ends, stops everything, and records the end.
+pub(crate) async fn run(
+    job: ClusterRun,
+    shutdown: &CancellationToken,
+    started: Instant,
+    quiet: bool,
+    timeout: Duration,
+) -> Outcome {
+    let c = &job.spec.cluster;
+    let limits = Limits {
+        masters: c.masters,
+        pservers: c.pservers,
+        trainers: c.trainers,
+        min_trainers: c.min_trainers,
+        max_trainers: c.max_trainers(),
+        max_restarts: c.max_restarts,
+        lease_ttl: c.lease_ttl,
+    };
+    let mut shell = Shell {
+        keys: JobKeys::new(&job.spec.name),
+        launch: Launch::new(&job.spec, &job.endpoints, &job.run_dir, job.device),
+        sup: Supervisor::new(limits, job.run_dir.join("logs"), started),
+        children: Children::default(),
+        faults: Faults::new(
+            job.backend.clone(),
+            &job.spec.name,
+            job.chaos.as_ref(),
+            started,
+        ),
+        spec: job.spec,
+        backend: job.backend,
+    };
+    let supervised = shell.supervise(shutdown, started, quiet, timeout).await;
+    let error = supervised.err().map(|e| format!("{e:#}"));
+    // Final parameters and evaluation, while the pservers still run.
+    let (metric, params_file) = if error.is_none() {
+        match final_params(&shell.backend, &shell.spec, &job.run_dir).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "final evaluation");
+                (None, None)
+            }
+        }
+    } else {
+        (None, None)
+    };
+    let status = shell.status().await;
+    shell.stop_all().await;
+    let mut outcome = Outcome {
+        job: shell.spec.name.to_string(),
+        coordination: job.coordination,
+        error,
+        status,
+        final_metric: metric,
+        params_file,
+        recoveries: shell.sup.recoveries().to_vec(),
+        unrecovered: shell.faults.unrecovered(),
+        restarts: shell.sup.restarts(),
+        scale_events: shell.sup.scale_events().to_vec(),
+        run_dir: job.run_dir.display().to_string(),
+        wall_s: 0.0,
+    };
+    outcome.settle_error();
+    record_end(&shell.backend, &shell.keys, outcome.error.as_deref()).await;
+    outcome.wall_s = started.elapsed().as_secs_f64();
+    outcome
+}
+
+impl Shell {
+    async fn supervise(
+        &mut self,
+        shutdown: &CancellationToken,
+        started: Instant,
+        quiet: bool,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        prepare_job(&self.backend, &self.spec, &self.launch.run_dir).await?;
+        let start = self.sup.start();
+        self.apply(start)?;
+        let mut display = Display::new(quiet);
+        let mut last_poll = Instant::now() - Duration::from_secs(10);
+        let control_key = self.keys.control();
+        let scale_key = self.keys.scale_trainers();
+        loop {
+            if shutdown.is_cancelled() {
+                anyhow::bail!("interrupted");
+            }
+            anyhow::ensure!(
+                started.elapsed() < timeout,
+                "the job did not finish within {timeout:?}"
+            );
+            self.step(false).await?;
+            if let Some(effect) = self
+                .faults
+                .inject_due(&mut self.sup, &self.launch, Instant::now())
+                .await
+            {
+                self.apply(vec![effect])?;
+            }
+            if last_poll.elapsed() >= POLL {
+                last_poll = Instant::now();
+                if let Ok(Some(kv)) = self.backend.get(&control_key).await
+                    && ControlRecord::decode(&kv.value)
+                        .is_ok_and(|c| c.command == edl_job::Control::Stop)
+                {
+                    anyhow::bail!("stopped by `edl kill`");
+                }
+                if let Ok(Some(kv)) = self.backend.get(&scale_key).await
+                    && let Ok(ScaleRecord { trainers: n, .. }) = ScaleRecord::decode(&kv.value)
+                {
+                    let scale = self.sup.scale(n, Instant::now());
+                    self.apply(scale)?;
+                }
+                let status = self.status().await;
+                let alive = self.registered_trainers().await;
+                display.update(
+                    status.as_ref(),
+                    alive,
+                    self.sup.restarts(),
+                    self.sup.recoveries(),
+                );
+                if let Some(s) = &status
+                    && s.finished
+                {
+                    display.finish();
+                    // Trainers stop on their own at the end of the job; pservers killed
+                    // near the end come back (the final parameters are pulled from them).
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    loop {
+                        self.step(true).await?;
+                        if !self.sup.draining() || Instant::now() >= deadline {
+                            break;
+                        }
+                        tokio::time::sleep(TICK).await;
+                    }
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(TICK).await;
+        }
+    }
+
+    /// One tick: exits reaped, stopped processes resumed, restarts that are due started
+    /// (trainers' too unless `skip_trainers`), recoveries checked.
+    async fn step(&mut self, skip_trainers: bool) -> anyhow::Result<()> {
+        for (id, status) in self.children.exited()? {
+            let success = status.success();
+            let job_finished = self.sup.exit_needs_job_status(id, success)
+                && self.status().await.is_some_and(|s| s.finished);
+            self.sup.exited(
+                id,
+                success,
+                &status.to_string(),
+                job_finished,
+                Instant::now(),
+            )?;
+        }
+        let tick = self.sup.tick(Instant::now(), skip_trainers);
+        self.apply(tick)?;
+        self.faults.check_recoveries(&mut self.sup).await;
+        Ok(())
+    }
+
+    /// Runs the supervisor's effects.
+    fn apply(&mut self, effects: Vec<Effect>) -> anyhow::Result<()> {
+        for effect in effects {
+            match effect {
+                Effect::Spawn {
+                    id,
+                    role,
+                    slot,
+                    name,
+                } => self.children.spawn(
+                    &self.launch,
+                    id,
+                    role,
+                    slot,
+                    &name,
+                    self.sup.desired_trainers(),
+                )?,
+                Effect::Signal { id, sig } => self.children.signal(id, sig),
+                Effect::Kill { id } => self.children.kill(id),
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every process: trainers first (they drain), then pservers and masters;
+    /// each role is given 40 s, then killed.
+    async fn stop_all(&mut self) {
+        for role in [Role::Trainer, Role::Pserver, Role::Master] {
+            let ids = self.sup.ids(role);
+            let stop = self.sup.stop(role);
+            // Signals only: nothing to fail.
+            let _ = self.apply(stop);
+            let deadline = Instant::now() + Duration::from_secs(40);
+            while self.children.running(&ids) > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            self.children.kill_and_reap(&ids);
+        }
+        self.sup.clear();
+    }
+
+    async fn status(&self) -> Option<StatusResponse> {
+        let mut cfg = MasterClientConfig::new(self.spec.name.clone());
+        cfg.retry_for = Duration::from_secs(2);
+        cfg.call_timeout = Duration::from_secs(2);
+        MasterClient::new(self.backend.clone(), cfg, CancellationToken::new())
+            .status()
+            .await
+            .ok()
+    }
+
+    async fn registered_trainers(&self) -> usize {
+        self.backend
+            .range(&self.keys.trainers())
+            .await
+            .map_or(0, |(kvs, _)| kvs.len())
+    }
+}

@@ -1,0 +1,155 @@
+//! `edl run JOB.toml`: a whole job on one machine.
+//!
+//! - Coordination: `--etcd` (or `cluster.etcd` in the spec) when given; otherwise a
+//!   private etcd (temp data dir, free loopback ports) when an `etcd` binary is on `PATH`;
+//!   otherwise every role runs in this process on the in-memory backend (said in one
+//!   line). `--coord memory|etcd` forces a choice.
+//! - With etcd, masters, pservers and trainers are child processes of this same binary,
+//!   supervised: a crashed process is restarted with backoff within a restart budget
+//!   (`cluster.max_restarts`, counting crashes only: injected faults and scale events do
+//!   not count). Logs go to `<run dir>/logs/<process>.log`.
+//! - `edl scale JOB --trainers N` (the `scale/trainers` key) is followed within
+//!   `[min_trainers, max_trainers]`: new trainers are started, surplus ones drained
+//!   (SIGTERM). `edl kill JOB` stops the job gracefully.
+//! - `--chaos SPEC` injects seeded faults and measures each recovery.
+//! - At the end: the final parameters (`<run dir>/params.json`), a summary, and with
+//!   `--report FILE` the same as JSON. Exit 0 only if the job succeeded.
+//!
+//! # Layout
+//!
+//! - [`args`]: [`RunArgs`] and [`CoordChoice`].
+//! - [`chaos`]: the `--chaos` spec ([`Chaos`]) and the clock of due faults.
+//! - `prepare`: data made from `[data.prepare]` in process, and the data check.
+//! - `lifecycle`: the job in the coordination store: claimed at the start, final
+//!   parameters pulled and evaluated, the end recorded.
+//! - `supervisor`: the supervisor as a pure state machine (events in, effects out, time
+//!   as an argument).
+//! - `procs`: the roles' command lines, child processes, signals.
+//! - `faults`: fault injection: victims (the leading master through etcd and the
+//!   masters' address files) and recovery checks.
+//! - `cluster`: the etcd mode, the shell that runs the supervisor's effects.
+//! - `memory`: the in-memory mode, every role in this process.
+//! - `display`: the live progress display.
+//! - [`report`]: [`RunReport`], built once from either mode's outcome.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use edl_coord::{Backend, EtcdBackend, EtcdConfig, LocalEtcd};
+
+use crate::common::{runtime, shutdown_on_signals};
+
+pub mod args;
+pub mod chaos;
+mod cluster;
+mod display;
+mod faults;
+mod lifecycle;
+mod memory;
+mod prepare;
+mod procs;
+pub mod report;
+mod supervisor;
+
+pub use args::{CoordChoice, RunArgs};
+pub use chaos::Chaos;
+pub use report::{
+    FailedTaskReport, FinalMetric, RUN_REPORT_VERSION, Recovery, RunReport, ScaleEvent,
+};
+
+/// Runs `edl run`.
+pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
+    let mut spec = edl_trainer::job::load(&args.spec)?;
+    let chaos: Option<Chaos> = args.chaos.as_deref().map(str::parse).transpose()?;
+    let in_spec = |e: anyhow::Error| e.context(format!("job spec {}", args.spec.display()));
+    prepare::prepare_data(&spec).map_err(in_spec)?;
+    prepare::check_data(&spec).map_err(in_spec)?;
+    edl_trainer::job::fit_stats(&mut spec).map_err(|e| in_spec(e.into()))?;
+    edl_trainer::job::check_data_fits_model(&spec).map_err(|e| in_spec(e.into()))?;
+    let run_dir = match &args.run_dir {
+        Some(d) => d.clone(),
+        None => args
+            .spec
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .join("edl-runs")
+            .join(spec.name.as_str()),
+    };
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("create run directory {}", run_dir.display()))?;
+    let run_dir = std::path::absolute(&run_dir).unwrap_or(run_dir);
+    let endpoints = if args.etcd.is_empty() {
+        spec.cluster.etcd.clone()
+    } else {
+        args.etcd.clone()
+    };
+    let rt = runtime()?;
+    let report_path = args.report.clone();
+    let outcome = rt.block_on(async move {
+        let shutdown = shutdown_on_signals()?;
+        let started = Instant::now();
+        let etcd_found = edl_coord::local_etcd::etcd_binary().is_ok();
+        let use_memory = match args.coord {
+            CoordChoice::Memory => true,
+            CoordChoice::Etcd => false,
+            CoordChoice::Auto => endpoints.is_empty() && !etcd_found,
+        };
+        if use_memory {
+            anyhow::ensure!(
+                chaos.is_none(),
+                "--chaos needs etcd (processes are killed); install etcd or pass --etcd"
+            );
+            println!(
+                "edl run: no etcd given and none installed: running every role in this process on the in-memory backend"
+            );
+            return memory::run(spec, &args, run_dir, shutdown, started).await;
+        }
+        let mut private = None;
+        let (endpoints, coordination) = if endpoints.is_empty() {
+            let etcd = LocalEtcd::start(1).await.map_err(|e| {
+                anyhow::anyhow!("start a private etcd: {e} (install etcd, or pass --etcd, or --coord memory)")
+            })?;
+            let eps = etcd.endpoints();
+            println!("edl run: started a private etcd at {}", eps.join(","));
+            private = Some(etcd);
+            (eps, "private-etcd")
+        } else {
+            (endpoints, "etcd")
+        };
+        let mut cfg = EtcdConfig::new(endpoints.iter().cloned());
+        cfg.dial_timeout = Duration::from_secs(3);
+        cfg.request_timeout = Duration::from_secs(5);
+        let backend: Arc<dyn Backend> = Arc::new(
+            tokio::time::timeout(Duration::from_secs(15), EtcdBackend::connect(cfg))
+                .await
+                .map_err(|_| anyhow::anyhow!("cannot reach etcd at {} (timed out)", endpoints.join(",")))?
+                .map_err(crate::common::etcd_connect_error)?,
+        );
+        let job = cluster::ClusterRun {
+            spec,
+            backend,
+            endpoints,
+            run_dir,
+            device: args.device,
+            chaos,
+            coordination: coordination.to_owned(),
+        };
+        let outcome = cluster::run(job, &shutdown, started, args.quiet, args.timeout).await;
+        drop(private);
+        Ok(outcome)
+    })?;
+    let report = RunReport::new(outcome);
+    report.print_summary();
+    if let Some(path) = &report_path {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("write {}", path.display()))?;
+    }
+    Ok(if report.succeeded {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}

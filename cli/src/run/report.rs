@@ -1,0 +1,293 @@
+//! The run report: what `edl run` prints at the end and writes with `--report`. Built
+//! once, by `RunReport::new`, from the `Outcome` of either mode.
+
+use edl_proto::master::StatusResponse;
+use serde::Serialize;
+
+/// One recovery from a fault.
+#[derive(Debug, Clone, Serialize)]
+pub struct Recovery {
+    /// What happened: `sigkill`, `sigstop`, `crash`.
+    pub fault: String,
+    /// The role hit.
+    pub role: String,
+    /// The process.
+    pub process: String,
+    /// Seconds from the fault until the system had recovered (see the README).
+    pub seconds: f64,
+}
+
+/// A scale event.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleEvent {
+    /// Seconds into the run.
+    pub at_s: f64,
+    /// Trainers before.
+    pub from: u32,
+    /// Trainers asked for.
+    pub to: u32,
+}
+
+/// The final metric.
+#[derive(Debug, Clone, Serialize)]
+pub struct FinalMetric {
+    /// `accuracy`, `cost` or `loss`.
+    pub name: String,
+    /// Its value.
+    pub value: f64,
+    /// `test` or `train`.
+    pub split: String,
+}
+
+/// A failed task.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailedTaskReport {
+    /// Task id.
+    pub task: String,
+    /// Pass.
+    pub pass: u32,
+    /// Records not trained.
+    pub records: u64,
+    /// Why.
+    pub reason: String,
+}
+
+/// The version of the `edl run --report` JSON (docs/json.md). Bumped when a field
+/// changes meaning or goes away; new fields may appear within a version.
+pub const RUN_REPORT_VERSION: u32 = 1;
+
+/// What `edl run --report` writes.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// [`RUN_REPORT_VERSION`].
+    pub version: u32,
+    /// Job name.
+    pub job: String,
+    /// Whether it succeeded.
+    pub succeeded: bool,
+    /// Why not, if it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `etcd`, `private-etcd` or `memory`.
+    pub coordination: String,
+    /// Passes completed.
+    pub passes: u64,
+    /// Records trained (over all passes).
+    pub records_trained: u64,
+    /// Records trained twice, as reported by trainers that handed back or failed tasks.
+    pub duplicate_records: u64,
+    /// Records of tasks cut off by a lost trainer and dispatched again: an upper bound of
+    /// what may have been trained twice (so never more than `records_trained`).
+    pub cutoff_records: u64,
+    /// Records never trained in their pass (tasks failed for good).
+    pub lost_records: u64,
+    /// Tasks failed for good, with reasons.
+    pub failed_tasks: Vec<FailedTaskReport>,
+    /// The final evaluation.
+    pub final_metric: Option<FinalMetric>,
+    /// Recoveries, one per fault.
+    pub recoveries: Vec<Recovery>,
+    /// Faults injected whose recovery was not seen before the job ended.
+    pub unrecovered: Vec<String>,
+    /// Crash restarts (counted against the budget).
+    pub restarts: u32,
+    /// Scale events.
+    pub scale_events: Vec<ScaleEvent>,
+    /// The final parameters.
+    pub params_file: Option<String>,
+    /// The run directory (logs, checkpoints).
+    pub run_dir: String,
+    /// Wall time.
+    pub wall_s: f64,
+}
+
+/// How a run ended, as either mode (processes on etcd, or in memory) knows it.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub job: String,
+    /// `etcd`, `private-etcd` or `memory`.
+    pub coordination: String,
+    /// Why the run failed, if it did.
+    pub error: Option<String>,
+    /// The master's last status (counters, failed tasks).
+    pub status: Option<StatusResponse>,
+    pub final_metric: Option<FinalMetric>,
+    pub params_file: Option<String>,
+    pub recoveries: Vec<Recovery>,
+    pub unrecovered: Vec<String>,
+    pub restarts: u32,
+    pub scale_events: Vec<ScaleEvent>,
+    pub run_dir: String,
+    pub wall_s: f64,
+}
+
+impl Outcome {
+    /// The error of the run: its own, else "no final evaluation" when there is none.
+    /// (A run succeeds with no error and a final evaluation.)
+    pub(crate) fn settle_error(&mut self) {
+        if self.error.is_none() && self.final_metric.is_none() {
+            self.error = Some("no final evaluation".to_owned());
+        }
+    }
+}
+
+impl RunReport {
+    /// The report of a run.
+    pub(crate) fn new(mut o: Outcome) -> RunReport {
+        o.settle_error();
+        let c = o
+            .status
+            .as_ref()
+            .and_then(|s| s.counters)
+            .unwrap_or_default();
+        RunReport {
+            version: RUN_REPORT_VERSION,
+            job: o.job,
+            succeeded: o.error.is_none(),
+            error: o.error,
+            coordination: o.coordination,
+            passes: c.passes_completed,
+            records_trained: c.records_trained,
+            duplicate_records: c.duplicate_records,
+            cutoff_records: twice_trained_bound(&c),
+            lost_records: c.lost_records,
+            failed_tasks: o
+                .status
+                .map(|s| {
+                    s.failed_tasks
+                        .into_iter()
+                        .map(|f| FailedTaskReport {
+                            task: f.id,
+                            pass: f.pass,
+                            records: f.records,
+                            reason: f.reason,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            final_metric: o.final_metric,
+            recoveries: o.recoveries,
+            unrecovered: o.unrecovered,
+            restarts: o.restarts,
+            scale_events: o.scale_events,
+            params_file: o.params_file,
+            run_dir: o.run_dir,
+            wall_s: o.wall_s,
+        }
+    }
+
+    /// Prints the summary.
+    pub(crate) fn print_summary(&self) {
+        let r = self;
+        println!();
+        println!(
+            "== job {} {} in {:.1}s ({})",
+            r.job,
+            if r.succeeded { "succeeded" } else { "FAILED" },
+            r.wall_s,
+            r.coordination
+        );
+        if let Some(e) = &r.error {
+            println!("   error: {e}");
+        }
+        println!(
+            "   passes {}  records trained {}  duplicates {} (+{} cut off)  lost {}",
+            r.passes, r.records_trained, r.duplicate_records, r.cutoff_records, r.lost_records
+        );
+        if let Some(m) = &r.final_metric {
+            println!(
+                "   final {} on the {} split: {:.4}",
+                m.name, m.split, m.value
+            );
+        }
+        for f in &r.failed_tasks {
+            println!(
+                "   failed task {} (pass {}, {} records): {}",
+                f.task, f.pass, f.records, f.reason
+            );
+        }
+        for rec in &r.recoveries {
+            println!(
+                "   recovered from {} of {} {} in {:.2}s",
+                rec.fault, rec.role, rec.process, rec.seconds
+            );
+        }
+        if r.restarts > 0 {
+            println!("   crash restarts: {}", r.restarts);
+        }
+        for s in &r.scale_events {
+            println!(
+                "   scaled trainers {} -> {} at {:.1}s",
+                s.from, s.to, s.at_s
+            );
+        }
+        if let Some(p) = &r.params_file {
+            println!("   final parameters: {p}");
+        }
+        println!("   logs: {}/logs", r.run_dir);
+    }
+}
+
+/// The records of tasks cut off by a lost trainer, as a bound of what was trained
+/// twice: a record trained twice was trained once in a task that was acknowledged, so
+/// the bound never exceeds the records trained (a job that trained nothing reports 0).
+fn twice_trained_bound(c: &edl_proto::master::Counters) -> u64 {
+    c.cutoff_records.min(c.records_trained)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome() -> Outcome {
+        Outcome {
+            job: "j".into(),
+            coordination: "memory".into(),
+            error: None,
+            status: Some(StatusResponse {
+                counters: Some(edl_proto::master::Counters {
+                    records_trained: 10,
+                    cutoff_records: 25,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            final_metric: Some(FinalMetric {
+                name: "cost".into(),
+                value: 1.5,
+                split: "test".into(),
+            }),
+            params_file: None,
+            recoveries: Vec::new(),
+            unrecovered: Vec::new(),
+            restarts: 0,
+            scale_events: Vec::new(),
+            run_dir: "/r".into(),
+            wall_s: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_run_succeeds_with_no_error_and_a_final_evaluation() {
+        let r = RunReport::new(outcome());
+        assert!(r.succeeded);
+        assert_eq!(r.error, None);
+        assert_eq!(r.version, RUN_REPORT_VERSION);
+        assert_eq!(r.records_trained, 10);
+        assert_eq!(r.cutoff_records, 10, "bounded by the records trained");
+
+        let r = RunReport::new(Outcome {
+            final_metric: None,
+            ..outcome()
+        });
+        assert!(!r.succeeded);
+        assert_eq!(r.error.as_deref(), Some("no final evaluation"));
+
+        let r = RunReport::new(Outcome {
+            error: Some("interrupted".into()),
+            ..outcome()
+        });
+        assert!(!r.succeeded);
+        assert_eq!(r.error.as_deref(), Some("interrupted"));
+    }
+}
