@@ -10,10 +10,10 @@ use anyhow::Context;
 use clap::Args;
 use edl_coord::Backend;
 use edl_job::{
-    ControlRecord, JobKeys, JobName, JobSpec, JobStateRecord, Record, RunRecord, ScaleRecord,
+    ControlRecord, JobKeys, JobName, JobSpec, JobStateRecord, PserverRecord, Record, RunRecord,
+    ScaleRecord,
 };
 use edl_master::client::{MasterClient, MasterClientConfig};
-use edl_pserver::server::PsRecord;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -201,7 +201,7 @@ async fn job_status(backend: &Arc<dyn Backend>, job: &JobName) -> anyhow::Result
         .iter()
         .filter_map(|kv| {
             let index = keys.ps_index(&kv.key)?;
-            let address = match serde_json::from_slice::<PsRecord>(&kv.value) {
+            let address = match PserverRecord::decode(&kv.value) {
                 Ok(r) => r.addr,
                 Err(e) => format!("(unreadable claim: {e})"),
             };

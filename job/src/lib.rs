@@ -10,7 +10,8 @@
 //! - [`name`]: [`JobName`], the one job-name type and its validator.
 //! - [`keys`]: [`JobKeys`], every key of the job tree.
 //! - [`records`]: the typed, versioned values ([`JobStateRecord`], [`ControlRecord`],
-//!   [`RunRecord`], [`ScaleRecord`], [`TrainerRecord`]) and their encoding.
+//!   [`RunRecord`], [`ScaleRecord`], [`TrainerRecord`], [`PserverRecord`]) and their
+//!   encoding.
 //! - [`model`]: [`ModelSpec`](model::ModelSpec), the built-in model a job trains (the
 //!   description; the trainer builds it), and feature statistics.
 //! - [`spec`]: [`JobSpec`], the job spec: parse, validate, store in etcd.
@@ -26,7 +27,7 @@ pub mod spec;
 pub use keys::JobKeys;
 pub use name::{InvalidJobName, JobName, valid_member_id};
 pub use records::{
-    Control, ControlRecord, FinalState, JobStateRecord, RECORD_VERSION, Record, RecordError,
-    RunRecord, ScaleRecord, TrainerRecord,
+    Control, ControlRecord, FinalState, JobStateRecord, PserverRecord, RECORD_VERSION, Record,
+    RecordError, RunRecord, ScaleRecord, TrainerRecord,
 };
 pub use spec::{JobSpec, SpecError};

@@ -12,6 +12,7 @@
 //! | `job/control` | [`ControlRecord`] | `edl kill` |
 //! | `scale/trainers` | [`ScaleRecord`] | `edl scale`, autoscalers |
 //! | `trainers/<id>` | [`TrainerRecord`] | each trainer (and `edl consume`) |
+//! | `ps/<index>` | [`PserverRecord`] | the pserver holding the shard |
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -257,6 +258,43 @@ pub struct TrainerRecord {
 }
 record!(TrainerRecord, "trainers/<id>");
 
+/// `ps/<index>`: the claim of a shard by the pserver serving it, under its lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PserverRecord {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// The gRPC address clients reach it at.
+    pub addr: String,
+    /// The claim revision (create revision of the key; 0 in the very first write).
+    #[serde(default)]
+    pub claim_revision: i64,
+    /// The bulk-path protocol version served on the same address (0: none).
+    #[serde(default)]
+    pub bulk: u32,
+    /// Process id.
+    #[serde(default)]
+    pub pid: u32,
+    /// Start time, ms since the Unix epoch.
+    #[serde(default)]
+    pub started_ms: u64,
+}
+record!(PserverRecord, "ps/<index>");
+
+impl PserverRecord {
+    /// A claim of a pserver at `addr` (no bulk path, no process details).
+    pub fn at(addr: impl Into<String>) -> Self {
+        PserverRecord {
+            version: RECORD_VERSION,
+            addr: addr.into(),
+            claim_revision: 0,
+            bulk: 0,
+            pid: 0,
+            started_ms: 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,6 +331,11 @@ mod tests {
             metrics: None,
         };
         assert_eq!(TrainerRecord::decode(&t.encode()).unwrap(), t);
+        let p = PserverRecord {
+            bulk: 1,
+            ..PserverRecord::at("127.0.0.1:1")
+        };
+        assert_eq!(PserverRecord::decode(&p.encode()).unwrap(), p);
     }
 
     #[test]

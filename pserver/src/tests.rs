@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Lease, MemBackend, Registry};
+use edl_coord::{Backend, Lease, MemBackend};
 use edl_proto::pserver as pb;
 use edl_testkit::{FaultyBackend, WATCH_STREAM};
 use tokio::net::TcpListener;
@@ -19,8 +19,9 @@ use crate::client::{
 use crate::error::{ErrorKind, PsError};
 use crate::layout::{DenseSpec, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
 use crate::optim::{Clip, OptimizerConfig};
-use crate::server::{IndexChoice, PsConfig, PsRecord, run};
+use crate::server::{IndexChoice, PsConfig, run};
 use edl_job::{JobKeys, JobName};
+use edl_job::{PserverRecord, Record};
 
 struct Harness {
     backend: Arc<dyn Backend>,
@@ -100,18 +101,14 @@ impl Harness {
     }
 
     async fn register(&self, trainer: &str) -> Lease {
-        let lease = Lease::grant(
-            self.backend.clone(),
+        edl_testkit::register_trainer(
+            &self.backend,
+            JobKeys::new(&self.job).trainers(),
+            trainer,
             Duration::from_secs(1),
             self.stop.child_token(),
         )
         .await
-        .unwrap();
-        Registry::new(self.backend.clone(), JobKeys::new(&self.job).trainers())
-            .register(trainer, b"test".to_vec(), &lease)
-            .await
-            .unwrap();
-        lease
     }
 }
 
@@ -865,13 +862,7 @@ impl pb::parameter_server_server::ParameterServer for NeverCloses {
 async fn fake_pserver(h: &Harness, svc: NeverCloses, spec: &ParamSpec) {
     let keys = JobKeys::new(&h.job);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let record = PsRecord {
-        addr: listener.local_addr().unwrap().to_string(),
-        claim_revision: 0,
-        bulk: 0,
-        pid: 0,
-        started_ms: 0,
-    };
+    let record = PserverRecord::at(listener.local_addr().unwrap().to_string());
     let stop = h.stop.child_token();
     tokio::spawn(
         tonic::transport::Server::builder()
@@ -885,9 +876,7 @@ async fn fake_pserver(h: &Harness, svc: NeverCloses, spec: &ParamSpec) {
     b.put(&keys.desired(), h.shards.to_string().into_bytes(), None)
         .await
         .unwrap();
-    b.put(&keys.ps(0), serde_json::to_vec(&record).unwrap(), None)
-        .await
-        .unwrap();
+    b.put(&keys.ps(0), record.encode(), None).await.unwrap();
     b.put(&keys.params_spec(), spec.to_json().into_bytes(), None)
         .await
         .unwrap();
@@ -953,16 +942,10 @@ async fn a_shard_that_cannot_be_reached_does_not_stall_the_others() {
     let h = Harness::new("partition", 2);
     let _p0 = h.pserver(0, None).await;
     let (stuck, _held) = full_listener().await;
-    let record = PsRecord {
-        addr: stuck.local_addr().unwrap().to_string(),
-        claim_revision: 0,
-        bulk: 0,
-        pid: 0,
-        started_ms: 0,
-    };
+    let record = PserverRecord::at(stuck.local_addr().unwrap().to_string());
     let keys = JobKeys::new(&h.job);
     h.backend
-        .put(&keys.ps(1), serde_json::to_vec(&record).unwrap(), None)
+        .put(&keys.ps(1), record.encode(), None)
         .await
         .unwrap();
     let ps = h
@@ -991,7 +974,7 @@ async fn ps_addr(h: &Harness, index: u32) -> String {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(kv) = h.backend.get(&keys.ps(index)).await.unwrap() {
-            let record: PsRecord = serde_json::from_slice(&kv.value).unwrap();
+            let record = PserverRecord::decode(&kv.value).unwrap();
             return record.addr;
         }
         assert!(

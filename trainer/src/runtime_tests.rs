@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Lease, MemBackend, Registry};
+use edl_coord::{Backend, Lease, MemBackend};
 use edl_job::{JobKeys, JobName};
 use edl_master::client::{MasterClient, MasterClientConfig};
 use edl_master::reader::{CloudReader, ReaderConfig};
@@ -55,17 +55,14 @@ async fn register(
     id: &str,
     stop: &CancellationToken,
 ) -> Lease {
-    let lease = Lease::grant(backend.clone(), Duration::from_secs(5), stop.child_token())
-        .await
-        .unwrap();
-    Registry::new(
-        backend.clone(),
+    edl_testkit::register_trainer(
+        backend,
         JobKeys::new(&JobName::new(job).unwrap()).trainers(),
+        id,
+        Duration::from_secs(5),
+        stop.child_token(),
     )
-    .register(id, b"test".to_vec(), &lease)
     .await
-    .unwrap();
-    lease
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,10 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use edl_coord::Backend;
-use edl_job::{JobKeys, JobName};
+use edl_job::{JobKeys, JobName, PserverRecord, Record};
 use edl_master::client::{MasterClient, MasterClientConfig};
 use edl_proto::master::StatusResponse;
-use edl_pserver::server::PsRecord;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 
@@ -191,7 +190,7 @@ impl Faults {
             Check::Pserver { key, old_create } => {
                 let claim = self.backend.get(key).await.ok().flatten();
                 match claim.filter(|kv| kv.create_revision != *old_create) {
-                    Some(kv) => match serde_json::from_slice::<PsRecord>(&kv.value) {
+                    Some(kv) => match PserverRecord::decode(&kv.value) {
                         Ok(r) => edl_pserver::client::probe(
                             &r.addr,
                             self.job.as_str(),

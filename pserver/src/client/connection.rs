@@ -15,8 +15,9 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::PsClient;
 use crate::bulk;
-use crate::server::{CONNECTION_WINDOW, MAX_FRAME, PsRecord, STREAM_WINDOW};
+use crate::server::{CONNECTION_WINDOW, MAX_FRAME, STREAM_WINDOW};
 use edl_coord::PrefixView;
+use edl_job::{PserverRecord, Record};
 
 /// The connection to a shard's pserver, for the claim it was made to.
 #[derive(Debug)]
@@ -39,14 +40,14 @@ impl PsClient {
         &self,
         shard: u32,
         until: Instant,
-    ) -> Result<(PsRecord, i64), String> {
+    ) -> Result<(PserverRecord, i64), String> {
         let key = self.inner.keys.ps(shard);
         let mut rx = self.inner.view.clone();
         loop {
             {
                 let v = rx.borrow_and_update();
                 if let Some(kv) = v.kvs.get(&key) {
-                    return match serde_json::from_slice::<PsRecord>(&kv.value) {
+                    return match PserverRecord::decode(&kv.value) {
                         Ok(r) => Ok((r, kv.create_revision)),
                         Err(e) => Err(format!("{key} holds an unreadable record: {e}")),
                     };

@@ -2,7 +2,7 @@
 //!
 //! `ps/desired` holds the shard count: the first pserver given one creates it, the
 //! others must agree with it. `ps/<index>` is claimed under the pserver's lease (a dead
-//! pserver's index frees when its lease ends) and holds its [`PsRecord`]; the key's
+//! pserver's index frees when its lease ends) and holds its [`PserverRecord`](edl_job::PserverRecord); the key's
 //! create revision is the claim's fence, so a replaced pserver cannot write after its
 //! successor.
 
@@ -12,30 +12,10 @@ use edl_coord::{
     Backend, Backoff, Compare, EventKind, Fence, IndexClaim, Lease, Op, RetryPolicy, Txn,
 };
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::PsError;
 use edl_job::JobKeys;
-
-/// The value of `ps/<index>`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PsRecord {
-    /// gRPC address.
-    pub addr: String,
-    /// The claim revision (create revision of the key; 0 in the very first write).
-    #[serde(default)]
-    pub claim_revision: i64,
-    /// The bulk-path protocol version served on the same address (0: none).
-    #[serde(default)]
-    pub bulk: u32,
-    /// Process id.
-    #[serde(default)]
-    pub pid: u32,
-    /// Start time, ms since the Unix epoch.
-    #[serde(default)]
-    pub started_ms: u64,
-}
 
 /// Creates `ps/desired` with `want` if absent; returns the job's shard count.
 pub(super) async fn resolve_desired(

@@ -9,7 +9,7 @@
 //! Layout:
 //! - `config`: [`PsConfig`], [`IndexChoice`] and the transport's limits.
 //! - `claim`: the job's shard count (`ps/desired`) and the claim of `ps/<index>`
-//!   ([`PsRecord`]).
+//!   ([`PserverRecord`](edl_job::PserverRecord)).
 //! - `service`: the pserver's operations whatever the transport, behind the lease gate.
 //! - `convert`: protobuf to the shard's types and back, once for both transports.
 //! - `grpc`: the gRPC adapter ([`PsGrpc`]).
@@ -26,7 +26,6 @@ mod membership;
 mod run;
 mod service;
 
-pub use claim::PsRecord;
 pub use config::{
     CONNECTION_WINDOW, DEFAULT_IO_TIMEOUT, DEFAULT_MAX_BULK_CONNECTIONS, DEFAULT_MAX_MESSAGE_BYTES,
     IndexChoice, MAX_FRAME, MAX_PUSH_WAIT, PsConfig, STREAM_WINDOW,

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::checkpointer::Checkpointer;
-use super::claim::{PsRecord, claim_fixed, resolve_desired};
+use super::claim::{claim_fixed, resolve_desired};
 use super::config::{CONNECTION_WINDOW, IndexChoice, MAX_FRAME, PsConfig, STREAM_WINDOW};
 use super::grpc::PsGrpc;
 use super::membership::{Members, follow_trainers};
@@ -26,7 +26,7 @@ use crate::checkpoint::protocol;
 use crate::checkpoint::{CheckpointDir, CheckpointEvery};
 use crate::error::PsError;
 use crate::shard::{CheckpointHooks, Shard, ShardCore};
-use edl_job::JobKeys;
+use edl_job::{JobKeys, PserverRecord, Record};
 
 /// Runs a pserver on `listener` until `shutdown` fires. Returns
 /// [`PsError::LeaseLost`] if the lease was lost (the pserver stopped serving at once;
@@ -59,14 +59,13 @@ pub async fn run(
     let lease_cancel = CancellationToken::new();
     let _lease_guard = lease_cancel.clone().drop_guard();
     let lease = Arc::new(Lease::grant(backend.clone(), cfg.lease_ttl, lease_cancel.clone()).await?);
-    let mut record = PsRecord {
-        addr: advertise.clone(),
-        claim_revision: 0,
+    let mut record = PserverRecord {
         bulk: crate::bulk::VERSION,
         pid: std::process::id(),
         started_ms: protocol::now_ms(),
+        ..PserverRecord::at(advertise.clone())
     };
-    let value = serde_json::to_vec(&record).unwrap_or_default();
+    let value = record.encode();
     let claim = match cfg.index {
         IndexChoice::Auto => claim_index_wait(
             &*backend,
@@ -87,7 +86,7 @@ pub async fn run(
     };
     let index = claim.index;
     record.claim_revision = claim.fence.revision;
-    let value = serde_json::to_vec(&record).unwrap_or_default();
+    let value = record.encode();
     fenced_txn(
         &*backend,
         &claim.fence,
