@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use edl_coord::{Attempt, Backend, CallError, LeaderInfo, call_until};
 use edl_job::JobName;
+use edl_proto::headers;
 use edl_proto::master as pb;
 use pb::master_client::MasterClient as GrpcClient;
 use tokio::sync::{Mutex, watch};
@@ -169,15 +170,11 @@ impl MasterClient {
     fn request<T>(&self, msg: T, timeout: Duration) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
         req.set_timeout(timeout);
-        let md = req.metadata_mut();
-        if let Ok(v) = self.cfg.job.as_str().parse() {
-            md.insert(edl_proto::JOB_HEADER, v);
-        }
-        if let Some(t) = &self.cfg.token
-            && let Ok(v) = t.parse()
-        {
-            md.insert(edl_proto::TOKEN_HEADER, v);
-        }
+        headers::set_credentials(
+            req.metadata_mut(),
+            self.cfg.job.as_str(),
+            self.cfg.token.as_deref(),
+        );
         req
     }
 

@@ -3,9 +3,6 @@
 use crate::dataset::DatasetError;
 use crate::queue::Reject;
 
-/// Metadata key carrying the leader's address on a `NotLeader` answer.
-pub const LEADER_HEADER: &str = "x-edl-leader";
-
 /// Why a master call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MasterError {
@@ -58,10 +55,8 @@ impl From<MasterError> for tonic::Status {
         match e {
             MasterError::NotLeader { leader } => {
                 let mut s = tonic::Status::new(Code::Unavailable, msg);
-                if let Some(addr) = leader
-                    && let Ok(v) = addr.parse()
-                {
-                    s.metadata_mut().insert(LEADER_HEADER, v);
+                if let Some(addr) = leader {
+                    edl_proto::headers::set_detail(&mut s, edl_proto::headers::LEADER, &addr);
                 }
                 s
             }

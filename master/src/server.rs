@@ -85,11 +85,7 @@ pub struct MasterGrpc {
 
 impl MasterGrpc {
     fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        let md = req.metadata();
-        let job = md
-            .get(edl_proto::JOB_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+        let (job, token) = edl_proto::headers::credentials(req.metadata());
         if job != self.job {
             return Err(MasterError::Unauthenticated(format!(
                 "this master serves job {:?}, the request is for {job:?}",
@@ -97,16 +93,10 @@ impl MasterGrpc {
             ))
             .into());
         }
-        if let Some(token) = &self.token {
-            let got = md
-                .get(edl_proto::TOKEN_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            if got != token {
-                return Err(
-                    MasterError::Unauthenticated("wrong or missing job token".into()).into(),
-                );
-            }
+        if let Some(want) = &self.token
+            && token != Some(want.as_str())
+        {
+            return Err(MasterError::Unauthenticated("wrong or missing job token".into()).into());
         }
         Ok(())
     }

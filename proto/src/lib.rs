@@ -6,6 +6,8 @@
 //! - [`master`]: the master's gRPC service (`proto/edl/master.proto`).
 //! - [`pserver`]: the parameter server's gRPC service (`proto/edl/pserver.proto`),
 //!   with [`codec::SizedProstCodec`] for its large messages.
+//! - [`headers`]: the one metadata scheme of both services (job and token on requests,
+//!   error details on statuses).
 //! - [`etcd`]: client stubs of the etcd v3 API (`third_party/etcd/`, vendored), which
 //!   `edl-coord` speaks to etcd with.
 //!
@@ -13,11 +15,7 @@
 //! `build.rs`: building needs no `protoc`.
 
 pub mod codec;
-
-/// Metadata key naming the job a request is for.
-pub const JOB_HEADER: &str = "x-edl-job";
-/// Metadata key carrying the optional shared job token.
-pub const TOKEN_HEADER: &str = "x-edl-token";
+pub mod headers;
 
 /// The master's gRPC service and messages (`edl.master.v1`).
 pub mod master {

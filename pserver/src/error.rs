@@ -1,14 +1,12 @@
 //! The pserver's errors and their one mapping to gRPC status codes.
 
+use edl_proto::headers;
+
 use crate::checkpoint::CheckpointError;
 use crate::layout::SpecError;
 
-/// Metadata key of the machine-readable kind of an error status (see [`ErrorKind`]).
-pub const ERROR_KIND_HEADER: &str = "x-edl-ps-error";
-/// Metadata key of the next step a stale sync push should use.
-pub const NEXT_STEP_HEADER: &str = "x-edl-ps-next-step";
-
-/// Machine-readable kinds of pserver errors, carried in [`ERROR_KIND_HEADER`].
+/// Machine-readable kinds of pserver errors, carried in the status detail
+/// [`headers::ERROR_KIND`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
     /// The pserver does not serve (lease lost, shutting down, wrong shard): look the
@@ -63,11 +61,7 @@ impl ErrorKind {
 
     /// The kind carried by a status, if any.
     pub fn of(status: &tonic::Status) -> Option<ErrorKind> {
-        status
-            .metadata()
-            .get(ERROR_KIND_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(ErrorKind::parse)
+        headers::detail(status, headers::ERROR_KIND).and_then(ErrorKind::parse)
     }
 }
 
@@ -218,15 +212,10 @@ impl From<PsError> for tonic::Status {
         };
         let mut status = tonic::Status::new(code, msg);
         if let Some(kind) = kind {
-            status.metadata_mut().insert(
-                ERROR_KIND_HEADER,
-                tonic::metadata::MetadataValue::from_static(kind.as_str()),
-            );
+            headers::set_detail(&mut status, headers::ERROR_KIND, kind.as_str());
         }
-        if let PsError::StaleStep { next, .. } = e
-            && let Ok(v) = next.to_string().parse()
-        {
-            status.metadata_mut().insert(NEXT_STEP_HEADER, v);
+        if let PsError::StaleStep { next, .. } = e {
+            headers::set_detail(&mut status, headers::NEXT_STEP, &next.to_string());
         }
         status
     }
@@ -234,11 +223,7 @@ impl From<PsError> for tonic::Status {
 
 /// The next step carried by a stale-step status.
 pub fn next_step_of(status: &tonic::Status) -> Option<u64> {
-    status
-        .metadata()
-        .get(NEXT_STEP_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.parse().ok())
+    headers::detail(status, headers::NEXT_STEP).and_then(|s| s.parse().ok())
 }
 
 #[cfg(test)]

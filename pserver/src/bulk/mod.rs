@@ -33,7 +33,8 @@ use edl_proto::pserver as pb;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tonic::{Code, Status};
 
-use crate::error::{ERROR_KIND_HEADER, NEXT_STEP_HEADER, next_step_of};
+use crate::error::next_step_of;
+use edl_proto::headers;
 
 mod pool;
 mod serve;
@@ -74,10 +75,7 @@ fn status_to_pb(s: &Status) -> pb::BulkError {
     pb::BulkError {
         code: s.code() as i32,
         message: s.message().to_owned(),
-        kind: s
-            .metadata()
-            .get(ERROR_KIND_HEADER)
-            .and_then(|v| v.to_str().ok())
+        kind: headers::detail(s, headers::ERROR_KIND)
             .unwrap_or_default()
             .to_owned(),
         next_step: next_step_of(s).unwrap_or(0),
@@ -86,15 +84,11 @@ fn status_to_pb(s: &Status) -> pb::BulkError {
 
 fn pb_to_status(e: pb::BulkError) -> Status {
     let mut s = Status::new(Code::from_i32(e.code), e.message);
-    if let Ok(v) = e.kind.parse()
-        && !e.kind.is_empty()
-    {
-        s.metadata_mut().insert(ERROR_KIND_HEADER, v);
+    if !e.kind.is_empty() {
+        headers::set_detail(&mut s, headers::ERROR_KIND, &e.kind);
     }
-    if e.next_step > 0
-        && let Ok(v) = e.next_step.to_string().parse()
-    {
-        s.metadata_mut().insert(NEXT_STEP_HEADER, v);
+    if e.next_step > 0 {
+        headers::set_detail(&mut s, headers::NEXT_STEP, &e.next_step.to_string());
     }
     s
 }

@@ -137,15 +137,11 @@ impl PsClient {
     pub(super) fn request<T>(&self, msg: T, timeout: Duration) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
         req.set_timeout(timeout);
-        let md = req.metadata_mut();
-        if let Ok(v) = self.inner.cfg.job.as_str().parse() {
-            md.insert(edl_proto::JOB_HEADER, v);
-        }
-        if let Some(t) = &self.inner.cfg.token
-            && let Ok(v) = t.parse()
-        {
-            md.insert(edl_proto::TOKEN_HEADER, v);
-        }
+        edl_proto::headers::set_credentials(
+            req.metadata_mut(),
+            self.inner.cfg.job.as_str(),
+            self.inner.cfg.token.as_deref(),
+        );
         req
     }
 }

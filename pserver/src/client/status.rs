@@ -62,14 +62,7 @@ pub async fn probe(
         .await
         .map_err(|e| connect_err(e.to_string()))?;
     let mut req = tonic::Request::new(pb::StatusRequest {});
-    if let Ok(v) = job.parse() {
-        req.metadata_mut().insert(edl_proto::JOB_HEADER, v);
-    }
-    if let Some(t) = token
-        && let Ok(v) = t.parse()
-    {
-        req.metadata_mut().insert(edl_proto::TOKEN_HEADER, v);
-    }
+    edl_proto::headers::set_credentials(req.metadata_mut(), job, token);
     GrpcClient::new(channel)
         .status(req)
         .await

@@ -16,14 +16,7 @@ pub struct PsGrpc {
 
 impl PsGrpc {
     fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        let md = req.metadata();
-        let job = md
-            .get(edl_proto::JOB_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let token = md
-            .get(edl_proto::TOKEN_HEADER)
-            .and_then(|v| v.to_str().ok());
+        let (job, token) = edl_proto::headers::credentials(req.metadata());
         Ok(self.svc.authorize(job, token)?)
     }
 }
