@@ -20,6 +20,7 @@ use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::server::{MAX_MESSAGE_BYTES, observe_leader};
+pub use crate::task::{LeasedTask, Next};
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -96,19 +97,6 @@ pub struct MasterClient {
     leader: watch::Receiver<Option<LeaderInfo>>,
     conn: Conn,
     cancel: CancellationToken,
-}
-
-/// What `get_task` answered.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Next {
-    /// A leased task.
-    Task(pb::Task),
-    /// Nothing free before the wait ran out.
-    Wait,
-    /// The pass asked for is over; the current one is this.
-    PassFinished(u32),
-    /// Every pass is done.
-    JobFinished,
 }
 
 impl MasterClient {
@@ -254,20 +242,14 @@ impl MasterClient {
         let resp = self
             .call(msg, timeout, |mut c, r| async move { c.get_task(r).await })
             .await?;
-        use pb::get_task_response::Result as R;
-        Ok(match resp.result {
-            Some(R::Task(t)) => Next::Task(t),
-            Some(R::Wait(_)) | None => Next::Wait,
-            Some(R::PassFinished(p)) => Next::PassFinished(p),
-            Some(R::JobFinished(_)) => Next::JobFinished,
-        })
+        Ok(resp.into())
     }
 
     /// Reports a task's records trained; `Ok(false)` if it was already reported.
     pub async fn task_finished(
         &self,
         trainer: &str,
-        task: &pb::Task,
+        task: &LeasedTask,
         records: u64,
     ) -> Result<bool, ClientError> {
         let msg = pb::TaskFinishedRequest {
@@ -288,7 +270,7 @@ impl MasterClient {
     pub async fn task_failed(
         &self,
         trainer: &str,
-        task: &pb::Task,
+        task: &LeasedTask,
         reason: &str,
         records_trained: u64,
     ) -> Result<bool, ClientError> {
@@ -311,7 +293,7 @@ impl MasterClient {
     pub async fn release_task(
         &self,
         trainer: &str,
-        task: &pb::Task,
+        task: &LeasedTask,
         records_trained: u64,
     ) -> Result<bool, ClientError> {
         let msg = pb::ReleaseTaskRequest {

@@ -20,6 +20,7 @@ use crate::queue::{
     self, Ack, FailedTask, GetTask, Millis, Queue, QueueConfig, QueueCounters, Task,
 };
 use crate::store::Store;
+use crate::task::{LeasedTask, Next};
 
 /// Most requests applied in one batch by default. Each request changes at most one task
 /// record, so a batch's changes fit one etcd transaction (`store::MAX_OPS_PER_TXN`) and
@@ -29,28 +30,6 @@ pub const DEFAULT_MAX_BATCH: usize = 100;
 
 /// Longest a `GetTask` may be parked.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
-
-/// A leased task as trainers see it: the spec plus the file path.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeasedTask {
-    /// The task record.
-    pub task: Task,
-    /// The file it reads.
-    pub path: String,
-}
-
-/// The answer to `GetTask`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TaskReply {
-    /// A task to process.
-    Task(LeasedTask),
-    /// Nothing free yet; ask again.
-    Wait,
-    /// The requested pass is over; this is the current one.
-    PassFinished(u32),
-    /// Every pass is done.
-    JobFinished,
-}
 
 /// What `Status` reports.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -91,7 +70,7 @@ pub(crate) enum Cmd {
         pass: u32,
         request: u64,
         wait: Duration,
-        reply: Reply<TaskReply>,
+        reply: Reply<Next>,
     },
     Finished {
         id: String,
@@ -133,12 +112,12 @@ struct Parked {
     pass: u32,
     request: u64,
     until: Instant,
-    reply: Reply<TaskReply>,
+    reply: Reply<Next>,
 }
 
 /// A reply to send once the batch is durable.
 enum Pending {
-    Task(Reply<TaskReply>, Result<TaskReply, MasterError>),
+    Task(Reply<Next>, Result<Next, MasterError>),
     Ack(Reply<bool>, Result<bool, MasterError>),
     Dataset(Reply<(Dataset, bool)>, Result<(Dataset, bool), MasterError>),
     Status(Reply<StatusReport>, StatusReport),
@@ -173,7 +152,7 @@ impl CoreHandle {
         pass: u32,
         request: u64,
         wait: Duration,
-    ) -> Result<TaskReply, MasterError> {
+    ) -> Result<Next, MasterError> {
         self.call(|reply| Cmd::GetTask {
             trainer,
             pass,
@@ -434,26 +413,26 @@ impl Core {
         }
     }
 
-    fn lease(&self, task: Task) -> TaskReply {
+    fn lease(&self, task: Task) -> Next {
         let path = self
             .dataset
             .as_ref()
             .and_then(|d| d.files.get(task.spec.file as usize))
             .map(|f| f.path.clone())
             .unwrap_or_default();
-        TaskReply::Task(LeasedTask { task, path })
+        Next::Task(LeasedTask::of(&task, path))
     }
 
-    fn try_get(&mut self, trainer: &str, pass: u32, request: u64) -> TaskReply {
+    fn try_get(&mut self, trainer: &str, pass: u32, request: u64) -> Next {
         let now = self.now();
         let Some(q) = &mut self.queue else {
-            return TaskReply::Wait;
+            return Next::Wait;
         };
         match q.get_task(trainer, pass, request, now) {
             GetTask::Task(t) => self.lease(t),
-            GetTask::Wait => TaskReply::Wait,
-            GetTask::PassFinished { next_pass } => TaskReply::PassFinished(next_pass),
-            GetTask::JobFinished => TaskReply::JobFinished,
+            GetTask::Wait => Next::Wait,
+            GetTask::PassFinished { next_pass } => Next::PassFinished(next_pass),
+            GetTask::JobFinished => Next::JobFinished,
         }
     }
 
@@ -470,7 +449,7 @@ impl Core {
                 wait,
                 reply,
             } => match self.try_get(&trainer, pass, request) {
-                TaskReply::Wait if !wait.is_zero() => self.parked.push(Parked {
+                Next::Wait if !wait.is_zero() => self.parked.push(Parked {
                     trainer,
                     pass,
                     request,
@@ -593,7 +572,7 @@ impl Core {
                 continue;
             }
             match self.try_get(&p.trainer, p.pass, p.request) {
-                TaskReply::Wait if p.until > now => self.parked.push(p),
+                Next::Wait if p.until > now => self.parked.push(p),
                 r => replies.push(Pending::Task(p.reply, Ok(r))),
             }
         }

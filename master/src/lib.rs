@@ -9,6 +9,8 @@
 //! - [`store`]: the queue's records in etcd, written by fenced transactions.
 //! - [`core`]: the leader's actor: batches requests, group-commits them, long-polls.
 //! - [`server`]: the master process (election, gRPC adapter, trainer follower).
+//! - [`task`]: [`task::LeasedTask`] and [`task::Next`], the task as it travels to a trainer
+//!   and back (both sides of the wire), converted to protobuf there and only there.
 //! - [`client`]: the trainer's client: leader discovery, failover, idempotent retries.
 //! - [`reader`]: the `cloud_reader`: leased tasks read ahead, acknowledged after training.
 //! - [`metrics`]: `/metrics` in Prometheus text format.
@@ -23,6 +25,7 @@ pub mod queue;
 pub mod reader;
 pub mod server;
 pub mod store;
+pub mod task;
 
 #[cfg(test)]
 mod tests;

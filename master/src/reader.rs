@@ -15,14 +15,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_proto::master as pb;
 use edl_recordio::{ChunkIndex, RangeScanner, ReadOptions};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::client::{ClientError, MasterClient, Next};
+use crate::client::{ClientError, MasterClient};
+use crate::task::{LeasedTask, Next};
 
 /// Reader settings.
 #[derive(Clone, Debug)]
@@ -54,7 +54,7 @@ impl ReaderConfig {
 #[derive(Clone, Debug)]
 pub struct TaskData {
     /// The lease (id, generation, pass, file and chunk range).
-    pub task: pb::Task,
+    pub task: LeasedTask,
     /// Its records, in file order.
     pub records: Vec<Vec<u8>>,
 }
@@ -126,7 +126,7 @@ impl CloudReader {
 
     /// Acknowledges a task whose records were trained. `Ok(false)`: already reported.
     /// A stale lease (the task was taken away meanwhile) is `Err` with `is_stale()`.
-    pub async fn finished(&self, task: &pb::Task, records: u64) -> Result<bool, ClientError> {
+    pub async fn finished(&self, task: &LeasedTask, records: u64) -> Result<bool, ClientError> {
         self.client
             .task_finished(&self.trainer, task, records)
             .await
@@ -135,7 +135,7 @@ impl CloudReader {
     /// Reports a task that could not be trained (it is retried, up to `max_failures`).
     pub async fn failed(
         &self,
-        task: &pb::Task,
+        task: &LeasedTask,
         reason: &str,
         records_trained: u64,
     ) -> Result<bool, ClientError> {
@@ -147,7 +147,7 @@ impl CloudReader {
     /// Hands a task back without failure (draining).
     pub async fn release(
         &self,
-        task: &pb::Task,
+        task: &LeasedTask,
         records_trained: u64,
     ) -> Result<bool, ClientError> {
         self.client
@@ -252,7 +252,7 @@ impl Fetcher {
 
     /// Reads a leased task and queues it; a task that cannot be read is failed at the
     /// master; one that cannot be queued (stopping) is handed back.
-    async fn deliver(&mut self, task: pb::Task) {
+    async fn deliver(&mut self, task: LeasedTask) {
         let index = self.indexes.get(&task.path).cloned();
         let t = task.clone();
         let read = tokio::task::spawn_blocking(move || read_task(&t, index)).await;
@@ -296,7 +296,7 @@ impl Fetcher {
 /// Reads the records of a task's chunk range (blocking I/O). Returns them with the
 /// file's index, cached for the next task of the same file.
 fn read_task(
-    task: &pb::Task,
+    task: &LeasedTask,
     cached: Option<Arc<ChunkIndex>>,
 ) -> Result<(Vec<Vec<u8>>, Arc<ChunkIndex>), String> {
     let index = match cached {

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
-use crate::core::{Core, CoreHandle, StatusReport, TaskReply};
+use crate::core::{Core, CoreHandle, StatusReport};
 use crate::dataset::DatasetSpec;
 use crate::error::MasterError;
 use crate::queue::QueueConfig;
@@ -107,22 +107,6 @@ impl MasterGrpc {
         }
         let leader = self.shared.leader.read().await.clone();
         Err(MasterError::NotLeader { leader }.into())
-    }
-}
-
-fn task_to_pb(l: crate::core::LeasedTask) -> pb::Task {
-    let t = l.task;
-    pb::Task {
-        id: t.spec.id,
-        path: l.path,
-        chunk_begin: t.spec.chunk_begin,
-        chunk_end: t.spec.chunk_end,
-        records: t.spec.records,
-        pass: t.pass,
-        generation: t.generation,
-        failures: t.failures,
-        offset_begin: t.spec.offset_begin,
-        offset_end: t.spec.offset_end,
     }
 }
 
@@ -212,16 +196,7 @@ impl pb::master_server::Master for MasterGrpc {
             .await?
             .get_task(r.trainer, r.pass, r.request_id, wait)
             .await?;
-        use pb::get_task_response::Result as R;
-        let result = match reply {
-            TaskReply::Task(l) => R::Task(task_to_pb(l)),
-            TaskReply::Wait => R::Wait(pb::Empty {}),
-            TaskReply::PassFinished(p) => R::PassFinished(p),
-            TaskReply::JobFinished => R::JobFinished(pb::Empty {}),
-        };
-        Ok(Response::new(pb::GetTaskResponse {
-            result: Some(result),
-        }))
+        Ok(Response::new(reply.into()))
     }
 
     async fn task_finished(

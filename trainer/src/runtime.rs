@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use edl_master::client::ClientError;
 use edl_master::reader::{CloudReader, Item, ReaderError, TaskData};
-use edl_proto::master as pb;
+use edl_master::task::LeasedTask;
 use edl_proto::sample::{self, Sample};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -314,7 +314,7 @@ async fn idle(store: &Arc<dyn ParamStore>, trainer: &str) {
     }
 }
 
-async fn report_release(reader: &CloudReader, task: &pb::Task, trained: u64) {
+async fn report_release(reader: &CloudReader, task: &LeasedTask, trained: u64) {
     match reader.release(task, trained).await {
         Ok(_) => tracing::info!(task = %task.id, trained, "handed the task back"),
         Err(e) => {

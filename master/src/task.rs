@@ -1,0 +1,163 @@
+//! The task as it travels from the master to a trainer and back: [`LeasedTask`] (what a
+//! trainer holds: which chunks to read, and the generation its reports must carry) and
+//! [`Next`] (the answer to `GetTask`). Both sides of the wire use these domain types;
+//! this module is the one place they are converted to and from protobuf.
+//!
+//! Along `GetTask` → `TaskFinished`: the queue leases a [`queue::Task`](crate::queue::Task)
+//! (its state machine's record), the leader's actor turns it into a [`LeasedTask`] (with
+//! the file's path), the gRPC service sends it as `pb::Task`, the client turns it back
+//! into a [`LeasedTask`], the `cloud_reader` reads its records and the trainer reports it
+//! by id and generation.
+
+use edl_proto::master as pb;
+
+use crate::queue::Task;
+
+/// A task leased to a trainer: a run of chunks of one RecordIO file, in one pass, at one
+/// generation (a report with another generation is stale).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeasedTask {
+    /// The task id (`<file>-<first chunk>-<end chunk>`).
+    pub id: String,
+    /// The RecordIO file.
+    pub path: String,
+    /// First chunk (inclusive).
+    pub chunk_begin: u32,
+    /// Last chunk (exclusive).
+    pub chunk_end: u32,
+    /// Records in those chunks.
+    pub records: u64,
+    /// The pass.
+    pub pass: u32,
+    /// The lease's generation: reports must carry it.
+    pub generation: u64,
+    /// Failures of this task so far in this pass.
+    pub failures: u32,
+    /// Byte offset of the first chunk, as indexed (the reader checks it).
+    pub offset_begin: u64,
+    /// Byte offset just past the last chunk, as indexed.
+    pub offset_end: u64,
+}
+
+impl LeasedTask {
+    /// The lease of queue task `t`, whose file is `path`.
+    pub fn of(t: &Task, path: String) -> Self {
+        LeasedTask {
+            id: t.spec.id.clone(),
+            path,
+            chunk_begin: t.spec.chunk_begin,
+            chunk_end: t.spec.chunk_end,
+            records: t.spec.records,
+            pass: t.pass,
+            generation: t.generation,
+            failures: t.failures,
+            offset_begin: t.spec.offset_begin,
+            offset_end: t.spec.offset_end,
+        }
+    }
+}
+
+/// The answer to `GetTask`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// A leased task.
+    Task(LeasedTask),
+    /// Nothing free before the wait ran out; ask again.
+    Wait,
+    /// The pass asked for is over; the current one is this.
+    PassFinished(u32),
+    /// Every pass is done.
+    JobFinished,
+}
+
+impl From<LeasedTask> for pb::Task {
+    fn from(t: LeasedTask) -> Self {
+        pb::Task {
+            id: t.id,
+            path: t.path,
+            chunk_begin: t.chunk_begin,
+            chunk_end: t.chunk_end,
+            records: t.records,
+            pass: t.pass,
+            generation: t.generation,
+            failures: t.failures,
+            offset_begin: t.offset_begin,
+            offset_end: t.offset_end,
+        }
+    }
+}
+
+impl From<pb::Task> for LeasedTask {
+    fn from(t: pb::Task) -> Self {
+        LeasedTask {
+            id: t.id,
+            path: t.path,
+            chunk_begin: t.chunk_begin,
+            chunk_end: t.chunk_end,
+            records: t.records,
+            pass: t.pass,
+            generation: t.generation,
+            failures: t.failures,
+            offset_begin: t.offset_begin,
+            offset_end: t.offset_end,
+        }
+    }
+}
+
+impl From<Next> for pb::GetTaskResponse {
+    fn from(n: Next) -> Self {
+        use pb::get_task_response::Result as R;
+        let result = match n {
+            Next::Task(t) => R::Task(t.into()),
+            Next::Wait => R::Wait(pb::Empty {}),
+            Next::PassFinished(p) => R::PassFinished(p),
+            Next::JobFinished => R::JobFinished(pb::Empty {}),
+        };
+        pb::GetTaskResponse {
+            result: Some(result),
+        }
+    }
+}
+
+impl From<pb::GetTaskResponse> for Next {
+    fn from(r: pb::GetTaskResponse) -> Self {
+        use pb::get_task_response::Result as R;
+        match r.result {
+            Some(R::Task(t)) => Next::Task(t.into()),
+            Some(R::Wait(_)) | None => Next::Wait,
+            Some(R::PassFinished(p)) => Next::PassFinished(p),
+            Some(R::JobFinished(_)) => Next::JobFinished,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_and_answers_round_trip_through_protobuf() {
+        let t = LeasedTask {
+            id: "00001-0000002-0000004".into(),
+            path: "/d/part-001.recordio".into(),
+            chunk_begin: 2,
+            chunk_end: 4,
+            records: 10,
+            pass: 3,
+            generation: 7,
+            failures: 1,
+            offset_begin: 100,
+            offset_end: 900,
+        };
+        for n in [
+            Next::Task(t.clone()),
+            Next::Wait,
+            Next::PassFinished(4),
+            Next::JobFinished,
+        ] {
+            let wire: pb::GetTaskResponse = n.clone().into();
+            assert_eq!(Next::from(wire), n);
+        }
+        assert_eq!(Next::from(pb::GetTaskResponse { result: None }), Next::Wait);
+    }
+}
