@@ -17,7 +17,8 @@
 //! - [`backend`]: the [`Backend`] trait.
 //! - [`etcd`]: [`EtcdBackend`] and its [`EtcdConfig`], by concern: configuration,
 //!   connection (auth, TLS), failures, message codec, operations, watches.
-//! - [`mem`]: [`MemBackend`], on tokio's clock.
+//! - [`mem`]: [`MemBackend`], on tokio's clock, by concern: the store (revisions,
+//!   history and compaction), leases, transactions, watches, the requests.
 //! - [`retry`](mod@retry): [`retry()`] with exponential backoff and jitter.
 //! - [`lease`]: [`Lease`], kept alive in the background, with a `lost` token.
 //! - [`election`]: [`Election`], [`Leadership`] and [`fenced_txn`].

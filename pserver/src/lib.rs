@@ -11,7 +11,8 @@
 //! Layout:
 //! - [`optim`]: optimizers (SGD with momentum/Nesterov/weight decay, Adagrad, Adam,
 //!   AdamW), learning-rate schedules and gradient clipping on plain slices; reused by the
-//!   trainer's single-process baseline.
+//!   trainer's single-process baseline. By concern: `config` (and its validation), `clip`,
+//!   `update`.
 //! - [`layout`]: the model spec ([`ParamSpec`], [`ParamConfig`], [`Mode`]) and its
 //!   deterministic layout over the shards.
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.

@@ -1,0 +1,114 @@
+//! Failure events: a trainer lost (its registration vanished), leases timed out, and
+//! the one path every failure event takes, `fail`: the generation is bumped (so the
+//! old holder's reports are stale), then the task goes back to todo, or fails for good
+//! past `max_failures` reported failures or `max_losses` lost holders in the pass.
+//! Losses are counted apart from failures, so that chaos among trainers does not fail
+//! healthy tasks.
+
+use super::{FailedTask, MAX_FAILED_REPORTED, Millis, Queue, TaskState};
+
+impl Queue {
+    /// A trainer's registration vanished (its etcd lease expired): every task it holds
+    /// fails with reason "trainer lost" and goes back to todo at once. Returns their ids.
+    pub fn trainer_lost(&mut self, trainer: &str) -> Vec<String> {
+        let held: Vec<usize> = self
+            .by_trainer
+            .get(trainer)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        for &i in &held {
+            self.bump(|c| c.trainer_lost += 1);
+            self.fail(i, &format!("trainer lost: {trainer}"), Redo::CutOff);
+        }
+        self.check_pass_end();
+        held.iter()
+            .map(|&i| self.tasks[i].spec.id.clone())
+            .collect()
+    }
+
+    /// Expires the leases whose deadline is at or before `now`. Returns their ids.
+    pub fn tick(&mut self, now: Millis) -> Vec<String> {
+        let expired: Vec<(usize, Millis, String)> = self
+            .pending
+            .iter()
+            .filter_map(|&i| match &self.tasks[i].state {
+                TaskState::Pending {
+                    deadline,
+                    since,
+                    trainer,
+                    ..
+                } if *deadline <= now => Some((i, now.saturating_sub(*since), trainer.clone())),
+                _ => None,
+            })
+            .collect();
+        for (i, held, trainer) in &expired {
+            self.bump(|c| c.timeouts += 1);
+            let reason = format!(
+                "timed out after {:.1}s on trainer {trainer}",
+                *held as f64 / 1000.0
+            );
+            self.fail(*i, &reason, Redo::CutOff);
+        }
+        self.check_pass_end();
+        expired
+            .iter()
+            .map(|(i, _, _)| self.tasks[*i].spec.id.clone())
+            .collect()
+    }
+
+    /// A failure event on a pending task: back to todo, or failed for good past
+    /// `max_failures`.
+    pub(super) fn fail(&mut self, i: usize, reason: &str, redo: Redo) {
+        self.unlease(i);
+        let (max_failures, max_losses) = (self.cfg.max_failures, self.cfg.max_losses);
+        let pass = self.meta.pass;
+        let t = &mut self.tasks[i];
+        t.generation += 1;
+        match redo {
+            Redo::CutOff => t.losses += 1,
+            Redo::Reported(_) => t.failures += 1,
+        }
+        t.last_error = Some(reason.to_owned());
+        self.dirty.insert(i);
+        let records = t.spec.records;
+        if t.failures > max_failures || t.losses > max_losses {
+            t.state = TaskState::Failed;
+            let failed = FailedTask {
+                pass,
+                id: t.spec.id.clone(),
+                records,
+                reason: reason.to_owned(),
+            };
+            tracing::warn!(task = %failed.id, pass, reason, "task failed for good");
+            self.meta.failed.push(failed);
+            if self.meta.failed.len() > MAX_FAILED_REPORTED {
+                self.meta.failed.remove(0);
+            }
+            self.bump(|c| {
+                c.failures += 1;
+                c.failed_tasks += 1;
+                c.lost_records += records;
+            });
+        } else {
+            t.state = TaskState::Todo;
+            self.todo.push_back(i);
+            self.bump(|c| {
+                c.failures += 1;
+                c.requeued += 1;
+                match redo {
+                    Redo::Reported(n) => c.duplicate_records += n,
+                    Redo::CutOff => c.cutoff_records += records,
+                }
+            });
+        }
+    }
+}
+
+/// How a requeued task's already-trained records are counted.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Redo {
+    /// The trainer said how many it trained.
+    Reported(u64),
+    /// The trainer was cut off; all of the task's records are an upper bound.
+    CutOff,
+}
