@@ -14,6 +14,8 @@
 //!   encoding.
 //! - [`model`]: [`ModelSpec`](model::ModelSpec), the built-in model a job trains (the
 //!   description; the trainer builds it), and feature statistics.
+//! - [`optim`]: the optimizer, schedule, clipping and mode, described once (the spec
+//!   converts to them; the pservers apply them).
 //! - [`spec`]: [`JobSpec`], the job spec: parse, validate, store in etcd.
 
 #![warn(missing_docs)]
@@ -21,6 +23,7 @@
 pub mod keys;
 pub mod model;
 pub mod name;
+pub mod optim;
 pub mod records;
 pub mod spec;
 

@@ -9,11 +9,12 @@
 //! (trainer, session, step) so that a retried push is never applied twice.
 //!
 //! Layout:
-//! - [`optim`]: optimizers (SGD with momentum/Nesterov/weight decay, Adagrad, Adam,
-//!   AdamW), learning-rate schedules and gradient clipping on plain slices; reused by the
-//!   trainer's single-process baseline. By concern: `config` (and its validation), `clip`,
-//!   `update`.
-//! - [`layout`]: the model spec ([`ParamSpec`], [`ParamConfig`], [`Mode`]) and its
+//! - [`optim`]: the update rules (SGD with momentum/Nesterov/weight decay, Adagrad, Adam,
+//!   AdamW) on plain slices, `update.rs`; reused by the trainer's single-process baseline.
+//!   Their description (kinds, schedules, clipping, the serde form and its validation) is
+//!   `edl_job::optim`, re-exported here.
+//! - [`layout`]: the parameter spec ([`ParamSpec`], [`ParamConfig`], [`Mode`] from
+//!   `edl_job`) and its
 //!   deterministic layout over the shards.
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.
 //! - [`shard`]: a shard's parameters and update logic on its own types (no protobuf, no

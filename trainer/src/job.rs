@@ -1,19 +1,17 @@
-//! The job spec ([`edl_job::JobSpec`]) as a trainer uses it: the checks only a trainer
-//! can make (the model builds, the optimizer's settings are usable), the data checks
-//! before a job starts, and the conversion of a spec to the pservers' parameter config and
-//! the trainer runtime's config.
+//! The job spec ([`edl_job::JobSpec`]) as a trainer uses it: the check only a trainer can
+//! make (the model builds), the data checks before a job starts, and the conversion of a
+//! spec to the pservers' parameter config and the trainer runtime's config.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use edl_job::spec::{ModeName, OptimizerName, ScheduleName};
 use edl_job::{JobSpec, SpecError};
-use edl_pserver::{Clip, LrSchedule, Mode, OptimizerConfig, OptimizerKind, ParamConfig};
+use edl_pserver::ParamConfig;
 
 use crate::RuntimeConfig;
 use crate::error::Result;
 
-/// Reads, parses, resolves and validates a TOML spec, model and optimizer included.
+/// Reads, parses, resolves and validates a TOML spec, model included.
 pub fn load(path: &Path) -> std::result::Result<JobSpec, SpecError> {
     let spec = JobSpec::load(path)?;
     check(&spec).map_err(|error| SpecError::InFile {
@@ -23,16 +21,9 @@ pub fn load(path: &Path) -> std::result::Result<JobSpec, SpecError> {
     Ok(spec)
 }
 
-/// The checks of a spec that need the trainer: the optimizer's settings and the model's
-/// hyper-parameters (by building it).
+/// The check of a spec that needs the trainer: the model's hyper-parameters (by
+/// building it).
 pub fn check(spec: &JobSpec) -> std::result::Result<(), SpecError> {
-    param_config(spec)
-        .optimizer
-        .validate()
-        .map_err(|e| SpecError::Invalid {
-            field: "train",
-            reason: e.to_string(),
-        })?;
     crate::check_model(&spec.model).map_err(|e| SpecError::Invalid {
         field: "model",
         reason: e.to_string(),
@@ -77,89 +68,11 @@ pub fn runtime_config(
     cfg
 }
 
-/// The pservers' configuration: mode, optimizer, schedule, clipping.
+/// The pservers' configuration: the spec's mode and optimizer (converted by
+/// `edl_job`), and the block size.
 pub fn param_config(spec: &JobSpec) -> ParamConfig {
-    let t = &spec.train;
-    let kind = match t.optimizer {
-        OptimizerName::Sgd => OptimizerKind::Sgd {
-            momentum: 0.0,
-            nesterov: false,
-            weight_decay: t.weight_decay,
-        },
-        OptimizerName::Momentum => OptimizerKind::Sgd {
-            momentum: t.momentum,
-            nesterov: t.nesterov,
-            weight_decay: t.weight_decay,
-        },
-        OptimizerName::Adagrad => OptimizerKind::Adagrad {
-            eps: 1e-10,
-            initial_accumulator: 0.0,
-            weight_decay: t.weight_decay,
-        },
-        OptimizerName::Adam => match OptimizerKind::adam() {
-            OptimizerKind::Adam {
-                beta1, beta2, eps, ..
-            } => OptimizerKind::Adam {
-                beta1,
-                beta2,
-                eps,
-                weight_decay: t.weight_decay,
-            },
-            other => other,
-        },
-        OptimizerName::Adamw => match OptimizerKind::adam() {
-            OptimizerKind::Adam {
-                beta1, beta2, eps, ..
-            } => OptimizerKind::AdamW {
-                beta1,
-                beta2,
-                eps,
-                weight_decay: if t.weight_decay > 0.0 {
-                    t.weight_decay
-                } else {
-                    0.01
-                },
-            },
-            other => other,
-        },
-    };
-    let lr = t.learning_rate;
-    let lr = match t.lr_schedule {
-        ScheduleName::Constant => LrSchedule::constant(lr),
-        ScheduleName::Linear => LrSchedule::Linear {
-            lr,
-            end_lr: t.lr_end,
-            steps: t.lr_decay_steps,
-        },
-        ScheduleName::Step => LrSchedule::Step {
-            lr,
-            every: t.lr_decay_steps,
-            gamma: t.lr_gamma,
-        },
-        ScheduleName::Cosine => LrSchedule::Cosine {
-            lr,
-            min_lr: t.lr_end,
-            steps: t.lr_decay_steps,
-        },
-    };
-    let mode = match t.mode {
-        ModeName::Async => Mode::Async,
-        ModeName::Sync => Mode::Sync {
-            step_timeout_ms: t.step_timeout.as_millis().min(u128::from(u64::MAX)) as u64,
-        },
-    };
-    let mut cfg = ParamConfig::new(
-        mode,
-        OptimizerConfig {
-            kind,
-            lr,
-            clip: Clip {
-                max_norm: t.clip_norm,
-                max_value: t.clip_value,
-            },
-        },
-    );
-    if let Some(b) = t.block_size {
+    let mut cfg = ParamConfig::new(spec.train.mode(), spec.train.optimizer_config());
+    if let Some(b) = spec.train.block_size {
         cfg.block_size = b;
     }
     cfg
@@ -190,22 +103,21 @@ optimizer = "adam"
         assert!(param_config(&spec).mode.is_sync());
         assert_eq!(
             param_config(&spec).optimizer.kind,
-            match OptimizerKind::adam() {
-                k @ OptimizerKind::Adam { .. } => k,
+            match edl_pserver::OptimizerKind::adam() {
+                k @ edl_pserver::OptimizerKind::Adam { .. } => k,
                 _ => unreachable!(),
             }
         );
     }
 
     #[test]
-    fn the_trainer_checks_name_the_model_and_the_optimizer() {
+    fn the_trainer_check_names_the_model_and_the_spec_names_the_optimizer() {
         let bad = JobSpec::parse_toml(&WINE.replace("hidden = [32]", "hidden = [0]")).unwrap();
         let e = check(&bad).expect_err("bad model");
         assert!(e.to_string().starts_with("model: "), "{e}");
-        let bad = JobSpec::parse_toml(&format!("{WINE}momentum = 1.5\n")).unwrap();
-        let mut bad = bad;
-        bad.train.optimizer = OptimizerName::Momentum;
-        let e = check(&bad).expect_err("bad momentum");
+        let mut bad = JobSpec::parse_toml(&format!("{WINE}momentum = 1.5\n")).unwrap();
+        bad.train.optimizer = edl_job::spec::OptimizerName::Momentum;
+        let e = bad.validate().expect_err("bad momentum");
         assert!(e.to_string().starts_with("train: "), "{e}");
     }
 }

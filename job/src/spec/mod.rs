@@ -38,13 +38,16 @@
 //! - [`parse`]: reading a TOML file ([`JobSpec::load`]): key, line and column in errors;
 //!   paths resolved against the file.
 //! - [`validate`]: [`JobSpec::validate`] and the typed [`SpecError`].
+//! - [`convert`]: the training settings as the optimizer and mode the pservers apply
+//!   ([`TrainSpec::optimizer_config`], [`TrainSpec::mode`]).
 //! - [`store`]: the versioned JSON stored at `job/spec` ([`JobSpec::publish`],
 //!   [`JobSpec::fetch`]).
 //!
-//! Turning a spec into the roles' settings (the pservers' parameter config, the
-//! trainer's runtime config, the dataset definition) and checking the model by building
-//! it are the trainer's: `edl_trainer::job`.
+//! Turning a spec into the trainer's settings (the pservers' parameter config with its
+//! block size, the runtime config) and checking the model by building it are the
+//! trainer's: `edl_trainer::job`.
 
+pub mod convert;
 pub mod parse;
 pub mod store;
 pub mod validate;

@@ -101,8 +101,8 @@ fn ensure(ok: bool, field: &'static str, reason: &str) -> Result<(), SpecError> 
 }
 
 impl JobSpec {
-    /// Checks every value this crate can check. (The model's hyper-parameters and the
-    /// optimizer's settings are checked by the trainer: `edl_trainer::job::check`.)
+    /// Checks every value this crate can check. (The model's hyper-parameters are
+    /// checked by the trainer, by building the model: `edl_trainer::job::check`.)
     pub fn validate(&self) -> Result<(), SpecError> {
         ensure(
             !self.data.train.patterns().is_empty(),
@@ -122,6 +122,9 @@ impl JobSpec {
             "train.learning_rate",
             "must be a positive number",
         )?;
+        t.optimizer_config()
+            .validate()
+            .map_err(|e| invalid("train", e.to_string()))?;
         let c = &self.cluster;
         ensure(c.masters >= 1, "cluster.masters", "must be at least 1")?;
         ensure(

@@ -115,7 +115,6 @@ impl Queue {
                 t.state = TaskState::Todo;
                 t.failures = 0;
                 t.losses = 0;
-                t.losses = 0;
                 t.last_error = None;
                 q.dirty.insert(i);
             }

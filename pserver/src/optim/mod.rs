@@ -20,17 +20,14 @@
 //! Adagrad add `weight_decay * param` to the gradient (L2).
 //!
 //! Layout:
-//! - `config`: the update rules ([`OptimizerKind`]), the schedules ([`LrSchedule`]),
-//!   the serde form ([`OptimizerConfig`]) and its validation ([`ConfigError`]).
-//! - `clip`: [`Clip`] and the [`ClipPlan`] it computes for one trainer step.
+//! - the description ([`OptimizerKind`], [`LrSchedule`], [`OptimizerConfig`],
+//!   [`ConfigError`], [`Clip`], [`ClipPlan`]) is `edl_job::optim`, re-exported here: the
+//!   job spec and the pservers share it.
 //! - `update`: [`Optimizer`] and [`SlotState`]: the update rules on slices.
 
-mod clip;
-mod config;
 mod update;
 
-pub use clip::{Clip, ClipPlan};
-pub use config::{ConfigError, LrSchedule, OptimizerConfig, OptimizerKind};
+pub use edl_job::optim::{Clip, ClipPlan, ConfigError, LrSchedule, OptimizerConfig, OptimizerKind};
 pub use update::{Optimizer, SlotState};
 
 /// Asserts that `a` is `b` within a relative `1e-6` (the tests of every part use it).
