@@ -14,8 +14,7 @@
 //!   Their description (kinds, schedules, clipping, the serde form and its validation) is
 //!   `edl_job::optim`, re-exported here.
 //! - [`layout`]: the parameter spec ([`ParamSpec`], [`ParamConfig`], [`Mode`] from
-//!   `edl_job`) and its
-//!   deterministic layout over the shards.
+//!   `edl_job`) and its deterministic layout over the shards.
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.
 //! - [`shard`]: a shard's parameters and update logic on its own types (no protobuf, no
 //!   I/O), one concern per file: `storage`, `push` (validation), `dedup` (the async
