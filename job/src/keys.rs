@@ -151,6 +151,17 @@ impl JobKeys {
         (i.to_string() == rest).then_some(i)
     }
 
+    /// The prefix of the restore records `restores/<index>`.
+    pub fn restores(&self) -> String {
+        self.key("restores/")
+    }
+
+    /// The restore record of shard `index` (no lease: the master reads it after the
+    /// pserver is gone).
+    pub fn restore(&self, index: u32) -> String {
+        self.key(&format!("restores/{index}"))
+    }
+
     /// Which trainer initialised the parameters, and when (no lease).
     pub fn params_init(&self) -> String {
         self.key("params/init")

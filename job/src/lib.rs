@@ -12,6 +12,8 @@
 //! - [`records`]: the typed, versioned values ([`JobStateRecord`], [`ControlRecord`],
 //!   [`RunRecord`], [`ScaleRecord`], [`TrainerRecord`], [`PserverRecord`]) and their
 //!   encoding.
+//! - [`ledger`]: which tasks' updates a shard contains ([`LedgerSummary`](ledger::LedgerSummary)),
+//!   as a restored pserver tells the master.
 //! - [`model`]: [`ModelSpec`](model::ModelSpec), the built-in model a job trains (the
 //!   description; the trainer builds it), and feature statistics.
 //! - [`optim`]: the optimizer, schedule, clipping and mode, described once (the spec
@@ -21,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod keys;
+pub mod ledger;
 pub mod model;
 pub mod name;
 pub mod optim;
@@ -31,6 +34,6 @@ pub use keys::JobKeys;
 pub use name::{InvalidJobName, JobName, valid_member_id};
 pub use records::{
     Control, ControlRecord, FinalState, JobStateRecord, PserverRecord, RECORD_VERSION, Record,
-    RecordError, RunRecord, ScaleRecord, TrainerRecord,
+    RecordError, RestoreRecord, RunRecord, ScaleRecord, TrainerRecord,
 };
 pub use spec::{JobSpec, SpecError};

@@ -295,6 +295,30 @@ impl PserverRecord {
     }
 }
 
+/// `restores/<index>`: a pserver restored shard `index` (from a checkpoint, or with its
+/// initial values when there was none) and serves it from now on. Written, fenced by the
+/// claim, before the restored shard serves; the master trains again every acknowledged
+/// task that `contains` lacks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreRecord {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// The shard.
+    pub shard: u32,
+    /// The claim revision of the restored shard (its incarnation).
+    pub incarnation: u64,
+    /// The checkpoint step restored (0: none, the shard started over from its initial
+    /// values).
+    pub step: u64,
+    /// The tasks whose updates the restored shard contains.
+    pub contains: crate::ledger::LedgerSummary,
+    /// When (ms since the Unix epoch).
+    #[serde(default)]
+    pub at_ms: u64,
+}
+record!(RestoreRecord, "restores/<index>");
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -96,7 +96,7 @@ async fn run_once(
                     match next {
                         Next::Task(t) => {
                             client
-                                .task_finished(&trainer, &t, t.records)
+                                .task_finished(&trainer, &t, t.records, &[])
                                 .await
                                 .expect("finish");
                         }

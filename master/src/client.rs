@@ -245,18 +245,21 @@ impl MasterClient {
         Ok(resp.into())
     }
 
-    /// Reports a task's records trained; `Ok(false)` if it was already reported.
+    /// Reports a task's records trained, recorded as done by `incarnations` of the
+    /// pserver shards (empty: no pservers); `Ok(false)` if it was already reported.
     pub async fn task_finished(
         &self,
         trainer: &str,
         task: &LeasedTask,
         records: u64,
+        incarnations: &[u64],
     ) -> Result<bool, ClientError> {
         let msg = pb::TaskFinishedRequest {
             trainer: trainer.to_owned(),
             task_id: task.id.clone(),
             generation: task.generation,
             records,
+            shard_incarnations: incarnations.to_vec(),
         };
         let r = self
             .call(msg, self.cfg.call_timeout, |mut c, r| async move {
@@ -289,18 +292,21 @@ impl MasterClient {
         Ok(r.applied)
     }
 
-    /// Hands a task back (draining): not a failure.
+    /// Hands a task back: not a failure (draining, or `recompute`: trained, but a
+    /// pserver shard restored meanwhile lacks some of it).
     pub async fn release_task(
         &self,
         trainer: &str,
         task: &LeasedTask,
         records_trained: u64,
+        recompute: bool,
     ) -> Result<bool, ClientError> {
         let msg = pb::ReleaseTaskRequest {
             trainer: trainer.to_owned(),
             task_id: task.id.clone(),
             generation: task.generation,
             records_trained,
+            recompute,
         };
         let r = self
             .call(msg, self.cfg.call_timeout, |mut c, r| async move {

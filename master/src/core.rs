@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use edl_coord::{Backoff, RetryPolicy};
+use edl_job::RestoreRecord;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -76,6 +77,7 @@ pub(crate) enum Cmd {
         id: String,
         generation: u64,
         records: u64,
+        incarnations: Vec<u64>,
         reply: Reply<bool>,
     },
     Failed {
@@ -89,6 +91,7 @@ pub(crate) enum Cmd {
         id: String,
         generation: u64,
         trained: u64,
+        recompute: bool,
         reply: Reply<bool>,
     },
     Status {
@@ -102,6 +105,10 @@ pub(crate) enum Cmd {
     /// their registration without us seeing the event.
     Reconcile {
         registered: Vec<String>,
+    },
+    /// The pserver shards' restore records (each applied once per incarnation).
+    Restored {
+        records: Vec<RestoreRecord>,
     },
 }
 
@@ -163,17 +170,20 @@ impl CoreHandle {
         .await
     }
 
-    /// A task's records were trained. `Ok(false)`: the same report was already applied.
+    /// A task's records were trained, and recorded as done by `incarnations` of the
+    /// pserver shards. `Ok(false)`: the same report was already applied.
     pub async fn finished(
         &self,
         id: String,
         generation: u64,
         records: u64,
+        incarnations: Vec<u64>,
     ) -> Result<bool, MasterError> {
         self.call(|reply| Cmd::Finished {
             id,
             generation,
             records,
+            incarnations,
             reply,
         })
         .await
@@ -197,17 +207,19 @@ impl CoreHandle {
         .await
     }
 
-    /// A task is handed back.
+    /// A task is handed back (`recompute`: trained, but a restored shard lacks it).
     pub async fn release(
         &self,
         id: String,
         generation: u64,
         trained: u64,
+        recompute: bool,
     ) -> Result<bool, MasterError> {
         self.call(|reply| Cmd::Release {
             id,
             generation,
             trained,
+            recompute,
             reply,
         })
         .await
@@ -221,6 +233,11 @@ impl CoreHandle {
     /// Trainers whose registration vanished.
     pub(crate) async fn trainers_lost(&self, trainers: Vec<String>) {
         let _ = self.tx.send(Cmd::TrainersLost { trainers }).await;
+    }
+
+    /// The pserver shards' restore records, as they are in etcd now.
+    pub(crate) async fn restored(&self, records: Vec<RestoreRecord>) {
+        let _ = self.tx.send(Cmd::Restored { records }).await;
     }
 
     /// The registered trainers, listed consistently.
@@ -420,7 +437,10 @@ impl Core {
             .and_then(|d| d.files.get(task.spec.file as usize))
             .map(|f| f.path.clone())
             .unwrap_or_default();
-        Next::Task(LeasedTask::of(&task, path))
+        let (index, tasks) = self.queue.as_ref().map_or((0, 0), |q| {
+            (q.position(&task.spec.id).unwrap_or(0), q.len())
+        });
+        Next::Task(LeasedTask::of(&task, index as u32, tasks as u32, path))
     }
 
     fn try_get(&mut self, trainer: &str, pass: u32, request: u64) -> Next {
@@ -462,10 +482,12 @@ impl Core {
                 id,
                 generation,
                 records,
+                incarnations,
                 reply,
             } => {
                 let now = self.now();
-                let r = self.with_queue(|q| q.finished(&id, generation, records, now));
+                let r =
+                    self.with_queue(|q| q.finished(&id, generation, records, &incarnations, now));
                 replies.push(Pending::Ack(reply, r));
             }
             Cmd::Failed {
@@ -485,9 +507,10 @@ impl Core {
                 id,
                 generation,
                 trained,
+                recompute,
                 reply,
             } => {
-                let r = self.with_queue(|q| q.released(&id, generation, trained));
+                let r = self.with_queue(|q| q.released(&id, generation, trained, recompute));
                 replies.push(Pending::Ack(reply, r));
             }
             Cmd::Status { reply } => replies.push(Pending::Status(reply, self.status())),
@@ -498,6 +521,13 @@ impl Core {
                         if !revoked.is_empty() {
                             tracing::warn!(trainer = %t, tasks = ?revoked, "trainer lost; its tasks are back in todo");
                         }
+                    }
+                }
+            }
+            Cmd::Restored { records } => {
+                if let Some(q) = &mut self.queue {
+                    for r in &records {
+                        q.rewind(r);
                     }
                 }
             }

@@ -126,9 +126,14 @@ impl CloudReader {
 
     /// Acknowledges a task whose records were trained. `Ok(false)`: already reported.
     /// A stale lease (the task was taken away meanwhile) is `Err` with `is_stale()`.
-    pub async fn finished(&self, task: &LeasedTask, records: u64) -> Result<bool, ClientError> {
+    pub async fn finished(
+        &self,
+        task: &LeasedTask,
+        records: u64,
+        incarnations: &[u64],
+    ) -> Result<bool, ClientError> {
         self.client
-            .task_finished(&self.trainer, task, records)
+            .task_finished(&self.trainer, task, records, incarnations)
             .await
     }
 
@@ -151,7 +156,15 @@ impl CloudReader {
         records_trained: u64,
     ) -> Result<bool, ClientError> {
         self.client
-            .release_task(&self.trainer, task, records_trained)
+            .release_task(&self.trainer, task, records_trained, false)
+            .await
+    }
+
+    /// Hands back a task trained whole that must be trained again: a pserver shard was
+    /// restored meanwhile from a state without some of it (counted as recomputed).
+    pub async fn recompute(&self, task: &LeasedTask, records: u64) -> Result<bool, ClientError> {
+        self.client
+            .release_task(&self.trainer, task, records, true)
             .await
     }
 
@@ -206,7 +219,7 @@ impl Fetcher {
                     // back rather than left pending under a live registration.
                     let grace = self.cfg.wait + Duration::from_secs(5);
                     if let Ok(Ok(Next::Task(task))) = tokio::time::timeout(grace, call).await
-                        && let Err(e) = self.client.release_task(&self.cfg.trainer, &task, 0).await
+                        && let Err(e) = self.client.release_task(&self.cfg.trainer, &task, 0, false).await
                     {
                         tracing::warn!(task = %task.id, error = %e, "handing back a task leased while draining failed");
                     }
@@ -219,6 +232,16 @@ impl Fetcher {
                     self.deliver(task).await;
                 }
                 Ok(Next::Wait) => {}
+                Ok(Next::PassFinished(next)) if next < pass => {
+                    // The queue went back: a pserver shard was restored without some
+                    // of the training since; it is trained again.
+                    tracing::warn!(
+                        from = pass,
+                        to = next,
+                        "the master went back to an earlier pass (a parameter server was restored)"
+                    );
+                    pass = next;
+                }
                 Ok(Next::PassFinished(next)) => {
                     let ended = pass;
                     pass = next;
@@ -268,7 +291,10 @@ impl Fetcher {
                     records,
                 };
                 if self.send(Ok(Item::Task(data))).await.is_err()
-                    && let Err(e) = self.client.release_task(&self.cfg.trainer, &task, 0).await
+                    && let Err(e) = self
+                        .client
+                        .release_task(&self.cfg.trainer, &task, 0, false)
+                        .await
                 {
                     if matches!(e, ClientError::Cancelled) {
                         // Shutting down: the lease ends with the trainer's registration.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use edl_coord::{
     Backend, Backoff, Election, Lease, MemberEvent, Membership, Registry, RetryPolicy,
 };
-use edl_job::{JobKeys, JobName};
+use edl_job::{JobKeys, JobName, Record, RestoreRecord};
 use edl_proto::master as pb;
 use futures::StreamExt;
 use tokio::net::TcpListener;
@@ -140,6 +140,8 @@ fn status_to_pb(job: &str, leader: String, s: StatusReport) -> pb::StatusRespons
             lost_records: c.lost_records,
             passes_completed: c.passes_completed,
             failovers: c.restores,
+            recomputed: c.recomputed,
+            recomputed_records: c.recomputed_records,
         }),
         failed_tasks: s
             .failed
@@ -208,7 +210,7 @@ impl pb::master_server::Master for MasterGrpc {
         let applied = self
             .core()
             .await?
-            .finished(r.task_id, r.generation, r.records)
+            .finished(r.task_id, r.generation, r.records, r.shard_incarnations)
             .await?;
         Ok(Response::new(pb::TaskReportResponse { applied }))
     }
@@ -241,7 +243,7 @@ impl pb::master_server::Master for MasterGrpc {
         let applied = self
             .core()
             .await?
-            .release(r.task_id, r.generation, r.records_trained)
+            .release(r.task_id, r.generation, r.records_trained, r.recompute)
             .await?;
         Ok(Response::new(pb::TaskReportResponse { applied }))
     }
@@ -460,11 +462,49 @@ async fn lead(
         follow_trainers(registry, handle.clone(), cfg.reconcile_every, term.clone())
             .in_current_span(),
     );
+    let restores = tokio::spawn(
+        follow_restores(backend.clone(), keys.clone(), handle.clone(), term.clone())
+            .in_current_span(),
+    );
     *shared.core.write().await = Some(handle);
     let result = core.run(term.clone()).await;
     term.cancel();
     let _ = follower.await;
+    let _ = restores.await;
     result
+}
+
+/// Hands the pserver shards' restore records to the queue whenever they change (the
+/// queue applies each incarnation's once), for the whole term.
+async fn follow_restores(
+    backend: Arc<dyn Backend>,
+    keys: JobKeys,
+    handle: CoreHandle,
+    term: CancellationToken,
+) {
+    let mut view = edl_coord::follow_prefix(backend, keys.restores(), term.child_token());
+    loop {
+        tokio::select! {
+            _ = term.cancelled() => return,
+            r = view.changed() => if r.is_err() { return },
+        }
+        let v = view.borrow_and_update().clone();
+        if v.revision == 0 {
+            continue;
+        }
+        let records: Vec<RestoreRecord> = v
+            .kvs
+            .values()
+            .filter_map(|kv| match RestoreRecord::decode(&kv.value) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::error!(key = %kv.key, error = %e, "unreadable pserver restore record ignored");
+                    None
+                }
+            })
+            .collect();
+        handle.restored(records).await;
+    }
 }
 
 /// Reports trainers that leave, and reconciles lease holders with a consistent listing

@@ -37,11 +37,15 @@ pub struct LeasedTask {
     pub offset_begin: u64,
     /// Byte offset just past the last chunk, as indexed.
     pub offset_end: u64,
+    /// The task's index in the dataset (its pushes' origin names it so).
+    pub index: u32,
+    /// Tasks in the dataset.
+    pub tasks: u32,
 }
 
 impl LeasedTask {
-    /// The lease of queue task `t`, whose file is `path`.
-    pub fn of(t: &Task, path: String) -> Self {
+    /// The lease of queue task `t`, the `index`th of `tasks`, whose file is `path`.
+    pub fn of(t: &Task, index: u32, tasks: u32, path: String) -> Self {
         LeasedTask {
             id: t.spec.id.clone(),
             path,
@@ -53,6 +57,8 @@ impl LeasedTask {
             failures: t.failures,
             offset_begin: t.spec.offset_begin,
             offset_end: t.spec.offset_end,
+            index,
+            tasks,
         }
     }
 }
@@ -83,6 +89,8 @@ impl From<LeasedTask> for pb::Task {
             failures: t.failures,
             offset_begin: t.offset_begin,
             offset_end: t.offset_end,
+            index: t.index,
+            tasks: t.tasks,
         }
     }
 }
@@ -100,6 +108,8 @@ impl From<pb::Task> for LeasedTask {
             failures: t.failures,
             offset_begin: t.offset_begin,
             offset_end: t.offset_end,
+            index: t.index,
+            tasks: t.tasks,
         }
     }
 }
@@ -148,6 +158,8 @@ mod tests {
             failures: 1,
             offset_begin: 100,
             offset_end: 900,
+            index: 5,
+            tasks: 9,
         };
         for n in [
             Next::Task(t.clone()),

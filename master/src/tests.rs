@@ -107,7 +107,7 @@ async fn read_all(reader: &mut CloudReader) -> (Vec<String>, u32) {
                 }
                 assert!(
                     reader
-                        .finished(&t.task, t.records.len() as u64)
+                        .finished(&t.task, t.records.len() as u64, &[])
                         .await
                         .unwrap()
                 );
@@ -214,7 +214,10 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let err = client.task_finished("doomed", &task, 5).await.unwrap_err();
+    let err = client
+        .task_finished("doomed", &task, 5, &[])
+        .await
+        .unwrap_err();
     assert!(err.is_stale(), "{err}");
     assert_eq!(
         client
@@ -408,7 +411,7 @@ async fn a_standby_takes_over_and_readers_continue() {
                         .map(|r| String::from_utf8(r.clone()).unwrap()),
                 );
                 reader
-                    .finished(&t.task, t.records.len() as u64)
+                    .finished(&t.task, t.records.len() as u64, &[])
                     .await
                     .unwrap();
                 if seen.len() >= 50 && !stopped {

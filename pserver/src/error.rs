@@ -25,6 +25,9 @@ pub enum ErrorKind {
     NonFinite,
     /// Async: the push is older than its session's deduplication window.
     TooOld,
+    /// A task's pushes were applied by an earlier incarnation of the shard, restored
+    /// since from a checkpoint: train the task again.
+    Rewound,
     /// Any other malformed request.
     Invalid,
 }
@@ -40,6 +43,7 @@ impl ErrorKind {
             ErrorKind::SpecMismatch => "spec-mismatch",
             ErrorKind::NonFinite => "non-finite",
             ErrorKind::TooOld => "too-old",
+            ErrorKind::Rewound => "rewound",
             ErrorKind::Invalid => "invalid",
         }
     }
@@ -50,6 +54,7 @@ impl ErrorKind {
             "not-serving" => ErrorKind::NotServing,
             "uninitialised" => ErrorKind::Uninitialised,
             "stale-step" => ErrorKind::StaleStep,
+            "rewound" => ErrorKind::Rewound,
             "not-registered" => ErrorKind::NotRegistered,
             "spec-mismatch" => ErrorKind::SpecMismatch,
             "non-finite" => ErrorKind::NonFinite,
@@ -123,6 +128,24 @@ pub enum PsError {
         /// Steps remembered per session.
         window: u64,
     },
+    /// A task's pushes were applied by an earlier incarnation of the shard (it was
+    /// restored since from a checkpoint, which may lack them): the task is trained again.
+    #[error(
+        "task {task} of pass {pass} was pushed to incarnation {pushed_to} of shard {shard}, \
+         which was restored since (incarnation {now}); the task is trained again"
+    )]
+    Rewound {
+        /// The shard.
+        shard: u32,
+        /// The pass.
+        pass: u32,
+        /// The task's index.
+        task: u32,
+        /// The incarnation the pushes went to.
+        pushed_to: u64,
+        /// This incarnation.
+        now: u64,
+    },
     /// Sync mode: pushes must come from registered trainers.
     #[error(
         "trainer {0:?} is not registered under trainers/ (sync mode counts registered trainers)"
@@ -181,6 +204,7 @@ impl PsError {
             PsError::NonFinite(_) => ErrorKind::NonFinite,
             PsError::StaleStep { .. } => ErrorKind::StaleStep,
             PsError::StepTooOld { .. } => ErrorKind::TooOld,
+            PsError::Rewound { .. } => ErrorKind::Rewound,
             PsError::NotRegistered(_) => ErrorKind::NotRegistered,
             _ => return None,
         })
@@ -199,9 +223,10 @@ impl From<PsError> for tonic::Status {
             | PsError::Cancelled => Code::Unavailable,
             PsError::Coord(c) if c.is_retryable() => Code::Unavailable,
             PsError::Coord(_) => Code::Internal,
-            PsError::Uninitialised(_) | PsError::NotRegistered(_) | PsError::StepTooOld { .. } => {
-                Code::FailedPrecondition
-            }
+            PsError::Uninitialised(_)
+            | PsError::NotRegistered(_)
+            | PsError::StepTooOld { .. }
+            | PsError::Rewound { .. } => Code::FailedPrecondition,
             PsError::SpecMismatch(_) => Code::AlreadyExists,
             PsError::InvalidArgument(_) | PsError::Spec(_) | PsError::NonFinite(_) => {
                 Code::InvalidArgument

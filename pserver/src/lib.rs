@@ -60,3 +60,4 @@ pub use error::PsError;
 pub use layout::{DenseSpec, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
 pub use optim::{Clip, LrSchedule, Optimizer, OptimizerConfig, OptimizerKind, SlotState};
 pub use server::{IndexChoice, PsConfig, run};
+pub use shard::Origin;

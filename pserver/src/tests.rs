@@ -474,8 +474,14 @@ async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
     let h = Harness::new("ckpt", 2);
     let keys = JobKeys::new(&JobName::new("ckpt").unwrap());
     let every = Some(CheckpointEvery::Steps(2));
-    let p0 = h.pserver(0, every).await;
-    let p1 = h.pserver(1, every).await;
+    // The stops here stand for crashes: no final checkpoint.
+    let crash = |c: &mut PsConfig| {
+        if let Some(c) = c.checkpoint.as_mut() {
+            c.final_on_stop = false;
+        }
+    };
+    let p0 = h.pserver_with(h.backend.clone(), 0, every, crash).await;
+    let p1 = h.pserver_with(h.backend.clone(), 1, every, crash).await;
     let ps = h.client().await;
     init(
         &ps,
@@ -526,7 +532,7 @@ async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
     let rows_before = ps.pull_sparse("emb", &[1, 5, 6]).await.unwrap();
     // Restart shard 1: it restores step 6 exactly.
     p1.stop().await.unwrap();
-    let p1 = h.pserver(1, every).await;
+    let p1 = h.pserver_with(h.backend.clone(), 1, every, crash).await;
     ps.pull_dense(&mut cache).await.unwrap();
     assert_eq!(cache.get("w").unwrap(), at[&6].as_slice());
     assert_eq!(
@@ -546,7 +552,7 @@ async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
     bytes[mid] ^= 0xff;
     std::fs::write(path, bytes).unwrap();
     p1.stop().await.unwrap();
-    let _p1 = h.pserver(1, every).await;
+    let _p1 = h.pserver_with(h.backend.clone(), 1, every, crash).await;
     let st = ps.shard_status(1).await.unwrap();
     assert_eq!(st.restored_from, 4);
     // Shard 1's blocks are step 4's; shard 0's are past step 6.
@@ -612,31 +618,38 @@ async fn async_checkpoints_are_coordinated_by_shard_zero() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_restarted_without_checkpoint_is_initialised_again_from_a_trainer() {
+async fn a_shard_restarted_without_checkpoint_starts_over_from_the_initial_values() {
     let h = Harness::new("reinit", 2);
     let _p0 = h.pserver(0, None).await;
     let p1 = h.pserver(1, None).await;
     let ps = h.client().await;
     let w: Vec<f32> = (0..N).map(|i| i as f32).collect();
     init(&ps, "a", &w, cfg(Mode::Async, OptimizerConfig::sgd(1.0))).await;
-    ps.push("a", 1, &[("w", &vec![1.0; N])], &[]).await.unwrap();
     let mut cache = DenseCache::new();
+    ps.seed_cache(&mut cache, &[w.clone(), vec![0.5]])
+        .await
+        .unwrap();
+    ps.push("a", 1, &[("w", &vec![1.0; N])], &[]).await.unwrap();
     ps.pull_dense(&mut cache).await.unwrap();
     p1.stop().await.unwrap();
     let _p1 = h.pserver(1, None).await;
+    // Shard 1 starts over from the initial values (never from trained ones: its ledger
+    // is empty, and the master trains everything again for it); shard 0 keeps its own.
     ps.pull_dense(&mut cache).await.unwrap();
-    let got = cache.get("w").unwrap();
-    assert!(got.iter().enumerate().all(|(i, v)| *v == i as f32 - 1.0));
-    ps.push("a", 2, &[("w", &vec![1.0; N])], &[]).await.unwrap();
-    ps.pull_dense(&mut cache).await.unwrap();
-    assert!(
-        cache
-            .get("w")
-            .unwrap()
-            .iter()
-            .enumerate()
-            .all(|(i, v)| *v == i as f32 - 2.0)
-    );
+    let layout = ps.layout().await.unwrap();
+    let got = cache.get("w").unwrap().to_vec();
+    for b in layout.param_blocks(0) {
+        let shift = if b.shard == 1 { 0.0 } else { 1.0 };
+        for (i, v) in got.iter().enumerate().skip(b.offset).take(b.len) {
+            assert_eq!(*v, i as f32 - shift, "value {i} of shard {}", b.shard);
+        }
+    }
+    // A client that never saw the initial values cannot start a shard over.
+    let p1 = _p1;
+    p1.stop().await.unwrap();
+    let _p1 = h.pserver(1, None).await;
+    let other = h.client().await;
+    assert!(other.pull_dense(&mut DenseCache::new()).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -652,6 +665,9 @@ async fn a_pserver_that_loses_its_lease_stops_serving_and_exits() {
     )
     .await;
     let mut cache = DenseCache::new();
+    ps.seed_cache(&mut cache, &[vec![1.0; N], vec![0.5]])
+        .await
+        .unwrap();
     ps.pull_dense(&mut cache).await.unwrap();
     let keys = JobKeys::new(&JobName::new("lease").unwrap());
     let kv = h.backend.get(&keys.ps(0)).await.unwrap().unwrap();
@@ -662,7 +678,7 @@ async fn a_pserver_that_loses_its_lease_stops_serving_and_exits() {
         .unwrap();
     assert!(matches!(r, Err(PsError::LeaseLost(0))), "{r:?}");
     // A second pserver with index 0 takes over (empty: no checkpoint); the client
-    // follows it and initialises it again from its copy.
+    // follows it and initialises it again from the initial values.
     let _p = h.pserver(0, None).await;
     ps.pull_dense(&mut cache).await.unwrap();
     assert!(cache.get("w").unwrap().iter().all(|v| *v == 1.0));
@@ -825,7 +841,15 @@ impl pb::parameter_server_server::ParameterServer for NeverCloses {
             step,
             done: false,
             next_step: step,
+            incarnation: 1,
         }))
+    }
+
+    async fn task_done(
+        &self,
+        _: tonic::Request<pb::TaskDoneRequest>,
+    ) -> Result<tonic::Response<pb::TaskDoneResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("task_done"))
     }
 
     async fn pull(
@@ -1139,4 +1163,152 @@ async fn the_coordinator_commits_a_step_whose_commit_was_lost() {
     assert_eq!(m[0].step, 7);
     assert_eq!(m[0].entries.len(), 2);
     assert_eq!(m[0].mode, "sync");
+}
+
+/// The gradients of batch `seq` of task `task`: known, different for every batch.
+fn batch_grad(task: u32, seq: u32) -> (Vec<f32>, Vec<f32>) {
+    let k = (task * 3 + seq + 1) as f32;
+    let dense = (0..N).map(|i| ((i % 13) as f32 - 6.0) * 0.01 * k).collect();
+    let rows = vec![0.1 * k, -0.2 * k, 0.05 * k];
+    (dense, rows)
+}
+
+/// Pushes the batches `seqs` of `task` (pass 0) with their origins; returns, per shard,
+/// the oldest incarnation that answered.
+async fn push_task(ps: &PsClient, task: u32, seqs: std::ops::Range<u32>) -> Vec<u64> {
+    let mut oldest = vec![0u64; ps.shards() as usize];
+    for seq in seqs {
+        let (dense, rows) = batch_grad(task, seq);
+        let row = [u64::from(task % 4)];
+        let out = ps
+            .push_from(
+                "a",
+                u64::from(task * 3 + seq + 1),
+                Some(crate::shard::Origin { pass: 0, task, seq }),
+                &[("w", &dense)],
+                &[SparseGrad {
+                    table: "emb",
+                    rows: &row,
+                    values: &rows,
+                }],
+            )
+            .await
+            .unwrap();
+        for (o, i) in oldest.iter_mut().zip(out.incarnations) {
+            if *o == 0 || i < *o {
+                *o = i;
+            }
+        }
+    }
+    oldest
+}
+
+/// Dense and sparse parameters of a job, as pulled.
+async fn params_of(ps: &PsClient) -> (Vec<f32>, Vec<f32>) {
+    let mut cache = DenseCache::new();
+    ps.pull_dense(&mut cache).await.unwrap();
+    let rows = ps.pull_sparse("emb", &[0, 1, 2, 3]).await.unwrap();
+    (cache.get("w").unwrap().to_vec(), rows)
+}
+
+/// A pserver killed mid-task and restored from an older checkpoint loses nothing: the
+/// tasks its restored state lacks are trained again (found from `restores/0`, as the
+/// master does), the batches it holds count nothing, and the final dense and sparse
+/// parameters equal a fault-free run's bit for bit (async, one trainer: a fixed order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_shard_trained_again_ends_bit_for_bit_where_a_fault_free_run_does() {
+    const TASKS: u32 = 6;
+    const BATCHES: u32 = 3;
+    let w0: Vec<f32> = (0..N).map(|i| (i % 7) as f32).collect();
+    let config = cfg(Mode::Async, OptimizerConfig::adam(0.05));
+    // Fault-free.
+    let free = Harness::new("free", 1);
+    let _f = free.pserver(0, None).await;
+    let fps = free.client().await;
+    init(&fps, "a", &w0, config.clone()).await;
+    for t in 0..TASKS {
+        let incs = push_task(&fps, t, 0..BATCHES).await;
+        fps.task_done("a", 0, t, TASKS, &incs).await.unwrap();
+    }
+    let want = params_of(&fps).await;
+
+    // With a crash.
+    let h = Harness::new("crash", 1);
+    let keys = JobKeys::new(&h.job);
+    let every = Some(CheckpointEvery::Steps(1_000_000));
+    let crash = |c: &mut PsConfig| {
+        if let Some(c) = c.checkpoint.as_mut() {
+            c.final_on_stop = false;
+        }
+    };
+    let p = h.pserver_with(h.backend.clone(), 0, every, crash).await;
+    let ps = h.client().await;
+    init(&ps, "a", &w0, config.clone()).await;
+    let mut cache = DenseCache::new();
+    ps.seed_cache(&mut cache, &[w0.clone(), vec![0.5]])
+        .await
+        .unwrap();
+    for t in 0..2 {
+        let incs = push_task(&ps, t, 0..BATCHES).await;
+        ps.task_done("a", 0, t, TASKS, &incs).await.unwrap();
+    }
+    push_task(&ps, 2, 0..2).await;
+    // A checkpoint now: tasks 0 and 1 complete, two batches of task 2.
+    protocol::request(&*h.backend, &keys, &claim_fence(&h, 0).await, 1)
+        .await
+        .unwrap();
+    wait_manifest(&h.backend, &keys, 1).await;
+    // More training the crash will lose: the rest of task 2 (done), part of task 3.
+    let incs = push_task(&ps, 2, 2..BATCHES).await;
+    ps.task_done("a", 0, 2, TASKS, &incs).await.unwrap();
+    let lost_incs = push_task(&ps, 3, 0..2).await;
+    p.stop().await.unwrap();
+    let _p = h.pserver_with(h.backend.clone(), 0, every, crash).await;
+    // The restored shard says what it holds; the "master" trains the rest again.
+    let restored = || async {
+        let kv = h.backend.get(&keys.restore(0)).await.unwrap()?;
+        edl_job::RestoreRecord::decode(&kv.value)
+            .ok()
+            .filter(|r| r.step == 1)
+    };
+    let ok = edl_testkit::wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { restored().await.is_some() },
+    )
+    .await;
+    assert!(ok, "no restore record");
+    let rec = restored().await.unwrap();
+    let held: Vec<u32> = (0..TASKS)
+        .filter(|&t| rec.contains.contains(0, t))
+        .collect();
+    assert_eq!(held, vec![0, 1], "tasks 2 and 3 are lacking");
+    // Task 3's pushes went to the old incarnation: its completion is refused.
+    assert!(matches!(
+        ps.task_done("a", 0, 3, TASKS, &lost_incs).await,
+        Err(PsClientError::Rewound { .. })
+    ));
+    // Trained again in order: task 2 (its two held batches count nothing), then on.
+    for t in 2..TASKS {
+        let incs = push_task(&ps, t, 0..BATCHES).await;
+        ps.task_done("a", 0, t, TASKS, &incs).await.unwrap();
+    }
+    let got = params_of(&ps).await;
+    assert_eq!(got.0, want.0, "dense parameters equal the fault-free run's");
+    assert_eq!(got.1, want.1, "sparse rows equal the fault-free run's");
+    let st = ps.shard_status(0).await.unwrap();
+    let c = st.counters.unwrap();
+    assert_eq!(c.duplicate_pushes, 2, "the two batches of task 2 held");
+    assert_eq!(c.tasks_rewound, 1);
+}
+
+/// The fence of the claim of shard `index` of `h`'s job (to write a checkpoint request
+/// as the coordinator would).
+async fn claim_fence(h: &Harness, index: u32) -> edl_coord::Fence {
+    let keys = JobKeys::new(&h.job);
+    let kv = h.backend.get(&keys.ps(index)).await.unwrap().unwrap();
+    edl_coord::Fence {
+        key: keys.ps(index),
+        revision: kv.create_revision,
+    }
 }

@@ -227,13 +227,16 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
             again = Some(t);
             break;
         }
-        assert!(client.task_finished("new", &t, 5).await.unwrap());
+        assert!(client.task_finished("new", &t, 5, &[]).await.unwrap());
     }
     let again = again.expect("the requeued task is dispatched again");
     assert!(again.generation > task.generation);
-    let err = client.task_finished("old", &task, 5).await.unwrap_err();
+    let err = client
+        .task_finished("old", &task, 5, &[])
+        .await
+        .unwrap_err();
     assert!(err.is_stale(), "{err}");
-    assert!(client.task_finished("new", &again, 5).await.unwrap());
+    assert!(client.task_finished("new", &again, 5, &[]).await.unwrap());
     let st = client.status().await.unwrap();
     assert_eq!(st.counters.unwrap().stale_rejected, 1);
 }

@@ -353,6 +353,9 @@ async fn a_pserver_paused_past_its_ttl_and_replaced_never_serves_again() {
     )
     .await;
     let mut cache = DenseCache::new();
+    ps.seed_cache(&mut cache, &[vec![1.0; N], vec![0.5]])
+        .await
+        .unwrap();
     ps.pull_dense(&mut cache).await.unwrap();
     old.signal("STOP");
     let key = JobKeys::new(&JobName::new(w.job.as_str()).expect("a valid job name")).ps(0);
@@ -426,12 +429,9 @@ async fn a_corrupt_checkpoint_file_falls_back_to_the_previous_checkpoint() {
     let mut seen = BTreeMap::new();
     train(&ps, 1, 4, &mut seen).await;
     wait_checkpoint(&w, 4).await;
-    p.signal("TERM");
-    assert!(
-        p.wait_exit(Duration::from_secs(10)).await.success(),
-        "{}",
-        p.log()
-    );
+    // Killed: no final checkpoint.
+    p.signal("KILL");
+    p.wait_exit(Duration::from_secs(10)).await;
     // Flip a byte in the middle of step 4's file.
     let keys = JobKeys::new(&JobName::new(w.job.as_str()).expect("a valid job name"));
     let manifests = ckpt::manifests(&*w.backend, &keys).await.unwrap();

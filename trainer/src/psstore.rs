@@ -27,14 +27,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use edl_pserver::{
-    DenseCache, DenseInit, ParamConfig, PsClient, PsClientError, RowInit, SparseGrad as PsGrad,
-    SparseSpec,
+    DenseCache, DenseInit, Origin, ParamConfig, PsClient, PsClientError, RowInit,
+    SparseGrad as PsGrad, SparseSpec,
 };
 use tokio::sync::Mutex;
 use tracing::Instrument as _;
 
 use crate::model::{Model, Params, SparseInit, StepOutput};
-use crate::store::{InitOutcome, ParamStore, StoreError};
+use crate::store::{InitOutcome, ParamStore, StoreError, TaskRef};
 
 /// How often a sync push that keeps finding its step closed is moved to the next step
 /// before its gradients are dropped.
@@ -75,6 +75,29 @@ pub struct PsStore {
     names: std::sync::OnceLock<Vec<String>>,
     stats: Arc<PsStoreStats>,
     inflight: Mutex<Option<tokio::task::JoinHandle<Result<(), StoreError>>>>,
+    /// Per task being pushed (pass, index): per shard, the oldest incarnation that
+    /// answered one of its pushes (0: none yet).
+    answered: Arc<Answered>,
+}
+
+/// Per task (pass, index): per shard, the oldest incarnation that answered its pushes.
+type Answered = std::sync::Mutex<HashMap<(u32, u32), Vec<u64>>>;
+
+/// Merges a push's answering incarnations into a task's (the oldest per shard).
+fn note_answered(answered: &Answered, origin: Option<Origin>, incarnations: &[u64]) {
+    let Some(o) = origin else { return };
+    let mut map = answered
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let seen = map
+        .entry((o.pass, o.task))
+        .or_insert_with(|| vec![0; incarnations.len()]);
+    seen.resize(incarnations.len().max(seen.len()), 0);
+    for (s, &inc) in seen.iter_mut().zip(incarnations) {
+        if inc != 0 && (*s == 0 || inc < *s) {
+            *s = inc;
+        }
+    }
 }
 
 impl PsStore {
@@ -90,6 +113,7 @@ impl PsStore {
             names: std::sync::OnceLock::new(),
             stats: Arc::new(PsStoreStats::default()),
             inflight: Mutex::new(None),
+            answered: Arc::default(),
         }
     }
 
@@ -265,7 +289,13 @@ impl ParamStore for PsStore {
         Ok(())
     }
 
-    async fn push(&self, trainer: &str, step: u64, grads: &StepOutput) -> Result<(), StoreError> {
+    async fn push(
+        &self,
+        trainer: &str,
+        step: u64,
+        origin: Option<Origin>,
+        grads: &StepOutput,
+    ) -> Result<(), StoreError> {
         let names: Vec<String> = self.names.get().cloned().unwrap_or_default();
         if names.len() != grads.dense.len() {
             return Err(StoreError::Refused(format!(
@@ -280,16 +310,18 @@ impl ParamStore for PsStore {
             self.wait_inflight().await?;
             let client = self.client.clone();
             let stats = self.stats.clone();
+            let answered = self.answered.clone();
             let trainer = trainer.to_owned();
             let names = names.clone();
             let grads = grads.clone();
             let handle = tokio::spawn(
                 async move {
                     let (dense, sparse) = push_views(&names, &grads);
-                    client
-                        .push(&trainer, step, &dense, &sparse)
+                    let out = client
+                        .push_from(&trainer, step, origin, &dense, &sparse)
                         .await
                         .map_err(map_err)?;
+                    note_answered(&answered, origin, &out.incarnations);
                     stats.pushes.fetch_add(1, Ordering::Relaxed);
                     Ok(())
                 }
@@ -301,8 +333,13 @@ impl ParamStore for PsStore {
         let (dense, sparse) = push_views(&names, grads);
         let mut global = self.cache.lock().await.next_step();
         for _ in 0..=STALE_RETRIES {
-            match self.client.push(trainer, global, &dense, &sparse).await {
-                Ok(_) => {
+            match self
+                .client
+                .push_from(trainer, global, origin, &dense, &sparse)
+                .await
+            {
+                Ok(out) => {
+                    note_answered(&self.answered, origin, &out.incarnations);
                     self.stats.pushes.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
@@ -333,6 +370,26 @@ impl ParamStore for PsStore {
             let _ = h.await;
         }
         Ok(())
+    }
+
+    async fn task_done(&self, trainer: &str, task: TaskRef) -> Result<Vec<u64>, StoreError> {
+        self.flush().await?;
+        let shards = self.client.shards() as usize;
+        let answered = self
+            .answered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&(task.pass, task.index))
+            .unwrap_or_else(|| vec![0; shards]);
+        match self
+            .client
+            .task_done(trainer, task.pass, task.index, task.tasks, &answered)
+            .await
+        {
+            Ok(incarnations) => Ok(incarnations),
+            Err(e @ PsClientError::Rewound { .. }) => Err(StoreError::Rewound(e.to_string())),
+            Err(e) => Err(map_err(e)),
+        }
     }
 
     async fn idle(&self, trainer: &str) -> Result<(), StoreError> {

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{EvalOutput, MetricKind, Model, Params};
-use crate::store::{InitOutcome, ParamStore, StoreError};
+use crate::store::{InitOutcome, ParamStore, StoreError, TaskRef};
 
 /// Runtime settings.
 #[derive(Clone, Debug)]
@@ -84,6 +84,9 @@ pub struct Progress {
     /// Records of the task handed back when draining that were trained before (they are
     /// trained again by whoever gets the task: the master counts them as duplicates).
     pub handed_back_trained: u64,
+    /// Tasks trained whole and handed back to be trained again: a parameter server
+    /// restored meanwhile lacked some of their updates.
+    pub recomputed_tasks: u64,
 }
 
 /// Why the runtime stopped with an error.
@@ -139,6 +142,37 @@ enum TaskEnd {
     Drained(u64),
     /// The data is bad: fail the task with this reason after training this many.
     BadData(String, u64),
+}
+
+/// How a task ended, once its pushes are applied.
+enum Done {
+    /// Trained whole and recorded as done by these pserver incarnations.
+    Trained(u64, Vec<u64>),
+    /// Trained whole, but a pserver shard restored meanwhile lacks some of it.
+    Again(u64, String),
+    /// Drained mid-task after training this many records.
+    Drained(u64),
+    /// Bad data.
+    BadData(String, u64),
+}
+
+/// The store's view of a leased task.
+fn task_ref(t: &LeasedTask) -> TaskRef {
+    TaskRef {
+        pass: t.pass,
+        index: t.index,
+        tasks: t.tasks,
+    }
+}
+
+/// The seed of batch `seq` of a task: the same in every attempt at the task, whichever
+/// trainer makes it.
+fn batch_seed(seed: u64, task: &LeasedTask, seq: u32) -> u64 {
+    let mut z =
+        seed ^ (u64::from(task.pass) << 48) ^ (u64::from(task.index) << 20) ^ u64::from(seq);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Runs the trainer loop until the job finishes, `shutdown` fires (drain), or an error.
@@ -220,22 +254,50 @@ pub async fn run(
                     &shutdown,
                 )
                 .await?;
-                // A task is acknowledged only once its last batch's push is applied.
-                store.flush().await?;
-                match end {
-                    TaskEnd::Trained(n) => match reader.finished(&task.task, n).await {
-                        Ok(_) => {
-                            state.tasks += 1;
-                            state.records += n;
-                            let secs = started.elapsed().as_secs_f64().max(1e-9);
-                            state.samples_per_sec = n as f64 / secs;
+                // A task is acknowledged only once its last batch's push is applied and
+                // the task is recorded as done where the parameters live.
+                let end = match end {
+                    TaskEnd::Trained(n) => {
+                        match store.task_done(&cfg.trainer, task_ref(&task.task)).await {
+                            Ok(incarnations) => Done::Trained(n, incarnations),
+                            Err(StoreError::Rewound(why)) => Done::Again(n, why),
+                            Err(e) => return Err(e.into()),
                         }
-                        Err(e) if e.is_stale() => {
-                            tracing::warn!(task = %task.task.id, "task was taken away while training; its records were trained anyway");
-                        }
-                        Err(e) => return Err(e.into()),
-                    },
+                    }
                     TaskEnd::Drained(n) => {
+                        store.flush().await?;
+                        Done::Drained(n)
+                    }
+                    TaskEnd::BadData(reason, n) => {
+                        store.flush().await?;
+                        Done::BadData(reason, n)
+                    }
+                };
+                match end {
+                    Done::Again(n, why) => {
+                        tracing::warn!(task = %task.task.id, reason = %why, "training the task again");
+                        state.recomputed_tasks += 1;
+                        if let Err(e) = reader.recompute(&task.task, n).await
+                            && !e.is_stale()
+                        {
+                            return Err(e.into());
+                        }
+                    }
+                    Done::Trained(n, incarnations) => {
+                        match reader.finished(&task.task, n, &incarnations).await {
+                            Ok(_) => {
+                                state.tasks += 1;
+                                state.records += n;
+                                let secs = started.elapsed().as_secs_f64().max(1e-9);
+                                state.samples_per_sec = n as f64 / secs;
+                            }
+                            Err(e) if e.is_stale() => {
+                                tracing::warn!(task = %task.task.id, "task was taken away while training; its records were trained anyway");
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    Done::Drained(n) => {
                         idle(&store, &cfg.trainer).await;
                         report_release(&reader, &task.task, n).await;
                         state.handed_back_trained += n;
@@ -243,7 +305,7 @@ pub async fn run(
                         progress.send_replace(state.clone());
                         break;
                     }
-                    TaskEnd::BadData(reason, n) => {
+                    Done::BadData(reason, n) => {
                         tracing::warn!(task = %task.task.id, reason = %reason, "failing task: bad data");
                         state.failed_tasks += 1;
                         if let Err(e) = reader.failed(&task.task, &reason, n).await
@@ -349,11 +411,13 @@ async fn train_task(
         }
     }
     let mut trained = 0u64;
-    for chunk in samples.chunks(cfg.batch_size.max(1)) {
+    let task_ref = task_ref(&task.task);
+    for (seq, chunk) in samples.chunks(cfg.batch_size.max(1)).enumerate() {
         if shutdown.is_cancelled() {
             return Ok(TaskEnd::Drained(trained));
         }
-        let batch = match model.prepare_seeded(chunk, cfg.seed ^ state.steps) {
+        let seq = seq as u32;
+        let batch = match model.prepare_seeded(chunk, batch_seed(cfg.seed, &task.task, seq)) {
             Ok(b) => b,
             Err(e) if e.is_bad_data() => {
                 return Ok(TaskEnd::BadData(
@@ -387,7 +451,9 @@ async fn train_task(
             }
             Err(e) => return Err(e.into()),
         };
-        store.push(&cfg.trainer, state.steps, &out).await?;
+        store
+            .push(&cfg.trainer, state.steps, Some(task_ref.batch(seq)), &out)
+            .await?;
         state.steps += 1;
         state.last_loss = out.loss;
         trained += chunk.len() as u64;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
-use edl_pserver::OptimizerKind;
+use edl_pserver::{OptimizerKind, Origin};
 
 use crate::local_optim::LocalOptimizer;
 use crate::model::{Model, Params, StepOutput};
@@ -28,6 +28,33 @@ pub enum StoreError {
     /// The model's computation failed.
     #[error(transparent)]
     Model(#[from] crate::Error),
+    /// A task's updates went to a pserver shard restored since from a state without
+    /// some of them: the task must be trained again.
+    #[error("{0}")]
+    Rewound(String),
+}
+
+/// A task as the store sees it: pushes name their batch within it, and it is recorded
+/// as done on every shard before the master is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskRef {
+    /// The pass.
+    pub pass: u32,
+    /// The task's index in the dataset.
+    pub index: u32,
+    /// Tasks in the dataset.
+    pub tasks: u32,
+}
+
+impl TaskRef {
+    /// The origin of batch `seq` of this task.
+    pub fn batch(&self, seq: u32) -> Origin {
+        Origin {
+            pass: self.pass,
+            task: self.index,
+            seq,
+        }
+    }
 }
 
 /// How a trainer's [`ParamStore::init`] went.
@@ -62,9 +89,27 @@ pub trait ParamStore: Send + Sync + std::fmt::Debug {
         params: &mut Params,
     ) -> Result<(), StoreError>;
 
-    /// Pushes the gradients of this trainer's step `step`; a retried push of the same
-    /// (trainer, step) is applied once.
-    async fn push(&self, trainer: &str, step: u64, grads: &StepOutput) -> Result<(), StoreError>;
+    /// Pushes the gradients of this trainer's step `step`, of the task batch `origin`
+    /// when it comes from a task; a retried push of the same (trainer, step), and any
+    /// push of an origin already applied, is applied once.
+    async fn push(
+        &self,
+        trainer: &str,
+        step: u64,
+        origin: Option<Origin>,
+        grads: &StepOutput,
+    ) -> Result<(), StoreError>;
+
+    /// Every batch of `task` was pushed: waits until the pushes are applied and records
+    /// the task as done where the parameters live. Returns what the master's
+    /// acknowledgement carries (per pserver shard, the incarnation that recorded it;
+    /// empty for an in-process store), or [`StoreError::Rewound`] when the task must be
+    /// trained again. By default: [`flush`](Self::flush).
+    async fn task_done(&self, trainer: &str, task: TaskRef) -> Result<Vec<u64>, StoreError> {
+        let _ = (trainer, task);
+        self.flush().await?;
+        Ok(Vec::new())
+    }
 
     /// Waits until every push made so far is applied (a store may send pushes in the
     /// background), reporting the error of one that failed. A no-op by default.
@@ -173,7 +218,13 @@ impl ParamStore for LocalStore {
         Ok(())
     }
 
-    async fn push(&self, trainer: &str, step: u64, grads: &StepOutput) -> Result<(), StoreError> {
+    async fn push(
+        &self,
+        trainer: &str,
+        step: u64,
+        _origin: Option<Origin>,
+        grads: &StepOutput,
+    ) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
         let s = state
             .as_mut()

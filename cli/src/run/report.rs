@@ -81,6 +81,11 @@ pub struct RunReport {
     pub cutoff_records: u64,
     /// Records never trained in their pass (tasks failed for good).
     pub lost_records: u64,
+    /// Tasks trained again because a restored parameter server lacked their updates
+    /// (their records are in `records_trained` twice; never lost).
+    pub recomputed_tasks: u64,
+    /// Their records.
+    pub recomputed_records: u64,
     /// Tasks failed for good, with reasons.
     pub failed_tasks: Vec<FailedTaskReport>,
     /// The final evaluation.
@@ -151,6 +156,8 @@ impl RunReport {
             duplicate_records: c.duplicate_records,
             cutoff_records: twice_trained_bound(&c),
             lost_records: c.lost_records,
+            recomputed_tasks: c.recomputed,
+            recomputed_records: c.recomputed_records,
             failed_tasks: o
                 .status
                 .map(|s| {
@@ -191,8 +198,13 @@ impl RunReport {
             println!("   error: {e}");
         }
         println!(
-            "   passes {}  records trained {}  duplicates {} (+{} cut off)  lost {}",
-            r.passes, r.records_trained, r.duplicate_records, r.cutoff_records, r.lost_records
+            "   passes {}  records trained {}  duplicates {} (+{} cut off)  recomputed {}  lost {}",
+            r.passes,
+            r.records_trained,
+            r.duplicate_records,
+            r.cutoff_records,
+            r.recomputed_records,
+            r.lost_records
         );
         if let Some(m) = &r.final_metric {
             println!(

@@ -37,12 +37,16 @@ impl Queue {
         }
     }
 
-    /// A trainer trained every record of a task (`records` is what it counted).
+    /// A trainer trained every record of a task (`records` is what it counted), and
+    /// `incarnations` (per pserver shard, 0 for none) recorded it as done. When one of
+    /// those shards was restored since, from a state without the task, the task is
+    /// trained again instead (counted in `recomputed`).
     pub fn finished(
         &mut self,
         id: &str,
         generation: u64,
         records: u64,
+        incarnations: &[u64],
         now: Millis,
     ) -> Result<Ack, Reject> {
         let i = self.check(id, generation)?;
@@ -54,6 +58,15 @@ impl Queue {
             TaskState::Done | TaskState::Todo => return Ok(Ack::AlreadyApplied),
             TaskState::Failed => return Err(self.not_pending(i)),
         };
+        if self.lacks(i, incarnations) {
+            let records = self.again(i);
+            self.bump(|c| {
+                c.recomputed += 1;
+                c.recomputed_records += records;
+            });
+            tracing::warn!(task = %id, "task finished on a pserver shard restored since without it; training it again");
+            return Ok(Ack::Applied);
+        }
         self.unlease(i);
         self.tasks[i].state = TaskState::Done;
         self.dirty.insert(i);
@@ -87,23 +100,33 @@ impl Queue {
         Ok(Ack::Applied)
     }
 
-    /// A draining trainer hands a task back: not a failure; it is dispatched next.
-    /// `trained` is how many of its records it trained.
-    pub fn released(&mut self, id: &str, generation: u64, trained: u64) -> Result<Ack, Reject> {
+    /// A trainer hands a task back: not a failure; it is dispatched next. `trained` is
+    /// how many of its records it trained. `recompute`: the trainer trained it all, but
+    /// a pserver shard restored meanwhile lacks some of it (counted in `recomputed`);
+    /// otherwise the trainer is draining.
+    pub fn released(
+        &mut self,
+        id: &str,
+        generation: u64,
+        trained: u64,
+        recompute: bool,
+    ) -> Result<Ack, Reject> {
         let i = self.check(id, generation)?;
         if !matches!(self.tasks[i].state, TaskState::Pending { .. }) {
             return Err(self.not_pending(i));
         }
-        self.unlease(i);
-        let t = &mut self.tasks[i];
-        t.generation += 1;
-        t.state = TaskState::Todo;
-        self.todo.push_front(i);
-        self.dirty.insert(i);
-        self.bump(|c| {
-            c.released += 1;
-            c.duplicate_records += trained;
-        });
+        let records = self.again(i);
+        if recompute {
+            self.bump(|c| {
+                c.recomputed += 1;
+                c.recomputed_records += records;
+            });
+        } else {
+            self.bump(|c| {
+                c.released += 1;
+                c.duplicate_records += trained;
+            });
+        }
         Ok(Ack::Applied)
     }
 }

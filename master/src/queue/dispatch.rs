@@ -28,9 +28,11 @@ impl Queue {
             };
         }
         if pass > self.meta.pass {
-            // A trainer cannot be ahead of the queue; it talks to a master whose view is
-            // older than the one it saw. Let it wait for this one to catch up.
-            return GetTask::Wait;
+            // The queue went back to an earlier pass (a pserver shard was restored
+            // without some of the training since, see `rewind`): the trainer follows.
+            return GetTask::PassFinished {
+                next_pass: self.meta.pass,
+            };
         }
         let Some(i) = self.todo.pop_front() else {
             return GetTask::Wait;

@@ -31,19 +31,25 @@
 //! - `failure`: trainers lost and leases timed out, and the one path every failure
 //!   event takes (back to todo, or failed for good past the bounds).
 //! - `passes`: the end of a pass (and of the job).
+//! - `rewind`: a parameter-server shard restored without some acknowledged training:
+//!   that training is done again.
 //! - `tests`: unit tests and the property test of the invariants above.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use edl_job::RestoreRecord;
 
 mod acks;
 mod dispatch;
 mod failure;
 mod passes;
+mod rewind;
 mod types;
 
 #[cfg(test)]
 mod tests;
 
+pub use rewind::Rewind;
 pub use types::{
     Ack, Changes, FailedTask, GetTask, MAX_FAILED_REPORTED, Meta, Millis, QueueConfig,
     QueueCounters, Reject, StateCounts, Task, TaskSpec, TaskState, TimeoutPolicy,
@@ -62,13 +68,18 @@ pub struct Queue {
     durations: VecDeque<Millis>,
     dirty: BTreeSet<usize>,
     meta_dirty: bool,
+    /// The newest restore of each pserver shard (for acknowledgements; see `rewind`).
+    restores: BTreeMap<u32, RestoreRecord>,
 }
 
 impl Queue {
-    /// A fresh queue over `specs` (pass 0, every task todo, in the given order). Ids must
+    /// A fresh queue over `specs` (pass 0, every task todo, in id order). Ids must
     /// be unique; duplicates are dropped (the first wins).
-    pub fn new(cfg: QueueConfig, specs: Vec<TaskSpec>) -> Queue {
+    pub fn new(cfg: QueueConfig, mut specs: Vec<TaskSpec>) -> Queue {
         let mut q = Queue::empty(cfg, Meta::default());
+        // Dataset order (ids sort so): a task's index is its position, the same for
+        // every master (`restore` sorts too), as pushes' origins name tasks by index.
+        specs.sort_by(|a, b| a.id.cmp(&b.id));
         for spec in specs {
             if q.index.contains_key(&spec.id) {
                 continue;
@@ -152,7 +163,23 @@ impl Queue {
             durations: VecDeque::new(),
             dirty: BTreeSet::new(),
             meta_dirty: false,
+            restores: BTreeMap::new(),
         }
+    }
+
+    /// The position of task `id` (its index in the dataset).
+    pub fn position(&self, id: &str) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
+    /// Tasks in the dataset.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether the dataset has no task.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
     }
 
     /// The configuration.

@@ -5,7 +5,7 @@ use super::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
-fn specs(n: u32) -> Vec<TaskSpec> {
+pub(super) fn specs(n: u32) -> Vec<TaskSpec> {
     (0..n)
         .map(|i| TaskSpec {
             id: TaskSpec::make_id(i / 4, i % 4, i % 4 + 1),
@@ -19,7 +19,7 @@ fn specs(n: u32) -> Vec<TaskSpec> {
         .collect()
 }
 
-fn cfg(passes: u32, max_failures: u32) -> QueueConfig {
+pub(super) fn cfg(passes: u32, max_failures: u32) -> QueueConfig {
     QueueConfig {
         passes,
         max_failures,
@@ -28,7 +28,7 @@ fn cfg(passes: u32, max_failures: u32) -> QueueConfig {
     }
 }
 
-fn take(q: &mut Queue, trainer: &str, now: Millis) -> Task {
+pub(super) fn take(q: &mut Queue, trainer: &str, now: Millis) -> Task {
     let pass = q.pass();
     match q.get_task(trainer, pass, 0, now) {
         GetTask::Task(t) => t,
@@ -47,7 +47,7 @@ fn one_pass_dispatches_every_task_once_then_finishes() {
     }
     assert_eq!(q.get_task("a", 0, 0, 10), GetTask::Wait);
     for id in seen.clone() {
-        assert_eq!(q.finished(&id, 1, 7, 20), Ok(Ack::Applied));
+        assert_eq!(q.finished(&id, 1, 7, &[], 20), Ok(Ack::Applied));
     }
     assert!(q.is_finished());
     assert_eq!(q.get_task("a", 0, 0, 30), GetTask::JobFinished);
@@ -84,8 +84,8 @@ fn passes_advance_and_old_pass_requests_are_told() {
     let mut q = Queue::new(cfg(2, 3), specs(2));
     let a = take(&mut q, "a", 0);
     let b = take(&mut q, "b", 0);
-    q.finished(&a.spec.id, a.generation, 1, 1).unwrap();
-    q.finished(&b.spec.id, b.generation, 1, 1).unwrap();
+    q.finished(&a.spec.id, a.generation, 1, &[], 1).unwrap();
+    q.finished(&b.spec.id, b.generation, 1, &[], 1).unwrap();
     assert_eq!(q.pass(), 1);
     assert_eq!(
         q.get_task("a", 0, 0, 2),
@@ -96,7 +96,7 @@ fn passes_advance_and_old_pass_requests_are_told() {
     assert_eq!(a2.generation, 2);
     // A retried completion of pass 0 is recognised as already applied.
     assert_eq!(
-        q.finished(&b.spec.id, b.generation, 1, 4),
+        q.finished(&b.spec.id, b.generation, 1, &[], 4),
         Ok(Ack::AlreadyApplied)
     );
 }
@@ -110,13 +110,13 @@ fn stale_finish_after_redispatch_is_rejected_and_counted() {
     assert!(t2.generation > t.generation);
     let before = q.task(&t.spec.id).cloned();
     assert!(matches!(
-        q.finished(&t.spec.id, t.generation, 10, 2),
+        q.finished(&t.spec.id, t.generation, 10, &[], 2),
         Err(Reject::Stale { .. })
     ));
     assert_eq!(q.task(&t.spec.id).cloned(), before);
     assert_eq!(q.meta().counters.stale_rejected, 1);
     assert_eq!(
-        q.finished(&t2.spec.id, t2.generation, 10, 3),
+        q.finished(&t2.spec.id, t2.generation, 10, &[], 3),
         Ok(Ack::Applied)
     );
     assert_eq!(q.meta().counters.cutoff_records, 10);
@@ -127,7 +127,8 @@ fn stale_finish_after_redispatch_is_rejected_and_counted() {
 fn a_task_failing_past_max_failures_fails_and_the_pass_still_ends() {
     let mut q = Queue::new(cfg(2, 2), specs(2));
     let good = take(&mut q, "a", 0);
-    q.finished(&good.spec.id, good.generation, 1, 1).unwrap();
+    q.finished(&good.spec.id, good.generation, 1, &[], 1)
+        .unwrap();
     for attempt in 0..3 {
         let t = take(&mut q, "a", 2);
         assert_eq!(t.failures, attempt);
@@ -150,7 +151,10 @@ fn a_task_failing_past_max_failures_fails_and_the_pass_still_ends() {
 fn release_is_not_a_failure_and_goes_first() {
     let mut q = Queue::new(cfg(1, 0), specs(3));
     let t = take(&mut q, "a", 0);
-    assert_eq!(q.released(&t.spec.id, t.generation, 4), Ok(Ack::Applied));
+    assert_eq!(
+        q.released(&t.spec.id, t.generation, 4, false),
+        Ok(Ack::Applied)
+    );
     let again = take(&mut q, "b", 1);
     assert_eq!(again.spec.id, t.spec.id);
     assert_eq!(again.failures, 0);
@@ -179,7 +183,7 @@ fn timeouts_requeue_and_adapt_to_task_durations() {
     assert_eq!(q.timeout(), 60_000);
     for k in 0..4u64 {
         let t = take(&mut q, "a", k * 1000);
-        q.finished(&t.spec.id, t.generation, 1, k * 1000 + 500)
+        q.finished(&t.spec.id, t.generation, 1, &[], k * 1000 + 500)
             .unwrap();
     }
     // p95 of 500 ms durations x4 = 2 s.
@@ -190,7 +194,7 @@ fn timeouts_requeue_and_adapt_to_task_durations() {
     assert_eq!(q.tick(12_000), vec![t.spec.id.clone()]);
     assert_eq!(q.meta().counters.timeouts, 1);
     assert!(matches!(
-        q.finished(&t.spec.id, t.generation, 1, 12_001),
+        q.finished(&t.spec.id, t.generation, 1, &[], 12_001),
         Err(Reject::Stale { .. })
     ));
 }
@@ -212,7 +216,7 @@ fn restore_rebuilds_the_same_queue_and_rearms_leases() {
     };
     for _ in 0..4 {
         let t = take(&mut q, "a", 0);
-        q.finished(&t.spec.id, t.generation, 1, 5).unwrap();
+        q.finished(&t.spec.id, t.generation, 1, &[], 5).unwrap();
     }
     let held = take(&mut q, "b", 6);
     let (tasks, m) = persist(&mut q);
@@ -349,9 +353,9 @@ proptest! {
                     let t = leases[k as usize % leases.len()].clone();
                     let generation = if stale { t.generation.saturating_sub(1) } else { t.generation };
                     let r = match e {
-                        Ev::Finish(..) => q.finished(&t.spec.id, generation, t.spec.records, now),
+                        Ev::Finish(..) => q.finished(&t.spec.id, generation, t.spec.records, &[], now),
                         Ev::Fail(..) => q.failed(&t.spec.id, generation, "boom", 1),
-                        _ => q.released(&t.spec.id, generation, 1),
+                        _ => q.released(&t.spec.id, generation, 1, false),
                     };
                     if let Err(Reject::Stale { .. }) = r {
                         // A stale report changes nothing but the counter.
@@ -416,7 +420,7 @@ proptest! {
             q.tick(now + 10_000_000);
             let pass = q.pass();
             if let GetTask::Task(t) = q.get_task("drain", pass, 0, now) {
-                q.finished(&t.spec.id, t.generation, t.spec.records, now).unwrap();
+                q.finished(&t.spec.id, t.generation, t.spec.records, &[], now).unwrap();
             }
             check_invariants(&q);
         }

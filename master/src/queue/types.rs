@@ -115,6 +115,11 @@ pub struct QueueCounters {
     /// Records a trainer reported it had trained before handing back or failing a task
     /// that was then dispatched again: trained twice.
     pub duplicate_records: u64,
+    /// Tasks trained again because a restored pserver shard lacked their updates (or a
+    /// trainer found its pushes answered by a shard restored since).
+    pub recomputed: u64,
+    /// Their records.
+    pub recomputed_records: u64,
     /// Records of tasks cut off mid-way by a lost or hung trainer and dispatched again:
     /// an upper bound of what may have been trained twice (the holder cannot say).
     pub cutoff_records: u64,
@@ -152,6 +157,10 @@ pub struct Meta {
     pub counters: QueueCounters,
     /// Tasks failed for good, oldest first, at most [`MAX_FAILED_REPORTED`].
     pub failed: Vec<FailedTask>,
+    /// Per pserver shard, the incarnation whose restore was applied (see
+    /// [`Queue::rewind`](super::Queue::rewind)).
+    #[serde(default)]
+    pub restores: std::collections::BTreeMap<u32, u64>,
 }
 
 /// How long a lease lasts: a multiple of a high percentile of observed task durations,

@@ -6,7 +6,8 @@
 //! ```text
 //! magic      8 bytes  "EDLPSCK\x01"
 //! header_len u32 LE
-//! header     JSON     FileHeader: uuid, step, shard, spec, counters, block and row counts
+//! header     JSON     FileHeader: uuid, step, shard, spec, counters, block and row
+//!                     counts, the ledger (which task batches the values contain)
 //! blocks     for each block:  id u32, len u32, version u64, t u64,
 //!                             values f32[len], slots f32[slots * len]
 //! tables     for each table, for each row: row u64, t u64,
@@ -25,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::layout::ParamSpec;
 use crate::optim::SlotState;
+use crate::shard::Ledger;
 
 const MAGIC: &[u8; 8] = b"EDLPSCK\x01";
 const END_MAGIC: &[u8; 8] = b"EDLPSEND";
@@ -78,6 +80,8 @@ pub struct Snapshot {
     pub updates: u64,
     /// Sync: the last step applied.
     pub last_closed: u64,
+    /// The task batches the values contain.
+    pub ledger: Ledger,
     /// Every block of the shard, in the shard's order.
     pub blocks: Vec<BlockSnap>,
     /// Trained rows of each table.
@@ -97,6 +101,9 @@ struct FileHeader {
     blocks: u64,
     table_rows: Vec<u64>,
     spec: ParamSpec,
+    /// Absent in files written before ledgers existed (they contain no task).
+    #[serde(default)]
+    ledger: Ledger,
 }
 
 /// A writer that computes the crc32c of what passes through and can fail like a full
@@ -176,6 +183,7 @@ pub(super) fn encode_to<W: Write>(
         blocks: snap.blocks.len() as u64,
         table_rows: snap.tables.iter().map(|t| t.len() as u64).collect(),
         spec: snap.spec.clone(),
+        ledger: snap.ledger.clone(),
     };
     let header = serde_json::to_vec(&header).map_err(io::Error::other)?;
     w.write_all(MAGIC)?;
@@ -376,6 +384,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Snapshot, String), String> {
             spec: header.spec,
             updates: header.updates,
             last_closed: header.last_closed,
+            ledger: header.ledger,
             blocks,
             tables,
         },
@@ -413,6 +422,16 @@ pub(super) mod tests {
             spec,
             updates: step * 2,
             last_closed: step,
+            ledger: {
+                let mut l = Ledger::default();
+                let _ = l.mark(crate::shard::Origin {
+                    pass: 1,
+                    task: 4,
+                    seq: 2,
+                });
+                let _ = l.complete(0, 3, 8);
+                l
+            },
             blocks: (0..blocks)
                 .map(|i| BlockSnap {
                     id: i as u32 * 2 + 1,

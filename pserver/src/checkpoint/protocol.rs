@@ -24,7 +24,12 @@
 //!    only after a newer manifest is committed.
 //! 5. **Restore.** A pserver that claims index `i` reads the manifests newest first and
 //!    restores the first whose file for `i` reads back intact (size, crc32c, uuid); a bad
-//!    file is logged with the reason and the previous manifest is tried.
+//!    file is logged with the reason and the previous manifest is tried. It then writes
+//!    `restores/<i>` ([`publish_restore`]): the tasks its state contains (the file's
+//!    ledger), from which the master trains again what the state lacks.
+//! 6. **Final checkpoint.** A pserver asked to stop writes its shard once more after it
+//!    stopped serving and commits it alone ([`commit_solo`]): the newest manifest with
+//!    its entry replaced, as the next step.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -38,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use super::dir::{CheckpointDir, ShardEntry};
 use super::format::Snapshot;
 use crate::error::PsError;
-use edl_job::JobKeys;
+use edl_job::{JobKeys, Record, RestoreRecord};
 
 /// How often checkpoints are taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +85,8 @@ pub struct CheckpointConfig {
     pub every: CheckpointEvery,
     /// Complete checkpoints kept.
     pub keep: usize,
+    /// Write the shard once more when the pserver is asked to stop (default: yes).
+    pub final_on_stop: bool,
 }
 
 impl CheckpointConfig {
@@ -89,6 +96,7 @@ impl CheckpointConfig {
             dir: dir.into(),
             every,
             keep: 3,
+            final_on_stop: true,
         }
     }
 }
@@ -102,8 +110,10 @@ pub struct Request {
     pub at_ms: u64,
 }
 
-/// A complete checkpoint: one file per shard, all of the same step
-/// (`checkpoints/<step>` in etcd).
+/// A checkpoint (`checkpoints/<step>` in etcd): one file per shard, all of the same step
+/// when the shards took it together, or the previous manifest with one shard's newer
+/// file (a pserver's final checkpoint). Which tasks' updates each file holds is in the
+/// file itself (its ledger), so each shard restores from its own entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     /// The step.
@@ -114,11 +124,8 @@ pub struct Manifest {
     pub mode: String,
     /// When the manifest was committed (ms since the Unix epoch).
     pub created_ms: u64,
-    /// One entry per shard, by index.
+    /// One entry per shard, by index (a shard that never wrote a file has none).
     pub entries: Vec<ShardEntry>,
-    /// The task-queue cursor at this step, when the trainers report one (reserved).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cursor: Option<serde_json::Value>,
 }
 
 impl Manifest {
@@ -188,6 +195,25 @@ pub(crate) fn parse_manifests<'a>(
         .collect();
     out.sort_by_key(|m| std::cmp::Reverse(m.step));
     out
+}
+
+/// Tells the master what the shard serves from now on (`restores/<shard>`, fenced by
+/// the claim): the tasks its restored state contains (none when it starts over from
+/// its initial values). Written before the shard serves, so that the master trains
+/// again every acknowledged task the state lacks.
+pub async fn publish_restore(
+    backend: &dyn Backend,
+    keys: &JobKeys,
+    fence: &Fence,
+    record: &RestoreRecord,
+) -> Result<(), PsError> {
+    fenced_txn(
+        backend,
+        fence,
+        Txn::new().and_then([Op::put(keys.restore(record.shard), record.encode())]),
+    )
+    .await?;
+    Ok(())
 }
 
 /// The newest checkpoint of `shard` that reads back intact and that `build` accepts,
@@ -316,7 +342,6 @@ pub async fn try_commit(
             mode: mode.to_owned(),
             created_ms: now_ms(),
             entries,
-            cursor: None,
         };
         let value = serde_json::to_vec(&manifest)
             .map_err(|e| PsError::Config(format!("encode manifest: {e}")))?;
@@ -344,6 +369,74 @@ pub async fn try_commit(
         // A part or `latest` changed meanwhile: look again.
     }
     Ok(false)
+}
+
+/// The step label a shard's final checkpoint takes: one past the newest manifest.
+pub async fn next_label(backend: &dyn Backend, keys: &JobKeys) -> Result<u64, PsError> {
+    Ok(manifests(backend, keys)
+        .await?
+        .first()
+        .map_or(0, |m| m.step)
+        + 1)
+}
+
+/// Commits a checkpoint of one shard alone (a pserver's final checkpoint when it is
+/// asked to stop): the newest manifest with this shard's file replaced by `entry`, as the
+/// manifest of the step after it, made `latest`. Shards restore each from their own file
+/// (their ledgers say what each holds), so files of different moments mix safely in one
+/// manifest. Returns the step committed, or `None` when `latest` kept moving.
+pub async fn commit_solo(
+    backend: &dyn Backend,
+    keys: &JobKeys,
+    fence: &Fence,
+    entry: &ShardEntry,
+    shards: u32,
+    mode: &str,
+) -> Result<Option<u64>, PsError> {
+    for _ in 0..5 {
+        let latest = backend.get(&keys.latest()).await?;
+        let newest = manifests(backend, keys).await?.into_iter().next();
+        let step = newest.as_ref().map_or(0, |m| m.step) + 1;
+        let mut entries: Vec<ShardEntry> = newest
+            .map(|m| m.entries)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.shard != entry.shard && e.shard < shards)
+            .collect();
+        entries.push(entry.clone());
+        entries.sort_by_key(|e| e.shard);
+        let manifest = Manifest {
+            step,
+            shards,
+            mode: mode.to_owned(),
+            created_ms: now_ms(),
+            entries,
+        };
+        let value = serde_json::to_vec(&manifest)
+            .map_err(|e| PsError::Config(format!("encode manifest: {e}")))?;
+        let compares = vec![
+            Compare::absent(keys.manifest(step)),
+            Compare::mod_revision(
+                keys.latest(),
+                CompareOp::Equal,
+                latest.as_ref().map_or(0, |kv| kv.mod_revision),
+            ),
+        ];
+        let ops = vec![
+            Op::put(keys.manifest(step), value),
+            Op::put(keys.latest(), step.to_string()),
+        ];
+        let resp = fenced_txn(backend, fence, Txn::new().when(compares).and_then(ops)).await?;
+        if resp.succeeded {
+            tracing::info!(
+                step,
+                shard = entry.shard,
+                "final checkpoint of the shard committed"
+            );
+            return Ok(Some(step));
+        }
+    }
+    Ok(None)
 }
 
 /// Deletes manifests beyond the newest `keep`, and parts of steps older than the newest

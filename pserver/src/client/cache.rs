@@ -28,7 +28,10 @@ pub struct DenseCache {
     pub(super) by_name: HashMap<String, usize>,
     pub(super) versions: Vec<Vec<u64>>,
     pub(super) incarnations: Vec<u64>,
-    pub(super) complete: Vec<bool>,
+    /// The parameters' initial values (from [`PsClient::seed_cache`]): a shard found
+    /// without parameters (restarted without a checkpoint) starts over from them, with an
+    /// empty ledger, and the master trains every task again for it.
+    pub(super) initial: Option<Arc<Vec<Vec<f32>>>>,
     pub(super) next_step: u64,
 }
 
@@ -85,16 +88,17 @@ impl DenseCache {
             .map(|s| vec![0; layout.shard_blocks(s as u32).len()])
             .collect();
         self.incarnations = vec![0; n];
-        self.complete = vec![false; n];
+        self.initial = None;
         self.spec = Some(spec.clone());
     }
 }
 
 impl PsClient {
-    /// Fills `cache` with `values` (one vector per dense parameter, in spec order) as
-    /// this trainer's copy, so that a shard found without parameters (restarted before
-    /// its first checkpoint) can be initialised again from them even before this
-    /// trainer's first pull succeeded. The next pull moves every block.
+    /// Fills `cache` with the initial `values` (one vector per dense parameter, in spec
+    /// order) as this trainer's copy, and keeps them: a shard found without parameters
+    /// (restarted before its first checkpoint) is initialised again from them (never from
+    /// trained values: its ledger starts empty, and the master trains every task again
+    /// for it). The next pull moves every block.
     pub async fn seed_cache(&self, cache: &mut DenseCache, values: &[Vec<f32>]) -> Result<()> {
         let layout = self.layout().await?;
         cache.reset(&layout);
@@ -109,7 +113,7 @@ impl PsClient {
             }
             p.values.copy_from_slice(v);
         }
-        cache.complete.iter_mut().for_each(|c| *c = true);
+        cache.initial = Some(Arc::new(values.to_vec()));
         Ok(())
     }
 }

@@ -42,6 +42,15 @@ pub enum PsClientError {
         /// The step to push next.
         next: u64,
     },
+    /// A shard was restored since it answered a task's pushes, from a checkpoint that may
+    /// lack some of them: train the task again.
+    #[error("shard {shard}: {msg}")]
+    Rewound {
+        /// The shard.
+        shard: u32,
+        /// The pserver's explanation.
+        msg: String,
+    },
     /// A pserver probed directly refused or failed the call.
     #[error("the pserver at {addr} refused: {status}")]
     ProbeRefused {

@@ -26,7 +26,7 @@ pub struct PullStats {
 impl PsClient {
     /// Pulls the dense blocks that changed since `cache`'s copy from every shard in
     /// parallel. A shard that lost its parameters (restarted without a checkpoint) is
-    /// initialised again from the cache's copy, when the cache has one.
+    /// initialised again from the initial values the cache was seeded with, when it was.
     pub async fn pull_dense(&self, cache: &mut DenseCache) -> Result<PullStats> {
         let layout = self.layout().await?;
         if cache.spec.as_ref() != Some(layout.spec()) {
@@ -60,12 +60,14 @@ impl PsClient {
                         .await;
                     match r {
                         Err(PsClientError::Refused { status, .. })
-                            if ErrorKind::of(&status) == Some(ErrorKind::Uninitialised)
-                                && cache.complete[s as usize] =>
+                            if ErrorKind::of(&status) == Some(ErrorKind::Uninitialised) =>
                         {
-                            tracing::warn!(shard = s, "shard lost its parameters; initialising it again from this trainer's copy");
+                            let Some(initial) = &cache.initial else {
+                                return Err(PsClientError::Refused { shard: s, status });
+                            };
+                            tracing::warn!(shard = s, "shard lost its parameters (no checkpoint); initialising it again from the initial values");
                             self.init_shard(s, "reinit", layout, |p| {
-                                cache.params.get(p).map_or(&[][..], |d| d.values.as_slice())
+                                initial.get(p).map_or(&[][..], |v| v.as_slice())
                             })
                             .await?;
                         }
@@ -108,7 +110,6 @@ impl PsClient {
                 stats.blocks += 1;
                 stats.bytes += b.values.len();
             }
-            cache.complete[s] = true;
             stats.next_step = if sync {
                 stats.next_step.max(resp.next_step)
             } else {

@@ -8,10 +8,12 @@ use edl_proto::pserver as pb;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use super::retry::push_refusal;
+use super::retry::{Attempt, push_refusal};
 use super::{PsClient, PsClientError, Result};
+use crate::error::ErrorKind;
 use crate::layout::Mode;
 use crate::optim::ClipPlan;
+use crate::shard::Origin;
 use crate::wire;
 use edl_job::valid_member_id;
 
@@ -27,12 +29,14 @@ pub struct SparseGrad<'a> {
 }
 
 /// What a push did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushOutcome {
     /// Sync: the step the gradients were applied in. Async: the step pushed.
     pub step: u64,
     /// False when every shard had already applied it (a retried push).
     pub applied: bool,
+    /// Per shard, the incarnation that answered (0: the push did not go to that shard).
+    pub incarnations: Vec<u64>,
 }
 
 impl PsClient {
@@ -66,6 +70,24 @@ impl PsClient {
         dense: &[(&str, &[f32])],
         sparse: &[SparseGrad<'_>],
     ) -> Result<PushOutcome> {
+        self.push_from(trainer, step, None, dense, sparse).await
+    }
+
+    /// [`push`](Self::push) of the gradients of one batch of a task: `origin` names the
+    /// batch (pass, task index, batch number within the task). Every shard's ledger
+    /// applies a batch at most once, whichever trainer sends it and however often (a
+    /// retry, a sync step it missed, a task trained again after its trainer was lost or a
+    /// shard restored), so the push goes to every shard, with empty gradients where
+    /// the batch has none for it. After a task's last push, call
+    /// [`task_done`](Self::task_done) with the incarnations the pushes reported.
+    pub async fn push_from(
+        &self,
+        trainer: &str,
+        step: u64,
+        origin: Option<Origin>,
+        dense: &[(&str, &[f32])],
+        sparse: &[SparseGrad<'_>],
+    ) -> Result<PushOutcome> {
         if !valid_member_id(trainer) {
             return Err(PsClientError::InvalidArgument(format!(
                 "trainer id {trainer:?} must be non-empty and contain no '/'"
@@ -96,6 +118,11 @@ impl PsClient {
                     .sync_wait
                     .as_millis()
                     .min(u128::from(u32::MAX)) as u32,
+                origin: origin.map(|o| pb::TaskOrigin {
+                    pass: o.pass,
+                    task: o.task,
+                    seq: o.seq,
+                }),
             })
             .collect();
         for (name, grad) in dense {
@@ -156,7 +183,7 @@ impl PsClient {
         let give_up = self.sync_push_budget(&spec.config.mode);
         let sends = reqs
             .into_iter()
-            .filter(|r| sync || !r.dense.is_empty() || !r.sparse.is_empty())
+            .filter(|r| sync || origin.is_some() || !r.dense.is_empty() || !r.sparse.is_empty())
             .map(|req| async move {
                 let shard = req.shard;
                 let mut applied = false;
@@ -182,7 +209,12 @@ impl PsClient {
                         .await?;
                     applied |= resp.applied;
                     if resp.done {
-                        return Ok::<_, PsClientError>((resp.step, applied));
+                        return Ok::<_, PsClientError>((
+                            shard,
+                            resp.step,
+                            applied,
+                            resp.incarnation,
+                        ));
                     }
                     // Sync: the step is still open; ask again (an idempotent wait; the
                     // gradients travel again, since a replacement pserver may not have
@@ -205,15 +237,19 @@ impl PsClient {
         let mut outcome = PushOutcome {
             step,
             applied: false,
+            incarnations: vec![0; n],
         };
         let mut first_err = None;
         for r in join_all(sends).await {
             match r {
-                Ok((s, applied)) => {
+                Ok((shard, s, applied, incarnation)) => {
                     if sync {
                         outcome.step = s;
                     }
                     outcome.applied |= applied;
+                    if let Some(slot) = outcome.incarnations.get_mut(shard as usize) {
+                        *slot = incarnation;
+                    }
                 }
                 Err(e) => {
                     if first_err.is_none() {
@@ -241,6 +277,69 @@ impl PsClient {
             .retry_for
             .saturating_add(step_timeout.saturating_mul(2))
             .saturating_add(self.inner.cfg.sync_wait)
+    }
+
+    /// Every push of task `task` of pass `pass` (of a dataset of `tasks` tasks) was
+    /// applied: each shard records the task as contained. `incarnations` holds, per
+    /// shard, the oldest incarnation that answered a push of the task (see
+    /// [`PushOutcome::incarnations`]). Returns each shard's incarnation, for the
+    /// master's acknowledgement; [`PsClientError::Rewound`] when a shard was restored
+    /// since it answered (the task must be trained again).
+    pub async fn task_done(
+        &self,
+        trainer: &str,
+        pass: u32,
+        task: u32,
+        tasks: u32,
+        incarnations: &[u64],
+    ) -> Result<Vec<u64>> {
+        if incarnations.len() != self.inner.shards as usize {
+            return Err(PsClientError::InvalidArgument(format!(
+                "{} incarnations for {} shards",
+                incarnations.len(),
+                self.inner.shards
+            )));
+        }
+        let calls = (0..self.inner.shards).map(|s| {
+            let msg = pb::TaskDoneRequest {
+                shard: s,
+                shards: self.inner.shards,
+                trainer: trainer.to_owned(),
+                pass,
+                task,
+                tasks,
+                incarnation: incarnations[s as usize],
+            };
+            self.call(
+                s,
+                msg,
+                self.inner.cfg.call_timeout,
+                |t, r| async move { t.grpc.clone().task_done(r).await },
+                move |st| {
+                    (ErrorKind::of(st) == Some(ErrorKind::Rewound)).then(|| {
+                        Attempt::Fail(PsClientError::Rewound {
+                            shard: s,
+                            msg: st.message().to_owned(),
+                        })
+                    })
+                },
+            )
+        });
+        let mut out = Vec::with_capacity(incarnations.len());
+        let mut first_err = None;
+        for r in join_all(calls).await {
+            match r {
+                Ok(resp) => out.push(resp.incarnation),
+                Err(e) => {
+                    out.push(0);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 
     /// Sync mode: `trainer` stops taking part in steps (until its next push), so the

@@ -8,7 +8,7 @@ use edl_proto::pserver as pb;
 
 use crate::error::PsError;
 use crate::layout::ParamSpec;
-use crate::shard::{BlockValues, InitBlocks, PullReply, RawPush, ShardCounters, TableRows};
+use crate::shard::{BlockValues, InitBlocks, Origin, PullReply, RawPush, ShardCounters, TableRows};
 
 /// The shard's view of a push (the target shard and the sync wait stay with the service).
 pub(super) fn raw_push(r: pb::PushRequest) -> RawPush {
@@ -26,6 +26,11 @@ pub(super) fn raw_push(r: pb::PushRequest) -> RawPush {
                 values: s.values,
             })
             .collect(),
+        origin: r.origin.map(|o| Origin {
+            pass: o.pass,
+            task: o.task,
+            seq: o.seq,
+        }),
     }
 }
 
@@ -80,5 +85,7 @@ pub(super) fn counters(c: &ShardCounters) -> pb::Counters {
         sparse_rows_pulled: g(&c.sparse_rows_pulled),
         checkpoints_written: g(&c.checkpoints_written),
         checkpoints_failed: g(&c.checkpoints_failed),
+        tasks_done: g(&c.tasks_done),
+        tasks_rewound: g(&c.tasks_rewound),
     }
 }

@@ -71,6 +71,14 @@ impl pb::parameter_server_server::ParameterServer for PsGrpc {
         Ok(Response::new(self.svc.leave(req.into_inner()).await?))
     }
 
+    async fn task_done(
+        &self,
+        req: Request<pb::TaskDoneRequest>,
+    ) -> Result<Response<pb::TaskDoneResponse>, Status> {
+        self.check(&req)?;
+        Ok(Response::new(self.svc.task_done(req.into_inner()).await?))
+    }
+
     async fn status(
         &self,
         req: Request<pb::StatusRequest>,

@@ -1,14 +1,16 @@
 //! A pserver's life: resolve the shard count, claim an index under a lease, restore the
 //! latest checkpoint, list the registered trainers, then serve gRPC and the bulk path on
 //! one port, follow the registry and checkpoint in the background until shutdown or the
-//! lease is lost; then stop serving, wait for the tasks, and free the index.
+//! lease is lost; then stop serving, wait for the tasks, write a final checkpoint (when
+//! asked to stop), and free the index.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{
-    Backend, Lease, Op, Registry, RetryPolicy, Txn, claim_index_wait, fenced_txn, retry_cancellable,
+    Backend, Fence, Lease, Op, Registry, RetryPolicy, Txn, claim_index_wait, fenced_txn,
+    retry_cancellable,
 };
 use edl_proto::pserver as pb;
 use tokio::net::TcpListener;
@@ -26,7 +28,10 @@ use crate::checkpoint::protocol;
 use crate::checkpoint::{CheckpointDir, CheckpointEvery};
 use crate::error::PsError;
 use crate::shard::{CheckpointHooks, Shard, ShardCore};
-use edl_job::{JobKeys, PserverRecord, Record};
+use edl_job::{JobKeys, PserverRecord, Record, RestoreRecord};
+
+/// How long a pserver asked to stop may take for its final checkpoint.
+const FINAL_CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Runs a pserver on `listener` until `shutdown` fires. Returns
 /// [`PsError::LeaseLost`] if the lease was lost (the pserver stopped serving at once;
@@ -146,6 +151,26 @@ pub async fn run(
             ),
         }
     }
+    // What this incarnation holds, for the master: the restored ledger, or nothing (a
+    // trainer initialises the shard from the initial values). On a job's first start
+    // nothing was trained, and the record changes nothing.
+    let restored = shard.core().ok();
+    let record = RestoreRecord {
+        version: edl_job::RECORD_VERSION,
+        shard: index,
+        incarnation: claim.fence.revision as u64,
+        step: restored.as_ref().map_or(0, |c| c.restored_from()),
+        contains: restored.map(|c| c.contains()).unwrap_or_default(),
+        at_ms: protocol::now_ms(),
+    };
+    retry_cancellable(&policy, &shutdown, || async {
+        match protocol::publish_restore(&*backend, &keys, &claim.fence, &record).await {
+            Ok(()) => Ok(Ok(())),
+            Err(PsError::Coord(e)) => Err(e),
+            Err(e) => Ok(Err(e)),
+        }
+    })
+    .await??;
 
     // The registered trainers, before any sync step can open.
     let members = Arc::new(Members::default());
@@ -223,7 +248,7 @@ pub async fn run(
             .in_current_span(),
         ),
     ];
-    if let (Some(c), Some(dir)) = (cfg.checkpoint.clone(), dir) {
+    if let (Some(c), Some(dir)) = (cfg.checkpoint.clone(), dir.clone()) {
         tasks.push(tokio::spawn(
             Checkpointer {
                 backend: backend.clone(),
@@ -262,6 +287,15 @@ pub async fn run(
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
     }
+    if result.is_ok()
+        && cfg.checkpoint.as_ref().is_some_and(|c| c.final_on_stop)
+        && let Some(dir) = &dir
+        && let Ok(core) = shard.core()
+    {
+        // Asked to stop: nothing is served any more, so the shard is written once more,
+        // with every update it acknowledged.
+        final_checkpoint(&*backend, &keys, &claim.fence, dir, core).await;
+    }
     if result.is_ok() {
         // Free the index at once for a successor.
         match Arc::try_unwrap(lease) {
@@ -275,4 +309,40 @@ pub async fn run(
         tracing::info!(shard = index, "pserver stopped");
     }
     result
+}
+
+/// Writes the shard's final checkpoint and commits it alone (bounded in time: a pserver
+/// asked to stop must stop). A failure is logged: the previous checkpoint stays, and the
+/// master trains again what it lacks when the shard is restored.
+async fn final_checkpoint(
+    backend: &dyn Backend,
+    keys: &JobKeys,
+    fence: &Fence,
+    dir: &CheckpointDir,
+    core: Arc<ShardCore>,
+) {
+    let index = core.index();
+    let shards = core.layout().shards();
+    let mode = core.spec().config.mode.name();
+    let work = async {
+        let step = protocol::next_label(backend, keys).await?;
+        let snap = tokio::task::spawn_blocking(move || core.snapshot(step))
+            .await
+            .map_err(|e| PsError::Internal(format!("snapshot failed: {e}")))?;
+        let entry = protocol::write_snapshot(dir, Arc::new(snap)).await?;
+        protocol::commit_solo(backend, keys, fence, &entry, shards, mode).await
+    };
+    match tokio::time::timeout(FINAL_CHECKPOINT_TIMEOUT, work).await {
+        Ok(Ok(Some(step))) => tracing::info!(shard = index, step, "final checkpoint written"),
+        Ok(Ok(None)) => tracing::warn!(
+            shard = index,
+            "final checkpoint not committed: other commits kept racing it"
+        ),
+        Ok(Err(e)) => {
+            tracing::error!(shard = index, error = %e, "final checkpoint failed; the previous one stays")
+        }
+        Err(_) => {
+            tracing::error!(shard = index, timeout = ?FINAL_CHECKPOINT_TIMEOUT, "final checkpoint took too long; the previous one stays")
+        }
+    }
 }

@@ -206,6 +206,7 @@ impl Service {
             step: reply.step,
             done: true,
             next_step: 0,
+            incarnation: self.shard.incarnation(),
         })
     }
 
@@ -247,6 +248,7 @@ impl Service {
                         step,
                         done: true,
                         next_step: core.next_step(),
+                        incarnation: core.incarnation(),
                     });
                 }
                 Admit::Stale { next } => {
@@ -273,6 +275,7 @@ impl Service {
                             step: push.step,
                             done: false,
                             next_step: core.next_step(),
+                            incarnation: core.incarnation(),
                         });
                     }
                     continue;
@@ -290,6 +293,7 @@ impl Service {
                 step,
                 done,
                 next_step: core.next_step(),
+                incarnation: core.incarnation(),
             });
         }
     }
@@ -324,6 +328,27 @@ impl Service {
         self.gate.check()?;
         Ok(pb::LeaveResponse {
             was_participant: was,
+        })
+    }
+
+    pub(crate) async fn task_done(
+        &self,
+        r: pb::TaskDoneRequest,
+    ) -> Result<pb::TaskDoneResponse, PsError> {
+        self.gate.check()?;
+        if !valid_member_id(&r.trainer) {
+            return Err(PsError::InvalidArgument(format!(
+                "trainer id {:?} must be non-empty and contain no '/'",
+                r.trainer
+            )));
+        }
+        let core = self.core(r.shard, r.shards)?;
+        let c = core.clone();
+        self.blocking(move || c.task_done(r.pass, r.task, r.tasks, r.incarnation))
+            .await??;
+        self.gate.check()?;
+        Ok(pb::TaskDoneResponse {
+            incarnation: core.incarnation(),
         })
     }
 

@@ -1,10 +1,14 @@
-//! Async mode: each push applied as it comes, at most once per (trainer, session,
-//! step) (see `dedup`), block by block under each block's own lock.
+//! Async mode: each push applied as it comes, at most once: per origin (a task's batch,
+//! see `ledger`) when it has one, else per (trainer, session, step) (see `dedup`);
+//! block by block under each block's own lock, and the whole push under the step lock
+//! held for reading, so that a snapshot (holding it for writing) has it whole or not at
+//! all.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
 use super::dedup::{DEDUP_WINDOW, Mark};
+use super::ledger::Mark as LedgerMark;
 use super::push::{Push, PushReply};
 use super::{ShardCore, bump, lock};
 use crate::error::PsError;
@@ -31,7 +35,21 @@ impl ShardCore {
     /// [`DEDUP_WINDOW`] steps behind its session's newest is refused
     /// ([`PsError::StepTooOld`]): whether it was applied can no longer be told.
     pub fn apply_async(&self, push: &Push) -> Result<PushReply, PsError> {
-        match lock(&self.dedup).mark(&push.trainer, push.session, push.step) {
+        let _gate = self
+            .step_lock
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mark = match push.origin {
+            Some(o) => match lock(&self.ledger)
+                .mark(o)
+                .map_err(|e| self.invalid(e.to_string()))?
+            {
+                LedgerMark::Fresh => Mark::Fresh,
+                LedgerMark::Repeat => Mark::Repeat,
+            },
+            None => lock(&self.dedup).mark(&push.trainer, push.session, push.step),
+        };
+        match mark {
             Mark::Fresh => {}
             Mark::Repeat => {
                 bump(&self.counters.duplicate_pushes);

@@ -16,10 +16,14 @@
 //! Layout (each part adds its methods to [`ShardCore`]):
 //! - `storage`: blocks and rows in lock stripes, building a shard, reading its values.
 //! - `push`: a push as received ([`RawPush`]) and validated ([`Push`]).
-//! - `dedup`: the window of steps applied per push session (async retries).
+//! - `ledger`: which task batches the parameters contain: each applied at most once,
+//!   across retries, stale steps, trainers and restores; what a restore tells the master.
+//! - `dedup`: the window of steps applied per push session (async retries of pushes
+//!   without an origin).
 //! - `async_apply`: async mode: each push applied as it comes, at most once.
 //! - `sync_apply`: sync mode: pushes summed into steps, the mean applied when a step
 //!   closes.
+//! - `tasks`: `TaskDone` (a task recorded as contained) and the ledger's summary.
 //! - `pull`: the dense blocks that changed, and sparse rows.
 //! - `snapshot`: copies for checkpoints, restore from one, and where sync-mode
 //!   snapshots go.
@@ -38,16 +42,19 @@ use crate::sync::SyncState;
 
 mod async_apply;
 mod dedup;
+mod ledger;
 mod lifecycle;
 mod pull;
 mod push;
 mod snapshot;
 mod storage;
 mod sync_apply;
+mod tasks;
 #[cfg(test)]
 mod testutil;
 
 pub use dedup::DEDUP_WINDOW;
+pub use ledger::{Ledger, LedgerError, Mark, Origin};
 pub use lifecycle::{InitBlocks, Shard};
 pub use pull::{PullReply, VersionedBlock};
 pub use push::{BlockValues, Push, PushReply, RawPush, SparseGrad, TableRows};
@@ -84,6 +91,10 @@ pub struct ShardCounters {
     pub pulls: AtomicU64,
     /// Sparse rows served.
     pub sparse_rows_pulled: AtomicU64,
+    /// Tasks recorded as complete (`TaskDone`).
+    pub tasks_done: AtomicU64,
+    /// `TaskDone`s refused because the task's pushes went to an earlier incarnation.
+    pub tasks_rewound: AtomicU64,
     /// Checkpoint files written.
     pub checkpoints_written: AtomicU64,
     /// Checkpoint writes that failed.
@@ -111,11 +122,21 @@ pub struct ShardCore {
     tables: Vec<Table>,
     /// Updates applied (drives the learning-rate schedule).
     updates: AtomicU64,
-    /// Async mode: the steps applied per push session.
+    /// Async mode: the steps applied per push session (pushes without an origin).
     dedup: Mutex<Dedup>,
+    /// The task batches the parameters contain. Async: marked under `step_lock` held for
+    /// reading while the push is applied (a snapshot holds it for writing); sync: marked
+    /// when their step is applied.
+    ledger: Mutex<Ledger>,
+    /// Sync mode: the origins of the pushes that joined a step not yet applied, with
+    /// their step.
+    open_origins: Mutex<Vec<(u64, Origin)>>,
     /// Sync mode: the step state machine; `None` in async mode.
     sync: Option<Mutex<SyncState>>,
-    /// Sync mode: held for writing while a step is applied, for reading by pulls.
+    /// Sync mode: held for writing while a step is applied, for reading by pulls and
+    /// snapshots. Async mode: held for reading while a push is applied, for writing by a
+    /// snapshot (so that a snapshot holds every push whole or not at all, as its ledger
+    /// says).
     step_lock: RwLock<()>,
     /// Sync mode: whether the registry members were given at least once.
     members_seeded: AtomicBool,

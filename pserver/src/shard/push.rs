@@ -7,6 +7,7 @@
 
 use bytes::Bytes;
 
+use super::ledger::{Ledger, Origin};
 use super::{ShardCore, bump};
 use crate::error::PsError;
 use crate::wire;
@@ -48,6 +49,8 @@ pub struct RawPush {
     pub dense: Vec<BlockValues>,
     /// Gradients of sparse rows.
     pub sparse: Vec<TableRows>,
+    /// The task batch the gradients come from (applied at most once per origin).
+    pub origin: Option<Origin>,
 }
 
 /// Sparse gradients of one table, validated.
@@ -68,6 +71,8 @@ pub struct Push {
     pub session: u64,
     /// The step.
     pub step: u64,
+    /// The task batch the gradients come from.
+    pub origin: Option<Origin>,
     pub(super) dense: Vec<(usize, Bytes)>,
     pub(super) sparse: Vec<SparseGrad>,
 }
@@ -95,6 +100,9 @@ impl ShardCore {
                 "trainer id {:?} must be non-empty and contain no '/'",
                 req.trainer
             )));
+        }
+        if let Some(o) = req.origin {
+            Ledger::check(o).map_err(|e| self.invalid(e.to_string()))?;
         }
         let mut dense = Vec::with_capacity(req.dense.len());
         let mut seen = vec![false; self.blocks.len()];
@@ -168,6 +176,7 @@ impl ShardCore {
             trainer: req.trainer,
             session: req.session,
             step: req.step,
+            origin: req.origin,
             dense,
             sparse,
         })

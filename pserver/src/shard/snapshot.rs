@@ -124,14 +124,25 @@ impl ShardCore {
             updates: snap.updates,
             last_closed: snap.last_closed,
             restored_from: snap.step,
+            ledger: snap.ledger,
         };
         Self::build(layout, snap.shard, incarnation, data, checkpoints)
     }
 
-    /// A copy of the shard labelled `step` (each block copied under its own lock).
+    /// A copy of the shard labelled `step`. Sync mode: between two steps; async mode:
+    /// between two pushes (pushes wait while the values are copied), so that the copy
+    /// holds exactly the batches its ledger names.
     pub fn snapshot(&self, step: u64) -> Snapshot {
-        let _view = self.step_view();
-        self.snapshot_at(step, self.last_closed())
+        if self.is_sync() {
+            let _view = self.step_view();
+            self.snapshot_at(step, self.last_closed())
+        } else {
+            let _cut = self
+                .step_lock
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.snapshot_at(step, self.last_closed())
+        }
     }
 
     pub(super) fn snapshot_at(&self, step: u64, last_closed: u64) -> Snapshot {
@@ -180,6 +191,7 @@ impl ShardCore {
             spec: self.spec().clone(),
             updates: self.updates(),
             last_closed,
+            ledger: lock(&self.ledger).clone(),
             blocks,
             tables,
         }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::dedup::Dedup;
+use super::ledger::Ledger;
 use super::push::SparseGrad;
 use super::snapshot::CheckpointHooks;
 use super::{ShardCore, ShardCounters, lock};
@@ -89,6 +90,7 @@ pub(super) struct ShardData {
     pub(super) updates: u64,
     pub(super) last_closed: u64,
     pub(super) restored_from: u64,
+    pub(super) ledger: Ledger,
 }
 
 impl ShardCore {
@@ -105,6 +107,7 @@ impl ShardCore {
             updates,
             last_closed,
             restored_from,
+            ledger,
         } = data;
         let optimizer = Optimizer::new(layout.spec().config.optimizer.clone())
             .map_err(|e| PsError::Spec(e.into()))?;
@@ -124,6 +127,8 @@ impl ShardCore {
             tables,
             updates: AtomicU64::new(updates),
             dedup: Mutex::new(Dedup::default()),
+            ledger: Mutex::new(ledger),
+            open_origins: Mutex::new(Vec::new()),
             sync,
             step_lock: RwLock::new(()),
             members_seeded: std::sync::atomic::AtomicBool::new(false),
@@ -181,6 +186,7 @@ impl ShardCore {
             updates: 0,
             last_closed: 0,
             restored_from: 0,
+            ledger: Ledger::default(),
         };
         Self::build(layout, index, incarnation, data, checkpoints)
     }

@@ -4,6 +4,9 @@
 //! them.
 //!
 //! Invariants: a block's and a stripe's `acc` hold the gradients of the open step only;
+//! a push whose origin was applied, or joined the open step, does not join (the trainer
+//! sits the step out); the origins of a step enter the ledger when it is applied, under
+//! the step lock, so a snapshot's ledger matches its values;
 //! closing a step holds the step lock for writing while it applies the mean (sum divided
 //! by the contributors) or, when the sum is not finite, drops the step whole; pulls and
 //! snapshots hold the step lock for reading, so they see one step whole. Waiting pushes
@@ -79,7 +82,31 @@ impl ShardCore {
                 "the shard is in async mode".into(),
             ));
         }
-        let (admit, close) = lock(self.sync_state()).admit(&push.trainer, push.step, now);
+        let (admit, close) = {
+            // The origin is checked and, when the push joins a step, recorded in one go, so
+            // that two pushes of one batch (a trainer that lost its task, and the one that
+            // took it over) never both join.
+            let mut open = lock(&self.open_origins);
+            let repeat = push.origin.is_some_and(|o| {
+                open.iter().any(|&(_, x)| x == o) || lock(&self.ledger).applied(o)
+            });
+            if repeat {
+                // Already applied (its stale step resent, a task trained again): this
+                // trainer takes no part in the step; its next push brings it back.
+                let (_, close) = lock(self.sync_state()).leave(&push.trainer);
+                drop(open);
+                if let Some(job) = close {
+                    self.sync_close(job);
+                }
+                bump(&self.counters.duplicate_pushes);
+                return Ok(Admit::AlreadyApplied { step: push.step });
+            }
+            let (admit, close) = lock(self.sync_state()).admit(&push.trainer, push.step, now);
+            if let (Admit::Join { step }, Some(o)) = (&admit, push.origin) {
+                open.push((*step, o));
+            }
+            (admit, close)
+        };
         if let Some(job) = close {
             self.sync_close(job);
         }
@@ -157,6 +184,20 @@ impl ShardCore {
                 trainers = job.contributors,
                 "the step's summed gradients overflow to infinity; step dropped"
             );
+        }
+        // The step's batches are in the parameters now (or dropped for good with it).
+        {
+            let mut open = lock(&self.open_origins);
+            let mut ledger = lock(&self.ledger);
+            open.retain(|&(step, o)| {
+                if step <= job.step {
+                    // Checked when the push was admitted.
+                    let _ = ledger.mark(o);
+                    false
+                } else {
+                    true
+                }
+            });
         }
         bump(&self.counters.steps_closed);
         if job.timed_out > 0 {

@@ -68,6 +68,7 @@ pub(super) fn push(
             rows: rows.to_vec(),
             values: wire::encode(&vec![g; rows.len() * 2]),
         }],
+        origin: None,
     }
 }
 
