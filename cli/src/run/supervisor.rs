@@ -11,8 +11,8 @@
 //! or pserver index or a trainer number, kept by the restarts of its process.
 //!
 //! Invariants:
-//! - Every crash is restarted (and counted in [`restarts`](Supervisor::restarts)); none
-//!   fails the job except a crash loop.
+//! - Every crash is restarted and counted in [`restarts`](Supervisor::restarts), but the
+//!   one that makes a crash loop (below): that one fails the job. Nothing else does.
 //! - A crash of a process that had been healthy (a preemption: counted in
 //!   [`preemptions`](Supervisor::preemptions)) is restarted at once and does not count
 //!   against the budget.
