@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -398,6 +400,164 @@ async fn scale_up_and_down_then_kill_show_in_status_logs_and_the_report() {
     let (_, out, _) = edl_cmd(&["status", job, "--json", "--etcd", &etcd]);
     let v: Value = serde_json::from_str(&out).expect("status json");
     assert_eq!(v["jobs"][0]["state"], "stopped", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_that_fails_at_every_start_fails_the_run_as_a_crash_loop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
+        s.replace("trainers = 2", "trainers = 1") + "max_restarts = 1\n"
+    });
+    // No such device: the trainer exits with an error right after every start.
+    let (ok, r, log) = edl_run(
+        dir.path(),
+        "crash-loop",
+        &[
+            &spec.display().to_string(),
+            "--coord",
+            "etcd",
+            "--device",
+            "cuda:99",
+        ],
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(!ok, "a crash loop fails the run: {r}\n{log}");
+    let error = r["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("trainer-0.1 is in a crash loop")
+            && error.contains("failed 2 times in a row within cluster.healthy_after (30s)")
+            && error.contains("cluster.max_restarts (1)"),
+        "{r}"
+    );
+    let trainer_log = error
+        .rsplit_once("the cause is in ")
+        .map(|(_, path)| PathBuf::from(path))
+        .expect("the error names the log");
+    let cause = std::fs::read_to_string(&trainer_log)
+        .unwrap_or_else(|e| panic!("{}: {e}", trainer_log.display()));
+    assert!(cause.contains("cuda:99"), "{cause}");
+    assert_eq!(r["restarts"], 1, "the first fast failure is restarted: {r}");
+    assert_eq!(r["preemptions"], 0, "{r}");
+    // The trainer role never served again.
+    assert_eq!(
+        r["unrecovered"],
+        serde_json::json!(["crash of trainer trainer-0"]),
+        "{r}"
+    );
+    assert!(
+        r["wall_s"].as_f64().is_some_and(|s| s < 60.0),
+        "fails fast: {r}"
+    );
+    assert_eq!(
+        log.matches("is in a crash loop").count(),
+        1,
+        "said once: {log}"
+    );
+}
+
+/// The registered trainers of `job` whose id starts with `prefix`: (id, pid, ms since
+/// it started).
+async fn trainers_of(
+    backend: &dyn edl_coord::Backend,
+    job: &str,
+    prefix: &str,
+) -> Vec<(String, u32, u64)> {
+    use edl_job::Record;
+    let keys = edl_job::JobKeys::new(&edl_job::JobName::new(job).expect("job name"));
+    let now_ms = edl_job::records::now_ms();
+    let (kvs, _) = backend.range(&keys.trainers()).await.unwrap_or_default();
+    kvs.into_iter()
+        .filter_map(|kv| {
+            let id = kv.key.rsplit('/').next()?.to_owned();
+            let record = edl_job::TrainerRecord::decode(&kv.value).ok()?;
+            id.starts_with(prefix)
+                .then(|| (id, record.pid, now_ms.saturating_sub(record.started_ms)))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempted_healthy_trainers_are_restarted_without_spending_the_budget() {
+    let w = World::new("preempted").await;
+    let etcd = w.etcd_arg();
+    let spec = example(w.dir.path(), "fit_a_line", "job.toml", |s| {
+        s.replace("name = \"fit-a-line\"", "name = \"preempted\"")
+            .replace("passes = 30", "passes = 100000")
+            + "max_restarts = 1\nhealthy_after = \"2s\"\n"
+    });
+    let report = w.dir.path().join("preempted.report.json");
+    let mut run = Proc::spawn(
+        w.dir.path(),
+        "run",
+        &[
+            "run".into(),
+            spec.display().to_string(),
+            "--etcd".into(),
+            etcd.clone(),
+            "--report".into(),
+            report.display().to_string(),
+        ],
+    );
+    // Three preemptions of trainer-0, each after a healthy run: more than the budget
+    // (1) if they counted.
+    for round in 0..3 {
+        let name = match round {
+            0 => "trainer-0".to_owned(),
+            n => format!("trainer-0.{n}"),
+        };
+        let victim = Arc::new(AtomicU32::new(0));
+        let healthy = wait_until(Duration::from_secs(60), || {
+            let (backend, name, victim) = (w.backend.clone(), name.clone(), victim.clone());
+            async move {
+                let found = trainers_of(backend.as_ref(), "preempted", &name).await;
+                match found
+                    .iter()
+                    .find(|(id, _, age_ms)| *id == name && *age_ms >= 3000)
+                {
+                    Some(&(_, pid, _)) => {
+                        victim.store(pid, Ordering::SeqCst);
+                        true
+                    }
+                    None => false,
+                }
+            }
+        })
+        .await;
+        assert!(healthy, "{name} never ran 3s registered:\n{}", run.log());
+        let pid = victim.load(Ordering::SeqCst);
+        edl_testkit::signal(pid, edl_testkit::Signal::SIGKILL).expect("kill the trainer");
+    }
+    // Each recovery is seen (the replacement registered, the dead trainer's lease gone).
+    run.wait_log("recoveries 3  restarts 3", Duration::from_secs(60))
+        .await;
+    let (ok, out, err) = edl_cmd(&["kill", "preempted", "--etcd", &etcd]);
+    assert!(ok && err.is_empty(), "kill: ok {ok}, {out}, stderr: {err}");
+    run.wait_exit(Duration::from_secs(120)).await;
+    let r = read_report(&report);
+    assert!(
+        r["error"].as_str().is_some_and(|e| e.contains("edl kill")),
+        "stopped by edl kill, not a crash loop: {r}"
+    );
+    assert_eq!(r["restarts"], 3, "{r}");
+    assert_eq!(r["preemptions"], 3, "{r}");
+    let crashes: Vec<&str> = r["recoveries"]
+        .as_array()
+        .expect("recoveries")
+        .iter()
+        .filter(|x| x["fault"] == "crash" && x["role"] == "trainer")
+        .filter_map(|x| x["process"].as_str())
+        .collect();
+    assert_eq!(crashes, ["trainer-0", "trainer-0.1", "trainer-0.2"], "{r}");
+    assert!(
+        r["recoveries"]
+            .as_array()
+            .expect("recoveries")
+            .iter()
+            .all(|x| x["seconds"].as_f64().is_some_and(|s| s < 30.0)),
+        "{r}"
+    );
+    eprintln!("preempted: recoveries {}", r["recoveries"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,6 +66,7 @@ pub(crate) async fn run(
         min_trainers: c.min_trainers,
         max_trainers: c.max_trainers(),
         max_restarts: c.max_restarts,
+        healthy_after: c.healthy_after,
         lease_ttl: c.lease_ttl,
     };
     let mut shell = Shell {
@@ -108,6 +109,7 @@ pub(crate) async fn run(
         recoveries: shell.sup.recoveries().to_vec(),
         unrecovered: shell.faults.unrecovered(),
         restarts: shell.sup.restarts(),
+        preemptions: shell.sup.preemptions(),
         scale_events: shell.sup.scale_events().to_vec(),
         run_dir: job.run_dir.display().to_string(),
         wall_s: 0.0,
@@ -127,7 +129,7 @@ impl Shell {
         timeout: Duration,
     ) -> anyhow::Result<()> {
         prepare_job(&self.backend, &self.spec, &self.launch.run_dir).await?;
-        let start = self.sup.start();
+        let start = self.sup.start(Instant::now());
         self.apply(start)?;
         let mut display = Display::new(quiet);
         let mut last_poll = Instant::now() - Duration::from_secs(10);
@@ -192,20 +194,21 @@ impl Shell {
         }
     }
 
-    /// One tick: exits reaped, stopped processes resumed, restarts that are due started
-    /// (trainers' too unless `skip_trainers`), recoveries checked.
+    /// One tick: exits reaped (a crash's recovery awaited before its restart),
+    /// stopped processes resumed, restarts that are due started (trainers' too unless
+    /// `skip_trainers`), recoveries checked.
     async fn step(&mut self, skip_trainers: bool) -> anyhow::Result<()> {
         for (id, status) in self.children.exited()? {
             let success = status.success();
             let job_finished = self.sup.exit_needs_job_status(id, success)
                 && self.status().await.is_some_and(|s| s.finished);
-            self.sup.exited(
-                id,
-                success,
-                &status.to_string(),
-                job_finished,
-                Instant::now(),
-            )?;
+            let seen = Instant::now();
+            let crash = self
+                .sup
+                .exited(id, success, &status.to_string(), job_finished, seen)?;
+            if let Some(crash) = crash {
+                self.faults.crashed(crash, &self.launch, seen).await;
+            }
         }
         let tick = self.sup.tick(Instant::now(), skip_trainers);
         self.apply(tick)?;

@@ -1,11 +1,14 @@
-//! Fault injection (`--chaos`): choosing a victim, and measuring its recovery against
-//! etcd.
+//! Fault injection (`--chaos`): choosing a victim; and measuring recoveries against
+//! etcd, from injected faults and from crashes alike.
 //!
 //! - A trainer is a victim once registered (else its "recovery" is instant).
 //! - The master hit is the leader: the value of the first key under the master
 //!   election prefix (as `edl status` finds it) is the leader's address, and each
 //!   master writes its address to `<run dir>/logs/<name>.addr`.
-//! - Recovery: see [`Check`].
+//! - Recovery, until the role serves again: see [`Check`]. An injected fault's is
+//!   measured from the fault, a crash's (one that the supervisor restarts) from the
+//!   moment its exit is seen; both are pending until seen, then recorded in the
+//!   supervisor.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,26 +23,32 @@ use tokio_util::sync::CancellationToken;
 use super::chaos::{Chaos, ChaosClock, Fault};
 use super::procs::Launch;
 use super::report::Recovery;
-use super::supervisor::{Effect, Role, Supervisor};
+use super::supervisor::{Crash, Effect, Role, Supervisor, trainer_slot};
 
 /// What recovery from a fault means, checked against etcd.
 #[derive(Debug)]
 enum Check {
-    /// The trainer's registration is gone (its tasks are back in the queue) and the job
-    /// has as many trainers registered as before.
-    Trainer { key: String, want: usize },
+    /// The trainer's registration is gone (its tasks are back in the queue) and a later
+    /// trainer of its slot (its replacement, or one after it) is registered.
+    Trainer {
+        key: String,
+        slot: u32,
+        generation: u32,
+    },
     /// The stopped trainer's registration is gone (its tasks are back in the queue).
     TrainerGone { key: String },
     /// The pserver shard is claimed again (a new claim) and the new pserver answers (it
     /// restored its checkpoint before serving).
     Pserver { key: String, old_create: i64 },
-    /// A master leads again (a new leader key) and answers.
+    /// A master leads (a leader key other than the one of the master hit, when that
+    /// master led) and answers.
     Master { old_leader: Option<Vec<u8>> },
 }
 
-/// A fault whose recovery has not been seen yet.
+/// A fault or crash whose recovery has not been seen yet.
 #[derive(Debug)]
 struct Pending {
+    /// `sigkill`, `sigstop` or `crash`.
     fault: &'static str,
     role: Role,
     process: String,
@@ -119,32 +128,8 @@ impl Faults {
             _ => candidates[self.rng.random_range(0..candidates.len())],
         };
         let p = sup.proc(pick)?.clone();
-        let check = match role {
-            Role::Trainer if fault == Fault::StopTrainer => Check::TrainerGone {
-                key: self.trainer_key(&p.name),
-            },
-            Role::Trainer => Check::Trainer {
-                key: self.trainer_key(&p.name),
-                want: self.registered_trainer_keys().await.len(),
-            },
-            Role::Pserver => {
-                let key = self.keys.ps(p.slot);
-                let old_create = self
-                    .backend
-                    .get(&key)
-                    .await
-                    .ok()
-                    .flatten()
-                    .map_or(0, |kv| kv.create_revision);
-                Check::Pserver { key, old_create }
-            }
-            Role::Master => Check::Master {
-                old_leader: leader(self.backend.as_ref(), &self.keys)
-                    .await
-                    .map(|(k, _)| k.into_bytes()),
-            },
-        };
         let stop = fault == Fault::StopTrainer;
+        let check = self.check(role, p.slot, &p.name, stop, launch).await;
         // Measured from the fault itself, after the queries above.
         let now = Instant::now();
         let effect = sup.inject(pick, stop, now)?;
@@ -160,7 +145,57 @@ impl Faults {
         Some(effect)
     }
 
-    /// Checks the faults not recovered from yet; each recovery is recorded in `sup`.
+    /// A crash that the supervisor restarts, seen at `at`: its recovery is awaited (the
+    /// process is gone, so the check is taken from etcd as it is now).
+    pub(crate) async fn crashed(&mut self, crash: Crash, launch: &Launch, at: Instant) {
+        let check = self
+            .check(crash.role, crash.slot, &crash.process, false, launch)
+            .await;
+        self.pending.push(Pending {
+            fault: "crash",
+            role: crash.role,
+            process: crash.process,
+            at,
+            check,
+        });
+    }
+
+    /// What recovery from a fault of process `name` of `role` in `slot` means, taken
+    /// before the fault (or, for a crash, once its exit is seen): `stop` for a SIGSTOP.
+    async fn check(&self, role: Role, slot: u32, name: &str, stop: bool, launch: &Launch) -> Check {
+        let key = self.trainer_key(name);
+        match (role, trainer_slot(name)) {
+            (Role::Trainer, Some((slot, generation))) if !stop => Check::Trainer {
+                key,
+                slot,
+                generation,
+            },
+            (Role::Trainer, _) => Check::TrainerGone { key },
+            (Role::Pserver, _) => {
+                let key = self.keys.ps(slot);
+                let old_create = self
+                    .backend
+                    .get(&key)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map_or(0, |kv| kv.create_revision);
+                Check::Pserver { key, old_create }
+            }
+            (Role::Master, _) => {
+                let addr = std::fs::read_to_string(launch.addr_file(name)).ok();
+                let led = leader(self.backend.as_ref(), &self.keys)
+                    .await
+                    .filter(|(_, v)| addr.is_some_and(|a| a.trim().as_bytes() == v.as_slice()));
+                Check::Master {
+                    old_leader: led.map(|(k, _)| k.into_bytes()),
+                }
+            }
+        }
+    }
+
+    /// Checks the faults and crashes not recovered from yet; each recovery is recorded
+    /// in `sup`.
     pub(crate) async fn check_recoveries(&mut self, sup: &mut Supervisor) {
         let mut i = 0;
         while i < self.pending.len() {
@@ -182,9 +217,18 @@ impl Faults {
 
     async fn recovered(&self, check: &Check) -> bool {
         match check {
-            Check::Trainer { key, want } => {
+            Check::Trainer {
+                key,
+                slot,
+                generation,
+            } => {
                 let gone = self.backend.get(key).await.is_ok_and(|kv| kv.is_none());
-                gone && self.registered_trainer_keys().await.len() >= *want
+                gone && self.registered_trainer_keys().await.iter().any(|k| {
+                    self.keys
+                        .trainer_id(k)
+                        .and_then(trainer_slot)
+                        .is_some_and(|(s, g)| s == *slot && g > *generation)
+                })
             }
             Check::TrainerGone { key } => self.backend.get(key).await.is_ok_and(|kv| kv.is_none()),
             Check::Pserver { key, old_create } => {
@@ -213,7 +257,7 @@ impl Faults {
         }
     }
 
-    /// The faults whose recovery was not seen, as `FAULT of ROLE PROCESS`.
+    /// The faults and crashes whose recovery was not seen, as `FAULT of ROLE PROCESS`.
     pub(crate) fn unrecovered(&self) -> Vec<String> {
         self.pending
             .iter()

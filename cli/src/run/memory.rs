@@ -142,6 +142,7 @@ pub(crate) async fn run(
         recoveries: Vec::new(),
         unrecovered: Vec::new(),
         restarts: 0,
+        preemptions: 0,
         scale_events: Vec::new(),
         run_dir: run_dir.display().to_string(),
         wall_s: started.elapsed().as_secs_f64(),

@@ -5,13 +5,16 @@
 //!   otherwise every role runs in this process on the in-memory backend (said in one
 //!   line). `--coord memory|etcd` forces a choice.
 //! - With etcd, masters, pservers and trainers are child processes of this same binary,
-//!   supervised: a crashed process is restarted with backoff within a restart budget
-//!   (`cluster.max_restarts`, counting crashes only: injected faults and scale events do
-//!   not count). Logs go to `<run dir>/logs/<process>.log`.
+//!   supervised: a crashed process is restarted, at once after a healthy run
+//!   (`cluster.healthy_after`), else with backoff; the job fails on a crash loop, when
+//!   one slot fails fast more than `cluster.max_restarts` times in a row (see
+//!   `supervisor`; injected faults and scale events do not count). Logs go to
+//!   `<run dir>/logs/<process>.log`.
 //! - `edl scale JOB --trainers N` (the `scale/trainers` key) is followed within
 //!   `[min_trainers, max_trainers]`: new trainers are started, surplus ones drained
 //!   (SIGTERM). `edl kill JOB` stops the job gracefully.
-//! - `--chaos SPEC` injects seeded faults and measures each recovery.
+//! - `--chaos SPEC` injects seeded faults; each recovery, from an injected fault or a
+//!   crash, is measured until the role serves again.
 //! - At the end: the final parameters (`<run dir>/params.json`), a summary, and with
 //!   `--report FILE` the same as JSON. Exit 0 only if the job succeeded.
 //!
@@ -26,7 +29,7 @@
 //!   as an argument).
 //! - `procs`: the roles' command lines, child processes, signals.
 //! - `faults`: fault injection: victims (the leading master through etcd and the
-//!   masters' address files) and recovery checks.
+//!   masters' address files); recovery checks of injected faults and crashes.
 //! - `cluster`: the etcd mode, the shell that runs the supervisor's effects.
 //! - `memory`: the in-memory mode, every role in this process.
 //! - `display`: the live progress display.

@@ -13,7 +13,8 @@ pub struct Recovery {
     pub role: String,
     /// The process.
     pub process: String,
-    /// Seconds from the fault until the system had recovered (see the README).
+    /// Seconds from the fault (for a crash: from its exit seen) until the role served
+    /// again (see the README).
     pub seconds: f64,
 }
 
@@ -90,12 +91,16 @@ pub struct RunReport {
     pub failed_tasks: Vec<FailedTaskReport>,
     /// The final evaluation.
     pub final_metric: Option<FinalMetric>,
-    /// Recoveries, one per fault.
+    /// Recoveries, one per injected fault or crash.
     pub recoveries: Vec<Recovery>,
-    /// Faults injected whose recovery was not seen before the job ended.
+    /// Faults injected and crashes whose recovery was not seen before the job ended.
     pub unrecovered: Vec<String>,
-    /// Crash restarts (counted against the budget).
+    /// Crash restarts: restarts after an unexpected exit (injected faults not counted),
+    /// `preemptions` included.
     pub restarts: u32,
+    /// Of the `restarts`, those of a process that had been healthy (run
+    /// `cluster.healthy_after`): not counted against `cluster.max_restarts`.
+    pub preemptions: u32,
     /// Scale events.
     pub scale_events: Vec<ScaleEvent>,
     /// The final parameters.
@@ -121,6 +126,7 @@ pub(crate) struct Outcome {
     pub recoveries: Vec<Recovery>,
     pub unrecovered: Vec<String>,
     pub restarts: u32,
+    pub preemptions: u32,
     pub scale_events: Vec<ScaleEvent>,
     pub run_dir: String,
     pub wall_s: f64,
@@ -176,6 +182,7 @@ impl RunReport {
             recoveries: o.recoveries,
             unrecovered: o.unrecovered,
             restarts: o.restarts,
+            preemptions: o.preemptions,
             scale_events: o.scale_events,
             params_file: o.params_file,
             run_dir: o.run_dir,
@@ -225,7 +232,10 @@ impl RunReport {
             );
         }
         if r.restarts > 0 {
-            println!("   crash restarts: {}", r.restarts);
+            println!(
+                "   crash restarts: {} ({} after a healthy run)",
+                r.restarts, r.preemptions
+            );
         }
         for s in &r.scale_events {
             println!(
@@ -273,6 +283,7 @@ mod tests {
             recoveries: Vec::new(),
             unrecovered: Vec::new(),
             restarts: 0,
+            preemptions: 0,
             scale_events: Vec::new(),
             run_dir: "/r".into(),
             wall_s: 1.0,

@@ -4,13 +4,30 @@
 //! the shell (`cluster.rs`, `procs.rs`) runs the effects, so this is tested without
 //! processes.
 //!
+//! The restart policy counts crash loops, not preemptions. A *crash* is an exit that was
+//! not asked for, not caused by an injected fault, and not a trainer's successful end
+//! (nor a trainer's exit once the job has finished). A process is *healthy* once it has
+//! run `healthy_after` (`cluster.healthy_after`, 30 s by default); a *slot* is a master
+//! or pserver index or a trainer number, kept by the restarts of its process.
+//!
 //! Invariants:
-//! - A crash (an exit that was not asked for, not caused by an injected fault, and not
-//!   a trainer's successful end) counts against the restart budget; once more than
-//!   `max_restarts` crashes happened the job fails.
-//! - A crashed process is restarted after a backoff that doubles with the restarts of
-//!   its slot (0.5 s × 2^n, n ≤ 5, at most 10 s); one hit by an injected fault is
-//!   restarted at once and does not count.
+//! - Every crash is restarted and counted in [`restarts`](Supervisor::restarts), but the
+//!   one that makes a crash loop (below): that one fails the job. Nothing else does.
+//! - A crash of a process that had been healthy (a preemption: counted in
+//!   [`preemptions`](Supervisor::preemptions)) is restarted at once and does not count
+//!   against the budget.
+//! - A crash of a process that had not been healthy is a *fast failure* of its slot: the
+//!   slot's fast failures in a row are counted, and the job fails when they exceed
+//!   `max_restarts` (the budget is per slot: independent crashes of different slots
+//!   never add up). Otherwise it is restarted after a backoff that doubles with that
+//!   count `n` (0.5 s × 2^n, n ≤ 5, at most 10 s: 1 s, 2 s, 4 s, 8 s, then 10 s).
+//! - The count of a slot goes back to 0 when one of its processes exits after a healthy
+//!   run, whatever the cause: after a healthy run the next crash restarts at once.
+//! - A process hit by an injected fault is restarted at once and does not count; a
+//!   fast failure after it continues its slot's count.
+//! - [`exited`](Supervisor::exited) tells the shell of each crash it restarts
+//!   ([`Crash`]), whose recovery (until the role serves again) the shell measures, as it
+//!   measures an injected fault's.
 //! - A process asked to stop (drained by a scale-down, or at shutdown) is never
 //!   restarted; nor is a trainer once the job has finished.
 //! - After a scale event, the trainers alive and not draining plus those waiting for a
@@ -81,7 +98,10 @@ pub(crate) struct Limits {
     pub trainers: u32,
     pub min_trainers: u32,
     pub max_trainers: u32,
+    /// Fast failures in a row of one slot allowed before the job fails.
     pub max_restarts: u32,
+    /// Run time after which a process is healthy.
+    pub healthy_after: Duration,
     pub lease_ttl: Duration,
 }
 
@@ -97,6 +117,28 @@ pub(crate) struct Proc {
     pub injected: bool,
     /// SIGSTOPped until then.
     pub stopped_until: Option<Instant>,
+    /// When it was spawned.
+    pub spawned: Instant,
+}
+
+/// A crash that [`Supervisor::exited`] restarts: the shell measures its recovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Crash {
+    pub role: Role,
+    pub slot: u32,
+    /// The process that exited.
+    pub process: String,
+    /// It had run `healthy_after` (a preemption, restarted at once).
+    pub healthy: bool,
+}
+
+/// What the supervisor keeps of a slot over its restarts.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    /// Restarts of any kind (the names of restarted trainers).
+    generation: u32,
+    /// Fast failures in a row (the budget and the backoff).
+    fast_failures: u32,
 }
 
 /// A restart waiting for its time.
@@ -119,11 +161,11 @@ pub(crate) struct Supervisor {
     next_id: ProcId,
     next_trainer: u32,
     desired_trainers: u32,
-    /// Crash restarts (counted against the budget).
+    /// Crash restarts, preemptions included.
     restarts: u32,
-    /// Restarts per slot, crashes and injected faults alike (for the backoff and the
-    /// names of restarted trainers).
-    restart_counts: BTreeMap<(Role, u32), u32>,
+    /// Crash restarts of processes that had been healthy.
+    preemptions: u32,
+    slots: BTreeMap<(Role, u32), Slot>,
     restart_queue: Vec<Restart>,
     recoveries: Vec<Recovery>,
     scale_events: Vec<ScaleEvent>,
@@ -141,41 +183,41 @@ impl Supervisor {
             next_id: 0,
             next_trainer: 0,
             restarts: 0,
-            restart_counts: BTreeMap::new(),
+            preemptions: 0,
+            slots: BTreeMap::new(),
             restart_queue: Vec::new(),
             recoveries: Vec::new(),
             scale_events: Vec::new(),
         }
     }
 
-    /// The masters, the pservers and the trainers of the spec.
-    pub(crate) fn start(&mut self) -> Vec<Effect> {
+    /// The masters, the pservers and the trainers of the spec, started at `now`.
+    pub(crate) fn start(&mut self, now: Instant) -> Vec<Effect> {
         let mut effects = Vec::new();
         for i in 0..self.limits.masters {
-            effects.push(self.spawn(Role::Master, i));
+            effects.push(self.spawn(Role::Master, i, now));
         }
         for i in 0..self.limits.pservers {
-            effects.push(self.spawn(Role::Pserver, i));
+            effects.push(self.spawn(Role::Pserver, i, now));
         }
         for _ in 0..self.limits.trainers {
-            effects.push(self.spawn_trainer());
+            effects.push(self.spawn_trainer(now));
         }
         effects
     }
 
-    fn spawn_trainer(&mut self) -> Effect {
+    fn spawn_trainer(&mut self, now: Instant) -> Effect {
         let n = self.next_trainer;
         self.next_trainer += 1;
-        self.spawn(Role::Trainer, n)
+        self.spawn(Role::Trainer, n, now)
     }
 
-    fn spawn(&mut self, role: Role, slot: u32) -> Effect {
-        let generation = self.restart_counts.get(&(role, slot)).copied().unwrap_or(0);
+    fn spawn(&mut self, role: Role, slot: u32, now: Instant) -> Effect {
+        let generation = self.slots.get(&(role, slot)).map_or(0, |s| s.generation);
         let name = match role {
             Role::Master => format!("master-{slot}"),
             Role::Pserver => format!("pserver-{slot}"),
-            Role::Trainer if generation == 0 => format!("trainer-{slot}"),
-            Role::Trainer => format!("trainer-{slot}.{generation}"),
+            Role::Trainer => trainer_name(slot, generation),
         };
         let id = self.next_id;
         self.next_id += 1;
@@ -188,6 +230,7 @@ impl Supervisor {
                 stopping: false,
                 injected: false,
                 stopped_until: None,
+                spawned: now,
             },
         );
         Effect::Spawn {
@@ -206,8 +249,10 @@ impl Supervisor {
             .is_some_and(|p| p.role == Role::Trainer && !success && !p.stopping)
     }
 
-    /// Process `id` exited (`success`, described by `status`). A crash is queued for a
-    /// restart after its backoff; an error once the restart budget is spent.
+    /// Process `id` exited (`success`, described by `status`) at `now`. A crash is
+    /// queued for a restart (at once after a healthy run, else after its backoff) and
+    /// returned, so that its recovery is measured; an error when it makes its slot's
+    /// fast failures exceed the budget (a crash loop).
     pub(crate) fn exited(
         &mut self,
         id: ProcId,
@@ -215,51 +260,77 @@ impl Supervisor {
         status: &str,
         job_finished: bool,
         now: Instant,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Option<Crash>> {
         let Some(p) = self.procs.remove(&id) else {
-            return Ok(());
+            return Ok(None);
         };
         if p.role == Role::Trainer && success {
             tracing::info!(process = %p.name, "exited");
-            return Ok(());
+            return Ok(None);
         }
         if p.stopping || (p.role == Role::Trainer && job_finished) {
-            return Ok(());
+            return Ok(None);
         }
-        let count = self.restart_counts.entry((p.role, p.slot)).or_insert(0);
-        *count += 1;
-        let count = *count;
-        if p.injected {
-            tracing::info!(process = %p.name, %status, "restarting after an injected fault");
-            self.restart_queue.push(Restart {
-                role: p.role,
-                slot: p.slot,
-                at: now,
-            });
-            return Ok(());
+        let ran = now.saturating_duration_since(p.spawned);
+        let healthy = ran >= self.limits.healthy_after;
+        let slot = self.slots.entry((p.role, p.slot)).or_default();
+        slot.generation += 1;
+        if healthy {
+            slot.fast_failures = 0;
         }
-        self.restarts += 1;
-        anyhow::ensure!(
-            self.restarts <= self.limits.max_restarts,
-            "{} exited with {status} and the restart budget ({}) is spent; see {}",
-            p.name,
-            self.limits.max_restarts,
-            self.logs_dir.join(format!("{}.log", p.name)).display()
-        );
-        let backoff = backoff(count);
-        tracing::warn!(process = %p.name, %status, ?backoff, "crashed; restarting");
-        self.recoveries.push(Recovery {
-            fault: "crash".into(),
-            role: p.role.name().into(),
-            process: p.name,
-            seconds: backoff.as_secs_f64(),
-        });
-        self.restart_queue.push(Restart {
+        let restart = |at| Restart {
             role: p.role,
             slot: p.slot,
-            at: now + backoff,
-        });
-        Ok(())
+            at,
+        };
+        if p.injected {
+            tracing::info!(process = %p.name, %status, "restarting after an injected fault");
+            self.restart_queue.push(restart(now));
+            return Ok(None);
+        }
+        let at = if healthy {
+            self.restarts += 1;
+            self.preemptions += 1;
+            tracing::warn!(
+                process = %p.name,
+                %status,
+                ran_s = ran.as_secs_f64(),
+                "exited after a healthy run; restarting at once"
+            );
+            now
+        } else {
+            slot.fast_failures += 1;
+            let n = slot.fast_failures;
+            anyhow::ensure!(
+                n <= self.limits.max_restarts,
+                "{} is in a crash loop: it exited ({status}) {:.1}s after it started, and its \
+                 slot has now failed {n} times in a row within cluster.healthy_after ({}) of a \
+                 start, more than cluster.max_restarts ({}); the cause is in {}",
+                p.name,
+                ran.as_secs_f64(),
+                humantime::format_duration(self.limits.healthy_after),
+                self.limits.max_restarts,
+                self.logs_dir.join(format!("{}.log", p.name)).display()
+            );
+            self.restarts += 1;
+            let backoff = backoff(n);
+            tracing::warn!(
+                process = %p.name,
+                %status,
+                ran_s = ran.as_secs_f64(),
+                fast_failures = n,
+                ?backoff,
+                "crashed before it was healthy; restarting after a backoff"
+            );
+            now + backoff
+        };
+        self.restart_queue.push(restart(at));
+        Ok(Some(Crash {
+            role: p.role,
+            slot: p.slot,
+            process: p.name,
+            healthy,
+        }))
     }
 
     /// The clock moved to `now`: paused processes whose stop is over are resumed, and
@@ -277,7 +348,7 @@ impl Supervisor {
             .partition(|r| now >= r.at && !(skip_trainers && r.role == Role::Trainer));
         self.restart_queue = later;
         for r in due {
-            effects.push(self.spawn(r.role, r.slot));
+            effects.push(self.spawn(r.role, r.slot, now));
         }
         effects
     }
@@ -305,7 +376,7 @@ impl Supervisor {
         let mut effects = Vec::new();
         if want > live {
             for _ in live..want {
-                effects.push(self.spawn_trainer());
+                effects.push(self.spawn_trainer(now));
             }
         } else {
             let mut surplus = live - want;
@@ -380,7 +451,7 @@ impl Supervisor {
             .filter(move |p| p.role == role && !p.stopping)
     }
 
-    /// Records the recovery from an injected fault.
+    /// Records the recovery from an injected fault or a crash.
     pub(crate) fn recovered(&mut self, recovery: Recovery) {
         self.recoveries.push(recovery);
     }
@@ -404,9 +475,15 @@ impl Supervisor {
         self.desired_trainers
     }
 
-    /// Crash restarts so far.
+    /// Crash restarts so far, preemptions included.
     pub(crate) fn restarts(&self) -> u32 {
         self.restarts
+    }
+
+    /// Crash restarts so far of processes that had been healthy (not counted against
+    /// the budget).
+    pub(crate) fn preemptions(&self) -> u32 {
+        self.preemptions
     }
 
     /// Recoveries so far, one per fault.
@@ -420,7 +497,29 @@ impl Supervisor {
     }
 }
 
-/// The wait before the `n`th restart of a slot: 0.5 s × 2^n (n ≤ 5), at most 10 s.
+/// The name of a trainer process (its id in etcd): `trainer-<slot>`, and
+/// `trainer-<slot>.<n>` after `n` restarts of its slot (a restarted trainer registers
+/// anew).
+pub(crate) fn trainer_name(slot: u32, generation: u32) -> String {
+    if generation == 0 {
+        format!("trainer-{slot}")
+    } else {
+        format!("trainer-{slot}.{generation}")
+    }
+}
+
+/// The slot and generation of a trainer named by [`trainer_name`].
+pub(crate) fn trainer_slot(name: &str) -> Option<(u32, u32)> {
+    let rest = name.strip_prefix("trainer-")?;
+    let (slot, generation) = match rest.split_once('.') {
+        Some((slot, generation)) => (slot, generation.parse().ok()?),
+        None => (rest, 0),
+    };
+    Some((slot.parse().ok()?, generation))
+}
+
+/// The wait before the restart after the `n`th fast failure in a row of a slot:
+/// 0.5 s × 2^n (n ≤ 5), at most 10 s.
 fn backoff(n: u32) -> Duration {
     Duration::from_millis(500)
         .saturating_mul(1 << n.min(5))
@@ -439,6 +538,7 @@ mod tests {
             min_trainers: 1,
             max_trainers: 4,
             max_restarts: 2,
+            healthy_after: 30 * SECOND,
             lease_ttl: Duration::from_secs(2),
         }
     }
@@ -446,7 +546,7 @@ mod tests {
     fn started() -> (Supervisor, Instant, Vec<Effect>) {
         let t0 = Instant::now();
         let mut sup = Supervisor::new(limits(), PathBuf::from("/run/logs"), t0);
-        let effects = sup.start();
+        let effects = sup.start(t0);
         (sup, t0, effects)
     }
 
@@ -490,10 +590,20 @@ mod tests {
         let (mut sup, t0, _) = started();
         let ps = id_of(&sup, "pserver-1");
         assert!(!sup.exit_needs_job_status(ps, false));
-        sup.exited(ps, false, "exit status: 1", false, t0).unwrap();
+        let crash = sup.exited(ps, false, "exit status: 1", false, t0).unwrap();
+        assert_eq!(
+            crash,
+            Some(Crash {
+                role: Role::Pserver,
+                slot: 1,
+                process: "pserver-1".into(),
+                healthy: false,
+            })
+        );
         assert_eq!(sup.restarts(), 1);
-        assert_eq!(sup.recoveries()[0].fault, "crash");
-        assert_eq!(sup.recoveries()[0].seconds, 1.0);
+        assert_eq!(sup.preemptions(), 0);
+        // Its recovery is the shell's to measure (until the shard is served again).
+        assert!(sup.recoveries().is_empty());
         // Not before the backoff (1 s for the first restart of the slot).
         assert!(sup.tick(t0 + SECOND / 2, false).is_empty());
         let e = sup.tick(t0 + SECOND, false);
@@ -510,6 +620,25 @@ mod tests {
     }
 
     #[test]
+    fn trainer_names_tell_their_slot_and_generation() {
+        for (slot, generation) in [(0, 0), (3, 0), (1, 1), (12, 40)] {
+            let name = trainer_name(slot, generation);
+            assert_eq!(trainer_slot(&name), Some((slot, generation)), "{name}");
+        }
+        assert_eq!(trainer_name(2, 0), "trainer-2");
+        assert_eq!(trainer_name(2, 5), "trainer-2.5");
+        for other in [
+            "pserver-1",
+            "trainer-",
+            "trainer-x",
+            "trainer-1.",
+            "trainer-1.y",
+        ] {
+            assert_eq!(trainer_slot(other), None, "{other}");
+        }
+    }
+
+    #[test]
     fn backoff_is_capped() {
         assert_eq!(backoff(1), SECOND);
         assert_eq!(backoff(4), 8 * SECOND);
@@ -517,22 +646,183 @@ mod tests {
         assert_eq!(backoff(40), 10 * SECOND);
     }
 
+    /// Lets process `name` run from `from` for `ran`, then exit with `status`; returns
+    /// what the supervisor made of the exit, and the exit time.
+    fn exit_after(
+        sup: &mut Supervisor,
+        name: &str,
+        from: Instant,
+        ran: Duration,
+        status: &str,
+    ) -> (anyhow::Result<Option<Crash>>, Instant) {
+        let id = id_of(sup, name);
+        assert_eq!(sup.procs[&id].spawned, from, "{name} was spawned then");
+        let at = from + ran;
+        (sup.exited(id, false, status, false, at), at)
+    }
+
     #[test]
-    fn spending_the_restart_budget_fails_the_job() {
+    fn healthy_processes_preempted_again_and_again_never_fail_the_job() {
         let (mut sup, t0, _) = started();
-        for round in 0..2 {
-            let m = id_of(&sup, "master-0");
-            sup.exited(m, false, "exit status: 3", false, t0).unwrap();
-            sup.tick(t0 + 20 * SECOND * (round + 1), false);
+        let mut now = t0;
+        for round in 1..=30u32 {
+            // Every process of the job runs past healthy_after, then is preempted.
+            for (name, role) in [
+                ("master-0", Role::Master),
+                ("pserver-1", Role::Pserver),
+                ("trainer-0", Role::Trainer),
+            ] {
+                let name = match (role, round) {
+                    (Role::Trainer, 1) => name.to_owned(),
+                    (Role::Trainer, n) => format!("{name}.{}", n - 1),
+                    _ => name.to_owned(),
+                };
+                let (crash, _) =
+                    exit_after(&mut sup, &name, now, 31 * SECOND, "signal: 9 (SIGKILL)");
+                let crash = crash.unwrap_or_else(|e| panic!("round {round}: {e:#}"));
+                assert!(crash.is_some_and(|c| c.healthy && c.process == name));
+            }
+            now += 31 * SECOND;
+            // Restarted at once: no backoff, however many came before.
+            let respawned = spawned(&sup.tick(now, false));
+            assert_eq!(
+                respawned,
+                ["master-0", "pserver-1", &format!("trainer-0.{round}")],
+                "round {round}"
+            );
         }
+        assert_eq!(sup.restarts(), 90);
+        assert_eq!(sup.preemptions(), 90);
+        assert!(sup.restart_queue.is_empty());
+    }
+
+    #[test]
+    fn a_crash_loop_fails_the_job_once_its_slot_spent_the_budget() {
+        let (mut sup, t0, _) = started();
+        let fast = SECOND / 5;
+        // trainer-1 fails right after every start: restarted after 1 s, then 2 s.
+        let (crash, at) = exit_after(&mut sup, "trainer-1", t0, fast, "exit status: 2");
+        assert!(crash.unwrap().is_some_and(|c| !c.healthy));
+        assert!(sup.tick(at + SECOND - fast, false).is_empty());
+        assert_eq!(spawned(&sup.tick(at + SECOND, false)), ["trainer-1.1"]);
+        let (crash, at) = exit_after(&mut sup, "trainer-1.1", at + SECOND, fast, "exit status: 2");
+        assert!(crash.unwrap().is_some());
+        assert!(sup.tick(at + 2 * SECOND - fast, false).is_empty());
+        assert_eq!(spawned(&sup.tick(at + 2 * SECOND, false)), ["trainer-1.2"]);
+        assert_eq!(sup.restarts(), 2);
+        // The third fast failure in a row is more than max_restarts (2): the job fails,
+        // naming the process, why, and its log.
+        let (crash, _) = exit_after(
+            &mut sup,
+            "trainer-1.2",
+            at + 2 * SECOND,
+            fast,
+            "exit status: 2",
+        );
+        let err = format!("{:#}", crash.unwrap_err());
+        assert!(err.starts_with("trainer-1.2 is in a crash loop"), "{err}");
+        assert!(
+            err.contains("it exited (exit status: 2) 0.2s after it started"),
+            "{err}"
+        );
+        assert!(
+            err.contains("failed 3 times in a row within cluster.healthy_after (30s)"),
+            "{err}"
+        );
+        assert!(err.contains("cluster.max_restarts (2)"), "{err}");
+        assert!(
+            err.ends_with("the cause is in /run/logs/trainer-1.2.log"),
+            "{err}"
+        );
+        assert_eq!(sup.restarts(), 2, "the failing exit is not restarted");
+    }
+
+    #[test]
+    fn fast_failures_of_different_slots_do_not_add_up() {
+        let (mut sup, t0, _) = started();
+        // One fast failure of every slot: five in all, the budget being 2 per slot.
+        for name in [
+            "master-0",
+            "pserver-0",
+            "pserver-1",
+            "trainer-0",
+            "trainer-1",
+        ] {
+            let (crash, _) = exit_after(&mut sup, name, t0, SECOND, "exit status: 1");
+            assert!(crash.unwrap().is_some_and(|c| !c.healthy), "{name}");
+        }
+        assert_eq!(sup.restarts(), 5);
+        assert_eq!(sup.preemptions(), 0);
+        // Each waits the first backoff only (1 s after its exit).
+        assert!(sup.tick(t0 + 2 * SECOND - SECOND / 10, false).is_empty());
+        assert_eq!(sup.tick(t0 + 2 * SECOND, false).len(), 5);
+    }
+
+    #[test]
+    fn a_healthy_run_resets_the_backoff_and_the_budget_of_its_slot() {
+        let (mut sup, t0, _) = started();
+        // Two fast failures of pserver-0: backoffs of 1 s, then 2 s.
+        let (crash, at) = exit_after(&mut sup, "pserver-0", t0, SECOND, "exit status: 1");
+        crash.unwrap();
+        assert_eq!(spawned(&sup.tick(at + SECOND, false)), ["pserver-0"]);
+        let (crash, at) = exit_after(&mut sup, "pserver-0", at + SECOND, SECOND, "exit status: 1");
+        crash.unwrap();
+        assert!(sup.tick(at + SECOND, false).is_empty());
+        assert_eq!(spawned(&sup.tick(at + 2 * SECOND, false)), ["pserver-0"]);
+        // It then runs past healthy_after before it is preempted: restarted at once.
+        let (crash, at) = exit_after(
+            &mut sup,
+            "pserver-0",
+            at + 2 * SECOND,
+            40 * SECOND,
+            "signal: 9 (SIGKILL)",
+        );
+        assert!(crash.unwrap().is_some_and(|c| c.healthy));
+        assert_eq!(spawned(&sup.tick(at, false)), ["pserver-0"]);
+        assert_eq!(sup.preemptions(), 1);
+        // Its next fast failures start over: 1 s, then 2 s, and two more are allowed.
+        let (crash, at) = exit_after(&mut sup, "pserver-0", at, SECOND, "exit status: 1");
+        crash.unwrap();
+        assert!(sup.tick(at + SECOND - SECOND / 10, false).is_empty());
+        assert_eq!(spawned(&sup.tick(at + SECOND, false)), ["pserver-0"]);
+        let (crash, at) = exit_after(&mut sup, "pserver-0", at + SECOND, SECOND, "exit status: 1");
+        crash.unwrap();
+        assert!(sup.tick(at + SECOND, false).is_empty());
+        assert_eq!(spawned(&sup.tick(at + 2 * SECOND, false)), ["pserver-0"]);
+        let (crash, _) = exit_after(
+            &mut sup,
+            "pserver-0",
+            at + 2 * SECOND,
+            SECOND,
+            "exit status: 1",
+        );
+        assert!(
+            crash.is_err(),
+            "the third fast failure in a row fails the job"
+        );
+        assert_eq!(sup.restarts(), 5);
+    }
+
+    #[test]
+    fn an_injected_fault_neither_counts_nor_clears_a_crash_loop() {
+        let (mut sup, t0, _) = started();
+        let (crash, at) = exit_after(&mut sup, "master-0", t0, SECOND, "exit status: 1");
+        crash.unwrap();
+        assert_eq!(spawned(&sup.tick(at + SECOND, false)), ["master-0"]);
         let m = id_of(&sup, "master-0");
-        let err = sup
-            .exited(m, false, "exit status: 3", false, t0)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("master-0 exited with exit status: 3"), "{err}");
-        assert!(err.contains("restart budget (2) is spent"), "{err}");
-        assert!(err.contains("/run/logs/master-0.log"), "{err}");
+        let hit = at + 2 * SECOND;
+        assert_eq!(sup.inject(m, false, hit), Some(Effect::Kill { id: m }));
+        let crash = sup
+            .exited(m, false, "signal: 9 (SIGKILL)", false, hit)
+            .unwrap();
+        assert_eq!(crash, None, "an injected fault is not a crash");
+        assert_eq!(spawned(&sup.tick(hit, false)), ["master-0"], "at once");
+        // The next fast failure is the second in a row: 2 s of backoff.
+        let (crash, at) = exit_after(&mut sup, "master-0", hit, SECOND, "exit status: 1");
+        crash.unwrap();
+        assert!(sup.tick(at + 2 * SECOND - SECOND / 10, false).is_empty());
+        assert_eq!(spawned(&sup.tick(at + 2 * SECOND, false)), ["master-0"]);
+        assert_eq!(sup.restarts(), 2);
     }
 
     #[test]
@@ -542,10 +832,13 @@ mod tests {
         assert_eq!(sup.inject(t, false, t0), Some(Effect::Kill { id: t }));
         assert!(sup.victims(Role::Trainer).iter().all(|&v| v != t));
         assert!(sup.exit_needs_job_status(t, false));
-        sup.exited(t, false, "signal: 9 (SIGKILL)", false, t0)
-            .unwrap();
+        let crash = sup.exited(t, false, "signal: 9 (SIGKILL)", false, t0);
+        assert_eq!(
+            crash.unwrap(),
+            None,
+            "its recovery is measured from the injection"
+        );
         assert_eq!(sup.restarts(), 0);
-        assert!(sup.recoveries().is_empty());
         // A restarted trainer gets a new name: its registration is new.
         assert_eq!(spawned(&sup.tick(t0, false)), ["trainer-1.1"]);
     }

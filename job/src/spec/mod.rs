@@ -315,6 +315,9 @@ fn d_keep() -> usize {
 fn d_restarts() -> u32 {
     10
 }
+fn d_healthy_after() -> Duration {
+    Duration::from_secs(30)
+}
 
 /// `[cluster]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -344,10 +347,17 @@ pub struct ClusterSpec {
     /// Checkpoints kept per shard (default 3).
     #[serde(default = "d_keep")]
     pub checkpoint_keep: usize,
-    /// Restarts of crashed processes `edl run` allows in all (default 10; scale events
-    /// and injected faults do not count).
+    /// How many times in a row one process slot of `edl run` may exit unexpectedly
+    /// within `healthy_after` of its start before the job fails: a crash loop (default
+    /// 10). An exit after a healthy run (a preemption), a drain, a scale event and an
+    /// injected fault do not count, and a healthy run clears the count.
     #[serde(default = "d_restarts")]
     pub max_restarts: u32,
+    /// How long a process of `edl run` must have run to count as healthy: its unexpected
+    /// exit is then restarted at once and not counted against `max_restarts` (default
+    /// 30s, at least 1s).
+    #[serde(default = "d_healthy_after", with = "dur")]
+    pub healthy_after: Duration,
     /// etcd endpoints (optional; `edl run --etcd` wins).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub etcd: Vec<String>,
@@ -472,6 +482,13 @@ checkpoint_every = "10s"
         let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("bad duration");
         assert!(format!("{e:#}").contains("soon"), "{e:#}");
 
+        let bad = WINE.replace("lease_ttl = \"3s\"", "healthy_after = \"500ms\"");
+        let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("too short");
+        assert!(
+            format!("{e:#}").contains("cluster.healthy_after: must be at least 1s"),
+            "{e:#}"
+        );
+
         let e = JobSpec::load(&dir.path().join("missing.toml")).expect_err("no file");
         assert!(format!("{e:#}").contains("missing.toml"), "{e:#}");
     }
@@ -488,6 +505,8 @@ checkpoint_every = "10s"
         assert_eq!(spec.train.batch_size, 32);
         assert_eq!(spec.train.mode, ModeName::Async);
         assert_eq!(spec.cluster.trainers, 2);
+        assert_eq!(spec.cluster.max_restarts, 10);
+        assert_eq!(spec.cluster.healthy_after, Duration::from_secs(30));
         assert_eq!(
             spec.data.train.patterns(),
             vec!["/x/a.recordio".to_string()]

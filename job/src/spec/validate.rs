@@ -154,6 +154,11 @@ impl JobSpec {
             "must be at least 1s",
         )?;
         ensure(
+            c.healthy_after >= Duration::from_secs(1),
+            "cluster.healthy_after",
+            "must be at least 1s",
+        )?;
+        ensure(
             c.checkpoint_keep >= 1,
             "cluster.checkpoint_keep",
             "must be at least 1",
