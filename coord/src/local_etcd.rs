@@ -34,6 +34,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::backend::Backend;
+
+/// Revisions of history a local etcd keeps (`--auto-compaction-retention`, revision
+/// mode). An external etcd should be run with compaction too (see `docs/design.md`).
+pub const AUTO_COMPACTION_RETENTION: u64 = 100_000;
 use crate::error::Result;
 use crate::etcd::{EtcdBackend, EtcdConfig, probe_channel};
 use edl_proto::etcd::etcdserverpb::{self as pb, cluster_client::ClusterClient};
@@ -291,6 +295,13 @@ impl LocalEtcd {
             "1000".into(),
             "--logger".into(),
             "zap".into(),
+            // A long job writes millions of revisions (task transitions, leases): keep
+            // the history bounded (etcd compacts what is older than this many revisions,
+            // every 5 minutes; followers that fall behind re-list).
+            "--auto-compaction-mode".into(),
+            "revision".into(),
+            "--auto-compaction-retention".into(),
+            AUTO_COMPACTION_RETENTION.to_string().into(),
         ];
         cmd.args(args)
             .stdin(Stdio::null())

@@ -122,6 +122,19 @@ pub struct StepOutput {
     pub sparse: Vec<SparseGrad>,
 }
 
+impl StepOutput {
+    /// Whether every gradient value is finite (a finite loss can still have infinite
+    /// or NaN gradients, which the pservers refuse).
+    pub fn gradients_finite(&self) -> bool {
+        self.dense.iter().flatten().all(|v| v.is_finite())
+            && self
+                .sparse
+                .iter()
+                .flat_map(|s| &s.values)
+                .all(|v| v.is_finite())
+    }
+}
+
 /// Evaluation totals over one batch; [`EvalOutput::merge`] adds batches up.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EvalOutput {

@@ -451,6 +451,15 @@ async fn train_task(
             }
             Err(e) => return Err(e.into()),
         };
+        if !out.gradients_finite() {
+            // A finite loss with NaN or infinite gradients: pushing would be refused by
+            // some shards after others applied their part; skip the batch, as for a
+            // non-finite loss, instead of failing this trainer and the next.
+            tracing::warn!(task = %task.task.id, loss = out.loss, "skipping a batch with non-finite gradients");
+            state.skipped_batches += 1;
+            trained += chunk.len() as u64;
+            continue;
+        }
         store
             .push(&cfg.trainer, state.steps, Some(task_ref.batch(seq)), &out)
             .await?;

@@ -669,3 +669,25 @@ fn local_training_is_deterministic_from_its_seed() {
         Err(Error::Config(_))
     ));
 }
+
+#[test]
+fn non_finite_gradients_are_told_apart() {
+    use crate::model::{SparseGrad, StepOutput};
+    let mut out = StepOutput {
+        loss: 1.0,
+        examples: 2,
+        dense: vec![vec![0.5, -1.0]],
+        sparse: vec![SparseGrad {
+            table: "emb".into(),
+            rows: vec![3],
+            dim: 2,
+            values: vec![0.1, 0.2],
+        }],
+    };
+    assert!(out.gradients_finite());
+    out.sparse[0].values[1] = f32::NAN;
+    assert!(!out.gradients_finite(), "a NaN sparse gradient");
+    out.sparse[0].values[1] = 0.0;
+    out.dense[0][0] = f32::INFINITY;
+    assert!(!out.gradients_finite(), "an infinite dense gradient with a finite loss");
+}
