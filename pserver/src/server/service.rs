@@ -134,8 +134,7 @@ impl Service {
             return Ok(true);
         }
         // The watch may lag a trainer that registered just now.
-        let key = format!("{}{trainer}", self.keys.trainers());
-        if self.backend.get(&key).await?.is_some() {
+        if self.backend.get(&self.keys.trainer(trainer)).await?.is_some() {
             self.members.set.write().await.insert(trainer.to_owned());
             return Ok(true);
         }
