@@ -20,7 +20,8 @@
 //! - [`mem`]: [`MemBackend`], on tokio's clock, by concern: the store (revisions,
 //!   history and compaction), leases, transactions, watches, the requests.
 //! - [`retry`](mod@retry): [`retry()`] with exponential backoff and jitter.
-//! - [`lease`]: [`Lease`], kept alive in the background, with a `lost` token.
+//! - [`lease`]: [`Lease`], kept alive in the background; its [`LeaseState`] (held,
+//!   uncertain while etcd does not answer, lost) and a `lost` token.
 //! - [`election`]: [`Election`], [`Leadership`] and [`fenced_txn`].
 //! - [`registry`]: [`Registry`] and its [`MemberWatch`].
 //! - [`membership`]: [`follow_members`], a registry followed until cancelled: events,
@@ -71,7 +72,7 @@ pub use error::{Error, Result};
 pub use etcd::{EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls};
 pub use follow::{PrefixView, follow_prefix};
 pub use index::{IndexClaim, claim_index, claim_index_wait};
-pub use lease::Lease;
+pub use lease::{Lease, LeaseState};
 pub use local_etcd::LocalEtcd;
 pub use mem::MemBackend;
 pub use membership::{MemberFollow, Membership, follow_members};
