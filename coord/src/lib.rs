@@ -19,7 +19,8 @@
 //!   connection (auth, TLS), failures, message codec, operations, watches.
 //! - [`mem`]: [`MemBackend`], on tokio's clock, by concern: the store (revisions,
 //!   history and compaction), leases, transactions, watches, the requests.
-//! - [`retry`](mod@retry): [`retry()`] with exponential backoff and jitter.
+//! - [`retry`](mod@retry): [`retry()`] with exponential backoff and jitter,
+//!   [`retry_startup`] for a starting process's etcd steps, [`call_until`].
 //! - [`lease`]: [`Lease`], kept alive in the background; its [`LeaseState`] (held,
 //!   uncertain while etcd does not answer, lost) and a `lost` token.
 //! - [`election`]: [`Election`], [`Leadership`] and [`fenced_txn`].
@@ -77,7 +78,10 @@ pub use local_etcd::LocalEtcd;
 pub use mem::MemBackend;
 pub use membership::{MemberFollow, Membership, follow_members};
 pub use registry::{Member, MemberEvent, MemberWatch, Registry};
-pub use retry::{Attempt, Backoff, CallError, RetryPolicy, call_until, retry, retry_cancellable};
+pub use retry::{
+    Attempt, Backoff, CallError, DEFAULT_STARTUP_WAIT, RetryPolicy, call_until, retry,
+    retry_cancellable, retry_startup,
+};
 pub use types::{
     Compare, CompareOp, CompareTarget, EventKind, Fence, KeyValue, LeaseGrant, LeaseId,
     MAX_REQUEST_BYTES, MAX_TXN_OPS, Op, OpResponse, Revision, Txn, TxnResponse, WatchEvent,

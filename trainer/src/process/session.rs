@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Lease, Registry};
+use edl_coord::{Backend, Lease, Registry, retry_startup};
 use edl_job::{JobKeys, JobName, Record, TrainerRecord};
 use edl_master::client::{MasterClient, MasterClientConfig};
 use edl_master::reader::{CloudReader, ReaderConfig};
@@ -28,6 +28,8 @@ pub struct SessionConfig {
     pub token: Option<String>,
     /// The value registered.
     pub record: TrainerRecord,
+    /// How long joining keeps retrying an unreachable etcd (the lease, the registration).
+    pub etcd_wait: Duration,
 }
 
 /// Joining a job failed.
@@ -51,22 +53,29 @@ pub struct Session {
 }
 
 impl Session {
-    /// Takes a lease, registers under it and starts a master client. The lease is kept
-    /// alive, and the master client runs, until `life` is cancelled (after
+    /// Takes a lease, registers under it and starts a master client, retrying an
+    /// unavailable etcd for up to `cfg.etcd_wait` at each step. The lease is kept alive,
+    /// and the master client runs, until `life` is cancelled (after
     /// [`Session::leave`]: a drain needs both).
     pub async fn join(
         backend: Arc<dyn Backend>,
         cfg: SessionConfig,
         life: CancellationToken,
     ) -> Result<Session, SessionError> {
-        let lease = Lease::grant(backend.clone(), cfg.lease_ttl, life.child_token())
-            .await
-            .map_err(SessionError::Lease)?;
+        let lease = retry_startup("grant the trainer's lease", cfg.etcd_wait, &life, || {
+            Lease::grant(backend.clone(), cfg.lease_ttl, life.child_token())
+        })
+        .await
+        .map_err(SessionError::Lease)?;
         let registry = Registry::new(backend.clone(), JobKeys::new(&cfg.job).trainers());
-        if let Err(e) = registry
-            .register(&cfg.id, cfg.record.encode(), &lease)
-            .await
-        {
+        let record = cfg.record.encode();
+        // Create-if-absent or update under the same lease: a retry after a timeout that
+        // was applied finds its own registration.
+        let registered = retry_startup("register the trainer", cfg.etcd_wait, &life, || {
+            registry.register(&cfg.id, record.clone(), &lease)
+        })
+        .await;
+        if let Err(e) = registered {
             lease.revoke().await.ok();
             return Err(SessionError::Register(e));
         }
@@ -91,8 +100,9 @@ impl Session {
         &self.master
     }
 
-    /// Cancelled when the lease is lost (cut off from etcd past its TTL): the master has
-    /// then given this trainer's tasks to others.
+    /// Cancelled when the lease is lost (etcd ended it: this trainer was cut off from
+    /// etcd, or paused, for longer than its TTL): the master has then given this
+    /// trainer's tasks to others. An etcd outage alone does not lose it.
     pub fn lost(&self) -> CancellationToken {
         self.lease.lost()
     }
