@@ -113,9 +113,11 @@ impl Session {
     }
 
     /// A `cloud_reader` of the job's tasks with `read_ahead` tasks buffered (the
-    /// reader's default when `None`).
+    /// reader's default when `None`). It asks for no new task while the lease is
+    /// uncertain (etcd may have ended it, and the master would take the task back).
     pub fn reader(&self, read_ahead: Option<usize>) -> CloudReader {
         let mut cfg = ReaderConfig::new(&self.id);
+        cfg.lease = Some(self.lease.watch_state());
         if let Some(n) = read_ahead {
             cfg.read_ahead = n;
         }
