@@ -33,7 +33,7 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub id: Option<String>,
     /// TTL of the registration lease: the master notices a dead consumer within it.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub lease_ttl: Duration,
     /// Append each consumed record to this file as `<task> <generation> <record>` lines
     /// (records are written as UTF-8 when they are, else as hex).

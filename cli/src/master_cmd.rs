@@ -38,7 +38,7 @@ pub struct MasterArgs {
     #[arg(long, default_value_t = 10)]
     pub max_losses: u32,
     /// TTL of the master's etcd lease: a dead leader is replaced within about this.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub lease_ttl: Duration,
     /// Task lease timeout until task durations are known (then it adapts).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]

@@ -46,7 +46,7 @@ pub struct PserverArgs {
     #[arg(long)]
     pub advertise: Option<String>,
     /// TTL of the pserver's etcd lease: a dead pserver's index frees within about this.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub lease_ttl: Duration,
     /// Largest gRPC message in MiB (a push or pull of one shard).
     #[arg(long, default_value_t = 1024)]

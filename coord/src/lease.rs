@@ -59,6 +59,16 @@ use crate::error::{Error, Result};
 use crate::retry::{Backoff, RetryPolicy};
 use crate::types::LeaseId;
 
+/// The default TTL of edl's leases (masters, pservers, trainers). The TTL is how long a
+/// dead process goes unnoticed: its registration or claim stays, its tasks wait, its
+/// shard is not taken over, its leadership not handed on. It is also how long etcd may
+/// leave a working raft leader without hearing a renewal (a slow fsync, a long GC
+/// pause, a congested network) before it ends the lease; an etcd *without* a leader
+/// (an election, a quorum loss) ends no lease, whatever the TTL. 10 s notices failures
+/// within seconds and rides out the stalls of an etcd on a shared disk; a shorter TTL
+/// suits a dedicated, fast etcd (or tests), a longer one a slow or distant etcd.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+
 /// Longest TTL the keeper takes a server's word for: a larger one (a corrupt or
 /// hostile answer) is treated as this, which only makes the keeper more cautious.
 pub const MAX_TRACKED_TTL: Duration = Duration::from_secs(30 * 24 * 3600);

@@ -210,9 +210,14 @@ async fn mnist_and_word2vec_examples_reach_their_metrics_on_etcd_and_in_memory()
 async fn chaos_with_trainer_pserver_and_master_kills_loses_no_records() {
     let dir = tempfile::tempdir().expect("tempdir");
     let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
+        // Fast failure detection for the chaos: a 2 s lease, set explicitly.
+        assert!(
+            s.contains("lease_ttl = \"10s\""),
+            "the example's lease TTL moved"
+        );
         s.replace("passes = 30", "passes = 60")
             .replace("masters = 1", "masters = 2")
-            .replace("lease_ttl = \"3s\"", "lease_ttl = \"2s\"")
+            .replace("lease_ttl = \"10s\"", "lease_ttl = \"2s\"")
             .replace("checkpoint_every = \"10s\"", "checkpoint_every = \"2s\"")
     });
     let (ok, r, log) = edl_run(
