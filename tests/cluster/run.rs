@@ -30,7 +30,12 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// Copies `examples/data` and `examples/<dir>` under `root`; returns the spec path,
 /// with `edit` applied to its text.
-fn example(root: &Path, dir: &str, file: &str, edit: impl Fn(String) -> String) -> PathBuf {
+pub(crate) fn example(
+    root: &Path,
+    dir: &str,
+    file: &str,
+    edit: impl Fn(String) -> String,
+) -> PathBuf {
     copy_dir(&repo().join("examples/data"), &root.join("examples/data"));
     copy_dir(
         &repo().join("examples").join(dir),
@@ -42,7 +47,7 @@ fn example(root: &Path, dir: &str, file: &str, edit: impl Fn(String) -> String) 
     spec
 }
 
-fn read_report(path: &Path) -> Value {
+pub(crate) fn read_report(path: &Path) -> Value {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("no report {}: {e}", path.display()));
     let report: Value = serde_json::from_str(&text).expect("report json");
