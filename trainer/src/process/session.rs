@@ -135,3 +135,67 @@ impl Session {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use edl_coord::MemBackend;
+    use edl_job::RECORD_VERSION;
+    use edl_testkit::FaultyBackend;
+
+    use super::*;
+
+    fn config(id: &str, etcd_wait: Duration) -> SessionConfig {
+        SessionConfig {
+            job: JobName::new("join").unwrap(),
+            id: id.to_owned(),
+            lease_ttl: Duration::from_secs(10),
+            token: None,
+            record: TrainerRecord {
+                version: RECORD_VERSION,
+                pid: 1,
+                device: None,
+                started_ms: 0,
+                metrics: None,
+            },
+            etcd_wait,
+        }
+    }
+
+    /// Joining while etcd is unavailable waits for it (within `etcd_wait`), then takes a
+    /// lease and registers; past `etcd_wait` it fails with etcd's error.
+    #[tokio::test(start_paused = true)]
+    async fn joining_waits_out_an_unavailable_etcd_for_its_wait() {
+        let mem = MemBackend::new();
+        let faulty = FaultyBackend::new(Arc::new(mem.clone()));
+        let life = CancellationToken::new();
+        faulty.set_down(true);
+        let join = tokio::spawn(Session::join(
+            faulty.clone(),
+            config("t0", Duration::from_secs(60)),
+            life.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(!join.is_finished(), "joining gave up during the outage");
+        faulty.set_down(false);
+        let session = tokio::time::timeout(Duration::from_secs(5), join)
+            .await
+            .expect("joined once etcd answered")
+            .unwrap()
+            .unwrap();
+        let key = format!(
+            "{}t0",
+            JobKeys::new(&JobName::new("join").unwrap()).trainers()
+        );
+        let kv = mem.get(&key).await.unwrap().expect("registered");
+        assert_eq!(kv.lease, Some(session.lease.id()));
+
+        faulty.set_down(true);
+        let started = tokio::time::Instant::now();
+        let r = Session::join(faulty, config("t1", Duration::from_secs(20)), life).await;
+        assert!(
+            matches!(&r, Err(SessionError::Lease(e)) if e.is_retryable()),
+            "{r:?}"
+        );
+        assert!(started.elapsed() <= Duration::from_secs(21));
+    }
+}
