@@ -61,10 +61,10 @@ use crate::types::LeaseId;
 
 /// The default TTL of edl's leases (masters, pservers, trainers). The TTL is how long a
 /// dead process goes unnoticed: its registration or claim stays, its tasks wait, its
-/// shard is not taken over, its leadership not handed on. It is also how long etcd may
-/// leave a working raft leader without hearing a renewal (a slow fsync, a long GC
-/// pause, a congested network) before it ends the lease; an etcd *without* a leader
-/// (an election, a quorum loss) ends no lease, whatever the TTL. 10 s notices failures
+/// shard is not taken over, its leadership not handed on. It is also how long a working
+/// etcd leader may go without hearing a renewal (a slow fsync, a long GC pause, a
+/// congested network) before it ends the lease; an etcd *without* a leader (an
+/// election, a quorum loss) ends no lease, whatever the TTL. 10 s notices failures
 /// within seconds and rides out the stalls of an etcd on a shared disk; a shorter TTL
 /// suits a dedicated, fast etcd (or tests), a longer one a slow or distant etcd.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
