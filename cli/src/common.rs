@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use edl_coord::{Backend, EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls};
+use edl_coord::{Backend, EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls, retry_startup};
 use edl_job::JobName;
 use tokio_util::sync::CancellationToken;
 
@@ -70,6 +70,42 @@ impl EtcdArgs {
             .map_err(etcd_connect_error)?;
         Ok(Arc::new(backend))
     }
+
+    /// Connects, retrying while etcd cannot be reached for up to `wait` (a role started
+    /// beside its etcd, or during an etcd election); `None` when `cancel` fires first.
+    /// An error that retrying cannot cure (bad credentials, a bad TLS setup) fails at
+    /// once; after `wait`, the error names the endpoints and says what to do, once.
+    pub async fn connect_waiting(
+        &self,
+        wait: Duration,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<Option<Arc<dyn Backend>>> {
+        let cfg = self.config()?;
+        match retry_startup("connect to etcd", wait, cancel, || {
+            EtcdBackend::connect(cfg.clone())
+        })
+        .await
+        {
+            Ok(backend) => Ok(Some(Arc::new(backend))),
+            Err(edl_coord::Error::Cancelled) => Ok(None),
+            Err(e) if e.is_retryable() => Err(anyhow::anyhow!(
+                "{e} (tried for {}; is etcd running there? pass its client URLs with --etcd or \
+                 EDL_ETCD, or wait longer with --etcd-wait)",
+                humantime::format_duration(wait)
+            )),
+            Err(e) => Err(etcd_connect_error(e)),
+        }
+    }
+}
+
+/// How long a role keeps retrying an unreachable etcd while it starts.
+#[derive(Debug, Clone, Args)]
+pub struct EtcdWaitArgs {
+    /// How long each step of the startup (connecting, the lease, the registration, the
+    /// job spec) keeps retrying an unreachable etcd before the process gives up (an etcd
+    /// outage while running is waited out in any case).
+    #[arg(long, env = "EDL_ETCD_WAIT", value_parser = humantime::parse_duration, default_value = "2m")]
+    pub etcd_wait: Duration,
 }
 
 /// The job a process belongs to.

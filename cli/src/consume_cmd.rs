@@ -15,7 +15,7 @@ use edl_master::reader::Item;
 use edl_trainer::process::{Session, SessionConfig};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{EtcdArgs, JobArgs, runtime, shutdown_on_signals};
+use crate::common::{EtcdArgs, EtcdWaitArgs, JobArgs, runtime, shutdown_on_signals};
 
 /// Arguments of `edl consume`.
 #[derive(Debug, Args)]
@@ -23,6 +23,9 @@ pub struct ConsumeArgs {
     /// etcd connection.
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// Retrying etcd at startup.
+    #[command(flatten)]
+    pub wait: EtcdWaitArgs,
     /// The job.
     #[command(flatten)]
     pub job: JobArgs,
@@ -30,7 +33,7 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub id: Option<String>,
     /// TTL of the registration lease: the master notices a dead consumer within it.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub lease_ttl: Duration,
     /// Append each consumed record to this file as `<task> <generation> <record>` lines
     /// (records are written as UTF-8 when they are, else as hex).
@@ -48,7 +51,13 @@ pub struct ConsumeArgs {
 pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let shutdown = shutdown_on_signals()?;
-        let backend = args.etcd.connect().await?;
+        let Some(backend) = args
+            .etcd
+            .connect_waiting(args.wait.etcd_wait, &shutdown)
+            .await?
+        else {
+            return Ok(());
+        };
         let id = args
             .id
             .clone()
@@ -56,12 +65,13 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         // The session lives until the drain is over: `shutdown` only starts it.
         let life = CancellationToken::new();
         let _life_guard = life.clone().drop_guard();
-        let session = Session::join(
+        let joining = Session::join(
             backend,
             SessionConfig {
                 job: args.job.job.clone(),
                 id: id.clone(),
                 lease_ttl: args.lease_ttl,
+                etcd_wait: args.wait.etcd_wait,
                 token: args.job.token.clone(),
                 record: TrainerRecord {
                     version: RECORD_VERSION,
@@ -72,8 +82,11 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
                 },
             },
             life.clone(),
-        )
-        .await?;
+        );
+        let session = tokio::select! {
+            r = joining => r?,
+            _ = shutdown.cancelled() => return Ok(()),
+        };
         let mut reader = session.reader(Some(args.read_ahead));
         let mut out = match &args.out {
             Some(p) => Some(

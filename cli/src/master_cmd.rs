@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Args;
 use edl_master::{MasterConfig, queue::TimeoutPolicy};
 
-use crate::common::{EtcdArgs, JobArgs, runtime, shutdown_on_signals};
+use crate::common::{EtcdArgs, EtcdWaitArgs, JobArgs, runtime, shutdown_on_signals};
 
 /// Arguments of `edl master`.
 #[derive(Debug, Args)]
@@ -14,6 +14,9 @@ pub struct MasterArgs {
     /// etcd connection.
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// Retrying etcd at startup.
+    #[command(flatten)]
+    pub wait: EtcdWaitArgs,
     /// The job.
     #[command(flatten)]
     pub job: JobArgs,
@@ -35,7 +38,7 @@ pub struct MasterArgs {
     #[arg(long, default_value_t = 10)]
     pub max_losses: u32,
     /// TTL of the master's etcd lease: a dead leader is replaced within about this.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub lease_ttl: Duration,
     /// Task lease timeout until task durations are known (then it adapts).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
@@ -52,7 +55,14 @@ pub struct MasterArgs {
 pub fn run(args: MasterArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let shutdown = shutdown_on_signals()?;
-        let backend = args.etcd.connect().await?;
+        // Once connected, the master retries etcd for as long as it runs.
+        let Some(backend) = args
+            .etcd
+            .connect_waiting(args.wait.etcd_wait, &shutdown)
+            .await?
+        else {
+            return Ok(());
+        };
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("listen on {}", args.listen))?;

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use edl_pserver::{CheckpointConfig, CheckpointEvery, IndexChoice, PsConfig};
 
-use crate::common::{EtcdArgs, JobArgs, runtime, shutdown_on_signals};
+use crate::common::{EtcdArgs, EtcdWaitArgs, JobArgs, runtime, shutdown_on_signals};
 
 /// Arguments of `edl pserver`.
 #[derive(Debug, Args)]
@@ -15,6 +15,9 @@ pub struct PserverArgs {
     /// etcd connection.
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// Retrying etcd at startup.
+    #[command(flatten)]
+    pub wait: EtcdWaitArgs,
     /// The job.
     #[command(flatten)]
     pub job: JobArgs,
@@ -43,7 +46,7 @@ pub struct PserverArgs {
     #[arg(long)]
     pub advertise: Option<String>,
     /// TTL of the pserver's etcd lease: a dead pserver's index frees within about this.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub lease_ttl: Duration,
     /// Largest gRPC message in MiB (a push or pull of one shard).
     #[arg(long, default_value_t = 1024)]
@@ -75,7 +78,13 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
     );
     runtime()?.block_on(async move {
         let shutdown = shutdown_on_signals()?;
-        let backend = args.etcd.connect().await?;
+        let Some(backend) = args
+            .etcd
+            .connect_waiting(args.wait.etcd_wait, &shutdown)
+            .await?
+        else {
+            return Ok(());
+        };
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("listen on {}", args.listen))?;
@@ -86,6 +95,7 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
         cfg.token = args.job.token.clone();
         cfg.advertise = args.advertise.clone();
         cfg.lease_ttl = args.lease_ttl;
+        cfg.etcd_wait = args.wait.etcd_wait;
         cfg.index = args.index;
         cfg.shards = args.shards;
         cfg.max_message_bytes = args.max_message_mib.saturating_mul(1 << 20);

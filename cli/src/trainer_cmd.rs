@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use edl_coord::retry_startup;
+use edl_job::SpecError;
 use edl_trainer::DeviceChoice;
 use edl_trainer::process::{TrainerConfig, TrainerError};
 
-use crate::common::{EtcdArgs, JobArgs, runtime, shutdown_on_signals};
+use crate::common::{EtcdArgs, EtcdWaitArgs, JobArgs, runtime, shutdown_on_signals};
 
 /// Arguments of `edl trainer`.
 #[derive(Debug, Args)]
@@ -24,6 +26,9 @@ pub struct TrainerArgs {
     /// etcd connection.
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// Retrying etcd at startup.
+    #[command(flatten)]
+    pub wait: EtcdWaitArgs,
     /// The job.
     #[command(flatten)]
     pub job: JobArgs,
@@ -54,7 +59,11 @@ pub struct TrainerArgs {
 pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let shutdown = shutdown_on_signals()?;
-        let backend = args.etcd.connect().await?;
+        let wait = args.wait.etcd_wait;
+        let Some(backend) = args.etcd.connect_waiting(wait, &shutdown).await? else {
+            tracing::info!("stopped while starting");
+            return Ok(());
+        };
         let job = args.job.job.clone();
         if let Some(path) = &args.spec {
             let mut spec = edl_trainer::job::load(path)?;
@@ -66,7 +75,21 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
             );
             edl_trainer::job::fit_stats(&mut spec)?;
             edl_trainer::job::check_data_fits_model(&spec)?;
-            spec.publish(&backend).await?;
+            // Create-if-absent (or the same spec): a retry after a timeout is harmless.
+            let published = retry_startup("store the job spec", wait, &shutdown, || async {
+                match spec.publish(&backend).await {
+                    Err(SpecError::Etcd { error, .. }) if error.is_retryable() => Err(error),
+                    other => Ok(other),
+                }
+            })
+            .await;
+            match published {
+                Ok(r) => {
+                    r?;
+                }
+                Err(edl_coord::Error::Cancelled) => return Ok(()),
+                Err(e) => return Err(anyhow::anyhow!("store the job spec in etcd: {e}")),
+            }
         }
         let mut cfg = TrainerConfig::new(job);
         if let Some(id) = &args.id {
@@ -77,10 +100,11 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
         cfg.metrics_addr = args.metrics_addr;
         cfg.token = args.job.token.clone();
         cfg.spec_wait = args.spec_wait;
+        cfg.etcd_wait = wait;
         let rep = match edl_trainer::process::run(backend, cfg, shutdown).await {
             Ok(rep) => rep,
             Err(TrainerError::StoppedBeforeStart) => {
-                tracing::info!("stopped while waiting for the job spec");
+                tracing::info!("stopped while starting");
                 return Ok(());
             }
             Err(e) => return Err(e.into()),

@@ -19,8 +19,10 @@
 //!   connection (auth, TLS), failures, message codec, operations, watches.
 //! - [`mem`]: [`MemBackend`], on tokio's clock, by concern: the store (revisions,
 //!   history and compaction), leases, transactions, watches, the requests.
-//! - [`retry`](mod@retry): [`retry()`] with exponential backoff and jitter.
-//! - [`lease`]: [`Lease`], kept alive in the background, with a `lost` token.
+//! - [`retry`](mod@retry): [`retry()`] with exponential backoff and jitter,
+//!   [`retry_startup`] for a starting process's etcd steps, [`call_until`].
+//! - [`lease`]: [`Lease`], kept alive in the background; its [`LeaseState`] (held,
+//!   uncertain while etcd does not answer, lost) and a `lost` token.
 //! - [`election`]: [`Election`], [`Leadership`] and [`fenced_txn`].
 //! - [`registry`]: [`Registry`] and its [`MemberWatch`].
 //! - [`membership`]: [`follow_members`], a registry followed until cancelled: events,
@@ -71,12 +73,15 @@ pub use error::{Error, Result};
 pub use etcd::{EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls};
 pub use follow::{PrefixView, follow_prefix};
 pub use index::{IndexClaim, claim_index, claim_index_wait};
-pub use lease::Lease;
+pub use lease::{Lease, LeaseState};
 pub use local_etcd::LocalEtcd;
 pub use mem::MemBackend;
 pub use membership::{MemberFollow, Membership, follow_members};
 pub use registry::{Member, MemberEvent, MemberWatch, Registry};
-pub use retry::{Attempt, Backoff, CallError, RetryPolicy, call_until, retry, retry_cancellable};
+pub use retry::{
+    Attempt, Backoff, CallError, DEFAULT_STARTUP_WAIT, RetryPolicy, call_until, retry,
+    retry_cancellable, retry_startup,
+};
 pub use types::{
     Compare, CompareOp, CompareTarget, EventKind, Fence, KeyValue, LeaseGrant, LeaseId,
     MAX_REQUEST_BYTES, MAX_TXN_OPS, Op, OpResponse, Revision, Txn, TxnResponse, WatchEvent,

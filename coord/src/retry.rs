@@ -1,5 +1,6 @@
 //! Retrying with exponential backoff and jitter: [`retry`] for coordination calls,
-//! [`call_until`], the one retry/failover loop of the master and pserver clients.
+//! [`retry_startup`] for the etcd steps of a starting process, [`call_until`], the one
+//! retry/failover loop of the master and pserver clients.
 
 use std::future::Future;
 use std::time::Duration;
@@ -174,6 +175,66 @@ where
     }
 }
 
+/// How long a starting process keeps retrying an unreachable etcd by default
+/// ([`retry_startup`]: connect, lease grant, registration, spec read): long enough to
+/// ride out an etcd leader election, a member restart or a quorum loss of a minute, and
+/// short enough that a wrong address is reported within minutes.
+pub const DEFAULT_STARTUP_WAIT: Duration = Duration::from_secs(120);
+
+/// Runs one startup step against etcd (`what`: a verb phrase for the log, such as
+/// "grant the lease"), retrying transient errors ([`Error::is_retryable`]) with backoff
+/// (100 ms doubling to 2 s, jittered) for up to `wait`. The first failure is logged as
+/// a warning, a success after failures as info. An error that is not transient is
+/// returned at once; when `wait` runs out, the last error (it names the endpoints when
+/// etcd could not be reached); when `cancel` fires, [`Error::Cancelled`].
+pub async fn retry_startup<T, F, Fut>(
+    what: &str,
+    wait: Duration,
+    cancel: &CancellationToken,
+    mut op: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let started = Instant::now();
+    let mut backoff = Backoff::new(
+        RetryPolicy::forever()
+            .with_delays(Duration::from_millis(100), Duration::from_secs(2))
+            .with_max_elapsed(Some(wait)),
+    );
+    let mut failed = false;
+    loop {
+        let result = tokio::select! {
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+            r = op() => r,
+        };
+        let e = match result {
+            Ok(v) => {
+                if failed {
+                    tracing::info!(waited = ?started.elapsed(), "etcd answered: {what} done");
+                }
+                return Ok(v);
+            }
+            Err(e) if e.is_retryable() => e,
+            Err(e) => return Err(e),
+        };
+        if failed {
+            tracing::debug!(error = %e, "{what}: etcd still unavailable; retrying");
+        } else {
+            tracing::warn!(error = %e, ?wait, "{what}: etcd unavailable; retrying");
+            failed = true;
+        }
+        let Some(delay) = backoff.next_delay() else {
+            return Err(e);
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
 /// How one attempt of a client call ended (see [`call_until`]).
 #[derive(Debug)]
 pub enum Attempt<R, E> {
@@ -305,6 +366,59 @@ mod tests {
         });
         let r: Result<()> = retry_cancellable(&RetryPolicy::forever(), &cancel, || async {
             Err(Error::unavailable("e", "down"))
+        })
+        .await;
+        assert!(matches!(r, Err(Error::Cancelled)));
+    }
+
+    /// A startup step is retried through an outage, gives up after its wait with the
+    /// last error, and fails at once on an error retrying cannot cure.
+    #[tokio::test(start_paused = true)]
+    async fn retry_startup_waits_out_outages_for_its_wait_only() {
+        let cancel = CancellationToken::new();
+        let calls = AtomicU32::new(0);
+        let start = Instant::now();
+        let r = retry_startup("connect", Duration::from_secs(120), &cancel, || async {
+            if start.elapsed() < Duration::from_secs(90) {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err(Error::unavailable("http://e:2379", "connection refused"))
+            } else {
+                Ok(7)
+            }
+        })
+        .await;
+        assert_eq!(r.unwrap(), 7);
+        let n = calls.load(Ordering::SeqCst);
+        assert!((40..=120).contains(&n), "{n} attempts in 90 s");
+
+        let start = Instant::now();
+        let r: Result<()> = retry_startup("connect", Duration::from_secs(120), &cancel, || async {
+            Err(Error::unavailable("http://e:2379", "connection refused"))
+        })
+        .await;
+        let waited = start.elapsed();
+        assert!(
+            waited <= Duration::from_secs(120) && waited >= Duration::from_secs(117),
+            "{waited:?}"
+        );
+        assert!(r.unwrap_err().to_string().contains("http://e:2379"));
+
+        calls.store(0, Ordering::SeqCst);
+        let r: Result<()> = retry_startup("connect", Duration::from_secs(120), &cancel, || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(Error::PermissionDenied("bad password".into()))
+        })
+        .await;
+        assert!(matches!(r, Err(Error::PermissionDenied(_))));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+        let c2 = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            c2.cancel();
+        });
+        let r: Result<()> = retry_startup("connect", Duration::from_secs(120), &cancel, || async {
+            Err(Error::Timeout(Duration::from_secs(5)))
         })
         .await;
         assert!(matches!(r, Err(Error::Cancelled)));

@@ -442,7 +442,7 @@ async fn lease_recipe_keeps_alive_and_reports_loss(env: Env) {
     b.put(&k, b"v".to_vec(), Some(lease.id())).await.unwrap();
     tokio::time::sleep(TTL * 3).await;
     assert!(!lease.is_lost());
-    assert!(lease.is_valid());
+    assert_eq!(lease.state(), LeaseState::Held);
     assert!(
         b.get(&k).await.unwrap().is_some(),
         "keep-alive kept the key"
@@ -474,24 +474,79 @@ async fn lease_recipe_keeps_alive_and_reports_loss(env: Env) {
         "cancel revoked the lease"
     );
 
-    // Backend unreachable for longer than the TTL: lost fires, by our clock.
+    // Backend unreachable for several TTLs while the server keeps the lease (as etcd
+    // does through a quorum loss: its new leader extends every lease; here a direct
+    // keep-alive stands in for it): uncertain by our clock, never lost, and held again
+    // once the backend answers.
     let faulty = FaultyBackend::new(b.clone());
     let lease = Lease::grant(faulty.clone(), TTL, CancellationToken::new())
         .await
         .unwrap();
-    let granted = tokio::time::Instant::now();
+    b.put(&k, b"v".to_vec(), Some(lease.id())).await.unwrap();
+    let mut state = lease.watch_state();
     faulty.set_down(true);
-    let fired = tokio::time::timeout(TTL + Duration::from_secs(1), lease.lost().cancelled()).await;
+    let deadline = lease.valid_until();
+    let server = {
+        let (b, id) = (b.clone(), lease.id());
+        tokio::spawn(async move {
+            loop {
+                assert!(b.lease_keep_alive_once(id).await.unwrap().is_some());
+                tokio::time::sleep(TTL / 4).await;
+            }
+        })
+    };
+    // (`is_ok` at once: a held `Ref` of the watch would block its sender.)
+    let became = tokio::time::timeout(
+        TTL + Duration::from_secs(1),
+        state.wait_for(|s| *s == LeaseState::Uncertain),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
+    assert!(became, "the lease did not turn uncertain");
     assert!(
-        fired.is_ok(),
-        "lost did not fire while the backend was down"
+        tokio::time::Instant::now() <= deadline + Duration::from_millis(500),
+        "uncertain late: {:?} past the deadline",
+        tokio::time::Instant::now() - deadline
     );
-    assert!(
-        granted.elapsed() <= TTL + Duration::from_millis(500),
-        "lost fired late: {:?}",
-        granted.elapsed()
-    );
+    assert_eq!(lease.state(), LeaseState::Uncertain);
+    for _ in 0..6 {
+        tokio::time::sleep(TTL / 2).await;
+        assert!(!lease.is_lost(), "lost while the backend was down");
+    }
+    assert_eq!(lease.state(), LeaseState::Uncertain);
     faulty.set_down(false);
+    server.abort();
+    let held = tokio::time::timeout(TTL, state.wait_for(|s| *s == LeaseState::Held))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    assert!(held, "not held again once the backend answered");
+    assert_eq!(
+        b.get(&k).await.unwrap().and_then(|kv| kv.lease),
+        Some(lease.id()),
+        "the key outlived the outage"
+    );
+    lease.revoke().await.unwrap();
+
+    // Unreachable while the server lets the lease expire (this holder alone was cut
+    // off): uncertain, not lost, until the backend answers that the lease is gone.
+    let lease = Lease::grant(faulty.clone(), TTL, CancellationToken::new())
+        .await
+        .unwrap();
+    b.put(&k, b"v".to_vec(), Some(lease.id())).await.unwrap();
+    faulty.set_down(true);
+    assert!(
+        wait_until(TTL + Duration::from_secs(2), POLL, || async {
+            b.get(&k).await.unwrap().is_none()
+        })
+        .await,
+        "the lease did not expire on the server"
+    );
+    assert_eq!(lease.state(), LeaseState::Uncertain);
+    assert!(!lease.is_lost());
+    faulty.set_down(false);
+    let fired = tokio::time::timeout(TTL, lease.lost().cancelled()).await;
+    assert!(fired.is_ok(), "lost did not fire once the backend answered");
+    assert_eq!(lease.state(), LeaseState::Lost);
     // A new lease works once the backend is back.
     let again = Lease::grant(faulty.clone(), TTL, CancellationToken::new())
         .await

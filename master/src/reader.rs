@@ -9,14 +9,20 @@
 //! A task whose chunks cannot be read (corrupt, truncated, changed since indexing) is
 //! failed at the master with the reader's error as the reason, and the fetcher moves on;
 //! the master retries it up to `max_failures` times and then reports it failed.
+//!
+//! Given the trainer's lease state ([`ReaderConfig::lease`]), the fetcher asks for no new
+//! task while the lease is uncertain: etcd may have ended it, and the master would then
+//! take back every task leased meanwhile (a trainer cut off from etcd alone would
+//! otherwise churn through tasks it can never finish).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use edl_coord::LeaseState;
 use edl_recordio::{ChunkIndex, RangeScanner, ReadOptions};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -36,16 +42,21 @@ pub struct ReaderConfig {
     /// The pass to start in (a joining trainer starts in the current one; the master
     /// says so if it is behind).
     pub start_pass: u32,
+    /// The state of the trainer's etcd lease, if known: no new task is asked for while
+    /// it is [`LeaseState::Uncertain`].
+    pub lease: Option<watch::Receiver<LeaseState>>,
 }
 
 impl ReaderConfig {
-    /// Defaults for trainer `trainer`: 2 tasks ahead, 5 s long-polls, from pass 0.
+    /// Defaults for trainer `trainer`: 2 tasks ahead, 5 s long-polls, from pass 0, no
+    /// lease state.
     pub fn new(trainer: impl Into<String>) -> Self {
         ReaderConfig {
             trainer: trainer.into(),
             read_ahead: 2,
             wait: Duration::from_secs(5),
             start_pass: 0,
+            lease: None,
         }
     }
 }
@@ -204,7 +215,7 @@ impl Fetcher {
         let mut pass = self.cfg.start_pass;
         let mut request: u64 = 1;
         loop {
-            if self.stop.is_cancelled() {
+            if self.stop.is_cancelled() || !self.hold_while_uncertain().await {
                 return;
             }
             let client = self.client.clone();
@@ -262,6 +273,28 @@ impl Fetcher {
                     let _ = self.send(Err(e.into())).await;
                     return;
                 }
+            }
+        }
+    }
+
+    /// Waits while the trainer's lease is uncertain; `false` when stopped meanwhile.
+    async fn hold_while_uncertain(&mut self) -> bool {
+        let Some(lease) = self.cfg.lease.as_mut() else {
+            return true;
+        };
+        if *lease.borrow_and_update() != LeaseState::Uncertain {
+            return true;
+        }
+        let trainer = &self.cfg.trainer;
+        tracing::warn!(%trainer, "etcd has not confirmed this trainer's lease: no new task until it does");
+        tokio::select! {
+            _ = self.stop.cancelled() => false,
+            // The lease dropped (its sender gone) ends the hold as well: the trainer stops.
+            r = lease.wait_for(|s| *s != LeaseState::Uncertain) => {
+                if r.is_ok_and(|s| *s == LeaseState::Held) {
+                    tracing::info!(%trainer, "lease confirmed; asking for tasks again");
+                }
+                true
             }
         }
     }

@@ -37,7 +37,8 @@ pub struct MasterConfig {
     pub token: Option<String>,
     /// The address trainers reach this master at; defaults to the listener's address.
     pub advertise: Option<String>,
-    /// TTL of the master's etcd lease: a dead leader is replaced within about this long.
+    /// TTL of the master's etcd lease: a dead leader is replaced within about this long
+    /// (default [`edl_coord::lease::DEFAULT_TTL`], 10 s).
     pub lease_ttl: Duration,
     /// Task queue settings (failures, timeouts); passes come from the dataset.
     pub queue: QueueConfig,
@@ -58,7 +59,7 @@ impl MasterConfig {
             job,
             token: None,
             advertise: None,
-            lease_ttl: Duration::from_secs(5),
+            lease_ttl: edl_coord::lease::DEFAULT_TTL,
             queue: QueueConfig::default(),
             reconcile_every: Duration::from_secs(5),
             max_batch: crate::core::DEFAULT_MAX_BATCH,

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Lease, MemBackend};
+use edl_coord::{Backend, Lease, LeaseState, MemBackend};
 use edl_recordio::{FileWriter, WriterOptions};
 use edl_testkit::{FaultyBackend, WATCH_STREAM};
 use tokio::net::TcpListener;
@@ -387,6 +387,39 @@ async fn a_corrupt_chunk_fails_its_task_after_max_failures_and_the_pass_ends() {
         "max_failures = 3, so the 4th failure is final"
     );
     assert_eq!(c.lost_records, 5);
+}
+
+/// A reader whose trainer's lease is uncertain asks for no new task, while the master
+/// has some to give, until the lease is held again (the state is a plain watch here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_takes_no_task_while_its_lease_is_uncertain() {
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 1, 20);
+    let mut h = Harness::new("uncertain");
+    h.start_master().await;
+    let client = h.client();
+    client.set_dataset(vec![glob], 1, 1).await.unwrap();
+    let _lease = h.register("t").await;
+    let (state, rx) = tokio::sync::watch::channel(LeaseState::Uncertain);
+    let mut cfg = ReaderConfig::new("t");
+    cfg.lease = Some(rx);
+    let mut reader = CloudReader::start(h.client(), cfg);
+    let early = tokio::time::timeout(Duration::from_secs(1), reader.next()).await;
+    assert!(early.is_err(), "a task arrived with the lease uncertain");
+    let st = client.status().await.unwrap();
+    assert_eq!(
+        (st.pending, st.todo),
+        (0, 4),
+        "the tasks were there to lease"
+    );
+
+    state.send(LeaseState::Held).unwrap();
+    let item = tokio::time::timeout(Duration::from_secs(10), reader.next())
+        .await
+        .expect("a task once the lease is held")
+        .unwrap()
+        .unwrap();
+    assert!(matches!(item, Item::Task(_)), "{item:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

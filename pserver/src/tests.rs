@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::CheckpointDir;
 use crate::checkpoint::protocol::{self, CheckpointConfig, CheckpointEvery};
 use crate::client::{
-    DenseCache, DenseInit, InitOutcome, PsClient, PsClientConfig, PsClientError, SparseGrad,
+    DenseCache, DenseInit, InitOutcome, PsClient, PsClientConfig, PsClientError, SparseGrad, probe,
 };
 use crate::error::{ErrorKind, PsError};
 use crate::layout::{DenseSpec, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
@@ -685,6 +685,81 @@ async fn a_pserver_that_loses_its_lease_stops_serving_and_exits() {
     ps.push("a", 1, &[("w", &vec![1.0; N])], &[]).await.unwrap();
     ps.pull_dense(&mut cache).await.unwrap();
     assert!(cache.get("w").unwrap().iter().all(|v| *v == 0.0));
+}
+
+/// etcd unreachable for several TTLs while the pserver's lease lives on (as etcd keeps
+/// leases through a quorum loss): the pserver refuses calls as retryable `NotServing`
+/// while it cannot be sure it still holds its shard, does not exit, and serves again
+/// once etcd confirms the lease; a push retried meanwhile is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pserver_whose_lease_is_unconfirmed_refuses_calls_until_etcd_answers() {
+    let h = Harness::new("uncertain", 1);
+    let faulty = FaultyBackend::new(h.backend.clone());
+    let p0 = h.pserver_with(faulty.clone(), 0, None, |_| {}).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![1.0; N],
+        cfg(Mode::Async, OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let addr = ps_addr(&h, 0).await;
+    let keys = JobKeys::new(&h.job);
+    let lease = h.backend.get(&keys.ps(0)).await.unwrap().unwrap().lease;
+    let lease = lease.expect("the claim is under the pserver's lease");
+
+    faulty.set_down(true);
+    // Standing in for etcd, which ends no lease while it has no leader.
+    let server = {
+        let backend = h.backend.clone();
+        tokio::spawn(async move {
+            loop {
+                let _ = backend.lease_keep_alive_once(lease).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    // Refused once the lease is past its TTL (1 s) unconfirmed.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let refusal = loop {
+        match probe(&addr, h.job.as_str(), None, Duration::from_secs(1)).await {
+            Err(e) if e.kind() == Some(ErrorKind::NotServing) => break e,
+            _ => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pserver went on serving with its lease unconfirmed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(refusal.code(), Some(tonic::Code::Unavailable));
+    assert!(refusal.to_string().contains("not confirmed"), "{refusal}");
+    // A push now waits (the client retries) instead of failing.
+    let push = {
+        let ps = ps.clone();
+        tokio::spawn(async move { ps.push("a", 1, &[("w", &vec![1.0; N])], &[]).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !push.is_finished(),
+        "a push went through with the lease unconfirmed"
+    );
+    assert!(!p0.handle.is_finished(), "the pserver exited");
+
+    faulty.set_down(false);
+    let pushed = tokio::time::timeout(Duration::from_secs(10), push)
+        .await
+        .expect("the push goes through once etcd confirms the lease")
+        .unwrap()
+        .unwrap();
+    assert!(pushed.applied);
+    server.abort();
+    let mut cache = DenseCache::new();
+    ps.pull_dense(&mut cache).await.unwrap();
+    assert!(cache.get("w").unwrap().iter().all(|v| *v == 0.0));
+    assert!(!p0.handle.is_finished(), "the pserver exited");
+    p0.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,11 +2,14 @@
 //!
 //! One test binary (built once) with a module per area:
 //! - [`support`]: etcd clusters, `edl` child processes, datasets, deadlines.
+//! - [`etcd`]: etcd unreachable at startup, and outages (a leader's death, a quorum
+//!   loss) under a running job.
 //! - [`master`]: the master's task queue across trainer and master failures.
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
 //! - [`run`]: `edl run` of the examples, chaos, operator commands, bad input.
 //! - [`trainer`]: `edl trainer` quality through pservers, and elasticity.
 
+mod etcd;
 mod master;
 mod pserver;
 mod run;

@@ -32,7 +32,12 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// Copies `examples/data` and `examples/<dir>` under `root`; returns the spec path,
 /// with `edit` applied to its text.
-fn example(root: &Path, dir: &str, file: &str, edit: impl Fn(String) -> String) -> PathBuf {
+pub(crate) fn example(
+    root: &Path,
+    dir: &str,
+    file: &str,
+    edit: impl Fn(String) -> String,
+) -> PathBuf {
     copy_dir(&repo().join("examples/data"), &root.join("examples/data"));
     copy_dir(
         &repo().join("examples").join(dir),
@@ -44,7 +49,7 @@ fn example(root: &Path, dir: &str, file: &str, edit: impl Fn(String) -> String) 
     spec
 }
 
-fn read_report(path: &Path) -> Value {
+pub(crate) fn read_report(path: &Path) -> Value {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("no report {}: {e}", path.display()));
     let report: Value = serde_json::from_str(&text).expect("report json");
@@ -212,9 +217,14 @@ async fn mnist_and_word2vec_examples_reach_their_metrics_on_etcd_and_in_memory()
 async fn chaos_with_trainer_pserver_and_master_kills_loses_no_records() {
     let dir = tempfile::tempdir().expect("tempdir");
     let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
+        // Fast failure detection for the chaos: a 2 s lease, set explicitly.
+        assert!(
+            s.contains("lease_ttl = \"10s\""),
+            "the example's lease TTL moved"
+        );
         s.replace("passes = 30", "passes = 60")
             .replace("masters = 1", "masters = 2")
-            .replace("lease_ttl = \"3s\"", "lease_ttl = \"2s\"")
+            .replace("lease_ttl = \"10s\"", "lease_ttl = \"2s\"")
             .replace("checkpoint_every = \"10s\"", "checkpoint_every = \"2s\"")
     });
     let (ok, r, log) = edl_run(

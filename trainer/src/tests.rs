@@ -689,5 +689,8 @@ fn non_finite_gradients_are_told_apart() {
     assert!(!out.gradients_finite(), "a NaN sparse gradient");
     out.sparse[0].values[1] = 0.0;
     out.dense[0][0] = f32::INFINITY;
-    assert!(!out.gradients_finite(), "an infinite dense gradient with a finite loss");
+    assert!(
+        !out.gradients_finite(),
+        "an infinite dense gradient with a finite loss"
+    );
 }

@@ -25,7 +25,7 @@
 //! trainers = 2
 //! min_trainers = 1
 //! max_trainers = 4
-//! lease_ttl = "3s"
+//! lease_ttl = "10s"  # etcd lease of every process (see ClusterSpec::lease_ttl)
 //! checkpoint_every = "10s"
 //! ```
 //!
@@ -304,7 +304,7 @@ fn d_trainers() -> u32 {
     2
 }
 fn d_ttl() -> Duration {
-    Duration::from_secs(3)
+    edl_coord::lease::DEFAULT_TTL
 }
 fn d_ckpt() -> Duration {
     Duration::from_secs(10)
@@ -338,7 +338,12 @@ pub struct ClusterSpec {
     /// Most trainers `edl scale` may ask for (default: max(trainers, 4)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_trainers: Option<u32>,
-    /// TTL of every process's etcd lease: a dead process is noticed within it (default 3s).
+    /// TTL of every process's etcd lease (default 10s): a dead process is noticed within
+    /// it (its tasks requeued, its shard or leadership taken over), and etcd's leader may
+    /// go this long without hearing a renewal (a slow fsync, a congested network) before
+    /// it ends a lease. An etcd without a leader (an election, a quorum loss) ends no
+    /// lease: processes wait such outages out whatever the TTL. Shorter suits a fast,
+    /// dedicated etcd (and tests); see [`edl_coord::lease::DEFAULT_TTL`].
     #[serde(default = "d_ttl", with = "dur")]
     pub lease_ttl: Duration,
     /// Pserver checkpoint interval (default 10s).

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Compare, Op, Txn};
+use edl_coord::{Backend, Compare, Op, Txn, retry_startup};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -119,22 +119,37 @@ impl JobSpec {
         }
     }
 
-    /// Reads the job's stored spec, waiting up to `wait` for one to appear.
+    /// Reads the job's stored spec, waiting up to `wait` for one to appear. An
+    /// unavailable etcd is retried for up to `etcd_wait` at a time
+    /// ([`edl_coord::retry_startup`]); any other etcd error, and a stored spec that is not
+    /// valid, fail at once.
     pub async fn fetch(
         backend: &Arc<dyn Backend>,
         job: &JobName,
         wait: Duration,
+        etcd_wait: Duration,
         cancel: &CancellationToken,
     ) -> Result<JobSpec, SpecError> {
+        let key = JobKeys::new(job).spec();
         let until = tokio::time::Instant::now() + wait;
         loop {
-            if let Some(spec) = Self::get(backend, job).await? {
-                return Ok(spec);
+            let read =
+                retry_startup("read the job spec", etcd_wait, cancel, || backend.get(&key)).await;
+            match read {
+                Ok(Some(kv)) => return JobSpec::from_stored(&kv.value),
+                Ok(None) => {}
+                Err(edl_coord::Error::Cancelled) => return Err(SpecError::Cancelled),
+                Err(error) => {
+                    return Err(SpecError::Etcd {
+                        what: "read the job spec",
+                        error,
+                    });
+                }
             }
             if tokio::time::Instant::now() >= until {
                 return Err(SpecError::Missing {
                     job: job.to_string(),
-                    key: JobKeys::new(job).spec(),
+                    key,
                     wait,
                 });
             }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Election, Lease, Op};
+use edl_coord::{Backoff, Election, Lease, Op, RetryPolicy};
 use edl_proto::pserver as pb;
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
@@ -98,8 +98,35 @@ impl PsClient {
     /// `params/init` is absent), records `params/init` and `params/spec`, and resigns.
     /// Every other trainer gets [`InitOutcome::AlreadyInitialised`] once the parameters
     /// are ready. If the initialiser dies, the next candidate takes over (shards already
-    /// initialised keep their values).
+    /// initialised keep their values). An unavailable etcd is retried, the whole
+    /// initialisation again, for up to `retry_for` (every step is safe to repeat).
     pub async fn init(
+        &self,
+        trainer: &str,
+        dense: &[DenseInit<'_>],
+        sparse: &[SparseSpec],
+        config: ParamConfig,
+    ) -> Result<InitOutcome> {
+        let started = Instant::now();
+        let mut backoff = Backoff::new(
+            RetryPolicy::forever().with_delays(Duration::from_millis(100), Duration::from_secs(2)),
+        );
+        loop {
+            match self.init_once(trainer, dense, sparse, config.clone()).await {
+                Err(PsClientError::Coord(e))
+                    if e.is_retryable() && started.elapsed() < self.inner.cfg.retry_for =>
+                {
+                    tracing::warn!(trainer, error = %e, "initialising the parameters: etcd unavailable; retrying");
+                    if !backoff.wait(&self.inner.cancel).await {
+                        return Err(PsClientError::Cancelled);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn init_once(
         &self,
         trainer: &str,
         dense: &[DenseInit<'_>],

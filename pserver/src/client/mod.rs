@@ -155,7 +155,16 @@ impl PsClient {
         let keys = JobKeys::new(&cfg.job);
         let start = Instant::now();
         let shards = loop {
-            if let Some(kv) = backend.get(&keys.desired()).await? {
+            // etcd unavailable is retried like a missing key, within `retry_for`.
+            let (found, last) = match backend.get(&keys.desired()).await {
+                Ok(kv) => (
+                    kv,
+                    format!("{} is not set (no pserver started)", keys.desired()),
+                ),
+                Err(e) if e.is_retryable() => (None, e.to_string()),
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(kv) = found {
                 match std::str::from_utf8(&kv.value)
                     .ok()
                     .and_then(|s| s.trim().parse::<u32>().ok())
@@ -176,7 +185,7 @@ impl PsClient {
                     job: cfg.job.to_string(),
                     shard: 0,
                     waited: start.elapsed(),
-                    last: format!("{} is not set (no pserver started)", keys.desired()),
+                    last,
                 });
             }
             tokio::select! {

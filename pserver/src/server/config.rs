@@ -38,8 +38,12 @@ pub struct PsConfig {
     pub token: Option<String>,
     /// The address clients reach this pserver at; defaults to the listener's address.
     pub advertise: Option<String>,
-    /// TTL of the pserver's lease: a dead pserver's index frees within about this long.
+    /// TTL of the pserver's lease: a dead pserver's index frees within about this long
+    /// (default [`edl_coord::lease::DEFAULT_TTL`], 10 s).
     pub lease_ttl: Duration,
+    /// How long startup keeps retrying an unreachable etcd (the shard count, the lease,
+    /// the claim's record, the checkpoint restore, the trainer listing) before it fails.
+    pub etcd_wait: Duration,
     /// The index to claim.
     pub index: IndexChoice,
     /// The shard count: creates `ps/desired` when absent, must match it otherwise.
@@ -60,13 +64,15 @@ pub struct PsConfig {
 }
 
 impl PsConfig {
-    /// Defaults for job `job`: auto index, 5 s lease, no checkpoints.
+    /// Defaults for job `job`: auto index, 10 s lease, two minutes of etcd retries at
+    /// startup, no checkpoints.
     pub fn new(job: JobName) -> Self {
         PsConfig {
             job,
             token: None,
             advertise: None,
-            lease_ttl: Duration::from_secs(5),
+            lease_ttl: edl_coord::lease::DEFAULT_TTL,
+            etcd_wait: edl_coord::DEFAULT_STARTUP_WAIT,
             index: IndexChoice::Auto,
             shards: None,
             checkpoint: None,

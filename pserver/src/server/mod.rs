@@ -2,9 +2,11 @@
 //! serves the gRPC API, follows the trainer registry (sync mode), and checkpoints in the
 //! background.
 //!
-//! A pserver serves only while its etcd lease is valid by its own clock: every RPC checks
-//! the lease before it starts and again before it answers, so a pserver that was paused
-//! past its TTL (and replaced) answers nothing once it runs again, and exits.
+//! A pserver serves only while its etcd lease is held by its own clock: every RPC checks
+//! the lease before it starts and again before it answers. While the lease is uncertain
+//! (etcd unreachable past the TTL) it refuses every call as retryable and goes on once
+//! etcd confirms the lease; a pserver that was paused past its TTL (and replaced)
+//! answers nothing once it runs again, and exits when etcd tells it the lease ended.
 //!
 //! Layout:
 //! - `config`: [`PsConfig`], [`IndexChoice`] and the transport's limits.

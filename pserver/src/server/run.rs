@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{
-    Backend, Fence, Lease, Op, Registry, RetryPolicy, Txn, claim_index_wait, fenced_txn,
-    retry_cancellable,
+    Backend, Fence, Lease, Op, Registry, Txn, claim_index_wait, fenced_txn, retry_startup,
 };
 use edl_proto::pserver as pb;
 use tokio::net::TcpListener;
@@ -47,8 +46,9 @@ pub async fn run(
         .map_err(|e| PsError::Config(format!("listener address: {e}")))?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| local.to_string());
     let keys = JobKeys::new(&cfg.job);
-    let policy = RetryPolicy::default();
-    let shards = retry_cancellable(&policy, &shutdown, || {
+    // Every etcd step of the startup rides out an unavailable etcd for `etcd_wait`.
+    let wait = cfg.etcd_wait;
+    let shards = retry_startup("read the shard count", wait, &shutdown, || {
         resolve_desired(&*backend, &keys, cfg.shards)
     })
     .await??;
@@ -63,7 +63,12 @@ pub async fn run(
     // makes sure it ends on every path.
     let lease_cancel = CancellationToken::new();
     let _lease_guard = lease_cancel.clone().drop_guard();
-    let lease = Arc::new(Lease::grant(backend.clone(), cfg.lease_ttl, lease_cancel.clone()).await?);
+    let lease = Arc::new(
+        retry_startup("grant the pserver's lease", wait, &shutdown, || {
+            Lease::grant(backend.clone(), cfg.lease_ttl, lease_cancel.clone())
+        })
+        .await?,
+    );
     let mut record = PserverRecord {
         bulk: crate::bulk::VERSION,
         pid: std::process::id(),
@@ -92,11 +97,13 @@ pub async fn run(
     let index = claim.index;
     record.claim_revision = claim.fence.revision;
     let value = record.encode();
-    fenced_txn(
-        &*backend,
-        &claim.fence,
-        Txn::new().and_then([Op::put_with_lease(claim.key(), value, lease.id())]),
-    )
+    retry_startup("publish the claim", wait, &shutdown, || {
+        fenced_txn(
+            &*backend,
+            &claim.fence,
+            Txn::new().and_then([Op::put_with_lease(claim.key(), value.clone(), lease.id())]),
+        )
+    })
     .await?;
     tracing::info!(job = %cfg.job, shard = index, shards, addr = %advertise, claim_revision = claim.fence.revision, "shard claimed");
 
@@ -123,7 +130,7 @@ pub async fn run(
         let _ = tokio::task::spawn_blocking(move || d.remove_temporaries()).await;
         let incarnation = claim.fence.revision as u64;
         let build = |snap| ShardCore::restore(snap, incarnation, checkpoints.clone());
-        let restored = retry_cancellable(&policy, &shutdown, || async {
+        let restored = retry_startup("restore the checkpoint", wait, &shutdown, || async {
             match protocol::restore_latest(&*backend, &keys, index, shards, build).await {
                 Ok(r) => Ok(Ok(r)),
                 Err(PsError::Coord(e)) => Err(e),
@@ -163,7 +170,7 @@ pub async fn run(
         contains: restored.map(|c| c.contains()).unwrap_or_default(),
         at_ms: protocol::now_ms(),
     };
-    retry_cancellable(&policy, &shutdown, || async {
+    retry_startup("publish the restore", wait, &shutdown, || async {
         match protocol::publish_restore(&*backend, &keys, &claim.fence, &record).await {
             Ok(()) => Ok(Ok(())),
             Err(PsError::Coord(e)) => Err(e),
@@ -175,7 +182,8 @@ pub async fn run(
     // The registered trainers, before any sync step can open.
     let members = Arc::new(Members::default());
     let registry = Registry::new(backend.clone(), keys.trainers());
-    let (listed, _) = retry_cancellable(&policy, &shutdown, || registry.list()).await?;
+    let (listed, _) =
+        retry_startup("list the trainers", wait, &shutdown, || registry.list()).await?;
     members
         .set
         .write()

@@ -2,17 +2,18 @@
 //! the job, token and target shard, then the shard's logic on blocking threads, with the
 //! requests and replies converted by `convert`.
 //!
-//! Invariant: the [`Gate`] is checked (the lease valid by the pserver's own clock, no
+//! Invariant: the [`Gate`] is checked (the lease held by the pserver's own clock, no
 //! shutdown asked) before an operation starts, again right before it answers when it
 //! worked on a blocking thread or waited, and for a push right before it is applied, so
-//! that a pserver replaced while it was paused answers nothing for a shard it no longer
-//! holds.
+//! that a pserver that cannot be sure it still holds its shard (etcd unreachable past
+//! the TTL, or the process paused: another pserver may have claimed it) answers
+//! nothing meanwhile, and a pserver replaced while it was paused never answers again.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Lease};
+use edl_coord::{Backend, Lease, LeaseState};
 use edl_proto::pserver as pb;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -26,7 +27,7 @@ use crate::shard::{Shard, ShardCore};
 use crate::sync::Admit;
 use edl_job::{JobKeys, valid_member_id};
 
-/// Serves only while the lease is valid and no shutdown was asked.
+/// Serves only while the lease is held and no shutdown was asked.
 #[derive(Debug)]
 pub(super) struct Gate {
     pub(super) lease: Arc<Lease>,
@@ -39,10 +40,17 @@ impl Gate {
         if self.stop.is_cancelled() {
             return Err(PsError::NotServing("shutting down".into()));
         }
-        if !self.lease.is_valid() {
-            return Err(PsError::LeaseLost(self.index));
+        match self.lease.state() {
+            LeaseState::Held => Ok(()),
+            // Retryable (`Unavailable`): the clients wait and retry, here or at a
+            // successor.
+            LeaseState::Uncertain => Err(PsError::NotServing(format!(
+                "the etcd lease of shard {} is not confirmed (etcd unreachable?); serving \
+                 resumes once it is",
+                self.index
+            ))),
+            LeaseState::Lost => Err(PsError::LeaseLost(self.index)),
         }
-        Ok(())
     }
 }
 
@@ -82,7 +90,7 @@ impl Service {
         self.gate.check()
     }
 
-    /// Whether we still serve (the lease is valid and no shutdown was asked).
+    /// Whether we still serve (the lease is held and no shutdown was asked).
     pub(crate) fn serving(&self) -> Result<(), PsError> {
         self.gate.check()
     }
@@ -134,7 +142,12 @@ impl Service {
             return Ok(true);
         }
         // The watch may lag a trainer that registered just now.
-        if self.backend.get(&self.keys.trainer(trainer)).await?.is_some() {
+        if self
+            .backend
+            .get(&self.keys.trainer(trainer))
+            .await?
+            .is_some()
+        {
             self.members.set.write().await.insert(trainer.to_owned());
             return Ok(true);
         }

@@ -5,9 +5,12 @@
 //! client), defines the dataset at the master (idempotent), connects to the pservers and
 //! trains through the master's `cloud_reader` (exactly one trainer initialises the
 //! parameters). `shutdown` drains: no new task, the current one handed back,
-//! deregistered, a report returned. Losing the etcd lease (cut off from etcd past the
-//! TTL) stops it with [`TrainerError::LeaseLost`]: the master has already given its task
-//! to someone else. `edl trainer` and the in-memory `edl run` are thin callers of it.
+//! deregistered, a report returned. Losing the etcd lease (etcd ended it: the trainer
+//! was cut off or paused past the TTL) stops it with [`TrainerError::LeaseLost`]: the
+//! master has already given its task to someone else. An etcd outage does not: the
+//! trainer waits it out. Every etcd step of the startup (the spec, the lease, the
+//! registration) retries an unavailable etcd for up to [`TrainerConfig::etcd_wait`].
+//! `edl trainer` and the in-memory `edl run` are thin callers of it.
 //!
 //! # Layout
 //!
@@ -54,11 +57,13 @@ pub struct TrainerConfig {
     pub token: Option<String>,
     /// How long to wait for the job spec to appear in etcd.
     pub spec_wait: Duration,
+    /// How long each startup step keeps retrying an unreachable etcd.
+    pub etcd_wait: Duration,
 }
 
 impl TrainerConfig {
     /// Defaults for a trainer of `job`: a fresh id, the `auto` device, the spec's lease
-    /// TTL, no metrics, no token, 60 s for the spec to appear.
+    /// TTL, no metrics, no token, 60 s for the spec to appear, 2 minutes of etcd retries.
     pub fn new(job: JobName) -> Self {
         TrainerConfig {
             job,
@@ -72,6 +77,7 @@ impl TrainerConfig {
             metrics_addr: None,
             token: None,
             spec_wait: Duration::from_secs(60),
+            etcd_wait: edl_coord::DEFAULT_STARTUP_WAIT,
         }
     }
 }
@@ -79,8 +85,8 @@ impl TrainerConfig {
 /// Why a trainer stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainerError {
-    /// Stopped (`shutdown`) before the job spec appeared: nothing was done.
-    #[error("stopped while waiting for the job spec")]
+    /// Stopped (`shutdown`) before it joined the job: nothing was done.
+    #[error("stopped while starting")]
     StoppedBeforeStart,
     /// The job spec could not be read.
     #[error("{0}")]
@@ -120,7 +126,9 @@ pub enum TrainerError {
     #[error("the trainer did not drain within {DRAIN_GRACE:?}; exiting")]
     DrainTimeout,
     /// The etcd lease was lost.
-    #[error("lost the etcd lease (cut off from etcd for longer than {ttl:?}); stopped")]
+    #[error(
+        "lost the etcd lease (etcd ended it: this trainer was cut off from etcd or paused for longer than its ttl, {ttl:?}); stopped"
+    )]
     LeaseLost {
         /// The lease's TTL.
         ttl: Duration,
@@ -134,11 +142,12 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<TrainerReport, TrainerError> {
     let started = Instant::now();
-    let spec = match JobSpec::fetch(&backend, &cfg.job, cfg.spec_wait, &shutdown).await {
-        Ok(spec) => spec,
-        Err(SpecError::Cancelled) => return Err(TrainerError::StoppedBeforeStart),
-        Err(e) => return Err(TrainerError::Spec(e)),
-    };
+    let spec =
+        match JobSpec::fetch(&backend, &cfg.job, cfg.spec_wait, cfg.etcd_wait, &shutdown).await {
+            Ok(spec) => spec,
+            Err(SpecError::Cancelled) => return Err(TrainerError::StoppedBeforeStart),
+            Err(e) => return Err(TrainerError::Spec(e)),
+        };
     let id = cfg.id.clone();
     let ttl = cfg.lease_ttl.unwrap_or(spec.cluster.lease_ttl);
     let device = crate::select_device(cfg.device).map_err(TrainerError::Model)?;
@@ -157,7 +166,7 @@ pub async fn run(
     // The session and the clients live until the drain is over: `shutdown` only starts it.
     let life = CancellationToken::new();
     let _life_guard = life.clone().drop_guard();
-    let session = Session::join(
+    let joining = Session::join(
         backend.clone(),
         SessionConfig {
             job: cfg.job.clone(),
@@ -171,11 +180,16 @@ pub async fn run(
                 started_ms: edl_job::records::now_ms(),
                 metrics: cfg.metrics_addr.map(|a| a.to_string()),
             },
+            etcd_wait: cfg.etcd_wait,
         },
         life.clone(),
-    )
-    .await
-    .map_err(TrainerError::Join)?;
+    );
+    // SIGTERM while joining (etcd unreachable, say): nothing was done. A registration
+    // made meanwhile ends with its lease, which is no longer kept alive.
+    let session = tokio::select! {
+        r = joining => r.map_err(TrainerError::Join)?,
+        _ = shutdown.cancelled() => return Err(TrainerError::StoppedBeforeStart),
+    };
 
     // SIGTERM while starting up: leave without having done anything.
     let drained_early = |session: Session| {

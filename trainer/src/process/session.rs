@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Lease, Registry};
+use edl_coord::{Backend, Lease, Registry, retry_startup};
 use edl_job::{JobKeys, JobName, Record, TrainerRecord};
 use edl_master::client::{MasterClient, MasterClientConfig};
 use edl_master::reader::{CloudReader, ReaderConfig};
@@ -28,6 +28,8 @@ pub struct SessionConfig {
     pub token: Option<String>,
     /// The value registered.
     pub record: TrainerRecord,
+    /// How long joining keeps retrying an unreachable etcd (the lease, the registration).
+    pub etcd_wait: Duration,
 }
 
 /// Joining a job failed.
@@ -51,22 +53,29 @@ pub struct Session {
 }
 
 impl Session {
-    /// Takes a lease, registers under it and starts a master client. The lease is kept
-    /// alive, and the master client runs, until `life` is cancelled (after
+    /// Takes a lease, registers under it and starts a master client, retrying an
+    /// unavailable etcd for up to `cfg.etcd_wait` at each step. The lease is kept alive,
+    /// and the master client runs, until `life` is cancelled (after
     /// [`Session::leave`]: a drain needs both).
     pub async fn join(
         backend: Arc<dyn Backend>,
         cfg: SessionConfig,
         life: CancellationToken,
     ) -> Result<Session, SessionError> {
-        let lease = Lease::grant(backend.clone(), cfg.lease_ttl, life.child_token())
-            .await
-            .map_err(SessionError::Lease)?;
+        let lease = retry_startup("grant the trainer's lease", cfg.etcd_wait, &life, || {
+            Lease::grant(backend.clone(), cfg.lease_ttl, life.child_token())
+        })
+        .await
+        .map_err(SessionError::Lease)?;
         let registry = Registry::new(backend.clone(), JobKeys::new(&cfg.job).trainers());
-        if let Err(e) = registry
-            .register(&cfg.id, cfg.record.encode(), &lease)
-            .await
-        {
+        let record = cfg.record.encode();
+        // Create-if-absent or update under the same lease: a retry after a timeout that
+        // was applied finds its own registration.
+        let registered = retry_startup("register the trainer", cfg.etcd_wait, &life, || {
+            registry.register(&cfg.id, record.clone(), &lease)
+        })
+        .await;
+        if let Err(e) = registered {
             lease.revoke().await.ok();
             return Err(SessionError::Register(e));
         }
@@ -91,8 +100,9 @@ impl Session {
         &self.master
     }
 
-    /// Cancelled when the lease is lost (cut off from etcd past its TTL): the master has
-    /// then given this trainer's tasks to others.
+    /// Cancelled when the lease is lost (etcd ended it: this trainer was cut off from
+    /// etcd, or paused, for longer than its TTL): the master has then given this
+    /// trainer's tasks to others. An etcd outage alone does not lose it.
     pub fn lost(&self) -> CancellationToken {
         self.lease.lost()
     }
@@ -103,9 +113,11 @@ impl Session {
     }
 
     /// A `cloud_reader` of the job's tasks with `read_ahead` tasks buffered (the
-    /// reader's default when `None`).
+    /// reader's default when `None`). It asks for no new task while the lease is
+    /// uncertain (etcd may have ended it, and the master would take the task back).
     pub fn reader(&self, read_ahead: Option<usize>) -> CloudReader {
         let mut cfg = ReaderConfig::new(&self.id);
+        cfg.lease = Some(self.lease.watch_state());
         if let Some(n) = read_ahead {
             cfg.read_ahead = n;
         }
@@ -121,5 +133,69 @@ impl Session {
         if let Err(e) = self.lease.revoke().await {
             tracing::debug!(error = %e, "revoke the lease");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use edl_coord::MemBackend;
+    use edl_job::RECORD_VERSION;
+    use edl_testkit::FaultyBackend;
+
+    use super::*;
+
+    fn config(id: &str, etcd_wait: Duration) -> SessionConfig {
+        SessionConfig {
+            job: JobName::new("join").unwrap(),
+            id: id.to_owned(),
+            lease_ttl: Duration::from_secs(10),
+            token: None,
+            record: TrainerRecord {
+                version: RECORD_VERSION,
+                pid: 1,
+                device: None,
+                started_ms: 0,
+                metrics: None,
+            },
+            etcd_wait,
+        }
+    }
+
+    /// Joining while etcd is unavailable waits for it (within `etcd_wait`), then takes a
+    /// lease and registers; past `etcd_wait` it fails with etcd's error.
+    #[tokio::test(start_paused = true)]
+    async fn joining_waits_out_an_unavailable_etcd_for_its_wait() {
+        let mem = MemBackend::new();
+        let faulty = FaultyBackend::new(Arc::new(mem.clone()));
+        let life = CancellationToken::new();
+        faulty.set_down(true);
+        let join = tokio::spawn(Session::join(
+            faulty.clone(),
+            config("t0", Duration::from_secs(60)),
+            life.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(!join.is_finished(), "joining gave up during the outage");
+        faulty.set_down(false);
+        let session = tokio::time::timeout(Duration::from_secs(5), join)
+            .await
+            .expect("joined once etcd answered")
+            .unwrap()
+            .unwrap();
+        let key = format!(
+            "{}t0",
+            JobKeys::new(&JobName::new("join").unwrap()).trainers()
+        );
+        let kv = mem.get(&key).await.unwrap().expect("registered");
+        assert_eq!(kv.lease, Some(session.lease.id()));
+
+        faulty.set_down(true);
+        let started = tokio::time::Instant::now();
+        let r = Session::join(faulty, config("t1", Duration::from_secs(20)), life).await;
+        assert!(
+            matches!(&r, Err(SessionError::Lease(e)) if e.is_retryable()),
+            "{r:?}"
+        );
+        assert!(started.elapsed() <= Duration::from_secs(21));
     }
 }
