@@ -59,10 +59,12 @@ impl Queue {
             TaskState::Failed => return Err(self.not_pending(i)),
         };
         if self.lacks(i, incarnations) {
-            let records = self.again(i);
+            // Trained (counted so), but lost with the shard's restore: trained again.
+            let again = self.again(i);
             self.bump(|c| {
+                c.records_trained += records;
                 c.recomputed += 1;
-                c.recomputed_records += records;
+                c.recomputed_records += again;
             });
             tracing::warn!(task = %id, "task finished on a pserver shard restored since without it; training it again");
             return Ok(Ack::Applied);
@@ -117,7 +119,9 @@ impl Queue {
         }
         let records = self.again(i);
         if recompute {
+            // Trained whole (counted so), but lost with a shard's restore.
             self.bump(|c| {
+                c.records_trained += trained;
                 c.recomputed += 1;
                 c.recomputed_records += records;
             });

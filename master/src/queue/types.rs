@@ -116,7 +116,9 @@ pub struct QueueCounters {
     /// that was then dispatched again: trained twice.
     pub duplicate_records: u64,
     /// Tasks trained again because a restored pserver shard lacked their updates (or a
-    /// trainer found its pushes answered by a shard restored since).
+    /// trainer found its pushes answered by a shard restored since). Their first
+    /// training is in `records_trained` too: without failed tasks, `records_trained`
+    /// is every pass's records plus `recomputed_records`.
     pub recomputed: u64,
     /// Their records.
     pub recomputed_records: u64,
