@@ -475,11 +475,7 @@ async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
     let keys = JobKeys::new(&JobName::new("ckpt").unwrap());
     let every = Some(CheckpointEvery::Steps(2));
     // The stops here stand for crashes: no final checkpoint.
-    let crash = |c: &mut PsConfig| {
-        if let Some(c) = c.checkpoint.as_mut() {
-            c.final_on_stop = false;
-        }
-    };
+    let crash = no_final_checkpoint;
     let p0 = h.pserver_with(h.backend.clone(), 0, every, crash).await;
     let p1 = h.pserver_with(h.backend.clone(), 1, every, crash).await;
     let ps = h.client().await;
@@ -1317,11 +1313,7 @@ async fn restore_then_train_again_matches_a_fault_free_run(mode: Mode, name: &st
     } else {
         1_000_000
     }));
-    let crash = |c: &mut PsConfig| {
-        if let Some(c) = c.checkpoint.as_mut() {
-            c.final_on_stop = false;
-        }
-    };
+    let crash = no_final_checkpoint;
     let p = h.pserver_with(h.backend.clone(), 0, every, crash).await;
     let ps = h.client().await;
     init(&ps, "a", &w0, config.clone()).await;
@@ -1406,6 +1398,13 @@ async fn async_a_restored_shard_trained_again_ends_bit_for_bit_where_a_fault_fre
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_a_restored_shard_trained_again_ends_bit_for_bit_where_a_fault_free_run_does() {
     restore_then_train_again_matches_a_fault_free_run(Mode::sync(), "again-sync").await;
+}
+
+/// A pserver config whose stop stands for a crash: no final checkpoint.
+fn no_final_checkpoint(c: &mut PsConfig) {
+    if let Some(c) = c.checkpoint.as_mut() {
+        c.final_on_stop = false;
+    }
 }
 
 /// The fence of the claim of shard `index` of `h`'s job (to write a checkpoint request
