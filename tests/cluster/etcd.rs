@@ -141,7 +141,7 @@ async fn holders(backend: &Arc<dyn Backend>, keys: &JobKeys) -> Option<Holders> 
 
 /// The master's status, asked once with a short retry (`None` while etcd or the master
 /// cannot answer).
-async fn status(backend: &Arc<dyn Backend>, job: &JobName) -> Option<StatusResponse> {
+pub(crate) async fn status(backend: &Arc<dyn Backend>, job: &JobName) -> Option<StatusResponse> {
     let mut cfg = MasterClientConfig::new(job.clone());
     cfg.retry_for = Duration::from_secs(2);
     cfg.call_timeout = Duration::from_secs(2);

@@ -7,11 +7,13 @@
 //! - [`master`]: the master's task queue across trainer and master failures.
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
 //! - [`run`]: `edl run` of the examples, chaos, operator commands, bad input.
+//! - [`soak`]: a seeded soak with faults in every role and in etcd (`scripts/soak`).
 //! - [`trainer`]: `edl trainer` quality through pservers, and elasticity.
 
 mod etcd;
 mod master;
 mod pserver;
 mod run;
+mod soak;
 mod support;
 mod trainer;

@@ -28,7 +28,10 @@ pub struct RunArgs {
     /// Coordination backend.
     #[arg(long, value_enum, default_value = "auto")]
     pub coord: CoordChoice,
-    /// Seeded fault injection, e.g. `kill-trainer=10s,kill-pserver=30s,kill-master=60s,stop-trainer=20s,seed=7`.
+    /// Seeded fault injection: `ACTION-ROLE=EVERY,...,seed=S` with ACTION kill, stop
+    /// (SIGSTOP for 2 x the lease TTL) or term and ROLE trainer, pserver or master, e.g.
+    /// `kill-trainer=10s,kill-pserver=30s,kill-master=60s,stop-trainer=20s,term-pserver=45s,seed=7`;
+    /// `until=5m` injects faults only during the first five minutes.
     #[arg(long)]
     pub chaos: Option<String>,
     /// Write the report (JSON) here.

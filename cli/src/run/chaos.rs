@@ -1,22 +1,77 @@
 //! `--chaos`: the fault spec, and the clock that says which fault is due.
+//!
+//! A spec is `ACTION-ROLE=INTERVAL,...,seed=S`: `ACTION` is `kill` (SIGKILL), `stop`
+//! (SIGSTOP for twice the lease TTL, then SIGCONT) or `term` (SIGTERM: a graceful stop,
+//! the process is restarted as after any injected fault); `ROLE` is `trainer`, `pserver`
+//! or `master`; each interval is at least 1 s. `until=D` injects faults only during the
+//! run's first `D` (the job then finishes in peace); `seed=S` seeds the victims' choice.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use super::supervisor::Role;
+
+/// How a fault hits its victim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Action {
+    /// SIGKILL.
+    Kill,
+    /// SIGSTOP for twice the lease TTL (past it: the victim's lease ends), then SIGCONT.
+    Stop,
+    /// SIGTERM: the victim stops gracefully (a trainer drains, a pserver writes its final
+    /// checkpoint, a master resigns); it is restarted like any victim.
+    Term,
+}
+
+impl Action {
+    const ALL: [Action; 3] = [Action::Kill, Action::Stop, Action::Term];
+
+    /// Its name in a spec.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Action::Kill => "kill",
+            Action::Stop => "stop",
+            Action::Term => "term",
+        }
+    }
+
+    /// The signal's name, as the report lists the fault.
+    pub(crate) fn signal(self) -> &'static str {
+        match self {
+            Action::Kill => "sigkill",
+            Action::Stop => "sigstop",
+            Action::Term => "sigterm",
+        }
+    }
+}
+
+/// A fault to inject: an action on a process of a role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Fault {
+    pub action: Action,
+    pub role: Role,
+}
+
 /// Seeded fault injection: an interval per fault kind.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Chaos {
-    /// SIGKILL a random trainer this often.
-    pub kill_trainer: Option<Duration>,
-    /// SIGKILL a random pserver this often.
-    pub kill_pserver: Option<Duration>,
-    /// SIGKILL the leading master this often.
-    pub kill_master: Option<Duration>,
-    /// SIGSTOP a random trainer for twice the lease TTL this often.
-    pub stop_trainer: Option<Duration>,
+    /// Each fault kind asked for and its interval, in the order of the spec.
+    pub(crate) every: Vec<(Fault, Duration)>,
+    /// Faults are injected only this long after the start (default: until the end).
+    pub(crate) until: Option<Duration>,
     /// Seed of the victims' choice.
     pub seed: u64,
+}
+
+impl Chaos {
+    /// The interval of `action` on `role`, if asked for.
+    pub(crate) fn interval(&self, action: Action, role: Role) -> Option<Duration> {
+        self.every
+            .iter()
+            .find(|(f, _)| f.action == action && f.role == role)
+            .map(|(_, d)| *d)
+    }
 }
 
 impl std::str::FromStr for Chaos {
@@ -28,65 +83,78 @@ impl std::str::FromStr for Chaos {
             let (k, v) = part
                 .split_once('=')
                 .with_context(|| format!("--chaos: {part:?} is not KEY=VALUE"))?;
-            let dur = || {
-                humantime::parse_duration(v)
-                    .with_context(|| format!("--chaos: {k}: invalid duration {v:?}"))
-                    .and_then(|d| {
-                        anyhow::ensure!(d >= Duration::from_secs(1), "--chaos: {k}: at least 1s");
-                        Ok(d)
-                    })
-            };
-            match k {
-                "kill-trainer" => c.kill_trainer = Some(dur()?),
-                "kill-pserver" => c.kill_pserver = Some(dur()?),
-                "kill-master" => c.kill_master = Some(dur()?),
-                "stop-trainer" => c.stop_trainer = Some(dur()?),
-                "seed" => c.seed = v.parse().with_context(|| format!("--chaos: seed {v:?}"))?,
-                other => anyhow::bail!(
-                    "--chaos: unknown fault {other:?} (kill-trainer, kill-pserver, kill-master, stop-trainer, seed)"
-                ),
+            if k == "seed" {
+                c.seed = v.parse().with_context(|| format!("--chaos: seed {v:?}"))?;
+                continue;
             }
+            if k == "until" {
+                c.until = Some(
+                    humantime::parse_duration(v)
+                        .with_context(|| format!("--chaos: until: invalid duration {v:?}"))?,
+                );
+                continue;
+            }
+            let fault = Action::ALL
+                .iter()
+                .flat_map(|&action| {
+                    [Role::Trainer, Role::Pserver, Role::Master].map(|role| Fault { action, role })
+                })
+                .find(|f| k == format!("{}-{}", f.action.name(), f.role.name()))
+                .with_context(|| {
+                    format!(
+                        "--chaos: unknown fault {k:?} (ACTION-ROLE with ACTION kill, stop or \
+                         term and ROLE trainer, pserver or master; or until, seed)"
+                    )
+                })?;
+            let every = humantime::parse_duration(v)
+                .with_context(|| format!("--chaos: {k}: invalid duration {v:?}"))?;
+            anyhow::ensure!(every >= Duration::from_secs(1), "--chaos: {k}: at least 1s");
+            anyhow::ensure!(
+                c.interval(fault.action, fault.role).is_none(),
+                "--chaos: {k} is given twice"
+            );
+            c.every.push((fault, every));
         }
         Ok(c)
     }
-}
-
-/// A fault to inject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fault {
-    KillTrainer,
-    KillPserver,
-    KillMaster,
-    StopTrainer,
 }
 
 /// When each fault of a [`Chaos`] spec is next due (time is an argument).
 #[derive(Debug)]
 pub(crate) struct ChaosClock {
     next: Vec<(Fault, Duration, Instant)>,
+    /// No fault is due from then on.
+    end: Option<Instant>,
 }
 
 impl ChaosClock {
     /// The first of each fault is due one interval after `started`.
     pub(crate) fn new(chaos: Option<&Chaos>, started: Instant) -> ChaosClock {
-        let mut next = Vec::new();
-        if let Some(c) = chaos {
-            for (f, every) in [
-                (Fault::KillTrainer, c.kill_trainer),
-                (Fault::KillPserver, c.kill_pserver),
-                (Fault::KillMaster, c.kill_master),
-                (Fault::StopTrainer, c.stop_trainer),
-            ] {
-                if let Some(d) = every {
-                    next.push((f, d, started + d));
-                }
-            }
+        let next = chaos
+            .map(|c| {
+                c.every
+                    .iter()
+                    .map(|&(f, every)| (f, every, started + every))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let end = chaos.and_then(|c| c.until).map(|d| started + d);
+        ChaosClock { next, end }
+    }
+
+    /// `fault`, due now, found no victim: it is due again at `at` (its next one stays
+    /// one interval after `at`).
+    pub(crate) fn defer(&mut self, fault: Fault, at: Instant) {
+        if let Some((_, _, next)) = self.next.iter_mut().find(|(f, _, _)| *f == fault) {
+            *next = at;
         }
-        ChaosClock { next }
     }
 
     /// The first fault due at `now`, if any; it is next due one interval later.
     pub(crate) fn due(&mut self, now: Instant) -> Option<Fault> {
+        if self.end.is_some_and(|end| now >= end) {
+            return None;
+        }
         for (f, every, at) in &mut self.next {
             if now >= *at {
                 *at = now + *every;
@@ -101,19 +169,44 @@ impl ChaosClock {
 mod tests {
     use super::*;
 
+    const fn fault(action: Action, role: Role) -> Fault {
+        Fault { action, role }
+    }
+
     #[test]
     fn chaos_specs_parse() {
-        let c: Chaos = "kill-trainer=10s, kill-pserver=30s,kill-master=1m,stop-trainer=20s,seed=7"
+        let c: Chaos = "kill-trainer=10s, kill-pserver=30s,kill-master=1m,stop-trainer=20s,\
+                        term-pserver=45s,stop-master=2m,seed=7"
             .parse()
             .expect("valid");
-        assert_eq!(c.kill_trainer, Some(Duration::from_secs(10)));
-        assert_eq!(c.kill_master, Some(Duration::from_secs(60)));
+        assert_eq!(
+            c.interval(Action::Kill, Role::Trainer),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            c.interval(Action::Kill, Role::Master),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            c.interval(Action::Term, Role::Pserver),
+            Some(Duration::from_secs(45))
+        );
+        assert_eq!(
+            c.interval(Action::Stop, Role::Master),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(c.interval(Action::Term, Role::Trainer), None);
+        assert_eq!(c.every.len(), 6);
         assert_eq!(c.seed, 7);
         for bad in [
             "kill-trainer",
             "kill-everyone=1s",
+            "pause-trainer=1s",
             "kill-trainer=soon",
             "kill-trainer=10ms",
+            "kill-trainer=1s,kill-trainer=2s",
+            "seed=x",
+            "until=later",
         ] {
             assert!(bad.parse::<Chaos>().is_err(), "{bad}");
         }
@@ -121,26 +214,36 @@ mod tests {
 
     #[test]
     fn faults_fall_due_once_per_interval() {
-        let c: Chaos = "kill-trainer=10s,kill-master=25s".parse().expect("valid");
+        let c: Chaos = "kill-trainer=10s,term-master=25s".parse().expect("valid");
         let t0 = Instant::now();
         let mut clock = ChaosClock::new(Some(&c), t0);
+        let kill_trainer = fault(Action::Kill, Role::Trainer);
         assert_eq!(clock.due(t0 + Duration::from_secs(9)), None);
-        assert_eq!(
-            clock.due(t0 + Duration::from_secs(10)),
-            Some(Fault::KillTrainer)
-        );
+        assert_eq!(clock.due(t0 + Duration::from_secs(10)), Some(kill_trainer));
         assert_eq!(
             clock.due(t0 + Duration::from_secs(11)),
             None,
             "not again at once"
         );
-        assert_eq!(
-            clock.due(t0 + Duration::from_secs(20)),
-            Some(Fault::KillTrainer)
-        );
+        assert_eq!(clock.due(t0 + Duration::from_secs(20)), Some(kill_trainer));
         assert_eq!(
             clock.due(t0 + Duration::from_secs(25)),
-            Some(Fault::KillMaster)
+            Some(fault(Action::Term, Role::Master))
+        );
+        clock.defer(kill_trainer, t0 + Duration::from_secs(31));
+        assert_eq!(
+            clock.due(t0 + Duration::from_secs(30)),
+            None,
+            "a deferred fault waits"
+        );
+        assert_eq!(clock.due(t0 + Duration::from_secs(31)), Some(kill_trainer));
+        let c: Chaos = "kill-trainer=10s,until=25s".parse().expect("valid");
+        let mut clock = ChaosClock::new(Some(&c), t0);
+        assert_eq!(clock.due(t0 + Duration::from_secs(20)), Some(kill_trainer));
+        assert_eq!(
+            clock.due(t0 + Duration::from_secs(30)),
+            None,
+            "no fault after `until`"
         );
         assert!(
             ChaosClock::new(None, t0)

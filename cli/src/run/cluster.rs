@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use edl_coord::Backend;
 use edl_job::{ControlRecord, JobKeys, JobSpec, Record, ScaleRecord};
 use edl_master::client::{MasterClient, MasterClientConfig};
 use edl_proto::master::StatusResponse;
+use edl_pserver::PsClient;
 use edl_trainer::DeviceChoice;
 use tokio_util::sync::CancellationToken;
 
@@ -18,7 +20,7 @@ use super::display::Display;
 use super::faults::Faults;
 use super::lifecycle::{final_params, prepare_job, record_end};
 use super::procs::{Children, Launch};
-use super::report::Outcome;
+use super::report::{FinalMetric, Outcome};
 use super::supervisor::{Effect, Limits, Role, Supervisor};
 
 /// How often etcd is asked for `edl kill`, `edl scale` and the master's status.
@@ -83,19 +85,15 @@ pub(crate) async fn run(
         spec: job.spec,
         backend: job.backend,
     };
+    // The final parameters and evaluation come from the pservers while they run.
     let supervised = shell.supervise(shutdown, started, quiet, timeout).await;
-    let error = supervised.err().map(|e| format!("{e:#}"));
-    // Final parameters and evaluation, while the pservers still run.
-    let (metric, params_file) = if error.is_none() {
-        match final_params(&shell.backend, &shell.spec, &job.run_dir).await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "final evaluation");
-                (None, None)
-            }
+    let (error, (metric, params_file)) = match supervised {
+        Ok(Ok(fin)) => (None, fin),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %format!("{e:#}"), "final evaluation");
+            (None, (None, None))
         }
-    } else {
-        (None, None)
+        Err(e) => (Some(format!("{e:#}")), (None, None)),
     };
     let status = shell.status().await;
     shell.stop_all().await;
@@ -120,14 +118,28 @@ pub(crate) async fn run(
     outcome
 }
 
+/// The final metric and the final parameters' file.
+type Final = (Option<FinalMetric>, Option<String>);
+
+/// How the end of a job settled (see [`Shell::settle`]).
+enum End {
+    /// The final parameters contain every task of every pass; pulled and evaluated.
+    Complete(anyhow::Result<Final>),
+    /// A pserver restored since the master finished lacks some of that training: the
+    /// master trains it again.
+    Reopened,
+}
+
 impl Shell {
+    /// Supervises the job until it ends; then the final parameters (or why they could
+    /// not be evaluated).
     async fn supervise(
         &mut self,
         shutdown: &CancellationToken,
         started: Instant,
         quiet: bool,
         timeout: Duration,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<anyhow::Result<Final>> {
         prepare_job(&self.backend, &self.spec, &self.launch.run_dir).await?;
         let start = self.sup.start(Instant::now());
         self.apply(start)?;
@@ -176,7 +188,6 @@ impl Shell {
                 if let Some(s) = &status
                     && s.finished
                 {
-                    display.finish();
                     // Trainers stop on their own at the end of the job; pservers killed
                     // near the end come back (the final parameters are pulled from them).
                     let deadline = Instant::now() + Duration::from_secs(60);
@@ -187,10 +198,84 @@ impl Shell {
                         }
                         tokio::time::sleep(TICK).await;
                     }
-                    return Ok(());
+                    match self.settle(s.passes).await? {
+                        End::Complete(fin) => {
+                            display.finish();
+                            return Ok(fin);
+                        }
+                        End::Reopened => {
+                            tracing::warn!(
+                                "a pserver restored after the job finished lacks training; \
+                                 the master trains it again: trainers restarted"
+                            );
+                            let resume = self.sup.resume_trainers(Instant::now());
+                            self.apply(resume)?;
+                        }
+                    }
                 }
             }
             tokio::time::sleep(TICK).await;
+        }
+    }
+
+    /// Once the master says the job finished: makes sure the pservers' parameters hold
+    /// every task of every pass (each shard's ledger has all `passes` sealed) before and
+    /// after the final parameters are pulled and evaluated, with no pserver restored in
+    /// between. A shard that lacks some (restored, after the master finished, from a
+    /// checkpoint older than its last updates) makes the master train them again
+    /// ([`End::Reopened`]). Tasks failed for good (lost records, reported as such) are
+    /// in no ledger, so then completeness is not asked for.
+    async fn settle(&mut self, passes: u32) -> anyhow::Result<End> {
+        const WITHIN: Duration = Duration::from_secs(120);
+        let cancel = CancellationToken::new();
+        let _guard = cancel.clone().drop_guard();
+        let mut cfg = edl_pserver::PsClientConfig::new(self.spec.name.clone());
+        cfg.retry_for = Duration::from_secs(5);
+        let client = PsClient::connect(self.backend.clone(), cfg, cancel.child_token())
+            .await
+            .context("connect to the pservers for the final parameters")?;
+        let deadline = Instant::now() + WITHIN;
+        let mut seen = None;
+        loop {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the job's end did not settle within {WITHIN:?}: {}",
+                seen.unwrap_or_else(|| "no answer from every pserver".to_owned())
+            );
+            self.step(true).await?;
+            let before = ledgers(&client).await;
+            let status = self.status().await;
+            match (&before, &status) {
+                (Some(l), Some(s)) => {
+                    if !s.finished {
+                        return Ok(End::Reopened);
+                    }
+                    let lost = s.counters.as_ref().is_some_and(|c| c.failed_tasks > 0);
+                    let lacking: Vec<u32> = l
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, (_, sealed))| *sealed < passes)
+                        .map(|(i, _)| i as u32)
+                        .collect();
+                    if lost || lacking.is_empty() {
+                        let fin =
+                            final_params(&self.backend, &self.spec, &self.launch.run_dir).await;
+                        if ledgers(&client).await.as_ref() == Some(l) {
+                            return Ok(End::Complete(fin));
+                        }
+                        seen = Some(
+                            "a pserver was restored while the final parameters were pulled".into(),
+                        );
+                    } else {
+                        // The master has yet to see the restore: it reopens the job.
+                        seen = Some(format!(
+                            "shards {lacking:?} lack training the master counts as done"
+                        ));
+                    }
+                }
+                _ => seen = Some("waiting for the master and every pserver to answer".into()),
+            }
+            tokio::time::sleep(POLL).await;
         }
     }
 
@@ -273,4 +358,19 @@ impl Shell {
             .await
             .map_or(0, |(kvs, _)| kvs.len())
     }
+}
+
+/// Each shard's incarnation (the create revision of its claim) and the passes its
+/// ledger holds whole; `None` unless every shard answers.
+async fn ledgers(client: &PsClient) -> Option<Vec<(i64, u32)>> {
+    client
+        .status()
+        .await
+        .into_iter()
+        .map(|r| {
+            r.ok()
+                .filter(|s| s.initialised)
+                .map(|s| (s.claim_revision, s.passes_contained))
+        })
+        .collect()
 }

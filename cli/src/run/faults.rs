@@ -20,10 +20,13 @@ use edl_proto::master::StatusResponse;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 
-use super::chaos::{Chaos, ChaosClock, Fault};
+use super::chaos::{Action, Chaos, ChaosClock, Fault};
 use super::procs::Launch;
 use super::report::Recovery;
 use super::supervisor::{Crash, Effect, Role, Supervisor, trainer_slot};
+
+/// How soon a fault that found no victim is tried again.
+const VICTIM_RETRY: Duration = Duration::from_secs(1);
 
 /// What recovery from a fault means, checked against etcd.
 #[derive(Debug)]
@@ -48,7 +51,7 @@ enum Check {
 /// A fault or crash whose recovery has not been seen yet.
 #[derive(Debug)]
 struct Pending {
-    /// `sigkill`, `sigstop` or `crash`.
+    /// `sigkill`, `sigstop`, `sigterm` or `crash`.
     fault: &'static str,
     role: Role,
     process: String,
@@ -87,7 +90,8 @@ impl Faults {
     }
 
     /// The fault due at `now`, if any: its victim is chosen and hit through
-    /// `sup` (the effect to run is returned), and its recovery awaited.
+    /// `sup` (the effect to run is returned), and its recovery awaited. A fault that
+    /// finds no victim is tried again a second later.
     pub(crate) async fn inject_due(
         &mut self,
         sup: &mut Supervisor,
@@ -95,11 +99,21 @@ impl Faults {
         now: Instant,
     ) -> Option<Effect> {
         let fault = self.clock.due(now)?;
-        let role = match fault {
-            Fault::KillTrainer | Fault::StopTrainer => Role::Trainer,
-            Fault::KillPserver => Role::Pserver,
-            Fault::KillMaster => Role::Master,
-        };
+        let effect = self.inject(fault, sup, launch).await;
+        if effect.is_none() {
+            // No victim now (none registered, or etcd cannot say): the fault waits.
+            self.clock.defer(fault, now + VICTIM_RETRY);
+        }
+        effect
+    }
+
+    async fn inject(
+        &mut self,
+        fault: Fault,
+        sup: &mut Supervisor,
+        launch: &Launch,
+    ) -> Option<Effect> {
+        let Fault { action, role } = fault;
         let mut candidates = sup.victims(role);
         if role == Role::Trainer {
             let registered = self.registered_trainer_keys().await;
@@ -128,12 +142,12 @@ impl Faults {
             _ => candidates[self.rng.random_range(0..candidates.len())],
         };
         let p = sup.proc(pick)?.clone();
-        let stop = fault == Fault::StopTrainer;
+        let stop = action == Action::Stop;
         let check = self.check(role, p.slot, &p.name, stop, launch).await;
         // Measured from the fault itself, after the queries above.
         let now = Instant::now();
-        let effect = sup.inject(pick, stop, now)?;
-        let fault_name = if stop { "sigstop" } else { "sigkill" };
+        let effect = sup.inject(pick, action, now)?;
+        let fault_name = action.signal();
         tracing::warn!(process = %p.name, fault = fault_name, "chaos: injected");
         self.pending.push(Pending {
             fault: fault_name,

@@ -7,7 +7,7 @@ use serde::Serialize;
 /// One recovery from a fault.
 #[derive(Debug, Clone, Serialize)]
 pub struct Recovery {
-    /// What happened: `sigkill`, `sigstop`, `crash`.
+    /// What happened: `sigkill`, `sigstop`, `sigterm`, `crash`.
     pub fault: String,
     /// The role hit.
     pub role: String,

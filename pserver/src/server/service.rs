@@ -384,6 +384,9 @@ impl Service {
             resp.participants = participants;
             resp.contributed = contributed;
             resp.restored_from = core.restored_from();
+            let contains = core.contains();
+            resp.passes_contained = contains.sealed;
+            resp.tasks_contained_after = contains.complete.values().map(|b| b.count()).sum();
             resp.counters = Some(counters(&core.counters));
         }
         resp.last_checkpoint = self

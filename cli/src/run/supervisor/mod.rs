@@ -23,8 +23,9 @@
 //!   count `n` (0.5 s × 2^n, n ≤ 5, at most 10 s: 1 s, 2 s, 4 s, 8 s, then 10 s).
 //! - The count of a slot goes back to 0 when one of its processes exits after a healthy
 //!   run, whatever the cause: after a healthy run the next crash restarts at once.
-//! - A process hit by an injected fault is restarted at once and does not count; a
-//!   fast failure after it continues its slot's count.
+//! - A process hit by an injected fault (SIGKILL, SIGSTOP past its lease, SIGTERM) is
+//!   restarted at once, whatever its exit status, and does not count; a fast failure
+//!   after it continues its slot's count.
 //! - [`exited`](Supervisor::exited) tells the shell of each crash it restarts
 //!   ([`Crash`]), whose recovery (until the role serves again) the shell measures, as it
 //!   measures an injected fault's.
@@ -39,6 +40,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::chaos::Action;
 use super::report::{Recovery, ScaleEvent};
 
 /// A role of a supervised process.
@@ -242,11 +244,11 @@ impl Supervisor {
     }
 
     /// Whether [`exited`](Self::exited) needs to know if the job has finished for this
-    /// exit (a trainer that failed without being asked to stop).
+    /// exit (a trainer that failed without being asked to stop, or one hit by a fault).
     pub(crate) fn exit_needs_job_status(&self, id: ProcId, success: bool) -> bool {
         self.procs
             .get(&id)
-            .is_some_and(|p| p.role == Role::Trainer && !success && !p.stopping)
+            .is_some_and(|p| p.role == Role::Trainer && !p.stopping && (!success || p.injected))
     }
 
     /// Process `id` exited (`success`, described by `status`) at `now`. A crash is
@@ -264,7 +266,7 @@ impl Supervisor {
         let Some(p) = self.procs.remove(&id) else {
             return Ok(None);
         };
-        if p.role == Role::Trainer && success {
+        if p.role == Role::Trainer && success && !p.injected {
             tracing::info!(process = %p.name, "exited");
             return Ok(None);
         }
@@ -394,6 +396,21 @@ impl Supervisor {
         effects
     }
 
+    /// The job goes on after it had finished (a pserver restored since lacks training
+    /// that the master had counted done, so the master trains it again): trainers are
+    /// started up to the desired count, counting those waiting for a restart.
+    pub(crate) fn resume_trainers(&mut self, now: Instant) -> Vec<Effect> {
+        let live = self.live(Role::Trainer).count() as u32
+            + self
+                .restart_queue
+                .iter()
+                .filter(|r| r.role == Role::Trainer)
+                .count() as u32;
+        (live..self.desired_trainers)
+            .map(|_| self.spawn_trainer(now))
+            .collect()
+    }
+
     /// The processes of `role` that a fault may hit (in spawn order): not stopping, not
     /// already hit.
     pub(crate) fn victims(&self, role: Role) -> Vec<ProcId> {
@@ -406,17 +423,19 @@ impl Supervisor {
             .collect()
     }
 
-    /// A fault hits process `id`: SIGSTOP for twice the lease TTL (`stop`), else
-    /// SIGKILL. Its exit is then not a crash.
-    pub(crate) fn inject(&mut self, id: ProcId, stop: bool, now: Instant) -> Option<Effect> {
+    /// A fault hits process `id`: SIGKILL, SIGSTOP for twice the lease TTL, or SIGTERM.
+    /// Its exit, whatever its status, is then not a crash, and it is restarted at once.
+    pub(crate) fn inject(&mut self, id: ProcId, action: Action, now: Instant) -> Option<Effect> {
         let p = self.procs.get_mut(&id)?;
         p.injected = true;
-        if stop {
-            p.stopped_until = Some(now + 2 * self.limits.lease_ttl);
-            Some(Effect::Signal { id, sig: Sig::Stop })
-        } else {
-            Some(Effect::Kill { id })
-        }
+        Some(match action {
+            Action::Kill => Effect::Kill { id },
+            Action::Stop => {
+                p.stopped_until = Some(now + 2 * self.limits.lease_ttl);
+                Effect::Signal { id, sig: Sig::Stop }
+            }
+            Action::Term => Effect::Signal { id, sig: Sig::Term },
+        })
     }
 
     /// Asks every process of `role` to stop (resuming paused ones first).

@@ -280,7 +280,10 @@ fn an_injected_fault_neither_counts_nor_clears_a_crash_loop() {
     assert_eq!(spawned(&sup.tick(at + SECOND, false)), ["master-0"]);
     let m = id_of(&sup, "master-0");
     let hit = at + 2 * SECOND;
-    assert_eq!(sup.inject(m, false, hit), Some(Effect::Kill { id: m }));
+    assert_eq!(
+        sup.inject(m, Action::Kill, hit),
+        Some(Effect::Kill { id: m })
+    );
     let crash = sup
         .exited(m, false, "signal: 9 (SIGKILL)", false, hit)
         .unwrap();
@@ -298,7 +301,10 @@ fn an_injected_fault_neither_counts_nor_clears_a_crash_loop() {
 fn injected_faults_restart_at_once_and_do_not_count() {
     let (mut sup, t0, _) = started();
     let t = id_of(&sup, "trainer-1");
-    assert_eq!(sup.inject(t, false, t0), Some(Effect::Kill { id: t }));
+    assert_eq!(
+        sup.inject(t, Action::Kill, t0),
+        Some(Effect::Kill { id: t })
+    );
     assert!(sup.victims(Role::Trainer).iter().all(|&v| v != t));
     assert!(sup.exit_needs_job_status(t, false));
     let crash = sup.exited(t, false, "signal: 9 (SIGKILL)", false, t0);
@@ -313,11 +319,54 @@ fn injected_faults_restart_at_once_and_do_not_count() {
 }
 
 #[test]
+fn a_trainer_hit_by_sigterm_drains_and_is_restarted_though_it_exits_cleanly() {
+    let (mut sup, t0, _) = started();
+    let t = id_of(&sup, "trainer-0");
+    assert_eq!(
+        sup.inject(t, Action::Term, t0),
+        Some(Effect::Signal {
+            id: t,
+            sig: Sig::Term
+        })
+    );
+    assert!(sup.victims(Role::Trainer).iter().all(|&v| v != t));
+    assert!(
+        sup.exit_needs_job_status(t, true),
+        "a drained trainer is restarted only while the job runs"
+    );
+    let crash = sup.exited(t, true, "exit status: 0", false, t0).unwrap();
+    assert_eq!(crash, None, "an injected fault is not a crash");
+    assert_eq!(sup.restarts(), 0);
+    assert_eq!(spawned(&sup.tick(t0, false)), ["trainer-0.1"]);
+    // Once the job has finished, a trainer hit by SIGTERM is not restarted.
+    let t = id_of(&sup, "trainer-0.1");
+    sup.inject(t, Action::Term, t0);
+    assert_eq!(
+        sup.exited(t, true, "exit status: 0", true, t0).unwrap(),
+        None
+    );
+    assert!(spawned(&sup.tick(t0 + SECOND, false)).is_empty());
+}
+
+#[test]
+fn a_pserver_hit_by_sigterm_is_restarted_at_once() {
+    let (mut sup, t0, _) = started();
+    let ps = id_of(&sup, "pserver-0");
+    sup.inject(ps, Action::Term, t0);
+    assert_eq!(
+        sup.exited(ps, true, "exit status: 0", false, t0).unwrap(),
+        None
+    );
+    assert_eq!(spawned(&sup.tick(t0, false)), ["pserver-0"]);
+    assert_eq!(sup.restarts(), 0);
+}
+
+#[test]
 fn a_stopped_trainer_is_resumed_after_twice_the_lease_ttl() {
     let (mut sup, t0, _) = started();
     let t = id_of(&sup, "trainer-0");
     assert_eq!(
-        sup.inject(t, true, t0),
+        sup.inject(t, Action::Stop, t0),
         Some(Effect::Signal {
             id: t,
             sig: Sig::Stop
@@ -404,7 +453,7 @@ fn the_end_waits_for_trainers_and_for_pserver_restarts_only() {
 fn stopping_resumes_paused_processes_first_and_expects_their_exit() {
     let (mut sup, t0, _) = started();
     let t = id_of(&sup, "trainer-0");
-    sup.inject(t, true, t0);
+    sup.inject(t, Action::Stop, t0);
     let e = sup.stop(Role::Trainer);
     assert_eq!(
         e[0],
@@ -425,4 +474,23 @@ fn stopping_resumes_paused_processes_first_and_expects_their_exit() {
         .unwrap();
     assert_eq!(sup.restarts(), 0);
     assert!(sup.tick(t0 + 60 * SECOND, false).is_empty());
+}
+
+#[test]
+fn trainers_resume_up_to_the_desired_count_when_the_job_goes_on_after_its_end() {
+    let (mut sup, t0, _) = started();
+    for name in ["trainer-0", "trainer-1"] {
+        let t = id_of(&sup, name);
+        assert_eq!(
+            sup.exited(t, true, "exit status: 0", true, t0).unwrap(),
+            None
+        );
+    }
+    assert!(!sup.draining());
+    assert_eq!(
+        spawned(&sup.resume_trainers(t0 + SECOND)),
+        ["trainer-2", "trainer-3"],
+        "new trainers, up to the desired two"
+    );
+    assert!(sup.resume_trainers(t0 + SECOND).is_empty(), "not twice");
 }
