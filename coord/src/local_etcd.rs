@@ -35,12 +35,59 @@ use tokio::time::Instant;
 
 use crate::backend::Backend;
 
-/// Revisions of history a local etcd keeps (`--auto-compaction-retention`, revision
-/// mode). An external etcd should be run with compaction too (see `docs/design.md`).
-pub const AUTO_COMPACTION_RETENTION: u64 = 100_000;
+/// How long a local etcd keeps history (`--auto-compaction-mode periodic`): it compacts
+/// every this long to the revision it had this long ago, so it keeps between one and
+/// two of these of writes. An external etcd should be run with compaction too (see
+/// `docs/design.md`, section 3).
+pub const AUTO_COMPACTION_RETENTION: Duration = Duration::from_secs(300);
+
+/// How a local etcd compacts its history: periodically, keeping `retention` of it (see
+/// [`AUTO_COMPACTION_RETENTION`], the default). Periodic rather than revision mode: etcd
+/// runs its revision-mode compactor only every 5 minutes whatever the retention, and
+/// one revision of a group-committing master holds up to 120 records, so a revision
+/// count bounds the history's size only loosely; a time window bounds it by the write
+/// rate, and tests can shrink it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compaction {
+    /// The history kept (whole seconds; at least one).
+    pub retention: Duration,
+}
+
+impl Default for Compaction {
+    fn default() -> Self {
+        Compaction {
+            retention: AUTO_COMPACTION_RETENTION,
+        }
+    }
+}
+
+impl Compaction {
+    /// etcd's flags for it.
+    fn flags(&self) -> [OsString; 4] {
+        [
+            "--auto-compaction-mode".into(),
+            "periodic".into(),
+            "--auto-compaction-retention".into(),
+            format!("{}s", self.retention.as_secs().max(1)).into(),
+        ]
+    }
+}
+
+/// What a member says of its database (etcd's `Status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DbStatus {
+    /// The store revision.
+    pub revision: i64,
+    /// The database file's size in bytes (it never shrinks without a defragmentation).
+    pub db_size: i64,
+    /// The bytes of it in use (space freed by compaction is not, and is reused).
+    pub db_size_in_use: i64,
+}
 use crate::error::Result;
 use crate::etcd::{EtcdBackend, EtcdConfig, probe_channel};
-use edl_proto::etcd::etcdserverpb::{self as pb, cluster_client::ClusterClient};
+use edl_proto::etcd::etcdserverpb::{
+    self as pb, cluster_client::ClusterClient, maintenance_client::MaintenanceClient,
+};
 
 /// Environment variable naming the etcd binary to use.
 pub const ETCD_BIN_ENV: &str = "EDL_ETCD_BIN";
@@ -183,6 +230,7 @@ pub struct LocalEtcd {
     dir: tempfile::TempDir,
     token: String,
     members: Vec<EtcdMember>,
+    compaction: Compaction,
 }
 
 impl std::fmt::Debug for LocalEtcd {
@@ -196,8 +244,14 @@ impl std::fmt::Debug for LocalEtcd {
 
 impl LocalEtcd {
     /// Starts `members` etcd members (1 or 3 in practice) and waits until each
-    /// reports healthy. Retries with new ports when a port was taken meanwhile.
+    /// reports healthy. Retries with new ports when a port was taken meanwhile. They
+    /// compact their history as [`Compaction::default`] says.
     pub async fn start(members: usize) -> io::Result<LocalEtcd> {
+        LocalEtcd::start_with(members, Compaction::default()).await
+    }
+
+    /// [`start`](Self::start) with another compaction window (a test's shorter one).
+    pub async fn start_with(members: usize, compaction: Compaction) -> io::Result<LocalEtcd> {
         if members == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -221,6 +275,7 @@ impl LocalEtcd {
                     })
                     .collect(),
                 token,
+                compaction,
             };
             for i in 0..members {
                 cluster.spawn(i, "new")?;
@@ -295,14 +350,10 @@ impl LocalEtcd {
             "1000".into(),
             "--logger".into(),
             "zap".into(),
-            // A long job writes millions of revisions (task transitions, leases): keep
-            // the history bounded (etcd compacts what is older than this many revisions,
-            // every 5 minutes; followers that fall behind re-list).
-            "--auto-compaction-mode".into(),
-            "revision".into(),
-            "--auto-compaction-retention".into(),
-            AUTO_COMPACTION_RETENTION.to_string().into(),
         ];
+        // A long job writes millions of revisions (task transitions, checkpoints): keep
+        // the history bounded (followers that fall behind a compaction re-list).
+        let args = args.into_iter().chain(self.compaction.flags());
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -400,6 +451,47 @@ impl LocalEtcd {
     /// The name of the etcd member answering on member `i`'s client port (from its
     /// member list and the id in the response header), or `None` when it does not
     /// answer.
+    /// Member `i`'s revision and database sizes.
+    pub async fn db_status(&self, i: usize) -> io::Result<DbStatus> {
+        let ask = async {
+            let channel = probe_channel(&self.endpoint(i), Duration::from_secs(1))
+                .await
+                .ok_or_else(|| io::Error::other(format!("etcd member {i} unreachable")))?;
+            let s = MaintenanceClient::new(channel)
+                .status(pb::StatusRequest {})
+                .await
+                .map_err(|e| io::Error::other(format!("etcd member {i} status: {e}")))?
+                .into_inner();
+            Ok(DbStatus {
+                revision: s.header.map(|h| h.revision).unwrap_or_default(),
+                db_size: s.db_size,
+                db_size_in_use: s.db_size_in_use,
+            })
+        };
+        tokio::time::timeout(Duration::from_secs(5), ask)
+            .await
+            .map_err(|_| io::Error::other(format!("etcd member {i} status timed out")))?
+    }
+
+    /// The revision member `i` compacted its history to (etcd's `HashKV`: it reads the
+    /// whole key space, so ask it rarely).
+    pub async fn compact_revision(&self, i: usize) -> io::Result<i64> {
+        let ask = async {
+            let channel = probe_channel(&self.endpoint(i), Duration::from_secs(1))
+                .await
+                .ok_or_else(|| io::Error::other(format!("etcd member {i} unreachable")))?;
+            let r = MaintenanceClient::new(channel)
+                .hash_kv(pb::HashKvRequest { revision: 0 })
+                .await
+                .map_err(|e| io::Error::other(format!("etcd member {i} hash: {e}")))?
+                .into_inner();
+            Ok(r.compact_revision)
+        };
+        tokio::time::timeout(Duration::from_secs(30), ask)
+            .await
+            .map_err(|_| io::Error::other(format!("etcd member {i} hash timed out")))?
+    }
+
     async fn identity(&self, i: usize) -> Option<String> {
         let ask = async {
             let channel = probe_channel(&self.endpoint(i), Duration::from_secs(1)).await?;
@@ -531,6 +623,7 @@ mod tests {
                 peer_port: a.members[0].peer_port,
                 process: Mutex::new(None),
             }],
+            compaction: Compaction::default(),
         };
         let err = b.check_identity(0).await.unwrap_err();
         assert!(is_port_stolen(&err), "{err}");

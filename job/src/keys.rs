@@ -10,6 +10,7 @@
 //! /edl/<job>/job/state                 the job's final state (edl run)
 //! /edl/<job>/job/control               a request to the job (edl kill)
 //! /edl/<job>/job/dataset, job/queue    the master's dataset and queue records
+//! /edl/<job>/job/journal[/<id>/<n>]    a queue commit too large for one transaction
 //! /edl/<job>/scale/trainers            the desired trainer count (edl scale)
 //! /edl/<job>/master/election/<lease>   master candidates; the oldest leads
 //! /edl/<job>/tasks/<id>                task records (master)
@@ -97,6 +98,17 @@ impl JobKeys {
     /// The queue record: current pass, finished flag, counters, failed tasks.
     pub fn queue(&self) -> String {
         self.key("job/queue")
+    }
+
+    /// The header of a queue commit that spans several transactions: written after its
+    /// entries, it makes the commit durable (a new leader rolls it forward).
+    pub fn journal(&self) -> String {
+        self.key("job/journal")
+    }
+
+    /// The prefix of every journal entry (`journal/<id>/<n>`).
+    pub fn journal_entries(&self) -> String {
+        self.key("job/journal/")
     }
 
     /// The prefix of every task record.

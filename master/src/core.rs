@@ -24,9 +24,10 @@ use crate::store::Store;
 use crate::task::{LeasedTask, Next};
 
 /// Most requests applied in one batch by default. Each request changes at most one task
-/// record, so a batch's changes fit one etcd transaction (`store::MAX_OPS_PER_TXN`) and
-/// become durable atomically; only bulk events (a lost trainer holding many tasks, many
-/// leases timing out at once) may need more than one.
+/// record, so a batch's changes usually fit one etcd transaction
+/// (`store::MAX_OPS_PER_TXN`); bulk events (a lost trainer holding many tasks, many
+/// leases timing out at once) are committed through the store's journal, atomically
+/// all the same.
 pub const DEFAULT_MAX_BATCH: usize = 100;
 
 /// Longest a `GetTask` may be parked.

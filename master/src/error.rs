@@ -27,6 +27,10 @@ pub enum MasterError {
     /// The request names another job, or carries a wrong token.
     #[error("{0}")]
     Unauthenticated(String),
+    /// A record is too large for one etcd transaction (records are bounded by
+    /// construction: this is a bug, not a condition to retry).
+    #[error("record too large: {0}")]
+    TooLarge(String),
 }
 
 impl MasterError {
@@ -79,6 +83,7 @@ impl From<MasterError> for tonic::Status {
                 tonic::Status::new(Code::FailedPrecondition, msg)
             }
             MasterError::Unauthenticated(_) => tonic::Status::new(Code::Unauthenticated, msg),
+            MasterError::TooLarge(_) => tonic::Status::new(Code::Internal, msg),
         }
     }
 }

@@ -6,6 +6,14 @@
 //! then acknowledges it with [`CloudReader::finished`]: a task is done when its records
 //! were trained, not when they were read. End of pass and end of job arrive as items.
 //!
+//! Read-ahead follows the consumer's demand: the fetcher asks for its first task when the
+//! trainer first calls [`CloudReader::next`], and after delivering the end of a pass it
+//! asks for no task until the trainer calls `next` again. So no task is leased while the
+//! trainer initialises its parameters or evaluates between passes: a task leased then
+//! would sit in the buffer until its lease timed out, and the master would count a
+//! cut-off toward the task's `max_losses`. Within a pass the buffer keeps the trainer
+//! fed as before.
+//!
 //! A task whose chunks cannot be read (corrupt, truncated, changed since indexing) is
 //! failed at the master with the reader's error as the reason, and the fetcher moves on;
 //! the master retries it up to `max_failures` times and then reports it failed.
@@ -100,6 +108,8 @@ pub struct CloudReader {
     client: MasterClient,
     trainer: String,
     rx: mpsc::Receiver<Result<Item, ReaderError>>,
+    /// How many items the consumer asked for (calls of `next`).
+    asked: watch::Sender<u64>,
     stop: CancellationToken,
     fetcher: Option<JoinHandle<()>>,
 }
@@ -110,6 +120,7 @@ impl CloudReader {
         let (tx, rx) = mpsc::channel(cfg.read_ahead.max(1));
         let stop = CancellationToken::new();
         let trainer = cfg.trainer.clone();
+        let (asked, asks) = watch::channel(0);
         let fetcher = tokio::spawn(
             Fetcher {
                 client: client.clone(),
@@ -117,6 +128,9 @@ impl CloudReader {
                 tx,
                 stop: stop.clone(),
                 indexes: HashMap::new(),
+                asks,
+                sent: 0,
+                gate: Some(0),
             }
             .run()
             .in_current_span(),
@@ -125,13 +139,16 @@ impl CloudReader {
             client,
             trainer,
             rx,
+            asked,
             stop,
             fetcher: Some(fetcher),
         }
     }
 
-    /// The next item; `None` after `JobFinished` or an error.
+    /// The next item; `None` after `JobFinished` or an error. The first call starts the
+    /// read-ahead, and so does the first call after a `PassFinished` item.
     pub async fn next(&mut self) -> Option<Result<Item, ReaderError>> {
+        self.asked.send_modify(|n| *n += 1);
         self.rx.recv().await
     }
 
@@ -208,6 +225,12 @@ struct Fetcher {
     tx: mpsc::Sender<Result<Item, ReaderError>>,
     stop: CancellationToken,
     indexes: HashMap<String, Arc<ChunkIndex>>,
+    /// The consumer's asks (see [`CloudReader::next`]).
+    asks: watch::Receiver<u64>,
+    /// Items sent to the consumer.
+    sent: u64,
+    /// Lease nothing until the consumer asked for more than this many items.
+    gate: Option<u64>,
 }
 
 impl Fetcher {
@@ -215,7 +238,10 @@ impl Fetcher {
         let mut pass = self.cfg.start_pass;
         let mut request: u64 = 1;
         loop {
-            if self.stop.is_cancelled() || !self.hold_while_uncertain().await {
+            if self.stop.is_cancelled()
+                || !self.wait_for_demand().await
+                || !self.hold_while_uncertain().await
+            {
                 return;
             }
             let client = self.client.clone();
@@ -263,6 +289,8 @@ impl Fetcher {
                     {
                         return;
                     }
+                    // The trainer may evaluate now: lease nothing until it asks again.
+                    self.gate = Some(self.sent);
                 }
                 Ok(Next::JobFinished) => {
                     let _ = self.send(Ok(Item::JobFinished)).await;
@@ -273,6 +301,22 @@ impl Fetcher {
                     let _ = self.send(Err(e.into())).await;
                     return;
                 }
+            }
+        }
+    }
+
+    /// Waits until the consumer asked for more items than the gate; `false` when
+    /// stopped meanwhile.
+    async fn wait_for_demand(&mut self) -> bool {
+        let Some(gate) = self.gate else {
+            return true;
+        };
+        tokio::select! {
+            _ = self.stop.cancelled() => false,
+            // The reader dropped (its sender gone) stops the fetcher too.
+            r = self.asks.wait_for(|&n| n > gate) => {
+                self.gate = None;
+                r.is_ok()
             }
         }
     }
@@ -299,11 +343,13 @@ impl Fetcher {
         }
     }
 
-    async fn send(&self, item: Result<Item, ReaderError>) -> Result<(), ()> {
+    async fn send(&mut self, item: Result<Item, ReaderError>) -> Result<(), ()> {
         tokio::select! {
-            _ = self.stop.cancelled() => Err(()),
-            r = self.tx.send(item) => r.map_err(|_| ()),
+            _ = self.stop.cancelled() => return Err(()),
+            r = self.tx.send(item) => r.map_err(|_| ())?,
         }
+        self.sent += 1;
+        Ok(())
     }
 
     /// Reads a leased task and queues it; a task that cannot be read is failed at the

@@ -25,7 +25,7 @@ use tracing::Instrument as _;
 use crate::core::{Core, CoreHandle, StatusReport};
 use crate::dataset::DatasetSpec;
 use crate::error::MasterError;
-use crate::queue::QueueConfig;
+use crate::queue::{QueueConfig, bounded_reason};
 use crate::store::Store;
 
 /// Master configuration.
@@ -190,8 +190,13 @@ impl pb::master_server::Master for MasterGrpc {
     ) -> Result<Response<pb::GetTaskResponse>, Status> {
         self.check(&req)?;
         let r = req.into_inner();
-        if r.trainer.is_empty() {
-            return Err(MasterError::InvalidArgument("trainer id is empty".into()).into());
+        // The id is stored in the task record: a member id is bounded.
+        if !edl_job::valid_member_id(&r.trainer) {
+            return Err(MasterError::InvalidArgument(format!(
+                "trainer id {:?} is not a member id (1 to 200 characters, no '/')",
+                bounded_reason(&r.trainer)
+            ))
+            .into());
         }
         let wait = Duration::from_millis(u64::from(r.wait_ms));
         let reply = self

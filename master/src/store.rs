@@ -1,10 +1,33 @@
 //! The queue's durable state in etcd: every write is a transaction fenced by the master's
 //! election key, so a deposed master cannot write.
+//!
+//! **A batch of changes lands whole or not at all.** When its puts fit one transaction
+//! (at most [`MAX_OPS_PER_TXN`] operations and [`MAX_BYTES_PER_TXN`] bytes) it is one
+//! transaction. Otherwise (a lost trainer holding many tasks, a rebuilt queue re-arming
+//! many leases) it is journaled, in two phases:
+//!
+//! 1. its puts are packed into journal entries `job/journal/<id>/<n>` (as many
+//!    transactions as needed), then the header `job/journal` naming `<id>` and the entry
+//!    count is written: the header's transaction is the commit point;
+//! 2. the puts are applied to their keys (as many transactions as needed), then the
+//!    journal is deleted.
+//!
+//! [`Store::load`] first settles a journal left by a commit that stopped part-way: a
+//! header present means the batch committed, and its puts are applied again (they are
+//! idempotent); entries without a header are discarded. So a loader reads the state
+//! before a batch or after it, never a part of one: no pass `p + 1` task records under a
+//! pass `p` queue record, no transitions without their counters.
+//!
+//! **Sizes.** Every record must fit one transaction. The queue bounds its records by
+//! construction (failure reasons are truncated, trainer ids are member ids, the list of
+//! failed tasks is capped); a record over the bound is refused with
+//! [`MasterError::TooLarge`] before anything is written.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use edl_coord::{Backend, Fence, Op, Txn, fenced_txn};
+use serde::{Deserialize, Serialize};
 
 use crate::dataset::Dataset;
 use crate::error::MasterError;
@@ -16,8 +39,15 @@ use edl_job::JobKeys;
 pub const MAX_OPS_PER_TXN: usize = 120;
 
 /// etcd refuses requests over `--max-request-bytes` (1.5 MiB by default); stay well
-/// below it.
+/// below it. Counted as the keys and values of a transaction's operations plus
+/// [`OP_OVERHEAD`] bytes each.
 pub const MAX_BYTES_PER_TXN: usize = 1 << 20;
+
+/// Bytes counted per operation on top of its key and value (framing, the fence).
+pub const OP_OVERHEAD: usize = 64;
+
+/// Target size of one journal entry (several puts packed together).
+const JOURNAL_ENTRY_BYTES: usize = MAX_BYTES_PER_TXN / 4;
 
 /// What a new leader loads.
 #[derive(Debug, Clone)]
@@ -37,6 +67,16 @@ pub struct Store {
     keys: JobKeys,
     fence: Fence,
     txns: Arc<AtomicU64>,
+    journals: Arc<AtomicU64>,
+}
+
+/// The header of a journaled commit (`job/journal`): written after every entry.
+#[derive(Debug, Serialize, Deserialize)]
+struct JournalHeader {
+    /// The commit's id: its entries are `job/journal/<id>/<n>`.
+    id: String,
+    /// How many entries it has.
+    entries: usize,
 }
 
 fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, MasterError> {
@@ -48,6 +88,94 @@ fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, 
         .map_err(|e| MasterError::Unavailable(format!("corrupt record at {key}: {e}")))
 }
 
+/// The bytes an operation counts for against [`MAX_BYTES_PER_TXN`].
+fn op_bytes(op: &Op) -> usize {
+    OP_OVERHEAD
+        + match op {
+            Op::Put { key, value, .. } => key.len() + value.len(),
+            Op::Get { key } | Op::Delete { key } => key.len(),
+            Op::GetPrefix { prefix } | Op::DeletePrefix { prefix } => prefix.len(),
+            Op::Txn(t) => t.success.iter().chain(&t.failure).map(op_bytes).sum(),
+        }
+}
+
+fn op_key(op: &Op) -> &str {
+    match op {
+        Op::Put { key, .. } | Op::Get { key } | Op::Delete { key } => key,
+        Op::GetPrefix { prefix } | Op::DeletePrefix { prefix } => prefix,
+        Op::Txn(_) => "(nested transaction)",
+    }
+}
+
+/// Splits `ops`, in order, into transactions within etcd's limits. An operation that
+/// cannot fit any transaction is refused before anything is written.
+pub fn split(ops: Vec<Op>) -> Result<Vec<Vec<Op>>, MasterError> {
+    let mut txns = Vec::new();
+    let mut cur: Vec<Op> = Vec::new();
+    let mut bytes = 0;
+    for op in ops {
+        let n = op_bytes(&op);
+        if n > MAX_BYTES_PER_TXN {
+            return Err(MasterError::TooLarge(format!(
+                "the write of {} is {n} bytes, over the {MAX_BYTES_PER_TXN}-byte limit of one etcd transaction",
+                op_key(&op)
+            )));
+        }
+        if !cur.is_empty() && (cur.len() == MAX_OPS_PER_TXN || bytes + n > MAX_BYTES_PER_TXN) {
+            txns.push(std::mem::take(&mut cur));
+            bytes = 0;
+        }
+        bytes += n;
+        cur.push(op);
+    }
+    if !cur.is_empty() {
+        txns.push(cur);
+    }
+    Ok(txns)
+}
+
+/// Packs puts into journal entries of about [`JOURNAL_ENTRY_BYTES`]: each put is its
+/// key's and its value's length (u32, little-endian) followed by their bytes.
+fn pack(puts: &[(String, Vec<u8>)]) -> Vec<Vec<u8>> {
+    let mut entries = Vec::new();
+    let mut cur = Vec::new();
+    for (k, v) in puts {
+        if !cur.is_empty() && cur.len() + 8 + k.len() + v.len() > JOURNAL_ENTRY_BYTES {
+            entries.push(std::mem::take(&mut cur));
+        }
+        cur.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        cur.extend_from_slice(k.as_bytes());
+        cur.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        cur.extend_from_slice(v);
+    }
+    if !cur.is_empty() {
+        entries.push(cur);
+    }
+    entries
+}
+
+/// The puts of a journal entry (see [`pack`]).
+fn unpack(key: &str, mut bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, MasterError> {
+    let corrupt = || MasterError::Unavailable(format!("corrupt journal entry at {key}"));
+    let take = |bytes: &mut &[u8]| -> Result<Vec<u8>, MasterError> {
+        let (len, rest) = bytes.split_first_chunk::<4>().ok_or_else(corrupt)?;
+        let len = u32::from_le_bytes(*len) as usize;
+        if rest.len() < len {
+            return Err(corrupt());
+        }
+        let (v, rest) = rest.split_at(len);
+        *bytes = rest;
+        Ok(v.to_vec())
+    };
+    let mut puts = Vec::new();
+    while !bytes.is_empty() {
+        let k = String::from_utf8(take(&mut bytes)?).map_err(|_| corrupt())?;
+        let v = take(&mut bytes)?;
+        puts.push((k, v));
+    }
+    Ok(puts)
+}
+
 impl Store {
     /// A store writing under `keys`, fenced by `fence`.
     pub fn new(backend: Arc<dyn Backend>, keys: JobKeys, fence: Fence) -> Store {
@@ -56,6 +184,7 @@ impl Store {
             keys,
             fence,
             txns: Arc::new(AtomicU64::new(0)),
+            journals: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -64,8 +193,15 @@ impl Store {
         self.txns.load(Ordering::Relaxed)
     }
 
-    /// Loads the durable state; `None` until a dataset was defined.
+    /// Commits that needed the journal so far.
+    pub fn journaled(&self) -> u64 {
+        self.journals.load(Ordering::Relaxed)
+    }
+
+    /// Loads the durable state; `None` until a dataset was defined. A journaled commit
+    /// that stopped part-way is settled first (rolled forward if it committed).
     pub async fn load(&self) -> Result<Option<Loaded>, MasterError> {
+        self.settle_journal().await?;
         let Some(ds) = self.backend.get(&self.keys.dataset()).await? else {
             return Ok(None);
         };
@@ -98,42 +234,135 @@ impl Store {
         for t in &changes.tasks {
             ops.push(Op::put(self.keys.task(&t.spec.id), encode(t)?));
         }
-        self.commit_ops(ops).await?;
         let mut last = vec![Op::put(self.keys.dataset(), encode(dataset)?)];
         if let Some(meta) = &changes.meta {
             last.push(Op::put(self.keys.queue(), encode(meta)?));
         }
-        self.commit_ops(last).await
+        let (tasks, last) = (split(ops)?, split(last)?);
+        self.run(tasks).await?;
+        self.run(last).await
     }
 
-    /// Makes a batch of queue changes durable: one fenced transaction when it fits, a
-    /// few otherwise (the replies wait for all of them). If a later one fails after an
-    /// earlier one committed, etcd holds part of the batch: every task record is
-    /// self-contained and no reply was sent, so the rebuilt queue is valid and callers
-    /// retry idempotently (a retried `GetTask` gets the lease already recorded for it).
+    /// Makes a batch of queue changes durable, atomically: one fenced transaction when
+    /// it fits, a journaled commit otherwise (see the module header). The replies wait
+    /// for it. On an error etcd holds the state before the batch or after it, and a
+    /// rebuild from [`load`](Self::load) reads one of the two.
     pub async fn commit(&self, changes: &Changes) -> Result<(), MasterError> {
-        let mut ops = Vec::with_capacity(changes.tasks.len() + 1);
+        let mut puts = Vec::with_capacity(changes.tasks.len() + 1);
         for t in &changes.tasks {
-            ops.push(Op::put(self.keys.task(&t.spec.id), encode(t)?));
+            puts.push((self.keys.task(&t.spec.id), encode(t)?));
         }
         if let Some(meta) = &changes.meta {
-            ops.push(Op::put(self.keys.queue(), encode(meta)?));
+            puts.push((self.keys.queue(), encode(meta)?));
         }
-        self.commit_ops(ops).await
+        let ops = puts
+            .iter()
+            .map(|(k, v)| Op::put(k.clone(), v.clone()))
+            .collect();
+        let txns = split(ops)?;
+        if txns.len() <= 1 {
+            return self.run(txns).await;
+        }
+        self.commit_journaled(&puts, txns).await
     }
 
-    async fn commit_ops(&self, ops: Vec<Op>) -> Result<(), MasterError> {
-        let mut ops = ops.into_iter().peekable();
-        while ops.peek().is_some() {
-            let batch: Vec<Op> = ops.by_ref().take(MAX_OPS_PER_TXN).collect();
-            fenced_txn(
-                self.backend.as_ref(),
-                &self.fence,
-                Txn::new().and_then(batch),
-            )
+    async fn commit_journaled(
+        &self,
+        puts: &[(String, Vec<u8>)],
+        apply: Vec<Vec<Op>>,
+    ) -> Result<(), MasterError> {
+        let seq = self.journals.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{:016x}-{seq:08x}", self.fence.revision);
+        let prefix = format!("{}{id}/", self.keys.journal_entries());
+        let mut ops: Vec<Op> = pack(puts)
+            .into_iter()
+            .enumerate()
+            .map(|(n, e)| Op::put(format!("{prefix}{n:06}"), e))
+            .collect();
+        let header = JournalHeader {
+            id,
+            entries: ops.len(),
+        };
+        ops.push(Op::put(self.keys.journal(), encode(&header)?));
+        tracing::debug!(
+            puts = puts.len(),
+            entries = header.entries,
+            "journaled queue commit"
+        );
+        // Phase 1: the header goes last; its transaction commits the batch.
+        self.run(split(ops)?).await?;
+        // Phase 2: apply, then drop the journal.
+        self.run(apply).await?;
+        self.drop_journal().await
+    }
+
+    /// Rolls a committed journal forward, or discards the entries of one that never
+    /// committed.
+    async fn settle_journal(&self) -> Result<(), MasterError> {
+        let entries = self.keys.journal_entries();
+        let Some(h) = self.backend.get(&self.keys.journal()).await? else {
+            let (kvs, _) = self.backend.range(&entries).await?;
+            if !kvs.is_empty() {
+                tracing::info!(
+                    entries = kvs.len(),
+                    "discarding an uncommitted queue journal"
+                );
+                self.drop_journal().await?;
+            }
+            return Ok(());
+        };
+        let header: JournalHeader = decode(&h.key, &h.value)?;
+        let (kvs, _) = self
+            .backend
+            .range(&format!("{entries}{}/", header.id))
             .await?;
+        if kvs.len() != header.entries {
+            return Err(MasterError::Unavailable(format!(
+                "the queue journal {} has {} of its {} entries",
+                header.id,
+                kvs.len(),
+                header.entries
+            )));
+        }
+        let mut ops = Vec::new();
+        for kv in &kvs {
+            for (k, v) in unpack(&kv.key, &kv.value)? {
+                if !k.starts_with(self.keys.root()) {
+                    return Err(MasterError::Unavailable(format!(
+                        "the queue journal {} writes {k}, outside the job",
+                        header.id
+                    )));
+                }
+                ops.push(Op::put(k, v));
+            }
+        }
+        tracing::info!(
+            journal = %header.id,
+            puts = ops.len(),
+            "rolling a committed queue journal forward"
+        );
+        self.run(split(ops)?).await?;
+        self.drop_journal().await
+    }
+
+    async fn drop_journal(&self) -> Result<(), MasterError> {
+        self.run(vec![vec![
+            Op::delete(self.keys.journal()),
+            Op::delete_prefix(self.keys.journal_entries()),
+        ]])
+        .await
+    }
+
+    /// Runs each transaction in order, fenced.
+    async fn run(&self, txns: Vec<Vec<Op>>) -> Result<(), MasterError> {
+        for ops in txns {
+            fenced_txn(self.backend.as_ref(), &self.fence, Txn::new().and_then(ops)).await?;
             self.txns.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod tests;

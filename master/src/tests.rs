@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{MasterClient, MasterClientConfig, Next};
+use crate::queue::{QueueConfig, TimeoutPolicy};
 use crate::reader::{CloudReader, Item, ReaderConfig};
 use crate::server::{MasterConfig, run};
 use edl_job::{JobKeys, JobName};
@@ -60,10 +61,22 @@ impl Harness {
 
     /// A master on `backend` (a fault-injecting wrapper, say) reconciling every `every`.
     async fn start_master_on(&mut self, backend: Arc<dyn Backend>, every: Duration) {
+        self.start_master_with(backend, every, QueueConfig::default())
+            .await;
+    }
+
+    /// A master with queue settings `queue`.
+    async fn start_master_with(
+        &mut self,
+        backend: Arc<dyn Backend>,
+        every: Duration,
+        queue: QueueConfig,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut cfg = MasterConfig::new(self.job.clone());
         cfg.lease_ttl = Duration::from_secs(1);
         cfg.reconcile_every = every;
+        cfg.queue = queue;
         let stop = self.stop.child_token();
         let s = stop.clone();
         let h = tokio::spawn(async move {
@@ -466,4 +479,103 @@ async fn a_standby_takes_over_and_readers_continue() {
     let st = client.status().await.unwrap();
     assert!(st.finished);
     assert!(st.counters.unwrap().failovers >= 1);
+}
+
+/// Read-ahead follows the consumer: while the trainer initialises (before its first
+/// `next`) and while it evaluates (after a pass-end item), the reader leases nothing, so
+/// no read-ahead lease times out however long the pause; within a pass it does read
+/// ahead. Each pause outlasts a task lease: a control lease taken at its start times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_read_ahead_lease_times_out_while_the_trainer_initialises_or_evaluates() {
+    const TIMEOUT_MS: u64 = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 1, 40);
+    let mut h = Harness::new("pauses");
+    let queue = QueueConfig {
+        timeout: TimeoutPolicy {
+            initial: TIMEOUT_MS,
+            floor: TIMEOUT_MS,
+            ceiling: TIMEOUT_MS,
+            ..TimeoutPolicy::default()
+        },
+        ..QueueConfig::default()
+    };
+    h.start_master_with(h.backend.clone(), Duration::from_millis(200), queue)
+        .await;
+    let client = h.client();
+    client.set_dataset(vec![glob], 1, 2).await.unwrap();
+    let _t = h.register("t").await;
+    let _idle = h.register("idle").await;
+    let counters = |st: &edl_proto::master::StatusResponse| st.counters.unwrap();
+    // A pause of the trainer: a control lease taken after the reader is up, held by a
+    // trainer that never reports, until the master timed it out.
+    let pause = |pass: u32, request: u64| {
+        let client = client.clone();
+        async move {
+            let before = counters(&client.status().await.unwrap()).timeouts;
+            let next = client
+                .get_task("idle", pass, request, Duration::ZERO)
+                .await
+                .unwrap();
+            assert!(matches!(next, Next::Task(_)), "{next:?}");
+            let timed_out = edl_testkit::wait_until(
+                Duration::from_secs(10),
+                Duration::from_millis(20),
+                || async { counters(&client.status().await.unwrap()).timeouts > before },
+            )
+            .await;
+            assert!(timed_out, "the control lease timed out");
+            let st = client.status().await.unwrap();
+            assert_eq!(st.pending, 0, "the reader leased nothing during the pause");
+            st
+        }
+    };
+
+    let mut reader = CloudReader::start(h.client(), ReaderConfig::new("t"));
+    // Initialising.
+    let st = pause(0, 1).await;
+    assert_eq!(counters(&st).dispatched, 1, "only the control lease");
+
+    let mut passes = Vec::new();
+    let mut records = 0;
+    let mut witnessed_read_ahead = false;
+    while let Some(item) = reader.next().await {
+        match item.unwrap() {
+            Item::Task(t) => {
+                if !witnessed_read_ahead {
+                    // Holding this task, the reader leases ahead of the trainer.
+                    witnessed_read_ahead = edl_testkit::wait_until(
+                        Duration::from_secs(10),
+                        Duration::from_millis(10),
+                        || async { client.status().await.unwrap().pending >= 3 },
+                    )
+                    .await;
+                    assert!(witnessed_read_ahead, "two tasks leased ahead");
+                }
+                records += t.records.len();
+                reader
+                    .finished(&t.task, t.records.len() as u64, &[])
+                    .await
+                    .unwrap();
+            }
+            Item::PassFinished { ended, next } => {
+                passes.push(ended);
+                // Evaluating.
+                let st = pause(next, 2).await;
+                assert_eq!(st.pass, next);
+            }
+            Item::JobFinished => break,
+        }
+    }
+    assert_eq!(
+        (passes, records),
+        (vec![0], 80),
+        "both passes, every record"
+    );
+    let st = client.status().await.unwrap();
+    assert!(st.finished);
+    let c = counters(&st);
+    assert_eq!(c.timeouts, 2, "the two control leases only");
+    assert_eq!(c.cutoff_records, 10, "the control leases' 5 records each");
+    assert_eq!((c.failed_tasks, c.lost_records), (0, 0));
 }

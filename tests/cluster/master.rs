@@ -240,3 +240,185 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     let st = client.status().await.unwrap();
     assert_eq!(st.counters.unwrap().stale_rejected, 1);
 }
+
+/// Task transitions [`a_million_task_transitions_leave_the_etcd_database_bounded`]
+/// drives: `EDL_TRANSITIONS`, a million by default.
+fn transitions() -> u64 {
+    std::env::var("EDL_TRANSITIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000)
+}
+
+/// A million task transitions (dispatches and completions, group-committed 100 at a
+/// time through the master's `Store`, as the leader's actor commits them) against an
+/// etcd started like the private etcd of `edl run`, its compaction window scaled down
+/// from 5 minutes to 2 s so that the run spans several: the database in use stays
+/// bounded by the window's writes, not by the run's, and falls back to about the live
+/// records once writing stops. The file (`dbSize`) grows to the high-water mark of
+/// what was in use and does not shrink without a defragmentation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_task_transitions_leave_the_etcd_database_bounded() {
+    use edl_coord::Fence;
+    use edl_coord::local_etcd::{Compaction, LocalEtcd};
+    use edl_job::{JobKeys, JobName};
+    use edl_master::dataset::{Dataset, DatasetSpec};
+    use edl_master::queue::{GetTask, Queue, QueueConfig, TaskSpec};
+    use edl_master::store::Store;
+
+    const WINDOW: Duration = Duration::from_secs(2);
+    const TASKS: u32 = 1000;
+    const BATCH: usize = 100;
+    const MIB: i64 = 1 << 20;
+    let target = transitions();
+    let etcd = LocalEtcd::start_with(1, Compaction { retention: WINDOW })
+        .await
+        .expect("start etcd");
+    let backend = etcd.connect().await.expect("connect");
+    let keys = JobKeys::new(&JobName::new("million").unwrap());
+    let key = format!("{}master/election/test", keys.root());
+    let revision = backend.put(&key, b"x".to_vec(), None).await.unwrap();
+    let store = Store::new(backend.clone(), keys.clone(), Fence { key, revision });
+    let specs = (0..TASKS)
+        .map(|i| TaskSpec {
+            id: TaskSpec::make_id(0, i, i + 1),
+            file: 0,
+            chunk_begin: i,
+            chunk_end: i + 1,
+            records: 100,
+            offset_begin: u64::from(i) * 4096,
+            offset_end: u64::from(i + 1) * 4096,
+        })
+        .collect();
+    let cfg = QueueConfig {
+        passes: u32::MAX,
+        ..QueueConfig::default()
+    };
+    let mut q = Queue::new(cfg, specs);
+    let ds = Dataset {
+        spec: DatasetSpec {
+            globs: vec!["/data/part-*".into()],
+            chunks_per_task: 1,
+            passes: u32::MAX,
+        },
+        files: Vec::new(),
+        tasks: u64::from(TASKS),
+        records: u64::from(TASKS) * 100,
+    };
+    store.create_dataset(&ds, &q.take_changes()).await.unwrap();
+
+    let first = etcd.db_status(0).await.unwrap();
+    let started = Instant::now();
+    let (mut done, mut bytes) = (0u64, 0u64);
+    let mut peak_in_use = 0;
+    // (elapsed, revision) every second or so.
+    let mut samples: Vec<(Duration, i64)> = Vec::new();
+    while done < target {
+        let now = started.elapsed().as_millis() as u64;
+        let pass = q.pass();
+        let mut held = Vec::with_capacity(BATCH);
+        for n in 0..BATCH {
+            match q.get_task(&format!("t{}", n % 10), pass, 0, now) {
+                GetTask::Task(t) => held.push(t),
+                _ => break,
+            }
+        }
+        for _ in 0..2 {
+            let changes = q.take_changes();
+            if let Some(t) = changes.tasks.first() {
+                let record = serde_json::to_vec(t).unwrap().len() as u64;
+                bytes += record * changes.tasks.len() as u64;
+            }
+            store.commit(&changes).await.expect("commit");
+            done += changes.tasks.len() as u64;
+            for t in held.drain(..) {
+                q.finished(&t.spec.id, t.generation, 100, &[], now).unwrap();
+            }
+        }
+        if samples
+            .last()
+            .is_none_or(|s| started.elapsed() >= s.0 + Duration::from_secs(1))
+        {
+            let s = etcd.db_status(0).await.unwrap();
+            peak_in_use = peak_in_use.max(s.db_size_in_use);
+            samples.push((started.elapsed(), s.revision));
+        }
+    }
+    let took = started.elapsed();
+    let last = etcd.db_status(0).await.unwrap();
+    let windows = took.as_secs_f64() / WINDOW.as_secs_f64();
+    eprintln!(
+        "{done} transitions in {took:.1?} ({:.0}/s), {} revisions, {} MiB of records written; \
+         in use: peak {} MiB, at the end {} MiB; file {} MiB",
+        done as f64 / took.as_secs_f64(),
+        last.revision - first.revision,
+        bytes >> 20,
+        peak_in_use / MIB,
+        last.db_size_in_use / MIB,
+        last.db_size / MIB,
+    );
+
+    // The run spanned several compaction windows, and etcd compacted all along: its
+    // compact revision is past what the store had written two thirds into the run.
+    assert!(
+        windows >= 6.0,
+        "the run took {took:?}, not several {WINDOW:?} windows: raise EDL_TRANSITIONS"
+    );
+    let two_thirds = samples
+        .iter()
+        .find(|s| s.0 >= took * 2 / 3)
+        .expect("samples all along")
+        .1;
+    let compact = etcd.compact_revision(0).await.unwrap();
+    assert!(
+        compact >= two_thirds,
+        "compacted to revision {compact}, not past {two_thirds} (two thirds into the run)"
+    );
+    // Bounded: what is in use never held more than about two windows of writes (at
+    // twice the records' bytes, for etcd's own bytes per version) over the live
+    // records, however long the run; and once writing stops it falls back to about the
+    // live records (1000 task records, the queue record).
+    let written = bytes as i64;
+    let per_window = (written as f64 * WINDOW.as_secs_f64() / took.as_secs_f64()) as i64;
+    assert!(
+        written >= 100 * MIB,
+        "the run wrote {} MiB of records",
+        written / MIB
+    );
+    assert!(
+        peak_in_use <= 16 * MIB + 4 * per_window && peak_in_use <= written / 2,
+        "peak in use {} MiB; {} MiB written, {} MiB a window",
+        peak_in_use / MIB,
+        written / MIB,
+        per_window / MIB
+    );
+    // Writing stopped: within a window or two etcd compacts to the run's last revision.
+    let caught_up = edl_testkit::wait_until(
+        3 * WINDOW + Duration::from_secs(10),
+        Duration::from_millis(500),
+        || async { etcd.compact_revision(0).await.unwrap() >= last.revision },
+    )
+    .await;
+    assert!(caught_up, "etcd compacted up to the last revision");
+    // etcd deletes the compacted versions in the background.
+    let bound = (20 * MIB).min(peak_in_use / 2);
+    let settled = wait_until(Duration::from_secs(30), || async {
+        etcd.db_status(0).await.unwrap().db_size_in_use <= bound
+    })
+    .await;
+    let end = etcd.db_status(0).await.unwrap();
+    eprintln!("in use once compacted: {} MiB", end.db_size_in_use / MIB);
+    assert!(
+        settled,
+        "{} MiB still in use after compacting the whole run",
+        end.db_size_in_use / MIB
+    );
+    // The file grew to the high-water mark only (freed pages are reused): it does not
+    // shrink without `etcdctl defrag`.
+    assert!(
+        end.db_size <= peak_in_use + 32 * MIB && end.db_size <= written / 2,
+        "file {} MiB, peak in use {} MiB",
+        end.db_size / MIB,
+        peak_in_use / MIB
+    );
+}

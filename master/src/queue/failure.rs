@@ -59,6 +59,7 @@ impl Queue {
     /// A failure event on a pending task: back to todo, or failed for good past
     /// `max_failures`.
     pub(super) fn fail(&mut self, i: usize, reason: &str, redo: Redo) {
+        let reason = &super::bounded_reason(reason);
         self.unlease(i);
         let (max_failures, max_losses) = (self.cfg.max_failures, self.cfg.max_losses);
         let pass = self.meta.pass;

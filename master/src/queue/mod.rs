@@ -47,12 +47,13 @@ mod rewind;
 mod types;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use rewind::Rewind;
 pub use types::{
-    Ack, Changes, FailedTask, GetTask, MAX_FAILED_REPORTED, Meta, Millis, QueueConfig,
-    QueueCounters, Reject, StateCounts, Task, TaskSpec, TaskState, TimeoutPolicy,
+    Ack, Changes, FailedTask, GetTask, MAX_FAILED_REPORTED, MAX_REASON_BYTES, Meta, Millis,
+    QueueConfig, QueueCounters, Reject, StateCounts, Task, TaskSpec, TaskState, TimeoutPolicy,
+    bounded_reason,
 };
 
 /// The task queue.

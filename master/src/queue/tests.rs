@@ -5,7 +5,7 @@ use super::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
-pub(super) fn specs(n: u32) -> Vec<TaskSpec> {
+pub(crate) fn specs(n: u32) -> Vec<TaskSpec> {
     (0..n)
         .map(|i| TaskSpec {
             id: TaskSpec::make_id(i / 4, i % 4, i % 4 + 1),
@@ -19,7 +19,7 @@ pub(super) fn specs(n: u32) -> Vec<TaskSpec> {
         .collect()
 }
 
-pub(super) fn cfg(passes: u32, max_failures: u32) -> QueueConfig {
+pub(crate) fn cfg(passes: u32, max_failures: u32) -> QueueConfig {
     QueueConfig {
         passes,
         max_failures,
@@ -28,7 +28,7 @@ pub(super) fn cfg(passes: u32, max_failures: u32) -> QueueConfig {
     }
 }
 
-pub(super) fn take(q: &mut Queue, trainer: &str, now: Millis) -> Task {
+pub(crate) fn take(q: &mut Queue, trainer: &str, now: Millis) -> Task {
     let pass = q.pass();
     match q.get_task(trainer, pass, 0, now) {
         GetTask::Task(t) => t,
@@ -286,7 +286,7 @@ fn ev() -> impl Strategy<Value = Ev> {
 }
 
 /// The indexes agree with the tasks and every task is in exactly one state.
-fn check_invariants(q: &Queue) {
+pub(crate) fn check_invariants(q: &Queue) {
     let todo: BTreeSet<usize> = q.todo.iter().copied().collect();
     assert_eq!(todo.len(), q.todo.len(), "a task is twice in todo");
     for (i, t) in q.tasks.iter().enumerate() {

@@ -13,6 +13,33 @@ pub type Millis = u64;
 /// counting past it).
 pub const MAX_FAILED_REPORTED: usize = 1000;
 
+/// Longest failure reason kept in a record, in bytes (a longer one is cut at a character
+/// boundary and marked with `...`; control characters become spaces, so JSON escapes
+/// at most double it). With [`MAX_FAILED_REPORTED`] it bounds the [`Meta`] record to
+/// well under one etcd transaction (`store::MAX_BYTES_PER_TXN`).
+pub const MAX_REASON_BYTES: usize = 256;
+
+/// `reason` as a record keeps it: at most [`MAX_REASON_BYTES`], no control characters.
+pub fn bounded_reason(reason: &str) -> String {
+    let (kept, cut) = if reason.len() <= MAX_REASON_BYTES {
+        (reason, false)
+    } else {
+        let mut end = MAX_REASON_BYTES - 3;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        (&reason[..end], true)
+    };
+    let mut out: String = kept
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if cut {
+        out.push_str("...");
+    }
+    out
+}
+
 /// What a task reads: a run of consecutive chunks of one RecordIO file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskSpec {

@@ -1,0 +1,335 @@
+//! Tests of the store: a batch too large for one transaction lands whole or not at all,
+//! whichever of its transactions fails (before or after etcd applied it); a record too
+//! large for any transaction is refused before anything is written.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use edl_coord::{
+    Error, KeyValue, LeaseGrant, LeaseId, MemBackend, Revision, TxnResponse, WatchStream,
+};
+use edl_job::JobName;
+
+use super::*;
+use crate::dataset::DatasetSpec;
+use crate::queue::tests::{cfg, check_invariants, specs, take};
+use crate::queue::{
+    FailedTask, GetTask, MAX_FAILED_REPORTED, MAX_REASON_BYTES, Queue, TaskSpec, TaskState,
+};
+
+/// A backend that fails the `k`-th transaction after [`FailTxn::arm`]: before applying
+/// it, or after (etcd applied it and the reply was lost).
+#[derive(Debug)]
+struct FailTxn {
+    inner: Arc<dyn Backend>,
+    seen: AtomicU64,
+    fail_at: AtomicU64,
+    applied: AtomicBool,
+}
+
+impl FailTxn {
+    fn new() -> Arc<FailTxn> {
+        Arc::new(FailTxn {
+            inner: Arc::new(MemBackend::new()),
+            seen: AtomicU64::new(0),
+            fail_at: AtomicU64::new(0),
+            applied: AtomicBool::new(false),
+        })
+    }
+
+    /// Fails the `k`-th transaction from now (1-based; 0: none).
+    fn arm(&self, k: u64, applied: bool) {
+        let at = if k == 0 {
+            0
+        } else {
+            self.seen.load(Ordering::SeqCst) + k
+        };
+        self.applied.store(applied, Ordering::SeqCst);
+        self.fail_at.store(at, Ordering::SeqCst);
+    }
+
+    fn txns(&self) -> u64 {
+        self.seen.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Backend for FailTxn {
+    async fn get(&self, key: &str) -> edl_coord::Result<Option<KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn range(&self, prefix: &str) -> edl_coord::Result<(Vec<KeyValue>, Revision)> {
+        self.inner.range(prefix).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> edl_coord::Result<Revision> {
+        self.inner.put(key, value, lease).await
+    }
+    async fn delete(&self, key: &str) -> edl_coord::Result<bool> {
+        self.inner.delete(key).await
+    }
+    async fn delete_prefix(&self, prefix: &str) -> edl_coord::Result<u64> {
+        self.inner.delete_prefix(prefix).await
+    }
+    async fn txn(&self, txn: Txn) -> edl_coord::Result<TxnResponse> {
+        let n = self.seen.fetch_add(1, Ordering::SeqCst) + 1;
+        if n != self.fail_at.load(Ordering::SeqCst) {
+            return self.inner.txn(txn).await;
+        }
+        if self.applied.load(Ordering::SeqCst) {
+            self.inner.txn(txn).await?;
+        }
+        Err(Error::Unavailable {
+            endpoints: vec!["injected".into()],
+            msg: format!("transaction {n} failed"),
+        })
+    }
+    async fn compact(&self, revision: Revision) -> edl_coord::Result<()> {
+        self.inner.compact(revision).await
+    }
+    async fn lease_grant(&self, ttl: Duration) -> edl_coord::Result<LeaseGrant> {
+        self.inner.lease_grant(ttl).await
+    }
+    async fn lease_keep_alive_once(&self, id: LeaseId) -> edl_coord::Result<Option<Duration>> {
+        self.inner.lease_keep_alive_once(id).await
+    }
+    async fn lease_revoke(&self, id: LeaseId) -> edl_coord::Result<()> {
+        self.inner.lease_revoke(id).await
+    }
+    async fn lease_ttl(&self, id: LeaseId) -> edl_coord::Result<Option<Duration>> {
+        self.inner.lease_ttl(id).await
+    }
+    async fn watch_prefix(
+        &self,
+        prefix: &str,
+        start_revision: Option<Revision>,
+    ) -> edl_coord::Result<WatchStream> {
+        self.inner.watch_prefix(prefix, start_revision).await
+    }
+}
+
+fn keys() -> JobKeys {
+    JobKeys::new(&JobName::new("store").unwrap())
+}
+
+/// A leader's store: a fresh election key is its fence.
+async fn leader(backend: &Arc<FailTxn>, name: &str) -> Store {
+    let key = format!("{}master/election/{name}", keys().root());
+    let revision = backend.inner.put(&key, b"x".to_vec(), None).await.unwrap();
+    let backend: Arc<dyn Backend> = backend.clone();
+    Store::new(backend, keys(), Fence { key, revision })
+}
+
+fn dataset(tasks: u64) -> Dataset {
+    Dataset {
+        spec: DatasetSpec {
+            globs: vec!["none".into()],
+            chunks_per_task: 1,
+            passes: 2,
+        },
+        files: Vec::new(),
+        tasks,
+        records: 0,
+    }
+}
+
+/// The durable records, as a new leader reads them.
+type Snapshot = (Meta, Vec<Task>);
+
+async fn snapshot(store: &Store) -> Snapshot {
+    let l = store.load().await.unwrap().expect("a dataset");
+    let mut tasks = l.tasks;
+    tasks.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+    (l.meta, tasks)
+}
+
+const TASKS: u32 = 5000;
+const BULK: usize = 4600;
+
+/// A queue in etcd with its first pass all but done (one task pending), and the big
+/// batch that ends the pass and leases `BULK` tasks of the next one: more puts and
+/// bytes than one transaction takes (and than one journal transaction).
+async fn prepare(backend: &Arc<FailTxn>) -> (Store, Changes) {
+    let store = leader(backend, "old").await;
+    let mut q = Queue::new(cfg(2, 3), specs(TASKS));
+    let c = q.take_changes();
+    store
+        .create_dataset(&dataset(u64::from(TASKS)), &c)
+        .await
+        .unwrap();
+    let first = q.tasks()[0].spec.id.clone();
+    let mut held = Vec::new();
+    for n in 0..TASKS {
+        held.push(take(&mut q, "a", u64::from(n)));
+        if held.len() == 100 {
+            store.commit(&q.take_changes()).await.unwrap();
+            for t in held.drain(..).filter(|t| t.spec.id != first) {
+                q.finished(&t.spec.id, t.generation, 1, &[], 0).unwrap();
+            }
+            store.commit(&q.take_changes()).await.unwrap();
+        }
+    }
+    assert_eq!((q.pass(), q.counts().pending), (0, 1), "one task left");
+    let last = q.tasks()[0].clone();
+    q.finished(&last.spec.id, last.generation, 1, &[], 0)
+        .unwrap();
+    assert_eq!(q.pass(), 1, "the pass ended");
+    for n in 0..BULK {
+        let trainer = if n % 2 == 0 { "b" } else { "c" };
+        match q.get_task(trainer, 1, 0, 0) {
+            GetTask::Task(_) => {}
+            other => panic!("expected a task, got {other:?}"),
+        }
+    }
+    let bulk = q.take_changes();
+    // Every record is of pass 1 (the last task of pass 0 is leased again first).
+    assert_eq!(bulk.tasks.len(), BULK);
+    assert!(bulk.tasks.iter().all(|t| t.pass == 1));
+    assert_eq!(bulk.meta.as_ref().map(|m| m.pass), Some(1));
+    (store, bulk)
+}
+
+/// A new leader rebuilds the queue from a snapshot: no task in two passes, no record
+/// lost, the invariants hold.
+fn check_loadable(s: &Snapshot) {
+    let (meta, tasks) = s;
+    assert_eq!(tasks.len(), TASKS as usize, "every task record is there");
+    assert!(
+        tasks.iter().all(|t| t.pass <= meta.pass),
+        "a task record of pass {} under the queue record of pass {}",
+        tasks.iter().map(|t| t.pass).max().unwrap_or(0),
+        meta.pass
+    );
+    let q = Queue::restore(cfg(2, 3), meta.clone(), tasks.clone(), 0);
+    check_invariants(&q);
+}
+
+/// Fails each transaction of a journaled commit in turn (before etcd applies it, and
+/// after: a lost reply): a new leader always loads the state before the batch or the
+/// state after it, and loads both across the failure points.
+#[tokio::test]
+async fn a_batch_over_several_transactions_lands_whole_or_not_at_all() {
+    // The state before and after the batch, and how many transactions it takes.
+    let backend = FailTxn::new();
+    let (store, bulk) = prepare(&backend).await;
+    let before = snapshot(&store).await;
+    let t0 = backend.txns();
+    store.commit(&bulk).await.unwrap();
+    let txns = backend.txns() - t0;
+    assert_eq!(store.journaled(), 1);
+    let after = snapshot(&store).await;
+    assert_ne!(before, after);
+    check_loadable(&before);
+    check_loadable(&after);
+    assert!(
+        txns > 30,
+        "{txns} transactions: several to write the journal, then to apply it"
+    );
+    let mut outcomes = BTreeMap::new();
+    for applied in [false, true] {
+        // The first transactions (the journal's), then a sample of the rest.
+        let points = (1..=txns).filter(|&k| k <= 4 || k % 7 == 0 || k + 2 >= txns);
+        for k in points {
+            let backend = FailTxn::new();
+            let (store, bulk) = prepare(&backend).await;
+            backend.arm(k, applied);
+            let r = store.commit(&bulk).await;
+            assert!(
+                r.is_err(),
+                "transaction {k} failed, so did the commit: {r:?}"
+            );
+            backend.arm(0, false);
+            let new = leader(&backend, "new").await;
+            let loaded = snapshot(&new).await;
+            let which = if loaded == before {
+                "before"
+            } else if loaded == after {
+                "after"
+            } else {
+                check_loadable(&loaded);
+                panic!(
+                    "transaction {k} (applied: {applied}) failed: a new leader loads a part of the batch"
+                );
+            };
+            *outcomes.entry(which).or_insert(0) += 1;
+            let (journal, _) = new.backend.range(&keys().journal_entries()).await.unwrap();
+            assert!(journal.is_empty(), "the journal is settled");
+            assert!(new.backend.get(&keys().journal()).await.unwrap().is_none());
+            // The deposed leader can write no more.
+            backend
+                .inner
+                .delete(&format!("{}master/election/old", keys().root()))
+                .await
+                .unwrap();
+            assert!(matches!(
+                store.commit(&bulk).await,
+                Err(MasterError::NotLeader { .. })
+            ));
+        }
+    }
+    // Failing the journal's transactions leaves the state before (it takes two: both
+    // failed unapplied, the first applied); failing a later one the state after.
+    assert!(outcomes["before"] >= 3, "{outcomes:?}");
+    assert!(outcomes["after"] >= 10, "{outcomes:?}");
+}
+
+#[tokio::test]
+async fn a_record_too_large_for_a_transaction_is_refused_before_any_write() {
+    let backend = FailTxn::new();
+    let store = leader(&backend, "l").await;
+    let mut q = Queue::new(cfg(1, 3), specs(3));
+    let t = take(&mut q, "a", 0);
+    let mut big = q.tasks()[1].clone();
+    big.last_error = Some("x".repeat(MAX_BYTES_PER_TXN));
+    let mut changes = q.take_changes();
+    changes.tasks.push(big);
+    let t0 = backend.txns();
+    let err = store.commit(&changes).await.unwrap_err();
+    assert!(matches!(err, MasterError::TooLarge(_)), "{err}");
+    assert!(
+        err.to_string().contains("tasks/"),
+        "names the record: {err}"
+    );
+    assert_eq!(backend.txns(), t0, "nothing written");
+
+    // The queue bounds what a trainer sends: a huge reason is cut, and commits.
+    let reason = "é".repeat(MAX_BYTES_PER_TXN);
+    q.failed(&t.spec.id, t.generation, &reason, 0).unwrap();
+    let changes = q.take_changes();
+    let failed = &changes.tasks[0];
+    let kept = failed.last_error.as_deref().unwrap();
+    assert!(
+        kept.len() <= MAX_REASON_BYTES && kept.ends_with("..."),
+        "{kept}"
+    );
+    assert!(matches!(failed.state, TaskState::Todo));
+    store.commit(&changes).await.unwrap();
+}
+
+/// The largest queue record the bounds allow still fits one transaction.
+#[test]
+fn the_largest_queue_record_fits_one_transaction() {
+    let meta = Meta {
+        failed: (0..MAX_FAILED_REPORTED)
+            .map(|i| FailedTask {
+                pass: u32::MAX,
+                id: TaskSpec::make_id(u32::MAX, u32::MAX - 1, u32::MAX),
+                records: u64::MAX - i as u64,
+                // `"` is escaped (2 bytes): the worst a bounded reason can do.
+                reason: "\"".repeat(MAX_REASON_BYTES),
+            })
+            .collect(),
+        ..Meta::default()
+    };
+    let bytes = serde_json::to_vec(&meta).unwrap().len();
+    assert!(
+        bytes + keys().queue().len() + OP_OVERHEAD <= MAX_BYTES_PER_TXN,
+        "{bytes} bytes"
+    );
+}
