@@ -156,6 +156,19 @@ impl SyncState {
             .flat_map(|o| o.contributed.iter().map(String::as_str))
     }
 
+    /// Whether `trainer`'s gradients are in step `step`: it joined the open step (or the
+    /// one being applied), or one of the recently closed steps. A push of that step by
+    /// this trainer is its own retry, which [`admit`](Self::admit) answers.
+    pub fn took_part(&self, trainer: &str, step: u64) -> bool {
+        self.open
+            .as_ref()
+            .is_some_and(|o| o.step == step && o.contributed.contains(trainer))
+            || self
+                .recent
+                .iter()
+                .any(|(s, who)| *s == step && who.contains(trainer))
+    }
+
     /// Replaces the registry members (a reconciliation with a listing). Returns a step
     /// that became ready to close.
     pub fn set_members(&mut self, members: BTreeSet<String>) -> Option<CloseJob> {
