@@ -266,9 +266,10 @@ async fn exactly_one_trainer_initialises_and_concurrent_async_pushes_sum_exactly
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_gradients_are_refused_and_counted() {
-    let h = Harness::new("bad", 1);
+async fn bad_gradients_are_refused_whole_and_counted() {
+    let h = Harness::new("bad", 2);
     let _p0 = h.pserver(0, None).await;
+    let _p1 = h.pserver(1, None).await;
     let ps = h.client().await;
     init(
         &ps,
@@ -277,23 +278,87 @@ async fn bad_gradients_are_refused_and_counted() {
         cfg(Mode::Async, OptimizerConfig::sgd(1.0)),
     )
     .await;
-    let mut g = vec![0.0f32; N];
-    g[17] = f32::NAN;
-    let err = ps.push("t", 1, &[("w", &g)], &[]).await.unwrap_err();
+    // Value 200 is in block 1, on shard 1; the rest of the push (shard 0's blocks, "b")
+    // is finite. The client refuses it whole: shard 0 gets none of it either.
+    let mut g = vec![1.0f32; N];
+    g[200] = f32::NAN;
+    let err = ps
+        .push("t", 1, &[("w", &g), ("b", &[1.0])], &[])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PsClientError::NonFinite(_)), "{err}");
     assert_eq!(err.kind(), Some(ErrorKind::NonFinite), "{err}");
-    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument));
+    assert!(err.to_string().contains("\"w\" (value 200: NaN)"), "{err}");
+    let rows = [1u64, 2];
+    let err = ps
+        .push(
+            "t",
+            1,
+            &[],
+            &[SparseGrad {
+                table: "emb",
+                rows: &rows,
+                values: &[0.0, 0.0, 0.0, 0.0, f32::INFINITY, 0.0],
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), Some(ErrorKind::NonFinite), "{err}");
     let err = ps.push("t", 2, &[("w", &[1.0; 3])], &[]).await.unwrap_err();
     assert!(matches!(err, PsClientError::InvalidArgument(_)), "{err}");
     let err = ps.push("t", 2, &[("nope", &[1.0])], &[]).await.unwrap_err();
     assert!(matches!(err, PsClientError::InvalidArgument(_)), "{err}");
-    let st = ps.shard_status(0).await.unwrap();
-    assert_eq!(st.counters.unwrap().nonfinite_rejected, 1);
+    // A client that skips the check (here: a raw gRPC push to shard 1) is refused by the
+    // shard, whole: its finite block 1 is not applied either.
+    let addr = ps_addr(&h, 1).await;
+    let mut raw =
+        pb::parameter_server_client::ParameterServerClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+    let mut bad = vec![1.0f32; 128];
+    bad[5] = f32::NEG_INFINITY;
+    let mut req = tonic::Request::new(pb::PushRequest {
+        shard: 1,
+        shards: 2,
+        trainer: "t".into(),
+        session: 7,
+        step: 1,
+        dense: [(1, vec![1.0f32; 128]), (3, bad)]
+            .into_iter()
+            .map(|(id, v)| pb::DenseBlock {
+                id,
+                version: 0,
+                values: crate::wire::encode(&v),
+            })
+            .collect(),
+        ..Default::default()
+    });
+    edl_proto::headers::set_credentials(req.metadata_mut(), h.job.as_str(), None);
+    let st = raw.push(req).await.unwrap_err();
+    assert_eq!(st.code(), tonic::Code::InvalidArgument);
+    assert_eq!(ErrorKind::of(&st), Some(ErrorKind::NonFinite), "{st:?}");
+    assert!(st.message().contains("block 3"), "{st:?}");
+    let counters = |s: u32| {
+        let ps = ps.clone();
+        async move { ps.shard_status(s).await.unwrap().counters.unwrap() }
+    };
+    let (c0, c1) = (counters(0).await, counters(1).await);
+    assert_eq!(
+        (c0.nonfinite_rejected, c1.nonfinite_rejected),
+        (0, 1),
+        "only the raw push reached a shard"
+    );
+    assert_eq!((c0.pushes_applied, c1.pushes_applied), (0, 0));
     let mut cache = DenseCache::new();
     ps.pull_dense(&mut cache).await.unwrap();
     assert!(
         cache.get("w").unwrap().iter().all(|v| *v == 0.0),
         "nothing applied"
     );
+    assert_eq!(cache.get("b").unwrap(), &[0.5]);
+    for st in ps.status().await {
+        assert_eq!(st.unwrap().sparse_rows, 0, "no sparse row trained");
+    }
     // A trainer with another spec is told so.
     let ps2 = h.client().await;
     let err = ps2
