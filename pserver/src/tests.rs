@@ -524,6 +524,70 @@ async fn sync_steps_average_the_live_trainers_through_deaths_and_joins() {
     );
 }
 
+/// A sync push whose step stays open longer than the client's wait on the server
+/// (`sync_wait`) is asked again; the shard answers "in progress" until the step is
+/// applied: the push returns only then, and the trainer stays in the steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_push_asked_again_returns_only_once_its_step_is_applied() {
+    let h = Harness::new("sync-ask-again", 2);
+    let _p0 = h.pserver(0, None).await;
+    let _p1 = h.pserver(1, None).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![0.0; N],
+        cfg(Mode::sync(), OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let (_la, _lb) = (h.register("a").await, h.register("b").await);
+    wait_participants(&ps, &["a", "b"]).await;
+    let (a, b) = (h.client().await, h.client().await);
+    let origin = |task| {
+        Some(crate::shard::Origin {
+            pass: 0,
+            task,
+            seq: 0,
+        })
+    };
+    let pa = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.push_from("a", 1, origin(0), &[("w", &vec![1.0; N])], &[])
+                .await
+        })
+    };
+    // a's wait on the server (500 ms) runs out and it asks again, on both shards.
+    let asked_again = edl_testkit::wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async {
+            ps.status().await.iter().all(|s| {
+                s.as_ref()
+                    .is_ok_and(|s| s.counters.is_some_and(|c| c.duplicate_pushes >= 1))
+            })
+        },
+    )
+    .await;
+    assert!(asked_again, "{:?}", ps.status().await);
+    assert!(!pa.is_finished(), "step 1 is not applied: it waits for b");
+    for s in ps.status().await {
+        let s = s.unwrap();
+        assert_eq!((s.updates, s.next_step), (0, 1));
+        assert_eq!(s.participants, ["a", "b"], "a still takes part");
+        assert_eq!(s.contributed, ["a"]);
+    }
+    b.push_from("b", 1, origin(1), &[("w", &vec![3.0; N])], &[])
+        .await
+        .unwrap();
+    let out = pa.await.unwrap().unwrap();
+    assert_eq!(out.step, 1);
+    assert!(out.applied);
+    let mut cache = DenseCache::new();
+    assert_eq!(ps.pull_dense(&mut cache).await.unwrap().next_step, 2);
+    assert!(cache.get("w").unwrap().iter().all(|v| *v == -2.0));
+}
+
 async fn wait_manifest(backend: &Arc<dyn Backend>, keys: &JobKeys, step: u64) {
     let ok = edl_testkit::wait_until(
         Duration::from_secs(10),
