@@ -14,7 +14,8 @@
 //!   is the sum of the gradients of the trainers that pushed the step divided by their
 //!   number.
 //! - A push for a step already closed is stale (the trainer pulls and pushes the next
-//!   step); a retried push of a step the trainer contributed to is "already applied".
+//!   step); a retried push of a step the trainer contributed to is "in progress" while
+//!   the step is open and "already applied" once it closed ([`SyncState::took_part`]).
 //! - A push for a step beyond the open one waits for the open step to close; with no
 //!   step open, a push for a later step jumps the counter (a shard restored from an
 //!   older checkpoint catches up with the trainers).
