@@ -14,7 +14,8 @@
 //!   is the sum of the gradients of the trainers that pushed the step divided by their
 //!   number.
 //! - A push for a step already closed is stale (the trainer pulls and pushes the next
-//!   step); a retried push of a step the trainer contributed to is "already applied".
+//!   step); a retried push of a step the trainer contributed to is "in progress" while
+//!   the step is open and "already applied" once it closed ([`SyncState::took_part`]).
 //! - A push for a step beyond the open one waits for the open step to close; with no
 //!   step open, a push for a later step jumps the counter (a shard restored from an
 //!   older checkpoint catches up with the trainers).
@@ -154,6 +155,19 @@ impl SyncState {
         self.open
             .iter()
             .flat_map(|o| o.contributed.iter().map(String::as_str))
+    }
+
+    /// Whether `trainer`'s gradients are in step `step`: it joined the open step (or the
+    /// one being applied), or one of the recently closed steps. A push of that step by
+    /// this trainer is its own retry, which [`admit`](Self::admit) answers.
+    pub fn took_part(&self, trainer: &str, step: u64) -> bool {
+        self.open
+            .as_ref()
+            .is_some_and(|o| o.step == step && o.contributed.contains(trainer))
+            || self
+                .recent
+                .iter()
+                .any(|(s, who)| *s == step && who.contains(trainer))
     }
 
     /// Replaces the registry members (a reconciliation with a listing). Returns a step

@@ -266,9 +266,10 @@ async fn exactly_one_trainer_initialises_and_concurrent_async_pushes_sum_exactly
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_gradients_are_refused_and_counted() {
-    let h = Harness::new("bad", 1);
+async fn bad_gradients_are_refused_whole_and_counted() {
+    let h = Harness::new("bad", 2);
     let _p0 = h.pserver(0, None).await;
+    let _p1 = h.pserver(1, None).await;
     let ps = h.client().await;
     init(
         &ps,
@@ -277,23 +278,87 @@ async fn bad_gradients_are_refused_and_counted() {
         cfg(Mode::Async, OptimizerConfig::sgd(1.0)),
     )
     .await;
-    let mut g = vec![0.0f32; N];
-    g[17] = f32::NAN;
-    let err = ps.push("t", 1, &[("w", &g)], &[]).await.unwrap_err();
+    // Value 200 is in block 1, on shard 1; the rest of the push (shard 0's blocks, "b")
+    // is finite. The client refuses it whole: shard 0 gets none of it either.
+    let mut g = vec![1.0f32; N];
+    g[200] = f32::NAN;
+    let err = ps
+        .push("t", 1, &[("w", &g), ("b", &[1.0])], &[])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PsClientError::NonFinite(_)), "{err}");
     assert_eq!(err.kind(), Some(ErrorKind::NonFinite), "{err}");
-    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument));
+    assert!(err.to_string().contains("\"w\" (value 200: NaN)"), "{err}");
+    let rows = [1u64, 2];
+    let err = ps
+        .push(
+            "t",
+            1,
+            &[],
+            &[SparseGrad {
+                table: "emb",
+                rows: &rows,
+                values: &[0.0, 0.0, 0.0, 0.0, f32::INFINITY, 0.0],
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), Some(ErrorKind::NonFinite), "{err}");
     let err = ps.push("t", 2, &[("w", &[1.0; 3])], &[]).await.unwrap_err();
     assert!(matches!(err, PsClientError::InvalidArgument(_)), "{err}");
     let err = ps.push("t", 2, &[("nope", &[1.0])], &[]).await.unwrap_err();
     assert!(matches!(err, PsClientError::InvalidArgument(_)), "{err}");
-    let st = ps.shard_status(0).await.unwrap();
-    assert_eq!(st.counters.unwrap().nonfinite_rejected, 1);
+    // A client that skips the check (here: a raw gRPC push to shard 1) is refused by the
+    // shard, whole: its finite block 1 is not applied either.
+    let addr = ps_addr(&h, 1).await;
+    let mut raw =
+        pb::parameter_server_client::ParameterServerClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+    let mut bad = vec![1.0f32; 128];
+    bad[5] = f32::NEG_INFINITY;
+    let mut req = tonic::Request::new(pb::PushRequest {
+        shard: 1,
+        shards: 2,
+        trainer: "t".into(),
+        session: 7,
+        step: 1,
+        dense: [(1, vec![1.0f32; 128]), (3, bad)]
+            .into_iter()
+            .map(|(id, v)| pb::DenseBlock {
+                id,
+                version: 0,
+                values: crate::wire::encode(&v),
+            })
+            .collect(),
+        ..Default::default()
+    });
+    edl_proto::headers::set_credentials(req.metadata_mut(), h.job.as_str(), None);
+    let st = raw.push(req).await.unwrap_err();
+    assert_eq!(st.code(), tonic::Code::InvalidArgument);
+    assert_eq!(ErrorKind::of(&st), Some(ErrorKind::NonFinite), "{st:?}");
+    assert!(st.message().contains("block 3"), "{st:?}");
+    let counters = |s: u32| {
+        let ps = ps.clone();
+        async move { ps.shard_status(s).await.unwrap().counters.unwrap() }
+    };
+    let (c0, c1) = (counters(0).await, counters(1).await);
+    assert_eq!(
+        (c0.nonfinite_rejected, c1.nonfinite_rejected),
+        (0, 1),
+        "only the raw push reached a shard"
+    );
+    assert_eq!((c0.pushes_applied, c1.pushes_applied), (0, 0));
     let mut cache = DenseCache::new();
     ps.pull_dense(&mut cache).await.unwrap();
     assert!(
         cache.get("w").unwrap().iter().all(|v| *v == 0.0),
         "nothing applied"
     );
+    assert_eq!(cache.get("b").unwrap(), &[0.5]);
+    for st in ps.status().await {
+        assert_eq!(st.unwrap().sparse_rows, 0, "no sparse row trained");
+    }
     // A trainer with another spec is told so.
     let ps2 = h.client().await;
     let err = ps2
@@ -457,6 +522,70 @@ async fn sync_steps_average_the_live_trainers_through_deaths_and_joins() {
             .step,
         6
     );
+}
+
+/// A sync push whose step stays open longer than the client's wait on the server
+/// (`sync_wait`) is asked again; the shard answers "in progress" until the step is
+/// applied: the push returns only then, and the trainer stays in the steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_push_asked_again_returns_only_once_its_step_is_applied() {
+    let h = Harness::new("sync-ask-again", 2);
+    let _p0 = h.pserver(0, None).await;
+    let _p1 = h.pserver(1, None).await;
+    let ps = h.client().await;
+    init(
+        &ps,
+        "a",
+        &vec![0.0; N],
+        cfg(Mode::sync(), OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let (_la, _lb) = (h.register("a").await, h.register("b").await);
+    wait_participants(&ps, &["a", "b"]).await;
+    let (a, b) = (h.client().await, h.client().await);
+    let origin = |task| {
+        Some(crate::shard::Origin {
+            pass: 0,
+            task,
+            seq: 0,
+        })
+    };
+    let pa = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.push_from("a", 1, origin(0), &[("w", &vec![1.0; N])], &[])
+                .await
+        })
+    };
+    // a's wait on the server (500 ms) runs out and it asks again, on both shards.
+    let asked_again = edl_testkit::wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async {
+            ps.status().await.iter().all(|s| {
+                s.as_ref()
+                    .is_ok_and(|s| s.counters.is_some_and(|c| c.duplicate_pushes >= 1))
+            })
+        },
+    )
+    .await;
+    assert!(asked_again, "{:?}", ps.status().await);
+    assert!(!pa.is_finished(), "step 1 is not applied: it waits for b");
+    for s in ps.status().await {
+        let s = s.unwrap();
+        assert_eq!((s.updates, s.next_step), (0, 1));
+        assert_eq!(s.participants, ["a", "b"], "a still takes part");
+        assert_eq!(s.contributed, ["a"]);
+    }
+    b.push_from("b", 1, origin(1), &[("w", &vec![3.0; N])], &[])
+        .await
+        .unwrap();
+    let out = pa.await.unwrap().unwrap();
+    assert_eq!(out.step, 1);
+    assert!(out.applied);
+    let mut cache = DenseCache::new();
+    assert_eq!(ps.pull_dense(&mut cache).await.unwrap().next_step, 2);
+    assert!(cache.get("w").unwrap().iter().all(|v| *v == -2.0));
 }
 
 async fn wait_manifest(backend: &Arc<dyn Backend>, keys: &JobKeys, step: u64) {

@@ -423,3 +423,7 @@ fn push_views<'a>(
         .collect();
     (dense, sparse)
 }
+
+#[cfg(test)]
+#[path = "psstore_tests.rs"]
+mod tests;

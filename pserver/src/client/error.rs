@@ -34,6 +34,10 @@ pub enum PsClientError {
     /// The arguments do not fit the model (unknown parameter, wrong length, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// NaN or infinite gradient values: the push was refused whole before any shard was
+    /// sent any of it (kind [`ErrorKind::NonFinite`], as a pserver's refusal).
+    #[error("non-finite gradient values in {0}; nothing was pushed")]
+    NonFinite(String),
     /// Sync mode: the step was applied without this push; pull and push `next`.
     #[error("step {step} was already applied without this trainer; the next step is {next}")]
     StaleStep {
@@ -103,9 +107,11 @@ impl PsClientError {
         }
     }
 
-    /// The pserver's error kind of a refusal.
+    /// The pserver's error kind of a refusal ([`ErrorKind::NonFinite`] too for
+    /// gradients the client refused before sending them).
     pub fn kind(&self) -> Option<ErrorKind> {
         match self {
+            PsClientError::NonFinite(_) => Some(ErrorKind::NonFinite),
             PsClientError::Refused { status, .. } | PsClientError::ProbeRefused { status, .. } => {
                 ErrorKind::of(status)
             }

@@ -39,6 +39,19 @@ pub struct PushOutcome {
     pub incarnations: Vec<u64>,
 }
 
+/// Where the first NaN or infinite value of a push is, if any.
+fn non_finite(dense: &[(&str, &[f32])], sparse: &[SparseGrad<'_>]) -> Option<String> {
+    let first = |v: &[f32]| v.iter().position(|x| !x.is_finite());
+    dense
+        .iter()
+        .find_map(|(name, g)| first(g).map(|i| format!("parameter {name:?} (value {i}: {})", g[i])))
+        .or_else(|| {
+            sparse.iter().find_map(|s| {
+                first(s.values).map(|i| format!("table {:?} (value {i}: {})", s.table, s.values[i]))
+            })
+        })
+}
+
 impl PsClient {
     /// Pushes the gradients of one step of `trainer` to every shard in parallel.
     ///
@@ -60,6 +73,9 @@ impl PsClient {
     ///   [`PsClientError::Unavailable`].
     ///
     /// Retrying a push (same client, trainer and step) never applies it twice.
+    ///
+    /// Gradients with a NaN or infinite value are refused whole before anything is sent
+    /// ([`PsClientError::NonFinite`]): no shard applies any part of them.
     ///
     /// [`ErrorKind::TooOld`]: crate::error::ErrorKind::TooOld
     /// [`PullStats::next_step`]: super::PullStats::next_step
@@ -92,6 +108,11 @@ impl PsClient {
             return Err(PsClientError::InvalidArgument(format!(
                 "trainer id {trainer:?} must be non-empty and contain no '/'"
             )));
+        }
+        // A shard refuses a non-finite gradient whole, but another shard would apply its
+        // part: refuse the push here, before any shard is sent anything.
+        if let Some(what) = non_finite(dense, sparse) {
+            return Err(PsClientError::NonFinite(what));
         }
         let layout = self.layout().await?;
         let spec = layout.spec();

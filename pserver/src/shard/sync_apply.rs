@@ -5,7 +5,9 @@
 //!
 //! Invariants: a block's and a stripe's `acc` hold the gradients of the open step only;
 //! a push whose origin was applied, or joined the open step, does not join (the trainer
-//! sits the step out); the origins of a step enter the ledger when it is applied, under
+//! sits the step out), unless it is the trainer's own retry of a step it took part in
+//! (answered "in progress" while the step is open, "already applied" once it closed,
+//! and the trainer stays in the steps); the origins of a step enter the ledger when it is applied, under
 //! the step lock, so a snapshot's ledger matches its values;
 //! closing a step holds the step lock for writing while it applies the mean (sum divided
 //! by the contributors) or, when the sum is not finite, drops the step whole; pulls and
@@ -87,9 +89,15 @@ impl ShardCore {
             // that two pushes of one batch (a trainer that lost its task, and the one that
             // took it over) never both join.
             let mut open = lock(&self.open_origins);
-            let repeat = push.origin.is_some_and(|o| {
-                open.iter().any(|&(_, x)| x == o) || lock(&self.ledger).applied(o)
-            });
+            // A trainer asking again about a step it took part in (its wait ran out while
+            // the step was open, or the answer was lost) is answered by the step state
+            // machine: in progress, or applied. Any other push of a batch already in a
+            // step is a repeat.
+            let own_retry = lock(self.sync_state()).took_part(&push.trainer, push.step);
+            let repeat = !own_retry
+                && push.origin.is_some_and(|o| {
+                    open.iter().any(|&(_, x)| x == o) || lock(&self.ledger).applied(o)
+                });
             if repeat {
                 // Already applied (its stale step resent, a task trained again): this
                 // trainer takes no part in the step; its next push brings it back.
@@ -445,6 +453,67 @@ mod tests {
             Err(PsError::InvalidArgument(_))
         ));
         assert_eq!(c.next_step(), 4);
+    }
+
+    /// A push of task batch `seq` (pass 0, task 0) by `trainer` at `step`, gradient `g`.
+    fn from(c: &ShardCore, trainer: &str, step: u64, g: f32, seq: u32) -> Push {
+        let mut p = push(c, trainer, 1, step, g, &[]);
+        p.origin = Some(crate::shard::Origin {
+            pass: 0,
+            task: 0,
+            seq,
+        });
+        c.validate_push(p).unwrap()
+    }
+
+    #[test]
+    fn a_batch_joins_one_step_once_whoever_resends_it_and_however_late() {
+        let c = core(Mode::sync(), 0, 1);
+        let now = Instant::now();
+        c.sync_set_members(["a".to_string(), "b".to_string()].into());
+        // a's batch 0 joins step 1, which waits for b.
+        let a1 = from(&c, "a", 1, 1.0, 0);
+        assert_eq!(c.sync_push(&a1, now).unwrap(), Admit::Join { step: 1 });
+        // a asks again while the step is open (its wait on the server ran out): still
+        // in progress, not "already applied" (the step is not), and a stays expected.
+        assert_eq!(
+            c.sync_push(&a1, now).unwrap(),
+            Admit::InProgress { step: 1 }
+        );
+        assert_eq!(c.sync_members().0, vec!["a", "b"], "a takes part still");
+        // The same batch sent by b (it took a's task over) does not join a second time.
+        let b1 = from(&c, "b", 1, 1.0, 0);
+        assert_eq!(
+            c.sync_push(&b1, now).unwrap(),
+            Admit::AlreadyApplied { step: 1 }
+        );
+        assert_eq!(c.last_closed(), 1, "b sat the step out: it closed with a");
+        assert!(all(&c).iter().all(|&v| v == -1.0), "{:?}", all(&c));
+        // 20 more steps of a alone (b left): step 1 is far outside the 16 remembered ones.
+        for step in 2..=21 {
+            let p = from(&c, "a", step, 0.0, step as u32);
+            assert_eq!(c.sync_push(&p, now).unwrap(), Admit::Join { step });
+        }
+        assert_eq!(c.last_closed(), 21);
+        // A retry of step 1, older than the window of remembered steps, and the same
+        // batch resent at the next step (as after `StaleStep`): the ledger knows it.
+        assert_eq!(
+            c.sync_push(&a1, now).unwrap(),
+            Admit::AlreadyApplied { step: 1 }
+        );
+        let resent = from(&c, "a", 22, 1.0, 0);
+        assert_eq!(
+            c.sync_push(&resent, now).unwrap(),
+            Admit::AlreadyApplied { step: 22 }
+        );
+        assert_eq!(c.last_closed(), 21, "nothing joined step 22");
+        assert!(all(&c).iter().all(|&v| v == -1.0), "{:?}", all(&c));
+        // Without an origin, the window is all there is: an old retry is stale.
+        let mut old = push(&c, "a", 1, 1, 1.0, &[]);
+        old.origin = None;
+        let old = c.validate_push(old).unwrap();
+        assert_eq!(c.sync_push(&old, now).unwrap(), Admit::Stale { next: 22 });
+        assert_eq!(c.counters.duplicate_pushes.load(Ordering::Relaxed), 4);
     }
 
     #[test]
