@@ -154,6 +154,27 @@ pub(crate) async fn status(backend: &Arc<dyn Backend>, job: &JobName) -> Option<
     s
 }
 
+/// Takes the quorum away: both followers of the etcd leader stop (SIGSTOP), and etcd
+/// refuses a read (the outage's positive witness). The followers and when they stopped.
+pub(crate) async fn lose_quorum(
+    etcd: &EtcdCluster,
+    backend: &Arc<dyn Backend>,
+    keys: &JobKeys,
+) -> (Vec<usize>, Instant) {
+    let leader = etcd.leader().await.expect("an etcd leader");
+    let followers: Vec<usize> = (0..etcd.len()).filter(|i| *i != leader).collect();
+    for &f in &followers {
+        etcd.pause(f).expect("SIGSTOP an etcd member");
+    }
+    let paused = Instant::now();
+    let refused = wait_until(Duration::from_secs(10), || async {
+        backend.get(&keys.spec()).await.is_err()
+    })
+    .await;
+    assert!(refused, "etcd still answered without a quorum");
+    (followers, paused)
+}
+
 /// Waits up to `within` for a status that satisfies `ok`; panics with `what` and the
 /// run's log otherwise.
 async fn wait_status(
@@ -284,18 +305,7 @@ async fn a_job_rides_out_an_etcd_leader_death_and_a_30s_quorum_loss() {
         "training too fast for this test ({} of {total} records before the outage): raise PASSES",
         trained(&before)
     );
-    let leader = etcd.leader().await.expect("an etcd leader");
-    let followers: Vec<usize> = (0..etcd.len()).filter(|i| *i != leader).collect();
-    for &f in &followers {
-        etcd.pause(f).expect("SIGSTOP an etcd member");
-    }
-    let paused = Instant::now();
-    // Positive witness of the outage: etcd refuses a read.
-    let refused = wait_until(Duration::from_secs(10), || async {
-        backend.get(&keys.spec()).await.is_err()
-    })
-    .await;
-    assert!(refused, "etcd still answered without a quorum");
+    let (followers, paused) = lose_quorum(&etcd, &backend, &keys).await;
     tokio::time::sleep_until(paused + OUTAGE).await;
     assert!(
         run.running(),

@@ -278,7 +278,8 @@ async fn chaos_with_trainer_pserver_and_master_kills_loses_no_records() {
     );
 }
 
-fn edl_cmd(args: &[&str]) -> (bool, String, String) {
+/// Runs `edl ARGS` to its end: (exit success, stdout, stderr).
+pub(crate) fn edl_cmd(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(edl_bin())
         .args(args)
         .output()

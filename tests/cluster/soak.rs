@@ -24,7 +24,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,9 +35,9 @@ use edl_testkit::EtcdCluster;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::etcd::status;
-use crate::run::{example, read_report};
-use crate::support::{Proc, edl_bin, wait_until};
+use crate::etcd::{lose_quorum, status};
+use crate::run::{edl_cmd, example, read_report};
+use crate::support::{Proc, wait_until};
 
 /// Fault kinds and how many of each a 300 s soak asks for (fewer, at least one, in a
 /// shorter one).
@@ -273,7 +272,7 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
         running(&wait_status(&backend, &job, &run).await),
         "{too_short}"
     );
-    let (ok, _, err) = edl(&["scale", name, "--trainers", "4", "--etcd", &endpoints]);
+    let (ok, _, err) = edl_cmd(&["scale", name, "--trainers", "4", "--etcd", &endpoints]);
     assert!(ok, "edl scale: {err}");
     harness_faults += 1;
 
@@ -309,17 +308,7 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
         "{too_short}"
     );
     let outage = Duration::from_secs_f64((secs / 10.0).clamp(10.0, 30.0));
-    let leader = etcd.leader().await.expect("an etcd leader");
-    let followers: Vec<usize> = (0..etcd.len()).filter(|i| *i != leader).collect();
-    for &f in &followers {
-        etcd.pause(f).expect("SIGSTOP an etcd member");
-    }
-    let paused = Instant::now();
-    let refused = wait_until(Duration::from_secs(10), || async {
-        backend.get(&keys.spec()).await.is_err()
-    })
-    .await;
-    assert!(refused, "etcd still answered without a quorum");
+    let (followers, paused) = lose_quorum(&etcd, &backend, &keys).await;
     tokio::time::sleep_until(paused + outage).await;
     for &f in &followers {
         etcd.resume(f).expect("SIGCONT an etcd member");
@@ -339,7 +328,7 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
             running(&wait_status(&backend, &job, &run).await),
             "{too_short}"
         );
-        let (ok, _, err) = edl(&["scale", name, "--trainers", n, "--etcd", &endpoints]);
+        let (ok, _, err) = edl_cmd(&["scale", name, "--trainers", n, "--etcd", &endpoints]);
         assert!(ok, "edl scale: {err}");
         harness_faults += 1;
     }
@@ -473,16 +462,4 @@ fn count_in(path: &Path, needle: &str) -> usize {
     std::fs::read_to_string(path)
         .map(|t| t.matches(needle).count())
         .unwrap_or(0)
-}
-
-fn edl(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(edl_bin())
-        .args(args)
-        .output()
-        .expect("run edl");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
