@@ -119,27 +119,10 @@ pub struct JobArgs {
     pub token: Option<String>,
 }
 
-/// A token cancelled on SIGTERM or SIGINT (Ctrl-C); a second signal exits at once.
+/// A token cancelled on SIGTERM or SIGINT (Ctrl-C); a second signal exits at once
+/// (the trainer API's, shared by every role).
 pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let token = CancellationToken::new();
-    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
-    let t = token.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
-        t.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::warn!("second signal: exiting now");
-        std::process::exit(130);
-    });
-    Ok(token)
+    edl_trainer::app::shutdown_on_signals().context("install the SIGTERM and SIGINT handlers")
 }
 
 /// A multi-threaded tokio runtime for a role.

@@ -248,7 +248,7 @@ async fn job_status(backend: &Arc<dyn Backend>, job: &JobName) -> anyhow::Result
     Ok(JobStatus {
         job: job.to_string(),
         state,
-        model: spec.map(|s| s.model.kind().to_owned()),
+        model: spec.map(|s| s.model.as_ref().map_or("entry", |m| m.kind()).to_owned()),
         pass: status.as_ref().map(|s| PassProgress {
             current: (s.pass + 1).min(s.passes.max(1)),
             total: s.passes.max(1),

@@ -1,5 +1,7 @@
 //! [`load_samples`]: reading a whole RecordIO data set of [`Sample`]s into memory;
-//! [`check_split`]: whether a split's records fit a model, with how to fix them if not.
+//! [`load_records`]: the same as raw records (held-out splits, models that decode
+//! their own records); [`check_split`]: whether a split's records fit a model, with how
+//! to fix them if not.
 
 use edl_proto::sample::{self, Sample};
 use edl_recordio::{ReadOptions, Scanner, expand_globs};
@@ -34,6 +36,18 @@ pub fn load_samples(globs: &[String]) -> Result<Vec<Sample>> {
     Ok(samples)
 }
 
+/// Reads every record of the files matched by `globs` (sorted) as raw bytes. Strict: a
+/// corrupt chunk is an error naming the file.
+pub fn load_records(globs: &[String]) -> Result<Vec<Vec<u8>>> {
+    let paths = expand_globs(globs)?;
+    let mut scanner = Scanner::open(paths, ReadOptions::default())?;
+    let mut records = Vec::new();
+    while let Some(bytes) = scanner.next_record()? {
+        records.push(bytes.to_vec());
+    }
+    Ok(records)
+}
+
 /// Checks that the first records of each file of a split fit `model` (feature
 /// count, label kind, class ids), so that a job whose data was converted for another
 /// kind of model fails once, at the start, naming the file and the fix, instead of
@@ -41,22 +55,17 @@ pub fn load_samples(globs: &[String]) -> Result<Vec<Sample>> {
 pub fn check_split(model: &dyn Model, globs: &[String]) -> Result<()> {
     for path in expand_globs(globs)? {
         let mut scanner = Scanner::open(vec![path.clone()], ReadOptions::default())?;
-        let mut samples = Vec::new();
-        while samples.len() < CHECK_RECORDS {
+        let mut records = Vec::new();
+        while records.len() < CHECK_RECORDS {
             let Some(bytes) = scanner.next_record()? else {
                 break;
             };
-            let record = samples.len() as u64;
-            samples.push(sample::decode(bytes).map_err(|error| Error::Decode {
-                path: path.clone(),
-                record,
-                error,
-            })?);
+            records.push(bytes.to_vec());
         }
-        if samples.is_empty() {
+        if records.is_empty() {
             continue;
         }
-        if let Err(e) = model.prepare(&samples) {
+        if let Err(e) = model.prepare_records(&records, 0) {
             if !e.is_bad_data() {
                 return Err(e);
             }

@@ -203,6 +203,22 @@ pub enum Error {
         hint: String,
     },
 
+    /// A record of a batch cannot be used: it does not decode, or does not fit the model
+    /// (what a model of your own returns for bad data: its task is failed and retried,
+    /// the trainer goes on).
+    #[error("record {index} of the batch: {reason}")]
+    BadRecord {
+        /// Position of the record in its batch.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A model failed on data that is not at fault (a bug, a device or shape error): what
+    /// a model of your own returns for anything but bad data. The trainer stops.
+    #[error("model: {0}")]
+    Model(String),
+
     /// The tensor library failed (a bug or an unsupported device/dtype, not bad data).
     #[error("tensor computation failed: {0}")]
     Candle(candle_core::Error),
@@ -234,6 +250,7 @@ impl Error {
                 | Error::SparseIdOutOfRange { .. }
                 | Error::EmptyBatch { .. }
                 | Error::Decode { .. }
+                | Error::BadRecord { .. }
         ) || matches!(self, Error::RecordIo(e) if e.is_corruption())
     }
 }

@@ -21,10 +21,13 @@ pub fn load(path: &Path) -> std::result::Result<JobSpec, SpecError> {
     Ok(spec)
 }
 
-/// The check of a spec that needs the trainer: the model's hyper-parameters (by
-/// building it).
+/// The check of a spec that needs the trainer: the built-in model's hyper-parameters
+/// (by building it), if the spec names one.
 pub fn check(spec: &JobSpec) -> std::result::Result<(), SpecError> {
-    crate::check_model(&spec.model).map_err(|e| SpecError::Invalid {
+    let Some(model) = &spec.model else {
+        return Ok(());
+    };
+    crate::check_model(model).map_err(|e| SpecError::Invalid {
         field: "model",
         reason: e.to_string(),
     })
@@ -33,19 +36,26 @@ pub fn check(spec: &JobSpec) -> std::result::Result<(), SpecError> {
 /// Computes the feature statistics of the training split when the model standardises
 /// its features and has none yet.
 pub fn fit_stats(spec: &mut JobSpec) -> Result<()> {
-    if !spec.model.standardize() || spec.model.stats().is_some() {
+    let train = spec.data.train.patterns();
+    let Some(model) = &mut spec.model else {
+        return Ok(());
+    };
+    if !model.standardize() || model.stats().is_some() {
         return Ok(());
     }
-    let train = crate::load_samples(&spec.data.train.patterns())?;
-    spec.model.fit_stats(&train)?;
+    model.fit_stats(&crate::load_samples(&train)?)?;
     Ok(())
 }
 
 /// Checks that the first records of every file of the training and test splits fit the
-/// model (feature count, label kind, class ids): one error naming the file and the fix
-/// when they do not. Call after [`fit_stats`].
+/// built-in model (feature count, label kind, class ids): one error naming the file and
+/// the fix when they do not. Call after [`fit_stats`]. A model of a trainer program's
+/// own is not known here: its data is checked by its trainers.
 pub fn check_data_fits_model(spec: &JobSpec) -> Result<()> {
-    let model = crate::build(&spec.model)?;
+    let Some(model) = &spec.model else {
+        return Ok(());
+    };
+    let model = crate::build(model)?;
     crate::check_split(model.as_ref(), &spec.data.train.patterns())?;
     if let Some(test) = &spec.data.test {
         crate::check_split(model.as_ref(), &test.patterns())?;
@@ -54,12 +64,8 @@ pub fn check_data_fits_model(spec: &JobSpec) -> Result<()> {
 }
 
 /// The trainer runtime's settings for trainer `id` of the job, with the held-out split
-/// `test` (read by the caller: [`crate::load_samples`] of the spec's `data.test`).
-pub fn runtime_config(
-    spec: &JobSpec,
-    id: &str,
-    test: Option<Arc<Vec<edl_proto::sample::Sample>>>,
-) -> RuntimeConfig {
+/// `test` (read by the caller: [`crate::load_records`] of the spec's `data.test`).
+pub fn runtime_config(spec: &JobSpec, id: &str, test: Option<Arc<Vec<Vec<u8>>>>) -> RuntimeConfig {
     let mut cfg = RuntimeConfig::new(id);
     cfg.batch_size = spec.train.batch_size;
     cfg.seed = spec.train.seed;

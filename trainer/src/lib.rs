@@ -62,6 +62,7 @@
 
 #![warn(missing_docs)]
 
+pub mod app;
 pub mod data;
 mod dense;
 pub mod device;
@@ -85,7 +86,9 @@ mod testdata;
 #[cfg(test)]
 mod tests;
 
-pub use data::{check_split, load_samples};
+pub use app::{Trainer, main};
+pub use data::{check_split, load_records, load_samples};
+pub use edl_proto::sample::{Sample, sample::Label};
 pub use device::{DeviceChoice, device_name, select_device};
 pub use edl_job::model::{ModelSpec, NegativeSampler, Stats, StatsError, feature_stats};
 pub use edl_pserver::OptimizerKind;
@@ -96,6 +99,7 @@ pub use model::{
     Batch, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseInit, SparseTable,
     StepOutput,
 };
+pub use process::{ModelContext, ModelSource};
 pub use psstore::{PsStore, PsStoreStats};
 pub use runtime::{Progress, RuntimeConfig, RuntimeError};
 pub use spec::{build, build_on, check_model};

@@ -2,17 +2,30 @@
 //! batch preparation, gradients and evaluation.
 //!
 //! The parameter server owns the parameters and applies optimizer updates; a trainer
-//! only computes gradients. A step is: [`Model::prepare`] a batch, pull the dense
-//! parameters and the sparse rows named by [`Model::sparse_rows`], call
+//! only computes gradients. A step is: [`Model::prepare_records`] a batch, pull the
+//! dense parameters and the sparse rows named by [`Model::sparse_rows`], call
 //! [`Model::forward_backward`], push the [`StepOutput`].
+//!
+//! # Models of your own
+//!
+//! Implement [`Model`] on candle and run it with [`crate::main`] (see `docs/trainer-api.md`).
+//! A model that takes edl's [`Sample`]s implements [`Model::prepare`]; one that decodes
+//! its records itself implements [`Model::prepare_records`] instead. Either way it
+//! returns a [`Batch`] made with [`Batch::new`] from its own prepared data, which
+//! [`Model::forward_backward`] reads back with [`Batch::data`]. Data errors are
+//! [`Error::BadRecord`](crate::Error::BadRecord) (the task is failed and retried, the
+//! trainer goes on); any other failure is [`Error::Model`](crate::Error::Model) or a
+//! candle error (`?` converts it).
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use candle_core::Tensor;
 use edl_proto::sample::Sample;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A dense parameter: `f32` values in row-major order of `shape`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -227,11 +240,33 @@ impl Batch {
         self.samples == 0
     }
 
-    /// The kind of the model that prepared it.
+    /// The kind of the model that prepared it (`user` for a [`Batch::new`] batch).
     pub fn model(&self) -> &'static str {
         self.model
     }
+
+    /// A batch of a model defined outside edl: `len` samples (records) and the model's
+    /// own prepared data (tensors on its device, targets, ...), read back by
+    /// [`Batch::data`].
+    pub fn new<T: Any + Send + Sync>(len: usize, data: T) -> Batch {
+        Batch {
+            model: USER_BATCH,
+            samples: len,
+            data: BatchData::User(Arc::new(data)),
+        }
+    }
+
+    /// The data of a [`Batch::new`] batch, if it holds a `T`.
+    pub fn data<T: Any>(&self) -> Option<&T> {
+        match &self.data {
+            BatchData::User(d) => d.downcast_ref(),
+            _ => None,
+        }
+    }
 }
+
+/// What [`Batch::model`] says of a [`Batch::new`] batch.
+const USER_BATCH: &str = "user";
 
 /// Model-specific batch contents.
 #[derive(Debug, Clone)]
@@ -240,6 +275,8 @@ pub(crate) enum BatchData {
     Dense { x: Tensor, target: Target },
     /// Skip-gram pairs with their negatives.
     SkipGram(crate::word2vec::SkipGramBatch),
+    /// A model's own data ([`Batch::new`]).
+    User(Arc<dyn Any + Send + Sync>),
 }
 
 /// Targets of a dense batch.
@@ -253,6 +290,10 @@ pub(crate) enum Target {
 
 /// A trainable model. Implementations are pure functions of the parameters and the
 /// batch; they keep no training state, so one instance serves many threads.
+///
+/// Batches come from [`Model::prepare_records`], which by default decodes each record as
+/// a [`Sample`] and calls [`Model::prepare_seeded`] (so [`Model::prepare`]); a model
+/// that reads raw records overrides `prepare_records` and leaves `prepare` alone.
 pub trait Model: Send + Sync + fmt::Debug {
     /// The model kind (`fit_a_line`, `mlp`, `mnist_cnn`, `word2vec`, ...).
     fn name(&self) -> &str;
@@ -270,8 +311,15 @@ pub trait Model: Send + Sync + fmt::Debug {
     /// shard can create rows lazily. Empty for a table the model does not have.
     fn init_sparse_row(&self, table: &str, row: u64, seed: u64) -> Vec<f32>;
 
-    /// Decodes and validates a batch (feature count, labels, ids in range).
-    fn prepare(&self, samples: &[Sample]) -> Result<Batch>;
+    /// Decodes and validates a batch of samples (feature count, labels, ids in range).
+    /// The default says the model reads raw records ([`Model::prepare_records`]).
+    fn prepare(&self, samples: &[Sample]) -> Result<Batch> {
+        let _ = samples;
+        Err(Error::Model(format!(
+            "model {} implements neither prepare (samples) nor prepare_records (raw records)",
+            self.name()
+        )))
+    }
 
     /// Like [`Model::prepare`], with a seed for the batch's random choices (word2vec's
     /// negative samples). The same samples and seed give the same batch; models without
@@ -279,6 +327,23 @@ pub trait Model: Send + Sync + fmt::Debug {
     fn prepare_seeded(&self, samples: &[Sample], seed: u64) -> Result<Batch> {
         let _ = seed;
         self.prepare(samples)
+    }
+
+    /// A batch from raw records (a task's records, in file order; `seed` as for
+    /// [`Model::prepare_seeded`]). The default decodes each record as a [`Sample`] (a
+    /// record that is not one is [`Error::BadRecord`]) and calls `prepare_seeded`.
+    fn prepare_records(&self, records: &[Vec<u8>], seed: u64) -> Result<Batch> {
+        let samples = records
+            .iter()
+            .enumerate()
+            .map(|(index, r)| {
+                edl_proto::sample::decode(r).map_err(|e| Error::BadRecord {
+                    index,
+                    reason: format!("not a valid sample: {e}"),
+                })
+            })
+            .collect::<Result<Vec<Sample>>>()?;
+        self.prepare_seeded(&samples, seed)
     }
 
     /// The rows of each sparse table the batch touches, sorted and distinct.

@@ -1,7 +1,8 @@
 //! The elastic trainer loop: tasks from the master's `cloud_reader`, parameters from a
 //! [`ParamStore`], gradients computed by a [`Model`].
 //!
-//! For each leased task: decode its records into samples, and for each batch pull the
+//! For each leased task, batch by batch: prepare the batch from the records
+//! ([`Model::prepare_records`]: decoded as samples, or the model's own decoding), pull the
 //! dense parameters and the sparse rows the batch touches, compute the gradients (on a
 //! blocking thread: the math is CPU- or GPU-bound), and push them. The task is
 //! acknowledged only after its last batch was pushed. A task whose records cannot be
@@ -18,7 +19,6 @@ use std::time::{Duration, Instant};
 use edl_master::client::ClientError;
 use edl_master::reader::{CloudReader, Item, ReaderError, TaskData};
 use edl_master::task::LeasedTask;
-use edl_proto::sample::{self, Sample};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -34,8 +34,9 @@ pub struct RuntimeConfig {
     pub batch_size: usize,
     /// Seed of parameter initialisation (must be the same for every trainer of a job).
     pub seed: u64,
-    /// Held-out samples evaluated at the end of every pass, if any.
-    pub test: Option<Arc<Vec<Sample>>>,
+    /// Held-out records ([`crate::load_records`]) evaluated at the end of every pass, if
+    /// any.
+    pub test: Option<Arc<Vec<Vec<u8>>>>,
     /// Batch size of the evaluation.
     pub eval_batch_size: usize,
 }
@@ -395,33 +396,26 @@ async fn train_task(
     state: &mut Progress,
     shutdown: &CancellationToken,
 ) -> Result<TaskEnd, RuntimeError> {
-    let mut samples = Vec::with_capacity(task.records.len());
-    for (i, r) in task.records.iter().enumerate() {
-        match sample::decode(r) {
-            Ok(s) => samples.push(s),
-            Err(e) => {
-                return Ok(TaskEnd::BadData(
-                    format!(
-                        "{} chunks {}..{}: record {i}: {e}",
-                        task.task.path, task.task.chunk_begin, task.task.chunk_end
-                    ),
-                    0,
-                ));
-            }
-        }
-    }
     let mut trained = 0u64;
     let task_ref = task_ref(&task.task);
-    for (seq, chunk) in samples.chunks(cfg.batch_size.max(1)).enumerate() {
+    let batch_size = cfg.batch_size.max(1);
+    for (seq, chunk) in task.records.chunks(batch_size).enumerate() {
         if shutdown.is_cancelled() {
             return Ok(TaskEnd::Drained(trained));
         }
+        let first = seq * batch_size;
         let seq = seq as u32;
-        let batch = match model.prepare_seeded(chunk, batch_seed(cfg.seed, &task.task, seq)) {
+        let batch = match model.prepare_records(chunk, batch_seed(cfg.seed, &task.task, seq)) {
             Ok(b) => b,
             Err(e) if e.is_bad_data() => {
                 return Ok(TaskEnd::BadData(
-                    format!("{}: {e}", task.task.path),
+                    format!(
+                        "{} chunks {}..{}: records {first}..{} of the task: {e}",
+                        task.task.path,
+                        task.task.chunk_begin,
+                        task.task.chunk_end,
+                        first + chunk.len()
+                    ),
                     trained,
                 ));
             }
@@ -451,6 +445,13 @@ async fn train_task(
             }
             Err(e) => return Err(e.into()),
         };
+        if !out.loss.is_finite() {
+            // A model of its own may return a non-finite loss instead of the error.
+            tracing::warn!(task = %task.task.id, loss = out.loss, "skipping a batch with a non-finite loss");
+            state.skipped_batches += 1;
+            trained += chunk.len() as u64;
+            continue;
+        }
         if !out.gradients_finite() {
             // A finite loss with NaN or infinite gradients: pushing would be refused by
             // some shards after others applied their part; skip the batch, as for a
@@ -470,12 +471,13 @@ async fn train_task(
     Ok(TaskEnd::Trained(trained))
 }
 
-/// Evaluates `test` with the current parameters.
+/// Evaluates the records `test` with the current parameters (batches prepared by
+/// [`Model::prepare_records`] with seed 0).
 pub async fn evaluate(
     model: &Arc<dyn Model>,
     store: &Arc<dyn ParamStore>,
     params: &mut Params,
-    test: &Arc<Vec<Sample>>,
+    test: &Arc<Vec<Vec<u8>>>,
     batch_size: usize,
 ) -> Result<EvalOutput, RuntimeError> {
     let mut total = EvalOutput::default();
@@ -484,7 +486,7 @@ pub async fn evaluate(
     let mut start = 0;
     while start < n {
         let end = (start + bs).min(n);
-        let batch = model.prepare(&test[start..end])?;
+        let batch = model.prepare_records(&test[start..end], 0)?;
         let rows = model.sparse_rows(&batch);
         if !rows.is_empty() {
             store.pull_sparse(&rows, params).await?;

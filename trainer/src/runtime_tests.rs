@@ -100,7 +100,7 @@ async fn two_elastic_trainers_fit_a_line_through_the_master() {
         0.01,
         7,
     ));
-    let test = Arc::new(test);
+    let test: Arc<Vec<Vec<u8>>> = Arc::new(test.iter().map(edl_proto::sample::encode).collect());
     let mut handles = Vec::new();
     let mut leases = Vec::new();
     for t in 0..2 {

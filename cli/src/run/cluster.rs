@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 use super::chaos::Chaos;
 use super::display::Display;
 use super::faults::Faults;
-use super::lifecycle::{final_params, prepare_job, record_end};
-use super::procs::{Children, Launch};
+use super::lifecycle::{Evaluator, final_params, prepare_job, record_end};
+use super::procs::{Children, Launch, TrainerProgram, log_tail};
 use super::report::{FinalMetric, Outcome};
 use super::supervisor::{Effect, Limits, Role, Supervisor};
 
@@ -36,6 +36,8 @@ pub(crate) struct ClusterRun {
     pub endpoints: Vec<String>,
     pub run_dir: PathBuf,
     pub device: DeviceChoice,
+    /// What runs as each trainer.
+    pub trainer: TrainerProgram,
     pub chaos: Option<Chaos>,
     /// `etcd` or `private-etcd`.
     pub coordination: String,
@@ -50,6 +52,8 @@ struct Shell {
     sup: Supervisor,
     children: Children,
     faults: Faults,
+    /// Since when etcd has answered the registration check without a gap.
+    etcd_since: Instant,
 }
 
 /// Runs the job as processes until it ends, stops everything, and records the end.
@@ -70,10 +74,17 @@ pub(crate) async fn run(
         max_restarts: c.max_restarts,
         healthy_after: c.healthy_after,
         lease_ttl: c.lease_ttl,
+        register_within: job.spec.trainer.register_within(),
     };
     let mut shell = Shell {
         keys: JobKeys::new(&job.spec.name),
-        launch: Launch::new(&job.spec, &job.endpoints, &job.run_dir, job.device),
+        launch: Launch::new(
+            &job.spec,
+            &job.endpoints,
+            &job.run_dir,
+            job.device,
+            job.trainer.clone(),
+        ),
         sup: Supervisor::new(limits, job.run_dir.join("logs"), started),
         children: Children::default(),
         faults: Faults::new(
@@ -84,6 +95,7 @@ pub(crate) async fn run(
         ),
         spec: job.spec,
         backend: job.backend,
+        etcd_since: Instant::now(),
     };
     // The final parameters and evaluation come from the pservers while they run.
     let supervised = shell.supervise(shutdown, started, quiet, timeout).await;
@@ -177,6 +189,7 @@ impl Shell {
                     let scale = self.sup.scale(n, Instant::now());
                     self.apply(scale)?;
                 }
+                self.check_registrations().await?;
                 let status = self.status().await;
                 let alive = self.registered_trainers().await;
                 display.update(
@@ -258,8 +271,18 @@ impl Shell {
                         .map(|(i, _)| i as u32)
                         .collect();
                     if lost || lacking.is_empty() {
-                        let fin =
-                            final_params(&self.backend, &self.spec, &self.launch.run_dir).await;
+                        let evaluator = if self.launch.trainer.entry {
+                            Evaluator::Entry(&self.launch)
+                        } else {
+                            Evaluator::Builtin
+                        };
+                        let fin = final_params(
+                            &self.backend,
+                            &self.spec,
+                            &self.launch.run_dir,
+                            evaluator,
+                        )
+                        .await;
                         if ledgers(&client).await.as_ref() == Some(l) {
                             return Ok(End::Complete(fin));
                         }
@@ -288,10 +311,22 @@ impl Shell {
             let job_finished = self.sup.exit_needs_job_status(id, success)
                 && self.status().await.is_some_and(|s| s.finished);
             let seen = Instant::now();
+            let name = self.sup.proc(id).map(|p| p.name.clone());
             let crash = self
                 .sup
-                .exited(id, success, &status.to_string(), job_finished, seen)?;
+                .exited(id, success, &status.to_string(), job_finished, seen)
+                .map_err(|e| {
+                    let tail = name.as_deref().map(|n| log_tail(&self.launch.log_path(n)));
+                    anyhow::anyhow!("{e:#}\n{}", tail.unwrap_or_default())
+                })?;
             if let Some(crash) = crash {
+                if !crash.healthy {
+                    tracing::warn!(
+                        process = %crash.process,
+                        "it failed before it was healthy ({status});\n{}",
+                        log_tail(&self.launch.log_path(&crash.process))
+                    );
+                }
                 self.faults.crashed(crash, &self.launch, seen).await;
             }
         }
@@ -350,6 +385,36 @@ impl Shell {
             .status()
             .await
             .ok()
+    }
+
+    /// Marks the trainers registered in etcd; kills those that have not registered
+    /// within `trainer.register_within` (said with the tail of their log).
+    async fn check_registrations(&mut self) -> anyhow::Result<()> {
+        let names = match self.backend.range(&self.keys.trainers()).await {
+            Ok((kvs, _)) => kvs
+                .iter()
+                .filter_map(|kv| kv.key.rsplit('/').next().map(str::to_owned))
+                .collect::<Vec<_>>(),
+            Err(_) => {
+                // etcd is away: nobody can register; the deadline restarts when it is back.
+                self.etcd_since = Instant::now();
+                return Ok(());
+            }
+        };
+        let kills = self
+            .sup
+            .registrations(&names, self.etcd_since, Instant::now());
+        for (effect, name) in kills {
+            tracing::warn!(
+                process = %name,
+                "it has not registered with the job within trainer.register_within ({}): \
+                 killing it (is the program an edl trainer? does it call edl_trainer::main?)\n{}",
+                humantime::format_duration(self.spec.trainer.register_within()),
+                log_tail(&self.launch.log_path(&name))
+            );
+            self.apply(vec![effect])?;
+        }
+        Ok(())
     }
 
     async fn registered_trainers(&self) -> usize {

@@ -10,9 +10,10 @@ use anyhow::Context;
 use edl_coord::Backend;
 use edl_job::{FinalState, JobKeys, JobSpec, JobStateRecord, RECORD_VERSION, Record, RunRecord};
 use edl_pserver::{DenseCache, PsClient};
-use edl_trainer::{Model, ParamStore, PsStore};
+use edl_trainer::ModelSource;
 use tokio_util::sync::CancellationToken;
 
+use super::procs::Launch;
 use super::report::FinalMetric;
 
 fn now_ms() -> u64 {
@@ -81,12 +82,22 @@ pub(crate) async fn prepare_job(
     Ok(())
 }
 
+/// How the final parameters are evaluated.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Evaluator<'a> {
+    /// In this process, with the spec's built-in model.
+    Builtin,
+    /// By the job's `[trainer] entry` program, run once with `EDL_MODE=evaluate`.
+    Entry(&'a Launch),
+}
+
 /// Pulls the final parameters, writes `params.json` and evaluates them on the test split
 /// (else the training split).
 pub(crate) async fn final_params(
     backend: &Arc<dyn Backend>,
     spec: &JobSpec,
     run_dir: &Path,
+    evaluator: Evaluator<'_>,
 ) -> anyhow::Result<(Option<FinalMetric>, Option<String>)> {
     let cancel = CancellationToken::new();
     let _guard = cancel.clone().drop_guard();
@@ -104,38 +115,31 @@ pub(crate) async fn final_params(
     let text = serde_json::to_string(&serde_json::json!({
         "job": spec.name,
         "model": spec.model,
+        "entry": spec.trainer.entry,
         "dense": dense,
     }))?;
     std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
-    let model: Arc<dyn Model> = Arc::from(edl_trainer::build(&spec.model)?);
-    let (split, globs) = match &spec.data.test {
-        Some(t) => ("test", t.patterns()),
-        None => ("train", spec.data.train.patterns()),
+    let params_file = Some(path.display().to_string());
+    let eval = match evaluator {
+        Evaluator::Builtin => {
+            let model = ModelSource::builtin().build(spec, &candle_core::Device::Cpu)?;
+            edl_trainer::process::evaluate_job(
+                backend.clone(),
+                spec,
+                model,
+                Duration::from_secs(20),
+            )
+            .await?
+        }
+        Evaluator::Entry(launch) => launch.evaluate().await?,
     };
-    let samples = Arc::new(edl_trainer::load_samples(&globs)?);
-    let store: Arc<dyn ParamStore> = Arc::new(PsStore::new(
-        client,
-        edl_trainer::job::param_config(spec),
-        spec.train.seed,
-    ));
-    let mut params = edl_trainer::Params::default();
-    store.pull_dense(&mut params).await?;
-    let eval = edl_trainer::runtime::evaluate(
-        &model,
-        &store,
-        &mut params,
-        &samples,
-        spec.train.eval_batch_size,
-    )
-    .await?;
-    let metric = model.metric();
     Ok((
         Some(FinalMetric {
-            name: metric.name().into(),
-            value: metric.value(&eval),
-            split: split.into(),
+            name: eval.metric.name().into(),
+            value: eval.value,
+            split: eval.split,
         }),
-        Some(path.display().to_string()),
+        params_file,
     ))
 }
 

@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::RunArgs;
 use super::display::Display;
-use super::lifecycle::{final_params, prepare_job};
+use super::lifecycle::{Evaluator, final_params, prepare_job};
 use super::report::Outcome;
 
 /// Runs the job in this process.
@@ -77,7 +77,12 @@ pub(crate) async fn run(
         cfg.device = args.device;
         cfg.lease_ttl = Some(ttl);
         trainers.push(tokio::spawn(
-            edl_trainer::process::run(backend.clone(), cfg, shutdown.child_token())
+            edl_trainer::process::run(
+                backend.clone(),
+                cfg,
+                edl_trainer::ModelSource::builtin(),
+                shutdown.child_token(),
+            )
                 .instrument(role),
         ));
     }
@@ -122,7 +127,7 @@ pub(crate) async fn run(
         error = Some("the trainers stopped before the job finished".into());
     }
     let (metric, params_file) = if error.is_none() {
-        match final_params(&backend, &spec, &run_dir).await {
+        match final_params(&backend, &spec, &run_dir, Evaluator::Builtin).await {
             Ok(x) => x,
             Err(e) => {
                 error = Some(format!("final evaluation: {e:#}"));

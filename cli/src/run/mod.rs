@@ -67,6 +67,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut spec = edl_trainer::job::load(&args.spec)?;
     let chaos: Option<Chaos> = args.chaos.as_deref().map(str::parse).transpose()?;
     let in_spec = |e: anyhow::Error| e.context(format!("job spec {}", args.spec.display()));
+    // The trainer program is found and checked before anything is made or started.
+    let spec_dir = std::path::absolute(
+        args.spec
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new(".")),
+    )
+    .context("resolve the spec's directory")?;
+    let trainer = procs::TrainerProgram::of(&spec, &spec_dir).map_err(in_spec)?;
     prepare::prepare_data(&spec).map_err(in_spec)?;
     prepare::check_data(&spec).map_err(in_spec)?;
     edl_trainer::job::fit_stats(&mut spec).map_err(|e| in_spec(e.into()))?;
@@ -101,6 +110,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             CoordChoice::Auto => endpoints.is_empty() && !etcd_found,
         };
         if use_memory {
+            anyhow::ensure!(
+                !trainer.entry,
+                "[trainer] entry programs run as processes, which needs etcd: install etcd \
+                 (scripts/test installs it) or pass --etcd"
+            );
             anyhow::ensure!(
                 chaos.is_none(),
                 "--chaos needs etcd (processes are killed); install etcd or pass --etcd"
@@ -137,6 +151,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             endpoints,
             run_dir,
             device: args.device,
+            trainer,
             chaos,
             coordination: coordination.to_owned(),
         };

@@ -16,6 +16,99 @@ use nix::unistd::Pid;
 use super::supervisor::{ProcId, Role, Sig};
 use edl_job::JobSpec;
 
+/// The program that runs as each trainer: `edl trainer` of this binary, or the spec's
+/// `[trainer] entry`, resolved and checked before any process starts.
+#[derive(Debug, Clone)]
+pub(crate) struct TrainerProgram {
+    /// The executable.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Where it starts (the spec file's directory for an entry program).
+    pub cwd: Option<PathBuf>,
+    /// Extra environment (`[trainer] env`).
+    pub env: BTreeMap<String, String>,
+    /// Whether it is the user's `entry` program.
+    pub entry: bool,
+}
+
+impl TrainerProgram {
+    /// `edl trainer` of this binary.
+    pub(crate) fn builtin() -> anyhow::Result<TrainerProgram> {
+        Ok(TrainerProgram {
+            program: std::env::current_exe().context("find the edl binary")?,
+            args: vec!["trainer".into()],
+            cwd: None,
+            env: BTreeMap::new(),
+            entry: false,
+        })
+    }
+
+    /// The trainers of `spec` (whose file is in `spec_dir`): its `entry` program, found
+    /// and checked (it exists, is a file, is executable), or `edl trainer`.
+    pub(crate) fn of(spec: &JobSpec, spec_dir: &Path) -> anyhow::Result<TrainerProgram> {
+        let Some((program, args)) = spec.trainer.entry.split_first() else {
+            return Self::builtin();
+        };
+        let path = find_program(program, spec_dir)?;
+        Ok(TrainerProgram {
+            program: path,
+            args: args.to_vec(),
+            cwd: Some(spec_dir.to_path_buf()),
+            env: spec.trainer.env.clone(),
+            entry: true,
+        })
+    }
+}
+
+/// The executable a `[trainer] entry` names: a path (relative ones were resolved
+/// against the spec file) or a name looked up on `PATH`; an error that names it and says
+/// what is wrong.
+pub(crate) fn find_program(program: &str, spec_dir: &Path) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let check = |path: &Path| -> anyhow::Result<()> {
+        let meta = std::fs::metadata(path).map_err(|e| {
+            anyhow::anyhow!(
+                "trainer.entry: cannot start {}: {e} (build it first, or fix the path; a \
+                 relative path is relative to the spec's directory {})",
+                path.display(),
+                spec_dir.display()
+            )
+        })?;
+        anyhow::ensure!(
+            meta.is_file(),
+            "trainer.entry: {} is not a file",
+            path.display()
+        );
+        anyhow::ensure!(
+            meta.permissions().mode() & 0o111 != 0,
+            "trainer.entry: {} is not executable (chmod +x it, or name its interpreter first: \
+             entry = [\"python3\", \"{}\"])",
+            path.display(),
+            path.display()
+        );
+        Ok(())
+    };
+    if program.contains('/') {
+        let path = PathBuf::from(program);
+        check(&path)?;
+        return Ok(path);
+    }
+    let dirs = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&dirs) {
+        let path = dir.join(program);
+        if path.is_file() {
+            check(&path)?;
+            return Ok(path);
+        }
+    }
+    anyhow::bail!(
+        "trainer.entry: program {program:?} is not on PATH (give its path, e.g. \"./{program}\", \
+         relative to the spec's directory {})",
+        spec_dir.display()
+    )
+}
+
 /// What every child's command line is made of.
 #[derive(Debug, Clone)]
 pub(crate) struct Launch {
@@ -28,15 +121,17 @@ pub(crate) struct Launch {
     pub checkpoint_keep: usize,
     pub run_dir: PathBuf,
     pub device: DeviceChoice,
+    pub trainer: TrainerProgram,
 }
 
 impl Launch {
-    /// For the job of `spec`.
+    /// For the job of `spec`, its trainers run by `trainer`.
     pub(crate) fn new(
         spec: &JobSpec,
         etcd: &[String],
         run_dir: &Path,
         device: DeviceChoice,
+        trainer: TrainerProgram,
     ) -> Launch {
         Launch {
             job: spec.name.to_string(),
@@ -47,6 +142,7 @@ impl Launch {
             checkpoint_keep: spec.cluster.checkpoint_keep,
             run_dir: run_dir.to_path_buf(),
             device,
+            trainer,
         }
     }
 
@@ -61,7 +157,7 @@ impl Launch {
         self.run_dir.join("logs").join(format!("{name}.addr"))
     }
 
-    /// The arguments of `edl ROLE ...` for process `name` in `slot`.
+    /// The arguments of `edl ROLE ...` for master or pserver `name` in `slot`.
     pub(crate) fn args(&self, role: Role, slot: u32, name: &str) -> Vec<String> {
         let mut args: Vec<String> = vec![
             role.name().into(),
@@ -95,21 +191,138 @@ impl Launch {
                     self.checkpoint_keep.to_string(),
                 ]);
             }
-            Role::Trainer => {
-                args.extend([
-                    "--id".into(),
-                    name.to_owned(),
-                    "--device".into(),
-                    self.device.to_string(),
-                    "--report".into(),
-                    self.run_dir
-                        .join(format!("{name}.json"))
-                        .display()
-                        .to_string(),
-                ]);
-            }
+            Role::Trainer => {}
         }
         args
+    }
+
+    /// The environment of trainer `name` in `slot`, one of `trainers` wanted: the
+    /// contract of docs/trainer-api.md (`EDL_*`, and PaddlePaddle's names where they
+    /// mean the same), then `[trainer] env`.
+    pub(crate) fn trainer_env(&self, slot: u32, name: &str, trainers: u32) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = [
+            ("EDL_ETCD", self.etcd.clone()),
+            ("EDL_JOB", self.job.clone()),
+            ("EDL_TRAINER_ID", name.to_owned()),
+            (
+                "EDL_LEASE_TTL",
+                humantime::format_duration(self.lease_ttl).to_string(),
+            ),
+            ("EDL_DEVICE", self.device.to_string()),
+            (
+                "EDL_REPORT",
+                self.run_dir.join(format!("{name}.json")).display().to_string(),
+            ),
+            ("EDL_RUN_DIR", self.run_dir.display().to_string()),
+            ("EDL_MODE", "train".to_owned()),
+            ("PADDLE_TRAINING_ROLE", "TRAINER".to_owned()),
+            ("PADDLE_JOB_ID", self.job.clone()),
+            ("PADDLE_ETCD_ENDPOINTS", self.etcd.clone()),
+            ("PADDLE_TRAINER_ID", slot.to_string()),
+            ("PADDLE_TRAINERS_NUM", trainers.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        env.extend(self.trainer.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env
+    }
+
+    /// The command of process `name` (its log, group and tie to this process are set by
+    /// [`Children::spawn`]).
+    fn command(&self, role: Role, slot: u32, name: &str, trainers: u32) -> anyhow::Result<Command> {
+        if role != Role::Trainer {
+            let mut cmd = Command::new(std::env::current_exe().context("find the edl binary")?);
+            cmd.args(self.args(role, slot, name));
+            return Ok(cmd);
+        }
+        let t = &self.trainer;
+        let mut cmd = Command::new(&t.program);
+        cmd.args(&t.args).envs(self.trainer_env(slot, name, trainers));
+        if let Some(dir) = &t.cwd {
+            cmd.current_dir(dir);
+        }
+        if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+            // Share the cores between the trainers instead of oversubscribing them.
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let per = (cores / trainers.max(1) as usize).max(1);
+            cmd.env("RAYON_NUM_THREADS", per.to_string());
+        }
+        Ok(cmd)
+    }
+
+    /// Runs the trainer program once with `EDL_MODE=evaluate` (the final evaluation of
+    /// a model only the entry program knows), for at most 5 minutes; its report.
+    pub(crate) async fn evaluate(&self) -> anyhow::Result<edl_trainer::process::JobEval> {
+        const WITHIN: Duration = Duration::from_secs(300);
+        let name = "evaluate";
+        let report = self.run_dir.join(format!("{name}.json"));
+        let _ = std::fs::remove_file(&report);
+        let log_path = self.log_path(name);
+        let log = File::create(&log_path).with_context(|| format!("open {}", log_path.display()))?;
+        let mut cmd = self.command(Role::Trainer, 0, name, 1)?;
+        cmd.env("EDL_MODE", "evaluate")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .env("NO_COLOR", "1");
+        let mut child = edl_coord::local_etcd::spawn_tied_to_process(cmd)
+            .with_context(|| format!("start {} to evaluate", self.trainer.program.display()))?;
+        let deadline = std::time::Instant::now() + WITHIN;
+        let status = loop {
+            if let Some(status) = child.try_wait().context("wait for the evaluation")? {
+                break status;
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!(
+                    "the evaluation by {} did not finish within {WITHIN:?}; see {}",
+                    self.trainer.program.display(),
+                    log_path.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        anyhow::ensure!(
+            status.success(),
+            "the evaluation by {} failed ({status}):\n{}",
+            self.trainer.program.display(),
+            log_tail(&log_path)
+        );
+        let text = std::fs::read_to_string(&report)
+            .with_context(|| format!("read the evaluation's report {}", report.display()))?;
+        serde_json::from_str(text.trim())
+            .with_context(|| format!("parse the evaluation's report {}", report.display()))
+    }
+}
+
+/// The last lines of a log (at most 20 lines and 4 KiB), indented, for an error message.
+pub(crate) fn log_tail(path: &Path) -> String {
+    const LINES: usize = 20;
+    const BYTES: u64 = 4096;
+    let text = (|| -> std::io::Result<String> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = File::open(path)?;
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(BYTES)))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    })();
+    match text {
+        Ok(t) if t.trim().is_empty() => format!("  ({} is empty)", path.display()),
+        Ok(t) => {
+            let lines: Vec<&str> = t.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LINES)..];
+            let mut out = format!("  last lines of {}:", path.display());
+            for l in tail {
+                out.push_str("\n  | ");
+                out.push_str(l);
+            }
+            out
+        }
+        Err(e) => format!("  (cannot read {}: {e})", path.display()),
     }
 }
 
@@ -120,8 +333,9 @@ pub(crate) struct Children {
 }
 
 impl Children {
-    /// Starts process `id`: `edl ROLE ...` of this binary. `trainers` is the number of
-    /// trainers wanted (they share the cores).
+    /// Starts process `id`: `edl ROLE ...` of this binary, or the trainer program with
+    /// its environment. `trainers` is the number of trainers wanted (they share the
+    /// cores).
     pub(crate) fn spawn(
         &mut self,
         launch: &Launch,
@@ -138,19 +352,11 @@ impl Children {
             .open(&log_path)
             .with_context(|| format!("open {}", log_path.display()))?;
         let err = log.try_clone()?;
-        let exe = std::env::current_exe().context("find the edl binary")?;
-        let mut cmd = Command::new(exe);
-        cmd.args(launch.args(role, slot, name))
-            .stdin(Stdio::null())
+        let mut cmd = launch.command(role, slot, name, trainers)?;
+        cmd.stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
             .env("NO_COLOR", "1");
-        if role == Role::Trainer && std::env::var_os("RAYON_NUM_THREADS").is_none() {
-            // Share the cores between the trainers instead of oversubscribing them.
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let per = (cores / trainers.max(1) as usize).max(1);
-            cmd.env("RAYON_NUM_THREADS", per.to_string());
-        }
         // Its own process group: a terminal's Ctrl-C reaches only `edl run`, which stops
         // the children in order (trainers drain first). Tied to this process: if `edl run`
         // dies, however it dies, its children are SIGKILLed.
@@ -246,7 +452,36 @@ mod tests {
             checkpoint_keep: 3,
             run_dir: PathBuf::from("/r"),
             device: DeviceChoice::Cpu,
+            trainer: TrainerProgram {
+                program: PathBuf::from("/bin/true"),
+                args: vec![],
+                cwd: None,
+                env: BTreeMap::from([("FROM_SPEC".to_owned(), "1".to_owned())]),
+                entry: true,
+            },
         }
+    }
+
+    #[test]
+    fn an_entry_program_that_cannot_start_is_named_before_anything_starts() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let e = find_program(&missing.display().to_string(), dir.path()).unwrap_err();
+        assert!(e.to_string().contains("cannot start") && e.to_string().contains("nope"), "{e}");
+        let plain = dir.path().join("train.py");
+        std::fs::write(&plain, "print(1)").unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = find_program(&plain.display().to_string(), dir.path()).unwrap_err();
+        assert!(e.to_string().contains("is not executable"), "{e}");
+        let e = find_program(&dir.path().display().to_string(), dir.path()).unwrap_err();
+        assert!(e.to_string().contains("is not a file"), "{e}");
+        let e = find_program("no-such-program-edl-test", dir.path()).unwrap_err();
+        assert!(e.to_string().contains("is not on PATH"), "{e}");
+        // A program on PATH is found.
+        assert!(find_program("sh", dir.path()).unwrap().is_absolute());
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(find_program(&plain.display().to_string(), dir.path()).unwrap(), plain);
     }
 
     #[test]
@@ -262,10 +497,23 @@ mod tests {
             "pserver --etcd http://a:1,http://b:2 --job j --lease-ttl 3s --index 1 --shards 2 \
              --checkpoint-dir /r/checkpoints --checkpoint-every 30s --keep-checkpoints 3"
         );
-        assert_eq!(
-            l.args(Role::Trainer, 2, "trainer-2.1").join(" "),
-            "trainer --etcd http://a:1,http://b:2 --job j --lease-ttl 3s --id trainer-2.1 \
-             --device cpu --report /r/trainer-2.1.json"
-        );
+        let env: BTreeMap<String, String> = l.trainer_env(2, "trainer-2.1", 3).into_iter().collect();
+        for (k, v) in [
+            ("EDL_ETCD", "http://a:1,http://b:2"),
+            ("EDL_JOB", "j"),
+            ("EDL_TRAINER_ID", "trainer-2.1"),
+            ("EDL_LEASE_TTL", "3s"),
+            ("EDL_DEVICE", "cpu"),
+            ("EDL_REPORT", "/r/trainer-2.1.json"),
+            ("EDL_MODE", "train"),
+            ("PADDLE_TRAINING_ROLE", "TRAINER"),
+            ("PADDLE_JOB_ID", "j"),
+            ("PADDLE_ETCD_ENDPOINTS", "http://a:1,http://b:2"),
+            ("PADDLE_TRAINER_ID", "2"),
+            ("PADDLE_TRAINERS_NUM", "3"),
+            ("FROM_SPEC", "1"),
+        ] {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+        }
     }
 }

@@ -19,6 +19,8 @@
 //! batch_size = 32
 //! optimizer = "adam"  # sgd | momentum | adagrad | adam | adamw
 //! learning_rate = 0.01
+//! [trainer]            # optional: run your own program as the trainers
+//! # entry = ["./target/release/my-trainer", "--width", "64"]   # then [model] is optional
 //! [cluster]
 //! masters = 1
 //! pservers = 1
@@ -58,6 +60,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use store::{SPEC_VERSION, StoredSpec};
+
 pub use validate::SpecError;
 
 use crate::model::ModelSpec;
@@ -381,6 +384,55 @@ impl ClusterSpec {
     }
 }
 
+/// `[trainer]`: the program that runs as each of the job's trainers.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerSpec {
+    /// The user's trainer program and its arguments (default: edl's own `edl trainer`,
+    /// which trains `[model]`). A relative program path with a `/` is relative to the
+    /// spec file; one without is looked up on `PATH`. `edl run` starts it in the spec
+    /// file's directory with the environment of docs/trainer-api.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entry: Vec<String>,
+    /// Extra environment variables for the trainer program.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// How long a trainer process may take to register with the job before `edl run`
+    /// names it, kills it and counts a failed start (default 60s).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_dur")]
+    pub register_within: Option<Duration>,
+}
+
+impl TrainerSpec {
+    /// Whether nothing is set (edl's own trainer).
+    pub fn is_default(&self) -> bool {
+        self == &TrainerSpec::default()
+    }
+
+    /// How long a trainer may take to register (default 60s).
+    pub fn register_within(&self) -> Duration {
+        self.register_within.unwrap_or(Duration::from_secs(60))
+    }
+}
+
+/// Optional durations written as `"3s"`.
+mod opt_dur {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::dur::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        super::dur::deserialize(d).map(Some)
+    }
+}
+
 /// A whole job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -389,8 +441,13 @@ pub struct JobSpec {
     pub name: JobName,
     /// The data.
     pub data: DataSpec,
-    /// The model and its hyper-parameters.
-    pub model: ModelSpec,
+    /// The built-in model and its hyper-parameters; absent when the trainers are
+    /// `[trainer] entry` programs that bring their own model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
+    /// What runs as the job's trainers.
+    #[serde(default, skip_serializing_if = "TrainerSpec::is_default")]
+    pub trainer: TrainerSpec,
     /// Training settings.
     #[serde(default)]
     pub train: TrainSpec,

@@ -49,8 +49,15 @@ impl JobSpec {
         })
     }
 
-    /// Makes relative data paths relative to `base`.
+    /// Makes relative data paths, and a relative `trainer.entry` program with a `/`,
+    /// relative to `base`.
     pub fn resolve_paths(&mut self, base: &Path) {
+        if let Some(program) = self.trainer.entry.first_mut()
+            && program.contains('/')
+            && Path::new(program.as_str()).is_relative()
+        {
+            *program = base.join(program.as_str()).to_string_lossy().into_owned();
+        }
         self.data.train.resolve(base);
         if let Some(t) = &mut self.data.test {
             t.resolve(base);

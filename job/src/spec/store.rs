@@ -2,7 +2,8 @@
 //! and read by every trainer and by `edl status`/`scale`/`kill` ([`JobSpec::fetch`],
 //! [`JobSpec::from_stored`]).
 //!
-//! The stored value is [`StoredSpec`]: `{"version": 1, "spec": {...}}`. A reader refuses a
+//! The stored value is [`StoredSpec`]: `{"version": 2, "spec": {...}}` (version 2 added
+//! `[trainer]` and made `model` optional; version 1 is still read). A reader refuses a
 //! newer version with an error that says so.
 
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use crate::keys::JobKeys;
 use crate::name::JobName;
 
 /// The version of the stored spec this build writes and reads.
-pub const SPEC_VERSION: u32 = 1;
+pub const SPEC_VERSION: u32 = 2;
 
 /// The value at `job/spec`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,8 +91,9 @@ impl JobSpec {
         };
         let mut a = stored.clone();
         let mut b = self.clone();
-        a.model.clear_stats();
-        b.model.clear_stats();
+        for m in [&mut a.model, &mut b.model].into_iter().flatten() {
+            m.clear_stats();
+        }
         // The cluster section is how this run is laid out, not what the job computes.
         a.cluster = b.cluster.clone();
         if a != b {

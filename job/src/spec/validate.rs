@@ -109,6 +109,23 @@ impl JobSpec {
             "data.train",
             "no files given",
         )?;
+        if self.model.is_none() && self.trainer.entry.is_empty() {
+            return Err(invalid(
+                "model",
+                "missing: name a built-in model ([model] kind = \"mlp\", ...), or run your own \
+                 trainer program ([trainer] entry = [\"path/to/program\", ...])",
+            ));
+        }
+        ensure(
+            self.trainer.entry.first().is_none_or(|p| !p.is_empty()),
+            "trainer.entry",
+            "the program (the first element) is empty",
+        )?;
+        ensure(
+            self.trainer.register_within() >= Duration::from_secs(1),
+            "trainer.register_within",
+            "must be at least 1s",
+        )?;
         let t = &self.train;
         ensure(t.passes >= 1, "train.passes", "must be at least 1")?;
         ensure(t.batch_size >= 1, "train.batch_size", "must be at least 1")?;

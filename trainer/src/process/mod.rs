@@ -10,11 +10,15 @@
 //! master has already given its task to someone else. An etcd outage does not: the
 //! trainer waits it out. Every etcd step of the startup (the spec, the lease, the
 //! registration) retries an unavailable etcd for up to [`TrainerConfig::etcd_wait`].
-//! `edl trainer` and the in-memory `edl run` are thin callers of it.
+//! The model comes from a [`ModelSource`]: the spec's built-in `[model]`, or a model of
+//! the caller's own. [`evaluate_job`] evaluates a job's parameters with a model (the
+//! final evaluation of `edl run`). [`crate::Trainer`] (the public one-call API), `edl
+//! trainer` and the in-memory `edl run` are thin callers of these.
 //!
 //! # Layout
 //!
-//! - this module: [`TrainerConfig`], [`TrainerError`] and [`run`].
+//! - this module: [`TrainerConfig`], [`ModelSource`], [`TrainerError`], [`run`] and
+//!   [`evaluate_job`].
 //! - [`session`]: [`Session`], the membership shared with `edl consume`.
 //! - [`report`]: [`TrainerReport`], the final totals (docs/json.md).
 //! - `metrics.rs`: the `/metrics` endpoint.
@@ -27,6 +31,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use candle_core::Device;
 use edl_coord::Backend;
 use edl_job::{JobName, JobSpec, RECORD_VERSION, SpecError, TrainerRecord};
 use edl_master::client::ClientError;
@@ -38,7 +43,76 @@ pub use report::{EvalReport, TRAINER_REPORT_VERSION, TrainerReport};
 pub use session::{Session, SessionConfig, SessionError};
 
 use crate::runtime::{self, DRAIN_GRACE, RuntimeError};
-use crate::{DeviceChoice, Model, ParamStore, Progress, PsStore, PsStoreStats};
+use crate::{DeviceChoice, MetricKind, Model, ParamStore, Progress, PsStore, PsStoreStats};
+
+/// What a model is built from: the job's spec and the trainer's device.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelContext<'a> {
+    spec: &'a JobSpec,
+    device: &'a Device,
+}
+
+impl<'a> ModelContext<'a> {
+    /// The job's spec (its `[train]` settings, its data, its `[model]` if any).
+    pub fn spec(&self) -> &'a JobSpec {
+        self.spec
+    }
+
+    /// The device the model computes on (`EDL_DEVICE`, `--device`): build the model's
+    /// tensors there.
+    pub fn device(&self) -> &'a Device {
+        self.device
+    }
+
+    /// The job's seed (`train.seed`): the same in every trainer.
+    pub fn seed(&self) -> u64 {
+        self.spec.train.seed
+    }
+}
+
+type BuildModel = dyn FnOnce(&ModelContext<'_>) -> crate::Result<Arc<dyn Model>> + Send;
+
+/// Where a trainer's model comes from, once the job's spec and the device are known.
+pub struct ModelSource(Box<BuildModel>);
+
+impl std::fmt::Debug for ModelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ModelSource")
+    }
+}
+
+impl ModelSource {
+    /// The spec's built-in `[model]` (what `edl trainer` trains); an error when the
+    /// spec has none (its trainers are `entry` programs).
+    pub fn builtin() -> ModelSource {
+        ModelSource(Box::new(|ctx| {
+            let spec = ctx.spec.model.as_ref().ok_or_else(|| {
+                crate::Error::Model(format!(
+                    "job {} names no built-in [model]: its trainers are the programs of \
+                     [trainer] entry, not `edl trainer`",
+                    ctx.spec.name
+                ))
+            })?;
+            Ok(Arc::from(crate::build_on(
+                spec,
+                ctx.device,
+                candle_core::DType::F32,
+            )?))
+        }))
+    }
+
+    /// A model of the caller's own, built by `build`.
+    pub fn new<M: Model + 'static>(
+        build: impl FnOnce(&ModelContext<'_>) -> crate::Result<M> + Send + 'static,
+    ) -> ModelSource {
+        ModelSource(Box::new(move |ctx| Ok(Arc::new(build(ctx)?))))
+    }
+
+    /// Builds the model.
+    pub fn build(self, spec: &JobSpec, device: &Device) -> crate::Result<Arc<dyn Model>> {
+        (self.0)(&ModelContext { spec, device })
+    }
+}
 
 /// Settings of one trainer process.
 #[derive(Debug, Clone)]
@@ -135,10 +209,12 @@ pub enum TrainerError {
     },
 }
 
-/// Runs one trainer of `cfg.job` until the job finishes (or `shutdown` drains it).
+/// Runs one trainer of `cfg.job`, training the model of `model`, until the job finishes
+/// (or `shutdown` drains it).
 pub async fn run(
     backend: Arc<dyn Backend>,
     cfg: TrainerConfig,
+    model: ModelSource,
     shutdown: CancellationToken,
 ) -> Result<TrainerReport, TrainerError> {
     let started = Instant::now();
@@ -152,13 +228,10 @@ pub async fn run(
     let ttl = cfg.lease_ttl.unwrap_or(spec.cluster.lease_ttl);
     let device = crate::select_device(cfg.device).map_err(TrainerError::Model)?;
     let dev_name = crate::device_name(&device);
-    let model: Arc<dyn Model> = Arc::from(
-        crate::build_on(&spec.model, &device, candle_core::DType::F32)
-            .map_err(TrainerError::Model)?,
-    );
+    let model = model.build(&spec, &device).map_err(TrainerError::Model)?;
     let test = match &spec.data.test {
         Some(g) => Some(Arc::new(
-            crate::load_samples(&g.patterns()).map_err(TrainerError::TestSplit)?,
+            crate::load_records(&g.patterns()).map_err(TrainerError::TestSplit)?,
         )),
         None => None,
     };
@@ -320,6 +393,91 @@ pub async fn run(
     }
     tracing::info!(trainer = %id, drained = progress.drained, "trainer done");
     Ok(rep)
+}
+
+/// An evaluation of a job's parameters ([`evaluate_job`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct JobEval {
+    /// The metric (the model's).
+    pub metric: MetricKind,
+    /// Its value.
+    pub value: f64,
+    /// The mean loss.
+    pub loss: f64,
+    /// The split evaluated: `test`, or `train` when the job has no held-out split.
+    pub split: String,
+    /// Records evaluated.
+    pub records: u64,
+}
+
+/// Why [`evaluate_job`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// The split could not be read.
+    #[error("read the {split} split: {error}")]
+    Data {
+        /// `test` or `train`.
+        split: &'static str,
+        /// Why.
+        error: crate::Error,
+    },
+    /// The pservers could not be reached.
+    #[error("connect to the pservers: {0}")]
+    Pservers(PsClientError),
+    /// Pulling or evaluating failed.
+    #[error("evaluate: {0}")]
+    Evaluate(RuntimeError),
+}
+
+/// Evaluates the job's parameters as the pservers hold them now (the final ones once the
+/// job finished) with `model`, on the held-out split, else the training split. The
+/// pservers are retried for `retry_for`.
+pub async fn evaluate_job(
+    backend: Arc<dyn Backend>,
+    spec: &JobSpec,
+    model: Arc<dyn Model>,
+    retry_for: Duration,
+) -> Result<JobEval, EvalError> {
+    let (split, globs) = match &spec.data.test {
+        Some(t) => ("test", t.patterns()),
+        None => ("train", spec.data.train.patterns()),
+    };
+    let records =
+        Arc::new(crate::load_records(&globs).map_err(|error| EvalError::Data { split, error })?);
+    let cancel = CancellationToken::new();
+    let _guard = cancel.clone().drop_guard();
+    let mut cfg = PsClientConfig::new(spec.name.clone());
+    cfg.retry_for = retry_for;
+    let client = PsClient::connect(backend, cfg, cancel.child_token())
+        .await
+        .map_err(EvalError::Pservers)?;
+    let store: Arc<dyn ParamStore> = Arc::new(PsStore::new(
+        client,
+        crate::job::param_config(spec),
+        spec.train.seed,
+    ));
+    let mut params = crate::Params::default();
+    let eval = async {
+        store.pull_dense(&mut params).await?;
+        runtime::evaluate(
+            &model,
+            &store,
+            &mut params,
+            &records,
+            spec.train.eval_batch_size,
+        )
+        .await
+    }
+    .await
+    .map_err(EvalError::Evaluate)?;
+    let metric = model.metric();
+    Ok(JobEval {
+        metric,
+        value: metric.value(&eval),
+        loss: eval.mean_loss(),
+        split: split.into(),
+        records: eval.count,
+    })
 }
 
 /// Progress in the log, at most every 5 s.

@@ -35,6 +35,10 @@
 //!   restart are the desired count, clamped to `[min_trainers, max_trainers]`.
 //! - A SIGSTOPped process is sent SIGCONT once its stop is over, and before it is asked
 //!   to stop.
+//! - A trainer that has not registered with the job `register_within` after it started
+//!   (or after etcd last answered, whichever is later) is SIGKILLed; its exit is a fast
+//!   failure of its slot (never a preemption), so a trainer program that hangs fails the
+//!   job under the same budget as one that crashes.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -105,6 +109,8 @@ pub(crate) struct Limits {
     /// Run time after which a process is healthy.
     pub healthy_after: Duration,
     pub lease_ttl: Duration,
+    /// How long a trainer may take to register.
+    pub register_within: Duration,
 }
 
 /// What the supervisor knows of a process.
@@ -121,6 +127,10 @@ pub(crate) struct Proc {
     pub stopped_until: Option<Instant>,
     /// When it was spawned.
     pub spawned: Instant,
+    /// A trainer that has registered with the job.
+    pub registered: bool,
+    /// A trainer killed because it did not register in time.
+    pub unregistered: bool,
 }
 
 /// A crash that [`Supervisor::exited`] restarts: the shell measures its recovery.
@@ -233,6 +243,8 @@ impl Supervisor {
                 injected: false,
                 stopped_until: None,
                 spawned: now,
+                registered: false,
+                unregistered: false,
             },
         );
         Effect::Spawn {
@@ -274,7 +286,15 @@ impl Supervisor {
             return Ok(None);
         }
         let ran = now.saturating_duration_since(p.spawned);
-        let healthy = ran >= self.limits.healthy_after;
+        let healthy = ran >= self.limits.healthy_after && !p.unregistered;
+        let status = if p.unregistered {
+            format!(
+                "killed: it did not register with the job within trainer.register_within ({})",
+                humantime::format_duration(self.limits.register_within)
+            )
+        } else {
+            status.to_owned()
+        };
         let slot = self.slots.entry((p.role, p.slot)).or_default();
         slot.generation += 1;
         if healthy {
@@ -353,6 +373,34 @@ impl Supervisor {
             effects.push(self.spawn(r.role, r.slot, now));
         }
         effects
+    }
+
+    /// The trainers registered with the job now (by name, read from etcd at `now`;
+    /// `etcd_since`: since when etcd has answered without a gap). Each is marked
+    /// registered; a trainer that has not registered `register_within` after the later
+    /// of its start and `etcd_since` is SIGKILLed (returned with its name).
+    pub(crate) fn registrations(
+        &mut self,
+        registered: &[String],
+        etcd_since: Instant,
+        now: Instant,
+    ) -> Vec<(Effect, String)> {
+        let within = self.limits.register_within;
+        let mut kills = Vec::new();
+        for (&id, p) in &mut self.procs {
+            if p.role != Role::Trainer || p.registered || p.stopping || p.unregistered {
+                continue;
+            }
+            if registered.contains(&p.name) {
+                p.registered = true;
+            } else if p.stopped_until.is_none()
+                && now.saturating_duration_since(p.spawned.max(etcd_since)) >= within
+            {
+                p.unregistered = true;
+                kills.push((Effect::Kill { id }, p.name.clone()));
+            }
+        }
+        kills
     }
 
     /// `edl scale` asked for `asked` trainers: new ones are started, surplus ones

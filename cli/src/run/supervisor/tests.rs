@@ -10,6 +10,7 @@ fn limits() -> Limits {
         max_restarts: 2,
         healthy_after: 30 * SECOND,
         lease_ttl: Duration::from_secs(2),
+        register_within: 60 * SECOND,
     }
 }
 
@@ -493,4 +494,48 @@ fn trainers_resume_up_to_the_desired_count_when_the_job_goes_on_after_its_end() 
         "new trainers, up to the desired two"
     );
     assert!(sup.resume_trainers(t0 + SECOND).is_empty(), "not twice");
+}
+
+#[test]
+fn a_trainer_that_never_registers_is_killed_and_counts_as_a_failed_start() {
+    let (mut sup, t0, _) = started();
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // trainer-0 registers; trainer-1 never does.
+    assert!(sup.registrations(&names(&["trainer-0"]), t0, t0 + 10 * SECOND).is_empty());
+    assert!(sup.registrations(&names(&["trainer-0"]), t0, t0 + 59 * SECOND).is_empty());
+    // etcd was away until t0 + 30 s: the deadline runs from then.
+    assert!(
+        sup.registrations(&names(&["trainer-0"]), t0 + 30 * SECOND, t0 + 61 * SECOND)
+            .is_empty()
+    );
+    let kills = sup.registrations(&[], t0, t0 + 61 * SECOND);
+    let t1 = id_of(&sup, "trainer-1");
+    assert_eq!(kills, vec![(Effect::Kill { id: t1 }, "trainer-1".to_owned())]);
+    // Killed once only, and trainer-0 (registered earlier, gone from etcd now) is left alone.
+    assert!(sup.registrations(&[], t0, t0 + 70 * SECOND).is_empty());
+    // Its exit is a fast failure, not a preemption, though it ran past healthy_after.
+    let crash = sup
+        .exited(t1, false, "signal: 9 (SIGKILL)", false, t0 + 61 * SECOND)
+        .expect("within the budget")
+        .expect("a crash");
+    assert!(!crash.healthy);
+    assert_eq!(sup.preemptions(), 0);
+    assert_eq!(sup.restarts(), 1);
+    // The budget (2) runs out on the third hang in a row.
+    let mut now = t0 + 61 * SECOND;
+    for n in 2..=3 {
+        now += 20 * SECOND;
+        let effects = sup.tick(now, false);
+        assert_eq!(spawned(&effects), [format!("trainer-1.{}", n - 1)]);
+        let kills = sup.registrations(&names(&["trainer-0"]), t0, now + 61 * SECOND);
+        assert_eq!(kills.len(), 1);
+        now += 61 * SECOND;
+        let r = sup.exited(id_of(&sup, &format!("trainer-1.{}", n - 1)), false, "signal: 9", false, now);
+        if n == 3 {
+            let e = r.expect_err("a crash loop");
+            assert!(e.to_string().contains("did not register with the job within"), "{e}");
+        } else {
+            assert!(r.expect("within the budget").is_some());
+        }
+    }
 }

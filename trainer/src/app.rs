@@ -1,0 +1,597 @@
+//! [`Trainer`]: the one call that makes a program an elastic edl trainer of a job, with
+//! the program's own model; [`main`] is that call for a `main` function.
+//!
+//! ```no_run
+//! use edl_trainer::{ModelSpec, build_on};
+//!
+//! fn main() -> std::process::ExitCode {
+//!     // Any `Model` works; here a built-in one, built on the trainer's device.
+//!     edl_trainer::main(|ctx| {
+//!         let spec = ModelSpec::Mlp { inputs: 13, hidden: vec![32], classes: 3,
+//!                                     standardize: false, stats: None };
+//!         build_on(&spec, ctx.device(), candle_core::DType::F32)
+//!     })
+//! }
+//! ```
+//!
+//! The configuration comes from the environment `edl run` sets for a `[trainer] entry`
+//! program ([`Trainer::from_env`], the contract in docs/trainer-api.md) or from the
+//! builder ([`Trainer::new`] and its setters). [`Trainer::run`] then does what `edl
+//! trainer` does, for it is what `edl trainer` runs: it connects to etcd (waiting out an
+//! outage at startup), reads the job's spec, builds the model on the chosen device,
+//! registers under its lease, trains the tasks of the master's `cloud_reader` through
+//! the pservers (see [`crate::process::run`]), drains on SIGTERM or Ctrl-C (the current
+//! task handed back), serves `/metrics`, and prints its JSON report (and writes it to
+//! `EDL_REPORT`). With `EDL_MODE=evaluate` the program evaluates the job's current
+//! parameters instead (`edl run` asks for this once the job finished, for the final
+//! metric of a model only the program knows) and reports a [`JobEval`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{Backend, EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls, retry_startup};
+use edl_job::{InvalidJobName, JobName, JobSpec, SpecError};
+use tokio_util::sync::CancellationToken;
+
+use crate::process::{
+    self, EvalError, JobEval, ModelContext, ModelSource, TrainerConfig, TrainerError,
+    TrainerReport,
+};
+use crate::{DeviceChoice, Model};
+
+/// The environment variables of the contract (docs/trainer-api.md).
+pub mod env {
+    /// etcd client URLs, comma-separated (required).
+    pub const ETCD: &str = "EDL_ETCD";
+    /// PaddlePaddle's name for the same, read when [`ETCD`] is not set.
+    pub const PADDLE_ETCD: &str = "PADDLE_ETCD_ENDPOINTS";
+    /// The job's name (required).
+    pub const JOB: &str = "EDL_JOB";
+    /// PaddlePaddle's name for the same, read when [`JOB`] is not set.
+    pub const PADDLE_JOB: &str = "PADDLE_JOB_ID";
+    /// This trainer's id, unique in the job (default `trainer-<pid>-<random>`).
+    pub const TRAINER_ID: &str = "EDL_TRAINER_ID";
+    /// Compute device: `auto`, `cpu` or `cuda:N` (default `auto`).
+    pub const DEVICE: &str = "EDL_DEVICE";
+    /// TTL of the registration lease, e.g. `10s` (default: the spec's).
+    pub const LEASE_TTL: &str = "EDL_LEASE_TTL";
+    /// Serve `/metrics` on this address (default: none).
+    pub const METRICS_ADDR: &str = "EDL_METRICS_ADDR";
+    /// Write the JSON report to this file (default: stdout only).
+    pub const REPORT: &str = "EDL_REPORT";
+    /// `train` (default) or `evaluate`.
+    pub const MODE: &str = "EDL_MODE";
+    /// The job token every RPC carries (optional).
+    pub const TOKEN: &str = "EDL_JOB_TOKEN";
+    /// etcd user, with [`ETCD_PASSWORD`].
+    pub const ETCD_USER: &str = "EDL_ETCD_USER";
+    /// etcd password.
+    pub const ETCD_PASSWORD: &str = "EDL_ETCD_PASSWORD";
+    /// CA certificate (PEM) for etcd TLS.
+    pub const ETCD_CA: &str = "EDL_ETCD_CA";
+    /// Client certificate (PEM) for etcd TLS, with [`ETCD_KEY`].
+    pub const ETCD_CERT: &str = "EDL_ETCD_CERT";
+    /// Client key (PEM) for etcd TLS.
+    pub const ETCD_KEY: &str = "EDL_ETCD_KEY";
+    /// How long each startup step retries an unreachable etcd (default `2m`).
+    pub const ETCD_WAIT: &str = "EDL_ETCD_WAIT";
+    /// How long to wait for the job's spec to appear in etcd (default `60s`).
+    pub const SPEC_WAIT: &str = "EDL_SPEC_WAIT";
+}
+
+/// What the program does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Train as one of the job's trainers.
+    Train,
+    /// Evaluate the job's current parameters once, and report.
+    Evaluate,
+}
+
+/// A setting that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A required variable is not set.
+    #[error(
+        "{var} is not set: this program is an edl trainer; run it with `edl run JOB.toml` \
+         (`[trainer] entry`), or set {var} (see docs/trainer-api.md)"
+    )]
+    Missing {
+        /// The variable.
+        var: &'static str,
+    },
+    /// A variable's value is not valid.
+    #[error("{var}={value:?}: {reason}")]
+    Invalid {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Why [`Trainer::run`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The configuration is not usable.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// The async runtime or the signal handlers could not be set up.
+    #[error("start: {0}")]
+    Start(std::io::Error),
+    /// etcd could not be reached or refused.
+    #[error("{0}")]
+    Etcd(String),
+    /// The job spec given to store could not be stored, or the stored one read.
+    #[error("{0}")]
+    Spec(SpecError),
+    /// Training failed.
+    #[error("{0}")]
+    Trainer(#[from] TrainerError),
+    /// The evaluation failed.
+    #[error("{0}")]
+    Eval(#[from] EvalError),
+    /// The model could not be built.
+    #[error("build the model: {0}")]
+    Model(crate::Error),
+    /// The report could not be written.
+    #[error("write the report {}: {error}", path.display())]
+    Report {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+}
+
+/// How [`Trainer::run`] ended.
+#[derive(Debug)]
+pub enum Finished {
+    /// Trained until the job finished, or drained.
+    Trained(TrainerReport),
+    /// Evaluated the job's parameters ([`Mode::Evaluate`]).
+    Evaluated(JobEval),
+    /// Stopped (SIGTERM) before it joined the job: nothing was done.
+    StoppedBeforeStart,
+}
+
+/// An elastic trainer of a job, configured; [`Trainer::run`] runs it.
+#[derive(Debug, Clone)]
+pub struct Trainer {
+    etcd: EtcdConfig,
+    cfg: TrainerConfig,
+    mode: Mode,
+    report: Option<PathBuf>,
+    publish: Option<JobSpec>,
+}
+
+impl Trainer {
+    /// A trainer of `job` on the etcd of `etcd`, with [`TrainerConfig::new`]'s defaults.
+    pub fn new(job: JobName, etcd: EtcdConfig) -> Trainer {
+        Trainer {
+            etcd,
+            cfg: TrainerConfig::new(job),
+            mode: Mode::Train,
+            report: None,
+            publish: None,
+        }
+    }
+
+    /// The configuration `edl run` passes to a `[trainer] entry` program (the [`env`]
+    /// variables; docs/trainer-api.md). `EDL_ETCD` and `EDL_JOB` are required (or
+    /// PaddlePaddle's `PADDLE_ETCD_ENDPOINTS` and `PADDLE_JOB_ID`).
+    pub fn from_env() -> Result<Trainer, ConfigError> {
+        Trainer::from_vars(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    }
+
+    /// [`Trainer::from_env`] over any source of variables.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Trainer, ConfigError> {
+        let either = |a: &'static str, b: &'static str| {
+            var(a)
+                .map(|v| (a, v))
+                .or_else(|| var(b).map(|v| (b, v)))
+                .ok_or(ConfigError::Missing { var: a })
+        };
+        let invalid = |var: &'static str, value: &str, reason: String| ConfigError::Invalid {
+            var,
+            value: value.to_owned(),
+            reason,
+        };
+        let duration = |name: &'static str| -> Result<Option<Duration>, ConfigError> {
+            var(name)
+                .map(|v| humantime::parse_duration(&v).map_err(|e| invalid(name, &v, e.to_string())))
+                .transpose()
+        };
+        let (etcd_var, endpoints) = either(env::ETCD, env::PADDLE_ETCD)?;
+        let endpoints: Vec<String> = endpoints
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if endpoints.is_empty() {
+            return Err(invalid(etcd_var, "", "no endpoint".into()));
+        }
+        let mut etcd = EtcdConfig::new(endpoints);
+        match (var(env::ETCD_USER), var(env::ETCD_PASSWORD)) {
+            (Some(user), Some(password)) => etcd.auth = Some(EtcdAuth { user, password }),
+            (None, None) => {}
+            (Some(_), None) => return Err(ConfigError::Missing { var: env::ETCD_PASSWORD }),
+            (None, Some(_)) => return Err(ConfigError::Missing { var: env::ETCD_USER }),
+        }
+        let (ca, cert, key) = (var(env::ETCD_CA), var(env::ETCD_CERT), var(env::ETCD_KEY));
+        if ca.is_some() || cert.is_some() || key.is_some() {
+            etcd.tls = Some(EtcdTls {
+                ca_file: ca.map(PathBuf::from),
+                cert_file: cert.map(PathBuf::from),
+                key_file: key.map(PathBuf::from),
+                domain: None,
+            });
+        }
+        let (job_var, job) = either(env::JOB, env::PADDLE_JOB)?;
+        let job: JobName = job
+            .parse()
+            .map_err(|e: InvalidJobName| invalid(job_var, &job, e.to_string()))?;
+        let mut t = Trainer::new(job, etcd);
+        if let Some(id) = var(env::TRAINER_ID) {
+            t.cfg.id = id;
+        }
+        if let Some(d) = var(env::DEVICE) {
+            t.cfg.device = d
+                .parse()
+                .map_err(|e: String| invalid(env::DEVICE, &d, e))?;
+        }
+        t.cfg.lease_ttl = duration(env::LEASE_TTL)?;
+        if let Some(a) = var(env::METRICS_ADDR) {
+            t.cfg.metrics_addr = Some(
+                a.parse()
+                    .map_err(|e: std::net::AddrParseError| invalid(env::METRICS_ADDR, &a, e.to_string()))?,
+            );
+        }
+        t.cfg.token = var(env::TOKEN);
+        if let Some(w) = duration(env::ETCD_WAIT)? {
+            t.cfg.etcd_wait = w;
+        }
+        if let Some(w) = duration(env::SPEC_WAIT)? {
+            t.cfg.spec_wait = w;
+        }
+        t.report = var(env::REPORT).map(PathBuf::from);
+        t.mode = match var(env::MODE).as_deref() {
+            None | Some("train") => Mode::Train,
+            Some("evaluate") => Mode::Evaluate,
+            Some(other) => {
+                return Err(invalid(env::MODE, other, "expected train or evaluate".into()));
+            }
+        };
+        Ok(t)
+    }
+
+    /// This trainer's id (unique in the job).
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.cfg.id = id.into();
+        self
+    }
+
+    /// The compute device.
+    pub fn device(mut self, device: DeviceChoice) -> Self {
+        self.cfg.device = device;
+        self
+    }
+
+    /// The TTL of the registration lease (default: the spec's).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.cfg.lease_ttl = Some(ttl);
+        self
+    }
+
+    /// Serve `/metrics` on `addr`.
+    pub fn metrics_addr(mut self, addr: SocketAddr) -> Self {
+        self.cfg.metrics_addr = Some(addr);
+        self
+    }
+
+    /// The job token every RPC carries.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.cfg.token = Some(token.into());
+        self
+    }
+
+    /// How long to wait for the job's spec to appear in etcd (default 60s).
+    pub fn spec_wait(mut self, wait: Duration) -> Self {
+        self.cfg.spec_wait = wait;
+        self
+    }
+
+    /// How long each startup step retries an unreachable etcd (default 2 minutes).
+    pub fn etcd_wait(mut self, wait: Duration) -> Self {
+        self.cfg.etcd_wait = wait;
+        self
+    }
+
+    /// Also write the JSON report to `path`.
+    pub fn report(mut self, path: impl Into<PathBuf>) -> Self {
+        self.report = Some(path.into());
+        self
+    }
+
+    /// Train, or evaluate the job's parameters once.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Store `spec` as the job's spec first, when the job has none (a job run without
+    /// `edl run`). An error when the job has a different one.
+    pub fn publish_spec(mut self, spec: JobSpec) -> Self {
+        self.publish = Some(spec);
+        self
+    }
+
+    /// The trainer's settings.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.cfg
+    }
+
+    /// Runs the trainer with the model `build` makes (once the job's spec and the
+    /// device are known), on a runtime of its own, until the job finishes or a signal
+    /// drains it. Prints the report as one JSON line on stdout.
+    pub fn run<M: Model + 'static>(
+        self,
+        build: impl FnOnce(&ModelContext<'_>) -> crate::Result<M> + Send + 'static,
+    ) -> Result<Finished, AppError> {
+        self.run_source(ModelSource::new(build))
+    }
+
+    /// [`Trainer::run`] with a [`ModelSource`] (`ModelSource::builtin()` is what `edl
+    /// trainer` trains).
+    pub fn run_source(self, model: ModelSource) -> Result<Finished, AppError> {
+        init_logging();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(AppError::Start)?;
+        rt.block_on(async move {
+            let shutdown = shutdown_on_signals().map_err(AppError::Start)?;
+            self.run_async(model, shutdown).await
+        })
+    }
+
+    /// [`Trainer::run_source`] on the caller's tokio runtime; `shutdown` drains.
+    pub async fn run_async(
+        self,
+        model: ModelSource,
+        shutdown: CancellationToken,
+    ) -> Result<Finished, AppError> {
+        let wait = self.cfg.etcd_wait;
+        let Some(backend) = connect(&self.etcd, wait, &shutdown).await? else {
+            return Ok(Finished::StoppedBeforeStart);
+        };
+        if let Some(spec) = &self.publish {
+            let published = retry_startup("store the job spec", wait, &shutdown, || async {
+                match spec.publish(&backend).await {
+                    Err(SpecError::Etcd { error, .. }) if error.is_retryable() => Err(error),
+                    other => Ok(other),
+                }
+            })
+            .await;
+            match published {
+                Ok(r) => {
+                    r.map_err(AppError::Spec)?;
+                }
+                Err(edl_coord::Error::Cancelled) => return Ok(Finished::StoppedBeforeStart),
+                Err(e) => return Err(AppError::Etcd(format!("store the job spec in etcd: {e}"))),
+            }
+        }
+        let finished = match self.mode {
+            Mode::Train => match process::run(backend, self.cfg.clone(), model, shutdown).await {
+                Ok(rep) => Finished::Trained(rep),
+                Err(TrainerError::StoppedBeforeStart) => Finished::StoppedBeforeStart,
+                Err(e) => return Err(e.into()),
+            },
+            Mode::Evaluate => {
+                let spec = match JobSpec::fetch(
+                    &backend,
+                    &self.cfg.job,
+                    self.cfg.spec_wait,
+                    wait,
+                    &shutdown,
+                )
+                .await
+                {
+                    Ok(spec) => spec,
+                    Err(SpecError::Cancelled) => return Ok(Finished::StoppedBeforeStart),
+                    Err(e) => return Err(AppError::Spec(e)),
+                };
+                let device = crate::select_device(self.cfg.device).map_err(AppError::Model)?;
+                let model = model.build(&spec, &device).map_err(AppError::Model)?;
+                Finished::Evaluated(
+                    process::evaluate_job(backend, &spec, model, Duration::from_secs(20)).await?,
+                )
+            }
+        };
+        let line = match &finished {
+            Finished::Trained(rep) => serde_json::to_string(rep),
+            Finished::Evaluated(eval) => serde_json::to_string(eval),
+            Finished::StoppedBeforeStart => {
+                tracing::info!("stopped while starting");
+                return Ok(finished);
+            }
+        }
+        .unwrap_or_default();
+        println!("{line}");
+        if let Some(path) = &self.report {
+            std::fs::write(path, format!("{line}\n")).map_err(|error| AppError::Report {
+                path: path.clone(),
+                error,
+            })?;
+        }
+        Ok(finished)
+    }
+}
+
+/// The whole `main` of a trainer program: [`Trainer::from_env`], then [`Trainer::run`]
+/// with the model `build` makes. An error is printed once, on stderr, and the exit
+/// status is 1; a drained or finished trainer exits 0.
+pub fn main<M: Model + 'static>(
+    build: impl FnOnce(&ModelContext<'_>) -> crate::Result<M> + Send + 'static,
+) -> ExitCode {
+    match Trainer::from_env()
+        .map_err(AppError::from)
+        .and_then(|t| t.run(build))
+    {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Connects to etcd, retrying while it cannot be reached for up to `wait`; `None` when
+/// `cancel` fires first.
+async fn connect(
+    cfg: &EtcdConfig,
+    wait: Duration,
+    cancel: &CancellationToken,
+) -> Result<Option<Arc<dyn Backend>>, AppError> {
+    match retry_startup("connect to etcd", wait, cancel, || {
+        EtcdBackend::connect(cfg.clone())
+    })
+    .await
+    {
+        Ok(backend) => Ok(Some(Arc::new(backend))),
+        Err(edl_coord::Error::Cancelled) => Ok(None),
+        Err(e) if e.is_retryable() => Err(AppError::Etcd(format!(
+            "{e} (tried for {}; is etcd running there? pass its client URLs with --etcd or \
+             EDL_ETCD, or wait longer with --etcd-wait or EDL_ETCD_WAIT)",
+            humantime::format_duration(wait)
+        ))),
+        Err(e) => Err(AppError::Etcd(format!("etcd: {e}"))),
+    }
+}
+
+/// A token cancelled on SIGTERM or SIGINT (Ctrl-C); a second signal exits at once.
+/// Call on a tokio runtime.
+pub fn shutdown_on_signals() -> std::io::Result<CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        t.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(130);
+    });
+    Ok(token)
+}
+
+/// Logs to stderr (`RUST_LOG`, `info` by default), unless the program set up its own
+/// subscriber.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::env::var_os("NO_COLOR").is_none())
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn the_environment_contract_configures_a_trainer() {
+        let t = Trainer::from_vars(vars(&[
+            ("EDL_ETCD", "http://127.0.0.1:1, http://127.0.0.1:2"),
+            ("EDL_JOB", "mnist"),
+            ("EDL_TRAINER_ID", "trainer-3"),
+            ("EDL_DEVICE", "cpu"),
+            ("EDL_LEASE_TTL", "7s"),
+            ("EDL_METRICS_ADDR", "127.0.0.1:0"),
+            ("EDL_REPORT", "/tmp/r.json"),
+            ("EDL_MODE", "evaluate"),
+            ("EDL_ETCD_WAIT", "5s"),
+        ]))
+        .expect("valid");
+        assert_eq!(
+            t.etcd.endpoints,
+            vec!["http://127.0.0.1:1".to_owned(), "http://127.0.0.1:2".to_owned()]
+        );
+        assert_eq!(t.cfg.job.as_str(), "mnist");
+        assert_eq!(t.cfg.id, "trainer-3");
+        assert_eq!(t.cfg.device, DeviceChoice::Cpu);
+        assert_eq!(t.cfg.lease_ttl, Some(Duration::from_secs(7)));
+        assert_eq!(t.cfg.etcd_wait, Duration::from_secs(5));
+        assert!(t.cfg.metrics_addr.is_some());
+        assert_eq!(t.report, Some(PathBuf::from("/tmp/r.json")));
+        assert_eq!(t.mode, Mode::Evaluate);
+
+        // PaddlePaddle's names stand in for ours.
+        let t = Trainer::from_vars(vars(&[
+            ("PADDLE_ETCD_ENDPOINTS", "http://127.0.0.1:9"),
+            ("PADDLE_JOB_ID", "paddle-job"),
+        ]))
+        .expect("valid");
+        assert_eq!(t.cfg.job.as_str(), "paddle-job");
+        assert_eq!(t.mode, Mode::Train);
+        assert!(t.cfg.id.starts_with("trainer-"));
+    }
+
+    #[test]
+    fn a_missing_or_bad_variable_is_named_with_the_fix() {
+        let e = Trainer::from_vars(vars(&[("EDL_JOB", "j")])).expect_err("no etcd");
+        assert!(e.to_string().starts_with("EDL_ETCD is not set"), "{e}");
+        assert!(e.to_string().contains("edl run"), "{e}");
+        let e = Trainer::from_vars(vars(&[("EDL_ETCD", "http://h:1")])).expect_err("no job");
+        assert!(e.to_string().starts_with("EDL_JOB is not set"), "{e}");
+        for (var, value) in [
+            ("EDL_JOB", "../x"),
+            ("EDL_LEASE_TTL", "ten"),
+            ("EDL_DEVICE", "tpu"),
+            ("EDL_METRICS_ADDR", "nowhere"),
+            ("EDL_MODE", "serve"),
+        ] {
+            let mut all = vec![("EDL_ETCD", "http://h:1"), ("EDL_JOB", "j")];
+            all.retain(|(k, _)| *k != var);
+            all.push((var, value));
+            let e = Trainer::from_vars(vars(&all)).expect_err(var);
+            assert!(
+                e.to_string().starts_with(&format!("{var}={value:?}: ")),
+                "{var}: {e}"
+            );
+        }
+        let e = Trainer::from_vars(vars(&[
+            ("EDL_ETCD", "http://h:1"),
+            ("EDL_JOB", "j"),
+            ("EDL_ETCD_USER", "u"),
+        ]))
+        .expect_err("no password");
+        assert!(e.to_string().starts_with("EDL_ETCD_PASSWORD is not set"), "{e}");
+    }
+}
