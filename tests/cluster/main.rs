@@ -2,6 +2,8 @@
 //!
 //! One test binary (built once) with a module per area:
 //! - [`support`]: etcd clusters, `edl` child processes, datasets, deadlines.
+//! - [`entry`]: `[trainer] entry` programs: the own-model example under a trainer
+//!   SIGKILL, and programs that cannot start, exit at once or never register.
 //! - [`etcd`]: etcd unreachable at startup, and outages (a leader's death, a quorum
 //!   loss) under a running job.
 //! - [`master`]: the master's task queue across trainer and master failures.
@@ -10,6 +12,7 @@
 //! - [`soak`]: a seeded soak with faults in every role and in etcd (`scripts/soak`).
 //! - [`trainer`]: `edl trainer` quality through pservers, and elasticity.
 
+mod entry;
 mod etcd;
 mod master;
 mod pserver;

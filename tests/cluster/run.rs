@@ -61,7 +61,12 @@ pub(crate) fn read_report(path: &Path) -> Value {
 }
 
 /// Runs `edl run` to the end; returns (exit success, report, log).
-async fn edl_run(dir: &Path, name: &str, args: &[&str], within: Duration) -> (bool, Value, String) {
+pub(crate) async fn edl_run(
+    dir: &Path,
+    name: &str,
+    args: &[&str],
+    within: Duration,
+) -> (bool, Value, String) {
     let report = dir.join(format!("{name}.report.json"));
     let mut all: Vec<String> = vec!["run".into()];
     all.extend(args.iter().map(|s| s.to_string()));
@@ -76,7 +81,7 @@ async fn edl_run(dir: &Path, name: &str, args: &[&str], within: Duration) -> (bo
     (status.success(), read_report(&report), log)
 }
 
-fn metric(report: &Value) -> (String, f64) {
+pub(crate) fn metric(report: &Value) -> (String, f64) {
     let m = &report["final_metric"];
     (
         m["name"].as_str().unwrap_or_default().to_owned(),

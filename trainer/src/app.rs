@@ -37,8 +37,7 @@ use edl_job::{InvalidJobName, JobName, JobSpec, SpecError};
 use tokio_util::sync::CancellationToken;
 
 use crate::process::{
-    self, EvalError, JobEval, ModelContext, ModelSource, TrainerConfig, TrainerError,
-    TrainerReport,
+    self, EvalError, JobEval, ModelContext, ModelSource, TrainerConfig, TrainerError, TrainerReport,
 };
 use crate::{DeviceChoice, Model};
 
@@ -132,10 +131,10 @@ pub enum AppError {
     Spec(SpecError),
     /// Training failed.
     #[error("{0}")]
-    Trainer(#[from] TrainerError),
+    Trainer(Box<TrainerError>),
     /// The evaluation failed.
     #[error("{0}")]
-    Eval(#[from] EvalError),
+    Eval(Box<EvalError>),
     /// The model could not be built.
     #[error("build the model: {0}")]
     Model(crate::Error),
@@ -147,6 +146,18 @@ pub enum AppError {
         /// Why.
         error: std::io::Error,
     },
+}
+
+impl From<TrainerError> for AppError {
+    fn from(e: TrainerError) -> Self {
+        AppError::Trainer(Box::new(e))
+    }
+}
+
+impl From<EvalError> for AppError {
+    fn from(e: EvalError) -> Self {
+        AppError::Eval(Box::new(e))
+    }
 }
 
 /// How [`Trainer::run`] ended.
@@ -182,7 +193,7 @@ impl Trainer {
         }
     }
 
-    /// The configuration `edl run` passes to a `[trainer] entry` program (the [`env`]
+    /// The configuration `edl run` passes to a `[trainer] entry` program (the [`env`](mod@env)
     /// variables; docs/trainer-api.md). `EDL_ETCD` and `EDL_JOB` are required (or
     /// PaddlePaddle's `PADDLE_ETCD_ENDPOINTS` and `PADDLE_JOB_ID`).
     pub fn from_env() -> Result<Trainer, ConfigError> {
@@ -204,7 +215,9 @@ impl Trainer {
         };
         let duration = |name: &'static str| -> Result<Option<Duration>, ConfigError> {
             var(name)
-                .map(|v| humantime::parse_duration(&v).map_err(|e| invalid(name, &v, e.to_string())))
+                .map(|v| {
+                    humantime::parse_duration(&v).map_err(|e| invalid(name, &v, e.to_string()))
+                })
                 .transpose()
         };
         let (etcd_var, endpoints) = either(env::ETCD, env::PADDLE_ETCD)?;
@@ -221,8 +234,16 @@ impl Trainer {
         match (var(env::ETCD_USER), var(env::ETCD_PASSWORD)) {
             (Some(user), Some(password)) => etcd.auth = Some(EtcdAuth { user, password }),
             (None, None) => {}
-            (Some(_), None) => return Err(ConfigError::Missing { var: env::ETCD_PASSWORD }),
-            (None, Some(_)) => return Err(ConfigError::Missing { var: env::ETCD_USER }),
+            (Some(_), None) => {
+                return Err(ConfigError::Missing {
+                    var: env::ETCD_PASSWORD,
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::Missing {
+                    var: env::ETCD_USER,
+                });
+            }
         }
         let (ca, cert, key) = (var(env::ETCD_CA), var(env::ETCD_CERT), var(env::ETCD_KEY));
         if ca.is_some() || cert.is_some() || key.is_some() {
@@ -242,16 +263,13 @@ impl Trainer {
             t.cfg.id = id;
         }
         if let Some(d) = var(env::DEVICE) {
-            t.cfg.device = d
-                .parse()
-                .map_err(|e: String| invalid(env::DEVICE, &d, e))?;
+            t.cfg.device = d.parse().map_err(|e: String| invalid(env::DEVICE, &d, e))?;
         }
         t.cfg.lease_ttl = duration(env::LEASE_TTL)?;
         if let Some(a) = var(env::METRICS_ADDR) {
-            t.cfg.metrics_addr = Some(
-                a.parse()
-                    .map_err(|e: std::net::AddrParseError| invalid(env::METRICS_ADDR, &a, e.to_string()))?,
-            );
+            t.cfg.metrics_addr = Some(a.parse().map_err(|e: std::net::AddrParseError| {
+                invalid(env::METRICS_ADDR, &a, e.to_string())
+            })?);
         }
         t.cfg.token = var(env::TOKEN);
         if let Some(w) = duration(env::ETCD_WAIT)? {
@@ -265,7 +283,11 @@ impl Trainer {
             None | Some("train") => Mode::Train,
             Some("evaluate") => Mode::Evaluate,
             Some(other) => {
-                return Err(invalid(env::MODE, other, "expected train or evaluate".into()));
+                return Err(invalid(
+                    env::MODE,
+                    other,
+                    "expected train or evaluate".into(),
+                ));
             }
         };
         Ok(t)
@@ -499,10 +521,11 @@ pub fn shutdown_on_signals() -> std::io::Result<CancellationToken> {
     Ok(token)
 }
 
-/// Logs to stderr (`RUST_LOG`, `info` by default), unless the program set up its own
-/// subscriber.
+/// Logs to stderr (the filter in `EDL_LOG`, as for every edl process, else `RUST_LOG`,
+/// else `info`), unless the program set up its own subscriber.
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EDL_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -541,7 +564,10 @@ mod tests {
         .expect("valid");
         assert_eq!(
             t.etcd.endpoints,
-            vec!["http://127.0.0.1:1".to_owned(), "http://127.0.0.1:2".to_owned()]
+            vec![
+                "http://127.0.0.1:1".to_owned(),
+                "http://127.0.0.1:2".to_owned()
+            ]
         );
         assert_eq!(t.cfg.job.as_str(), "mnist");
         assert_eq!(t.cfg.id, "trainer-3");
@@ -592,6 +618,9 @@ mod tests {
             ("EDL_ETCD_USER", "u"),
         ]))
         .expect_err("no password");
-        assert!(e.to_string().starts_with("EDL_ETCD_PASSWORD is not set"), "{e}");
+        assert!(
+            e.to_string().starts_with("EDL_ETCD_PASSWORD is not set"),
+            "{e}"
+        );
     }
 }

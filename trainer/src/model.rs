@@ -13,8 +13,8 @@
 //! its records itself implements [`Model::prepare_records`] instead. Either way it
 //! returns a [`Batch`] made with [`Batch::new`] from its own prepared data, which
 //! [`Model::forward_backward`] reads back with [`Batch::data`]. Data errors are
-//! [`Error::BadRecord`](crate::Error::BadRecord) (the task is failed and retried, the
-//! trainer goes on); any other failure is [`Error::Model`](crate::Error::Model) or a
+//! [`Error::BadRecord`] (the task is failed and retried, the
+//! trainer goes on); any other failure is [`Error::Model`] or a
 //! candle error (`?` converts it).
 
 use std::any::Any;
@@ -357,4 +357,45 @@ pub trait Model: Send + Sync + fmt::Debug {
 
     /// The metric reports use.
     fn metric(&self) -> MetricKind;
+}
+
+/// A boxed model (what [`crate::build_on`] returns) is a model: it can be handed to
+/// [`crate::main`] as is.
+impl Model for Box<dyn Model> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn dense_params(&self) -> Vec<DenseParam> {
+        (**self).dense_params()
+    }
+    fn sparse_tables(&self) -> Vec<SparseTable> {
+        (**self).sparse_tables()
+    }
+    fn init_dense(&self, seed: u64) -> Vec<Vec<f32>> {
+        (**self).init_dense(seed)
+    }
+    fn init_sparse_row(&self, table: &str, row: u64, seed: u64) -> Vec<f32> {
+        (**self).init_sparse_row(table, row, seed)
+    }
+    fn prepare(&self, samples: &[Sample]) -> Result<Batch> {
+        (**self).prepare(samples)
+    }
+    fn prepare_seeded(&self, samples: &[Sample], seed: u64) -> Result<Batch> {
+        (**self).prepare_seeded(samples, seed)
+    }
+    fn prepare_records(&self, records: &[Vec<u8>], seed: u64) -> Result<Batch> {
+        (**self).prepare_records(records, seed)
+    }
+    fn sparse_rows(&self, batch: &Batch) -> Vec<(String, Vec<u64>)> {
+        (**self).sparse_rows(batch)
+    }
+    fn forward_backward(&self, params: &Params, batch: &Batch) -> Result<StepOutput> {
+        (**self).forward_backward(params, batch)
+    }
+    fn evaluate(&self, params: &Params, batch: &Batch) -> Result<EvalOutput> {
+        (**self).evaluate(params, batch)
+    }
+    fn metric(&self) -> MetricKind {
+        (**self).metric()
+    }
 }

@@ -83,7 +83,7 @@ pub(crate) async fn run(
                 edl_trainer::ModelSource::builtin(),
                 shutdown.child_token(),
             )
-                .instrument(role),
+            .instrument(role),
         ));
     }
     let mut display = Display::new(args.quiet);

@@ -199,7 +199,12 @@ impl Launch {
     /// The environment of trainer `name` in `slot`, one of `trainers` wanted: the
     /// contract of docs/trainer-api.md (`EDL_*`, and PaddlePaddle's names where they
     /// mean the same), then `[trainer] env`.
-    pub(crate) fn trainer_env(&self, slot: u32, name: &str, trainers: u32) -> Vec<(String, String)> {
+    pub(crate) fn trainer_env(
+        &self,
+        slot: u32,
+        name: &str,
+        trainers: u32,
+    ) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = [
             ("EDL_ETCD", self.etcd.clone()),
             ("EDL_JOB", self.job.clone()),
@@ -211,7 +216,10 @@ impl Launch {
             ("EDL_DEVICE", self.device.to_string()),
             (
                 "EDL_REPORT",
-                self.run_dir.join(format!("{name}.json")).display().to_string(),
+                self.run_dir
+                    .join(format!("{name}.json"))
+                    .display()
+                    .to_string(),
             ),
             ("EDL_RUN_DIR", self.run_dir.display().to_string()),
             ("EDL_MODE", "train".to_owned()),
@@ -238,7 +246,8 @@ impl Launch {
         }
         let t = &self.trainer;
         let mut cmd = Command::new(&t.program);
-        cmd.args(&t.args).envs(self.trainer_env(slot, name, trainers));
+        cmd.args(&t.args)
+            .envs(self.trainer_env(slot, name, trainers));
         if let Some(dir) = &t.cwd {
             cmd.current_dir(dir);
         }
@@ -259,7 +268,8 @@ impl Launch {
         let report = self.run_dir.join(format!("{name}.json"));
         let _ = std::fs::remove_file(&report);
         let log_path = self.log_path(name);
-        let log = File::create(&log_path).with_context(|| format!("open {}", log_path.display()))?;
+        let log =
+            File::create(&log_path).with_context(|| format!("open {}", log_path.display()))?;
         let mut cmd = self.command(Role::Trainer, 0, name, 1)?;
         cmd.env("EDL_MODE", "evaluate")
             .stdin(Stdio::null())
@@ -468,7 +478,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope");
         let e = find_program(&missing.display().to_string(), dir.path()).unwrap_err();
-        assert!(e.to_string().contains("cannot start") && e.to_string().contains("nope"), "{e}");
+        assert!(
+            e.to_string().contains("cannot start") && e.to_string().contains("nope"),
+            "{e}"
+        );
         let plain = dir.path().join("train.py");
         std::fs::write(&plain, "print(1)").unwrap();
         std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -481,7 +494,10 @@ mod tests {
         // A program on PATH is found.
         assert!(find_program("sh", dir.path()).unwrap().is_absolute());
         std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(find_program(&plain.display().to_string(), dir.path()).unwrap(), plain);
+        assert_eq!(
+            find_program(&plain.display().to_string(), dir.path()).unwrap(),
+            plain
+        );
     }
 
     #[test]
@@ -497,7 +513,8 @@ mod tests {
             "pserver --etcd http://a:1,http://b:2 --job j --lease-ttl 3s --index 1 --shards 2 \
              --checkpoint-dir /r/checkpoints --checkpoint-every 30s --keep-checkpoints 3"
         );
-        let env: BTreeMap<String, String> = l.trainer_env(2, "trainer-2.1", 3).into_iter().collect();
+        let env: BTreeMap<String, String> =
+            l.trainer_env(2, "trainer-2.1", 3).into_iter().collect();
         for (k, v) in [
             ("EDL_ETCD", "http://a:1,http://b:2"),
             ("EDL_JOB", "j"),

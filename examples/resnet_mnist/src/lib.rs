@@ -135,7 +135,7 @@ impl Model for ResMnist {
     /// He-normal convolutions (the second of each block zero), small fc, zero biases;
     /// deterministic from `seed`.
     fn init_dense(&self, seed: u64) -> Vec<Vec<f32>> {
-        let mut rng = SplitMix(seed ^ 0x5eed_0f_4e57);
+        let mut rng = SplitMix(seed ^ 0x005e_ed0f_4e57);
         self.params
             .iter()
             .map(|p| {
@@ -226,7 +226,11 @@ impl Model for ResMnist {
         let logits = self.forward(&self.tensors(params)?, &d.x)?;
         let mean = candle_nn::loss::cross_entropy(&logits, &d.y)?.to_scalar::<f32>()?;
         let predicted = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
-        let correct = predicted.iter().zip(&d.labels).filter(|(p, y)| p == y).count();
+        let correct = predicted
+            .iter()
+            .zip(&d.labels)
+            .filter(|(p, y)| p == y)
+            .count();
         Ok(EvalOutput {
             loss_sum: f64::from(mean) * d.labels.len() as f64,
             count: d.labels.len() as u64,

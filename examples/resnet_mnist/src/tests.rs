@@ -76,5 +76,9 @@ fn bad_records_are_named_and_a_small_set_is_learnt() {
         ..LocalConfig::default()
     };
     let report = train_local(&model, &data, &data, &cfg).unwrap();
-    assert!(report.final_metric >= 0.95, "accuracy {}", report.final_metric);
+    assert!(
+        report.final_metric >= 0.95,
+        "accuracy {}",
+        report.final_metric
+    );
 }

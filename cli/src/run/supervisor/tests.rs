@@ -501,8 +501,14 @@ fn a_trainer_that_never_registers_is_killed_and_counts_as_a_failed_start() {
     let (mut sup, t0, _) = started();
     let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     // trainer-0 registers; trainer-1 never does.
-    assert!(sup.registrations(&names(&["trainer-0"]), t0, t0 + 10 * SECOND).is_empty());
-    assert!(sup.registrations(&names(&["trainer-0"]), t0, t0 + 59 * SECOND).is_empty());
+    assert!(
+        sup.registrations(&names(&["trainer-0"]), t0, t0 + 10 * SECOND)
+            .is_empty()
+    );
+    assert!(
+        sup.registrations(&names(&["trainer-0"]), t0, t0 + 59 * SECOND)
+            .is_empty()
+    );
     // etcd was away until t0 + 30 s: the deadline runs from then.
     assert!(
         sup.registrations(&names(&["trainer-0"]), t0 + 30 * SECOND, t0 + 61 * SECOND)
@@ -510,7 +516,10 @@ fn a_trainer_that_never_registers_is_killed_and_counts_as_a_failed_start() {
     );
     let kills = sup.registrations(&[], t0, t0 + 61 * SECOND);
     let t1 = id_of(&sup, "trainer-1");
-    assert_eq!(kills, vec![(Effect::Kill { id: t1 }, "trainer-1".to_owned())]);
+    assert_eq!(
+        kills,
+        vec![(Effect::Kill { id: t1 }, "trainer-1".to_owned())]
+    );
     // Killed once only, and trainer-0 (registered earlier, gone from etcd now) is left alone.
     assert!(sup.registrations(&[], t0, t0 + 70 * SECOND).is_empty());
     // Its exit is a fast failure, not a preemption, though it ran past healthy_after.
@@ -530,10 +539,20 @@ fn a_trainer_that_never_registers_is_killed_and_counts_as_a_failed_start() {
         let kills = sup.registrations(&names(&["trainer-0"]), t0, now + 61 * SECOND);
         assert_eq!(kills.len(), 1);
         now += 61 * SECOND;
-        let r = sup.exited(id_of(&sup, &format!("trainer-1.{}", n - 1)), false, "signal: 9", false, now);
+        let r = sup.exited(
+            id_of(&sup, &format!("trainer-1.{}", n - 1)),
+            false,
+            "signal: 9",
+            false,
+            now,
+        );
         if n == 3 {
             let e = r.expect_err("a crash loop");
-            assert!(e.to_string().contains("did not register with the job within"), "{e}");
+            assert!(
+                e.to_string()
+                    .contains("did not register with the job within"),
+                "{e}"
+            );
         } else {
             assert!(r.expect("within the budget").is_some());
         }
