@@ -171,6 +171,17 @@ async fn entry_programs_that_cannot_start_exit_at_once_or_never_register_are_nam
         );
     }
 
+    // Entry programs are processes: the in-memory backend cannot run them.
+    let ok = script(dir, "ok.sh", "exit 0");
+    let spec = spec_with("in-memory", ok.to_str().expect("utf-8"), "");
+    let out = Command::new(edl_bin())
+        .args(["run", &spec, "--coord", "memory"])
+        .output()
+        .expect("run edl");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("needs etcd"), "{err}");
+
     // Exits at once: its exit status and the tail of its log, after the restart budget.
     let boom = script(dir, "boom.sh", "echo \"boom: no model config\" >&2\nexit 3");
     let spec = spec_with("exits-at-once", boom.to_str().expect("utf-8"), "");

@@ -127,7 +127,9 @@ mod tests {
             w.finish().unwrap();
         }
         let glob = format!("{}/part-*", dir.path().display());
-        assert_eq!(load_samples(&[glob]).unwrap(), samples);
+        assert_eq!(load_samples(std::slice::from_ref(&glob)).unwrap(), samples);
+        let raw: Vec<Vec<u8>> = samples.iter().map(sample::encode).collect();
+        assert_eq!(load_records(&[glob]).unwrap(), raw);
 
         let bad = dir.path().join("bad");
         let mut w = FileWriter::create(&bad, WriterOptions::default()).unwrap();

@@ -576,6 +576,53 @@ checkpoint_every = "10s"
     }
 
     #[test]
+    fn a_trainer_entry_makes_the_model_optional_and_is_resolved_against_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = "name = \"own\"\n[data]\ntrain = [\"/x/a.recordio\"]\n";
+        let e = JobSpec::load(&write(dir.path(), base)).expect_err("no model, no entry");
+        assert!(format!("{e:#}").contains("[trainer] entry"), "{e:#}");
+        let spec = JobSpec::load(&write(
+            dir.path(),
+            &format!(
+                "{base}[trainer]\nentry = [\"./bin/net\", \"--width\", \"8\"]\n\
+                 env = {{ A = \"1\" }}\nregister_within = \"5s\"\n"
+            ),
+        ))
+        .expect("valid");
+        assert!(spec.model.is_none());
+        let dir_abs = std::path::absolute(dir.path()).expect("absolute");
+        assert_eq!(
+            spec.trainer.entry,
+            vec![
+                dir_abs.join("./bin/net").display().to_string(),
+                "--width".into(),
+                "8".into()
+            ]
+        );
+        assert_eq!(spec.trainer.register_within(), Duration::from_secs(5));
+        // Stored and read back whole; a program on PATH stays a bare name.
+        assert_eq!(
+            JobSpec::from_stored(&spec.to_stored()).expect("stored"),
+            spec
+        );
+        let spec = JobSpec::load(&write(
+            dir.path(),
+            &format!("{base}[trainer]\nentry = [\"python3\", \"train.py\"]\n"),
+        ))
+        .expect("valid");
+        assert_eq!(
+            spec.trainer.entry,
+            vec!["python3".to_owned(), "train.py".into()]
+        );
+        let e = JobSpec::load(&write(
+            dir.path(),
+            &format!("{base}[trainer]\nentry = [\"\"]\n"),
+        ))
+        .expect_err("empty program");
+        assert!(format!("{e:#}").contains("trainer.entry"), "{e:#}");
+    }
+
+    #[test]
     fn stored_specs_of_a_newer_version_or_a_bad_name_are_refused() {
         let spec = JobSpec::parse_toml(
             "name = \"h\"\n[data]\ntrain = [\"/x/a.recordio\"]\n[model]\nkind = \"fit_a_line\"\n",
@@ -583,7 +630,7 @@ checkpoint_every = "10s"
         .expect("valid");
         let newer = String::from_utf8(spec.to_stored())
             .expect("utf-8")
-            .replace(r#""version":1"#, r#""version":2"#);
+            .replace(r#""version":2"#, r#""version":3"#);
         let e = JobSpec::from_stored(newer.as_bytes()).expect_err("newer");
         assert!(e.to_string().contains("upgrade edl"), "{e}");
         let bad = String::from_utf8(spec.to_stored())
