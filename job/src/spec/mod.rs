@@ -512,7 +512,7 @@ checkpoint_every = "10s"
         assert_eq!(spec.train.optimizer, OptimizerName::Adam);
         // The JSON stored in etcd round-trips, with its version.
         let stored = spec.to_stored();
-        assert!(stored.starts_with(br#"{"version":1,"spec":"#));
+        assert!(stored.starts_with(br#"{"version":2,"spec":"#));
         assert_eq!(JobSpec::from_stored(&stored).expect("parse"), spec);
     }
 
