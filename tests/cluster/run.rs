@@ -448,11 +448,17 @@ async fn a_trainer_that_fails_at_every_start_fails_the_run_as_a_crash_loop() {
     );
     let trainer_log = error
         .rsplit_once("the cause is in ")
-        .map(|(_, path)| PathBuf::from(path))
+        .and_then(|(_, rest)| rest.lines().next())
+        .map(PathBuf::from)
         .expect("the error names the log");
     let cause = std::fs::read_to_string(&trainer_log)
         .unwrap_or_else(|e| panic!("{}: {e}", trainer_log.display()));
     assert!(cause.contains("cuda:99"), "{cause}");
+    // The error carries the log's last lines too.
+    assert!(
+        error.contains("| error: build the model: device: device cuda:99"),
+        "{error}"
+    );
     assert_eq!(r["restarts"], 1, "the first fast failure is restarted: {r}");
     assert_eq!(r["preemptions"], 0, "{r}");
     // The trainer role never served again.
