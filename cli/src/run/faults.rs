@@ -32,7 +32,8 @@ const VICTIM_RETRY: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 enum Check {
     /// The trainer's registration is gone (its tasks are back in the queue) and a later
-    /// trainer of its slot (its replacement, or one after it) is registered.
+    /// trainer of its slot (its replacement, or one after it) is registered, or the slot
+    /// is no longer wanted (a scale-down drained the replacement).
     Trainer {
         key: String,
         slot: u32,
@@ -213,7 +214,7 @@ impl Faults {
     pub(crate) async fn check_recoveries(&mut self, sup: &mut Supervisor) {
         let mut i = 0;
         while i < self.pending.len() {
-            if self.recovered(&self.pending[i].check).await {
+            if self.recovered(&self.pending[i].check, sup).await {
                 let p = self.pending.remove(i);
                 let secs = p.at.elapsed().as_secs_f64();
                 tracing::info!(process = %p.process, fault = p.fault, seconds = secs, "recovered");
@@ -229,7 +230,7 @@ impl Faults {
         }
     }
 
-    async fn recovered(&self, check: &Check) -> bool {
+    async fn recovered(&self, check: &Check, sup: &Supervisor) -> bool {
         match check {
             Check::Trainer {
                 key,
@@ -237,12 +238,15 @@ impl Faults {
                 generation,
             } => {
                 let gone = self.backend.get(key).await.is_ok_and(|kv| kv.is_none());
-                gone && self.registered_trainer_keys().await.iter().any(|k| {
-                    self.keys
-                        .trainer_id(k)
-                        .and_then(trainer_slot)
-                        .is_some_and(|(s, g)| s == *slot && g > *generation)
-                })
+                // A scale-down may drain the replacement before it registers: the
+                // slot is then no longer wanted, which ends the fault too.
+                gone && (sup.slot_retired(Role::Trainer, *slot)
+                    || self.registered_trainer_keys().await.iter().any(|k| {
+                        self.keys
+                            .trainer_id(k)
+                            .and_then(trainer_slot)
+                            .is_some_and(|(s, g)| s == *slot && g > *generation)
+                    }))
             }
             Check::TrainerGone { key } => self.backend.get(key).await.is_ok_and(|kv| kv.is_none()),
             Check::Pserver { key, old_create } => {

@@ -537,6 +537,16 @@ impl Supervisor {
             .collect()
     }
 
+    /// Whether `slot` of `role` is no longer wanted: none of its processes runs without
+    /// being asked to stop, and no restart of it is queued (a scale-down drained it).
+    pub(crate) fn slot_retired(&self, role: Role, slot: u32) -> bool {
+        !self.live(role).any(|p| p.slot == slot)
+            && !self
+                .restart_queue
+                .iter()
+                .any(|r| r.role == role && r.slot == slot)
+    }
+
     /// The trainers wanted now.
     pub(crate) fn desired_trainers(&self) -> u32 {
         self.desired_trainers

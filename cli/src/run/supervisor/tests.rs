@@ -558,3 +558,24 @@ fn a_trainer_that_never_registers_is_killed_and_counts_as_a_failed_start() {
         }
     }
 }
+
+#[test]
+fn a_slot_whose_replacement_a_scale_down_drained_is_retired() {
+    let (mut sup, t0, _) = started();
+    let t1 = id_of(&sup, "trainer-1");
+    assert!(!sup.slot_retired(Role::Trainer, 1));
+    // A fault hits trainer-1: it is restarted at once, so its slot is still wanted.
+    sup.inject(t1, Action::Term, t0);
+    assert!(
+        sup.exited(t1, true, "exit status: 0", false, t0)
+            .expect("ok")
+            .is_none()
+    );
+    assert!(!sup.slot_retired(Role::Trainer, 1), "its restart is queued");
+    let effects = sup.tick(t0, false);
+    assert_eq!(spawned(&effects), ["trainer-1.1"]);
+    // Scaling down drains the latest trainer, the replacement: the slot is retired.
+    sup.scale(1, t0 + SECOND);
+    assert!(sup.slot_retired(Role::Trainer, 1));
+    assert!(!sup.slot_retired(Role::Trainer, 0));
+}
