@@ -417,12 +417,7 @@ impl Supervisor {
             to: want,
         });
         self.desired_trainers = want;
-        let live = self.live(Role::Trainer).count() as u32
-            + self
-                .restart_queue
-                .iter()
-                .filter(|r| r.role == Role::Trainer)
-                .count() as u32;
+        let live = self.trainers_kept();
         let mut effects = Vec::new();
         if want > live {
             for _ in live..want {
@@ -448,15 +443,20 @@ impl Supervisor {
     /// that the master had counted done, so the master trains it again): trainers are
     /// started up to the desired count, counting those waiting for a restart.
     pub(crate) fn resume_trainers(&mut self, now: Instant) -> Vec<Effect> {
-        let live = self.live(Role::Trainer).count() as u32
-            + self
-                .restart_queue
-                .iter()
-                .filter(|r| r.role == Role::Trainer)
-                .count() as u32;
+        let live = self.trainers_kept();
         (live..self.desired_trainers)
             .map(|_| self.spawn_trainer(now))
             .collect()
+    }
+
+    /// Trainers running and not asked to stop, plus those waiting for a restart.
+    fn trainers_kept(&self) -> u32 {
+        let queued = self
+            .restart_queue
+            .iter()
+            .filter(|r| r.role == Role::Trainer)
+            .count();
+        (self.live(Role::Trainer).count() + queued) as u32
     }
 
     /// The processes of `role` that a fault may hit (in spawn order): not stopping, not
