@@ -15,7 +15,12 @@
 //! - recomputed work is accounted for: records trained = passes x records + recomputed;
 //! - duplicates (records trained twice, or cut off and so maybe trained twice) are
 //!   bounded by the tasks the hit trainers held: one in training plus the read-ahead;
-//! - the final held-out cost is within 2% of the fault-free run's;
+//! - the final held-out cost is within 5% of the fault-free run's. Fault-free runs of
+//!   this job differ by up to about 3% between themselves (60 passes, `edl run --coord
+//!   memory`: 23.77-24.50 over trainer counts 2-4 and repeats; sync SGD sums a different
+//!   set of batches per step when the trainer count or the task order changes), so a
+//!   tighter bound fails on noise; a model that lost its training is off by far more
+//!   (an untrained model's cost is in the hundreds);
 //! - no training rolled back for good: the pservers' final checkpoints (written at the
 //!   end, read back here) hold every task of every pass in their ledgers, and no
 //!   pserver restored but one hit by a fault;
@@ -396,11 +401,11 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
         "{duplicates} records trained twice or cut off, more than {bound} ({trainer_hits} trainers hit): {r}"
     );
 
-    // The final metric, against the fault-free run's.
+    // The final metric, against the fault-free run's (the bound: the module's header).
     let (got, want_cost) = (cost(&r), cost(&reference));
     assert!(
-        (got - want_cost).abs() <= 0.02 * want_cost,
-        "final cost {got} is not within 2% of the fault-free run's {want_cost}"
+        (got - want_cost).abs() <= 0.05 * want_cost,
+        "final cost {got} is not within 5% of the fault-free run's {want_cost}: {r}"
     );
 
     // No training rolled back for good: the final checkpoints hold every pass whole.
