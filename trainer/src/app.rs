@@ -161,6 +161,8 @@ impl From<EvalError> for AppError {
 }
 
 /// How [`Trainer::run`] ended.
+// Returned once per trainer: the report stays inline rather than boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Finished {
     /// Trained until the job finished, or drained.

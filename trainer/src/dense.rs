@@ -6,6 +6,7 @@ use candle_core::{D, DType, Device, Tensor, Var};
 use edl_proto::sample::{Sample, sample::Label};
 
 use crate::error::{Error, Result};
+use crate::fc_cpu;
 use crate::model::{
     Batch, BatchData, DenseParam, EvalOutput, MetricKind, Model, Params, SparseTable, StepOutput,
     Target,
@@ -160,6 +161,9 @@ pub(crate) struct DenseModel {
     inits: Vec<Init>,
     /// `(mean, 1/std)` per feature, when standardising.
     standardize: Option<(Vec<f32>, Vec<f32>)>,
+    /// The layer widths (inputs, hidden..., outputs) of a fully connected network on
+    /// the CPU in f32: its steps run [`crate::fc_cpu`] instead of candle's autograd.
+    fc_cpu: Option<Vec<usize>>,
     device: Device,
     dtype: DType,
 }
@@ -281,6 +285,14 @@ impl DenseModel {
                 push("fc0.b".into(), vec![10], Init::Zeros);
             }
         }
+        let fc_cpu = match arch {
+            Arch::Fc { .. } if device.is_cpu() && dtype == DType::F32 => Some(
+                std::iter::once(inputs)
+                    .chain(params.iter().step_by(2).map(|p| p.shape[1]))
+                    .collect(),
+            ),
+            _ => None,
+        };
         Ok(DenseModel {
             kind,
             inputs,
@@ -289,6 +301,7 @@ impl DenseModel {
             params,
             inits,
             standardize,
+            fc_cpu,
             device: device.clone(),
             dtype,
         })
@@ -523,6 +536,62 @@ impl Model for DenseModel {
     fn forward_backward(&self, params: &Params, batch: &Batch) -> Result<StepOutput> {
         self.check_params(params)?;
         let (x, target) = self.batch_parts(batch)?;
+        if let Some(widths) = &self.fc_cpu {
+            let (value, dense) =
+                fc_cpu::step_batch(widths, &params.dense, x, target, batch.samples)?;
+            return self.step_output(value, batch, dense);
+        }
+        self.forward_backward_candle(params, x, target, batch)
+    }
+
+    fn evaluate(&self, params: &Params, batch: &Batch) -> Result<EvalOutput> {
+        self.check_params(params)?;
+        let (x, target) = self.batch_parts(batch)?;
+        let Some(widths) = &self.fc_cpu else {
+            return self.evaluate_candle(params, x, target, batch);
+        };
+        let n = batch.samples;
+        let (mean, correct) = fc_cpu::evaluate_batch(widths, &params.dense, x, target, n)?;
+        Ok(EvalOutput {
+            loss_sum: mean * n as f64,
+            count: n as u64,
+            correct,
+        })
+    }
+
+    fn metric(&self) -> MetricKind {
+        match self.task {
+            Task::Regression => MetricKind::Cost,
+            Task::Classification { .. } => MetricKind::Accuracy,
+        }
+    }
+}
+
+impl DenseModel {
+    /// The step's output from its mean loss (refused when not finite) and gradients.
+    fn step_output(&self, value: f64, batch: &Batch, dense: Vec<Vec<f32>>) -> Result<StepOutput> {
+        if !value.is_finite() {
+            return Err(Error::NonFiniteLoss {
+                model: self.kind,
+                loss: value,
+            });
+        }
+        Ok(StepOutput {
+            loss: value as f32,
+            examples: batch.samples,
+            dense,
+            sparse: Vec::new(),
+        })
+    }
+
+    /// [`Model::forward_backward`] through candle's autograd (any device and dtype).
+    fn forward_backward_candle(
+        &self,
+        params: &Params,
+        x: &Tensor,
+        target: &Target,
+        batch: &Batch,
+    ) -> Result<StepOutput> {
         let vars = self
             .params
             .iter()
@@ -537,10 +606,7 @@ impl Model for DenseModel {
         let loss = self.loss(&out, target)?;
         let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         if !value.is_finite() {
-            return Err(Error::NonFiniteLoss {
-                model: self.kind,
-                loss: value,
-            });
+            return self.step_output(value, batch, Vec::new());
         }
         let grads = loss.backward()?;
         let mut dense = Vec::with_capacity(vars.len());
@@ -550,17 +616,17 @@ impl Model for DenseModel {
                 None => vec![0.0; p.len()],
             });
         }
-        Ok(StepOutput {
-            loss: value as f32,
-            examples: batch.samples,
-            dense,
-            sparse: Vec::new(),
-        })
+        self.step_output(value, batch, dense)
     }
 
-    fn evaluate(&self, params: &Params, batch: &Batch) -> Result<EvalOutput> {
-        self.check_params(params)?;
-        let (x, target) = self.batch_parts(batch)?;
+    /// [`Model::evaluate`] through candle (any device and dtype).
+    fn evaluate_candle(
+        &self,
+        params: &Params,
+        x: &Tensor,
+        target: &Target,
+        batch: &Batch,
+    ) -> Result<EvalOutput> {
         let tensors = self
             .params
             .iter()
@@ -587,81 +653,8 @@ impl Model for DenseModel {
             correct,
         })
     }
-
-    fn metric(&self) -> MetricKind {
-        match self.task {
-            Task::Regression => MetricKind::Cost,
-            Task::Classification { .. } => MetricKind::Accuracy,
-        }
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::rng::SplitMix64;
-
-    fn random(shape: &[usize], seed: u64) -> Tensor {
-        let mut rng = SplitMix64::new(seed);
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| rng.symmetric(1.0)).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
-
-    /// The im2col convolution and the gather pooling compute what candle's `conv2d` and
-    /// `max_pool2d` compute (in NCHW).
-    #[test]
-    fn conv_and_pool_match_candle_reference() {
-        let dev = Device::Cpu;
-        let (n, c_in, c_out, side, k) = (2, 3, 4, 8, 3);
-        let x_nchw = random(&[n, c_in, side, side], 1);
-        let kernel = random(&[c_out, c_in, k, k], 2);
-        let bias = random(&[c_out], 3);
-        let reference = x_nchw
-            .conv2d(&kernel, 0, 1, 1, 1)
-            .unwrap()
-            .broadcast_add(&bias.reshape((1, c_out, 1, 1)).unwrap())
-            .unwrap()
-            .relu()
-            .unwrap();
-        let conv = Conv::new(c_in, c_out, side, side, k, &dev).unwrap();
-        let x_nhwc = x_nchw
-            .permute((0, 2, 3, 1))
-            .unwrap()
-            .flatten_from(1)
-            .unwrap();
-        let patches = conv.patches(&x_nhwc).unwrap();
-        let ours = conv.forward_relu(&patches, &kernel, &bias).unwrap();
-        // Host im2col gives the same patches.
-        let mut host = Vec::new();
-        for image in x_nhwc.to_vec2::<f32>().unwrap() {
-            conv.im2col_host(&image, &mut host);
-        }
-        assert_eq!(
-            host,
-            patches.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-        );
-        let ours_nchw = ours.permute((0, 3, 1, 2)).unwrap();
-        let diff = (&reference - &ours_nchw)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert!(diff < 1e-5, "conv differs by {diff}");
-
-        let pooled = max_pool_2x2(&ours).unwrap().permute((0, 3, 1, 2)).unwrap();
-        let reference = reference.max_pool2d(2).unwrap();
-        let diff = (&reference - &pooled)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert!(diff < 1e-6, "pool differs by {diff}");
-    }
-}
+#[path = "dense_tests.rs"]
+mod tests;

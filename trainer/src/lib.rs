@@ -151,6 +151,7 @@ pub mod data;
 mod dense;
 pub mod device;
 pub mod error;
+mod fc_cpu;
 pub mod job;
 pub mod local;
 pub mod local_optim;

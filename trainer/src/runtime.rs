@@ -88,6 +88,11 @@ pub struct Progress {
     /// Tasks trained whole and handed back to be trained again: a parameter server
     /// restored meanwhile lacked some of their updates.
     pub recomputed_tasks: u64,
+    /// When the first gradient step was pushed (wall clock: comparable across the
+    /// processes of a machine, for spawn -> first step and the steady rate).
+    pub first_step_at: Option<std::time::SystemTime>,
+    /// When the last gradient step was pushed.
+    pub last_step_at: Option<std::time::SystemTime>,
 }
 
 /// Why the runtime stopped with an error.
@@ -465,6 +470,9 @@ async fn train_task(
             .push(&cfg.trainer, state.steps, Some(task_ref.batch(seq)), &out)
             .await?;
         state.steps += 1;
+        let now = std::time::SystemTime::now();
+        state.first_step_at.get_or_insert(now);
+        state.last_step_at = Some(now);
         state.last_loss = out.loss;
         trained += chunk.len() as u64;
     }

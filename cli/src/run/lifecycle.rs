@@ -137,6 +137,7 @@ pub(crate) async fn final_params(
         Some(FinalMetric {
             name: eval.metric.name().into(),
             value: eval.value,
+            loss: eval.loss,
             split: eval.split,
         }),
         params_file,

@@ -36,6 +36,8 @@ pub struct FinalMetric {
     pub name: String,
     /// Its value.
     pub value: f64,
+    /// The model's mean loss on the split.
+    pub loss: f64,
     /// `test` or `train`.
     pub split: String,
 }
@@ -277,6 +279,7 @@ mod tests {
             final_metric: Some(FinalMetric {
                 name: "cost".into(),
                 value: 1.5,
+                loss: 1.5,
                 split: "test".into(),
             }),
             params_file: None,

@@ -58,8 +58,18 @@ pub struct TrainerReport {
     pub stale_pushes: u64,
     /// Sync pushes given up (the trainer then stops with an error).
     pub dropped_pushes: u64,
+    /// When its first gradient step was pushed: seconds since the Unix epoch (wall
+    /// clock, comparable across the processes of one machine), if it took one.
+    pub first_step_unix_s: Option<f64>,
+    /// When its last gradient step was pushed (as `first_step_unix_s`).
+    pub last_step_unix_s: Option<f64>,
     /// Seconds it ran.
     pub wall_s: f64,
+}
+
+fn unix_s(t: Option<std::time::SystemTime>) -> Option<f64> {
+    t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs_f64())
 }
 
 /// One evaluation.
@@ -118,6 +128,8 @@ pub(crate) fn report(
         pushes: s.pushes.load(Ordering::Relaxed),
         stale_pushes: s.stale_pushes.load(Ordering::Relaxed),
         dropped_pushes: s.dropped_pushes.load(Ordering::Relaxed),
+        first_step_unix_s: unix_s(p.first_step_at),
+        last_step_unix_s: unix_s(p.last_step_at),
         wall_s: started.elapsed().as_secs_f64(),
     }
 }

@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""The side-by-side of edl and PaddlePaddle on one job, in one sitting (run by
+scripts/bench-peer, which installs what it needs; see docs/benchmarks.md).
+
+The job (the harness's "mlp"): 784-256-10 MLP, softmax cross-entropy, 60,000 synthetic
+samples (gen_data.py, seed 2024), plain SGD lr 0.05, batch 64, 3 epochs, one pserver on
+loopback. Paddle runs under the harness's launcher (bench_launch.py); edl runs `edl run`
+on a private etcd, with the same samples converted to RecordIO.
+
+Figures per run:
+- steady samples/s: samples trained / the training time, startup excluded. Paddle: the
+  harness's (the sum of the epochs' walls of the slower trainer). edl: from the first
+  trainer's first step to the last trainer's last step (the trainers' reports), so it
+  also counts the waits between passes;
+- end-to-end wall: from spawning the job to its last trainer's exit (Paddle's pserver
+  never exits; edl's wall also includes starting etcd and the final evaluation);
+- spawn -> first step: from spawning to the first gradient step;
+- final loss: mean cross-entropy of the final parameters on all 60,000 samples (Paddle:
+  the harness's numpy loss on each trainer's shard, averaged); accuracy likewise (edl
+  only: the harness does not compute Paddle's).
+
+Rows are repeated --reps times, interleaved (a round of every row, then the next), and
+the table shows medians. Only ratios within one sitting mean anything on a shared box.
+"""
+
+import argparse
+import glob
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+EPOCHS = 3
+SAMPLES = 60_000
+
+
+def log(msg):
+    print(f"bench-peer: {msg}", file=sys.stderr, flush=True)
+
+
+def prepare_data(a):
+    """The harness's data (npz + Paddle text) and the same samples as edl RecordIO."""
+    data = os.path.join(a.work, "data")
+    for t in (2, 1):
+        subprocess.run([a.paddle26, os.path.join(a.harness, "gen_data.py"), "--data-dir", data,
+                        "--trainers", str(t), "--models", "mlp"], check=True)
+    edl_dir = os.path.join(a.work, "edl")
+    os.makedirs(edl_dir, exist_ok=True)
+    done = os.path.join(edl_dir, "DONE-v1")
+    if not os.path.exists(done):
+        import numpy as np  # the venv's (2.6.2 has numpy)
+
+        log("converting the samples to RecordIO (once)")
+        for old in glob.glob(os.path.join(edl_dir, "mlp-*.recordio")):
+            os.remove(old)
+        npz = np.load(os.path.join(data, "mlp", "part-0-of-1.npz"))
+        x, y = npz["x"], npz["y"]
+        csv = os.path.join(edl_dir, "mlp.csv")
+        with open(csv, "w") as f:
+            for i in range(0, x.shape[0], 2000):
+                rows = zip(x[i:i + 2000].tolist(), y[i:i + 2000, 0].tolist())
+                f.write("".join(",".join("%.4f" % v for v in r) + ",%d\n" % c for r, c in rows))
+        subprocess.run([a.edl, "data", "convert", "--format", "csv", "--label", "class",
+                        "--prefix", "mlp", "--out", edl_dir, csv], check=True,
+                       stdout=subprocess.DEVNULL)
+        os.remove(csv)
+        open(done, "w").write("ok\n")
+    return data, edl_dir
+
+
+def edl_spec(edl_dir, mode, trainers):
+    path = os.path.join(edl_dir, f"job-{mode}-{trainers}.toml")
+    with open(path, "w") as f:
+        f.write(f"""# written by scripts/bench_peer.py: the harness's mlp job
+name = "peer-mlp-{mode}-{trainers}"
+
+[data]
+train = "mlp-*.recordio"
+
+[model]
+kind = "mlp"
+inputs = 784
+hidden = [256]
+classes = 10
+
+[train]
+mode = "{mode}"
+passes = {EPOCHS}
+batch_size = 64
+optimizer = "sgd"
+learning_rate = 0.05
+
+[cluster]
+masters = 1
+pservers = 1
+trainers = {trainers}
+""")
+    return path
+
+
+def run_edl(a, edl_dir, mode, trainers, tag):
+    spec = edl_spec(edl_dir, mode, trainers)
+    run_dir = os.path.join(a.work, "runs", tag)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+    report = run_dir + ".report.json"
+    t0 = time.time()
+    p = subprocess.run([a.edl, "run", spec, "--quiet", "--report", report, "--run-dir", run_dir],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       timeout=a.timeout)
+    wall = time.time() - t0
+    try:
+        r = json.load(open(report))
+    except (OSError, ValueError):
+        return {"error": f"no report (exit {p.returncode}): {p.stderr.strip()[-300:]}"}
+    if not r.get("succeeded"):
+        return {"error": r.get("error", "failed")}
+    trs = [json.load(open(f)) for f in glob.glob(os.path.join(run_dir, "trainer-*.json"))]
+    firsts = [t["first_step_unix_s"] for t in trs if t.get("first_step_unix_s")]
+    lasts = [t["last_step_unix_s"] for t in trs if t.get("last_step_unix_s")]
+    if not firsts:
+        return {"error": "no trainer report with steps"}
+    m = r["final_metric"]
+    return {
+        "sps": r["records_trained"] / max(max(lasts) - min(firsts), 1e-9),
+        "wall": wall,
+        "first": min(firsts) - t0,
+        "loss": m.get("loss"),
+        "acc": m["value"] if m["name"] == "accuracy" else None,
+    }
+
+
+def run_paddle(a, py, data, mode, tag, fluid18=False):
+    logdir = os.path.join(a.work, "runs", tag)
+    shutil.rmtree(logdir, ignore_errors=True)
+    out = os.path.join(logdir, "result.json")
+    cmd = [py, os.path.join(a.harness, "bench_launch.py"), "--python", py, "--model", "mlp",
+           "--epochs", str(EPOCHS), "--data-dir", data, "--logdir", logdir, "--out", out,
+           "--timeout", str(a.timeout)]
+    if fluid18:
+        cmd += ["--script", "ps_train_fluid18.py", "--with-gloo", "0"]
+    cmd += ["--local"] if mode == "local" else ["--mode", mode]
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=a.timeout + 120)
+    try:
+        r = json.load(open(out))
+    except (OSError, ValueError):
+        return {"error": "no result"}
+    if r.get("outcome") != "ok" or "samples_per_s" not in r:
+        return {"error": r.get("outcome", "failed")}
+    exits = [t for t, who, what in r["log"] if who.startswith("trainer") and what.startswith("exited")]
+    return {
+        "sps": r["samples_per_s"],
+        "wall": max(exits) if exits else r["wall_s"],
+        "first": r.get("startup_to_first_step_s"),
+        "loss": r.get("final_loss"),
+        "acc": None,
+    }
+
+
+def median(runs, key):
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt(v, spec):
+    return "—" if v is None else format(v, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--harness", required=True)
+    ap.add_argument("--edl", required=True)
+    ap.add_argument("--paddle26", required=True)
+    ap.add_argument("--paddle18", default="")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    ap.add_argument("--rows", default="", help="only these rows, comma-separated (e.g. p26-async,edl-async-2)")
+    a = ap.parse_args()
+
+    data, edl_dir = prepare_data(a)
+    # (name, system, mode, trainers, runner)
+    rows = [
+        ("p26-async", "Paddle 2.6.2", "async", 2, lambda t: run_paddle(a, a.paddle26, data, "async", t)),
+        ("edl-async-2", "edl", "async", 2, lambda t: run_edl(a, edl_dir, "async", 2, t)),
+        ("p26-local", "Paddle 2.6.2", "local", 1, lambda t: run_paddle(a, a.paddle26, data, "local", t)),
+        ("edl-async-1", "edl", "async", 1, lambda t: run_edl(a, edl_dir, "async", 1, t)),
+        ("edl-sync-2", "edl", "sync", 2, lambda t: run_edl(a, edl_dir, "sync", 2, t)),
+    ]
+    if a.paddle18:
+        rows += [
+            ("p18-sync", "Paddle 1.8.5", "sync", 2,
+             lambda t: run_paddle(a, a.paddle18, data, "sync", t, fluid18=True)),
+            ("p18-async", "Paddle 1.8.5", "async", 2,
+             lambda t: run_paddle(a, a.paddle18, data, "async", t, fluid18=True)),
+        ]
+    if a.rows:
+        keep = a.rows.split(",")
+        unknown = [k for k in keep if k not in [r[0] for r in rows]]
+        if unknown:
+            sys.exit(f"bench-peer: unknown rows {unknown}; rows: {', '.join(r[0] for r in rows)}")
+        rows = [r for r in rows if r[0] in keep]
+    results = {name: [] for name, *_ in rows}
+    for rep in range(a.reps):
+        for name, system, mode, trainers, runner in rows:
+            log(f"round {rep + 1}/{a.reps}: {name}")
+            r = runner(f"{name}-{rep}")
+            if "error" in r:
+                log(f"{name} failed: {r['error']}")
+            else:
+                log(f"{name}: {r['sps']:,.0f} samples/s, wall {r['wall']:.1f} s")
+            results[name].append(r)
+
+    med = {n: {k: median(rs, k) for k in ("sps", "wall", "first", "loss", "acc")}
+           for n, rs in results.items()}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                if l.startswith("model name")), platform.processor())
+    out = []
+    out.append(f"edl {commit}{' (with local changes)' if dirty else ''}, "
+               f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores ({cpu}); "
+               f"medians of {a.reps}; `scripts/bench-peer --reps {a.reps}`")
+    out.append("")
+    out.append("| system | mode | trainers | steady samples/s | end-to-end wall s | spawn -> 1st step s | final loss | accuracy | runs ok |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for name, system, mode, trainers, _ in rows:
+        m = med[name]
+        ok = sum("error" not in r for r in results[name])
+        out.append(f"| {system} | {mode} | {trainers} | {fmt(m['sps'], ',.0f')} | {fmt(m['wall'], '.1f')} "
+                   f"| {fmt(m['first'], '.2f')} | {fmt(m['loss'], '.4f')} | {fmt(m['acc'], '.4f')} "
+                   f"| {ok}/{len(results[name])} |")
+
+    def ratio(a_, b_, key):
+        x, y = med.get(a_, {}).get(key), med.get(b_, {}).get(key)
+        return x / y if x and y else None
+
+    targets = [
+        ("edl async 2 / Paddle 2.6.2 async, steady samples/s", ratio("edl-async-2", "p26-async", "sps"), ">=", 1.0),
+        ("edl async 1 / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1", "p26-local", "sps"), ">=", 0.9),
+        ("edl sync 2 / Paddle 1.8.5 sync, steady samples/s", ratio("edl-sync-2", "p18-sync", "sps"), ">=", 3.0),
+        ("edl async 2 / Paddle 1.8.5 async, steady samples/s", ratio("edl-async-2", "p18-async", "sps"), None, None),
+        ("edl async 2 / Paddle 2.6.2 async, end-to-end wall", ratio("edl-async-2", "p26-async", "wall"), "<=", 0.5),
+    ]
+    out.append("")
+    out.append("| same-run ratio | value | target | met |")
+    out.append("|---|---|---|---|")
+    for label, v, op, goal in targets:
+        met = "" if v is None or goal is None else ("yes" if (v >= goal if op == ">=" else v <= goal) else "no")
+        out.append(f"| {label} | {fmt(v, '.2f')} | {'' if goal is None else f'{op} {goal}'} | {met} |")
+    text = "\n".join(out)
+    print(text)
+    path = os.path.join(a.work, "results.md")
+    with open(path, "w") as f:
+        f.write(text + "\n\n" + json.dumps(results, indent=1) + "\n")
+    log(f"raw figures: {path}")
+
+
+if __name__ == "__main__":
+    main()

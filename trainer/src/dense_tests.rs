@@ -1,0 +1,156 @@
+//! Tests of the dense models (`dense.rs`).
+
+use super::*;
+use crate::rng::SplitMix64;
+
+fn random(shape: &[usize], seed: u64) -> Tensor {
+    let mut rng = SplitMix64::new(seed);
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.symmetric(1.0)).collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+/// The im2col convolution and the gather pooling compute what candle's `conv2d` and
+/// `max_pool2d` compute (in NCHW).
+#[test]
+fn conv_and_pool_match_candle_reference() {
+    let dev = Device::Cpu;
+    let (n, c_in, c_out, side, k) = (2, 3, 4, 8, 3);
+    let x_nchw = random(&[n, c_in, side, side], 1);
+    let kernel = random(&[c_out, c_in, k, k], 2);
+    let bias = random(&[c_out], 3);
+    let reference = x_nchw
+        .conv2d(&kernel, 0, 1, 1, 1)
+        .unwrap()
+        .broadcast_add(&bias.reshape((1, c_out, 1, 1)).unwrap())
+        .unwrap()
+        .relu()
+        .unwrap();
+    let conv = Conv::new(c_in, c_out, side, side, k, &dev).unwrap();
+    let x_nhwc = x_nchw
+        .permute((0, 2, 3, 1))
+        .unwrap()
+        .flatten_from(1)
+        .unwrap();
+    let patches = conv.patches(&x_nhwc).unwrap();
+    let ours = conv.forward_relu(&patches, &kernel, &bias).unwrap();
+    // Host im2col gives the same patches.
+    let mut host = Vec::new();
+    for image in x_nhwc.to_vec2::<f32>().unwrap() {
+        conv.im2col_host(&image, &mut host);
+    }
+    assert_eq!(
+        host,
+        patches.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    );
+    let ours_nchw = ours.permute((0, 3, 1, 2)).unwrap();
+    let diff = (&reference - &ours_nchw)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(diff < 1e-5, "conv differs by {diff}");
+
+    let pooled = max_pool_2x2(&ours).unwrap().permute((0, 3, 1, 2)).unwrap();
+    let reference = reference.max_pool2d(2).unwrap();
+    let diff = (&reference - &pooled)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(diff < 1e-6, "pool differs by {diff}");
+}
+
+/// The fully connected step on the CPU (`fc_cpu`) computes what candle's autograd
+/// computes: loss, every gradient, and the evaluation, for classifiers with and without
+/// hidden layers and for regression.
+#[test]
+fn the_cpu_fully_connected_step_matches_candles_autograd() {
+    let specs = [
+        ModelSpec::Mlp {
+            inputs: 13,
+            hidden: vec![16, 8],
+            classes: 3,
+            standardize: false,
+            stats: None,
+        },
+        ModelSpec::Mlp {
+            inputs: 7,
+            hidden: vec![],
+            classes: 4,
+            standardize: false,
+            stats: None,
+        },
+        ModelSpec::Linear {
+            inputs: 5,
+            standardize: false,
+            stats: None,
+        },
+    ];
+    for (k, spec) in specs.iter().enumerate() {
+        let model = DenseModel::new(spec, &Device::Cpu, DType::F32).unwrap();
+        assert!(model.fc_cpu.is_some(), "{spec:?} runs the fast path");
+        let mut rng = SplitMix64::new(k as u64);
+        // Initial weights, and biases that are not zero.
+        let mut params = Params {
+            dense: model.init_dense(k as u64),
+            ..Default::default()
+        };
+        for (p, v) in model.params.iter().zip(&mut params.dense) {
+            if p.shape.len() == 1 {
+                v.iter_mut().for_each(|b| *b = rng.symmetric(0.5));
+            }
+        }
+        let samples: Vec<Sample> = (0..37)
+            .map(|i| {
+                let x: Vec<f32> = (0..model.inputs).map(|_| rng.symmetric(2.0)).collect();
+                match model.task {
+                    Task::Regression => Sample::regression(x, rng.symmetric(3.0)),
+                    Task::Classification { classes } => {
+                        Sample::classification(x, (i % classes) as u32)
+                    }
+                }
+            })
+            .collect();
+        let batch = model.prepare(&samples).unwrap();
+        let (x, target) = model.batch_parts(&batch).unwrap();
+        let fast = model.forward_backward(&params, &batch).unwrap();
+        let reference = model
+            .forward_backward_candle(&params, x, target, &batch)
+            .unwrap();
+        assert!(
+            (fast.loss - reference.loss).abs() <= 1e-5 * reference.loss.abs().max(1.0),
+            "{spec:?}: loss {} vs {}",
+            fast.loss,
+            reference.loss
+        );
+        assert_eq!(fast.dense.len(), reference.dense.len());
+        for (p, (a, b)) in model
+            .params
+            .iter()
+            .zip(fast.dense.iter().zip(&reference.dense))
+        {
+            assert_eq!(a.len(), b.len(), "{}", p.name);
+            for (i, (u, v)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    (u - v).abs() <= 1e-5 * (1.0 + v.abs()),
+                    "{spec:?} {}[{i}]: {u} vs {v}",
+                    p.name
+                );
+            }
+        }
+        let fast = model.evaluate(&params, &batch).unwrap();
+        let reference = model.evaluate_candle(&params, x, target, &batch).unwrap();
+        assert!((fast.loss_sum - reference.loss_sum).abs() <= 1e-4 * reference.loss_sum.abs());
+        assert_eq!(
+            (fast.count, fast.correct),
+            (reference.count, reference.correct)
+        );
+    }
+}
