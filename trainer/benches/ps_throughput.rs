@@ -56,7 +56,7 @@ fn train(
         let t1 = Instant::now();
         let out = model.forward_backward(&params, &batch).expect("step");
         let t2 = Instant::now();
-        rt.block_on(store.push(id, step as u64, None, out))
+        rt.block_on(store.push(id, step as u64, None, &out))
             .expect("push");
         if step >= WARMUP {
             timing[0] += (t1 - t0).as_secs_f64();

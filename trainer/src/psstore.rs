@@ -294,7 +294,7 @@ impl ParamStore for PsStore {
         trainer: &str,
         step: u64,
         origin: Option<Origin>,
-        grads: StepOutput,
+        grads: &StepOutput,
     ) -> Result<(), StoreError> {
         let names: Vec<String> = self.names.get().cloned().unwrap_or_default();
         if names.len() != grads.dense.len() {
@@ -313,6 +313,7 @@ impl ParamStore for PsStore {
             let answered = self.answered.clone();
             let trainer = trainer.to_owned();
             let names = names.clone();
+            let grads = grads.clone();
             let handle = tokio::spawn(
                 async move {
                     let (dense, sparse) = push_views(&names, &grads);
@@ -329,7 +330,7 @@ impl ParamStore for PsStore {
             *self.inflight.lock().await = Some(handle);
             return Ok(());
         }
-        let (dense, sparse) = push_views(&names, &grads);
+        let (dense, sparse) = push_views(&names, grads);
         let mut global = self.cache.lock().await.next_step();
         for _ in 0..=STALE_RETRIES {
             match self

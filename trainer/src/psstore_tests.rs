@@ -374,7 +374,7 @@ async fn a_delayed_shard_never_counts_a_trainers_gradient_twice() {
     // Step 1: b's batch (gradient 2) reaches both shards.
     let b1 = {
         let b = b.clone();
-        tokio::spawn(async move { b.push("b", 0, Some(task_b.batch(0)), grad(2.0)).await })
+        tokio::spawn(async move { b.push("b", 0, Some(task_b.batch(0)), &grad(2.0)).await })
     };
     wait_for("b's push of step 1 is on both shards", || async {
         job.status(&ps)
@@ -387,7 +387,7 @@ async fn a_delayed_shard_never_counts_a_trainers_gradient_twice() {
     proxy.hold();
     let a1 = {
         let a = a.clone();
-        tokio::spawn(async move { a.push("a", 0, Some(task_a.batch(0)), grad(1.0)).await })
+        tokio::spawn(async move { a.push("a", 0, Some(task_a.batch(0)), &grad(1.0)).await })
     };
     let shard1 = || async {
         probe(&direct, job.name.as_str(), None, Duration::from_secs(5))
@@ -422,7 +422,7 @@ async fn a_delayed_shard_never_counts_a_trainers_gradient_twice() {
     .await;
     // Step 2: b's next batch (gradient 4); b pulls first, as the runtime does.
     b.pull_dense(&mut pb).await.unwrap();
-    b.push("b", 0, Some(task_b.batch(1)), grad(4.0))
+    b.push("b", 0, Some(task_b.batch(1)), &grad(4.0))
         .await
         .unwrap();
     tokio::time::timeout(Duration::from_secs(10), a1)

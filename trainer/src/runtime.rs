@@ -466,15 +466,14 @@ async fn train_task(
             trained += chunk.len() as u64;
             continue;
         }
-        let loss = out.loss;
         store
-            .push(&cfg.trainer, state.steps, Some(task_ref.batch(seq)), out)
+            .push(&cfg.trainer, state.steps, Some(task_ref.batch(seq)), &out)
             .await?;
         state.steps += 1;
         let now = std::time::SystemTime::now();
         state.first_step_at.get_or_insert(now);
         state.last_step_at = Some(now);
-        state.last_loss = loss;
+        state.last_loss = out.loss;
         trained += chunk.len() as u64;
     }
     Ok(TaskEnd::Trained(trained))

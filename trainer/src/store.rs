@@ -91,14 +91,13 @@ pub trait ParamStore: Send + Sync + std::fmt::Debug {
 
     /// Pushes the gradients of this trainer's step `step`, of the task batch `origin`
     /// when it comes from a task; a retried push of the same (trainer, step), and any
-    /// push of an origin already applied, is applied once. The store takes the
-    /// gradients (an asynchronous store sends them in the background without a copy).
+    /// push of an origin already applied, is applied once.
     async fn push(
         &self,
         trainer: &str,
         step: u64,
         origin: Option<Origin>,
-        grads: StepOutput,
+        grads: &StepOutput,
     ) -> Result<(), StoreError>;
 
     /// Every batch of `task` was pushed: waits until the pushes are applied and records
@@ -224,7 +223,7 @@ impl ParamStore for LocalStore {
         trainer: &str,
         step: u64,
         _origin: Option<Origin>,
-        grads: StepOutput,
+        grads: &StepOutput,
     ) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
         let s = state
@@ -241,7 +240,7 @@ impl ParamStore for LocalStore {
                     .or_insert_with(|| self.model.init_sparse_row(&g.table, id, self.seed));
             }
         }
-        s.optimizer.step(&mut s.params, &grads)?;
+        s.optimizer.step(&mut s.params, grads)?;
         Ok(())
     }
 }
