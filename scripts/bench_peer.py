@@ -5,7 +5,10 @@ scripts/bench-peer, which installs what it needs; see docs/benchmarks.md).
 The job (the harness's "mlp"): 784-256-10 MLP, softmax cross-entropy, 60,000 synthetic
 samples (gen_data.py, seed 2024), plain SGD lr 0.05, batch 64, 3 epochs, one pserver on
 loopback. Paddle runs under the harness's launcher (bench_launch.py); edl runs `edl run`
-on a private etcd, with the same samples converted to RecordIO.
+on a private etcd, with the same samples converted to RecordIO. The async edl rows run
+with the default (a push and a pull per batch) and with `batches_per_push = 4` (the
+summed gradients of 4 batches per push; Paddle's async communicator likewise merges up
+to `FLAGS_communicator_max_merge_var_num`, default 20, queued gradients per send).
 
 Figures per run:
 - steady samples/s: samples trained / the training time, startup excluded. Paddle: the
@@ -72,11 +75,11 @@ def prepare_data(a):
     return data, edl_dir
 
 
-def edl_spec(edl_dir, mode, trainers):
-    path = os.path.join(edl_dir, f"job-{mode}-{trainers}.toml")
+def edl_spec(edl_dir, mode, trainers, per_push=1):
+    path = os.path.join(edl_dir, f"job-{mode}-{trainers}-{per_push}.toml")
     with open(path, "w") as f:
         f.write(f"""# written by scripts/bench_peer.py: the harness's mlp job
-name = "peer-mlp-{mode}-{trainers}"
+name = "peer-mlp-{mode}-{trainers}-{per_push}"
 
 [data]
 train = "mlp-*.recordio"
@@ -93,6 +96,7 @@ passes = {EPOCHS}
 batch_size = 64
 optimizer = "sgd"
 learning_rate = 0.05
+batches_per_push = {per_push}
 
 [cluster]
 masters = 1
@@ -102,8 +106,8 @@ trainers = {trainers}
     return path
 
 
-def run_edl(a, edl_dir, mode, trainers, tag):
-    spec = edl_spec(edl_dir, mode, trainers)
+def run_edl(a, edl_dir, mode, trainers, tag, per_push=1):
+    spec = edl_spec(edl_dir, mode, trainers, per_push)
     run_dir = os.path.join(a.work, "runs", tag)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
@@ -188,8 +192,12 @@ def main():
     rows = [
         ("p26-async", "Paddle 2.6.2", "async", 2, lambda t: run_paddle(a, a.paddle26, data, "async", t)),
         ("edl-async-2", "edl", "async", 2, lambda t: run_edl(a, edl_dir, "async", 2, t)),
+        ("edl-async-2-g4", "edl, 4 batches per push", "async", 2,
+         lambda t: run_edl(a, edl_dir, "async", 2, t, per_push=4)),
         ("p26-local", "Paddle 2.6.2", "local", 1, lambda t: run_paddle(a, a.paddle26, data, "local", t)),
         ("edl-async-1", "edl", "async", 1, lambda t: run_edl(a, edl_dir, "async", 1, t)),
+        ("edl-async-1-g4", "edl, 4 batches per push", "async", 1,
+         lambda t: run_edl(a, edl_dir, "async", 1, t, per_push=4)),
         ("edl-sync-2", "edl", "sync", 2, lambda t: run_edl(a, edl_dir, "sync", 2, t)),
     ]
     if a.paddle18:
@@ -244,10 +252,13 @@ def main():
 
     targets = [
         ("edl async 2 / Paddle 2.6.2 async, steady samples/s", ratio("edl-async-2", "p26-async", "sps"), ">=", 1.0),
+        ("edl async 2, 4 per push / Paddle 2.6.2 async, steady samples/s", ratio("edl-async-2-g4", "p26-async", "sps"), ">=", 1.0),
         ("edl async 1 / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1", "p26-local", "sps"), ">=", 0.9),
+        ("edl async 1, 4 per push / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1-g4", "p26-local", "sps"), ">=", 0.9),
         ("edl sync 2 / Paddle 1.8.5 sync, steady samples/s", ratio("edl-sync-2", "p18-sync", "sps"), ">=", 3.0),
         ("edl async 2 / Paddle 1.8.5 async, steady samples/s", ratio("edl-async-2", "p18-async", "sps"), None, None),
         ("edl async 2 / Paddle 2.6.2 async, end-to-end wall", ratio("edl-async-2", "p26-async", "wall"), "<=", 0.5),
+        ("edl async 2, 4 per push / Paddle 2.6.2 async, end-to-end wall", ratio("edl-async-2-g4", "p26-async", "wall"), "<=", 0.5),
     ]
     out.append("")
     out.append("| same-run ratio | value | target | met |")

@@ -22,7 +22,7 @@ use edl_master::task::LeasedTask;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::{EvalOutput, MetricKind, Model, Params};
+use crate::model::{EvalOutput, MetricKind, Model, Params, StepOutput};
 use crate::store::{InitOutcome, ParamStore, StoreError, TaskRef};
 
 /// Runtime settings.
@@ -39,6 +39,9 @@ pub struct RuntimeConfig {
     pub test: Option<Arc<Vec<Vec<u8>>>>,
     /// Batch size of the evaluation.
     pub eval_batch_size: usize,
+    /// Consecutive batches of a task summed into one push (1: a push per batch); a
+    /// model with sparse tables pushes every batch.
+    pub batches_per_push: usize,
 }
 
 impl RuntimeConfig {
@@ -50,6 +53,7 @@ impl RuntimeConfig {
             seed: 0,
             test: None,
             eval_batch_size: 256,
+            batches_per_push: 1,
         }
     }
 }
@@ -401,14 +405,23 @@ async fn train_task(
     state: &mut Progress,
     shutdown: &CancellationToken,
 ) -> Result<TaskEnd, RuntimeError> {
+    // Records of pushed batches (and of batches skipped before them).
     let mut trained = 0u64;
     let task_ref = task_ref(&task.task);
     let batch_size = cfg.batch_size.max(1);
+    let per_push = batches_per_push(cfg, model.as_ref());
+    let batches = task.records.len().div_ceil(batch_size);
+    // The group of batches being summed into one push, and its records.
+    let mut group: Option<StepOutput> = None;
+    let mut pending = 0u64;
     for (seq, chunk) in task.records.chunks(batch_size).enumerate() {
         if shutdown.is_cancelled() {
+            // A group not pushed yet is dropped with the task (handed back).
             return Ok(TaskEnd::Drained(trained));
         }
         let first = seq * batch_size;
+        let group_start = seq % per_push == 0;
+        let group_end = (seq + 1) % per_push == 0 || seq + 1 == batches;
         let seq = seq as u32;
         let batch = match model.prepare_records(chunk, batch_seed(cfg.seed, &task.task, seq)) {
             Ok(b) => b,
@@ -426,21 +439,38 @@ async fn train_task(
             }
             Err(e) => return Err(e.into()),
         };
-        store.pull_dense(params).await?;
+        // A group computes on the parameters pulled before its first batch.
+        if group_start || params.dense.is_empty() {
+            store.pull_dense(params).await?;
+        }
         let rows = model.sparse_rows(&batch);
         if !rows.is_empty() {
             store.pull_sparse(&rows, params).await?;
         }
         let out = off_runtime(model, params, move |m, p| m.forward_backward(p, &batch)).await?;
+        pending += chunk.len() as u64;
         let out = match out {
-            Ok(o) => o,
+            Ok(o) if !o.loss.is_finite() => {
+                // A model of its own may return a non-finite loss instead of the error.
+                tracing::warn!(task = %task.task.id, loss = o.loss, "skipping a batch with a non-finite loss");
+                state.skipped_batches += 1;
+                None
+            }
+            Ok(o) if !o.gradients_finite() => {
+                // A finite loss with NaN or infinite gradients: pushing would be refused by
+                // some shards after others applied their part; skip the batch, as for a
+                // non-finite loss, instead of failing this trainer and the next.
+                tracing::warn!(task = %task.task.id, loss = o.loss, "skipping a batch with non-finite gradients");
+                state.skipped_batches += 1;
+                None
+            }
+            Ok(o) => Some(o),
             Err(e @ crate::Error::NonFiniteLoss { .. }) => {
                 // Never push a non-finite gradient; the batch counts as trained (it was
                 // seen) and the step is skipped.
                 tracing::warn!(task = %task.task.id, error = %e, "skipping a batch with a non-finite loss");
                 state.skipped_batches += 1;
-                trained += chunk.len() as u64;
-                continue;
+                None
             }
             Err(e) if e.is_bad_data() => {
                 return Ok(TaskEnd::BadData(
@@ -450,33 +480,52 @@ async fn train_task(
             }
             Err(e) => return Err(e.into()),
         };
-        if !out.loss.is_finite() {
-            // A model of its own may return a non-finite loss instead of the error.
-            tracing::warn!(task = %task.task.id, loss = out.loss, "skipping a batch with a non-finite loss");
-            state.skipped_batches += 1;
-            trained += chunk.len() as u64;
+        if let Some(out) = out {
+            state.last_loss = out.loss;
+            match &mut group {
+                None => group = Some(out),
+                Some(sum) => add_gradients(sum, &out),
+            }
+        }
+        if !group_end {
             continue;
         }
-        if !out.gradients_finite() {
-            // A finite loss with NaN or infinite gradients: pushing would be refused by
-            // some shards after others applied their part; skip the batch, as for a
-            // non-finite loss, instead of failing this trainer and the next.
-            tracing::warn!(task = %task.task.id, loss = out.loss, "skipping a batch with non-finite gradients");
-            state.skipped_batches += 1;
-            trained += chunk.len() as u64;
-            continue;
+        if let Some(sum) = group.take() {
+            // The group's number is its origin: the same groups in every attempt.
+            let origin = task_ref.batch(seq / per_push as u32);
+            store
+                .push(&cfg.trainer, state.steps, Some(origin), &sum)
+                .await?;
+            state.steps += 1;
+            let now = std::time::SystemTime::now();
+            state.first_step_at.get_or_insert(now);
+            state.last_step_at = Some(now);
         }
-        store
-            .push(&cfg.trainer, state.steps, Some(task_ref.batch(seq)), &out)
-            .await?;
-        state.steps += 1;
-        let now = std::time::SystemTime::now();
-        state.first_step_at.get_or_insert(now);
-        state.last_step_at = Some(now);
-        state.last_loss = out.loss;
-        trained += chunk.len() as u64;
+        trained += pending;
+        pending = 0;
     }
     Ok(TaskEnd::Trained(trained))
+}
+
+/// Batches per push for `model`: the config's, but 1 for a model with sparse tables
+/// (its rows differ from batch to batch).
+fn batches_per_push(cfg: &RuntimeConfig, model: &dyn Model) -> usize {
+    if model.sparse_tables().is_empty() {
+        cfg.batches_per_push.max(1)
+    } else {
+        1
+    }
+}
+
+/// Adds the dense gradients of `out` into `sum` (a group of batches: their sum is
+/// pushed as one step).
+fn add_gradients(sum: &mut StepOutput, out: &StepOutput) {
+    sum.examples += out.examples;
+    for (s, g) in sum.dense.iter_mut().zip(&out.dense) {
+        for (a, b) in s.iter_mut().zip(g) {
+            *a += b;
+        }
+    }
 }
 
 /// Evaluates the records `test` with the current parameters (batches prepared by

@@ -65,8 +65,11 @@ async fn register(
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_elastic_trainers_fit_a_line_through_the_master() {
+/// Two trainers fit a line through a real master, pushing every batch or the sums of
+/// groups of 3 batches (`batches_per_push`): every record trained once, one trainer
+/// initialises, the test cost falls near the optimum. Returns the steps pushed and the
+/// tasks trained.
+async fn two_elastic_trainers_fit_a_line_through_the_master(per_push: usize) -> (u64, u64) {
     let dir = tempfile::tempdir().unwrap();
     let (train, test) = split_every(&boston(), 5);
     let glob = write_shards(dir.path(), &train, 3);
@@ -111,6 +114,7 @@ async fn two_elastic_trainers_fit_a_line_through_the_master() {
         cfg.batch_size = 20;
         cfg.seed = 7;
         cfg.test = (t == 0).then(|| test.clone());
+        cfg.batches_per_push = per_push;
         let (tx, _rx) = watch::channel(Progress::default());
         handles.push(tokio::spawn(run(
             reader,
@@ -124,6 +128,7 @@ async fn two_elastic_trainers_fit_a_line_through_the_master() {
     let mut records = 0;
     let mut initialised = 0;
     let mut evals = Vec::new();
+    let (mut steps, mut tasks) = (0, 0);
     for h in handles {
         let p = tokio::time::timeout(Duration::from_secs(120), h)
             .await
@@ -131,6 +136,8 @@ async fn two_elastic_trainers_fit_a_line_through_the_master() {
             .unwrap()
             .unwrap();
         records += p.records;
+        steps += p.steps;
+        tasks += p.tasks;
         initialised += usize::from(p.initialised);
         assert!(!p.drained);
         if !p.evals.is_empty() {
@@ -155,6 +162,20 @@ async fn two_elastic_trainers_fit_a_line_through_the_master() {
     assert_eq!(st.counters.unwrap().records_trained, records);
     stop.cancel();
     master.await.unwrap().unwrap();
+    (steps, tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_elastic_trainers_fit_a_line_through_the_master_pushing_every_batch_or_groups() {
+    let (batches, tasks) = two_elastic_trainers_fit_a_line_through_the_master(1).await;
+    let (groups, tasks_again) = two_elastic_trainers_fit_a_line_through_the_master(3).await;
+    assert_eq!(tasks, tasks_again);
+    // A push per group of 3 batches of a task: at least a third of the batches, and at
+    // most one more per task (its last group may be short).
+    assert!(
+        groups * 3 >= batches && groups <= batches.div_ceil(3) + tasks,
+        "{groups} pushes of groups for {batches} batches in {tasks} tasks"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

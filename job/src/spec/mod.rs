@@ -232,6 +232,12 @@ fn d_decay_steps() -> u64 {
 fn d_step_timeout() -> Duration {
     Duration::from_secs(60)
 }
+fn d_batches_per_push() -> u32 {
+    1
+}
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
 fn d_eval_batch() -> usize {
     256
 }
@@ -294,6 +300,12 @@ pub struct TrainSpec {
     /// Floats per dense parameter block on the pservers (default: the pserver's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_size: Option<usize>,
+    /// Async mode: consecutive batches of a task whose gradients a trainer sums into
+    /// one push, computed on the parameters pulled before the first of them (default
+    /// 1: a push and a pull per batch). Fewer pushes and pulls for staler parameters;
+    /// the groups are the same in every attempt at a task, so each counts once.
+    #[serde(default = "d_batches_per_push", skip_serializing_if = "is_one")]
+    pub batches_per_push: u32,
 }
 
 impl Default for TrainSpec {
@@ -550,6 +562,25 @@ checkpoint_every = "10s"
             format!("{e:#}").contains("cluster.healthy_after: must be at least 1s"),
             "{e:#}"
         );
+
+        // Groups of batches per push: async only, 1..=1024; a spec without it stores
+        // none (specs stored by an older edl read the same).
+        let bad = WINE.replace("batch_size = 32", "batch_size = 32\nbatches_per_push = 4");
+        let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("sync with groups");
+        assert!(
+            format!("{e:#}").contains("train.batches_per_push: merges asynchronous pushes"),
+            "{e:#}"
+        );
+        let bad = bad.replace("mode = \"sync\"", "mode = \"async\"");
+        let ok = JobSpec::load(&write(dir.path(), &bad)).expect("async with groups");
+        assert_eq!(ok.train.batches_per_push, 4);
+        let bad = bad.replace("batches_per_push = 4", "batches_per_push = 0");
+        let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("zero");
+        assert!(format!("{e:#}").contains("must be 1..=1024"), "{e:#}");
+        let plain = JobSpec::load(&write(dir.path(), WINE)).expect("wine");
+        assert_eq!(plain.train.batches_per_push, 1);
+        let json = serde_json::to_string(&plain.train).expect("json");
+        assert!(!json.contains("batches_per_push"), "{json}");
 
         let e = JobSpec::load(&dir.path().join("missing.toml")).expect_err("no file");
         assert!(format!("{e:#}").contains("missing.toml"), "{e:#}");

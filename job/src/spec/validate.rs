@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use super::JobSpec;
 
+/// The most batches a trainer sums into one push (`train.batches_per_push`).
+pub const MAX_BATCHES_PER_PUSH: u32 = 1024;
+
 /// Why a job spec cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
@@ -133,6 +136,16 @@ impl JobSpec {
             t.eval_batch_size >= 1,
             "train.eval_batch_size",
             "must be at least 1",
+        )?;
+        ensure(
+            (1..=MAX_BATCHES_PER_PUSH).contains(&t.batches_per_push),
+            "train.batches_per_push",
+            "must be 1..=1024",
+        )?;
+        ensure(
+            t.batches_per_push == 1 || !t.mode().is_sync(),
+            "train.batches_per_push",
+            "merges asynchronous pushes; sync mode steps one batch per trainer (set mode = \"async\" or remove it)",
         )?;
         ensure(
             t.learning_rate.is_finite() && t.learning_rate > 0.0,
