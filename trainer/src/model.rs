@@ -139,12 +139,8 @@ impl StepOutput {
     /// Whether every gradient value is finite (a finite loss can still have infinite
     /// or NaN gradients, which the pservers refuse).
     pub fn gradients_finite(&self) -> bool {
-        self.dense.iter().flatten().all(|v| v.is_finite())
-            && self
-                .sparse
-                .iter()
-                .flat_map(|s| &s.values)
-                .all(|v| v.is_finite())
+        let finite = edl_pserver::wire::floats_finite;
+        self.dense.iter().all(|g| finite(g)) && self.sparse.iter().all(|s| finite(&s.values))
     }
 }
 

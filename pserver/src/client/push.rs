@@ -41,7 +41,15 @@ pub struct PushOutcome {
 
 /// Where the first NaN or infinite value of a push is, if any.
 fn non_finite(dense: &[(&str, &[f32])], sparse: &[SparseGrad<'_>]) -> Option<String> {
-    let first = |v: &[f32]| v.iter().position(|x| !x.is_finite());
+    // The common case (all finite) in one vectorised pass per array; the position only
+    // when there is one to report.
+    let first = |v: &[f32]| {
+        if crate::wire::floats_finite(v) {
+            None
+        } else {
+            v.iter().position(|x| !x.is_finite())
+        }
+    };
     dense
         .iter()
         .find_map(|(name, g)| first(g).map(|i| format!("parameter {name:?} (value {i}: {})", g[i])))
