@@ -2,16 +2,18 @@
 //!
 //! One test binary (built once) with a module per area:
 //! - [`support`]: etcd clusters, `edl` child processes, datasets, deadlines.
+//! - [`chaos`]: `edl run --chaos` with kills of every role, async groups of batches.
 //! - [`entry`]: `[trainer] entry` programs: the own-model example under a trainer
 //!   SIGKILL, and programs that cannot start, exit at once or never register.
 //! - [`etcd`]: etcd unreachable at startup, and outages (a leader's death, a quorum
 //!   loss) under a running job.
 //! - [`master`]: the master's task queue across trainer and master failures.
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
-//! - [`run`]: `edl run` of the examples, chaos, operator commands, bad input.
+//! - [`run`]: `edl run` of the examples, operator commands, bad input.
 //! - [`soak`]: a seeded soak with faults in every role and in etcd (`scripts/soak`).
 //! - [`trainer`]: `edl trainer` quality through pservers, and elasticity.
 
+mod chaos;
 mod entry;
 mod etcd;
 mod master;
