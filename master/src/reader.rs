@@ -152,6 +152,89 @@ impl CloudReader {
         self.rx.recv().await
     }
 
+    /// The next item if one is ready now (read ahead), without waiting; counted as a
+    /// call of [`next`](Self::next) only when it returns one. A trainer takes the next
+    /// task this way while it trains the current one, to prepare its batches early.
+    pub fn try_next(&mut self) -> Option<Result<Item, ReaderError>> {
+        let item = self.rx.try_recv().ok()?;
+        self.asked.send_modify(|n| *n += 1);
+        Some(item)
+    }
+
+    /// The acknowledgements of this reader's tasks as a handle of their own, which can
+    /// move to another task: a trainer acknowledges one task while it trains the next.
+    pub fn acks(&self) -> Acks {
+        Acks {
+            client: self.client.clone(),
+            trainer: self.trainer.clone(),
+        }
+    }
+
+    /// Acknowledges a task whose records were trained (see [`Acks::finished`]).
+    pub async fn finished(
+        &self,
+        task: &LeasedTask,
+        records: u64,
+        incarnations: &[u64],
+    ) -> Result<bool, ClientError> {
+        self.acks().finished(task, records, incarnations).await
+    }
+
+    /// Reports a task that could not be trained (see [`Acks::failed`]).
+    pub async fn failed(
+        &self,
+        task: &LeasedTask,
+        reason: &str,
+        records_trained: u64,
+    ) -> Result<bool, ClientError> {
+        self.acks().failed(task, reason, records_trained).await
+    }
+
+    /// Hands a task back without failure (see [`Acks::release`]).
+    pub async fn release(
+        &self,
+        task: &LeasedTask,
+        records_trained: u64,
+    ) -> Result<bool, ClientError> {
+        self.acks().release(task, records_trained).await
+    }
+
+    /// Hands back a task to be trained again (see [`Acks::recompute`]).
+    pub async fn recompute(&self, task: &LeasedTask, records: u64) -> Result<bool, ClientError> {
+        self.acks().recompute(task, records).await
+    }
+
+    /// Stops fetching and hands back every task read ahead but not yet taken.
+    pub async fn drain(mut self) {
+        self.stop.cancel();
+        if let Some(f) = self.fetcher.take() {
+            let _ = f.await;
+        }
+        self.rx.close();
+        while let Some(item) = self.rx.recv().await {
+            if let Ok(Item::Task(t)) = item
+                && let Err(e) = self.release(&t.task, 0).await
+            {
+                tracing::warn!(task = %t.task.id, error = %e, "handing back a read-ahead task failed");
+            }
+        }
+    }
+}
+
+impl Drop for CloudReader {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// What a trainer tells the master about its leased tasks ([`CloudReader::acks`]).
+#[derive(Clone, Debug)]
+pub struct Acks {
+    client: MasterClient,
+    trainer: String,
+}
+
+impl Acks {
     /// Acknowledges a task whose records were trained. `Ok(false)`: already reported.
     /// A stale lease (the task was taken away meanwhile) is `Err` with `is_stale()`.
     pub async fn finished(
@@ -194,28 +277,6 @@ impl CloudReader {
         self.client
             .release_task(&self.trainer, task, records, true)
             .await
-    }
-
-    /// Stops fetching and hands back every task read ahead but not yet taken.
-    pub async fn drain(mut self) {
-        self.stop.cancel();
-        if let Some(f) = self.fetcher.take() {
-            let _ = f.await;
-        }
-        self.rx.close();
-        while let Some(item) = self.rx.recv().await {
-            if let Ok(Item::Task(t)) = item
-                && let Err(e) = self.release(&t.task, 0).await
-            {
-                tracing::warn!(task = %t.task.id, error = %e, "handing back a read-ahead task failed");
-            }
-        }
-    }
-}
-
-impl Drop for CloudReader {
-    fn drop(&mut self) {
-        self.stop.cancel();
     }
 }
 

@@ -319,7 +319,17 @@ pub async fn run(
                 .accept_http1(true)
                 .add_routes(tonic::service::Routes::from(router))
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    // Replies go out at once: without TCP_NODELAY a reply written in
+                    // several segments waits for the client's delayed ACK (40 ms) when
+                    // two calls share the connection.
+                    tokio_stream::StreamExt::map(
+                        tokio_stream::wrappers::TcpListenerStream::new(listener),
+                        |conn| {
+                            conn.inspect(|s| {
+                                let _ = s.set_nodelay(true);
+                            })
+                        },
+                    ),
                     server_stop.cancelled_owned(),
                 )
                 .await

@@ -17,7 +17,9 @@
 //!   while they travel; at most one push is in flight (the next push, [`ParamStore::flush`]
 //!   and `idle` wait for it, and report its error). Parameters a trainer computes on
 //!   therefore miss at most its own previous step (staleness 1, on top of the other
-//!   trainers' asynchrony). The runtime flushes before acknowledging a task.
+//!   trainers' asynchrony). Pushes are counted as sent and applied (in order, one in
+//!   flight), so `task_done` waits for exactly the pushes made before it, not for a
+//!   push made after it: the runtime acknowledges a task while it trains the next.
 //! - `idle`: sync mode, a trainer with no task leaves the steps so the others do not wait
 //!   for it; its next push brings it back.
 
@@ -75,9 +77,37 @@ pub struct PsStore {
     names: std::sync::OnceLock<Vec<String>>,
     stats: Arc<PsStoreStats>,
     inflight: Mutex<Option<tokio::task::JoinHandle<Result<(), StoreError>>>>,
+    /// Async pushes sent and applied, and the error of one that failed.
+    pushes: tokio::sync::watch::Sender<PushCount>,
     /// Per task being pushed (pass, index): per shard, the oldest incarnation that
     /// answered one of its pushes (0: none yet).
     answered: Arc<Answered>,
+}
+
+/// Async pushes handed to the background (`sent`) and applied (`applied`, in order:
+/// one is in flight at a time); `failed`: the error of one that failed (the store is
+/// broken from then on).
+#[derive(Clone, Debug, Default)]
+struct PushCount {
+    sent: u64,
+    applied: u64,
+    failed: Option<String>,
+}
+
+/// Records how a background push ended when it is dropped: applied, or failed.
+struct PushOutcome {
+    pushes: tokio::sync::watch::Sender<PushCount>,
+    failed: Option<String>,
+}
+
+impl Drop for PushOutcome {
+    fn drop(&mut self) {
+        let failed = self.failed.take();
+        self.pushes.send_modify(|c| match failed {
+            None => c.applied += 1,
+            Some(e) => c.failed = Some(e),
+        });
+    }
 }
 
 /// Per task (pass, index): per shard, the oldest incarnation that answered its pushes.
@@ -113,6 +143,7 @@ impl PsStore {
             names: std::sync::OnceLock::new(),
             stats: Arc::new(PsStoreStats::default()),
             inflight: Mutex::new(None),
+            pushes: tokio::sync::watch::Sender::new(PushCount::default()),
             answered: Arc::default(),
         }
     }
@@ -138,6 +169,21 @@ impl PsStore {
             Some(h) => h
                 .await
                 .map_err(|e| StoreError::Unavailable(format!("push task failed: {e}")))?,
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until the async pushes sent before this call are applied (not for those
+    /// sent after it), or one failed.
+    async fn pushes_applied(&self) -> Result<(), StoreError> {
+        let target = self.pushes.borrow().sent;
+        let mut rx = self.pushes.subscribe();
+        let count = rx
+            .wait_for(|c| c.applied >= target || c.failed.is_some())
+            .await
+            .map_err(|_| StoreError::Unavailable("the parameter store was dropped".into()))?;
+        match &count.failed {
+            Some(e) => Err(StoreError::Unavailable(format!("a push failed: {e}"))),
             None => Ok(()),
         }
     }
@@ -314,15 +360,31 @@ impl ParamStore for PsStore {
             let trainer = trainer.to_owned();
             let names = names.clone();
             let grads = grads.clone();
+            let pushes = self.pushes.clone();
+            pushes.send_modify(|c| c.sent += 1);
             let handle = tokio::spawn(
                 async move {
+                    // Counts the push as failed unless it is applied (also when the task
+                    // is dropped unfinished), so nobody waits for it forever.
+                    let mut outcome = PushOutcome {
+                        pushes,
+                        failed: Some("the push was abandoned".into()),
+                    };
                     let (dense, sparse) = push_views(&names, &grads);
-                    let out = client
+                    let out = match client
                         .push_from(&trainer, step, origin, &dense, &sparse)
                         .await
-                        .map_err(map_err)?;
+                    {
+                        Ok(out) => out,
+                        Err(e) => {
+                            let e = map_err(e);
+                            outcome.failed = Some(e.to_string());
+                            return Err(e);
+                        }
+                    };
                     note_answered(&answered, origin, &out.incarnations);
                     stats.pushes.fetch_add(1, Ordering::Relaxed);
+                    outcome.failed = None;
                     Ok(())
                 }
                 .in_current_span(),
@@ -373,7 +435,8 @@ impl ParamStore for PsStore {
     }
 
     async fn task_done(&self, trainer: &str, task: TaskRef) -> Result<Vec<u64>, StoreError> {
-        self.flush().await?;
+        // The task's pushes, not a prefetch (the next task's first pull may use it).
+        self.pushes_applied().await?;
         let shards = self.client.shards() as usize;
         let answered = self
             .answered

@@ -5,7 +5,11 @@
 //! ([`Model::prepare_records`]: decoded as samples, or the model's own decoding), pull the
 //! dense parameters and the sparse rows the batch touches, compute the gradients (on a
 //! blocking thread: the math is CPU- or GPU-bound), and push them. The task is
-//! acknowledged only after its last batch was pushed. A task whose records cannot be
+//! acknowledged only after its last batch's push is applied and the store recorded it
+//! as done; that acknowledgement runs in the background while the next task trains (one
+//! at a time; it is settled before a pass ends, a task is handed back or failed, and
+//! before returning), so a task's round trips to the pservers and the master (an etcd
+//! commit) do not stall the math. A task whose records cannot be
 //! decoded or do not fit the model is failed at the master with the reason (it is
 //! retried, then reported), so bad data never stops a job.
 //!
@@ -17,9 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use edl_master::client::ClientError;
-use edl_master::reader::{CloudReader, Item, ReaderError, TaskData};
+use edl_master::reader::{Acks, CloudReader, Item, ReaderError, TaskData};
 use edl_master::task::LeasedTask;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{EvalOutput, MetricKind, Model, Params, StepOutput};
@@ -154,18 +159,6 @@ enum TaskEnd {
     BadData(String, u64),
 }
 
-/// How a task ended, once its pushes are applied.
-enum Done {
-    /// Trained whole and recorded as done by these pserver incarnations.
-    Trained(u64, Vec<u64>),
-    /// Trained whole, but a pserver shard restored meanwhile lacks some of it.
-    Again(u64, String),
-    /// Drained mid-task after training this many records.
-    Drained(u64),
-    /// Bad data.
-    BadData(String, u64),
-}
-
 /// The store's view of a leased task.
 fn task_ref(t: &LeasedTask) -> TaskRef {
     TaskRef {
@@ -211,6 +204,9 @@ pub async fn run(
         ..Progress::default()
     };
     let mut params = Params::default();
+    let acks = reader.acks();
+    // The acknowledgement of the last task trained, running while the next one trains.
+    let mut acking: Option<JoinHandle<Result<Acked, RuntimeError>>> = None;
     if let Some(test) = &cfg.test {
         store.pull_dense(&mut params).await?;
         let eval = evaluate(&model, &store, &mut params, test, cfg.eval_batch_size).await?;
@@ -224,25 +220,38 @@ pub async fn run(
         );
         state.initial_eval = Some((metric, value, eval.mean_loss()));
     }
+    // The next item, taken while the last task trained (a task's first group is being
+    // prepared meanwhile).
+    let mut ahead: Option<Result<Next, ReaderError>> = None;
     loop {
-        let item = {
-            let next = reader.next();
-            tokio::pin!(next);
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => None,
-                item = &mut next => Some(item),
-                _ = tokio::time::sleep(IDLE_AFTER) => {
-                    // No task at hand: in sync mode, stop holding up the others' steps.
-                    if let Err(e) = store.idle(&cfg.trainer).await {
-                        tracing::warn!(error = %e, "could not leave the sync steps while idle");
-                    }
-                    tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => None,
-                        item = &mut next => Some(item),
-                    }
+        let item = match ahead.take() {
+            Some(item) if !shutdown.is_cancelled() => Some(Some(item)),
+            Some(item) => {
+                if let Ok(Next::Task { task, .. }) = item {
+                    report_release(&reader, &task, 0).await;
                 }
+                None
+            }
+            None => {
+                let next = reader.next();
+                tokio::pin!(next);
+                let item = tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => None,
+                    item = &mut next => Some(item),
+                    _ = tokio::time::sleep(IDLE_AFTER) => {
+                        // No task at hand: in sync mode, stop holding up the others' steps.
+                        if let Err(e) = store.idle(&cfg.trainer).await {
+                            tracing::warn!(error = %e, "could not leave the sync steps while idle");
+                        }
+                        tokio::select! {
+                            biased;
+                            _ = shutdown.cancelled() => None,
+                            item = &mut next => Some(item),
+                        }
+                    }
+                };
+                item.map(|i| i.map(|i| i.map(|i| Next::from(i, &model, &cfg, false))))
             }
         };
         let Some(item) = item else {
@@ -251,11 +260,23 @@ pub async fn run(
         };
         let Some(item) = item else { break };
         match item? {
-            Item::Task(task) => {
-                state.pass = task.task.pass;
+            Next::Task {
+                task,
+                records,
+                first,
+            } => {
+                state.pass = task.pass;
                 let started = Instant::now();
+                // The next task's first group is prepared while this one trains.
+                if ahead.is_none() {
+                    ahead = reader
+                        .try_next()
+                        .map(|i| i.map(|i| Next::from(i, &model, &cfg, true)));
+                }
                 let end = train_task(
                     &task,
+                    records,
+                    first,
                     &model,
                     &store,
                     &cfg,
@@ -264,61 +285,41 @@ pub async fn run(
                     &shutdown,
                 )
                 .await?;
-                // A task is acknowledged only once its last batch's push is applied and
-                // the task is recorded as done where the parameters live.
-                let end = match end {
+                match end {
                     TaskEnd::Trained(n) => {
-                        match store.task_done(&cfg.trainer, task_ref(&task.task)).await {
-                            Ok(incarnations) => Done::Trained(n, incarnations),
-                            Err(StoreError::Rewound(why)) => Done::Again(n, why),
-                            Err(e) => return Err(e.into()),
-                        }
+                        // Acknowledged in the background while the next task trains: the
+                        // store waits for this task's pushes to be applied and records it
+                        // as done where the parameters live, then the master is told. One
+                        // acknowledgement at a time.
+                        settle(&mut acking, &mut state).await?;
+                        acking = Some(tokio::spawn(acknowledge(
+                            store.clone(),
+                            acks.clone(),
+                            cfg.trainer.clone(),
+                            task,
+                            n,
+                            started,
+                        )));
                     }
                     TaskEnd::Drained(n) => {
                         store.flush().await?;
-                        Done::Drained(n)
-                    }
-                    TaskEnd::BadData(reason, n) => {
-                        store.flush().await?;
-                        Done::BadData(reason, n)
-                    }
-                };
-                match end {
-                    Done::Again(n, why) => {
-                        tracing::warn!(task = %task.task.id, reason = %why, "training the task again");
-                        state.recomputed_tasks += 1;
-                        if let Err(e) = reader.recompute(&task.task, n).await
-                            && !e.is_stale()
-                        {
-                            return Err(e.into());
-                        }
-                    }
-                    Done::Trained(n, incarnations) => {
-                        match reader.finished(&task.task, n, &incarnations).await {
-                            Ok(_) => {
-                                state.tasks += 1;
-                                state.records += n;
-                                let secs = started.elapsed().as_secs_f64().max(1e-9);
-                                state.samples_per_sec = n as f64 / secs;
-                            }
-                            Err(e) if e.is_stale() => {
-                                tracing::warn!(task = %task.task.id, "task was taken away while training; its records were trained anyway");
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                    Done::Drained(n) => {
+                        settle(&mut acking, &mut state).await?;
                         idle(&store, &cfg.trainer).await;
-                        report_release(&reader, &task.task, n).await;
+                        report_release(&reader, &task, n).await;
+                        if let Some(Ok(Next::Task { task, .. })) = ahead.take() {
+                            report_release(&reader, &task, 0).await;
+                        }
                         state.handed_back_trained += n;
                         state.drained = true;
                         progress.send_replace(state.clone());
                         break;
                     }
-                    Done::BadData(reason, n) => {
-                        tracing::warn!(task = %task.task.id, reason = %reason, "failing task: bad data");
+                    TaskEnd::BadData(reason, n) => {
+                        store.flush().await?;
+                        settle(&mut acking, &mut state).await?;
+                        tracing::warn!(task = %task.id, reason = %reason, "failing task: bad data");
                         state.failed_tasks += 1;
-                        if let Err(e) = reader.failed(&task.task, &reason, n).await
+                        if let Err(e) = reader.failed(&task, &reason, n).await
                             && !e.is_stale()
                         {
                             return Err(e.into());
@@ -327,13 +328,15 @@ pub async fn run(
                 }
                 progress.send_replace(state.clone());
             }
-            Item::PassFinished { ended, next } => {
+            Next::PassFinished { ended, next } => {
+                settle(&mut acking, &mut state).await?;
                 tracing::info!(trainer = %cfg.trainer, pass = ended, next, "pass finished");
                 state.pass = next;
                 evaluate_pass(&model, &store, &cfg, &mut params, &mut state, ended).await?;
                 progress.send_replace(state.clone());
             }
-            Item::JobFinished => {
+            Next::JobFinished => {
+                settle(&mut acking, &mut state).await?;
                 // The last pass ends with the job (no separate pass-end item); `pass`
                 // follows the pass ends seen, so it is the last pass.
                 let last = state.pass;
@@ -344,9 +347,92 @@ pub async fn run(
             }
         }
     }
+    settle(&mut acking, &mut state).await?;
     reader.drain().await;
     progress.send_replace(state.clone());
     Ok(state)
+}
+
+/// How the acknowledgement of a task trained whole went.
+enum Acked {
+    /// The master took it (or it had been taken away meanwhile: `false`).
+    Finished {
+        records: u64,
+        taken: bool,
+        started: Instant,
+    },
+    /// A pserver shard restored meanwhile lacks some of its updates: handed back to be
+    /// trained again.
+    Again,
+}
+
+/// Acknowledges task `task`, trained whole (`records`): waits until its pushes are
+/// applied and it is recorded as done where the parameters live, then tells the
+/// master; or hands it back to be trained again when a shard was restored meanwhile.
+async fn acknowledge(
+    store: Arc<dyn ParamStore>,
+    acks: Acks,
+    trainer: String,
+    task: LeasedTask,
+    records: u64,
+    started: Instant,
+) -> Result<Acked, RuntimeError> {
+    match store.task_done(&trainer, task_ref(&task)).await {
+        Ok(incarnations) => match acks.finished(&task, records, &incarnations).await {
+            Ok(_) => Ok(Acked::Finished {
+                records,
+                taken: true,
+                started,
+            }),
+            Err(e) if e.is_stale() => {
+                tracing::warn!(task = %task.id, "task was taken away while training; its records were trained anyway");
+                Ok(Acked::Finished {
+                    records,
+                    taken: false,
+                    started,
+                })
+            }
+            Err(e) => Err(e.into()),
+        },
+        Err(StoreError::Rewound(why)) => {
+            tracing::warn!(task = %task.id, reason = %why, "training the task again");
+            if let Err(e) = acks.recompute(&task, records).await
+                && !e.is_stale()
+            {
+                return Err(e.into());
+            }
+            Ok(Acked::Again)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Waits for the acknowledgement in flight, if any, and counts it.
+async fn settle(
+    acking: &mut Option<JoinHandle<Result<Acked, RuntimeError>>>,
+    state: &mut Progress,
+) -> Result<(), RuntimeError> {
+    let Some(handle) = acking.take() else {
+        return Ok(());
+    };
+    let acked = handle
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("acknowledging a task panicked: {e}")))??;
+    match acked {
+        Acked::Finished {
+            records,
+            taken: true,
+            started,
+        } => {
+            state.tasks += 1;
+            state.records += records;
+            let secs = started.elapsed().as_secs_f64().max(1e-9);
+            state.samples_per_sec = records as f64 / secs;
+        }
+        Acked::Finished { taken: false, .. } => {}
+        Acked::Again => state.recomputed_tasks += 1,
+    }
+    Ok(())
 }
 
 /// Evaluates the test split (if any) at the end of pass `ended`.
@@ -395,9 +481,15 @@ async fn report_release(reader: &CloudReader, task: &LeasedTask, trained: u64) {
     }
 }
 
-/// Trains every record of a task, batch by batch.
+/// Trains every record of a task, group by group (a group: the batches summed into one
+/// push). The batches of the next group are prepared on a blocking thread while this
+/// group computes on another, so decoding overlaps the math; a group's batches compute
+/// in one blocking call (forward/backward, the finiteness checks and the sum), on the
+/// parameters pulled before it.
 async fn train_task(
-    task: &TaskData,
+    task: &LeasedTask,
+    records: Arc<Vec<Vec<u8>>>,
+    first: Option<Prepare>,
     model: &Arc<dyn Model>,
     store: &Arc<dyn ParamStore>,
     cfg: &RuntimeConfig,
@@ -405,94 +497,75 @@ async fn train_task(
     state: &mut Progress,
     shutdown: &CancellationToken,
 ) -> Result<TaskEnd, RuntimeError> {
-    // Records of pushed batches (and of batches skipped before them).
+    // Records of pushed groups (and of batches skipped in them).
     let mut trained = 0u64;
-    let task_ref = task_ref(&task.task);
+    let task_ref = task_ref(task);
     let batch_size = cfg.batch_size.max(1);
     let per_push = batches_per_push(cfg, model.as_ref());
-    let batches = task.records.len().div_ceil(batch_size);
-    // The group of batches being summed into one push, and its records.
-    let mut group: Option<StepOutput> = None;
-    let mut pending = 0u64;
-    for (seq, chunk) in task.records.chunks(batch_size).enumerate() {
+    let group_records = batch_size * per_push;
+    let groups = records.len().div_ceil(group_records);
+    let mut next =
+        (groups > 0).then(|| first.unwrap_or_else(|| prepare(model, &records, task, cfg, 0)));
+    for g in 0..groups {
+        let prepared = next
+            .take()
+            .expect("a group is being prepared")
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("preparing batches panicked: {e}")))?;
+        if g + 1 < groups {
+            next = Some(prepare(model, &records, task, cfg, g + 1));
+        }
         if shutdown.is_cancelled() {
             // A group not pushed yet is dropped with the task (handed back).
             return Ok(TaskEnd::Drained(trained));
         }
-        let first = seq * batch_size;
-        let group_start = seq % per_push == 0;
-        let group_end = (seq + 1) % per_push == 0 || seq + 1 == batches;
-        let seq = seq as u32;
-        let batch = match model.prepare_records(chunk, batch_seed(cfg.seed, &task.task, seq)) {
+        let batches = match prepared {
             Ok(b) => b,
-            Err(e) if e.is_bad_data() => {
+            Err(bad) if bad.error.is_bad_data() => {
                 return Ok(TaskEnd::BadData(
                     format!(
-                        "{} chunks {}..{}: records {first}..{} of the task: {e}",
-                        task.task.path,
-                        task.task.chunk_begin,
-                        task.task.chunk_end,
-                        first + chunk.len()
+                        "{} chunks {}..{}: records {}..{} of the task: {}",
+                        task.path,
+                        task.chunk_begin,
+                        task.chunk_end,
+                        bad.first,
+                        bad.first + bad.len,
+                        bad.error
                     ),
                     trained,
                 ));
             }
-            Err(e) => return Err(e.into()),
+            Err(bad) => return Err(bad.error.into()),
         };
+        let records_in_group: u64 = batches.iter().map(|b| b.len() as u64).sum();
         // A group computes on the parameters pulled before its first batch.
-        if group_start || params.dense.is_empty() {
-            store.pull_dense(params).await?;
-        }
-        let rows = model.sparse_rows(&batch);
-        if !rows.is_empty() {
-            store.pull_sparse(&rows, params).await?;
-        }
-        let out = off_runtime(model, params, move |m, p| m.forward_backward(p, &batch)).await?;
-        pending += chunk.len() as u64;
-        let out = match out {
-            Ok(o) if !o.loss.is_finite() => {
-                // A model of its own may return a non-finite loss instead of the error.
-                tracing::warn!(task = %task.task.id, loss = o.loss, "skipping a batch with a non-finite loss");
-                state.skipped_batches += 1;
-                None
-            }
-            Ok(o) if !o.gradients_finite() => {
-                // A finite loss with NaN or infinite gradients: pushing would be refused by
-                // some shards after others applied their part; skip the batch, as for a
-                // non-finite loss, instead of failing this trainer and the next.
-                tracing::warn!(task = %task.task.id, loss = o.loss, "skipping a batch with non-finite gradients");
-                state.skipped_batches += 1;
-                None
-            }
-            Ok(o) => Some(o),
-            Err(e @ crate::Error::NonFiniteLoss { .. }) => {
-                // Never push a non-finite gradient; the batch counts as trained (it was
-                // seen) and the step is skipped.
-                tracing::warn!(task = %task.task.id, error = %e, "skipping a batch with a non-finite loss");
-                state.skipped_batches += 1;
-                None
-            }
-            Err(e) if e.is_bad_data() => {
-                return Ok(TaskEnd::BadData(
-                    format!("{}: {e}", task.task.path),
-                    trained,
-                ));
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if let Some(out) = out {
-            state.last_loss = out.loss;
-            match &mut group {
-                None => group = Some(out),
-                Some(sum) => add_gradients(sum, &out),
+        store.pull_dense(params).await?;
+        if let [batch] = batches.as_slice() {
+            // A model with sparse tables pushes every batch, with the rows it touches.
+            let rows = model.sparse_rows(batch);
+            if !rows.is_empty() {
+                store.pull_sparse(&rows, params).await?;
             }
         }
-        if !group_end {
-            continue;
+        let id = task.id.clone();
+        let out = off_runtime(model, params, move |m, p| {
+            compute_group(m, p, &batches, &id)
+        })
+        .await?;
+        state.skipped_batches += out.skipped;
+        if let Some(loss) = out.last_loss {
+            state.last_loss = loss;
         }
-        if let Some(sum) = group.take() {
+        match out.end {
+            None => {}
+            Some(e) if e.is_bad_data() => {
+                return Ok(TaskEnd::BadData(format!("{}: {e}", task.path), trained));
+            }
+            Some(e) => return Err(e.into()),
+        }
+        if let Some(sum) = out.sum {
             // The group's number is its origin: the same groups in every attempt.
-            let origin = task_ref.batch(seq / per_push as u32);
+            let origin = task_ref.batch(g as u32);
             store
                 .push(&cfg.trainer, state.steps, Some(origin), &sum)
                 .await?;
@@ -501,10 +574,176 @@ async fn train_task(
             state.first_step_at.get_or_insert(now);
             state.last_step_at = Some(now);
         }
-        trained += pending;
-        pending = 0;
+        trained += records_in_group;
     }
     Ok(TaskEnd::Trained(trained))
+}
+
+/// The batches of a group being prepared on a blocking thread.
+type Prepare = JoinHandle<Result<Vec<crate::model::Batch>, BadBatch>>;
+
+/// Starts preparing group `g` of a task's `records`.
+fn prepare(
+    model: &Arc<dyn Model>,
+    records: &Arc<Vec<Vec<u8>>>,
+    task: &LeasedTask,
+    cfg: &RuntimeConfig,
+    g: usize,
+) -> Prepare {
+    let (model, records, task) = (model.clone(), records.clone(), task.clone());
+    let (seed, batch_size) = (cfg.seed, cfg.batch_size.max(1));
+    let per_push = batches_per_push(cfg, model.as_ref());
+    tokio::task::spawn_blocking(move || {
+        prepare_group(
+            model.as_ref(),
+            &records,
+            &task,
+            seed,
+            batch_size,
+            per_push,
+            g,
+        )
+    })
+}
+
+/// An item of the reader as the loop takes it.
+enum Next {
+    /// A task: its records, and its first group if being prepared already.
+    Task {
+        task: LeasedTask,
+        records: Arc<Vec<Vec<u8>>>,
+        first: Option<Prepare>,
+    },
+    /// See [`Item::PassFinished`].
+    PassFinished { ended: u32, next: u32 },
+    /// See [`Item::JobFinished`].
+    JobFinished,
+}
+
+impl Next {
+    /// `item`, starting to prepare a task's first group when `early`.
+    fn from(item: Item, model: &Arc<dyn Model>, cfg: &RuntimeConfig, early: bool) -> Next {
+        match item {
+            Item::Task(TaskData { task, records }) => {
+                let records = Arc::new(records);
+                let first = early.then(|| prepare(model, &records, &task, cfg, 0));
+                Next::Task {
+                    task,
+                    records,
+                    first,
+                }
+            }
+            Item::PassFinished { ended, next } => Next::PassFinished { ended, next },
+            Item::JobFinished => Next::JobFinished,
+        }
+    }
+}
+
+/// A batch that could not be prepared.
+struct BadBatch {
+    /// Its first record's index in the task.
+    first: usize,
+    /// Its records.
+    len: usize,
+    error: crate::Error,
+}
+
+/// Prepares the batches of group `g` of a task's `records` (batch seeds by their
+/// number in the task: the same in every attempt, whichever trainer makes it).
+fn prepare_group(
+    model: &dyn Model,
+    records: &[Vec<u8>],
+    task: &LeasedTask,
+    seed: u64,
+    batch_size: usize,
+    per_push: usize,
+    g: usize,
+) -> Result<Vec<crate::model::Batch>, BadBatch> {
+    let start = g * batch_size * per_push;
+    let end = (start + batch_size * per_push).min(records.len());
+    records[start..end]
+        .chunks(batch_size)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let seq = (g * per_push + i) as u32;
+            model
+                .prepare_records(chunk, batch_seed(seed, task, seq))
+                .map_err(|error| BadBatch {
+                    first: start + i * batch_size,
+                    len: chunk.len(),
+                    error,
+                })
+        })
+        .collect()
+}
+
+/// What computing a group gave.
+struct GroupOut {
+    /// The summed gradients of its batches with a finite loss and gradients (`None`:
+    /// every batch was skipped).
+    sum: Option<StepOutput>,
+    /// Batches skipped for a non-finite loss or gradients.
+    skipped: u64,
+    /// The loss of its last batch pushed.
+    last_loss: Option<f32>,
+    /// The error that stopped it (the group is not pushed).
+    end: Option<crate::Error>,
+}
+
+/// Computes the batches of a group on `params` and sums their gradients. A batch with
+/// a non-finite loss or gradients is skipped (never pushed: some shards would refuse it
+/// after others applied their part); it counts as trained, since it was seen.
+fn compute_group(
+    model: &dyn Model,
+    params: &Params,
+    batches: &[crate::model::Batch],
+    task: &str,
+) -> GroupOut {
+    let mut out = GroupOut {
+        sum: None,
+        skipped: 0,
+        last_loss: None,
+        end: None,
+    };
+    for batch in batches {
+        let step = match model.forward_backward(params, batch) {
+            // A model of its own may return a non-finite loss instead of the error.
+            Ok(o) if !o.loss.is_finite() => {
+                tracing::warn!(
+                    task,
+                    loss = o.loss,
+                    "skipping a batch with a non-finite loss"
+                );
+                out.skipped += 1;
+                continue;
+            }
+            Ok(o) if !o.gradients_finite() => {
+                tracing::warn!(
+                    task,
+                    loss = o.loss,
+                    "skipping a batch with non-finite gradients"
+                );
+                out.skipped += 1;
+                continue;
+            }
+            Ok(o) => o,
+            Err(e @ crate::Error::NonFiniteLoss { .. }) => {
+                tracing::warn!(task, error = %e, "skipping a batch with a non-finite loss");
+                out.skipped += 1;
+                continue;
+            }
+            Err(e) => {
+                out.end = Some(e);
+                return out;
+            }
+        };
+        out.last_loss = Some(step.loss);
+        match &mut out.sum {
+            None => out.sum = Some(step),
+            Some(sum) => add_gradients(sum, &step),
+        }
+    }
+    out
 }
 
 /// Batches per push for `model`: the config's, but 1 for a model with sparse tables

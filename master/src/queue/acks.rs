@@ -71,6 +71,7 @@ impl Queue {
         }
         self.unlease(i);
         self.tasks[i].state = TaskState::Done;
+        self.tasks[i].answered = incarnations.to_vec();
         self.dirty.insert(i);
         self.durations.push_back(now.saturating_sub(since));
         while self.durations.len() > self.cfg.timeout.window.max(1) {

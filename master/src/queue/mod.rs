@@ -95,6 +95,7 @@ impl Queue {
                 failures: 0,
                 losses: 0,
                 last_error: None,
+                answered: Vec::new(),
             });
             q.todo.push_back(i);
             q.dirty.insert(i);

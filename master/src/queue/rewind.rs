@@ -30,6 +30,15 @@ pub struct Rewind {
     pub back_to_pass: Option<u32>,
 }
 
+/// Whether every push of a task to shard `r.shard` was answered by `r`'s incarnation
+/// or a later one: the restored state then lacks nothing of it (the restore record can
+/// reach the master after such a task's acknowledgement).
+fn answered_since(answered: &[u64], r: &RestoreRecord) -> bool {
+    answered
+        .get(r.shard as usize)
+        .is_some_and(|&inc| inc != 0 && inc >= r.incarnation)
+}
+
 impl Queue {
     /// Applies shard `r.shard`'s restore, once per incarnation (a restore already
     /// applied is only remembered, to check later acknowledgements against).
@@ -90,6 +99,7 @@ impl Queue {
                     t.failures = 0;
                     t.losses = 0;
                     t.last_error = None;
+                    t.answered.clear();
                     t.state = if holds {
                         TaskState::Done
                     } else {
@@ -115,6 +125,7 @@ impl Queue {
                         t.pass == current
                             && matches!(t.state, TaskState::Done)
                             && !r.contains.contains(current, i as u32)
+                            && !answered_since(&t.answered, r)
                     })
                     .collect();
                 again.reverse();
@@ -248,6 +259,25 @@ mod tests {
         q.finished(&t3.spec.id, t3.generation, 1, &[9], 14).unwrap();
         q.finished(&t.spec.id, t.generation, 1, &[9], 15).unwrap();
         assert_eq!(q.pass(), 1, "pass 0 complete");
+    }
+
+    #[test]
+    fn a_restore_seen_after_tasks_trained_on_its_incarnation_redoes_only_older_ones() {
+        let mut q = Queue::new(cfg(2, 3), specs(4));
+        // Task 0 was trained on incarnation 5 of shard 0; tasks 1 and 2 on incarnation 9,
+        // whose restore record (holding nothing: a fresh start) reaches the queue only now.
+        let old = finish(&mut q, "a", &[5], 0);
+        let new: Vec<usize> = (1..3).map(|n| finish(&mut q, "a", &[9], n)).collect();
+        let r = q.rewind(&restore(0, 9, 0, &[]));
+        assert_eq!(
+            r.tasks, 1,
+            "only the task answered by the older incarnation"
+        );
+        assert!(matches!(q.tasks()[old].state, TaskState::Todo));
+        for i in new {
+            assert!(matches!(q.tasks()[i].state, TaskState::Done), "task {i}");
+        }
+        assert_eq!(q.meta().counters.recomputed, 1);
     }
 
     #[test]

@@ -115,6 +115,12 @@ pub struct Task {
     /// The reason of the last failure in this pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// When done by a trainer in this pass: per pserver shard, the oldest incarnation
+    /// that answered one of its pushes (0: none), as the acknowledgement said. A restore
+    /// of a shard's incarnation `n` lacks nothing of a task whose pushes to it were all
+    /// answered by `n` or later (empty: unknown).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answered: Vec<u64>,
 }
 
 /// Counters of the queue's life, kept across failovers (they are part of [`Meta`]).
