@@ -152,15 +152,6 @@ impl CloudReader {
         self.rx.recv().await
     }
 
-    /// The next item if one is ready now (read ahead), without waiting; counted as a
-    /// call of [`next`](Self::next) only when it returns one. A trainer takes the next
-    /// task this way while it trains the current one, to prepare its batches early.
-    pub fn try_next(&mut self) -> Option<Result<Item, ReaderError>> {
-        let item = self.rx.try_recv().ok()?;
-        self.asked.send_modify(|n| *n += 1);
-        Some(item)
-    }
-
     /// The acknowledgements of this reader's tasks as a handle of their own, which can
     /// move to another task: a trainer acknowledges one task while it trains the next.
     pub fn acks(&self) -> Acks {

@@ -59,8 +59,9 @@ const FAULTS: [(&str, u32); 9] = [
 ];
 /// Records in the example's training split.
 const RECORDS: u64 = 405;
-/// Tasks a trainer holds at most: one in training and the reader's read-ahead (2).
-const HELD_TASKS: u64 = 3;
+/// Tasks a trainer holds at most: one being acknowledged (while the next trains), one
+/// in training and the reader's read-ahead (2).
+const HELD_TASKS: u64 = 4;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {

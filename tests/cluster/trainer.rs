@@ -597,15 +597,16 @@ async fn elastic_pass_with_join_drain_and_kill_matches_a_fault_free_run() {
         "the killed trainer's tasks were revoked: {c:?}"
     );
     // Duplicates: the drained trainer's reported partial task, and at most what the killed
-    // trainer held: the task it was training, its read-ahead (2) and one GetTask in flight
-    // (the master cannot tell trained from unread records of a dead trainer, so it counts
-    // all of them as cut off). A 256 KiB chunk holds at most 100 samples.
+    // trainer held: the task being acknowledged (while the next one trains), the task it
+    // was training, its read-ahead (2) and one GetTask in flight (the master cannot tell
+    // trained from unread records of a dead trainer, so it counts all of them as cut
+    // off). A 256 KiB chunk holds at most 100 samples.
     assert_eq!(
         c.duplicate_records,
         drained_report["handed_back_trained"].as_u64().unwrap_or(0),
         "{c:?}"
     );
-    assert!(c.trainer_lost <= 4, "{c:?}");
+    assert!(c.trainer_lost <= 5, "{c:?}");
     assert!(
         c.cutoff_records <= c.trainer_lost * 100,
         "cut-off records {} exceed the killed trainer's tasks: {c:?}",

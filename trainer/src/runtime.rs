@@ -220,38 +220,25 @@ pub async fn run(
         );
         state.initial_eval = Some((metric, value, eval.mean_loss()));
     }
-    // The next item, taken while the last task trained (a task's first group is being
-    // prepared meanwhile).
-    let mut ahead: Option<Result<Next, ReaderError>> = None;
     loop {
-        let item = match ahead.take() {
-            Some(item) if !shutdown.is_cancelled() => Some(Some(item)),
-            Some(item) => {
-                if let Ok(Next::Task { task, .. }) = item {
-                    report_release(&reader, &task, 0).await;
-                }
-                None
-            }
-            None => {
-                let next = reader.next();
-                tokio::pin!(next);
-                let item = tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => None,
-                    item = &mut next => Some(item),
-                    _ = tokio::time::sleep(IDLE_AFTER) => {
-                        // No task at hand: in sync mode, stop holding up the others' steps.
-                        if let Err(e) = store.idle(&cfg.trainer).await {
-                            tracing::warn!(error = %e, "could not leave the sync steps while idle");
-                        }
-                        tokio::select! {
-                            biased;
-                            _ = shutdown.cancelled() => None,
-                            item = &mut next => Some(item),
-                        }
+        let item = {
+            let next = reader.next();
+            tokio::pin!(next);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => None,
+                item = &mut next => Some(item),
+                _ = tokio::time::sleep(IDLE_AFTER) => {
+                    // No task at hand: in sync mode, stop holding up the others' steps.
+                    if let Err(e) = store.idle(&cfg.trainer).await {
+                        tracing::warn!(error = %e, "could not leave the sync steps while idle");
                     }
-                };
-                item.map(|i| i.map(|i| i.map(|i| Next::from(i, &model, &cfg, false))))
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.cancelled() => None,
+                        item = &mut next => Some(item),
+                    }
+                }
             }
         };
         let Some(item) = item else {
@@ -260,23 +247,12 @@ pub async fn run(
         };
         let Some(item) = item else { break };
         match item? {
-            Next::Task {
-                task,
-                records,
-                first,
-            } => {
+            Item::Task(TaskData { task, records }) => {
                 state.pass = task.pass;
                 let started = Instant::now();
-                // The next task's first group is prepared while this one trains.
-                if ahead.is_none() {
-                    ahead = reader
-                        .try_next()
-                        .map(|i| i.map(|i| Next::from(i, &model, &cfg, true)));
-                }
                 let end = train_task(
                     &task,
-                    records,
-                    first,
+                    Arc::new(records),
                     &model,
                     &store,
                     &cfg,
@@ -306,9 +282,6 @@ pub async fn run(
                         settle(&mut acking, &mut state).await?;
                         idle(&store, &cfg.trainer).await;
                         report_release(&reader, &task, n).await;
-                        if let Some(Ok(Next::Task { task, .. })) = ahead.take() {
-                            report_release(&reader, &task, 0).await;
-                        }
                         state.handed_back_trained += n;
                         state.drained = true;
                         progress.send_replace(state.clone());
@@ -328,14 +301,14 @@ pub async fn run(
                 }
                 progress.send_replace(state.clone());
             }
-            Next::PassFinished { ended, next } => {
+            Item::PassFinished { ended, next } => {
                 settle(&mut acking, &mut state).await?;
                 tracing::info!(trainer = %cfg.trainer, pass = ended, next, "pass finished");
                 state.pass = next;
                 evaluate_pass(&model, &store, &cfg, &mut params, &mut state, ended).await?;
                 progress.send_replace(state.clone());
             }
-            Next::JobFinished => {
+            Item::JobFinished => {
                 settle(&mut acking, &mut state).await?;
                 // The last pass ends with the job (no separate pass-end item); `pass`
                 // follows the pass ends seen, so it is the last pass.
@@ -489,7 +462,6 @@ async fn report_release(reader: &CloudReader, task: &LeasedTask, trained: u64) {
 async fn train_task(
     task: &LeasedTask,
     records: Arc<Vec<Vec<u8>>>,
-    first: Option<Prepare>,
     model: &Arc<dyn Model>,
     store: &Arc<dyn ParamStore>,
     cfg: &RuntimeConfig,
@@ -504,8 +476,7 @@ async fn train_task(
     let per_push = batches_per_push(cfg, model.as_ref());
     let group_records = batch_size * per_push;
     let groups = records.len().div_ceil(group_records);
-    let mut next =
-        (groups > 0).then(|| first.unwrap_or_else(|| prepare(model, &records, task, cfg, 0)));
+    let mut next = (groups > 0).then(|| prepare(model, &records, task, cfg, 0));
     for g in 0..groups {
         let prepared = next
             .take()
@@ -604,39 +575,6 @@ fn prepare(
             g,
         )
     })
-}
-
-/// An item of the reader as the loop takes it.
-enum Next {
-    /// A task: its records, and its first group if being prepared already.
-    Task {
-        task: LeasedTask,
-        records: Arc<Vec<Vec<u8>>>,
-        first: Option<Prepare>,
-    },
-    /// See [`Item::PassFinished`].
-    PassFinished { ended: u32, next: u32 },
-    /// See [`Item::JobFinished`].
-    JobFinished,
-}
-
-impl Next {
-    /// `item`, starting to prepare a task's first group when `early`.
-    fn from(item: Item, model: &Arc<dyn Model>, cfg: &RuntimeConfig, early: bool) -> Next {
-        match item {
-            Item::Task(TaskData { task, records }) => {
-                let records = Arc::new(records);
-                let first = early.then(|| prepare(model, &records, &task, cfg, 0));
-                Next::Task {
-                    task,
-                    records,
-                    first,
-                }
-            }
-            Item::PassFinished { ended, next } => Next::PassFinished { ended, next },
-            Item::JobFinished => Next::JobFinished,
-        }
-    }
 }
 
 /// A batch that could not be prepared.
