@@ -251,8 +251,7 @@ pub async fn run(
                 state.pass = task.pass;
                 let started = Instant::now();
                 let end = train_task(
-                    &task,
-                    Arc::new(records),
+                    (&task, Arc::new(records)),
                     &model,
                     &store,
                     &cfg,
@@ -460,8 +459,7 @@ async fn report_release(reader: &CloudReader, task: &LeasedTask, trained: u64) {
 /// in one blocking call (forward/backward, the finiteness checks and the sum), on the
 /// parameters pulled before it.
 async fn train_task(
-    task: &LeasedTask,
-    records: Arc<Vec<Vec<u8>>>,
+    (task, records): (&LeasedTask, Arc<Vec<Vec<u8>>>),
     model: &Arc<dyn Model>,
     store: &Arc<dyn ParamStore>,
     cfg: &RuntimeConfig,
