@@ -1,0 +1,167 @@
+//! The groups of a task's batches (a group: the batches summed into one push): prepared
+//! on a blocking thread while the previous group computes, and computed in one blocking
+//! call that also checks and sums the gradients.
+
+use std::sync::Arc;
+
+use edl_master::task::LeasedTask;
+use tokio::task::JoinHandle;
+
+use super::{RuntimeConfig, batch_seed};
+use crate::model::{Model, Params, StepOutput};
+
+/// The batches of a group being prepared on a blocking thread.
+pub(super) type Prepare = JoinHandle<Result<Vec<crate::model::Batch>, BadBatch>>;
+
+/// Starts preparing group `g` of a task's `records`.
+pub(super) fn prepare(
+    model: &Arc<dyn Model>,
+    records: &Arc<Vec<Vec<u8>>>,
+    task: &LeasedTask,
+    cfg: &RuntimeConfig,
+    g: usize,
+) -> Prepare {
+    let (model, records, task) = (model.clone(), records.clone(), task.clone());
+    let (seed, batch_size) = (cfg.seed, cfg.batch_size.max(1));
+    let per_push = batches_per_push(cfg, model.as_ref());
+    tokio::task::spawn_blocking(move || {
+        prepare_group(
+            model.as_ref(),
+            &records,
+            &task,
+            seed,
+            batch_size,
+            per_push,
+            g,
+        )
+    })
+}
+
+/// A batch that could not be prepared.
+pub(super) struct BadBatch {
+    /// Its first record's index in the task.
+    pub(super) first: usize,
+    /// Its records.
+    pub(super) len: usize,
+    /// Why.
+    pub(super) error: crate::Error,
+}
+
+/// Prepares the batches of group `g` of a task's `records` (batch seeds by their
+/// number in the task: the same in every attempt, whichever trainer makes it).
+fn prepare_group(
+    model: &dyn Model,
+    records: &[Vec<u8>],
+    task: &LeasedTask,
+    seed: u64,
+    batch_size: usize,
+    per_push: usize,
+    g: usize,
+) -> Result<Vec<crate::model::Batch>, BadBatch> {
+    let start = g * batch_size * per_push;
+    let end = (start + batch_size * per_push).min(records.len());
+    records[start..end]
+        .chunks(batch_size)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let seq = (g * per_push + i) as u32;
+            model
+                .prepare_records(chunk, batch_seed(seed, task, seq))
+                .map_err(|error| BadBatch {
+                    first: start + i * batch_size,
+                    len: chunk.len(),
+                    error,
+                })
+        })
+        .collect()
+}
+
+/// What computing a group gave.
+pub(super) struct GroupOut {
+    /// The summed gradients of its batches with a finite loss and gradients (`None`:
+    /// every batch was skipped).
+    pub(super) sum: Option<StepOutput>,
+    /// Batches skipped for a non-finite loss or gradients.
+    pub(super) skipped: u64,
+    /// The loss of its last batch pushed.
+    pub(super) last_loss: Option<f32>,
+    /// The error that stopped it (the group is not pushed).
+    pub(super) end: Option<crate::Error>,
+}
+
+/// Computes the batches of a group on `params` and sums their gradients. A batch with
+/// a non-finite loss or gradients is skipped (never pushed: some shards would refuse it
+/// after others applied their part); it counts as trained, since it was seen.
+pub(super) fn compute_group(
+    model: &dyn Model,
+    params: &Params,
+    batches: &[crate::model::Batch],
+    task: &str,
+) -> GroupOut {
+    let mut out = GroupOut {
+        sum: None,
+        skipped: 0,
+        last_loss: None,
+        end: None,
+    };
+    for batch in batches {
+        let step = match model.forward_backward(params, batch) {
+            // A model of its own may return a non-finite loss instead of the error.
+            Ok(o) if !o.loss.is_finite() => {
+                tracing::warn!(
+                    task,
+                    loss = o.loss,
+                    "skipping a batch with a non-finite loss"
+                );
+                out.skipped += 1;
+                continue;
+            }
+            Ok(o) if !o.gradients_finite() => {
+                tracing::warn!(
+                    task,
+                    loss = o.loss,
+                    "skipping a batch with non-finite gradients"
+                );
+                out.skipped += 1;
+                continue;
+            }
+            Ok(o) => o,
+            Err(e @ crate::Error::NonFiniteLoss { .. }) => {
+                tracing::warn!(task, error = %e, "skipping a batch with a non-finite loss");
+                out.skipped += 1;
+                continue;
+            }
+            Err(e) => {
+                out.end = Some(e);
+                return out;
+            }
+        };
+        out.last_loss = Some(step.loss);
+        match &mut out.sum {
+            None => out.sum = Some(step),
+            Some(sum) => add_gradients(sum, &step),
+        }
+    }
+    out
+}
+
+/// Batches per push for `model`: the config's, but 1 for a model with sparse tables
+/// (its rows differ from batch to batch).
+pub(super) fn batches_per_push(cfg: &RuntimeConfig, model: &dyn Model) -> usize {
+    if model.sparse_tables().is_empty() {
+        cfg.batches_per_push.max(1)
+    } else {
+        1
+    }
+}
+
+/// Adds the dense gradients of `out` into `sum` (a group of batches: their sum is
+/// pushed as one step).
+fn add_gradients(sum: &mut StepOutput, out: &StepOutput) {
+    sum.examples += out.examples;
+    for (s, g) in sum.dense.iter_mut().zip(&out.dense) {
+        for (a, b) in s.iter_mut().zip(g) {
+            *a += b;
+        }
+    }
+}
