@@ -105,42 +105,28 @@ pub(super) fn compute_group(
         end: None,
     };
     for batch in batches {
-        let step = match model.forward_backward(params, batch) {
+        let skip = match model.forward_backward(params, batch) {
             // A model of its own may return a non-finite loss instead of the error.
-            Ok(o) if !o.loss.is_finite() => {
-                tracing::warn!(
-                    task,
-                    loss = o.loss,
-                    "skipping a batch with a non-finite loss"
-                );
-                out.skipped += 1;
-                continue;
-            }
+            Ok(o) if !o.loss.is_finite() => format!("a non-finite loss ({})", o.loss),
             Ok(o) if !o.gradients_finite() => {
-                tracing::warn!(
-                    task,
-                    loss = o.loss,
-                    "skipping a batch with non-finite gradients"
-                );
-                out.skipped += 1;
+                format!("non-finite gradients (loss {})", o.loss)
+            }
+            Ok(step) => {
+                out.last_loss = Some(step.loss);
+                match &mut out.sum {
+                    None => out.sum = Some(step),
+                    Some(sum) => add_gradients(sum, &step),
+                }
                 continue;
             }
-            Ok(o) => o,
-            Err(e @ crate::Error::NonFiniteLoss { .. }) => {
-                tracing::warn!(task, error = %e, "skipping a batch with a non-finite loss");
-                out.skipped += 1;
-                continue;
-            }
+            Err(e @ crate::Error::NonFiniteLoss { .. }) => e.to_string(),
             Err(e) => {
                 out.end = Some(e);
                 return out;
             }
         };
-        out.last_loss = Some(step.loss);
-        match &mut out.sum {
-            None => out.sum = Some(step),
-            Some(sum) => add_gradients(sum, &step),
-        }
+        tracing::warn!(task, "skipping a batch: {skip}");
+        out.skipped += 1;
     }
     out
 }
