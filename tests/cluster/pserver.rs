@@ -175,6 +175,10 @@ async fn sync_steps_average_live_trainer_processes_through_a_kill_and_a_join() {
     .await;
     let _la = w.register_trainer("a").await;
     let _lb = w.register_trainer("b").await;
+    // The shards know a and b before c can push: otherwise c's first push, made as soon
+    // as it registered, could open and close step 1 on a shard that has not yet seen a
+    // and b (it learns the trainers from an etcd watch), and their pushes would be stale.
+    wait_participants(&ps, &["a", "b"]).await;
     // Child trainer c pushes 5.0 at steps 1 and 2, then hangs (alive, silent).
     let mut c = spawn_trainer(&w, "c", 5.0, 1, 2);
     c.expect_line("registered", Duration::from_secs(60))
