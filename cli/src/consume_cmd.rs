@@ -126,7 +126,11 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
                     if let Some(f) = &mut out {
                         f.write_all(&buf).context("write --out")?;
                     }
-                    match reader.finished(&t.task, t.records.len() as u64, &[]).await {
+                    match reader
+                        .acks()
+                        .finished(&t.task, t.records.len() as u64, &[])
+                        .await
+                    {
                         Ok(_) => {}
                         Err(e) if e.is_stale() => {
                             tracing::warn!(task = %t.task.id, "task was taken away meanwhile");

@@ -3,7 +3,7 @@
 //! A background fetcher leases tasks from the master and reads each one's chunks with
 //! the RecordIO range scanner, keeping up to `read_ahead` read tasks in a bounded buffer
 //! so training never waits on I/O. The trainer takes a task, trains its records, and only
-//! then acknowledges it with [`CloudReader::finished`]: a task is done when its records
+//! then acknowledges it with [`Acks::finished`] ([`CloudReader::acks`]): a task is done when its records
 //! were trained, not when they were read. End of pass and end of job arrive as items.
 //!
 //! Read-ahead follows the consumer's demand: the fetcher asks for its first task when the
@@ -161,40 +161,6 @@ impl CloudReader {
         }
     }
 
-    /// Acknowledges a task whose records were trained (see [`Acks::finished`]).
-    pub async fn finished(
-        &self,
-        task: &LeasedTask,
-        records: u64,
-        incarnations: &[u64],
-    ) -> Result<bool, ClientError> {
-        self.acks().finished(task, records, incarnations).await
-    }
-
-    /// Reports a task that could not be trained (see [`Acks::failed`]).
-    pub async fn failed(
-        &self,
-        task: &LeasedTask,
-        reason: &str,
-        records_trained: u64,
-    ) -> Result<bool, ClientError> {
-        self.acks().failed(task, reason, records_trained).await
-    }
-
-    /// Hands a task back without failure (see [`Acks::release`]).
-    pub async fn release(
-        &self,
-        task: &LeasedTask,
-        records_trained: u64,
-    ) -> Result<bool, ClientError> {
-        self.acks().release(task, records_trained).await
-    }
-
-    /// Hands back a task to be trained again (see [`Acks::recompute`]).
-    pub async fn recompute(&self, task: &LeasedTask, records: u64) -> Result<bool, ClientError> {
-        self.acks().recompute(task, records).await
-    }
-
     /// Stops fetching and hands back every task read ahead but not yet taken.
     pub async fn drain(mut self) {
         self.stop.cancel();
@@ -204,7 +170,7 @@ impl CloudReader {
         self.rx.close();
         while let Some(item) = self.rx.recv().await {
             if let Ok(Item::Task(t)) = item
-                && let Err(e) = self.release(&t.task, 0).await
+                && let Err(e) = self.acks().release(&t.task, 0).await
             {
                 tracing::warn!(task = %t.task.id, error = %e, "handing back a read-ahead task failed");
             }

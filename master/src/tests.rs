@@ -120,6 +120,7 @@ async fn read_all(reader: &mut CloudReader) -> (Vec<String>, u32) {
                 }
                 assert!(
                     reader
+                        .acks()
                         .finished(&t.task, t.records.len() as u64, &[])
                         .await
                         .unwrap()
@@ -457,6 +458,7 @@ async fn a_standby_takes_over_and_readers_continue() {
                         .map(|r| String::from_utf8(r.clone()).unwrap()),
                 );
                 reader
+                    .acks()
                     .finished(&t.task, t.records.len() as u64, &[])
                     .await
                     .unwrap();
@@ -554,6 +556,7 @@ async fn no_read_ahead_lease_times_out_while_the_trainer_initialises_or_evaluate
                 }
                 records += t.records.len();
                 reader
+                    .acks()
                     .finished(&t.task, t.records.len() as u64, &[])
                     .await
                     .unwrap();

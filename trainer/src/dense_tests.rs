@@ -44,26 +44,12 @@ fn conv_and_pool_match_candle_reference() {
         patches.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     );
     let ours_nchw = ours.permute((0, 3, 1, 2)).unwrap();
-    let diff = (&reference - &ours_nchw)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let diff = max_abs_diff(&reference, &ours_nchw);
     assert!(diff < 1e-5, "conv differs by {diff}");
 
     let pooled = max_pool_2x2(&ours).unwrap().permute((0, 3, 1, 2)).unwrap();
     let reference = reference.max_pool2d(2).unwrap();
-    let diff = (&reference - &pooled)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let diff = max_abs_diff(&reference, &pooled);
     assert!(diff < 1e-6, "pool differs by {diff}");
 }
 
@@ -153,4 +139,16 @@ fn the_cpu_fully_connected_step_matches_candles_autograd() {
             (reference.count, reference.correct)
         );
     }
+}
+
+/// The largest absolute difference between two tensors of one shape.
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }

@@ -298,7 +298,7 @@ pub async fn run(
                         settle(&mut acking, &mut state).await?;
                         tracing::warn!(task = %task.id, reason = %reason, "failing task: bad data");
                         state.failed_tasks += 1;
-                        if let Err(e) = reader.failed(&task, &reason, n).await
+                        if let Err(e) = acks.failed(&task, &reason, n).await
                             && !e.is_stale()
                         {
                             return Err(e.into());
@@ -452,7 +452,7 @@ async fn idle(store: &Arc<dyn ParamStore>, trainer: &str) {
 }
 
 async fn report_release(reader: &CloudReader, task: &LeasedTask, trained: u64) {
-    match reader.release(task, trained).await {
+    match reader.acks().release(task, trained).await {
         Ok(_) => tracing::info!(task = %task.id, trained, "handed the task back"),
         Err(e) => {
             tracing::warn!(task = %task.id, error = %e, "handing the task back failed; the master will requeue it when this trainer's registration ends")
