@@ -18,7 +18,7 @@ use edl_coord::{Backend, MemBackend};
 use edl_proto::sample::Sample;
 use edl_pserver::{Mode, OptimizerConfig, ParamConfig, PsClient, PsClientConfig, PsConfig};
 use edl_trainer::{
-    LocalStore, Model, ModelSpec, OptimizerKind, ParamStore, Params, PsStore, build,
+    LocalStore, Model, ModelSpec, OptimizerKind, ParamInit, ParamStore, Params, PsStore, build,
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -101,7 +101,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         1e-3,
         1,
     ));
-    client_rt.block_on(local.init("local", model.as_ref(), 1))?;
+    client_rt.block_on(local.init("local", &ParamInit::of(model.as_ref(), 1)))?;
     let (n, secs) = train(&client_rt, model.clone(), local, "local", &train_set, steps);
     let local_rate = n as f64 / secs;
     println!("  local (no pserver)      {local_rate:8.0} samples/s   1.00x");
@@ -135,7 +135,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 2. One trainer, one pserver.
     let ps: Arc<dyn ParamStore> = Arc::new(PsStore::new(connect(&client_rt)?, config.clone(), 1));
-    client_rt.block_on(ps.init("t0", model.as_ref(), 1))?;
+    client_rt.block_on(ps.init("t0", &ParamInit::of(model.as_ref(), 1)))?;
     let (n, secs) = train(&client_rt, model.clone(), ps, "t0", &train_set, steps);
     let one = n as f64 / secs;
     println!(
@@ -162,7 +162,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let ps: Arc<dyn ParamStore> =
                         Arc::new(PsStore::new(connect(&rt).expect("connect"), config, 1));
                     let id = format!("t{}", i + 1);
-                    rt.block_on(ps.init(&id, model.as_ref(), 1)).expect("init");
+                    rt.block_on(ps.init(&id, &ParamInit::of(model.as_ref(), 1)))
+                        .expect("init");
                     train(&rt, model, ps, &id, data, steps).0
                 })
             })

@@ -361,6 +361,26 @@ impl Trainer {
         &self.cfg
     }
 
+    /// The etcd to connect to.
+    pub fn etcd_config(&self) -> &EtcdConfig {
+        &self.etcd
+    }
+
+    /// What the program is to do (`EDL_MODE`).
+    pub fn run_mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The spec to store in etcd before joining ([`Trainer::publish_spec`]), if any.
+    pub fn spec_to_publish(&self) -> Option<&JobSpec> {
+        self.publish.as_ref()
+    }
+
+    /// Where the JSON report is written (`EDL_REPORT`), if anywhere.
+    pub fn report_path(&self) -> Option<&std::path::Path> {
+        self.report.as_deref()
+    }
+
     /// Runs the trainer with the model `build` makes (once the job's spec and the
     /// device are known), on a runtime of its own, until the job finishes or a signal
     /// drains it. Prints the report as one JSON line on stdout.
@@ -447,15 +467,22 @@ impl Trainer {
             }
         }
         .unwrap_or_default();
-        println!("{line}");
-        if let Some(path) = &self.report {
-            std::fs::write(path, format!("{line}\n")).map_err(|error| AppError::Report {
-                path: path.clone(),
-                error,
-            })?;
-        }
+        emit_report(&line, self.report.as_deref())?;
         Ok(finished)
     }
+}
+
+/// Prints a report (one JSON line) on stdout and writes it to `path` when given: what
+/// every trainer program does when it ends (`edl run` reads the file).
+pub fn emit_report(line: &str, path: Option<&std::path::Path>) -> Result<(), AppError> {
+    println!("{line}");
+    if let Some(path) = path {
+        std::fs::write(path, format!("{line}\n")).map_err(|error| AppError::Report {
+            path: path.to_path_buf(),
+            error,
+        })?;
+    }
+    Ok(())
 }
 
 /// The whole `main` of a trainer program: [`Trainer::from_env`], then [`Trainer::run`]
@@ -477,8 +504,8 @@ pub fn main<M: Model + 'static>(
 }
 
 /// Connects to etcd, retrying while it cannot be reached for up to `wait`; `None` when
-/// `cancel` fires first.
-async fn connect(
+/// `cancel` fires first. An etcd still unreachable is one error with the fix.
+pub async fn connect(
     cfg: &EtcdConfig,
     wait: Duration,
     cancel: &CancellationToken,
@@ -525,7 +552,7 @@ pub fn shutdown_on_signals() -> std::io::Result<CancellationToken> {
 
 /// Logs to stderr (the filter in `EDL_LOG`, as for every edl process, else `RUST_LOG`,
 /// else `info`), unless the program set up its own subscriber.
-fn init_logging() {
+pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("EDL_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

@@ -162,6 +162,7 @@ mod rng;
 pub mod runtime;
 pub mod spec;
 pub mod store;
+pub mod tasks;
 pub mod word2vec;
 
 #[cfg(test)]
@@ -188,4 +189,5 @@ pub use process::{ModelContext, ModelSource};
 pub use psstore::{PsStore, PsStoreStats};
 pub use runtime::{Progress, RuntimeConfig, RuntimeError};
 pub use spec::{build, build_on, check_model};
-pub use store::{InitOutcome, LocalStore, ParamStore, StoreError};
+pub use store::{InitOutcome, LocalStore, ParamInit, ParamStore, StoreError};
+pub use tasks::{Next, Tasks};

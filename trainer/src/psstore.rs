@@ -35,8 +35,8 @@ use edl_pserver::{
 use tokio::sync::Mutex;
 use tracing::Instrument as _;
 
-use crate::model::{Model, Params, SparseInit, StepOutput};
-use crate::store::{InitOutcome, ParamStore, StoreError, TaskRef};
+use crate::model::{Params, SparseInit, StepOutput};
+use crate::store::{InitOutcome, ParamInit, ParamStore, StoreError, TaskRef};
 
 /// How often a sync push that keeps finding its step closed is moved to the next step
 /// before its gradients are dropped.
@@ -162,6 +162,200 @@ impl PsStore {
         self.config.mode.is_sync()
     }
 
+    /// Pulls the dense parameters and hands each one's values to `visit` (its index in
+    /// the declared order, its values), without copying them first: [`ParamStore::pull_dense`]
+    /// copies them into a [`Params`], the Python package into NumPy arrays.
+    ///
+    /// Async mode prefetches: the pull for the next step starts as soon as this one's
+    /// values are visited, and runs while the step computes. The parameters a step
+    /// computes on then miss at most this trainer's own last two pushes (the other
+    /// trainers' are missed anyway in async SGD). After `flush` (task end, evaluation)
+    /// the next pull is a fresh one.
+    pub async fn pull_dense_with(
+        &self,
+        mut visit: impl FnMut(usize, &[f32]) + Send,
+    ) -> Result<(), StoreError> {
+        let prefetched = self.prefetch.lock().await.take();
+        let fresh = match prefetched {
+            Some(h) => !matches!(h.await, Ok(Ok(_))),
+            None => true,
+        };
+        let mut cache = self.cache.lock().await;
+        if fresh {
+            let stats = self.client.pull_dense(&mut cache).await.map_err(map_err)?;
+            self.stats.pulls.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .pull_bytes
+                .fetch_add(stats.bytes as u64, Ordering::Relaxed);
+        }
+        for (i, p) in cache.params().iter().enumerate() {
+            visit(i, &p.values);
+        }
+        drop(cache);
+        if !self.sync() {
+            let (cache, client, stats) =
+                (self.cache.clone(), self.client.clone(), self.stats.clone());
+            let handle = tokio::spawn(
+                async move {
+                    let mut cache = cache.lock().await;
+                    let pulled = client.pull_dense(&mut cache).await.map_err(map_err)?;
+                    stats.pulls.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .pull_bytes
+                        .fetch_add(pulled.bytes as u64, Ordering::Relaxed);
+                    Ok(pulled.bytes as u64)
+                }
+                .in_current_span(),
+            );
+            *self.prefetch.lock().await = Some(handle);
+        }
+        Ok(())
+    }
+
+    /// The dense parameters as the pservers hold them (name and shape, in order), as of
+    /// the last pull or `init` (empty before either).
+    pub async fn dense_layout(&self) -> Vec<(String, Vec<usize>)> {
+        let cache = self.cache.lock().await;
+        cache
+            .params()
+            .iter()
+            .map(|p| (p.name.clone(), p.shape.clone()))
+            .collect()
+    }
+
+    /// Fetches rows `ids` of sparse table `table`: their values one row after another.
+    pub async fn pull_rows(&self, table: &str, ids: &[u64]) -> Result<Vec<f32>, StoreError> {
+        let values = self.client.pull_sparse(table, ids).await.map_err(map_err)?;
+        self.stats.sparse_pulls.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .sparse_rows
+            .fetch_add(ids.len() as u64, Ordering::Relaxed);
+        self.stats
+            .max_sparse_rows
+            .fetch_max(ids.len() as u64, Ordering::Relaxed);
+        Ok(values)
+    }
+
+    /// [`ParamStore::push`] of gradients the store may keep (no copy is made of them in
+    /// async mode, where the push is sent in the background).
+    pub async fn push_owned(
+        &self,
+        trainer: &str,
+        step: u64,
+        origin: Option<Origin>,
+        grads: StepOutput,
+    ) -> Result<(), StoreError> {
+        if self.sync() {
+            self.push_sync(trainer, origin, &grads).await
+        } else {
+            self.push_async(trainer, step, origin, grads).await
+        }
+    }
+
+    /// The dense parameters' names, checked against a push's gradients.
+    fn names_for(&self, grads: &StepOutput) -> Result<Vec<String>, StoreError> {
+        let names: Vec<String> = self.names.get().cloned().unwrap_or_default();
+        if names.len() != grads.dense.len() {
+            return Err(StoreError::Refused(format!(
+                "{} dense gradients for {} parameters (pull before pushing)",
+                grads.dense.len(),
+                names.len()
+            )));
+        }
+        Ok(names)
+    }
+
+    /// Async mode: one push in flight at a time: waits for the previous one (and reports
+    /// its error), then sends this one in the background.
+    async fn push_async(
+        &self,
+        trainer: &str,
+        step: u64,
+        origin: Option<Origin>,
+        grads: StepOutput,
+    ) -> Result<(), StoreError> {
+        let names = self.names_for(&grads)?;
+        self.wait_inflight().await?;
+        let client = self.client.clone();
+        let stats = self.stats.clone();
+        let answered = self.answered.clone();
+        let trainer = trainer.to_owned();
+        let pushes = self.pushes.clone();
+        pushes.send_modify(|c| c.sent += 1);
+        let handle = tokio::spawn(
+            async move {
+                // Counts the push as failed unless it is applied (also when the task
+                // is dropped unfinished), so nobody waits for it forever.
+                let mut outcome = PushOutcome {
+                    pushes,
+                    failed: Some("the push was abandoned".into()),
+                };
+                let (dense, sparse) = push_views(&names, &grads);
+                let out = match client
+                    .push_from(&trainer, step, origin, &dense, &sparse)
+                    .await
+                {
+                    Ok(out) => out,
+                    Err(e) => {
+                        let e = map_err(e);
+                        outcome.failed = Some(e.to_string());
+                        return Err(e);
+                    }
+                };
+                note_answered(&answered, origin, &out.incarnations);
+                stats.pushes.fetch_add(1, Ordering::Relaxed);
+                outcome.failed = None;
+                Ok(())
+            }
+            .in_current_span(),
+        );
+        *self.inflight.lock().await = Some(handle);
+        Ok(())
+    }
+
+    /// Sync mode: pushes to the global step learnt from the last pull; a step that closed
+    /// without this trainer moves the gradients to the next one, a bounded number of
+    /// times.
+    async fn push_sync(
+        &self,
+        trainer: &str,
+        origin: Option<Origin>,
+        grads: &StepOutput,
+    ) -> Result<(), StoreError> {
+        let names = self.names_for(grads)?;
+        let (dense, sparse) = push_views(&names, grads);
+        let mut global = self.cache.lock().await.next_step();
+        for _ in 0..=STALE_RETRIES {
+            match self
+                .client
+                .push_from(trainer, global, origin, &dense, &sparse)
+                .await
+            {
+                Ok(out) => {
+                    note_answered(&self.answered, origin, &out.incarnations);
+                    self.stats.pushes.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(PsClientError::StaleStep { next, .. }) => {
+                    self.stats.stale_pushes.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        step = global,
+                        next,
+                        "sync step closed without this trainer; pushing to the next one"
+                    );
+                    global = next;
+                }
+                Err(e) => return Err(map_err(e)),
+            }
+        }
+        self.stats.dropped_pushes.fetch_add(1, Ordering::Relaxed);
+        // Never acknowledge a batch whose gradients were not applied: the trainer stops
+        // with this error and its task goes back to the queue.
+        Err(StoreError::Unavailable(format!(
+            "sync push of trainer {trainer} kept finding its step closed ({STALE_RETRIES} times)"
+        )))
+    }
+
     /// Waits for the push in flight, if any.
     async fn wait_inflight(&self) -> Result<(), StoreError> {
         let handle = self.inflight.lock().await.take();
@@ -213,28 +407,30 @@ fn row_init(init: SparseInit, seed: u64) -> RowInit {
 
 #[async_trait]
 impl ParamStore for PsStore {
-    async fn init(
-        &self,
-        trainer: &str,
-        model: &dyn Model,
-        seed: u64,
-    ) -> Result<InitOutcome, StoreError> {
-        let params = model.dense_params();
-        let values = model.init_dense(seed);
-        let dense: Vec<DenseInit<'_>> = params
+    async fn init(&self, trainer: &str, init: &ParamInit) -> Result<InitOutcome, StoreError> {
+        let values = &init.values;
+        if init.dense.len() != values.len() {
+            return Err(StoreError::Refused(format!(
+                "{} initial values for {} dense parameters",
+                values.len(),
+                init.dense.len()
+            )));
+        }
+        let dense: Vec<DenseInit<'_>> = init
+            .dense
             .iter()
-            .zip(&values)
+            .zip(values)
             .map(|(p, v)| DenseInit {
                 name: &p.name,
                 shape: &p.shape,
                 values: v,
             })
             .collect();
-        let sparse: Vec<SparseSpec> = model
-            .sparse_tables()
-            .into_iter()
+        let sparse: Vec<SparseSpec> = init
+            .sparse
+            .iter()
             .map(|t| SparseSpec {
-                name: t.name,
+                name: t.name.clone(),
                 dim: t.dim,
                 init: row_init(t.init, self.seed),
             })
@@ -248,7 +444,7 @@ impl ParamStore for PsStore {
         // restarted before its first checkpoint is initialised again from them.
         let mut cache = self.cache.lock().await;
         self.client
-            .seed_cache(&mut cache, &values)
+            .seed_cache(&mut cache, values)
             .await
             .map_err(map_err)?;
         let _ = self
@@ -261,47 +457,18 @@ impl ParamStore for PsStore {
     }
 
     async fn pull_dense(&self, params: &mut Params) -> Result<(), StoreError> {
-        // Async mode prefetches: the pull for the next step starts as soon as this one's
-        // values are copied out, and runs while the step computes. The parameters a step
-        // computes on then miss at most this trainer's own last two pushes (the other
-        // trainers' are missed anyway in async SGD). After `flush` (task end, evaluation)
-        // the next pull is a fresh one.
-        let prefetched = self.prefetch.lock().await.take();
-        let fresh = match prefetched {
-            Some(h) => !matches!(h.await, Ok(Ok(_))),
-            None => true,
-        };
-        let mut cache = self.cache.lock().await;
-        if fresh {
-            let stats = self.client.pull_dense(&mut cache).await.map_err(map_err)?;
-            self.stats.pulls.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .pull_bytes
-                .fetch_add(stats.bytes as u64, Ordering::Relaxed);
-        }
-        let n = cache.params().len();
-        params.dense.resize_with(n, Vec::new);
-        for (dst, src) in params.dense.iter_mut().zip(cache.params()) {
-            dst.clone_from(&src.values);
-        }
-        drop(cache);
-        if !self.sync() {
-            let (cache, client, stats) =
-                (self.cache.clone(), self.client.clone(), self.stats.clone());
-            let handle = tokio::spawn(
-                async move {
-                    let mut cache = cache.lock().await;
-                    let pulled = client.pull_dense(&mut cache).await.map_err(map_err)?;
-                    stats.pulls.fetch_add(1, Ordering::Relaxed);
-                    stats
-                        .pull_bytes
-                        .fetch_add(pulled.bytes as u64, Ordering::Relaxed);
-                    Ok(pulled.bytes as u64)
-                }
-                .in_current_span(),
-            );
-            *self.prefetch.lock().await = Some(handle);
-        }
+        let mut n = 0;
+        self.pull_dense_with(|i, values| {
+            if params.dense.len() <= i {
+                params.dense.resize_with(i + 1, Vec::new);
+            }
+            let dst = &mut params.dense[i];
+            dst.clear();
+            dst.extend_from_slice(values);
+            n = i + 1;
+        })
+        .await?;
+        params.dense.truncate(n);
         Ok(())
     }
 
@@ -312,14 +479,7 @@ impl ParamStore for PsStore {
     ) -> Result<(), StoreError> {
         params.sparse.clear();
         for (table, ids) in rows {
-            let values = self.client.pull_sparse(table, ids).await.map_err(map_err)?;
-            self.stats.sparse_pulls.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .sparse_rows
-                .fetch_add(ids.len() as u64, Ordering::Relaxed);
-            self.stats
-                .max_sparse_rows
-                .fetch_max(ids.len() as u64, Ordering::Relaxed);
+            let values = self.pull_rows(table, ids).await?;
             let dim = if ids.is_empty() {
                 0
             } else {
@@ -342,87 +502,12 @@ impl ParamStore for PsStore {
         origin: Option<Origin>,
         grads: &StepOutput,
     ) -> Result<(), StoreError> {
-        let names: Vec<String> = self.names.get().cloned().unwrap_or_default();
-        if names.len() != grads.dense.len() {
-            return Err(StoreError::Refused(format!(
-                "{} dense gradients for {} parameters (pull before pushing)",
-                grads.dense.len(),
-                names.len()
-            )));
+        if self.sync() {
+            self.push_sync(trainer, origin, grads).await
+        } else {
+            // Sent in the background: the store keeps its own copy.
+            self.push_async(trainer, step, origin, grads.clone()).await
         }
-        if !self.sync() {
-            // One push in flight at a time: wait for the previous one (and report its
-            // error), then send this one in the background.
-            self.wait_inflight().await?;
-            let client = self.client.clone();
-            let stats = self.stats.clone();
-            let answered = self.answered.clone();
-            let trainer = trainer.to_owned();
-            let names = names.clone();
-            let grads = grads.clone();
-            let pushes = self.pushes.clone();
-            pushes.send_modify(|c| c.sent += 1);
-            let handle = tokio::spawn(
-                async move {
-                    // Counts the push as failed unless it is applied (also when the task
-                    // is dropped unfinished), so nobody waits for it forever.
-                    let mut outcome = PushOutcome {
-                        pushes,
-                        failed: Some("the push was abandoned".into()),
-                    };
-                    let (dense, sparse) = push_views(&names, &grads);
-                    let out = match client
-                        .push_from(&trainer, step, origin, &dense, &sparse)
-                        .await
-                    {
-                        Ok(out) => out,
-                        Err(e) => {
-                            let e = map_err(e);
-                            outcome.failed = Some(e.to_string());
-                            return Err(e);
-                        }
-                    };
-                    note_answered(&answered, origin, &out.incarnations);
-                    stats.pushes.fetch_add(1, Ordering::Relaxed);
-                    outcome.failed = None;
-                    Ok(())
-                }
-                .in_current_span(),
-            );
-            *self.inflight.lock().await = Some(handle);
-            return Ok(());
-        }
-        let (dense, sparse) = push_views(&names, grads);
-        let mut global = self.cache.lock().await.next_step();
-        for _ in 0..=STALE_RETRIES {
-            match self
-                .client
-                .push_from(trainer, global, origin, &dense, &sparse)
-                .await
-            {
-                Ok(out) => {
-                    note_answered(&self.answered, origin, &out.incarnations);
-                    self.stats.pushes.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
-                }
-                Err(PsClientError::StaleStep { next, .. }) => {
-                    self.stats.stale_pushes.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(
-                        step = global,
-                        next,
-                        "sync step closed without this trainer; pushing to the next one"
-                    );
-                    global = next;
-                }
-                Err(e) => return Err(map_err(e)),
-            }
-        }
-        self.stats.dropped_pushes.fetch_add(1, Ordering::Relaxed);
-        // Never acknowledge a batch whose gradients were not applied: the trainer stops
-        // with this error and its task goes back to the queue.
-        Err(StoreError::Unavailable(format!(
-            "sync push of trainer {trainer} kept finding its step closed ({STALE_RETRIES} times)"
-        )))
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -34,7 +34,7 @@ use crate::model::{
     Target,
 };
 use crate::runtime::{Progress, RuntimeConfig, run};
-use crate::store::{ParamStore, TaskRef};
+use crate::store::{ParamInit, ParamStore, TaskRef};
 
 /// Values of the one dense parameter: two blocks of 128, block 0 on shard 0, block 1 on
 /// shard 1.
@@ -346,8 +346,8 @@ async fn a_delayed_shard_never_counts_a_trainers_gradient_twice() {
     };
     let (a, b) = (job.store(&config).await, job.store(&config).await);
     let (_la, _lb) = (job.register("a").await, job.register("b").await);
-    a.init("a", &KnownGrad, 0).await.unwrap();
-    b.init("b", &KnownGrad, 0).await.unwrap();
+    a.init("a", &ParamInit::of(&KnownGrad, 0)).await.unwrap();
+    b.init("b", &ParamInit::of(&KnownGrad, 0)).await.unwrap();
     let ps = job.client().await;
     wait_for("both shards expect a and b", || async {
         job.status(&ps)

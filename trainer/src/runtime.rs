@@ -9,7 +9,8 @@
 //! as done; that acknowledgement runs in the background while the next task trains (one
 //! at a time; it is settled before a pass ends, a task is handed back or failed, and
 //! before returning), so a task's round trips to the pservers and the master (an etcd
-//! commit) do not stall the math. A task whose records cannot be
+//! commit) do not stall the math. The tasks and their acknowledgements are
+//! [`crate::Tasks`], which any training loop can drive (the Python package does). A task whose records cannot be
 //! decoded or do not fit the model is failed at the master with the reason (it is
 //! retried, then reported), so bad data never stops a job.
 //!
@@ -21,14 +22,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use edl_master::client::ClientError;
-use edl_master::reader::{Acks, CloudReader, Item, ReaderError, TaskData};
+use edl_master::reader::{CloudReader, ReaderError, TaskData};
 use edl_master::task::LeasedTask;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{EvalOutput, MetricKind, Model, Params};
-use crate::store::{InitOutcome, ParamStore, StoreError, TaskRef};
+use crate::store::{InitOutcome, ParamInit, ParamStore, StoreError};
+use crate::tasks::{Next, Tasks, task_ref};
 
 mod group;
 use group::{batches_per_push, compute_group, prepare};
@@ -162,15 +163,6 @@ enum TaskEnd {
     BadData(String, u64),
 }
 
-/// The store's view of a leased task.
-fn task_ref(t: &LeasedTask) -> TaskRef {
-    TaskRef {
-        pass: t.pass,
-        index: t.index,
-        tasks: t.tasks,
-    }
-}
-
 /// The seed of batch `seq` of a task: the same in every attempt at the task, whichever
 /// trainer makes it.
 fn batch_seed(seed: u64, task: &LeasedTask, seq: u32) -> u64 {
@@ -183,15 +175,16 @@ fn batch_seed(seed: u64, task: &LeasedTask, seq: u32) -> u64 {
 
 /// Runs the trainer loop until the job finishes, `shutdown` fires (drain), or an error.
 pub async fn run(
-    mut reader: CloudReader,
+    reader: CloudReader,
     model: Arc<dyn Model>,
     store: Arc<dyn ParamStore>,
     cfg: RuntimeConfig,
     shutdown: CancellationToken,
     progress: watch::Sender<Progress>,
 ) -> Result<Progress, RuntimeError> {
+    let init = ParamInit::of(model.as_ref(), cfg.seed);
     let outcome = tokio::select! {
-        r = store.init(&cfg.trainer, model.as_ref(), cfg.seed) => r?,
+        r = store.init(&cfg.trainer, &init) => r?,
         _ = shutdown.cancelled() => {
             reader.drain().await;
             let p = Progress { drained: true, ..Progress::default() };
@@ -199,17 +192,13 @@ pub async fn run(
             return Ok(p);
         }
     };
+    drop(init);
     tracing::info!(trainer = %cfg.trainer, ?outcome, "parameters ready");
+    let mut tasks = Tasks::new(reader, store.clone(), cfg.trainer.clone());
     // Sync mode: not taking part in steps until the first push.
-    idle(&store, &cfg.trainer).await;
-    let mut state = Progress {
-        initialised: outcome == InitOutcome::Initialised,
-        ..Progress::default()
-    };
+    tasks.idle().await;
+    tasks.progress_mut().initialised = outcome == InitOutcome::Initialised;
     let mut params = Params::default();
-    let acks = reader.acks();
-    // The acknowledgement of the last task trained, running while the next one trains.
-    let mut acking: Option<JoinHandle<Result<Acked, RuntimeError>>> = None;
     if let Some(test) = &cfg.test {
         store.pull_dense(&mut params).await?;
         let eval = evaluate(&model, &store, &mut params, test, cfg.eval_batch_size).await?;
@@ -221,37 +210,11 @@ pub async fn run(
             loss = eval.mean_loss(),
             "initial evaluation"
         );
-        state.initial_eval = Some((metric, value, eval.mean_loss()));
+        tasks.progress_mut().initial_eval = Some((metric, value, eval.mean_loss()));
     }
     loop {
-        let item = {
-            let next = reader.next();
-            tokio::pin!(next);
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => None,
-                item = &mut next => Some(item),
-                _ = tokio::time::sleep(IDLE_AFTER) => {
-                    // No task at hand: in sync mode, stop holding up the others' steps.
-                    if let Err(e) = store.idle(&cfg.trainer).await {
-                        tracing::warn!(error = %e, "could not leave the sync steps while idle");
-                    }
-                    tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => None,
-                        item = &mut next => Some(item),
-                    }
-                }
-            }
-        };
-        let Some(item) = item else {
-            state.drained = true;
-            break;
-        };
-        let Some(item) = item else { break };
-        match item? {
-            Item::Task(TaskData { task, records }) => {
-                state.pass = task.pass;
+        match tasks.next(&shutdown).await? {
+            Next::Task(TaskData { task, records }) => {
                 let started = Instant::now();
                 let end = train_task(
                     (&task, Arc::new(records)),
@@ -259,159 +222,40 @@ pub async fn run(
                     &store,
                     &cfg,
                     &mut params,
-                    &mut state,
+                    tasks.progress_mut(),
                     &shutdown,
                 )
                 .await?;
                 match end {
-                    TaskEnd::Trained(n) => {
-                        // The next task starts from parameters that hold every push of
-                        // this one (its first pull is fresh): with tasks of a batch or
-                        // two, training only on prefetched values (missing this
-                        // trainer's last two pushes) measurably lowered async accuracy.
-                        store.flush().await?;
-                        // Acknowledged in the background while the next task trains: the
-                        // store records it as done where the parameters live, then the
-                        // master is told. One acknowledgement at a time.
-                        settle(&mut acking, &mut state).await?;
-                        acking = Some(tokio::spawn(acknowledge(
-                            store.clone(),
-                            acks.clone(),
-                            cfg.trainer.clone(),
-                            task,
-                            n,
-                            started,
-                        )));
-                    }
+                    TaskEnd::Trained(n) => tasks.trained(task, n, started).await?,
                     TaskEnd::Drained(n) => {
-                        store.flush().await?;
-                        settle(&mut acking, &mut state).await?;
-                        idle(&store, &cfg.trainer).await;
-                        report_release(&reader, &task, n).await;
-                        state.handed_back_trained += n;
-                        state.drained = true;
-                        progress.send_replace(state.clone());
+                        tasks.hand_back(&task, n).await?;
+                        progress.send_replace(tasks.progress().clone());
                         break;
                     }
-                    TaskEnd::BadData(reason, n) => {
-                        store.flush().await?;
-                        settle(&mut acking, &mut state).await?;
-                        tracing::warn!(task = %task.id, reason = %reason, "failing task: bad data");
-                        state.failed_tasks += 1;
-                        if let Err(e) = acks.failed(&task, &reason, n).await
-                            && !e.is_stale()
-                        {
-                            return Err(e.into());
-                        }
-                    }
+                    TaskEnd::BadData(reason, n) => tasks.fail(&task, &reason, n).await?,
                 }
-                progress.send_replace(state.clone());
+                progress.send_replace(tasks.progress().clone());
             }
-            Item::PassFinished { ended, next } => {
-                settle(&mut acking, &mut state).await?;
-                tracing::info!(trainer = %cfg.trainer, pass = ended, next, "pass finished");
-                state.pass = next;
-                evaluate_pass(&model, &store, &cfg, &mut params, &mut state, ended).await?;
-                progress.send_replace(state.clone());
+            Next::PassFinished { ended, .. } => {
+                evaluate_pass(&model, &store, &cfg, &mut params, &mut tasks, ended).await?;
+                progress.send_replace(tasks.progress().clone());
             }
-            Item::JobFinished => {
-                settle(&mut acking, &mut state).await?;
+            Next::JobFinished => {
                 // The last pass ends with the job (no separate pass-end item); `pass`
                 // follows the pass ends seen, so it is the last pass.
-                let last = state.pass;
-                if state.evals.last().is_none_or(|e| e.0 != last) {
-                    evaluate_pass(&model, &store, &cfg, &mut params, &mut state, last).await?;
+                let last = tasks.progress().pass;
+                if tasks.progress().evals.last().is_none_or(|e| e.0 != last) {
+                    evaluate_pass(&model, &store, &cfg, &mut params, &mut tasks, last).await?;
                 }
                 break;
             }
+            Next::Drained | Next::Closed => break,
         }
     }
-    settle(&mut acking, &mut state).await?;
-    reader.drain().await;
+    let state = tasks.close().await?;
     progress.send_replace(state.clone());
     Ok(state)
-}
-
-/// How the acknowledgement of a task trained whole went.
-enum Acked {
-    /// The master took it (or it had been taken away meanwhile: `false`).
-    Finished {
-        records: u64,
-        taken: bool,
-        started: Instant,
-    },
-    /// A pserver shard restored meanwhile lacks some of its updates: handed back to be
-    /// trained again.
-    Again,
-}
-
-/// Acknowledges task `task`, trained whole (`records`): waits until its pushes are
-/// applied and it is recorded as done where the parameters live, then tells the
-/// master; or hands it back to be trained again when a shard was restored meanwhile.
-async fn acknowledge(
-    store: Arc<dyn ParamStore>,
-    acks: Acks,
-    trainer: String,
-    task: LeasedTask,
-    records: u64,
-    started: Instant,
-) -> Result<Acked, RuntimeError> {
-    match store.task_done(&trainer, task_ref(&task)).await {
-        Ok(incarnations) => match acks.finished(&task, records, &incarnations).await {
-            Ok(_) => Ok(Acked::Finished {
-                records,
-                taken: true,
-                started,
-            }),
-            Err(e) if e.is_stale() => {
-                tracing::warn!(task = %task.id, "task was taken away while training; its records were trained anyway");
-                Ok(Acked::Finished {
-                    records,
-                    taken: false,
-                    started,
-                })
-            }
-            Err(e) => Err(e.into()),
-        },
-        Err(StoreError::Rewound(why)) => {
-            tracing::warn!(task = %task.id, reason = %why, "training the task again");
-            if let Err(e) = acks.recompute(&task, records).await
-                && !e.is_stale()
-            {
-                return Err(e.into());
-            }
-            Ok(Acked::Again)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Waits for the acknowledgement in flight, if any, and counts it.
-async fn settle(
-    acking: &mut Option<JoinHandle<Result<Acked, RuntimeError>>>,
-    state: &mut Progress,
-) -> Result<(), RuntimeError> {
-    let Some(handle) = acking.take() else {
-        return Ok(());
-    };
-    let acked = handle
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("acknowledging a task panicked: {e}")))??;
-    match acked {
-        Acked::Finished {
-            records,
-            taken: true,
-            started,
-        } => {
-            state.tasks += 1;
-            state.records += records;
-            let secs = started.elapsed().as_secs_f64().max(1e-9);
-            state.samples_per_sec = records as f64 / secs;
-        }
-        Acked::Finished { taken: false, .. } => {}
-        Acked::Again => state.recomputed_tasks += 1,
-    }
-    Ok(())
 }
 
 /// Evaluates the test split (if any) at the end of pass `ended`.
@@ -420,7 +264,7 @@ async fn evaluate_pass(
     store: &Arc<dyn ParamStore>,
     cfg: &RuntimeConfig,
     params: &mut Params,
-    state: &mut Progress,
+    tasks: &mut Tasks,
     ended: u32,
 ) -> Result<(), RuntimeError> {
     let Some(test) = &cfg.test else {
@@ -428,7 +272,7 @@ async fn evaluate_pass(
     };
     store.flush().await?;
     // Sync mode: the others' steps do not wait while this trainer evaluates.
-    idle(store, &cfg.trainer).await;
+    tasks.idle().await;
     store.pull_dense(params).await?;
     let eval = evaluate(model, store, params, test, cfg.eval_batch_size).await?;
     let metric = model.metric();
@@ -440,24 +284,11 @@ async fn evaluate_pass(
         loss = eval.mean_loss(),
         "evaluation"
     );
-    state.evals.push((ended, metric, value, eval.mean_loss()));
+    tasks
+        .progress_mut()
+        .evals
+        .push((ended, metric, value, eval.mean_loss()));
     Ok(())
-}
-
-/// Tells the store this trainer is not computing for now (best effort).
-async fn idle(store: &Arc<dyn ParamStore>, trainer: &str) {
-    if let Err(e) = store.idle(trainer).await {
-        tracing::warn!(error = %e, "could not leave the sync steps");
-    }
-}
-
-async fn report_release(reader: &CloudReader, task: &LeasedTask, trained: u64) {
-    match reader.acks().release(task, trained).await {
-        Ok(_) => tracing::info!(task = %task.id, trained, "handed the task back"),
-        Err(e) => {
-            tracing::warn!(task = %task.id, error = %e, "handing the task back failed; the master will requeue it when this trainer's registration ends")
-        }
-    }
 }
 
 /// Trains every record of a task, group by group (a group: the batches summed into one
@@ -600,9 +431,6 @@ async fn off_runtime<T: Send + 'static>(
     *params = p;
     Ok(out)
 }
-
-/// How long a trainer waits for its next task before it tells the store it is idle.
-const IDLE_AFTER: Duration = Duration::from_millis(100);
 
 /// How long the caller should wait for a draining trainer before giving up on it.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(30);

@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 use edl_pserver::{OptimizerKind, Origin};
 
 use crate::local_optim::LocalOptimizer;
-use crate::model::{Model, Params, StepOutput};
+use crate::model::{DenseParam, Model, Params, SparseTable, StepOutput};
 
 /// Why a parameter store call failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,18 +66,38 @@ pub enum InitOutcome {
     AlreadyInitialised,
 }
 
+/// The parameters a trainer declares to a [`ParamStore`]: dense parameters with their
+/// initial values, and sparse tables (whose rows start from their `init`). Only the
+/// trainer that initialises the store has its values used; every trainer declares the
+/// same names and shapes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ParamInit {
+    /// The dense parameters, in the order pulls return them and pushes name them.
+    pub dense: Vec<DenseParam>,
+    /// Their initial values, one per parameter (`shape`'s product each).
+    pub values: Vec<Vec<f32>>,
+    /// The sparse tables.
+    pub sparse: Vec<SparseTable>,
+}
+
+impl ParamInit {
+    /// What `model` declares, with its deterministic initial values for `seed`.
+    pub fn of(model: &dyn Model, seed: u64) -> ParamInit {
+        ParamInit {
+            dense: model.dense_params(),
+            values: model.init_dense(seed),
+            sparse: model.sparse_tables(),
+        }
+    }
+}
+
 /// Parameters shared by a job's trainers.
 #[async_trait]
 pub trait ParamStore: Send + Sync + std::fmt::Debug {
     /// Makes sure the parameters exist: exactly one trainer of a job initialises them
-    /// (with the model's deterministic initial values); the others wait until that is
-    /// finished. Idempotent.
-    async fn init(
-        &self,
-        trainer: &str,
-        model: &dyn Model,
-        seed: u64,
-    ) -> Result<InitOutcome, StoreError>;
+    /// (with its `params`' values, [`ParamInit::of`] a model: deterministic, the same in
+    /// every trainer); the others wait until that is finished. Idempotent.
+    async fn init(&self, trainer: &str, params: &ParamInit) -> Result<InitOutcome, StoreError>;
 
     /// Refreshes `params.dense` with the current dense parameters.
     async fn pull_dense(&self, params: &mut Params) -> Result<(), StoreError>;
@@ -164,18 +184,13 @@ impl LocalStore {
 
 #[async_trait]
 impl ParamStore for LocalStore {
-    async fn init(
-        &self,
-        _trainer: &str,
-        model: &dyn Model,
-        seed: u64,
-    ) -> Result<InitOutcome, StoreError> {
+    async fn init(&self, _trainer: &str, init: &ParamInit) -> Result<InitOutcome, StoreError> {
         let mut state = self.state.lock().await;
         if state.is_some() {
             return Ok(InitOutcome::AlreadyInitialised);
         }
         let params = Params {
-            dense: model.init_dense(seed),
+            dense: init.values.clone(),
             sparse: HashMap::new(),
         };
         *state = Some(LocalState {

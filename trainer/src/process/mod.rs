@@ -19,10 +19,14 @@
 //!
 //! - this module: [`TrainerConfig`], [`ModelSource`], [`TrainerError`], [`run`] and
 //!   [`evaluate_job`].
+//! - `member.rs`: [`Member`], a trainer that joined its job (the session, the dataset,
+//!   the pservers, `/metrics`) until it leaves with its report: what [`run`] and the
+//!   Python package's trainer train through.
 //! - [`session`]: [`Session`], the membership shared with `edl consume`.
 //! - [`report`]: [`TrainerReport`], the final totals (docs/json.md).
 //! - `metrics.rs`: the `/metrics` endpoint.
 
+mod member;
 mod metrics;
 pub mod report;
 pub mod session;
@@ -33,17 +37,18 @@ use std::time::{Duration, Instant};
 
 use candle_core::Device;
 use edl_coord::Backend;
-use edl_job::{JobName, JobSpec, RECORD_VERSION, SpecError, TrainerRecord};
+use edl_job::{JobName, JobSpec, SpecError};
 use edl_master::client::ClientError;
 use edl_pserver::{PsClient, PsClientConfig, PsClientError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+pub use member::{Joined, Member};
 pub use report::{EvalReport, TRAINER_REPORT_VERSION, TrainerReport};
 pub use session::{Session, SessionConfig, SessionError};
 
 use crate::runtime::{self, DRAIN_GRACE, RuntimeError};
-use crate::{DeviceChoice, MetricKind, Model, ParamStore, Progress, PsStore, PsStoreStats};
+use crate::{DeviceChoice, MetricKind, Model, ParamStore, Progress, PsStore};
 
 /// What a model is built from: the job's spec and the trainer's device.
 #[derive(Debug, Clone, Copy)]
@@ -218,16 +223,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<TrainerReport, TrainerError> {
     let started = Instant::now();
-    let spec =
-        match JobSpec::fetch(&backend, &cfg.job, cfg.spec_wait, cfg.etcd_wait, &shutdown).await {
-            Ok(spec) => spec,
-            Err(SpecError::Cancelled) => return Err(TrainerError::StoppedBeforeStart),
-            Err(e) => return Err(TrainerError::Spec(e)),
-        };
-    let id = cfg.id.clone();
-    let ttl = cfg.lease_ttl.unwrap_or(spec.cluster.lease_ttl);
+    let spec = fetch_spec(&backend, &cfg, &shutdown).await?;
     let device = crate::select_device(cfg.device).map_err(TrainerError::Model)?;
-    let dev_name = crate::device_name(&device);
     let model = model.build(&spec, &device).map_err(TrainerError::Model)?;
     let test = match &spec.data.test {
         Some(g) => Some(Arc::new(
@@ -235,134 +232,21 @@ pub async fn run(
         )),
         None => None,
     };
-
-    // The session and the clients live until the drain is over: `shutdown` only starts it.
-    let life = CancellationToken::new();
-    let _life_guard = life.clone().drop_guard();
-    let joining = Session::join(
-        backend.clone(),
-        SessionConfig {
-            job: cfg.job.clone(),
-            id: id.clone(),
-            lease_ttl: ttl,
-            token: cfg.token.clone(),
-            record: TrainerRecord {
-                version: RECORD_VERSION,
-                pid: std::process::id(),
-                device: Some(dev_name.clone()),
-                started_ms: edl_job::records::now_ms(),
-                metrics: cfg.metrics_addr.map(|a| a.to_string()),
-            },
-            etcd_wait: cfg.etcd_wait,
-        },
-        life.clone(),
+    let dev_name = crate::device_name(&device);
+    let member = match Member::join(backend, &cfg, spec, &dev_name, started, &shutdown).await? {
+        Joined::Member(m) => m,
+        Joined::Drained(report) => return Ok(report),
+    };
+    let rcfg = crate::job::runtime_config(member.spec(), member.id(), test);
+    let stop = member.stop_on(&shutdown);
+    let run = runtime::run(
+        member.reader(),
+        model,
+        member.store() as _,
+        rcfg,
+        stop.clone(),
+        member.progress(),
     );
-    // SIGTERM while joining (etcd unreachable, say): nothing was done. A registration
-    // made meanwhile ends with its lease, which is no longer kept alive.
-    let session = tokio::select! {
-        r = joining => r.map_err(TrainerError::Join)?,
-        _ = shutdown.cancelled() => return Err(TrainerError::StoppedBeforeStart),
-    };
-
-    // SIGTERM while starting up: leave without having done anything.
-    let drained_early = |session: Session| {
-        let (id, dev) = (id.clone(), dev_name.clone());
-        async move {
-            session.leave().await;
-            tracing::info!(trainer = %id, "drained while starting");
-            let p = Progress {
-                drained: true,
-                ..Progress::default()
-            };
-            Ok(report::report(
-                &id,
-                &dev,
-                &p,
-                &PsStoreStats::default(),
-                started,
-            ))
-        }
-    };
-    let ds = tokio::select! {
-        r = session.master().set_dataset(
-            spec.data.train.patterns(),
-            spec.data.chunks_per_task,
-            spec.train.passes,
-        ) => match r {
-            Ok(ds) => ds,
-            Err(e) => {
-                session.leave().await;
-                return Err(TrainerError::Dataset(e));
-            }
-        },
-        _ = shutdown.cancelled() => return drained_early(session).await,
-    };
-    tracing::info!(
-        trainer = %id,
-        device = %dev_name,
-        files = ds.files,
-        tasks = ds.tasks,
-        records = ds.records,
-        "trainer registered"
-    );
-
-    let mut pcfg = PsClientConfig::new(cfg.job.clone());
-    pcfg.token = cfg.token.clone();
-    let ps = tokio::select! {
-        r = PsClient::connect(backend.clone(), pcfg, life.child_token()) => match r {
-            Ok(ps) => ps,
-            Err(e) => {
-                session.leave().await;
-                return Err(TrainerError::Pservers(e));
-            }
-        },
-        _ = shutdown.cancelled() => return drained_early(session).await,
-    };
-    let store = Arc::new(PsStore::new(
-        ps,
-        crate::job::param_config(&spec),
-        spec.train.seed,
-    ));
-    let stats = store.stats();
-
-    let (tx, rx) = watch::channel(Progress::default());
-    if let Some(addr) = cfg.metrics_addr {
-        let local = match metrics::serve(
-            addr,
-            cfg.job.to_string(),
-            id.clone(),
-            dev_name.clone(),
-            rx.clone(),
-            stats.clone(),
-            life.clone(),
-        )
-        .await
-        {
-            Ok(local) => local,
-            Err(error) => {
-                session.leave().await;
-                return Err(TrainerError::Metrics { addr, error });
-            }
-        };
-        tracing::info!(addr = %local, "serving /metrics");
-    }
-    log_progress(rx, id.clone());
-
-    let rcfg = crate::job::runtime_config(&spec, &id, test);
-    let reader = session.reader(None);
-    let stop = CancellationToken::new();
-    let lost = session.lost();
-    let watcher = {
-        let (stop, shutdown, lost) = (stop.clone(), shutdown.clone(), lost.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = lost.cancelled() => {}
-            }
-            stop.cancel();
-        })
-    };
-    let run = runtime::run(reader, model, store.clone() as _, rcfg, stop.clone(), tx);
     tokio::pin!(run);
     let result = tokio::select! {
         r = &mut run => r,
@@ -373,26 +257,27 @@ pub async fn run(
             return Err(TrainerError::DrainTimeout);
         }
     };
-    watcher.abort();
-    let progress = match result {
-        Ok(p) => p,
+    match result {
+        Ok(progress) => member.leave(&progress, &shutdown).await,
         Err(error) => {
-            session.leave().await;
-            return Err(TrainerError::Runtime { id, error });
+            let id = member.id().to_owned();
+            member.abandon().await;
+            Err(TrainerError::Runtime { id, error })
         }
-    };
-    // Let the others' sync steps go on without this trainer.
-    if let Err(e) = store.idle(&id).await {
-        tracing::debug!(error = %e, "leave the sync steps");
     }
-    let lease_lost = lost.is_cancelled() && !shutdown.is_cancelled();
-    session.leave().await;
-    let rep = report::report(&id, &dev_name, &progress, &stats, started);
-    if lease_lost {
-        return Err(TrainerError::LeaseLost { ttl });
+}
+
+/// Reads the job's spec from etcd (waiting up to `cfg.spec_wait` for it to appear).
+pub async fn fetch_spec(
+    backend: &Arc<dyn Backend>,
+    cfg: &TrainerConfig,
+    shutdown: &CancellationToken,
+) -> Result<JobSpec, TrainerError> {
+    match JobSpec::fetch(backend, &cfg.job, cfg.spec_wait, cfg.etcd_wait, shutdown).await {
+        Ok(spec) => Ok(spec),
+        Err(SpecError::Cancelled) => Err(TrainerError::StoppedBeforeStart),
+        Err(e) => Err(TrainerError::Spec(e)),
     }
-    tracing::info!(trainer = %id, drained = progress.drained, "trainer done");
-    Ok(rep)
 }
 
 /// An evaluation of a job's parameters ([`evaluate_job`]).

@@ -1,0 +1,308 @@
+//! [`Tasks`]: a trainer's tasks as a training loop drives them — the master's
+//! `cloud_reader` items, and what the trainer says of each task once its loop is done
+//! with it. The built-in loop ([`crate::runtime::run`]) and the Python package drive the
+//! same `Tasks`, so a task is acknowledged one way whatever trains it.
+//!
+//! Invariants:
+//! - A task is acknowledged ([`Tasks::trained`]) only after every push of it was applied
+//!   and the store recorded it as done where the parameters live (per shard, the
+//!   incarnation that recorded it travels with the master's acknowledgement); a task a
+//!   restored shard lacks updates of is handed back to be trained again instead.
+//! - That acknowledgement runs in the background while the caller trains the next task,
+//!   one at a time; it is settled before a pass end or the job's end is returned, before
+//!   a task is handed back or failed, and by [`Tasks::close`]. Its error is returned by
+//!   the call that settles it.
+//! - The next task starts from parameters that hold every push of the one before: the
+//!   store is flushed before the acknowledgement starts (its first pull is fresh).
+//! - While no task arrives for [`IDLE_AFTER`], the store is told the trainer is idle (sync
+//!   mode: the others' steps do not wait for it).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use edl_master::reader::{Acks, CloudReader, Item, TaskData};
+use edl_master::task::LeasedTask;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::{Progress, RuntimeError};
+use crate::store::{ParamStore, StoreError, TaskRef};
+
+/// How long a trainer waits for its next task before it tells the store it is idle.
+pub const IDLE_AFTER: Duration = Duration::from_millis(100);
+
+/// What [`Tasks::next`] returns.
+#[derive(Debug)]
+pub enum Next {
+    /// A task to train, with its records; say how it went with [`Tasks::trained`],
+    /// [`Tasks::hand_back`] or [`Tasks::fail`].
+    Task(TaskData),
+    /// Pass `ended` is over (every task done or failed); the current one is `next`.
+    PassFinished {
+        /// The pass that ended.
+        ended: u32,
+        /// The current pass.
+        next: u32,
+    },
+    /// Every pass is done.
+    JobFinished,
+    /// `shutdown` fired while waiting: take no more tasks.
+    Drained,
+    /// The reader stopped (after the job's end or an error it returned).
+    Closed,
+}
+
+/// A trainer's tasks and their acknowledgements (see the module docs).
+#[derive(Debug)]
+pub struct Tasks {
+    reader: CloudReader,
+    acks: Acks,
+    store: Arc<dyn ParamStore>,
+    trainer: String,
+    acking: Option<JoinHandle<Result<Acked, RuntimeError>>>,
+    progress: Progress,
+}
+
+/// How the acknowledgement of a task trained whole went.
+#[derive(Debug)]
+enum Acked {
+    /// The master took it (or it had been taken away meanwhile: `false`).
+    Finished {
+        records: u64,
+        taken: bool,
+        started: Instant,
+    },
+    /// A pserver shard restored meanwhile lacks some of its updates: handed back to be
+    /// trained again.
+    Again,
+}
+
+/// The store's view of a leased task.
+pub fn task_ref(t: &LeasedTask) -> TaskRef {
+    TaskRef {
+        pass: t.pass,
+        index: t.index,
+        tasks: t.tasks,
+    }
+}
+
+impl Tasks {
+    /// The tasks of `reader`, trained by `trainer` into `store`.
+    pub fn new(
+        reader: CloudReader,
+        store: Arc<dyn ParamStore>,
+        trainer: impl Into<String>,
+    ) -> Tasks {
+        Tasks {
+            acks: reader.acks(),
+            reader,
+            store,
+            trainer: trainer.into(),
+            acking: None,
+            progress: Progress::default(),
+        }
+    }
+
+    /// The counts so far (tasks and records acknowledged, recomputed and failed tasks,
+    /// the pass); the caller keeps its own in [`Tasks::progress_mut`].
+    pub fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    /// The counts, for the caller's own (steps, losses, evaluations).
+    pub fn progress_mut(&mut self) -> &mut Progress {
+        &mut self.progress
+    }
+
+    /// The next item of the reader. A pass end and the job's end come after the
+    /// acknowledgement in flight settled; `shutdown` ends the wait with
+    /// [`Next::Drained`].
+    pub async fn next(&mut self, shutdown: &CancellationToken) -> Result<Next, RuntimeError> {
+        let item = {
+            let next = self.reader.next();
+            tokio::pin!(next);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => None,
+                item = &mut next => Some(item),
+                _ = tokio::time::sleep(IDLE_AFTER) => {
+                    // No task at hand: in sync mode, stop holding up the others' steps.
+                    if let Err(e) = self.store.idle(&self.trainer).await {
+                        tracing::warn!(error = %e, "could not leave the sync steps while idle");
+                    }
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.cancelled() => None,
+                        item = &mut next => Some(item),
+                    }
+                }
+            }
+        };
+        let Some(item) = item else {
+            self.progress.drained = true;
+            return Ok(Next::Drained);
+        };
+        let Some(item) = item else {
+            return Ok(Next::Closed);
+        };
+        Ok(match item? {
+            Item::Task(t) => {
+                self.progress.pass = t.task.pass;
+                Next::Task(t)
+            }
+            Item::PassFinished { ended, next } => {
+                self.settle().await?;
+                tracing::info!(trainer = %self.trainer, pass = ended, next, "pass finished");
+                self.progress.pass = next;
+                Next::PassFinished { ended, next }
+            }
+            Item::JobFinished => {
+                self.settle().await?;
+                Next::JobFinished
+            }
+        })
+    }
+
+    /// Task `task` was trained whole (`records`, since `started`): its pushes are
+    /// flushed, then it is acknowledged in the background (after the one before).
+    pub async fn trained(
+        &mut self,
+        task: LeasedTask,
+        records: u64,
+        started: Instant,
+    ) -> Result<(), RuntimeError> {
+        // The next task starts from parameters that hold every push of this one (its
+        // first pull is fresh): with tasks of a batch or two, training only on prefetched
+        // values (missing this trainer's last two pushes) measurably lowered async
+        // accuracy.
+        self.store.flush().await?;
+        self.settle().await?;
+        self.acking = Some(tokio::spawn(acknowledge(
+            self.store.clone(),
+            self.acks.clone(),
+            self.trainer.clone(),
+            task,
+            records,
+            started,
+        )));
+        Ok(())
+    }
+
+    /// Hands `task` back (a drain), after `trained` of its records were trained (they are
+    /// trained again by whoever gets it). The trainer leaves the sync steps.
+    pub async fn hand_back(&mut self, task: &LeasedTask, trained: u64) -> Result<(), RuntimeError> {
+        self.store.flush().await?;
+        self.settle().await?;
+        self.idle().await;
+        match self.acks.release(task, trained).await {
+            Ok(_) => tracing::info!(task = %task.id, trained, "handed the task back"),
+            Err(e) => {
+                tracing::warn!(task = %task.id, error = %e, "handing the task back failed; the master will requeue it when this trainer's registration ends")
+            }
+        }
+        self.progress.handed_back_trained += trained;
+        self.progress.drained = true;
+        Ok(())
+    }
+
+    /// Fails `task` for `reason` (its data is bad), after `trained` of its records were
+    /// trained; the master retries it up to `max_failures` times.
+    pub async fn fail(
+        &mut self,
+        task: &LeasedTask,
+        reason: &str,
+        trained: u64,
+    ) -> Result<(), RuntimeError> {
+        self.store.flush().await?;
+        self.settle().await?;
+        tracing::warn!(task = %task.id, reason = %reason, "failing task: bad data");
+        self.progress.failed_tasks += 1;
+        match self.acks.failed(task, reason, trained).await {
+            Err(e) if !e.is_stale() => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Tells the store this trainer is not computing for now (best effort; sync mode:
+    /// the others' steps do not wait for it).
+    pub async fn idle(&self) {
+        if let Err(e) = self.store.idle(&self.trainer).await {
+            tracing::warn!(error = %e, "could not leave the sync steps");
+        }
+    }
+
+    /// Waits for the acknowledgement in flight, if any, and counts it.
+    pub async fn settle(&mut self) -> Result<(), RuntimeError> {
+        let Some(handle) = self.acking.take() else {
+            return Ok(());
+        };
+        let acked = handle.await.map_err(|e| {
+            StoreError::Unavailable(format!("acknowledging a task panicked: {e}"))
+        })??;
+        let state = &mut self.progress;
+        match acked {
+            Acked::Finished {
+                records,
+                taken: true,
+                started,
+            } => {
+                state.tasks += 1;
+                state.records += records;
+                let secs = started.elapsed().as_secs_f64().max(1e-9);
+                state.samples_per_sec = records as f64 / secs;
+            }
+            Acked::Finished { taken: false, .. } => {}
+            Acked::Again => state.recomputed_tasks += 1,
+        }
+        Ok(())
+    }
+
+    /// Settles the acknowledgement in flight and stops the reader (tasks read ahead are
+    /// handed back); the final counts.
+    pub async fn close(mut self) -> Result<Progress, RuntimeError> {
+        let settled = self.settle().await;
+        self.reader.drain().await;
+        settled.map(|()| self.progress)
+    }
+}
+
+/// Acknowledges task `task`, trained whole (`records`): waits until its pushes are
+/// applied and it is recorded as done where the parameters live, then tells the
+/// master; or hands it back to be trained again when a shard was restored meanwhile.
+async fn acknowledge(
+    store: Arc<dyn ParamStore>,
+    acks: Acks,
+    trainer: String,
+    task: LeasedTask,
+    records: u64,
+    started: Instant,
+) -> Result<Acked, RuntimeError> {
+    match store.task_done(&trainer, task_ref(&task)).await {
+        Ok(incarnations) => match acks.finished(&task, records, &incarnations).await {
+            Ok(_) => Ok(Acked::Finished {
+                records,
+                taken: true,
+                started,
+            }),
+            Err(e) if e.is_stale() => {
+                tracing::warn!(task = %task.id, "task was taken away while training; its records were trained anyway");
+                Ok(Acked::Finished {
+                    records,
+                    taken: false,
+                    started,
+                })
+            }
+            Err(e) => Err(e.into()),
+        },
+        Err(StoreError::Rewound(why)) => {
+            tracing::warn!(task = %task.id, reason = %why, "training the task again");
+            if let Err(e) = acks.recompute(&task, records).await
+                && !e.is_stale()
+            {
+                return Err(e.into());
+            }
+            Ok(Acked::Again)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
