@@ -413,6 +413,9 @@ pub(crate) fn declare(
                  order"
         )));
     }
+    if outcome == InitOutcome::Initialised {
+        trainer.inner.steps().initialised = true;
+    }
     Ok(Params {
         trainer: trainer.inner.clone(),
         index: init

@@ -31,6 +31,7 @@ pub struct Task {
 impl Task {
     /// Task `task` with its `records`, leased to `trainer` now.
     pub(crate) fn new(trainer: Arc<Inner>, task: LeasedTask, records: Vec<Vec<u8>>) -> Task {
+        trainer.in_hand.fetch_add(1, Ordering::SeqCst);
         Task {
             trainer,
             task,
@@ -67,7 +68,19 @@ impl Task {
             )));
         }
         *ended = Some(how);
+        self.trainer.in_hand.fetch_sub(1, Ordering::SeqCst);
         Ok(())
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        // A task dropped unended (the program lost it) is not being trained any more;
+        // the master requeues it when this trainer's registration ends.
+        let ended = self.ended.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if ended.is_none() {
+            self.trainer.in_hand.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -174,7 +187,7 @@ impl Task {
             self.started,
         );
         block_on(py, async move {
-            let mut st = inner.state.lock().await;
+            let mut st = inner.lock_state().await;
             let Some(tasks) = st.tasks.as_mut() else {
                 return Err(EdlError::new_err("the trainer was closed"));
             };
@@ -200,7 +213,7 @@ impl Task {
             self.trained.load(Ordering::Relaxed),
         );
         block_on(py, async move {
-            let mut st = inner.state.lock().await;
+            let mut st = inner.lock_state().await;
             let Some(tasks) = st.tasks.as_mut() else {
                 return Err(EdlError::new_err("the trainer was closed"));
             };
@@ -219,7 +232,7 @@ impl Task {
             reason.to_owned(),
         );
         block_on(py, async move {
-            let mut st = inner.state.lock().await;
+            let mut st = inner.lock_state().await;
             let Some(tasks) = st.tasks.as_mut() else {
                 return Err(EdlError::new_err("the trainer was closed"));
             };

@@ -12,8 +12,11 @@
 //! a second SIGTERM exits at once. A trainer whose lease etcd ended stops the same way
 //! and `close` raises `LeaseLostError`.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
 use edl_coord::{Backend, EtcdConfig};
@@ -33,6 +36,8 @@ use crate::{ConnectError, EdlError, LeaseLostError, block_on, runtime, value_err
 /// What the Python loop adds to a trainer's progress: its pushes and evaluations.
 #[derive(Debug, Default)]
 pub(crate) struct Steps {
+    /// This trainer's values initialised the job's parameters.
+    pub(crate) initialised: bool,
     pub(crate) steps: u64,
     pub(crate) last_loss: f32,
     pub(crate) first: Option<SystemTime>,
@@ -53,6 +58,7 @@ impl Steps {
     }
 
     pub(crate) fn merge_into(&self, p: &mut Progress) {
+        p.initialised |= self.initialised;
         p.steps = self.steps;
         p.last_loss = self.last_loss;
         p.first_step_at = self.first;
@@ -85,6 +91,10 @@ pub(crate) struct Inner {
     /// `shutdown`, or the lease lost.
     stop: CancellationToken,
     pub(crate) state: tokio::sync::Mutex<Loop>,
+    /// Interrupts a `_next` waiting with `state` held, so that `lock_state` gets it.
+    wake: tokio::sync::Notify,
+    /// Tasks handed out by `_next` and not yet done, handed back or failed.
+    pub(crate) in_hand: AtomicUsize,
     pub(crate) steps: Mutex<Steps>,
     /// Keeps the evaluation mode's pserver client alive.
     _life: Option<DropGuard>,
@@ -101,6 +111,24 @@ impl Inner {
 
     pub(crate) fn steps(&self) -> std::sync::MutexGuard<'_, Steps> {
         self.steps.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The trainer's state, taken from a `_next` that waits for a task with it held
+    /// (another thread feeds the tasks it takes to a training loop, which says here how
+    /// they went): the lock is fair, so this call queues first and then interrupts
+    /// the wait, which gives the lock up and queues behind it.
+    pub(crate) async fn lock_state(&self) -> tokio::sync::MutexGuard<'_, Loop> {
+        if let Ok(guard) = self.state.try_lock() {
+            return guard;
+        }
+        let lock = self.state.lock();
+        tokio::pin!(lock);
+        let first = std::future::poll_fn(|cx| Poll::Ready(lock.as_mut().poll(cx))).await;
+        if let Poll::Ready(guard) = first {
+            return guard;
+        }
+        self.wake.notify_one();
+        lock.await
     }
 }
 
@@ -284,12 +312,13 @@ impl Trainer {
     /// the step at hand and hand the task back.
     #[getter]
     fn draining(&self) -> bool {
-        self.inner.stop.is_cancelled()
+        self.inner.shutdown.is_cancelled() || self.inner.stop.is_cancelled()
     }
 
-    /// Starts a drain, as SIGTERM does.
+    /// Starts a drain, as SIGTERM does (at once: `draining` holds on return).
     fn stop(&self) {
         self.inner.shutdown.cancel();
+        self.inner.stop.cancel();
     }
 
     /// The next item of the task stream: `("task", Task)`, `("pass", ended, next)`,
@@ -297,14 +326,24 @@ impl Trainer {
     fn _next(&self, py: Python<'_>) -> PyResult<Py<PyTuple>> {
         let inner = self.inner.clone();
         let next = block_on(py, async move {
-            let mut st = inner.state.lock().await;
-            if st.closed.is_some() {
-                return Ok(None);
+            loop {
+                let mut st = inner.state.lock().await;
+                if st.closed.is_some() {
+                    return Ok(None);
+                }
+                let Some(tasks) = st.tasks.as_mut() else {
+                    return Ok(Some(Next::Closed));
+                };
+                // Idle (sync mode: out of the steps) only while no task of this trainer
+                // is being trained; interrupted by `lock_state` (then the loop waits on).
+                let idle = inner.in_hand.load(Ordering::SeqCst) == 0;
+                if let Some(next) = tasks
+                    .next_unless(&inner.stop, inner.wake.notified(), idle)
+                    .await?
+                {
+                    return Ok(Some(next));
+                }
             }
-            let Some(tasks) = st.tasks.as_mut() else {
-                return Ok(Some(Next::Closed));
-            };
-            tasks.next(&inner.stop).await.map(Some)
         })?
         .map_err(runtime_error)?;
         let item = match next {
@@ -382,7 +421,7 @@ impl Trainer {
     fn close(&self, py: Python<'_>) -> PyResult<String> {
         let inner = self.inner.clone();
         block_on(py, async move {
-            let mut st = inner.state.lock().await;
+            let mut st = inner.lock_state().await;
             if let Some(line) = &st.closed {
                 return Ok(line.clone());
             }
@@ -422,7 +461,7 @@ impl Trainer {
     fn abandon(&self, py: Python<'_>) -> PyResult<()> {
         let inner = self.inner.clone();
         block_on(py, async move {
-            let mut st = inner.state.lock().await;
+            let mut st = inner.lock_state().await;
             st.tasks = None;
             if let Some(m) = st.member.take() {
                 m.abandon().await;
@@ -524,6 +563,8 @@ fn start(
             shutdown,
             stop,
             state: tokio::sync::Mutex::new(state),
+            wake: tokio::sync::Notify::new(),
+            in_hand: AtomicUsize::new(0),
             steps: Mutex::new(Steps::default()),
             _life: life,
         }),

@@ -41,7 +41,7 @@ def test_push_pull_round_trips(make_job, mode):
                   sparse={"emb": (1000, 4, 0.0)})
     assert not pb.initialised
     np.testing.assert_array_equal(pb.pull()["w"], values["w"])
-    b.close()  # out of the sync steps: a's steps need only a
+    assert b.close()["initialised"] is False  # out of the sync steps: a's need only a
 
     g = {"w": np.full((2, 3), 0.25, dtype=np.float32), "b": np.array([-1.0], np.float32)}
     pa.push(g)
@@ -64,7 +64,7 @@ def test_push_pull_round_trips(make_job, mode):
     np.testing.assert_allclose(rows[0], -LR, rtol=1e-6)
     np.testing.assert_array_equal(rows[1], 0)
     report = a.close()
-    assert report["steps"] == 2, report
+    assert report["steps"] == 2 and report["initialised"] is True, report
 
 
 def test_bad_input_raises_clear_python_exceptions(make_job, tmp_path):

@@ -9,13 +9,14 @@ import csv
 import json
 import os
 import signal
+import subprocess
 import threading
 from typing import Dict, List, Tuple
 
 import numpy as np
 
 import edl
-from conftest import HOUSING_CSV, wait_until
+from conftest import HOUSING_CSV, edl_bin, wait_until
 
 Row = Tuple[float, ...]
 
@@ -85,6 +86,17 @@ def lines(path) -> List[dict]:
     return [json.loads(line) for line in open(path) if line.strip()]
 
 
+def tasks_done(job) -> int:
+    """Tasks of the current pass the master has acknowledged (`edl status --json`)."""
+    out = subprocess.run([edl_bin(), "status", "--json", "--etcd", job.etcd, job.name],
+                         capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        return -1
+    jobs = json.loads(out.stdout)["jobs"]
+    tasks = (jobs[0].get("tasks") if jobs else None) or {}
+    return int(tasks.get("done", -1))
+
+
 def start_holding(job, tmp_path, id: str):
     """A reader program that trains two tasks, then holds a third; returns it, its
     output file, and the held task's id once it holds it."""
@@ -116,6 +128,9 @@ def test_a_task_is_acknowledged_only_after_training_and_a_killed_trainers_task_g
     p, out, held = start_holding(job, tmp_path, "holder")
     done = [x for x in lines(out) if "done" in x]
     assert len(done) == 2
+    # The two trained tasks are acknowledged in the background: kill once the master
+    # has them (a task trained but not yet acknowledged is trained again, not lost).
+    wait_until(lambda: tasks_done(job) >= 2, 30, "the master to have the two tasks done")
     p.signal(signal.SIGKILL)
     p.p.wait(timeout=30)
     rows, tasks = finish_with(job, "finisher")

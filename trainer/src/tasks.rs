@@ -118,14 +118,40 @@ impl Tasks {
     /// acknowledgement in flight settled; `shutdown` ends the wait with
     /// [`Next::Drained`].
     pub async fn next(&mut self, shutdown: &CancellationToken) -> Result<Next, RuntimeError> {
+        let next = self
+            .next_unless(shutdown, std::future::pending::<()>(), true)
+            .await?;
+        Ok(next.unwrap_or(Next::Closed))
+    }
+
+    /// [`Tasks::next`], unless `interrupt` completes while no item has arrived: then
+    /// `None`, and nothing is lost (the wait is cancel-safe; call again to go on). A
+    /// loop that hands tasks to other threads uses it to let them say how their tasks
+    /// went while it waits. `idle`: whether no task of this trainer is being trained,
+    /// so that a wait longer than [`IDLE_AFTER`] tells the store the trainer is idle.
+    pub async fn next_unless(
+        &mut self,
+        shutdown: &CancellationToken,
+        interrupt: impl std::future::Future<Output = ()>,
+        idle: bool,
+    ) -> Result<Option<Next>, RuntimeError> {
+        tokio::pin!(interrupt);
         let item = {
             let next = self.reader.next();
             tokio::pin!(next);
+            let idle_after = async {
+                if idle {
+                    tokio::time::sleep(IDLE_AFTER).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => None,
                 item = &mut next => Some(item),
-                _ = tokio::time::sleep(IDLE_AFTER) => {
+                _ = &mut interrupt => return Ok(None),
+                _ = idle_after => {
                     // No task at hand: in sync mode, stop holding up the others' steps.
                     if let Err(e) = self.store.idle(&self.trainer).await {
                         tracing::warn!(error = %e, "could not leave the sync steps while idle");
@@ -134,18 +160,19 @@ impl Tasks {
                         biased;
                         _ = shutdown.cancelled() => None,
                         item = &mut next => Some(item),
+                        _ = &mut interrupt => return Ok(None),
                     }
                 }
             }
         };
         let Some(item) = item else {
             self.progress.drained = true;
-            return Ok(Next::Drained);
+            return Ok(Some(Next::Drained));
         };
         let Some(item) = item else {
-            return Ok(Next::Closed);
+            return Ok(Some(Next::Closed));
         };
-        Ok(match item? {
+        Ok(Some(match item? {
             Item::Task(t) => {
                 self.progress.pass = t.task.pass;
                 Next::Task(t)
@@ -160,7 +187,7 @@ impl Tasks {
                 self.settle().await?;
                 Next::JobFinished
             }
-        })
+        }))
     }
 
     /// Task `task` was trained whole (`records`, since `started`): its pushes are

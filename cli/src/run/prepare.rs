@@ -142,6 +142,11 @@ pub(crate) fn prepare_data(spec: &JobSpec) -> anyhow::Result<()> {
     } else {
         None
     };
+    if prep.shuffle {
+        use rand::SeedableRng;
+        use rand::seq::SliceRandom;
+        lines.shuffle(&mut rand::rngs::StdRng::seed_from_u64(spec.train.seed));
+    }
     let (mut tr, mut te) = (Vec::new(), Vec::new());
     for (i, l) in lines.into_iter().enumerate() {
         if test_target.is_some() && i % prep.test_every == prep.test_every - 1 {
@@ -196,4 +201,46 @@ pub(crate) fn check_data(spec: &JobSpec) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The labels of a CSV's lines (the last column) in the order `[data.prepare]` wrote
+    /// them to the training files, for `shuffle` and `seed`.
+    fn prepared_labels(dir: &Path, shuffle: bool, seed: u64) -> Vec<String> {
+        let csv = dir.join("rows.csv");
+        let rows: String = (0..40).map(|i| format!("{i}.5,{i}\n")).collect();
+        std::fs::write(&csv, rows).unwrap();
+        let out = dir.join(format!("out-{shuffle}-{seed}"));
+        let mut spec = JobSpec::parse_toml(&format!(
+            "name = \"p\"\n[data]\ntrain = \"{}/rows-*.recordio\"\n\
+             [data.prepare]\nfrom = \"{}\"\nformat = \"csv\"\nshuffle = {shuffle}\n\
+             [model]\nkind = \"fit_a_line\"\n[train]\nseed = {seed}\n",
+            out.display(),
+            csv.display()
+        ))
+        .unwrap();
+        spec.resolve_paths(dir);
+        prepare_data(&spec).unwrap();
+        edl_trainer::load_records(&spec.data.train.patterns())
+            .unwrap()
+            .iter()
+            .map(|r| format!("{:?}", edl_proto::sample::decode(r).unwrap().label))
+            .collect()
+    }
+
+    #[test]
+    fn shuffle_mixes_the_lines_the_same_way_for_a_seed() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = prepared_labels(dir.path(), false, 1);
+        let a = prepared_labels(dir.path(), true, 1);
+        let b = prepared_labels(dir.path(), true, 1);
+        let c = prepared_labels(dir.path(), true, 2);
+        assert_eq!(plain.len(), 40, "no test split: every line trains");
+        assert_ne!(a, plain, "shuffled");
+        assert_eq!(a, b, "the same seed, the same order");
+        assert_ne!(a, c, "another seed, another order");
+    }
 }

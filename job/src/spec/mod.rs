@@ -162,6 +162,11 @@ pub struct PrepareSpec {
     /// For csv: the first line is a header.
     #[serde(default)]
     pub header: bool,
+    /// Shuffle the lines (seeded by `train.seed`) before they are split and written, so
+    /// that the tasks of a file sorted by label (as the bundled MNIST digits are) mix
+    /// the labels. The whole input is held in memory either way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shuffle: bool,
 }
 
 fn d_shards() -> u32 {
