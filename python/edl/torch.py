@@ -39,8 +39,15 @@ import inspect
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, IterableDataset
+
+try:
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+except ImportError as e:  # said once, with the fix
+    raise ImportError(
+        "edl.torch needs PyTorch, which is not installed here: pip install torch "
+        "(examples/pytorch_mnist/setup makes an environment with it)"
+    ) from e
 
 from . import Params, Task, Trainer, decode_samples
 from .feed import Feed, FeedPass, worker_items
