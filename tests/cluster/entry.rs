@@ -51,8 +51,10 @@ async fn an_own_model_trained_by_entry_programs_survives_a_trainer_sigkill() {
     let mut results = Vec::new();
     for (job, chaos) in [
         ("resnet-clean", None),
-        // One SIGKILL of a registered trainer, mid-pass (a pass takes ~10 s here).
-        ("resnet-killed", Some("kill-trainer=6s,until=7s,seed=2")),
+        // One SIGKILL of a registered trainer, mid-pass (a pass takes ~10 s here): due
+        // 8 s after the start (or, on a slow machine, as soon as a trainer has
+        // registered), and the next would be due 8 s after it, past `until`.
+        ("resnet-killed", Some("kill-trainer=8s,until=15s,seed=2")),
     ] {
         let spec = resnet_spec(dir, &bin, job).display().to_string();
         let mut args = vec![spec.as_str(), "--etcd", &etcd];
@@ -69,7 +71,7 @@ async fn an_own_model_trained_by_entry_programs_survives_a_trainer_sigkill() {
         assert_eq!(r["records_trained"], 3 * 4000 + again, "{r}");
         let (name, acc) = metric(&r);
         assert_eq!(name, "accuracy", "{r}");
-        // 0.91-0.93 in our runs (asynchronous updates vary); the docs state >= 0.88.
+        // 0.94-0.95 in our runs (asynchronous updates vary); the docs state >= 0.88.
         assert!(acc >= 0.88, "{job}: held-out accuracy {acc}");
         // The program reported through the environment's EDL_REPORT, as `edl trainer` does.
         let run_dir = PathBuf::from(r["run_dir"].as_str().expect("run_dir"));
