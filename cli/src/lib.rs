@@ -10,6 +10,8 @@
 //!   `edl_trainer::process::run`).
 //! - [`run`](mod@run): `edl run`, a whole job on one machine, supervised.
 //! - [`ops_cmd`]: `edl status|scale|kill|logs`.
+//! - [`operator_cmd`]: `edl operator crd|render` (the TrainingJob resource is the
+//!   `edl-operator` crate).
 //! - [`paddle`]: PaddlePaddle's environment variables as a role.
 //! - the job spec, keys and records are the `edl-job` crate; the trainer process is
 //!   `edl_trainer::process`.
@@ -30,6 +32,7 @@ pub mod consume_cmd;
 pub mod data;
 pub mod logging;
 pub mod master_cmd;
+pub mod operator_cmd;
 pub mod ops_cmd;
 pub mod paddle;
 pub mod pserver_cmd;
@@ -78,6 +81,10 @@ pub enum Command {
     Kill(ops_cmd::KillArgs),
     /// Print (or follow) the logs of a job run by `edl run`.
     Logs(ops_cmd::LogsArgs),
+    /// edl on Kubernetes: the TrainingJob resource's definition, and the objects the
+    /// operator creates for a job.
+    #[command(subcommand)]
+    Operator(operator_cmd::OperatorCommand),
 }
 
 /// Sets up `tracing` for this command line (see [`logging`]): queries, data tools
@@ -90,7 +97,8 @@ pub fn init_logging(cli: &Cli) {
             | Command::Status(_)
             | Command::Scale(_)
             | Command::Kill(_)
-            | Command::Logs(_),
+            | Command::Logs(_)
+            | Command::Operator(_),
         ) => logging::Verbosity::Quiet,
         Some(
             Command::Master(_) | Command::Consume(_) | Command::Pserver(_) | Command::Trainer(_),
@@ -127,5 +135,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Scale(args) => ops_cmd::scale(args).map(|()| ExitCode::SUCCESS),
         Command::Kill(args) => ops_cmd::kill(args).map(|()| ExitCode::SUCCESS),
         Command::Logs(args) => ops_cmd::logs(args).map(|()| ExitCode::SUCCESS),
+        Command::Operator(cmd) => operator_cmd::run(cmd),
     }
 }

@@ -118,6 +118,16 @@ pub enum NegativeSampler {
 }
 
 impl ModelSpec {
+    /// Every model kind, as written in a spec.
+    pub const KINDS: [&'static str; 6] = [
+        "fit_a_line",
+        "linear",
+        "mlp",
+        "mnist_mlp",
+        "mnist_cnn",
+        "word2vec",
+    ];
+
     /// The model kind as written in the spec.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -51,6 +51,8 @@
 
 pub mod convert;
 pub mod parse;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod store;
 pub mod validate;
 
@@ -116,6 +118,7 @@ impl Globs {
 }
 
 /// `[data]`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataSpec {
@@ -139,6 +142,7 @@ fn d_test_every() -> usize {
 /// `[data.prepare]`: convert a raw file (CSV, MNIST CSV or text; gzip allowed) into the
 /// `train` (and `test`) RecordIO files, holding out every `test_every`-th line. The
 /// `train` and `test` globs must then be of the form `DIR/PREFIX-*.recordio`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrepareSpec {
@@ -174,6 +178,7 @@ fn d_shards() -> u32 {
 }
 
 /// `train.mode`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ModeName {
@@ -185,6 +190,7 @@ pub enum ModeName {
 }
 
 /// `train.optimizer`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum OptimizerName {
@@ -202,6 +208,7 @@ pub enum OptimizerName {
 }
 
 /// `train.lr_schedule`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ScheduleName {
@@ -248,6 +255,7 @@ fn d_eval_batch() -> usize {
 }
 
 /// `[train]`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainSpec {
@@ -298,6 +306,7 @@ pub struct TrainSpec {
     pub seed: u64,
     /// Sync mode: how long a step waits for a live but silent trainer (default 60s).
     #[serde(default = "d_step_timeout", with = "dur")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub step_timeout: Duration,
     /// Batch size of the evaluation (default 256).
     #[serde(default = "d_eval_batch")]
@@ -340,6 +349,7 @@ fn d_healthy_after() -> Duration {
 }
 
 /// `[cluster]`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSpec {
@@ -365,9 +375,11 @@ pub struct ClusterSpec {
     /// lease: processes wait such outages out whatever the TTL. Shorter suits a fast,
     /// dedicated etcd (and tests); see [`edl_coord::lease::DEFAULT_TTL`].
     #[serde(default = "d_ttl", with = "dur")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub lease_ttl: Duration,
     /// Pserver checkpoint interval (default 10s).
     #[serde(default = "d_ckpt", with = "dur")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub checkpoint_every: Duration,
     /// Checkpoints kept per shard (default 3).
     #[serde(default = "d_keep")]
@@ -382,6 +394,7 @@ pub struct ClusterSpec {
     /// exit is then restarted at once and not counted against `max_restarts` (default
     /// 30s, at least 1s).
     #[serde(default = "d_healthy_after", with = "dur")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub healthy_after: Duration,
     /// etcd endpoints (optional; `edl run --etcd` wins).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -402,6 +415,7 @@ impl ClusterSpec {
 }
 
 /// `[trainer]`: the program that runs as each of the job's trainers.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainerSpec {
@@ -417,6 +431,7 @@ pub struct TrainerSpec {
     /// How long a trainer process may take to register with the job before `edl run`
     /// names it, kills it and counts a failed start (default 60s).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_dur")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub register_within: Option<Duration>,
 }
 
@@ -451,6 +466,7 @@ mod opt_dur {
 }
 
 /// A whole job.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {

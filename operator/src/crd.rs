@@ -1,0 +1,547 @@
+//! The `TrainingJob` custom resource (`edl.dev/v1alpha1`, namespaced, short name `tj`).
+//!
+//! Its spec is the job spec users already write (`data`, `model`, `trainer`, `train`,
+//! `cluster`, the tables of `JOB.toml`, with the same keys) plus what a cluster needs:
+//! the image, resources per role, etcd, volumes and a priority class. The job's name is
+//! the resource's `metadata.name`.
+//!
+//! The scale subresource is `spec.cluster.trainers` (desired) and
+//! `status.trainers.running` (observed), with `status.selector` selecting the trainer
+//! pods, so `kubectl scale`, an HPA or edl's autoscaler can resize a job. The schema
+//! checks `min_trainers <= trainers <= max_trainers`; everything else about the job is
+//! checked by the operator (parsing it as an [`edl_job::JobSpec`]), which marks the job
+//! `Failed` with a condition naming the field.
+
+use std::collections::BTreeMap;
+
+use edl_job::model::ModelSpec;
+use edl_job::spec::{ClusterSpec, DataSpec, Globs, TrainSpec, TrainerSpec};
+use edl_job::{JobName, JobSpec};
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of edl's resources.
+pub const GROUP: &str = "edl.dev";
+
+/// Where the data volume is mounted in every pod; relative data paths are relative to it.
+pub const DATA_MOUNT: &str = "/data";
+
+/// Where the checkpoint volume is mounted in pserver pods.
+pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
+
+/// The spec of a TrainingJob: the tables of a job spec (`JOB.toml`) and what a cluster
+/// needs.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "edl.dev",
+    version = "v1alpha1",
+    kind = "TrainingJob",
+    plural = "trainingjobs",
+    shortname = "tj",
+    category = "edl",
+    namespaced,
+    status = "TrainingJobStatus",
+    derive = "PartialEq",
+    scale(
+        spec_replicas_path = ".spec.cluster.trainers",
+        status_replicas_path = ".status.trainers.running",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Pass", type_ = "integer", json_path = ".status.pass"),
+    printcolumn(name = "Trainers", type_ = "integer", json_path = ".status.trainers.running"),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.cluster.trainers"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("!has(self.spec.cluster) || self.spec.cluster.min_trainers <= self.spec.cluster.trainers").message("spec.cluster.trainers must be at least spec.cluster.min_trainers"),
+    validation = Rule::new("!has(self.spec.cluster) || !has(self.spec.cluster.max_trainers) || self.spec.cluster.trainers <= self.spec.cluster.max_trainers").message("spec.cluster.trainers must be at most spec.cluster.max_trainers"),
+    validation = Rule::new("size(self.metadata.name) <= 40").message("metadata.name: at most 40 characters (pod names add a role and an index)")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingJobSpec {
+    /// `[data]`: RecordIO globs, relative to the data volume's mount (`/data`).
+    pub data: DataSpec,
+    /// `[model]`: the built-in model (absent when `trainer.entry` brings its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
+    /// `[trainer]`: the program that runs as each trainer (default `edl trainer`).
+    #[serde(default, skip_serializing_if = "TrainerSpec::is_default")]
+    pub trainer: TrainerSpec,
+    /// `[train]`: training settings.
+    #[serde(default)]
+    pub train: TrainSpec,
+    /// `[cluster]`: masters, pservers, trainers (the scale subresource) and their bounds.
+    #[serde(default)]
+    pub cluster: ClusterSpec,
+    /// The edl image every pod of the job runs (its `edl` binary, and the trainer
+    /// program of `trainer.entry`).
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// `Always`, `IfNotPresent` or `Never` (default: Kubernetes').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^(Always|IfNotPresent|Never)$"))]
+    pub image_pull_policy: Option<String>,
+    /// Resources of each role's container.
+    #[serde(default, skip_serializing_if = "RoleResources::is_empty")]
+    pub resources: RoleResources,
+    /// The etcd the job coordinates through.
+    #[serde(default)]
+    pub etcd: EtcdSpec,
+    /// Volumes for the data and the pservers' checkpoints.
+    #[serde(default)]
+    pub volumes: JobVolumes,
+    /// The priority class of the job's pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// Seconds a deleted trainer has to drain (hand its task back) before it is killed
+    /// (default 30).
+    #[serde(default = "d_grace", skip_serializing_if = "is_d_grace")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub drain_seconds: u32,
+}
+
+fn d_grace() -> u32 {
+    30
+}
+
+fn is_d_grace(s: &u32) -> bool {
+    *s == d_grace()
+}
+
+/// Resource requirements per role.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleResources {
+    /// Masters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master: Option<ResourceRequirements>,
+    /// Parameter servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pserver: Option<ResourceRequirements>,
+    /// Trainers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer: Option<ResourceRequirements>,
+    /// The job's own etcd (`etcd.managed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<ResourceRequirements>,
+}
+
+impl RoleResources {
+    fn is_empty(&self) -> bool {
+        self == &RoleResources::default()
+    }
+}
+
+/// Which etcd the job uses: an existing one (`endpoints`) or one the operator runs for
+/// the job (`managed`, a single member on an `emptyDir`: the job's coordination state
+/// lives as long as the job).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "(has(self.endpoints) && size(self.endpoints) > 0) != (has(self.managed) && self.managed)",
+    "message": "set exactly one of etcd.endpoints and etcd.managed"
+}]))]
+pub struct EtcdSpec {
+    /// Client URLs of an existing etcd.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<String>,
+    /// Run an etcd for this job.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub managed: bool,
+    /// The image of the managed etcd (default `quay.io/coreos/etcd:v3.5.17`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// The default image of a managed etcd.
+pub const ETCD_IMAGE: &str = "quay.io/coreos/etcd:v3.5.17";
+
+/// The job's volumes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobVolumes {
+    /// The data, mounted read-only at `/data` in every pod (required unless the data
+    /// globs are absolute paths inside the image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<VolumeSource>,
+    /// The pservers' checkpoints, mounted at `/checkpoints` (default: an `emptyDir`, so
+    /// a replaced pserver starts from its shard's initial values; use a shared claim
+    /// (ReadWriteMany) to keep checkpoints across pod replacements).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<VolumeSource>,
+}
+
+/// Where a volume comes from: exactly one of the fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "[has(self.claimName), has(self.hostPath), has(self.emptyDir) && self.emptyDir].filter(x, x).size() == 1",
+    "message": "set exactly one of claimName, hostPath and emptyDir"
+}]))]
+pub struct VolumeSource {
+    /// A PersistentVolumeClaim of the job's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+    /// A directory on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+    /// An empty directory living as long as the pod.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub empty_dir: bool,
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    /// Accepted; no pod is running yet.
+    #[default]
+    Created,
+    /// Pods are being created or are not all running.
+    Pending,
+    /// Training.
+    Running,
+    /// Running with fewer or more trainers than desired, while they start or drain.
+    Scaling,
+    /// Every pass done.
+    Succeeded,
+    /// Given up (the Failed condition says why).
+    Failed,
+}
+
+impl Phase {
+    /// Whether the job is over.
+    pub fn is_finished(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+/// Trainer counts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TrainerCounts {
+    /// Trainer pods running (the scale subresource's `status.replicas`).
+    pub running: u32,
+    /// Trainers desired (`spec.cluster.trainers`).
+    pub desired: u32,
+    /// Trainers registered with the job in etcd.
+    #[serde(default)]
+    pub registered: u32,
+}
+
+/// The job's tasks in its current pass, as the master's queue holds them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskCounts {
+    /// Waiting to be leased.
+    pub todo: u64,
+    /// Leased to a trainer.
+    pub pending: u64,
+    /// Done this pass.
+    pub done: u64,
+    /// Failed for good.
+    pub failed: u64,
+}
+
+/// A recovery: a pod the operator replaced, or a process the job replaced on its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Recovery {
+    /// `master`, `pserver`, `trainer` or `etcd`.
+    pub role: String,
+    /// The pod.
+    pub pod: String,
+    /// Why it was replaced (`Failed: exit code 137`, `Deleted`, ...).
+    pub reason: String,
+    /// When (RFC 3339).
+    pub time: String,
+}
+
+/// The most recoveries a status keeps.
+pub const RECENT_RECOVERIES: usize = 10;
+
+/// The observed state of a [`TrainingJob`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingJobStatus {
+    /// Where the job is.
+    #[serde(default)]
+    pub phase: Phase,
+    /// Created, Running, Scaling, Succeeded, Failed (standard `metav1.Condition`s).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The current pass (0-based), from the job's state in etcd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass: Option<u32>,
+    /// The current pass's tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TaskCounts>,
+    /// Trainers.
+    #[serde(default)]
+    pub trainers: TrainerCounts,
+    /// Parameter servers registered.
+    #[serde(default)]
+    pub pservers: u32,
+    /// The leading master's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// The latest recoveries, newest last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recoveries: Vec<Recovery>,
+    /// Replacements of each pod slot since its last healthy run (for the crash-loop
+    /// limit `cluster.max_restarts`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub restarts: BTreeMap<String, u32>,
+    /// Pods the operator deleted to replace them (ended ones), until their replacement
+    /// is created.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replacing: Vec<String>,
+    /// The label selector of the trainer pods (the scale subresource's selector).
+    #[serde(default)]
+    pub selector: String,
+}
+
+/// A TrainingJob's spec that cannot run, with the field at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct InvalidJob {
+    /// The field, as a path in the resource (`spec.cluster.trainers`).
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl InvalidJob {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> InvalidJob {
+        InvalidJob {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The longest job name the operator accepts: pod names add `-pserver-NNN`, and a pod
+/// name is a DNS label (63 characters).
+pub const MAX_NAME: usize = 40;
+
+impl TrainingJob {
+    /// The job spec the job's processes read from etcd: the resource's name and tables,
+    /// data paths relative to the data volume's mount, checked as `edl run` checks a
+    /// file. Errors name the field in the resource.
+    pub fn job_spec(&self) -> Result<JobSpec, InvalidJob> {
+        let name = self.metadata.name.clone().unwrap_or_default();
+        if name.is_empty()
+            || name.len() > MAX_NAME
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            || name.starts_with('-')
+            || name.ends_with('-')
+        {
+            return Err(InvalidJob::new(
+                "metadata.name",
+                format!(
+                    "{name:?}: use 1 to {MAX_NAME} lowercase letters, digits and '-' \
+                     (a DNS label, as the job's pod names are)"
+                ),
+            ));
+        }
+        let job =
+            JobName::new(name).map_err(|e| InvalidJob::new("metadata.name", e.to_string()))?;
+        let s = &self.spec;
+        if !s.cluster.etcd.is_empty() {
+            return Err(InvalidJob::new(
+                "spec.cluster.etcd",
+                "not used on a cluster: set spec.etcd.endpoints (or spec.etcd.managed)",
+            ));
+        }
+        if s.data.prepare.is_some() {
+            return Err(InvalidJob::new(
+                "spec.data.prepare",
+                "not run on a cluster: convert the data with `edl data convert` into the \
+                 data volume, and give its RecordIO globs in spec.data.train",
+            ));
+        }
+        if s.etcd.endpoints.is_empty() != s.etcd.managed {
+            return Err(InvalidJob::new(
+                "spec.etcd",
+                "set exactly one of etcd.endpoints and etcd.managed",
+            ));
+        }
+        let relative = |g: &Globs| {
+            g.patterns()
+                .iter()
+                .any(|p| !std::path::Path::new(p).is_absolute())
+        };
+        if s.volumes.data.is_none()
+            && (relative(&s.data.train) || s.data.test.as_ref().is_some_and(relative))
+        {
+            return Err(InvalidJob::new(
+                "spec.volumes.data",
+                "relative data globs are relative to the data volume: set \
+                 spec.volumes.data (a claimName or a hostPath)",
+            ));
+        }
+        let mut spec = JobSpec {
+            name: job,
+            data: s.data.clone(),
+            model: s.model.clone(),
+            trainer: s.trainer.clone(),
+            train: s.train.clone(),
+            cluster: s.cluster.clone(),
+        };
+        // Trainer programs run from the image; only the data is on the volume.
+        let entry = std::mem::take(&mut spec.trainer.entry);
+        spec.resolve_paths(std::path::Path::new(DATA_MOUNT));
+        spec.trainer.entry = entry;
+        spec.cluster.etcd = s.etcd.endpoints.clone();
+        spec.validate().map_err(|e| {
+            let text = e.to_string();
+            // SpecError names the key as `table.key`; the resource nests it under spec.
+            let field = text
+                .split(':')
+                .next()
+                .filter(|f| !f.contains(' ') && f.contains('.'))
+                .map_or_else(|| "spec".to_owned(), |f| format!("spec.{f}"));
+            InvalidJob::new(field, text)
+        })?;
+        Ok(spec)
+    }
+
+    /// A TrainingJob for a job spec (`edl submit`): the spec's name becomes the
+    /// resource's name, its tables the resource's; its data globs are kept as written
+    /// (relative ones are then relative to the data volume), so parse the file with
+    /// [`JobSpec::parse_toml`], not `load`, which makes them absolute on this machine.
+    pub fn from_job_spec(spec: &JobSpec, image: &str, namespace: Option<&str>) -> TrainingJob {
+        let mut job = TrainingJob::new(
+            spec.name.as_str(),
+            TrainingJobSpec {
+                data: spec.data.clone(),
+                model: spec.model.clone(),
+                trainer: spec.trainer.clone(),
+                train: spec.train.clone(),
+                cluster: ClusterSpec {
+                    etcd: Vec::new(),
+                    ..spec.cluster.clone()
+                },
+                image: image.to_owned(),
+                image_pull_policy: None,
+                resources: RoleResources::default(),
+                etcd: if spec.cluster.etcd.is_empty() {
+                    EtcdSpec {
+                        managed: true,
+                        ..EtcdSpec::default()
+                    }
+                } else {
+                    EtcdSpec {
+                        endpoints: spec.cluster.etcd.clone(),
+                        ..EtcdSpec::default()
+                    }
+                },
+                volumes: JobVolumes::default(),
+                priority_class_name: None,
+                drain_seconds: d_grace(),
+            },
+        );
+        // Lists, always: the schema gives the globs one type.
+        job.spec.data.train = Globs::Many(spec.data.train.patterns());
+        if let Some(t) = &spec.data.test {
+            job.spec.data.test = Some(Globs::Many(t.patterns()));
+        }
+        job.metadata.namespace = namespace.map(str::to_owned);
+        job
+    }
+}
+
+/// The CustomResourceDefinition of [`TrainingJob`] as YAML (`deploy/crd.yaml`).
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let crd = TrainingJob::crd();
+    let body = serde_norway::to_string(&crd).unwrap_or_else(|e| {
+        // The CRD is our own types serialised: this cannot fail.
+        unreachable!("serialise the CRD: {e}")
+    });
+    format!(
+        "# The TrainingJob resource (generated from operator/src/crd.rs: `edl operator crd`).\n\
+         ---\n{body}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `deploy/crd.yaml` is the generated CRD (`UPDATE_DEPLOY=1` rewrites it).
+    #[test]
+    fn the_deployed_crd_is_the_generated_one() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crd.yaml");
+        let want = crd_yaml();
+        if std::env::var_os("UPDATE_DEPLOY").is_some() {
+            std::fs::write(&path, &want).expect("write deploy/crd.yaml");
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "deploy/crd.yaml is not the CRD of operator/src/crd.rs: regenerate it with \
+             `UPDATE_DEPLOY=1 cargo test -p edl-operator the_deployed_crd`"
+        );
+    }
+
+    #[test]
+    fn the_crd_has_the_scale_subresource_and_the_bounds() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(TrainingJob::crd()).expect("json");
+        let v = &crd["spec"]["versions"][0];
+        assert_eq!(v["name"], "v1alpha1");
+        let scale = &v["subresources"]["scale"];
+        assert_eq!(scale["specReplicasPath"], ".spec.cluster.trainers");
+        assert_eq!(scale["statusReplicasPath"], ".status.trainers.running");
+        assert_eq!(scale["labelSelectorPath"], ".status.selector");
+        assert!(v["subresources"]["status"].is_object());
+        let text = crd.to_string();
+        assert!(text.contains("self.spec.cluster.min_trainers <= self.spec.cluster.trainers"));
+        let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        assert_eq!(
+            spec["properties"]["data"]["properties"]["train"]["type"],
+            "array"
+        );
+        assert_eq!(
+            spec["properties"]["model"]["x-kubernetes-preserve-unknown-fields"],
+            true
+        );
+        assert_eq!(crd["spec"]["names"]["shortNames"][0], "tj");
+    }
+
+    #[test]
+    fn a_job_spec_round_trips_through_the_resource() {
+        let spec = JobSpec::parse_toml(
+            "name = \"wine\"\n[data]\ntrain = \"wine-*.recordio\"\ntest = \"wine-test-*.recordio\"\n\
+             [model]\nkind = \"mlp\"\ninputs = 13\nhidden = [32]\nclasses = 3\n\
+             [cluster]\ntrainers = 3\nmax_trainers = 6\n",
+        )
+        .expect("spec");
+        let mut tj = TrainingJob::from_job_spec(&spec, "edl:1", Some("ml"));
+        assert!(
+            tj.spec.etcd.managed,
+            "no etcd in the spec: the operator runs one"
+        );
+        tj.spec.volumes.data = Some(VolumeSource {
+            claim_name: Some("wine".into()),
+            ..VolumeSource::default()
+        });
+        // Through JSON, as the API server stores it.
+        let json = serde_json::to_string(&tj).expect("json");
+        let back: TrainingJob = serde_json::from_str(&json).expect("parse");
+        assert_eq!(back, tj);
+        let job = back.job_spec().expect("valid");
+        assert_eq!(job.name, "wine");
+        assert_eq!(job.model, spec.model);
+        assert_eq!(job.cluster.trainers, 3);
+        assert_eq!(
+            job.data.test.expect("test").patterns(),
+            vec!["/data/wine-test-*.recordio".to_owned()]
+        );
+    }
+}

@@ -1,0 +1,405 @@
+//! The objects the operator creates for a TrainingJob: pod names and labels, the pod of
+//! each process slot, the managed etcd's pod and service.
+//!
+//! Every object carries the job's labels and an owner reference to the TrainingJob
+//! (`controller: true`), so deleting the job deletes them (Kubernetes' garbage
+//! collector) and the operator finds them by label.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+use crate::crd::{CHECKPOINT_MOUNT, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSource};
+
+/// The label naming a pod's job.
+pub const JOB_LABEL: &str = "edl.dev/job";
+/// The label naming a pod's role.
+pub const ROLE_LABEL: &str = "edl.dev/role";
+/// The label naming a pod's slot index in its role.
+pub const INDEX_LABEL: &str = "edl.dev/index";
+
+/// The master's gRPC port.
+pub const MASTER_PORT: i32 = 7164;
+/// The pserver's port.
+pub const PSERVER_PORT: i32 = 7165;
+/// etcd's client port.
+pub const ETCD_PORT: i32 = 2379;
+
+/// A process role of a job on the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// The job's own etcd (`etcd.managed`).
+    Etcd,
+    /// A master.
+    Master,
+    /// A parameter server shard.
+    Pserver,
+    /// A trainer.
+    Trainer,
+}
+
+impl Role {
+    /// Every role, in start order.
+    pub const ALL: [Role; 4] = [Role::Etcd, Role::Master, Role::Pserver, Role::Trainer];
+
+    /// Its name in labels and pod names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Etcd => "etcd",
+            Role::Master => "master",
+            Role::Pserver => "pserver",
+            Role::Trainer => "trainer",
+        }
+    }
+
+    /// The role named `s`.
+    pub fn parse(s: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.name() == s)
+    }
+}
+
+/// A pod's place in its job: role and index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Slot {
+    /// The role.
+    pub role: Role,
+    /// The index in the role (0 for the etcd).
+    pub index: u32,
+}
+
+impl Slot {
+    /// The pod's name in job `job`: `<job>-<role>-<index>` (`<job>-etcd` for the etcd).
+    pub fn pod_name(self, job: &str) -> String {
+        match self.role {
+            Role::Etcd => format!("{job}-etcd"),
+            r => format!("{job}-{}-{}", r.name(), self.index),
+        }
+    }
+}
+
+/// The labels of every object of `job`.
+pub fn job_labels(job: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "edl".to_owned()),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            "edl-operator".to_owned(),
+        ),
+        (JOB_LABEL.to_owned(), job.to_owned()),
+    ])
+}
+
+/// The label selector of `job`'s pods of `role`, as the scale subresource gives it.
+pub fn selector(job: &str, role: Role) -> String {
+    format!("{JOB_LABEL}={job},{ROLE_LABEL}={}", role.name())
+}
+
+/// The owner reference to `tj` that every object of the job carries.
+pub fn owner(tj: &TrainingJob) -> OwnerReference {
+    OwnerReference {
+        api_version: TrainingJob::api_version(&()).into_owned(),
+        kind: TrainingJob::kind(&()).into_owned(),
+        name: tj.metadata.name.clone().unwrap_or_default(),
+        uid: tj.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn meta(tj: &TrainingJob, name: String, slot: Option<Slot>) -> ObjectMeta {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let mut labels = job_labels(&job);
+    if let Some(s) = slot {
+        labels.insert(ROLE_LABEL.to_owned(), s.role.name().to_owned());
+        labels.insert(INDEX_LABEL.to_owned(), s.index.to_string());
+    }
+    ObjectMeta {
+        name: Some(name),
+        namespace: tj.metadata.namespace.clone(),
+        labels: Some(labels),
+        owner_references: Some(vec![owner(tj)]),
+        ..ObjectMeta::default()
+    }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+fn env_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: path.to_owned(),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+/// The etcd client URLs of `tj`'s processes.
+pub fn etcd_endpoints(tj: &TrainingJob) -> Vec<String> {
+    if tj.spec.etcd.managed {
+        let job = tj.metadata.name.clone().unwrap_or_default();
+        let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
+        vec![format!("http://{job}-etcd.{ns}.svc:{ETCD_PORT}")]
+    } else {
+        tj.spec.etcd.endpoints.clone()
+    }
+}
+
+fn volume(name: &str, source: &VolumeSource) -> Volume {
+    Volume {
+        name: name.to_owned(),
+        persistent_volume_claim: source.claim_name.as_ref().map(|c| {
+            PersistentVolumeClaimVolumeSource {
+                claim_name: c.clone(),
+                read_only: None,
+            }
+        }),
+        host_path: source.host_path.as_ref().map(|p| HostPathVolumeSource {
+            path: p.clone(),
+            type_: Some("Directory".to_owned()),
+        }),
+        empty_dir: (source.claim_name.is_none() && source.host_path.is_none())
+            .then(EmptyDirVolumeSource::default),
+        ..Volume::default()
+    }
+}
+
+fn hardened() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        run_as_non_root: Some(true),
+        capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// The pod of `slot` in `tj` (the job's spec must be valid: [`TrainingJob::job_spec`]).
+pub fn pod(tj: &TrainingJob, slot: Slot) -> Pod {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let s = &tj.spec;
+    let name = slot.pod_name(&job);
+    let c = &s.cluster;
+    let ttl = humantime::format_duration(c.lease_ttl).to_string();
+    let mut vars = vec![
+        env("EDL_ETCD", etcd_endpoints(tj).join(",")),
+        env("EDL_JOB", job.clone()),
+        env("EDL_LEASE_TTL", ttl.clone()),
+        env_field("POD_IP", "status.podIP"),
+        env_field("POD_NAME", "metadata.name"),
+    ];
+    let mut mounts = Vec::new();
+    let mut volumes = Vec::new();
+    if let Some(d) = &s.volumes.data {
+        volumes.push(volume("data", d));
+        mounts.push(VolumeMount {
+            name: "data".to_owned(),
+            mount_path: DATA_MOUNT.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+    let edl = |args: &[&str]| -> Vec<String> {
+        std::iter::once("edl")
+            .chain(args.iter().copied())
+            .map(str::to_owned)
+            .collect()
+    };
+    let (command, ports, resources) = match slot.role {
+        Role::Etcd => {
+            let args = vec![
+                "etcd".to_owned(),
+                "--name=etcd".to_owned(),
+                "--data-dir=/var/lib/etcd".to_owned(),
+                format!("--listen-client-urls=http://0.0.0.0:{ETCD_PORT}"),
+                format!("--advertise-client-urls=http://{job}-etcd:{ETCD_PORT}"),
+            ];
+            volumes.push(volume(
+                "etcd-data",
+                &VolumeSource {
+                    empty_dir: true,
+                    ..VolumeSource::default()
+                },
+            ));
+            mounts.retain(|m| m.name != "data");
+            mounts.push(VolumeMount {
+                name: "etcd-data".to_owned(),
+                mount_path: "/var/lib/etcd".to_owned(),
+                ..VolumeMount::default()
+            });
+            vars.clear();
+            (args, vec![ETCD_PORT], s.resources.etcd.clone())
+        }
+        Role::Master => (
+            edl(&[
+                "master",
+                "--listen",
+                &format!("0.0.0.0:{MASTER_PORT}"),
+                "--advertise",
+                &format!("$(POD_IP):{MASTER_PORT}"),
+                "--chunks-per-task",
+                &s.data.chunks_per_task.max(1).to_string(),
+                "--lease-ttl",
+                &ttl,
+            ]),
+            vec![MASTER_PORT],
+            s.resources.master.clone(),
+        ),
+        Role::Pserver => {
+            let ckpt = s.volumes.checkpoints.clone().unwrap_or(VolumeSource {
+                empty_dir: true,
+                ..VolumeSource::default()
+            });
+            volumes.push(volume("checkpoints", &ckpt));
+            mounts.push(VolumeMount {
+                name: "checkpoints".to_owned(),
+                mount_path: CHECKPOINT_MOUNT.to_owned(),
+                ..VolumeMount::default()
+            });
+            (
+                edl(&[
+                    "pserver",
+                    "--index",
+                    &slot.index.to_string(),
+                    "--shards",
+                    &c.pservers.to_string(),
+                    "--checkpoint-dir",
+                    &format!("{CHECKPOINT_MOUNT}/{job}"),
+                    "--checkpoint-every",
+                    &humantime::format_duration(c.checkpoint_every).to_string(),
+                    "--keep-checkpoints",
+                    &c.checkpoint_keep.to_string(),
+                    "--listen",
+                    &format!("0.0.0.0:{PSERVER_PORT}"),
+                    "--advertise",
+                    &format!("$(POD_IP):{PSERVER_PORT}"),
+                    "--lease-ttl",
+                    &ttl,
+                ]),
+                vec![PSERVER_PORT],
+                s.resources.pserver.clone(),
+            )
+        }
+        Role::Trainer => {
+            vars.push(env_field("EDL_TRAINER_ID", "metadata.name"));
+            vars.push(env("EDL_MODE", "train"));
+            vars.extend(s.trainer.env.iter().map(|(k, v)| env(k, v.clone())));
+            let command = if s.trainer.entry.is_empty() {
+                edl(&["trainer"])
+            } else {
+                s.trainer.entry.clone()
+            };
+            (command, Vec::new(), s.resources.trainer.clone())
+        }
+    };
+    let image = match slot.role {
+        Role::Etcd => s
+            .etcd
+            .image
+            .clone()
+            .unwrap_or_else(|| ETCD_IMAGE.to_owned()),
+        _ => s.image.clone(),
+    };
+    let container = Container {
+        name: slot.role.name().to_owned(),
+        image: Some(image),
+        image_pull_policy: s.image_pull_policy.clone(),
+        command: Some(command),
+        env: (!vars.is_empty()).then_some(vars),
+        ports: (!ports.is_empty()).then(|| {
+            ports
+                .into_iter()
+                .map(|p| ContainerPort {
+                    container_port: p,
+                    ..ContainerPort::default()
+                })
+                .collect()
+        }),
+        resources,
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        security_context: Some(hardened()),
+        ..Container::default()
+    };
+    let grace = match slot.role {
+        // A trainer drains on SIGTERM: hands its task back, then leaves.
+        Role::Trainer => i64::from(s.drain_seconds),
+        // A pserver writes its final checkpoint; a master resigns.
+        _ => 30,
+    };
+    Pod {
+        metadata: meta(tj, name.clone(), Some(slot)),
+        spec: Some(PodSpec {
+            containers: vec![container],
+            // The operator replaces failed pods (counting crash loops), so a pod's own
+            // restarts do not hide a failure from it.
+            restart_policy: Some("Never".to_owned()),
+            hostname: Some(name),
+            subdomain: Some(job),
+            termination_grace_period_seconds: Some(grace),
+            priority_class_name: s.priority_class_name.clone(),
+            volumes: (!volumes.is_empty()).then_some(volumes),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(65532),
+                fs_group: Some(65532),
+                ..PodSecurityContext::default()
+            }),
+            automount_service_account_token: Some(false),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The headless service that gives the job's pods DNS names (`<pod>.<job>`), and the
+/// managed etcd's service (`<job>-etcd`) when asked.
+pub fn services(tj: &TrainingJob) -> Vec<Service> {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let mut out = vec![Service {
+        metadata: meta(tj, job.clone(), None),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            selector: Some(BTreeMap::from([(JOB_LABEL.to_owned(), job.clone())])),
+            publish_not_ready_addresses: Some(true),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }];
+    if tj.spec.etcd.managed {
+        out.push(Service {
+            metadata: meta(tj, format!("{job}-etcd"), None),
+            spec: Some(ServiceSpec {
+                selector: Some(BTreeMap::from([
+                    (JOB_LABEL.to_owned(), job.clone()),
+                    (ROLE_LABEL.to_owned(), Role::Etcd.name().to_owned()),
+                ])),
+                ports: Some(vec![ServicePort {
+                    name: Some("client".to_owned()),
+                    port: ETCD_PORT,
+                    ..ServicePort::default()
+                }]),
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        });
+    }
+    out
+}
