@@ -13,6 +13,10 @@
 //! - [`faulty`]: [`FaultyBackend`] wraps a [`Backend`] and injects outages, watch
 //!   disconnects and chosen errors (non-retryable ones too), for either backend, and
 //!   counts requests (to check that loops back off).
+//! - [`kube_api`]: [`FakeApi`](kube_api::FakeApi), a fake Kubernetes API server on
+//!   loopback (list/watch with resourceVersions and 410 Gone, status and scale
+//!   subresources, optimistic concurrency, finalizers, owner references) for the
+//!   operator's tests.
 //! - [`wait_until`]: polls a condition until a deadline.
 //! - [`register_trainer`]: registers a trainer under a job's `trainers/` with its own
 //!   lease, as trainers do.
@@ -31,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 pub mod child;
 pub mod etcd;
 pub mod faulty;
+pub mod kube_api;
 
 pub use child::{CHILD_ROLE_ENV, ChildProcess, child_role, signal};
 pub use etcd::EtcdCluster;

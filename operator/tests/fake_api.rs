@@ -1,0 +1,277 @@
+//! The fake API server (`edl_testkit::kube_api`) against the real client (kube-rs):
+//! the semantics the operator's end-to-end test relies on.
+
+use edl_operator::TrainingJob;
+use edl_operator::crd::EtcdSpec;
+use edl_testkit::kube_api::{FakeApi, ResourceType, ScalePaths};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{
+    DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::{Api, Client, Config};
+use serde_json::json;
+
+const NS: &str = "ml";
+
+fn trainingjobs() -> ResourceType {
+    ResourceType {
+        group: "edl.dev",
+        version: "v1alpha1",
+        plural: "trainingjobs",
+        kind: "TrainingJob",
+        namespaced: true,
+        status: true,
+        scale: Some(ScalePaths {
+            spec_replicas: "spec.cluster.trainers",
+            status_replicas: "status.trainers.running",
+            selector: "status.selector",
+        }),
+    }
+}
+
+async fn fake(window: usize) -> (FakeApi, Client) {
+    let api = FakeApi::start_with_window(vec![ResourceType::pods(), trainingjobs()], window)
+        .await
+        .expect("start the fake API server");
+    let config = Config::new(api.url().parse().expect("url"));
+    let client = Client::try_from(config).expect("client");
+    (api, client)
+}
+
+fn job(name: &str) -> TrainingJob {
+    let spec = edl_job::JobSpec::parse_toml(&format!(
+        "name = \"{name}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n"
+    ))
+    .expect("spec");
+    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
+    tj.spec.etcd = EtcdSpec {
+        endpoints: vec!["http://127.0.0.1:1".into()],
+        ..EtcdSpec::default()
+    };
+    tj
+}
+
+fn pod(name: &str, owner: Option<&TrainingJob>) -> Pod {
+    let mut p: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"edl.dev/job": "a", "edl.dev/role": "trainer"}},
+        "spec": {"containers": [{"name": "c", "image": "edl:test"}]},
+    }))
+    .expect("pod");
+    if let Some(tj) = owner {
+        p.metadata.owner_references = Some(vec![edl_operator::objects::owner(tj)]);
+    }
+    p
+}
+
+fn code(e: kube::Error) -> u16 {
+    match e {
+        kube::Error::Api(s) => s.code,
+        other => panic!("not an API error: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn create_get_list_conflicts_and_selectors() {
+    let (_api, client) = fake(100).await;
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    let a = pods
+        .create(&PostParams::default(), &pod("a", None))
+        .await
+        .expect("create");
+    assert_eq!(a.metadata.namespace.as_deref(), Some(NS));
+    assert!(a.metadata.uid.is_some() && a.metadata.resource_version.is_some());
+    let again = pods.create(&PostParams::default(), &pod("a", None)).await;
+    assert_eq!(code(again.expect_err("a second a")), 409);
+    let mut other = pod("b", None);
+    other.metadata.labels = Some([("edl.dev/job".to_owned(), "b".to_owned())].into());
+    pods.create(&PostParams::default(), &other)
+        .await
+        .expect("create b");
+    let listed = pods
+        .list(&ListParams::default().labels("edl.dev/job=a"))
+        .await
+        .expect("list");
+    assert_eq!(listed.items.len(), 1);
+    let all = pods.list(&ListParams::default()).await.expect("list");
+    assert_eq!(all.items.len(), 2);
+    assert_eq!(code(pods.get("nope").await.expect_err("absent")), 404);
+
+    // Optimistic concurrency: a write from a stale read is refused.
+    let stale = pods.get("a").await.expect("get");
+    let mut fresh = stale.clone();
+    fresh
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("x".into(), "1".into());
+    pods.replace("a", &PostParams::default(), &fresh)
+        .await
+        .expect("replace");
+    let mut late = stale;
+    late.metadata
+        .labels
+        .get_or_insert_default()
+        .insert("x".into(), "2".into());
+    let refused = pods.replace("a", &PostParams::default(), &late).await;
+    assert_eq!(code(refused.expect_err("stale")), 409);
+    let patch = json!({"metadata": {"resourceVersion": "1", "labels": {"y": "1"}}});
+    let refused = pods
+        .patch("a", &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
+    assert_eq!(code(refused.expect_err("stale patch")), 409);
+    let apply = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": {"z": "1"}}});
+    let refused = pods
+        .patch("a", &PatchParams::apply("edl"), &Patch::Apply(&apply))
+        .await;
+    assert_eq!(code(refused.expect_err("unsupported")), 415);
+}
+
+#[tokio::test]
+async fn watches_resume_from_a_resource_version_and_an_expired_one_is_gone() {
+    let (_api, client) = fake(3).await;
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    let first = pods
+        .create(&PostParams::default(), &pod("p0", None))
+        .await
+        .expect("create");
+    let from = first.metadata.resource_version.expect("rv");
+    for i in 1..3 {
+        pods.create(&PostParams::default(), &pod(&format!("p{i}"), None))
+            .await
+            .expect("create");
+    }
+    let events: Vec<_> = pods
+        .watch(&WatchParams::default().timeout(1), &from)
+        .await
+        .expect("watch")
+        .try_collect()
+        .await
+        .expect("events");
+    let added: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            WatchEvent::Added(p) => p.metadata.name.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(added, ["p1", "p2"], "the events after {from}");
+
+    // Three more writes push p0's version out of the window of 3.
+    for i in 3..6 {
+        pods.create(&PostParams::default(), &pod(&format!("p{i}"), None))
+            .await
+            .expect("create");
+    }
+    let mut stream = pods
+        .watch(&WatchParams::default().timeout(1), &from)
+        .await
+        .expect("watch")
+        .boxed();
+    match stream.next().await {
+        Some(Ok(WatchEvent::Error(e))) => assert_eq!(e.code, 410, "{e:?}"),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn status_and_scale_subresources() {
+    let (api, client) = fake(100).await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client, NS);
+    let mut tj = job("a");
+    tj.status = Some(Default::default());
+    let created = jobs
+        .create(&PostParams::default(), &tj)
+        .await
+        .expect("create");
+    assert_eq!(created.status, None, "a create drops the status");
+    assert_eq!(created.metadata.generation, Some(1));
+
+    let status = json!({"status": {
+        "phase": "Running",
+        "trainers": {"running": 2, "desired": 2},
+        "selector": "edl.dev/job=a",
+    }});
+    let with_status = jobs
+        .patch_status("a", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("status");
+    assert_eq!(
+        with_status.metadata.generation,
+        Some(1),
+        "status is not the spec"
+    );
+    // The main resource ignores status changes.
+    let main = json!({"status": {"phase": "Failed"}, "metadata": {"labels": {"k": "v"}}});
+    let after = jobs
+        .patch("a", &PatchParams::default(), &Patch::Merge(&main))
+        .await
+        .expect("patch");
+    assert_eq!(
+        after.status.expect("status").phase,
+        edl_operator::crd::Phase::Running
+    );
+
+    let scale = jobs.get_scale("a").await.expect("scale");
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(2));
+    let s = scale.status.expect("scale status");
+    assert_eq!(
+        (s.replicas, s.selector.as_deref()),
+        (2, Some("edl.dev/job=a"))
+    );
+    let to4 = json!({"spec": {"replicas": 4}});
+    jobs.patch_scale("a", &PatchParams::default(), &Patch::Merge(&to4))
+        .await
+        .expect("scale to 4");
+    let now = jobs.get("a").await.expect("get");
+    assert_eq!(now.spec.cluster.trainers, 4);
+    assert_eq!(now.metadata.generation, Some(2), "a scale changes the spec");
+    let raw = api.get("trainingjobs", NS, "a").expect("stored");
+    assert_eq!(raw["spec"]["cluster"]["trainers"], 4);
+}
+
+#[tokio::test]
+async fn finalizers_hold_a_deletion_and_owners_take_their_dependents() {
+    let (api, client) = fake(100).await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    let mut tj = job("a");
+    tj.metadata.finalizers = Some(vec!["edl.dev/etcd-cleanup".into()]);
+    let tj = jobs
+        .create(&PostParams::default(), &tj)
+        .await
+        .expect("create");
+    pods.create(&PostParams::default(), &pod("a-trainer-0", Some(&tj)))
+        .await
+        .expect("pod");
+    pods.create(&PostParams::default(), &pod("free", None))
+        .await
+        .expect("pod");
+
+    jobs.delete("a", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let held = jobs.get("a").await.expect("still there");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert!(
+        api.get("pods", NS, "a-trainer-0").is_some(),
+        "dependents stay while it does"
+    );
+
+    let drop_finalizer = json!({"metadata": {"finalizers": null}});
+    jobs.patch("a", &PatchParams::default(), &Patch::Merge(&drop_finalizer))
+        .await
+        .expect("patch");
+    assert_eq!(code(jobs.get("a").await.expect_err("gone")), 404);
+    // Its pod is deleted (gracefully: a pod waits for its kubelet), the other is not.
+    let owned = api.get("pods", NS, "a-trainer-0").expect("terminating pod");
+    assert!(!owned["metadata"]["deletionTimestamp"].is_null(), "{owned}");
+    assert_eq!(owned["metadata"]["deletionGracePeriodSeconds"], 30);
+    let free = api.get("pods", NS, "free").expect("free");
+    assert!(free["metadata"]["deletionTimestamp"].is_null());
+    // The kubelet's final delete (grace 0) removes it.
+    api.delete("pods", NS, "a-trainer-0", Some(0))
+        .expect("remove");
+    assert!(api.get("pods", NS, "a-trainer-0").is_none());
+}
