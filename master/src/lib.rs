@@ -22,6 +22,7 @@ pub mod core;
 pub mod dataset;
 pub mod error;
 pub mod metrics;
+pub mod overview;
 pub mod queue;
 pub mod reader;
 pub mod server;

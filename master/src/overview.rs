@@ -1,0 +1,203 @@
+//! A job as seen from outside (`edl status`, the Kubernetes operator): its state, pass and
+//! tasks, trainers, pservers and masters, from its keys in etcd and from its leading
+//! master's status.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::Backend;
+use edl_job::{JobKeys, JobName, JobSpec, JobStateRecord, PserverRecord, Record, ScaleRecord};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{MasterClient, MasterClientConfig};
+
+/// The version of the JSON that `edl status --json` prints (docs/json.md). Bumped
+/// when a field changes meaning or goes away; new fields may appear within a version.
+pub const STATUS_JSON_VERSION: u32 = 1;
+
+/// Where a job is in its passes.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PassProgress {
+    /// The pass being trained, 1-based; equal to `total` once the last pass ended.
+    pub current: u32,
+    /// Passes of the job.
+    pub total: u32,
+}
+
+/// A job's tasks by state (of the current pass).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TaskCounts {
+    /// Waiting to be leased.
+    pub todo: u64,
+    /// Leased to a trainer.
+    pub pending: u64,
+    /// Acknowledged.
+    pub done: u64,
+    /// Failed for good.
+    pub failed: u64,
+}
+
+/// One pserver shard.
+#[derive(Debug, Clone, Serialize)]
+pub struct PserverStatus {
+    /// Shard index.
+    pub index: u32,
+    /// Its address.
+    pub address: String,
+}
+
+/// One master.
+#[derive(Debug, Clone, Serialize)]
+pub struct MasterStatus {
+    /// Its address.
+    pub address: String,
+    /// Whether it leads (the others stand by).
+    pub leader: bool,
+}
+
+/// A task that failed for good.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskFailure {
+    /// Task id.
+    pub task: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// One job in `edl status`.
+#[derive(Debug, Serialize)]
+pub struct JobStatus {
+    /// Name.
+    pub job: String,
+    /// running, pending, succeeded, failed, stopped.
+    pub state: String,
+    /// The model kind.
+    pub model: Option<String>,
+    /// Current pass and passes (when a master answers).
+    pub pass: Option<PassProgress>,
+    /// Tasks by state (when a master answers).
+    pub tasks: Option<TaskCounts>,
+    /// Records trained so far.
+    pub records_trained: Option<u64>,
+    /// Registered trainers.
+    pub trainers: Vec<String>,
+    /// Desired trainers (`edl scale`), if set.
+    pub desired_trainers: Option<u32>,
+    /// Pserver shards, by index.
+    pub pservers: Vec<PserverStatus>,
+    /// Masters, the leader first.
+    pub masters: Vec<MasterStatus>,
+    /// The last (at most five) tasks failed for good.
+    pub failures: Vec<TaskFailure>,
+}
+
+/// The jobs with a spec in etcd.
+pub async fn job_names(backend: &Arc<dyn Backend>) -> edl_coord::Result<Vec<JobName>> {
+    let (kvs, _) = backend.range(edl_job::keys::ROOT).await?;
+    let names: BTreeSet<JobName> = kvs
+        .iter()
+        .filter_map(|kv| JobKeys::job_of_spec_key(&kv.key))
+        .collect();
+    Ok(names.into_iter().collect())
+}
+
+/// A job's state: from its keys in etcd, and from its leading master when one answers
+/// (within about 2 s).
+pub async fn job_status(backend: &Arc<dyn Backend>, job: &JobName) -> edl_coord::Result<JobStatus> {
+    let keys = JobKeys::new(job);
+    let spec = backend
+        .get(&keys.spec())
+        .await?
+        .and_then(|kv| JobSpec::from_stored(&kv.value).ok());
+    let (trainers, _) = backend.range(&keys.trainers()).await?;
+    let trainers: Vec<String> = trainers
+        .iter()
+        .filter_map(|kv| keys.trainer_id(&kv.key).map(str::to_owned))
+        .collect();
+    let (ps, _) = backend.range(&keys.ps_prefix()).await?;
+    let pservers: Vec<PserverStatus> = ps
+        .iter()
+        .filter_map(|kv| {
+            let index = keys.ps_index(&kv.key)?;
+            let address = match PserverRecord::decode(&kv.value) {
+                Ok(r) => r.addr,
+                Err(e) => format!("(unreadable claim: {e})"),
+            };
+            Some(PserverStatus { index, address })
+        })
+        .collect();
+    let (mut masters, _) = backend.range(&keys.master_election()).await?;
+    masters.sort_by_key(|kv| kv.create_revision);
+    let masters: Vec<MasterStatus> = masters
+        .iter()
+        .enumerate()
+        .map(|(i, kv)| MasterStatus {
+            address: String::from_utf8_lossy(&kv.value).into_owned(),
+            leader: i == 0,
+        })
+        .collect();
+    let desired_trainers = backend
+        .get(&keys.scale_trainers())
+        .await?
+        .and_then(|kv| ScaleRecord::decode(&kv.value).ok())
+        .map(|r| r.trainers);
+    let recorded = backend
+        .get(&keys.state())
+        .await?
+        .and_then(|kv| JobStateRecord::decode(&kv.value).ok())
+        .map(|r| r.state.name().to_owned());
+    let status = if masters.is_empty() {
+        None
+    } else {
+        let mut cfg = MasterClientConfig::new(job.clone());
+        cfg.retry_for = Duration::from_secs(2);
+        cfg.call_timeout = Duration::from_secs(2);
+        MasterClient::new(backend.clone(), cfg, CancellationToken::new())
+            .status()
+            .await
+            .ok()
+    };
+    let state = match (&recorded, &status) {
+        (Some(s), _) => s.clone(),
+        (None, Some(s)) if s.finished => "succeeded".into(),
+        (None, Some(_)) => "running".into(),
+        (None, None) => "pending".into(),
+    };
+    Ok(JobStatus {
+        job: job.to_string(),
+        state,
+        model: spec.map(|s| s.model.as_ref().map_or("entry", |m| m.kind()).to_owned()),
+        pass: status.as_ref().map(|s| PassProgress {
+            current: (s.pass + 1).min(s.passes.max(1)),
+            total: s.passes.max(1),
+        }),
+        tasks: status.as_ref().map(|s| TaskCounts {
+            todo: s.todo,
+            pending: s.pending,
+            done: s.done,
+            failed: s.failed,
+        }),
+        records_trained: status
+            .as_ref()
+            .and_then(|s| s.counters.map(|c| c.records_trained)),
+        trainers,
+        desired_trainers,
+        pservers,
+        masters,
+        failures: status
+            .map(|s| {
+                s.failed_tasks
+                    .into_iter()
+                    .rev()
+                    .take(5)
+                    .map(|f| TaskFailure {
+                        task: f.id,
+                        reason: f.reason,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    })
+}
