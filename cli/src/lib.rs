@@ -81,8 +81,8 @@ pub enum Command {
     Kill(ops_cmd::KillArgs),
     /// Print (or follow) the logs of a job run by `edl run`.
     Logs(ops_cmd::LogsArgs),
-    /// edl on Kubernetes: the TrainingJob resource's definition, and the objects the
-    /// operator creates for a job.
+    /// edl on Kubernetes: run the operator, print the TrainingJob resource's definition,
+    /// or the objects the operator creates for a job.
     #[command(subcommand)]
     Operator(operator_cmd::OperatorCommand),
 }
@@ -98,10 +98,16 @@ pub fn init_logging(cli: &Cli) {
             | Command::Scale(_)
             | Command::Kill(_)
             | Command::Logs(_)
-            | Command::Operator(_),
+            | Command::Operator(
+                operator_cmd::OperatorCommand::Crd | operator_cmd::OperatorCommand::Render(_),
+            ),
         ) => logging::Verbosity::Quiet,
         Some(
-            Command::Master(_) | Command::Consume(_) | Command::Pserver(_) | Command::Trainer(_),
+            Command::Master(_)
+            | Command::Consume(_)
+            | Command::Pserver(_)
+            | Command::Trainer(_)
+            | Command::Operator(operator_cmd::OperatorCommand::Run(_)),
         )
         | None => logging::Verbosity::Info,
     };

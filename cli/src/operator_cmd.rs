@@ -1,4 +1,5 @@
-//! `edl operator`: edl on Kubernetes. `crd` prints the TrainingJob resource's definition
+//! `edl operator`: edl on Kubernetes. `run` runs the operator (controller, leader
+//! election, `/metrics`) over the `edl-operator` crate; `crd` prints the TrainingJob resource's definition
 //! (`deploy/crd.yaml`); `render` prints the TrainingJob of a job spec and the objects the
 //! operator creates for it, without a cluster (what `kubectl apply --dry-run` would
 //! get).
@@ -10,19 +11,56 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use edl_job::JobSpec;
+use std::sync::Arc;
+
 use edl_operator::TrainingJob;
+use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::VolumeSource;
+use edl_operator::leader::{self, Election};
+use edl_operator::metrics::Metrics;
 use edl_operator::reconcile::{Observed, Progress, reconcile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::common::{runtime, shutdown_on_signals};
 
 /// `edl operator` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
+    /// Run the operator: reconcile TrainingJobs into pods against the API server of the
+    /// kubeconfig (KUBECONFIG, ~/.kube/config, or the pod's service account), one
+    /// replica leading at a time.
+    Run(RunArgs),
     /// Print the TrainingJob CustomResourceDefinition as YAML (deploy/crd.yaml).
     Crd,
     /// Print, as YAML, the TrainingJob of a job spec (JOB.toml) or of a TrainingJob
     /// file, then the pods and services the operator creates for it.
     Render(RenderArgs),
+}
+
+/// Arguments of `edl operator run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Only TrainingJobs of this namespace (default: all).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Serve Prometheus metrics on this address (`GET /metrics`).
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The namespace of the leader election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// This replica's identity in the election (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// How often a job's progress is read from its etcd.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub resync: std::time::Duration,
+    /// etcd user of the jobs' etcd, if it needs one.
+    #[arg(long, env = "EDL_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// etcd password.
+    #[arg(long, env = "EDL_ETCD_PASSWORD", hide_env_values = true)]
+    pub etcd_password: Option<String>,
 }
 
 /// Arguments of `edl operator render`.
@@ -44,6 +82,7 @@ pub struct RenderArgs {
 /// Runs an `edl operator` subcommand.
 pub fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
     match cmd {
+        OperatorCommand::Run(args) => run_operator(args).map(|()| ExitCode::SUCCESS),
         OperatorCommand::Crd => {
             print!("{}", edl_operator::crd::crd_yaml());
             Ok(ExitCode::SUCCESS)
@@ -112,4 +151,73 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         docs.push(serde_norway::to_string(p)?);
     }
     Ok(docs.into_iter().map(|d| format!("---\n{d}")).collect())
+}
+
+fn run_operator(args: RunArgs) -> anyhow::Result<()> {
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("edl-operator-{}", std::process::id()));
+    let etcd_auth = match (&args.etcd_user, &args.etcd_password) {
+        (Some(user), Some(password)) => Some(edl_coord::EtcdAuth {
+            user: user.clone(),
+            password: password.clone(),
+        }),
+        (None, None) => None,
+        _ => anyhow::bail!("--etcd-user and --etcd-password go together"),
+    };
+    runtime()?.block_on(async move {
+        let shutdown = shutdown_on_signals()?;
+        let client = kube::Client::try_default().await.context(
+            "connect to the Kubernetes API server (set KUBECONFIG, or run in a pod with a \
+             service account)",
+        )?;
+        let metrics = Arc::new(Metrics::default());
+        if let Some(addr) = args.metrics_addr {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("bind --metrics-addr {addr}"))?;
+            let m = metrics.clone();
+            let app = axum::Router::new().route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let m = m.clone();
+                    async move { m.render() }
+                }),
+            );
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await;
+            });
+        }
+        let config = ControllerConfig {
+            namespace: args.namespace.clone(),
+            resync: args.resync,
+            etcd_auth,
+            instance: identity.clone(),
+            ..ControllerConfig::default()
+        };
+        let election = Election {
+            namespace: args.lease_namespace.clone(),
+            name: "edl-operator".to_owned(),
+            identity,
+            lease: std::time::Duration::from_secs(15),
+            renew: std::time::Duration::from_secs(5),
+        };
+        tracing::info!(namespace = ?args.namespace, "edl operator starting");
+        let c = client.clone();
+        leader::run(client, election, shutdown, move |term| {
+            let (c, config, metrics) = (c.clone(), config.clone(), metrics.clone());
+            async move {
+                metrics.leader.set(1);
+                controller::run(c, config, metrics.clone(), term).await;
+                metrics.leader.set(0);
+            }
+        })
+        .await;
+        Ok(())
+    })
 }

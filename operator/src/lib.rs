@@ -12,10 +12,18 @@
 //!   them, and the conversion from and to a job spec.
 //! - [`objects`]: names, labels, and the pods and services of a job.
 //! - [`reconcile`]: observed objects -> a [`reconcile::Plan`].
+//! - [`controller`]: the kube-rs edge: watches TrainingJobs and their pods, observes
+//!   (the API server, the job's etcd), decides, applies.
+//! - [`leader`]: leader election among operator replicas on a `coordination.k8s.io`
+//!   Lease.
+//! - [`metrics`]: the operator's `/metrics`.
 
 #![warn(missing_docs)]
 
+pub mod controller;
 pub mod crd;
+pub mod leader;
+pub mod metrics;
 pub mod objects;
 pub mod reconcile;
 

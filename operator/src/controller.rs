@@ -1,0 +1,426 @@
+//! The controller: the thin kube-rs edge around [`reconcile`](crate::reconcile). For
+//! each TrainingJob (on a change of it or of its pods, and every
+//! [`ControllerConfig::resync`] for the job's progress in etcd) it observes, decides and
+//! applies the plan in order: finalizer, etcd, deletions, creations, status, events. A
+//! step that fails ends the round with the error; the job is reconciled again after a
+//! backoff, from a fresh observation (every step is idempotent: a pod that exists, a
+//! spec already published, a finalizer already there are no-ops).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use edl_coord::{Backend, EtcdBackend, EtcdConfig};
+use edl_job::{JobKeys, JobName, Record, ScaleRecord};
+use edl_master::overview::job_status;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::crd::{TaskCounts, TrainingJob};
+use crate::metrics::Metrics;
+use crate::objects::{INDEX_LABEL, JOB_LABEL, ROLE_LABEL, Role, Slot, etcd_endpoints};
+use crate::reconcile::{
+    EtcdAction, FINALIZER, FinalizerChange, Finished, Observed, PodPhase, PodView, Progress,
+    reconcile,
+};
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// Only this namespace (default: all).
+    pub namespace: Option<String>,
+    /// How often a job is reconciled without a change (its progress in etcd).
+    pub resync: Duration,
+    /// etcd user and password for the jobs' etcd, if it needs them.
+    pub etcd_auth: Option<edl_coord::EtcdAuth>,
+    /// How long one etcd request of the operator may take.
+    pub etcd_timeout: Duration,
+    /// The name events are reported under (`reportingInstance`).
+    pub instance: String,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            namespace: None,
+            resync: Duration::from_secs(5),
+            etcd_auth: None,
+            etcd_timeout: Duration::from_secs(3),
+            instance: "edl-operator".to_owned(),
+        }
+    }
+}
+
+/// A failed reconcile step.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or could not be reached.
+    #[error("{what}: {source}")]
+    Kube {
+        /// The step.
+        what: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// etcd refused or could not be reached.
+    #[error("{what}: {message}")]
+    Etcd {
+        /// The step.
+        what: String,
+        /// Why.
+        message: String,
+    },
+}
+
+fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Kube { what, source }
+}
+
+struct Ctx {
+    client: Client,
+    config: ControllerConfig,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    /// One etcd client per endpoint list.
+    etcd: Mutex<BTreeMap<Vec<String>, Arc<dyn Backend>>>,
+}
+
+impl Ctx {
+    async fn backend(&self, endpoints: Vec<String>) -> Result<Arc<dyn Backend>, String> {
+        if let Some(b) = self
+            .etcd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&endpoints)
+        {
+            return Ok(b.clone());
+        }
+        let mut cfg = EtcdConfig::new(endpoints.iter().cloned());
+        cfg.request_timeout = self.config.etcd_timeout;
+        cfg.dial_timeout = self.config.etcd_timeout;
+        cfg.auth = self.config.etcd_auth.clone();
+        let backend: Arc<dyn Backend> = Arc::new(
+            EtcdBackend::connect(cfg)
+                .await
+                .map_err(|e| format!("{} ({})", e, endpoints.join(",")))?,
+        );
+        self.etcd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(endpoints, backend.clone());
+        Ok(backend)
+    }
+}
+
+/// The pod as the decision sees it (`None`: not one of the job's pods).
+pub fn pod_view(pod: &Pod) -> Option<PodView> {
+    let labels = pod.metadata.labels.as_ref()?;
+    let slot = Slot {
+        role: Role::parse(labels.get(ROLE_LABEL)?)?,
+        index: labels.get(INDEX_LABEL)?.parse().ok()?,
+    };
+    let status = pod.status.as_ref();
+    let phase = match status.and_then(|s| s.phase.as_deref()) {
+        Some("Running") => PodPhase::Running,
+        Some("Succeeded") => PodPhase::Succeeded,
+        Some("Failed") => PodPhase::Failed,
+        Some("Unknown") => PodPhase::Unknown,
+        _ => PodPhase::Pending,
+    };
+    let container = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first());
+    let waiting = container
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.waiting.as_ref())
+        .filter(|w| {
+            !matches!(
+                w.reason.as_deref(),
+                None | Some("ContainerCreating" | "PodInitializing")
+            )
+        })
+        .map(|w| {
+            (
+                w.reason.clone().unwrap_or_default(),
+                w.message.clone().unwrap_or_default(),
+            )
+        });
+    let unschedulable = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| {
+            cs.iter().find(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+        })
+        .map(|c| {
+            (
+                "Unschedulable".to_owned(),
+                c.message.clone().unwrap_or_default(),
+            )
+        });
+    let terminated = container
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref());
+    let ran_for = terminated.and_then(|t| {
+        let (start, end) = (t.started_at.as_ref()?, t.finished_at.as_ref()?);
+        let secs = end.0.as_second() - start.0.as_second();
+        Some(Duration::from_secs(secs.max(0) as u64))
+    });
+    Some(PodView {
+        name: pod.name_any(),
+        slot,
+        phase,
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        problem: waiting.or(unschedulable),
+        ran_for,
+        exit_code: terminated.map(|t| t.exit_code),
+    })
+}
+
+/// The job's state in etcd.
+async fn progress(backend: &Arc<dyn Backend>, job: &JobName) -> Result<Progress, String> {
+    let keys = JobKeys::new(job);
+    let spec_published = backend
+        .get(&keys.spec())
+        .await
+        .map_err(|e| e.to_string())?
+        .is_some();
+    if !spec_published {
+        return Ok(Progress::default());
+    }
+    let s = job_status(backend, job).await.map_err(|e| e.to_string())?;
+    let finished = match s.state.as_str() {
+        "succeeded" => Some(Finished::Succeeded),
+        "failed" => Some(Finished::Failed(
+            "the job failed (edl status names why)".into(),
+        )),
+        "stopped" => Some(Finished::Failed("stopped by `edl kill`".into())),
+        _ => None,
+    };
+    Ok(Progress {
+        spec_published,
+        pass: s.pass.map(|p| p.current.saturating_sub(1)),
+        tasks: s.tasks.map(|t| TaskCounts {
+            todo: t.todo,
+            pending: t.pending,
+            done: t.done,
+            failed: t.failed,
+        }),
+        trainers: s.trainers.len() as u32,
+        pservers: s.pservers.len() as u32,
+        leader: s
+            .masters
+            .iter()
+            .find(|m| m.leader)
+            .map(|m| m.address.clone()),
+        scale: s.desired_trainers,
+        finished,
+    })
+}
+
+async fn reconcile_job(tj: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let name = tj.name_any();
+    let ns = tj.namespace().unwrap_or_else(|| "default".to_owned());
+    ctx.metrics.reconciles.inc();
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let services_api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    let jobs: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name}"));
+    let pods = pods_api
+        .list(&selector)
+        .await
+        .map_err(kube_err("list the job's pods"))?;
+    let services = services_api
+        .list(&selector)
+        .await
+        .map_err(kube_err("list the job's services"))?;
+    let job_name = JobName::new(name.clone()).ok();
+    let etcd = match &job_name {
+        Some(job) => match ctx.backend(etcd_endpoints(&tj)).await {
+            Ok(b) => progress(&b, job).await,
+            Err(e) => Err(e),
+        },
+        // An invalid name fails the job in the decision; etcd is not needed.
+        None => Ok(Progress::default()),
+    };
+    let obs = Observed {
+        job: &tj,
+        pods: pods.items.iter().filter_map(pod_view).collect(),
+        services: services.items.iter().map(ResourceExt::name_any).collect(),
+        etcd,
+        now: Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let plan = reconcile(&obs);
+
+    let rv = tj.resource_version();
+    let mut finalizers: Vec<String> = tj.finalizers().to_vec();
+    if plan.finalizer == Some(FinalizerChange::Add) {
+        finalizers.push(FINALIZER.to_owned());
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rv}});
+        jobs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("add the finalizer"))?;
+    }
+    if !plan.etcd.is_empty() {
+        let backend = ctx
+            .backend(etcd_endpoints(&tj))
+            .await
+            .map_err(|message| Error::Etcd {
+                what: "connect to the job's etcd".into(),
+                message,
+            })?;
+        for action in &plan.etcd {
+            let keys = job_name.as_ref().map(JobKeys::new);
+            let result = match (action, &keys) {
+                (EtcdAction::PublishSpec(spec), _) => spec
+                    .publish(&backend)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                (EtcdAction::WriteScale(n), Some(keys)) => backend
+                    .put(&keys.scale_trainers(), ScaleRecord::new(*n).encode(), None)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                (EtcdAction::DeleteJob, Some(keys)) => backend
+                    .delete_prefix(&format!("{}/", keys.root()))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                (_, None) => Ok(()),
+            };
+            result.map_err(|message| Error::Etcd {
+                what: format!("{action:?}"),
+                message,
+            })?;
+        }
+    }
+    for d in &plan.delete {
+        let params = DeleteParams {
+            grace_period_seconds: d.grace.map(|g| g.max(0) as u32),
+            ..DeleteParams::default()
+        };
+        match pods_api.delete(&d.name, &params).await {
+            Ok(_) => {
+                ctx.metrics.pods_deleted.inc();
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(kube_err(format!("delete pod {}", d.name))(e)),
+        };
+    }
+    for s in &plan.create_services {
+        match services_api.create(&PostParams::default(), s).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kube_err("create a service")(e)),
+        }
+    }
+    for p in &plan.create_pods {
+        match pods_api.create(&PostParams::default(), p).await {
+            Ok(_) => {
+                ctx.metrics.pods_created.inc();
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => {
+                return Err(kube_err(format!("create pod {}", p.name_any()))(e));
+            }
+        }
+    }
+    if let Some(status) = &plan.status {
+        let patch = json!({"status": status});
+        jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("write the status"))?;
+    }
+    let reference = tj.object_ref(&());
+    for e in &plan.events {
+        if e.reason.starts_with("Scaled") {
+            ctx.metrics.scale_events.inc();
+        }
+        if e.reason == "PodReplaced" {
+            ctx.metrics.recoveries.inc();
+        }
+        let event = KubeEvent {
+            type_: if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: e.reason.clone(),
+            note: Some(e.message.chars().take(1000).collect()),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(err) = ctx.recorder.publish(&event, &reference).await {
+            // An event is for people; the job goes on without it.
+            tracing::warn!(job = %name, reason = %e.reason, error = %err, "cannot record an event");
+        }
+    }
+    if plan.finalizer == Some(FinalizerChange::Remove) {
+        let left: Vec<String> = finalizers.into_iter().filter(|f| f != FINALIZER).collect();
+        let patch = json!({"metadata": {"finalizers": if left.is_empty() { serde_json::Value::Null } else { json!(left) }}});
+        jobs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("remove the finalizer"))?;
+    }
+    Ok(Action::requeue(ctx.config.resync))
+}
+
+fn error_policy(_tj: Arc<TrainingJob>, error: &Error, ctx: Arc<Ctx>) -> Action {
+    ctx.metrics.reconcile_errors.inc();
+    tracing::warn!(%error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// Runs the controller until `shutdown` fires.
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let (jobs, pods): (Api<TrainingJob>, Api<Pod>) = match &config.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "edl-operator".to_owned(),
+            instance: Some(config.instance.clone()),
+        },
+    );
+    let ctx = Arc::new(Ctx {
+        client,
+        config,
+        recorder,
+        metrics,
+        etcd: Mutex::new(BTreeMap::new()),
+    });
+    let managed = watcher::Config::default().labels("app.kubernetes.io/managed-by=edl-operator");
+    Controller::new(jobs, watcher::Config::default())
+        .owns(pods, managed)
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile_job, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller");
+            }
+        })
+        .await;
+}

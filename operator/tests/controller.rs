@@ -1,0 +1,303 @@
+//! The controller (`edl_operator::controller`) against the fake API server and a real
+//! etcd. The test plays a minimal kubelet: it marks created pods Running and removes
+//! pods being deleted; the pods run no process here (the end-to-end test with real
+//! `edl` processes is a separate one). What it shows: a TrainingJob gets its finalizer,
+//! its spec in etcd, its service and pods, a status; the scale subresource resizes it
+//! (2 -> 4 -> 1, surplus trainers deleted with their drain grace period), with Events
+//! and `scale/trainers` in etcd; a deleted pserver pod is recreated; deleting the job
+//! removes its etcd keys and then the resource.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{Backend, EtcdBackend, EtcdConfig};
+use edl_job::{JobKeys, JobName, Record, ScaleRecord};
+use edl_operator::TrainingJob;
+use edl_operator::controller::{self, ControllerConfig};
+use edl_operator::crd::{EtcdSpec, Phase};
+use edl_operator::metrics::Metrics;
+use edl_testkit::etcd::EtcdCluster;
+use edl_testkit::kube_api::{FakeApi, ResourceType, ScalePaths};
+use edl_testkit::wait_until;
+use futures::StreamExt;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Config};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "ml";
+const JOB: &str = "mnist";
+
+fn trainingjobs() -> ResourceType {
+    ResourceType {
+        group: "edl.dev",
+        version: "v1alpha1",
+        plural: "trainingjobs",
+        kind: "TrainingJob",
+        namespaced: true,
+        status: true,
+        scale: Some(ScalePaths {
+            spec_replicas: "spec.cluster.trainers",
+            status_replicas: "status.trainers.running",
+            selector: "status.selector",
+        }),
+    }
+}
+
+/// Marks new pods Running and removes terminating ones (as a kubelet whose containers
+/// stop at once), until `stop`.
+fn kubelet(api: Arc<FakeApi>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut changes = api.subscribe("pods").boxed();
+        let settle = |api: &FakeApi| {
+            for pod in api.list("pods", NS) {
+                let name = pod["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                if !pod["metadata"]["deletionTimestamp"].is_null() {
+                    let _ = api.delete("pods", NS, &name, Some(0));
+                } else if pod["status"]["phase"].is_null() {
+                    let _ = api.patch_status(
+                        "pods",
+                        NS,
+                        &name,
+                        &json!({"phase": "Running", "podIP": "127.0.0.1"}),
+                    );
+                }
+            }
+        };
+        settle(&api);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                change = changes.next() => {
+                    if change.is_none() {
+                        return;
+                    }
+                    settle(&api);
+                }
+            }
+        }
+    })
+}
+
+fn pod_names(api: &FakeApi, role: &str) -> Vec<String> {
+    let mut names: Vec<String> = api
+        .list("pods", NS)
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["edl.dev/role"] == role)
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+fn events(api: &FakeApi) -> Vec<String> {
+    api.list("events", NS)
+        .into_iter()
+        .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
+    let etcd = EtcdCluster::start(1).await.expect("etcd");
+    let api = Arc::new(
+        FakeApi::start(vec![
+            ResourceType::pods(),
+            ResourceType::services(),
+            ResourceType::events_v1(),
+            trainingjobs(),
+        ])
+        .await
+        .expect("fake API server"),
+    );
+    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    let stop = CancellationToken::new();
+    let kubelet = kubelet(api.clone(), stop.clone());
+    let metrics = Arc::new(Metrics::default());
+    let config = ControllerConfig {
+        namespace: Some(NS.to_owned()),
+        resync: Duration::from_millis(300),
+        ..ControllerConfig::default()
+    };
+    let operator = tokio::spawn(controller::run(
+        client.clone(),
+        config,
+        metrics.clone(),
+        stop.clone(),
+    ));
+
+    let spec = edl_job::JobSpec::parse_toml(&format!(
+        "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
+         [cluster]\ntrainers = 2\nmin_trainers = 1\nmax_trainers = 4\n"
+    ))
+    .expect("spec");
+    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
+    tj.spec.etcd = EtcdSpec {
+        endpoints: etcd.endpoints(),
+        ..EtcdSpec::default()
+    };
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
+    jobs.create(&PostParams::default(), &tj)
+        .await
+        .expect("create the job");
+
+    let within = Duration::from_secs(20);
+    let every = Duration::from_millis(50);
+    let ok = wait_until(within, every, || async {
+        pod_names(&api, "trainer").len() == 2
+            && pod_names(&api, "master").len() == 1
+            && pod_names(&api, "pserver").len() == 1
+    })
+    .await;
+    assert!(ok, "pods: {:?}", api.list("pods", NS));
+    let stored = api.get("trainingjobs", NS, JOB).expect("job");
+    assert_eq!(stored["metadata"]["finalizers"][0], "edl.dev/etcd-cleanup");
+    assert!(
+        api.get("services", NS, JOB).is_some(),
+        "the headless service"
+    );
+    let backend: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(EtcdConfig::new(etcd.endpoints()))
+            .await
+            .expect("etcd client"),
+    );
+    let keys = JobKeys::new(&JobName::new(JOB).expect("name"));
+    assert!(
+        backend.get(&keys.spec()).await.expect("get").is_some(),
+        "the spec is published before the processes start"
+    );
+    let running = |n: u32| {
+        let jobs = jobs.clone();
+        async move {
+            jobs.get(JOB)
+                .await
+                .ok()
+                .and_then(|j| j.status)
+                .is_some_and(|s| {
+                    s.trainers.running == n && s.trainers.desired == n && s.phase == Phase::Running
+                })
+        }
+    };
+    assert!(
+        wait_until(within, every, || running(2)).await,
+        "{:?}",
+        jobs.get(JOB).await
+    );
+
+    // 2 -> 4 through the scale subresource.
+    jobs.patch_scale(
+        JOB,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"replicas": 4}})),
+    )
+    .await
+    .expect("scale to 4");
+    assert!(
+        wait_until(within, every, || running(4)).await,
+        "{:?}",
+        jobs.get(JOB).await
+    );
+    assert_eq!(
+        pod_names(&api, "trainer"),
+        (0..4)
+            .map(|i| format!("{JOB}-trainer-{i}"))
+            .collect::<Vec<_>>()
+    );
+    let scale = backend
+        .get(&keys.scale_trainers())
+        .await
+        .expect("get")
+        .map(|kv| ScaleRecord::decode(&kv.value).expect("record").trainers);
+    assert_eq!(scale, Some(4));
+
+    // 4 -> 1: the surplus trainers are deleted with their drain grace period.
+    let mut deletions = api.subscribe("pods").boxed();
+    jobs.patch_scale(
+        JOB,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"replicas": 1}})),
+    )
+    .await
+    .expect("scale to 1");
+    let mut drained = Vec::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while drained.len() < 3 && tokio::time::Instant::now() < deadline {
+        let Ok(Some((kind, pod))) = tokio::time::timeout_at(deadline, deletions.next()).await
+        else {
+            break;
+        };
+        if kind == "MODIFIED" && !pod["metadata"]["deletionTimestamp"].is_null() {
+            assert_eq!(
+                pod["metadata"]["deletionGracePeriodSeconds"], 30,
+                "the drain grace"
+            );
+            drained.push(
+                pod["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+        }
+    }
+    drained.sort();
+    assert_eq!(
+        drained,
+        ["mnist-trainer-1", "mnist-trainer-2", "mnist-trainer-3"]
+    );
+    assert!(
+        wait_until(within, every, || running(1)).await,
+        "{:?}",
+        jobs.get(JOB).await
+    );
+
+    // A deleted pserver pod comes back.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    let old_uid =
+        api.get("pods", NS, "mnist-pserver-0").expect("pserver")["metadata"]["uid"].clone();
+    pods.delete("mnist-pserver-0", &DeleteParams::default())
+        .await
+        .expect("delete the pserver pod");
+    let ok = wait_until(within, every, || async {
+        api.get("pods", NS, "mnist-pserver-0")
+            .is_some_and(|p| p["metadata"]["uid"] != old_uid && p["status"]["phase"] == "Running")
+    })
+    .await;
+    assert!(ok, "the pserver pod was not recreated");
+    let ok = wait_until(within, every, || async {
+        let e = events(&api);
+        ["ScaledUp", "ScaledDown", "PodReplaced"]
+            .iter()
+            .all(|r| e.iter().any(|x| x == r))
+    })
+    .await;
+    assert!(ok, "events: {:?}", events(&api));
+    assert!(metrics.reconciles.get() > 0 && metrics.recoveries.get() >= 1);
+
+    // Deleting the job removes its keys, then the resource; its pods go with it.
+    jobs.delete(JOB, &DeleteParams::default())
+        .await
+        .expect("delete the job");
+    let ok = wait_until(within, every, || async {
+        api.get("trainingjobs", NS, JOB).is_none() && api.list("pods", NS).is_empty()
+    })
+    .await;
+    assert!(
+        ok,
+        "job {:?}, pods {:?}",
+        api.get("trainingjobs", NS, JOB),
+        api.list("pods", NS)
+    );
+    let (left, _) = backend
+        .range(&format!("{}/", keys.root()))
+        .await
+        .expect("range");
+    assert!(left.is_empty(), "etcd keys left: {left:?}");
+
+    stop.cancel();
+    operator.await.expect("operator");
+    kubelet.await.expect("kubelet");
+}
