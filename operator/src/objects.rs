@@ -205,6 +205,7 @@ pub fn pod(tj: &TrainingJob, slot: Slot) -> Pod {
         env("EDL_LEASE_TTL", ttl.clone()),
         env_field("POD_IP", "status.podIP"),
         env_field("POD_NAME", "metadata.name"),
+        env_field("POD_UID", "metadata.uid"),
     ];
     let mut mounts = Vec::new();
     let mut volumes = Vec::new();
@@ -299,7 +300,9 @@ pub fn pod(tj: &TrainingJob, slot: Slot) -> Pod {
             )
         }
         Role::Trainer => {
-            vars.push(env_field("EDL_TRAINER_ID", "metadata.name"));
+            // One id per pod incarnation: a replacement pod (same name) must not meet
+            // the registration its predecessor left until its lease ends.
+            vars.push(env("EDL_TRAINER_ID", "$(POD_NAME).$(POD_UID)"));
             vars.push(env("EDL_MODE", "train"));
             vars.extend(s.trainer.env.iter().map(|(k, v)| env(k, v.clone())));
             let command = if s.trainer.entry.is_empty() {

@@ -203,9 +203,13 @@ impl ApiError {
 }
 
 fn now_rfc3339() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    rfc3339(std::time::SystemTime::now())
+}
+
+/// `t` as an RFC 3339 UTC time with seconds (`2026-11-23T17:52:34Z`), as Kubernetes
+/// writes times.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs() as i64;
     // Civil date from days since the epoch (Howard Hinnant's algorithm).
     let days = secs.div_euclid(86_400);
@@ -408,10 +412,21 @@ impl Store {
         }
         let rv = self.bump();
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let finalizers_left = new["metadata"]["finalizers"]
-            .as_array()
-            .is_some_and(|f| !f.is_empty());
-        if !new["metadata"]["deletionTimestamp"].is_null() && !finalizers_left {
+        let has_finalizers = |o: &Value| {
+            o["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty())
+        };
+        // The last finalizer of an object being deleted went: it goes (a pod still in
+        // its grace period waits for its kubelet's final delete).
+        let graceful_pod = new["metadata"]["deletionGracePeriodSeconds"]
+            .as_i64()
+            .is_some_and(|g| g > 0);
+        if !new["metadata"]["deletionTimestamp"].is_null()
+            && has_finalizers(&old)
+            && !has_finalizers(&new)
+            && !graceful_pod
+        {
             return self.remove(key, new, tx);
         }
         self.objects.insert(key.clone(), new.clone());

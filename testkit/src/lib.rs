@@ -16,7 +16,8 @@
 //! - [`kube_api`]: [`FakeApi`](kube_api::FakeApi), a fake Kubernetes API server on
 //!   loopback (list/watch with resourceVersions and 410 Gone, status and scale
 //!   subresources, optimistic concurrency, finalizers, owner references) for the
-//!   operator's tests.
+//!   operator's tests; [`kubelet`]: [`Kubelet`](kubelet::Kubelet) runs its pods as real
+//!   processes.
 //! - [`wait_until`]: polls a condition until a deadline.
 //! - [`register_trainer`]: registers a trainer under a job's `trainers/` with its own
 //!   lease, as trainers do.
@@ -36,6 +37,7 @@ pub mod child;
 pub mod etcd;
 pub mod faulty;
 pub mod kube_api;
+pub mod kubelet;
 
 pub use child::{CHILD_ROLE_ENV, ChildProcess, child_role, signal};
 pub use etcd::EtcdCluster;

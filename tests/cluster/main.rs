@@ -7,6 +7,8 @@
 //!   SIGKILL, and programs that cannot start, exit at once or never register.
 //! - [`etcd`]: etcd unreachable at startup, and outages (a leader's death, a quorum
 //!   loss) under a running job.
+//! - [`kubernetes`]: the operator end to end: a TrainingJob on the fake API server, its
+//!   pods run as real `edl` processes, scaled, with pods deleted, to Succeeded.
 //! - [`master`]: the master's task queue across trainer and master failures.
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
 //! - [`run`]: `edl run` of the examples, operator commands, bad input.
@@ -16,6 +18,7 @@
 mod chaos;
 mod entry;
 mod etcd;
+mod kubernetes;
 mod master;
 mod pserver;
 mod run;

@@ -97,7 +97,7 @@ fn housing(dir: &Path) -> (String, String) {
 }
 
 /// MNIST (5000 digits) as RecordIO: (train glob, test glob), every 5th digit held out.
-fn mnist(dir: &Path) -> (String, String) {
+pub(crate) fn mnist(dir: &Path) -> (String, String) {
     let f = std::fs::File::open(repo().join("examples/data/mnist_5k.csv.gz")).expect("mnist");
     let lines: Vec<String> = std::io::BufReader::new(flate2::read::GzDecoder::new(f))
         .lines()

@@ -1,0 +1,352 @@
+//! A test kubelet for [`FakeApi`]: it "runs" the pods of a namespace as real processes
+//! on this machine, so the operator's end-to-end test trains a real job.
+//!
+//! For each new pod it starts the first container's `command` as a process:
+//! - `edl` is the given binary;
+//! - the environment is the container's `env` (values, with `$(VAR)` of earlier
+//!   variables expanded, and the field references `metadata.name`, `metadata.uid`,
+//!   `metadata.namespace`, `status.podIP` = `127.0.0.1`);
+//! - `$(VAR)` in the command is expanded from it, as Kubernetes does;
+//! - `--listen ADDR` and `--advertise ADDR` are dropped, so every process binds
+//!   `127.0.0.1:0` and registers the address it got (pods share this host);
+//! - volume mounts become host directories: a `hostPath` is itself, a claim is the
+//!   directory given for it, an `emptyDir` is a fresh directory of the pod; arguments
+//!   under a mount path are rewritten to the host directory.
+//!
+//! It reports the pod `Running` (pod IP `127.0.0.1`), then `Succeeded` or `Failed` with
+//! the exit code and the start and end times when the process ends. A pod being deleted
+//! gets SIGTERM, then SIGKILL after its grace period, and is removed once its process
+//! has stopped (a delete with grace 0). Processes are killed when the kubelet is dropped.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::kube_api::FakeApi;
+
+/// What the kubelet runs pods with.
+#[derive(Debug, Clone)]
+pub struct KubeletConfig {
+    /// The namespace whose pods it runs.
+    pub namespace: String,
+    /// The `edl` binary.
+    pub edl: PathBuf,
+    /// Where pods' logs (`<pod>.log`) and `emptyDir`s go.
+    pub dir: PathBuf,
+    /// The host directory of each PersistentVolumeClaim.
+    pub claims: BTreeMap<String, PathBuf>,
+}
+
+#[derive(Debug)]
+struct Running {
+    pid: u32,
+    uid: String,
+}
+
+/// The kubelet; it stops (killing its processes) when dropped.
+#[derive(Debug)]
+pub struct Kubelet {
+    stop: CancellationToken,
+    procs: Arc<Mutex<BTreeMap<String, Running>>>,
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        for r in self
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            let _ = crate::child::signal(r.pid, Signal::SIGKILL);
+        }
+    }
+}
+
+fn now_rfc3339() -> String {
+    crate::kube_api::rfc3339(std::time::SystemTime::now())
+}
+
+fn expand(s: &str, env: &BTreeMap<String, String>) -> String {
+    let mut out = s.to_owned();
+    for (k, v) in env {
+        out = out.replace(&format!("$({k})"), v);
+    }
+    out
+}
+
+/// The command line of `pod` on this host, its environment and the host directories
+/// its mounts became.
+fn command_of(
+    pod: &Value,
+    cfg: &KubeletConfig,
+) -> Result<(Vec<String>, BTreeMap<String, String>), String> {
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    let c = &pod["spec"]["containers"][0];
+    let mut env = BTreeMap::new();
+    for e in c["env"].as_array().into_iter().flatten() {
+        let key = e["name"].as_str().unwrap_or_default().to_owned();
+        let value = if let Some(v) = e["value"].as_str() {
+            // `$(VAR)` of a variable defined before, as Kubernetes expands it.
+            expand(v, &env)
+        } else {
+            match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.name") => name.to_owned(),
+                Some("metadata.uid") => pod["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                Some("metadata.namespace") => cfg.namespace.clone(),
+                Some("status.podIP") => "127.0.0.1".to_owned(),
+                other => return Err(format!("env {key}: unsupported fieldRef {other:?}")),
+            }
+        };
+        env.insert(key, value);
+    }
+    let mut mounts = Vec::new();
+    for m in c["volumeMounts"].as_array().into_iter().flatten() {
+        let vname = m["name"].as_str().unwrap_or_default();
+        let mount = m["mountPath"].as_str().unwrap_or_default().to_owned();
+        let vol = pod["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == vname)
+            .ok_or_else(|| format!("mount {vname}: no such volume"))?;
+        let host = if let Some(p) = vol["hostPath"]["path"].as_str() {
+            PathBuf::from(p)
+        } else if let Some(claim) = vol["persistentVolumeClaim"]["claimName"].as_str() {
+            cfg.claims
+                .get(claim)
+                .cloned()
+                .ok_or_else(|| format!("persistentvolumeclaim \"{claim}\" not found"))?
+        } else {
+            let d = cfg.dir.join(format!("{name}-{vname}"));
+            std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
+            d
+        };
+        mounts.push((mount, host));
+    }
+    let mut args = Vec::new();
+    let mut it = c["command"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(c["args"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str);
+    while let Some(a) = it.next() {
+        if a == "--listen" || a == "--advertise" {
+            it.next();
+            continue;
+        }
+        let mut a = expand(a, &env);
+        for (mount, host) in &mounts {
+            if let Some(rest) = a.strip_prefix(mount.as_str()) {
+                a = format!("{}{rest}", host.display());
+            }
+        }
+        args.push(a);
+    }
+    if args.first().is_some_and(|a| a == "edl") {
+        args[0] = cfg.edl.display().to_string();
+    }
+    if args.is_empty() {
+        return Err("no command".into());
+    }
+    Ok((args, env))
+}
+
+impl Kubelet {
+    /// Runs the pods of `cfg.namespace` in `api` until dropped.
+    pub fn start(api: Arc<FakeApi>, cfg: KubeletConfig) -> Kubelet {
+        let stop = CancellationToken::new();
+        let procs: Arc<Mutex<BTreeMap<String, Running>>> = Arc::default();
+        let (s, p) = (stop.clone(), procs.clone());
+        tokio::spawn(async move {
+            let mut changes = api.subscribe("pods").boxed();
+            loop {
+                sync(&api, &cfg, &p, &s);
+                tokio::select! {
+                    _ = s.cancelled() => return,
+                    // Changes, or a second: a process may have ended meanwhile.
+                    _ = changes.next() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        });
+        Kubelet { stop, procs }
+    }
+}
+
+fn sync(
+    api: &Arc<FakeApi>,
+    cfg: &KubeletConfig,
+    procs: &Arc<Mutex<BTreeMap<String, Running>>>,
+    stop: &CancellationToken,
+) {
+    let ns = cfg.namespace.as_str();
+    let pods = api.list("pods", ns);
+    let mut table = procs.lock().unwrap_or_else(|e| e.into_inner());
+    // Processes of pods that are gone (removed at once): killed.
+    table.retain(|name, r| {
+        let alive = pods.iter().any(|p| {
+            p["metadata"]["name"] == name.as_str() && p["metadata"]["uid"] == r.uid.as_str()
+        });
+        if !alive {
+            let _ = crate::child::signal(r.pid, Signal::SIGKILL);
+        }
+        alive
+    });
+    for pod in pods {
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let deleting = !pod["metadata"]["deletionTimestamp"].is_null();
+        let started = !pod["status"]["phase"].is_null();
+        if deleting {
+            match table.get(&name) {
+                Some(r) if r.uid == uid => {
+                    // SIGTERM once (the status says we did), SIGKILL after the grace.
+                    if pod["status"]["reason"] != "Terminating" {
+                        let _ = crate::child::signal(r.pid, Signal::SIGTERM);
+                        let _ =
+                            api.patch_status("pods", ns, &name, &json!({"reason": "Terminating"}));
+                        let grace = pod["metadata"]["deletionGracePeriodSeconds"]
+                            .as_u64()
+                            .unwrap_or(30);
+                        let (pid, stop) = (r.pid, stop.clone());
+                        tokio::spawn(async move {
+                            tokio::select! {
+                                _ = stop.cancelled() => {}
+                                _ = tokio::time::sleep(Duration::from_secs(grace)) => {
+                                    let _ = crate::child::signal(pid, Signal::SIGKILL);
+                                }
+                            }
+                        });
+                    }
+                }
+                // No process (never started, or it ended): the pod goes.
+                _ => {
+                    let _ = api.delete("pods", ns, &name, Some(0));
+                }
+            }
+            continue;
+        }
+        if started {
+            continue;
+        }
+        let (args, env) = match command_of(&pod, cfg) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = api.patch_status(
+                    "pods",
+                    ns,
+                    &name,
+                    &json!({"phase": "Pending", "conditions": [{
+                        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": e,
+                    }]}),
+                );
+                continue;
+            }
+        };
+        let log = match std::fs::File::create(cfg.dir.join(format!("{name}.log"))) {
+            Ok(f) => f,
+            Err(_) => continue,
+        };
+        let err = match log.try_clone() {
+            Ok(f) => f,
+            Err(_) => continue,
+        };
+        let mut cmd = tokio::process::Command::new(&args[0]);
+        cmd.args(&args[1..])
+            .envs(&env)
+            .current_dir(&cfg.dir)
+            .stdout(log)
+            .stderr(err)
+            .kill_on_drop(true);
+        let started_at = now_rfc3339();
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = api.patch_status(
+                    "pods",
+                    ns,
+                    &name,
+                    &json!({"phase": "Pending", "containerStatuses": [{
+                        "name": "c", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                        "state": {"waiting": {"reason": "RunContainerError", "message": e.to_string()}},
+                    }]}),
+                );
+                continue;
+            }
+        };
+        let Some(pid) = child.id() else {
+            continue;
+        };
+        table.insert(
+            name.clone(),
+            Running {
+                pid,
+                uid: uid.clone(),
+            },
+        );
+        let _ = api.patch_status(
+            "pods",
+            ns,
+            &name,
+            &json!({"phase": "Running", "podIP": "127.0.0.1", "startTime": started_at,
+                    "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0,
+                        "image": "", "imageID": "",
+                        "state": {"running": {"startedAt": started_at}}}]}),
+        );
+        let (api, ns, procs, stop) = (api.clone(), ns.to_owned(), procs.clone(), stop.clone());
+        tokio::spawn(async move {
+            let status = tokio::select! {
+                _ = stop.cancelled() => return,
+                s = child.wait() => s,
+            };
+            let code = status.ok().and_then(|s| {
+                use std::os::unix::process::ExitStatusExt;
+                s.code().or_else(|| s.signal().map(|sig| 128 + sig))
+            });
+            let mut table = procs.lock().unwrap_or_else(|e| e.into_inner());
+            if table.get(&name).is_some_and(|r| r.uid == uid) {
+                table.remove(&name);
+            }
+            drop(table);
+            let code = code.unwrap_or(1);
+            let Some(now) = api.get("pods", &ns, &name) else {
+                return;
+            };
+            if now["metadata"]["uid"] != uid.as_str() {
+                return;
+            }
+            let _ = api.patch_status(
+                "pods",
+                &ns,
+                &name,
+                &json!({"phase": if code == 0 { "Succeeded" } else { "Failed" },
+                        "containerStatuses": [{"name": "c", "ready": false, "restartCount": 0,
+                            "image": "", "imageID": "",
+                            "state": {"terminated": {"exitCode": code,
+                                "startedAt": started_at, "finishedAt": now_rfc3339()}}}]}),
+            );
+            if !now["metadata"]["deletionTimestamp"].is_null() {
+                let _ = api.delete("pods", &ns, &name, Some(0));
+            }
+        });
+    }
+}
