@@ -230,13 +230,22 @@ async fn progress(backend: &Arc<dyn Backend>, job: &JobName) -> Result<Progress,
     })
 }
 
-async fn reconcile_job(tj: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let name = tj.name_any();
-    let ns = tj.namespace().unwrap_or_else(|| "default".to_owned());
+async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let name = cached.name_any();
+    let ns = cached.namespace().unwrap_or_else(|| "default".to_owned());
     ctx.metrics.reconciles.inc();
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let services_api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     let jobs: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
+    // The status carries state (restart counts, recoveries, replacements in flight), so
+    // the decision starts from the job as the API server has it now, not from the
+    // watch cache, which may not have seen this operator's last status write yet; and
+    // every write to the job is fenced by the resourceVersion it was decided on.
+    let tj = match jobs.get(&name).await {
+        Ok(tj) => tj,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
+        Err(e) => return Err(kube_err("read the job")(e)),
+    };
     let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name}"));
     let pods = pods_api
         .list(&selector)
@@ -264,14 +273,16 @@ async fn reconcile_job(tj: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action, Er
     };
     let plan = reconcile(&obs);
 
-    let rv = tj.resource_version();
+    let mut rv = tj.resource_version();
     let mut finalizers: Vec<String> = tj.finalizers().to_vec();
     if plan.finalizer == Some(FinalizerChange::Add) {
         finalizers.push(FINALIZER.to_owned());
         let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rv}});
-        jobs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        let written = jobs
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(kube_err("add the finalizer"))?;
+        rv = written.resource_version();
     }
     if !plan.etcd.is_empty() {
         let backend = ctx
@@ -339,7 +350,9 @@ async fn reconcile_job(tj: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action, Er
         }
     }
     if let Some(status) = &plan.status {
-        let patch = json!({"status": status});
+        // A 409 here means the job changed since it was read: the next round decides
+        // again from the new version.
+        let patch = json!({"status": status, "metadata": {"resourceVersion": rv}});
         jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(kube_err("write the status"))?;

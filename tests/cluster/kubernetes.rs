@@ -130,15 +130,13 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
         out
     };
     // Running with `n` trainers, all registered, the job not over yet.
-    let at = |n: u32| {
-        async move {
-            status().await.is_some_and(|s: TrainingJobStatus| {
-                s.trainers.running == n
-                    && s.trainers.registered == n
-                    && s.trainers.desired == n
-                    && s.phase == Phase::Running
-            })
-        }
+    let at = |n: u32| async move {
+        status().await.is_some_and(|s: TrainingJobStatus| {
+            s.trainers.running == n
+                && s.trainers.registered == n
+                && s.trainers.desired == n
+                && s.phase == Phase::Running
+        })
     };
     let within = Duration::from_secs(90);
     assert!(
@@ -222,8 +220,8 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
     }
 
     // It trains to the end.
-    let done = wait_until(Duration::from_secs(400), || {
-        async move { status().await.is_some_and(|s| s.phase.is_finished()) }
+    let done = wait_until(Duration::from_secs(400), || async move {
+        status().await.is_some_and(|s| s.phase.is_finished())
     })
     .await;
     let s = status().await.expect("status");

@@ -1,0 +1,442 @@
+//! The fake API server's HTTP side: paths to resources, verbs to store operations,
+//! subresources, watches as streams of JSON lines, errors as Status objects.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use super::store::{at_path, fields_match, labels_match, merge_patch, not_found, set_path};
+use super::{ApiError, ResourceType, ScalePaths, Shared};
+
+/// What a request is about.
+struct Target {
+    type_index: usize,
+    namespace: String,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn parse_path(types: &[ResourceType], path: &str) -> Option<Target> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match parts.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (ns.to_string(), rest),
+        rest => (String::new(), rest),
+    };
+    let (plural, name, sub) = match rest {
+        [p] => (*p, None, None),
+        [p, n] => (*p, Some(n.to_string()), None),
+        [p, n, s] => (*p, Some(n.to_string()), Some(s.to_string())),
+        _ => return None,
+    };
+    let type_index = types
+        .iter()
+        .position(|t| t.group == group && t.version == version && t.plural == plural)?;
+    Some(Target {
+        type_index,
+        namespace,
+        name,
+        sub,
+    })
+}
+
+fn query(req: &Request) -> BTreeMap<String, String> {
+    req.uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (decode(k), decode(v)))
+        .collect()
+}
+
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                    }
+                    Err(_) => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn json_response(code: u16, body: &Value) -> Response {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+fn error_response(e: &ApiError) -> Response {
+    json_response(e.code, &e.status())
+}
+
+pub(super) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let types = shared.lock().types.clone();
+    let Some(target) = parse_path(&types, req.uri().path()) else {
+        return error_response(&ApiError::new(
+            404,
+            "NotFound",
+            format!(
+                "the server could not find the requested resource ({})",
+                req.uri().path()
+            ),
+        ));
+    };
+    let q = query(&req);
+    let method = req.method().clone();
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_owned();
+    let body = match axum::body::to_bytes(req.into_body(), 64 << 20).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&ApiError::new(400, "BadRequest", e.to_string())),
+    };
+    let watch = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+    if method == Method::GET && watch {
+        return watch_response(&shared, &target, &q);
+    }
+    match respond(&shared, &target, &method, &q, &content_type, &body) {
+        Ok((code, v)) => json_response(code, &v),
+        Err(e) => error_response(&e),
+    }
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON: {e}")))
+}
+
+fn check_rv(current: &Value, given: &Value, ty: &ResourceType, name: &str) -> Result<(), ApiError> {
+    match given["metadata"]["resourceVersion"].as_str() {
+        Some(rv)
+            if !rv.is_empty() && Some(rv) != current["metadata"]["resourceVersion"].as_str() =>
+        {
+            Err(ApiError::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": the object has been \
+                     modified; please apply your changes to the latest version and try again",
+                    ty.plural
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn respond(
+    shared: &Shared,
+    target: &Target,
+    method: &Method,
+    q: &BTreeMap<String, String>,
+    content_type: &str,
+    body: &Bytes,
+) -> Result<(u16, Value), ApiError> {
+    let mut store = shared.lock();
+    let ty = store.types[target.type_index].clone();
+    let ns = target.namespace.clone();
+    let tx = &shared.tx;
+    let Some(name) = target.name.clone() else {
+        // Collections.
+        return match *method {
+            Method::GET => {
+                let ls = q.get("labelSelector").cloned().unwrap_or_default();
+                let fs = q.get("fieldSelector").cloned().unwrap_or_default();
+                let items: Vec<Value> = store
+                    .objects
+                    .iter()
+                    .filter(|((t, o_ns, _), o)| {
+                        *t == target.type_index
+                            && (ns.is_empty() || *o_ns == ns)
+                            && labels_match(o, &ls)
+                            && fields_match(o, &fs)
+                    })
+                    .map(|(_, o)| o.clone())
+                    .collect();
+                Ok((
+                    200,
+                    json!({
+                        "apiVersion": ty.api_version(), "kind": format!("{}List", ty.kind),
+                        "metadata": {"resourceVersion": store.rv.to_string()}, "items": items,
+                    }),
+                ))
+            }
+            Method::POST => {
+                let obj = parse_body(body)?;
+                store
+                    .create(target.type_index, &ns, obj, tx)
+                    .map(|o| (201, o))
+            }
+            _ => Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                "not allowed on a collection",
+            )),
+        };
+    };
+    let key = (target.type_index, ns.clone(), name.clone());
+    let current = store.objects.get(&key).cloned();
+    let sub = target.sub.as_deref();
+    match (method.clone(), sub) {
+        (Method::GET, None) => current
+            .map(|o| (200, o))
+            .ok_or_else(|| not_found(&ty, &name)),
+        (Method::GET, Some("status")) if ty.status => current
+            .map(|o| (200, o))
+            .ok_or_else(|| not_found(&ty, &name)),
+        (Method::GET, Some("scale")) => {
+            let (Some(paths), Some(o)) = (&ty.scale, current) else {
+                return Err(not_found(&ty, &name));
+            };
+            Ok((200, scale_of(&o, paths)))
+        }
+        (Method::DELETE, None) => {
+            let opts: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            let grace = opts["gracePeriodSeconds"]
+                .as_i64()
+                .or_else(|| q.get("gracePeriodSeconds").and_then(|g| g.parse().ok()));
+            if let Some(uid) = opts["preconditions"]["uid"].as_str()
+                && current
+                    .as_ref()
+                    .is_some_and(|c| c["metadata"]["uid"] != uid)
+            {
+                return Err(ApiError::new(409, "Conflict", "precondition failed: uid"));
+            }
+            store.delete(&key, grace, tx).map(|o| (200, o))
+        }
+        (Method::PUT | Method::PATCH, sub) => {
+            let Some(current) = current else {
+                return Err(not_found(&ty, &name));
+            };
+            let input = parse_body(body)?;
+            let mut new = if *method == Method::PATCH {
+                if !(content_type.starts_with("application/merge-patch+json")
+                    || content_type.starts_with("application/strategic-merge-patch+json"))
+                {
+                    return Err(ApiError::new(
+                        415,
+                        "UnsupportedMediaType",
+                        format!(
+                            "the fake API server applies merge patches only, not {content_type}"
+                        ),
+                    ));
+                }
+                check_rv(&current, &input, &ty, &name)?;
+                let mut base = match (sub, &ty.scale) {
+                    (Some("scale"), Some(paths)) => scale_of(&current, paths),
+                    _ => current.clone(),
+                };
+                merge_patch(&mut base, &input);
+                base
+            } else {
+                check_rv(&current, &input, &ty, &name)?;
+                input
+            };
+            let result = match (sub, &ty.scale) {
+                (None, _) => {
+                    if ty.status {
+                        new["status"] = current["status"].clone();
+                    }
+                    new
+                }
+                (Some("status"), _) if ty.status => {
+                    let mut o = current.clone();
+                    o["status"] = new["status"].clone();
+                    o
+                }
+                (Some("scale"), Some(paths)) => {
+                    let replicas = new["spec"]["replicas"].clone();
+                    if !replicas.is_i64() && !replicas.is_u64() {
+                        return Err(ApiError::new(
+                            422,
+                            "Invalid",
+                            "spec.replicas: Required value",
+                        ));
+                    }
+                    let mut o = current.clone();
+                    set_path(&mut o, paths.spec_replicas, replicas);
+                    o
+                }
+                _ => return Err(not_found(&ty, &name)),
+            };
+            // The server owns these.
+            let mut result = result;
+            for k in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "generation",
+                "name",
+                "namespace",
+            ] {
+                result["metadata"][k] = current["metadata"][k].clone();
+            }
+            if let Some(m) = result["metadata"].as_object_mut() {
+                m.retain(|_, v| !v.is_null());
+            }
+            result["apiVersion"] = current["apiVersion"].clone();
+            result["kind"] = current["kind"].clone();
+            let written = store.write(&key, result, tx);
+            match (sub, &ty.scale) {
+                (Some("scale"), Some(paths)) => Ok((200, scale_of(&written, paths))),
+                _ => Ok((200, written)),
+            }
+        }
+        _ => Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!("{method} {sub:?}"),
+        )),
+    }
+}
+
+fn scale_of(obj: &Value, paths: &ScalePaths) -> Value {
+    let m = &obj["metadata"];
+    json!({
+        "apiVersion": "autoscaling/v1", "kind": "Scale",
+        "metadata": {
+            "name": m["name"], "namespace": m["namespace"], "uid": m["uid"],
+            "resourceVersion": m["resourceVersion"], "creationTimestamp": m["creationTimestamp"],
+        },
+        "spec": {"replicas": at_path(obj, paths.spec_replicas).cloned().unwrap_or(json!(0))},
+        "status": {
+            "replicas": at_path(obj, paths.status_replicas).cloned().unwrap_or(json!(0)),
+            "selector": at_path(obj, paths.selector).cloned().unwrap_or(json!("")),
+        },
+    })
+}
+
+fn watch_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": kind, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+fn watch_response(shared: &Arc<Shared>, target: &Target, q: &BTreeMap<String, String>) -> Response {
+    let ls = q.get("labelSelector").cloned().unwrap_or_default();
+    let fs = q.get("fieldSelector").cloned().unwrap_or_default();
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .map_or(Duration::from_secs(300), Duration::from_secs);
+    let t = target.type_index;
+    let ns = target.namespace.clone();
+    let matches = move |ev_t: usize, ev_ns: &str, o: &Value| {
+        ev_t == t && (ns.is_empty() || ev_ns == ns) && labels_match(o, &ls) && fields_match(o, &fs)
+    };
+    // Under the lock: the backlog, then the subscription, so nothing falls in between.
+    let (initial, expired, rx) = {
+        let store = shared.lock();
+        let rx = shared.tx.subscribe();
+        let from = q
+            .get("resourceVersion")
+            .filter(|rv| !rv.is_empty() && *rv != "0");
+        let mut expired = false;
+        let initial: Vec<Bytes> = match from {
+            None => store
+                .objects
+                .iter()
+                .filter(|((ot, ons, _), o)| matches(*ot, ons, o))
+                .map(|(_, o)| watch_line("ADDED", o))
+                .collect(),
+            Some(rv) => {
+                let Ok(rv) = rv.parse::<u64>() else {
+                    return error_response(&ApiError::new(
+                        400,
+                        "BadRequest",
+                        "invalid resourceVersion",
+                    ));
+                };
+                if rv < store.oldest {
+                    expired = true;
+                    let gone = ApiError::new(
+                        410,
+                        "Expired",
+                        format!("too old resource version: {rv} ({})", store.oldest),
+                    );
+                    vec![watch_line("ERROR", &gone.status())]
+                } else {
+                    store
+                        .log
+                        .iter()
+                        .filter(|e| e.rv > rv && matches(e.type_index, &e.namespace, &e.object))
+                        .map(|e| watch_line(e.kind, &e.object))
+                        .collect()
+                }
+            }
+        };
+        (initial, expired, rx)
+    };
+    let stop = shared.stop.clone();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let live = futures::stream::unfold((rx, expired), move |(mut rx, done)| {
+        let stop = stop.clone();
+        let matches = matches.clone();
+        async move {
+            if done {
+                return None;
+            }
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    _ = tokio::time::sleep_until(deadline) => return None,
+                    ev = rx.recv() => match ev {
+                        Ok(ev) if matches(ev.type_index, &ev.namespace, &ev.object) => {
+                            return Some((watch_line(ev.kind, &ev.object), (rx, false)));
+                        }
+                        Ok(_) => continue,
+                        // A watcher that fell behind is ended; the client re-lists.
+                        Err(_) => return None,
+                    },
+                }
+            }
+        }
+    });
+    let stream = futures::StreamExt::map(
+        futures::StreamExt::chain(futures::stream::iter(initial), live),
+        Ok::<Bytes, std::io::Error>,
+    );
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}

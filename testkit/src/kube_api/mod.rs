@@ -1,0 +1,364 @@
+//! A fake Kubernetes API server on loopback, for the operator's tests: no real API server
+//! runs on these machines. It speaks the Kubernetes REST protocol (JSON over HTTP/1.1)
+//! to real clients (kube-rs), with these semantics, written from the API conventions
+//! (<https://github.com/kubernetes/community/blob/master/contributors/devel/sig-architecture/api-conventions.md>):
+//!
+//! - **Resources**: the types given to [`FakeApi::start`], namespaced or cluster-wide,
+//!   at `/api/v1/...` (core) or `/apis/GROUP/VERSION/...`; objects are JSON, stored whole.
+//! - **resourceVersion**: one counter for all objects (like etcd's revision), set on every
+//!   write; `metadata.uid`, `creationTimestamp` and `generation` (1 on create, +1 when
+//!   anything but `metadata` and `status` changes) are the server's.
+//! - **get, list** (with `labelSelector` equality terms `k=v`, `k!=v`, `k`, and
+//!   `fieldSelector` on `metadata.name` / `metadata.namespace`; `limit` is ignored: every
+//!   item comes in one page, which the protocol allows).
+//! - **watch** (`?watch=true`): from a `resourceVersion` (events after it), or without
+//!   one / with `0` (synthetic `ADDED` for the current objects first); a
+//!   `resourceVersion` older than the retained event window gets an `ERROR` event with
+//!   a `410 Gone` Status, as a compacted etcd makes the real server do; `timeoutSeconds`
+//!   ends the stream. No bookmarks (they are optional).
+//! - **create** (`409 AlreadyExists`; `generateName`); **update** (PUT) and **merge
+//!   patch** (`application/merge-patch+json`; `strategic-merge-patch+json` is applied as a
+//!   JSON merge patch, the same for every field edl patches) with **optimistic
+//!   concurrency**: a `metadata.resourceVersion` in the body that is not the current one
+//!   is `409 Conflict`. JSON patch and server-side apply are `415`.
+//! - **status subresource** (`/status`): the main resource ignores status changes (and a
+//!   create drops the status); `/status` changes only the status.
+//! - **scale subresource** (`/scale`, an `autoscaling/v1` Scale) over the paths given in
+//!   [`ResourceType::scale`].
+//! - **delete**: with finalizers, or for a pod with a grace period (the pod's
+//!   `terminationGracePeriodSeconds`, 30 s by default, or the request's
+//!   `gracePeriodSeconds`), the object gets a `deletionTimestamp` and stays; a write that
+//!   empties the finalizers of such an object (or a delete with grace 0 of such a pod)
+//!   removes it. **Owner references**: removing an object deletes its dependents
+//!   (background propagation).
+//! - Errors are `Status` objects with the standard reasons and codes.
+//!
+//! Not covered: schema validation and defaulting of custom resources (the manifests
+//! are validated against the real schemas by `deploy/tests`), admission, RBAC,
+//! authentication, server-side apply, field managers, pagination, bookmarks, and the
+//! other controllers of a cluster (scheduling and running pods is the test's own
+//! kubelet, over [`FakeApi`]'s direct methods).
+//!
+//! Layout: this module has the resource types, errors and [`FakeApi`] (the server and the
+//! direct methods a test kubelet uses); `store.rs` the objects, the resourceVersion
+//! counter, the event log and the write rules; `http.rs` the REST paths, verbs,
+//! subresources and watch streams.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+mod http;
+mod store;
+
+pub use store::merge_patch;
+use store::{Store, WatchEvent, not_found};
+
+/// How many events a watch can resume from (older resourceVersions get 410 Gone).
+pub const EVENT_WINDOW: usize = 10_000;
+
+/// The paths of a scale subresource (JSON paths without the leading dot, e.g.
+/// `spec.cluster.trainers`).
+#[derive(Debug, Clone)]
+pub struct ScalePaths {
+    /// `Scale.spec.replicas`.
+    pub spec_replicas: &'static str,
+    /// `Scale.status.replicas`.
+    pub status_replicas: &'static str,
+    /// `Scale.status.selector`.
+    pub selector: &'static str,
+}
+
+/// A resource type the server serves.
+#[derive(Debug, Clone)]
+pub struct ResourceType {
+    /// The API group (`""` for core).
+    pub group: &'static str,
+    /// The version.
+    pub version: &'static str,
+    /// The plural path segment.
+    pub plural: &'static str,
+    /// The kind.
+    pub kind: &'static str,
+    /// Namespaced (else cluster-wide).
+    pub namespaced: bool,
+    /// It has a status subresource.
+    pub status: bool,
+    /// Its scale subresource, if any.
+    pub scale: Option<ScalePaths>,
+}
+
+impl ResourceType {
+    /// Core `v1` pods (status subresource).
+    pub fn pods() -> ResourceType {
+        ResourceType::core("pods", "Pod", true)
+    }
+
+    /// Core `v1` services.
+    pub fn services() -> ResourceType {
+        ResourceType::core("services", "Service", true)
+    }
+
+    /// Core `v1` events.
+    pub fn events() -> ResourceType {
+        ResourceType::core("events", "Event", false)
+    }
+
+    /// `events.k8s.io/v1` events (kube-rs' event recorder).
+    pub fn events_v1() -> ResourceType {
+        ResourceType {
+            group: "events.k8s.io",
+            version: "v1",
+            plural: "events",
+            kind: "Event",
+            namespaced: true,
+            status: false,
+            scale: None,
+        }
+    }
+
+    /// `coordination.k8s.io/v1` leases (leader election).
+    pub fn leases() -> ResourceType {
+        ResourceType {
+            group: "coordination.k8s.io",
+            version: "v1",
+            plural: "leases",
+            kind: "Lease",
+            namespaced: true,
+            status: false,
+            scale: None,
+        }
+    }
+
+    fn core(plural: &'static str, kind: &'static str, status: bool) -> ResourceType {
+        ResourceType {
+            group: "",
+            version: "v1",
+            plural,
+            kind,
+            namespaced: true,
+            status,
+            scale: None,
+        }
+    }
+
+    fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+/// An API error: a Status object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP code.
+    pub code: u16,
+    /// `NotFound`, `AlreadyExists`, `Conflict`, `Gone`, `BadRequest`, ...
+    pub reason: &'static str,
+    /// What happened.
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    fn status(&self) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+            "message": self.message, "reason": self.reason, "code": self.code,
+        })
+    }
+}
+
+/// `t` as an RFC 3339 UTC time with seconds (`2026-11-23T17:52:34Z`), as Kubernetes
+/// writes times.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: Mutex<Store>,
+    tx: broadcast::Sender<WatchEvent>,
+    stop: CancellationToken,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The fake API server.
+#[derive(Debug)]
+pub struct FakeApi {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.shared.stop.cancel();
+    }
+}
+
+impl FakeApi {
+    /// Serves `types` on `127.0.0.1:0` until dropped.
+    pub async fn start(types: Vec<ResourceType>) -> std::io::Result<FakeApi> {
+        FakeApi::start_with_window(types, EVENT_WINDOW).await
+    }
+
+    /// [`FakeApi::start`], keeping only `window` events for watches to resume from.
+    pub async fn start_with_window(
+        types: Vec<ResourceType>,
+        window: usize,
+    ) -> std::io::Result<FakeApi> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (tx, _) = broadcast::channel(65_536);
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store {
+                types,
+                rv: 1,
+                uid: 0,
+                objects: BTreeMap::new(),
+                log: VecDeque::new(),
+                window: window.max(1),
+                oldest: 1,
+            }),
+            tx,
+            stop: CancellationToken::new(),
+        });
+        let app = axum::Router::new()
+            .fallback(http::handle)
+            .with_state(shared.clone());
+        let stop = shared.stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
+        });
+        Ok(FakeApi { addr, shared })
+    }
+
+    /// The server's URL (`http://127.0.0.1:PORT`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn type_index(&self, plural: &str) -> usize {
+        self.shared
+            .lock()
+            .types
+            .iter()
+            .position(|t| t.plural == plural)
+            .unwrap_or_else(|| panic!("the fake serves no {plural}"))
+    }
+
+    /// The objects of type `plural` (the first type of that plural) in `namespace`.
+    pub fn list(&self, plural: &str, namespace: &str) -> Vec<Value> {
+        let t = self.type_index(plural);
+        self.shared
+            .lock()
+            .objects
+            .iter()
+            .filter(|((ti, ns, _), _)| *ti == t && ns == namespace)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// One object.
+    pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let t = self.type_index(plural);
+        self.shared
+            .lock()
+            .objects
+            .get(&(t, namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Merges `patch` into an object's status (as a kubelet reports a pod's).
+    pub fn patch_status(
+        &self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value, ApiError> {
+        let t = self.type_index(plural);
+        let key = (t, namespace.to_owned(), name.to_owned());
+        let mut store = self.shared.lock();
+        let Some(mut obj) = store.objects.get(&key).cloned() else {
+            return Err(not_found(&store.types[t], name));
+        };
+        merge_patch(&mut obj["status"], patch);
+        Ok(store.write(&key, obj, &self.shared.tx))
+    }
+
+    /// Deletes an object (`grace`: a pod's grace period; `Some(0)` removes a pod at once,
+    /// as a kubelet does once its containers stopped).
+    pub fn delete(
+        &self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        grace: Option<i64>,
+    ) -> Result<Value, ApiError> {
+        let t = self.type_index(plural);
+        let mut store = self.shared.lock();
+        store.delete(
+            &(t, namespace.to_owned(), name.to_owned()),
+            grace,
+            &self.shared.tx,
+        )
+    }
+
+    /// A stream of changes to objects of type `plural` from now on: `(type, object)`.
+    pub fn subscribe(&self, plural: &str) -> impl futures::Stream<Item = (String, Value)> + use<> {
+        let t = self.type_index(plural);
+        let rx = self.shared.tx.subscribe();
+        futures::stream::unfold(rx, move |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(ev) if ev.type_index == t => {
+                        return Some(((ev.kind.to_owned(), ev.object), rx));
+                    }
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+    }
+}

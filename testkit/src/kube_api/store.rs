@@ -1,0 +1,322 @@
+//! The fake API server's object store: objects by type, namespace and name, one
+//! resourceVersion counter, the retained event log that watches resume from, and the
+//! write rules (generation, finalizers, graceful pod deletion, owner references).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use super::{ApiError, ResourceType, rfc3339};
+
+/// `(type index, namespace, name)`.
+pub(super) type Key = (usize, String, String);
+
+#[derive(Debug, Clone)]
+pub(super) struct WatchEvent {
+    pub(super) rv: u64,
+    pub(super) type_index: usize,
+    pub(super) namespace: String,
+    pub(super) kind: &'static str,
+    pub(super) object: Value,
+}
+
+#[derive(Debug)]
+pub(super) struct Store {
+    pub(super) types: Vec<ResourceType>,
+    pub(super) rv: u64,
+    pub(super) uid: u64,
+    pub(super) objects: BTreeMap<Key, Value>,
+    pub(super) log: VecDeque<WatchEvent>,
+    /// How many events are kept for watches to resume from.
+    pub(super) window: usize,
+    /// Watches may resume from resourceVersions at or after this.
+    pub(super) oldest: u64,
+}
+
+pub(super) fn now_rfc3339() -> String {
+    rfc3339(std::time::SystemTime::now())
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(t), Some(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (_, Some(p)) => {
+            *target = Value::Object(serde_json::Map::new());
+            merge_patch(target, &Value::Object(p.clone()));
+        }
+        _ => *target = patch.clone(),
+    }
+}
+
+pub(super) fn at_path<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(v, |v, k| v.get(k))
+}
+
+pub(super) fn set_path(v: &mut Value, path: &str, value: Value) {
+    let mut cur = v;
+    let keys: Vec<&str> = path.split('.').collect();
+    for k in &keys[..keys.len() - 1] {
+        if !cur.get(*k).is_some_and(Value::is_object) {
+            cur[*k] = json!({});
+        }
+        cur = &mut cur[*k];
+    }
+    cur[keys[keys.len() - 1]] = value;
+}
+
+pub(super) fn labels_match(obj: &Value, selector: &str) -> bool {
+    let labels = obj["metadata"]["labels"].as_object();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+    selector
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .all(|term| {
+            if let Some((k, v)) = term.split_once("!=") {
+                label(k.trim()) != Some(v.trim())
+            } else if let Some((k, v)) = term.split_once('=') {
+                label(k.trim().trim_end_matches('=')) == Some(v.trim())
+            } else if let Some(k) = term.strip_prefix('!') {
+                label(k.trim()).is_none()
+            } else {
+                label(term).is_some()
+            }
+        })
+}
+
+pub(super) fn fields_match(obj: &Value, selector: &str) -> bool {
+    selector
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .all(|term| match term.split_once('=') {
+            Some((k, v)) => {
+                let v = v.trim_start_matches('=');
+                at_path(obj, k).and_then(Value::as_str) == Some(v)
+            }
+            None => true,
+        })
+}
+
+/// The parts of `obj` that count for its `generation`.
+fn spec_part(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.remove("metadata");
+        m.remove("status");
+    }
+    o
+}
+
+impl Store {
+    pub(super) fn bump(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    pub(super) fn record(
+        &mut self,
+        key: &Key,
+        kind: &'static str,
+        object: Value,
+        tx: &broadcast::Sender<WatchEvent>,
+    ) {
+        let ev = WatchEvent {
+            rv: self.rv,
+            type_index: key.0,
+            namespace: key.1.clone(),
+            kind,
+            object,
+        };
+        self.log.push_back(ev.clone());
+        while self.log.len() > self.window {
+            if let Some(old) = self.log.pop_front() {
+                self.oldest = old.rv;
+            }
+        }
+        let _ = tx.send(ev);
+    }
+
+    pub(super) fn create(
+        &mut self,
+        t: usize,
+        ns: &str,
+        mut obj: Value,
+        tx: &broadcast::Sender<WatchEvent>,
+    ) -> Result<Value, ApiError> {
+        let ty = self.types[t].clone();
+        if !obj.is_object() {
+            return Err(ApiError::new(
+                400,
+                "BadRequest",
+                "the body is not an object",
+            ));
+        }
+        let mut name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if name.is_empty() {
+            let Some(prefix) = obj["metadata"]["generateName"].as_str() else {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "metadata.name: Required value",
+                ));
+            };
+            name = format!("{prefix}{:05x}", self.uid + 1);
+        }
+        let key = (t, ns.to_owned(), name.clone());
+        if self.objects.contains_key(&key) {
+            return Err(ApiError::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", ty.plural),
+            ));
+        }
+        self.uid += 1;
+        let rv = self.bump();
+        obj["apiVersion"] = json!(ty.api_version());
+        obj["kind"] = json!(ty.kind);
+        let m = &mut obj["metadata"];
+        m["name"] = json!(name);
+        if ty.namespaced {
+            m["namespace"] = json!(ns);
+        }
+        m["uid"] = json!(format!("00000000-0000-4000-8000-{:012x}", self.uid));
+        m["resourceVersion"] = json!(rv.to_string());
+        m["creationTimestamp"] = json!(now_rfc3339());
+        m["generation"] = json!(1);
+        if let Some(mm) = m.as_object_mut() {
+            mm.remove("deletionTimestamp");
+        }
+        if ty.status
+            && let Some(o) = obj.as_object_mut()
+        {
+            o.remove("status");
+        }
+        self.objects.insert(key.clone(), obj.clone());
+        self.record(&key, "ADDED", obj.clone(), tx);
+        Ok(obj)
+    }
+
+    /// Writes `new` over the object at `key` (already checked and merged), removing it if
+    /// it is being deleted and has no finalizers left.
+    pub(super) fn write(
+        &mut self,
+        key: &Key,
+        mut new: Value,
+        tx: &broadcast::Sender<WatchEvent>,
+    ) -> Value {
+        let old = self.objects.get(key).cloned().unwrap_or(Value::Null);
+        if spec_part(&old) != spec_part(&new) {
+            let g = old["metadata"]["generation"].as_i64().unwrap_or(1);
+            new["metadata"]["generation"] = json!(g + 1);
+        }
+        let rv = self.bump();
+        new["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let has_finalizers = |o: &Value| {
+            o["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty())
+        };
+        // The last finalizer of an object being deleted went: it goes (a pod still in
+        // its grace period waits for its kubelet's final delete).
+        let graceful_pod = new["metadata"]["deletionGracePeriodSeconds"]
+            .as_i64()
+            .is_some_and(|g| g > 0);
+        if !new["metadata"]["deletionTimestamp"].is_null()
+            && has_finalizers(&old)
+            && !has_finalizers(&new)
+            && !graceful_pod
+        {
+            return self.remove(key, new, tx);
+        }
+        self.objects.insert(key.clone(), new.clone());
+        self.record(key, "MODIFIED", new.clone(), tx);
+        new
+    }
+
+    pub(super) fn remove(
+        &mut self,
+        key: &Key,
+        obj: Value,
+        tx: &broadcast::Sender<WatchEvent>,
+    ) -> Value {
+        self.objects.remove(key);
+        self.record(key, "DELETED", obj.clone(), tx);
+        // Background propagation: the dependents go too.
+        if let Some(uid) = obj["metadata"]["uid"].as_str() {
+            let dependents: Vec<Key> = self
+                .objects
+                .iter()
+                .filter(|(_, o)| {
+                    o["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            for d in dependents {
+                let _ = self.delete(&d, None, tx);
+            }
+        }
+        obj
+    }
+
+    pub(super) fn delete(
+        &mut self,
+        key: &Key,
+        grace: Option<i64>,
+        tx: &broadcast::Sender<WatchEvent>,
+    ) -> Result<Value, ApiError> {
+        let Some(obj) = self.objects.get(key).cloned() else {
+            return Err(not_found(&self.types[key.0], &key.2));
+        };
+        let is_pod = self.types[key.0].plural == "pods" && self.types[key.0].group.is_empty();
+        let grace = if is_pod {
+            grace
+                .or_else(|| obj["spec"]["terminationGracePeriodSeconds"].as_i64())
+                .unwrap_or(30)
+        } else {
+            0
+        };
+        let has_finalizers = obj["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        if !has_finalizers && grace == 0 {
+            self.bump();
+            return Ok(self.remove(key, obj, tx));
+        }
+        if !obj["metadata"]["deletionTimestamp"].is_null() {
+            return Ok(obj);
+        }
+        let mut new = obj;
+        new["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+        if is_pod {
+            new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+        }
+        let rv = self.bump();
+        new["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.objects.insert(key.clone(), new.clone());
+        self.record(key, "MODIFIED", new.clone(), tx);
+        Ok(new)
+    }
+}
+
+pub(super) fn not_found(ty: &ResourceType, name: &str) -> ApiError {
+    ApiError::new(
+        404,
+        "NotFound",
+        format!("{} \"{name}\" not found", ty.plural),
+    )
+}
