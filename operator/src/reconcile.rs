@@ -265,6 +265,16 @@ fn describe_end(p: &PodView) -> String {
     }
 }
 
+/// Deletes (gracefully) every pod of `pods` that still runs: the job is over.
+fn stop_running(plan: &mut Plan, pods: &[PodView]) {
+    for p in pods.iter().filter(|p| !p.terminating && !p.phase.ended()) {
+        plan.delete.push(Deletion {
+            name: p.name.clone(),
+            grace: None,
+        });
+    }
+}
+
 /// Decides what to do about one TrainingJob.
 pub fn reconcile(obs: &Observed<'_>) -> Plan {
     let tj = obs.job;
@@ -324,15 +334,9 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
     let desired = desired_slots(tj);
     let want = desired.iter().filter(|s| s.role == Role::Trainer).count() as u32;
     status.trainers.desired = want;
-    let live = |p: &&PodView| !p.terminating && !p.phase.ended();
     if old.phase.is_finished() {
         // Over: stop what still runs, change nothing else.
-        for p in obs.pods.iter().filter(live) {
-            plan.delete.push(Deletion {
-                name: p.name.clone(),
-                grace: None,
-            });
-        }
+        stop_running(&mut plan, &obs.pods);
         plan.status = (status != old).then_some(status);
         return plan;
     }
@@ -410,12 +414,7 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
                 now,
             );
             plan.event(phase == Phase::Failed, cond, message);
-            for p in obs.pods.iter().filter(live) {
-                plan.delete.push(Deletion {
-                    name: p.name.clone(),
-                    grace: None,
-                });
-            }
+            stop_running(&mut plan, &obs.pods);
             plan.status = Some(status);
             return plan;
         }
@@ -509,12 +508,7 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
         );
         plan.event(true, "CrashLoop", why);
         plan.delete.clear();
-        for p in obs.pods.iter().filter(live) {
-            plan.delete.push(Deletion {
-                name: p.name.clone(),
-                grace: None,
-            });
-        }
+        stop_running(&mut plan, &obs.pods);
         plan.status = Some(status);
         return plan;
     }

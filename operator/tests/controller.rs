@@ -17,7 +17,7 @@ use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::{EtcdSpec, Phase};
 use edl_operator::metrics::Metrics;
 use edl_testkit::etcd::EtcdCluster;
-use edl_testkit::kube_api::{FakeApi, ResourceType, ScalePaths};
+use edl_testkit::kube_api::{FakeApi, ResourceType};
 use edl_testkit::wait_until;
 use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -27,22 +27,6 @@ use tokio_util::sync::CancellationToken;
 
 const NS: &str = "ml";
 const JOB: &str = "mnist";
-
-fn trainingjobs() -> ResourceType {
-    ResourceType {
-        group: "edl.dev",
-        version: "v1alpha1",
-        plural: "trainingjobs",
-        kind: "TrainingJob",
-        namespaced: true,
-        status: true,
-        scale: Some(ScalePaths {
-            spec_replicas: "spec.cluster.trainers",
-            status_replicas: "status.trainers.running",
-            selector: "status.selector",
-        }),
-    }
-}
 
 /// Marks new pods Running and removes terminating ones (as a kubelet whose containers
 /// stop at once), until `stop`.
@@ -109,7 +93,7 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
             ResourceType::pods(),
             ResourceType::services(),
             ResourceType::events_v1(),
-            trainingjobs(),
+            ResourceType::trainingjobs(),
         ])
         .await
         .expect("fake API server"),

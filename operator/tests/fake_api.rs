@@ -3,7 +3,7 @@
 
 use edl_operator::TrainingJob;
 use edl_operator::crd::EtcdSpec;
-use edl_testkit::kube_api::{FakeApi, ResourceType, ScalePaths};
+use edl_testkit::kube_api::{FakeApi, ResourceType};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{
@@ -14,26 +14,13 @@ use serde_json::json;
 
 const NS: &str = "ml";
 
-fn trainingjobs() -> ResourceType {
-    ResourceType {
-        group: "edl.dev",
-        version: "v1alpha1",
-        plural: "trainingjobs",
-        kind: "TrainingJob",
-        namespaced: true,
-        status: true,
-        scale: Some(ScalePaths {
-            spec_replicas: "spec.cluster.trainers",
-            status_replicas: "status.trainers.running",
-            selector: "status.selector",
-        }),
-    }
-}
-
 async fn fake(window: usize) -> (FakeApi, Client) {
-    let api = FakeApi::start_with_window(vec![ResourceType::pods(), trainingjobs()], window)
-        .await
-        .expect("start the fake API server");
+    let api = FakeApi::start_with_window(
+        vec![ResourceType::pods(), ResourceType::trainingjobs()],
+        window,
+    )
+    .await
+    .expect("start the fake API server");
     let config = Config::new(api.url().parse().expect("url"));
     let client = Client::try_from(config).expect("client");
     (api, client)

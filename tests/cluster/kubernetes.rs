@@ -13,7 +13,7 @@ use edl_operator::TrainingJob;
 use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::{EtcdSpec, Phase, TrainingJobStatus, VolumeSource};
 use edl_operator::metrics::Metrics;
-use edl_testkit::kube_api::{FakeApi, ResourceType, ScalePaths};
+use edl_testkit::kube_api::{FakeApi, ResourceType};
 use edl_testkit::kubelet::{Kubelet, KubeletConfig};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Config};
@@ -25,22 +25,6 @@ use crate::trainer::mnist;
 
 const NS: &str = "ml";
 const JOB: &str = "mnist-k8s";
-
-fn trainingjobs() -> ResourceType {
-    ResourceType {
-        group: "edl.dev",
-        version: "v1alpha1",
-        plural: "trainingjobs",
-        kind: "TrainingJob",
-        namespaced: true,
-        status: true,
-        scale: Some(ScalePaths {
-            spec_replicas: "spec.cluster.trainers",
-            status_replicas: "status.trainers.running",
-            selector: "status.selector",
-        }),
-    }
-}
 
 fn uid(api: &FakeApi, pod: &str) -> Option<String> {
     api.get("pods", NS, pod)
@@ -61,7 +45,7 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
             ResourceType::pods(),
             ResourceType::services(),
             ResourceType::events_v1(),
-            trainingjobs(),
+            ResourceType::trainingjobs(),
         ])
         .await
         .expect("fake API server"),

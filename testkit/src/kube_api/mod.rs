@@ -134,6 +134,24 @@ impl ResourceType {
         }
     }
 
+    /// edl's `TrainingJob` (`edl.dev/v1alpha1`), with its status subresource and its
+    /// scale subresource on the trainer count (as `deploy/crd.yaml` declares them).
+    pub fn trainingjobs() -> ResourceType {
+        ResourceType {
+            group: "edl.dev",
+            version: "v1alpha1",
+            plural: "trainingjobs",
+            kind: "TrainingJob",
+            namespaced: true,
+            status: true,
+            scale: Some(ScalePaths {
+                spec_replicas: "spec.cluster.trainers",
+                status_replicas: "status.trainers.running",
+                selector: "status.selector",
+            }),
+        }
+    }
+
     fn core(plural: &'static str, kind: &'static str, status: bool) -> ResourceType {
         ResourceType {
             group: "",
