@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 /// How to reach etcd.
 #[derive(Debug, Clone, Args)]
 pub struct EtcdArgs {
-    /// etcd client URLs, comma-separated (http://127.0.0.1:2379,...).
-    #[arg(long, env = "EDL_ETCD", value_delimiter = ',', required = true)]
+    /// etcd client URLs, comma-separated (http://127.0.0.1:2379,...). Required (a
+    /// command that can work on a cluster instead takes --context).
+    #[arg(long, env = "EDL_ETCD", value_delimiter = ',')]
     pub etcd: Vec<String>,
     /// etcd user (with --etcd-password) when etcd has authentication on.
     #[arg(long, env = "EDL_ETCD_USER")]
@@ -39,6 +40,10 @@ pub struct EtcdArgs {
 impl EtcdArgs {
     /// The etcd client configuration.
     pub fn config(&self) -> anyhow::Result<EtcdConfig> {
+        anyhow::ensure!(
+            !self.etcd.is_empty(),
+            "no etcd: give --etcd URLS (or set EDL_ETCD)"
+        );
         let mut cfg = EtcdConfig::new(self.etcd.iter().cloned());
         cfg.request_timeout = self.etcd_timeout;
         cfg.dial_timeout = self.etcd_timeout;

@@ -27,6 +27,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod cluster_cmd;
 pub mod common;
 pub mod consume_cmd;
 pub mod data;
@@ -73,14 +74,22 @@ pub enum Command {
     /// trainers as supervised child processes (or in process without etcd), with live
     /// progress, a summary and a report.
     Run(run::RunArgs),
-    /// Show jobs: state, pass, tasks, trainers, pservers, masters, recent failures.
+    /// Show jobs: state, pass, tasks, trainers, pservers, masters, recent failures (of
+    /// `edl run` through etcd, or a TrainingJob with --context).
     Status(ops_cmd::StatusArgs),
-    /// Set the desired trainer count of a job run by `edl run`.
+    /// Set the desired trainer count of a job (of `edl run`, or a TrainingJob's scale
+    /// subresource with --context).
     Scale(ops_cmd::ScaleArgs),
-    /// Stop a job run by `edl run` gracefully.
+    /// Stop a job gracefully (of `edl run`, or delete a TrainingJob with --context).
     Kill(ops_cmd::KillArgs),
-    /// Print (or follow) the logs of a job run by `edl run`.
+    /// Print (or follow) the logs of a job (of `edl run`, or a TrainingJob's pods with
+    /// --context).
     Logs(ops_cmd::LogsArgs),
+    /// Submit a job to a Kubernetes cluster: creates the TrainingJob of a job spec
+    /// (JOB.toml) or a TrainingJob file.
+    Submit(cluster_cmd::SubmitArgs),
+    /// The jobs on a Kubernetes cluster: submitted, pending, running trainers, CPU.
+    Jobs(cluster_cmd::JobsArgs),
     /// edl on Kubernetes: run the operator, print the TrainingJob resource's definition,
     /// or the objects the operator creates for a job.
     #[command(subcommand)]
@@ -98,6 +107,8 @@ pub fn init_logging(cli: &Cli) {
             | Command::Scale(_)
             | Command::Kill(_)
             | Command::Logs(_)
+            | Command::Submit(_)
+            | Command::Jobs(_)
             | Command::Operator(
                 operator_cmd::OperatorCommand::Crd | operator_cmd::OperatorCommand::Render(_),
             ),
@@ -141,6 +152,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Scale(args) => ops_cmd::scale(args).map(|()| ExitCode::SUCCESS),
         Command::Kill(args) => ops_cmd::kill(args).map(|()| ExitCode::SUCCESS),
         Command::Logs(args) => ops_cmd::logs(args).map(|()| ExitCode::SUCCESS),
+        Command::Submit(args) => cluster_cmd::submit(args).map(|()| ExitCode::SUCCESS),
+        Command::Jobs(args) => cluster_cmd::jobs(args).map(|()| ExitCode::SUCCESS),
         Command::Operator(cmd) => operator_cmd::run(cmd),
     }
 }

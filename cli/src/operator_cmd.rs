@@ -1,8 +1,8 @@
 //! `edl operator`: edl on Kubernetes. `run` runs the operator (controller, leader
-//! election, `/metrics`) over the `edl-operator` crate; `crd` prints the TrainingJob resource's definition
-//! (`deploy/crd.yaml`); `render` prints the TrainingJob of a job spec and the objects the
-//! operator creates for it, without a cluster (what `kubectl apply --dry-run` would
-//! get).
+//! election, `/metrics`) over the `edl-operator` crate; `crd` prints the TrainingJob
+//! resource's definition (`deploy/crd.yaml`); `render` prints the TrainingJob of a job
+//! spec and the objects the operator creates for it, without a cluster (what `kubectl
+//! apply --dry-run` would get).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use edl_operator::TrainingJob;
 use edl_operator::controller::{self, ControllerConfig};
-use edl_operator::crd::VolumeSource;
+use edl_operator::crd::{EtcdSpec, VolumeSource};
 use edl_operator::leader::{self, Election};
 use edl_operator::metrics::Metrics;
 use edl_operator::reconcile::{Observed, Progress, reconcile};
@@ -66,17 +66,34 @@ pub struct RunArgs {
 /// Arguments of `edl operator render`.
 #[derive(Debug, Args)]
 pub struct RenderArgs {
+    /// The job.
+    #[command(flatten)]
+    pub job: JobSource,
+    /// The namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
+}
+
+/// A TrainingJob from a file: a job spec (`.toml`) or a TrainingJob (`.yaml`, `.json`),
+/// with what a cluster needs on top (`edl operator render`, `edl submit`).
+#[derive(Debug, Args)]
+pub struct JobSource {
     /// A job spec (`.toml`) or a TrainingJob (`.yaml`, `.json`).
     pub file: PathBuf,
     /// The edl image of the job's pods (required for a job spec).
-    #[arg(long)]
+    #[arg(long, env = "EDL_IMAGE")]
     pub image: Option<String>,
-    /// The namespace.
-    #[arg(long, default_value = "default")]
-    pub namespace: String,
-    /// A PersistentVolumeClaim holding the data, mounted at /data.
-    #[arg(long)]
-    pub data_claim: Option<String>,
+    /// The data volume, mounted read-only at /data (relative data globs are relative to
+    /// it): claim:NAME (a PersistentVolumeClaim), host:/PATH or empty.
+    #[arg(long, value_name = "VOLUME")]
+    pub data: Option<VolumeSource>,
+    /// The checkpoint volume, at /checkpoints: claim:NAME, host:/PATH or empty.
+    #[arg(long, value_name = "VOLUME")]
+    pub checkpoints: Option<VolumeSource>,
+    /// Client URLs of an existing etcd for the job, comma-separated (default: the job
+    /// spec's `cluster.etcd`, else an etcd the operator runs for the job).
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
 }
 
 /// Runs an `edl operator` subcommand.
@@ -94,44 +111,55 @@ pub fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The TrainingJob `args` names, as the API server would hold it.
-fn load(args: &RenderArgs) -> anyhow::Result<TrainingJob> {
-    let path = &args.file;
-    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    let mut tj = if path.extension().is_some_and(|e| e == "toml") {
-        let spec = JobSpec::parse_toml(&text).with_context(|| format!("{}", path.display()))?;
-        let image = args.image.as_deref().with_context(|| {
-            format!(
-                "{}: a job spec needs --image (the edl image its pods run)",
-                path.display()
-            )
-        })?;
-        TrainingJob::from_job_spec(&spec, image, Some(&args.namespace))
-    } else {
-        let mut tj: TrainingJob = serde_norway::from_str(&text)
-            .with_context(|| format!("{}: not a TrainingJob", path.display()))?;
-        if tj.metadata.namespace.is_none() {
-            tj.metadata.namespace = Some(args.namespace.clone());
+impl JobSource {
+    /// The TrainingJob this names, in `namespace`.
+    pub fn load(&self, namespace: &str) -> anyhow::Result<TrainingJob> {
+        let path = &self.file;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        let mut tj = if path.extension().is_some_and(|e| e == "toml") {
+            let spec = JobSpec::parse_toml(&text).with_context(|| format!("{}", path.display()))?;
+            let image = self.image.as_deref().with_context(|| {
+                format!(
+                    "{}: a job spec needs --image (the edl image its pods run)",
+                    path.display()
+                )
+            })?;
+            TrainingJob::from_job_spec(&spec, image, Some(namespace))
+        } else {
+            let mut tj: TrainingJob = serde_norway::from_str(&text)
+                .with_context(|| format!("{}: not a TrainingJob", path.display()))?;
+            tj.metadata.namespace = Some(namespace.to_owned());
+            if let Some(image) = &self.image {
+                tj.spec.image.clone_from(image);
+            }
+            tj
+        };
+        if let Some(v) = &self.data {
+            tj.spec.volumes.data = Some(v.clone());
         }
-        if let Some(image) = &args.image {
-            tj.spec.image.clone_from(image);
+        if let Some(v) = &self.checkpoints {
+            tj.spec.volumes.checkpoints = Some(v.clone());
         }
-        tj
-    };
-    if let Some(claim) = &args.data_claim {
-        tj.spec.volumes.data = Some(VolumeSource {
-            claim_name: Some(claim.clone()),
-            ..VolumeSource::default()
-        });
+        if !self.etcd.is_empty() {
+            tj.spec.etcd = EtcdSpec {
+                endpoints: self.etcd.clone(),
+                ..EtcdSpec::default()
+            };
+        }
+        Ok(tj)
     }
-    Ok(tj)
 }
 
 /// The YAML documents of `args`' job and of the objects its first reconcile creates.
 pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
-    let tj = load(args)?;
-    tj.job_spec()
-        .with_context(|| format!("{}: the operator would fail this job", args.file.display()))?;
+    let tj = args.job.load(&args.namespace)?;
+    tj.job_spec().with_context(|| {
+        format!(
+            "{}: the operator would fail this job",
+            args.job.file.display()
+        )
+    })?;
     // The objects of a job whose resource exists (its uid is the API server's).
     let mut created = tj.clone();
     created.metadata.uid = Some("00000000-0000-0000-0000-000000000000".to_owned());

@@ -1,5 +1,6 @@
 //! Operator commands against running jobs, from any machine that reaches etcd:
-//! `edl status`, `edl scale`, `edl kill`, `edl logs`.
+//! `edl status`, `edl scale`, `edl kill`, `edl logs`. With a kubeconfig context
+//! (`--context`) they work on a TrainingJob of that cluster instead (`cluster_cmd`).
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::time::Duration;
@@ -8,16 +9,21 @@ use anyhow::Context;
 use clap::Args;
 use edl_job::{ControlRecord, JobKeys, JobName, JobSpec, Record, RunRecord, ScaleRecord};
 use edl_master::overview::{JobStatus, STATUS_JSON_VERSION, job_names, job_status};
+use edl_operator::objects::Role;
 use serde::Serialize;
 
+use crate::cluster_cmd::{self, KubeArgs};
 use crate::common::{EtcdArgs, runtime, shutdown_on_signals};
 
 /// Arguments of `edl status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// etcd connection.
+    /// etcd connection (a job of `edl run`).
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// A Kubernetes cluster instead (a TrainingJob).
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// Only this job.
     pub job: Option<JobName>,
     /// Print JSON.
@@ -28,9 +34,12 @@ pub struct StatusArgs {
 /// Arguments of `edl scale`.
 #[derive(Debug, Args)]
 pub struct ScaleArgs {
-    /// etcd connection.
+    /// etcd connection (a job of `edl run`).
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// A Kubernetes cluster instead (a TrainingJob).
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// The job.
     pub job: JobName,
     /// Desired trainer count (kept within the spec's [min_trainers, max_trainers]).
@@ -41,9 +50,12 @@ pub struct ScaleArgs {
 /// Arguments of `edl kill`.
 #[derive(Debug, Args)]
 pub struct KillArgs {
-    /// etcd connection.
+    /// etcd connection (a job of `edl run`).
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// A Kubernetes cluster instead (a TrainingJob).
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// The job.
     pub job: JobName,
 }
@@ -51,9 +63,12 @@ pub struct KillArgs {
 /// Arguments of `edl logs`.
 #[derive(Debug, Args)]
 pub struct LogsArgs {
-    /// etcd connection.
+    /// etcd connection (a job of `edl run`).
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// A Kubernetes cluster instead (a TrainingJob).
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// The job.
     pub job: JobName,
     /// Only this role: master, pserver or trainer.
@@ -88,6 +103,16 @@ fn cpu_utilisation() -> Option<f64> {
 
 /// Runs `edl status`.
 pub fn status(args: StatusArgs) -> anyhow::Result<()> {
+    if args.kube.context.is_some() {
+        return match &args.job {
+            Some(job) => cluster_cmd::status(&args.kube, job, args.json),
+            None => cluster_cmd::jobs(cluster_cmd::JobsArgs {
+                kube: args.kube,
+                all_namespaces: false,
+                json: args.json,
+            }),
+        };
+    }
     runtime()?.block_on(async move {
         let backend = args.etcd.connect().await?;
         let names = match &args.job {
@@ -173,6 +198,9 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
 /// Runs `edl scale`.
 pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.trainers >= 1, "--trainers must be at least 1");
+    if args.kube.context.is_some() {
+        return cluster_cmd::scale(&args.kube, &args.job, args.trainers);
+    }
     runtime()?.block_on(async move {
         let backend = args.etcd.connect().await?;
         let spec = JobSpec::get(&backend, &args.job)
@@ -203,6 +231,9 @@ pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
 
 /// Runs `edl kill`.
 pub fn kill(args: KillArgs) -> anyhow::Result<()> {
+    if args.kube.context.is_some() {
+        return cluster_cmd::kill(&args.kube, &args.job);
+    }
     runtime()?.block_on(async move {
         let backend = args.etcd.connect().await?;
         let keys = JobKeys::new(&args.job);
@@ -225,6 +256,16 @@ pub fn kill(args: KillArgs) -> anyhow::Result<()> {
 
 /// Runs `edl logs`.
 pub fn logs(args: LogsArgs) -> anyhow::Result<()> {
+    if args.kube.context.is_some() {
+        let role = match args.role.as_deref() {
+            None => None,
+            Some(r) => Some(
+                Role::parse(r)
+                    .with_context(|| format!("--role {r}: use master, pserver, trainer or etcd"))?,
+            ),
+        };
+        return cluster_cmd::logs(&args.kube, &args.job, role, args.follow);
+    }
     if let Some(r) = &args.role {
         anyhow::ensure!(
             matches!(r.as_str(), "master" | "pserver" | "trainer"),

@@ -147,7 +147,7 @@ def render(*args: str) -> List[Dict[str, Any]]:
     "source",
     [
         ["deploy/examples/mnist-mlp.yaml"],
-        ["examples/fit_a_line/job.toml", "--image", "edl:0.1.0", "--data-claim", "housing"],
+        ["examples/fit_a_line/job.toml", "--image", "edl:0.1.0", "--data", "claim:housing"],
     ],
 )
 def test_every_object_the_operator_creates_is_valid(source: List[str], tmp_path: pathlib.Path) -> None:

@@ -192,6 +192,35 @@ pub struct VolumeSource {
     pub empty_dir: bool,
 }
 
+impl std::str::FromStr for VolumeSource {
+    type Err = String;
+
+    /// `claim:NAME` (a PersistentVolumeClaim), `host:/PATH` (a directory on the node) or
+    /// `empty` (an emptyDir), as `edl submit --data/--checkpoints` take them.
+    fn from_str(s: &str) -> Result<VolumeSource, String> {
+        let v = match s.split_once(':') {
+            Some(("claim", name)) if !name.is_empty() => VolumeSource {
+                claim_name: Some(name.to_owned()),
+                ..VolumeSource::default()
+            },
+            Some(("host", path)) if path.starts_with('/') => VolumeSource {
+                host_path: Some(path.to_owned()),
+                ..VolumeSource::default()
+            },
+            None if s == "empty" => VolumeSource {
+                empty_dir: true,
+                ..VolumeSource::default()
+            },
+            _ => {
+                return Err(format!(
+                    "{s:?}: use claim:NAME, host:/ABSOLUTE/PATH or empty"
+                ));
+            }
+        };
+        Ok(v)
+    }
+}
+
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Phase {

@@ -17,9 +17,12 @@
 //! - [`leader`]: leader election among operator replicas on a `coordination.k8s.io`
 //!   Lease.
 //! - [`metrics`]: the operator's `/metrics`.
+//! - [`cluster`]: the user's verbs against a cluster (`edl submit`, `edl jobs`, and the
+//!   cluster forms of `edl status`, `scale`, `kill`, `logs`).
 
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod controller;
 pub mod crd;
 pub mod leader;

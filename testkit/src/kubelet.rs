@@ -13,7 +13,8 @@
 //!   directory given for it, an `emptyDir` is a fresh directory of the pod; arguments
 //!   under a mount path are rewritten to the host directory.
 //!
-//! It reports the pod `Running` (pod IP `127.0.0.1`), then `Succeeded` or `Failed` with
+//! A pod's output goes to `<dir>/<pod>.log`, which the API server serves as the pod's
+//! `log` subresource. It reports the pod `Running` (pod IP `127.0.0.1`), then `Succeeded` or `Failed` with
 //! the exit code and the start and end times when the process ends. A pod being deleted
 //! gets SIGTERM, then SIGKILL after its grace period, and is removed once its process
 //! has stopped (a delete with grace 0). Processes are killed when the kubelet is dropped.
@@ -168,6 +169,7 @@ impl Kubelet {
     pub fn start(api: Arc<FakeApi>, cfg: KubeletConfig) -> Kubelet {
         let stop = CancellationToken::new();
         let procs: Arc<Mutex<BTreeMap<String, Running>>> = Arc::default();
+        api.serve_pod_logs(&cfg.namespace, cfg.dir.clone());
         let (s, p) = (stop.clone(), procs.clone());
         tokio::spawn(async move {
             let mut changes = api.subscribe("pods").boxed();

@@ -1,9 +1,11 @@
 //! The Kubernetes operator end to end: `edl_operator::controller` against the fake API
 //! server (`edl_testkit::kube_api`), whose pods the test kubelet
-//! (`edl_testkit::kubelet`) runs as real `edl` processes against a real etcd. A
-//! TrainingJob trains MNIST to the end while it is scaled 2 -> 4 -> 1 through the scale
-//! subresource (surplus trainers drain), loses a trainer pod and a pserver pod to
-//! deletions, and reports Succeeded.
+//! (`edl_testkit::kubelet`) runs as real `edl` processes against a real etcd. A job spec
+//! submitted with `edl submit` trains MNIST to the end while it is scaled 2 -> 4 (`edl
+//! scale`) -> 1 (the scale subresource, as `kubectl scale` or an autoscaler does; surplus
+//! trainers drain), loses a trainer pod and a pserver pod to deletions, and reports
+//! Succeeded; `edl jobs`, `edl status` and `edl logs` show it on the way, and `edl kill`
+//! removes it and, through the finalizer, its etcd keys.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,11 +13,11 @@ use std::time::Duration;
 
 use edl_operator::TrainingJob;
 use edl_operator::controller::{self, ControllerConfig};
-use edl_operator::crd::{EtcdSpec, Phase, TrainingJobStatus, VolumeSource};
+use edl_operator::crd::{Phase, TrainingJobStatus};
 use edl_operator::metrics::Metrics;
 use edl_testkit::kube_api::{FakeApi, ResourceType};
 use edl_testkit::kubelet::{Kubelet, KubeletConfig};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, Config};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +27,24 @@ use crate::trainer::mnist;
 
 const NS: &str = "ml";
 const JOB: &str = "mnist-k8s";
+
+/// Runs `edl ARGS --context fake` against the fake API server: (success, stdout + stderr).
+async fn edl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = tokio::process::Command::new(edl_bin())
+        .args(args)
+        .args(["--context", "fake"])
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("EDL_ETCD")
+        .output()
+        .await
+        .expect("run edl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
 
 fn uid(api: &FakeApi, pod: &str) -> Option<String> {
     api.get("pods", NS, pod)
@@ -73,29 +93,53 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
         stop.clone(),
     ));
 
-    let spec = edl_job::JobSpec::parse_toml(&format!(
-        "name = \"{JOB}\"\n[data]\ntrain = [\"{train}\"]\ntest = [\"{test}\"]\n\
-         [model]\nkind = \"mnist_mlp\"\n\
-         [train]\nmode = \"async\"\npasses = 12\nbatch_size = 32\noptimizer = \"adam\"\n\
-         learning_rate = 0.001\nseed = 7\n\
-         [cluster]\npservers = 1\ntrainers = 2\nmin_trainers = 1\nmax_trainers = 4\n\
-         lease_ttl = \"3s\"\ncheckpoint_every = \"2s\"\n"
-    ))
-    .expect("spec");
-    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
-    tj.spec.etcd = EtcdSpec {
-        endpoints: w.etcd.endpoints(),
-        ..EtcdSpec::default()
-    };
-    tj.spec.volumes.checkpoints = Some(VolumeSource {
-        host_path: Some(checkpoints.display().to_string()),
-        ..VolumeSource::default()
-    });
-    tj.spec.drain_seconds = 20;
+    // A kubeconfig whose context "fake" is the fake API server, namespace NS.
+    let kubeconfig = w.dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
+             users: [{{name: test, user: {{}}}}]\n\
+             contexts: [{{name: fake, context: {{cluster: fake, user: test, namespace: {NS}}}}}]\n",
+            api.url()
+        ),
+    )
+    .expect("write kubeconfig");
+    let job_toml = w.dir.path().join("job.toml");
+    std::fs::write(
+        &job_toml,
+        format!(
+            "name = \"{JOB}\"\n[data]\ntrain = [\"{train}\"]\ntest = [\"{test}\"]\n\
+             [model]\nkind = \"mnist_mlp\"\n\
+             [train]\nmode = \"async\"\npasses = 12\nbatch_size = 32\noptimizer = \"adam\"\n\
+             learning_rate = 0.001\nseed = 7\n\
+             [cluster]\npservers = 1\ntrainers = 2\nmin_trainers = 1\nmax_trainers = 4\n\
+             lease_ttl = \"3s\"\ncheckpoint_every = \"2s\"\n"
+        ),
+    )
+    .expect("write the job spec");
+    let checkpoints_arg = format!("host:{}", checkpoints.display());
+    let etcd_arg = w.etcd.endpoints().join(",");
+    let submit: Vec<&str> = vec![
+        "submit",
+        job_toml.to_str().expect("utf-8 path"),
+        "--image",
+        "edl:test",
+        "--checkpoints",
+        &checkpoints_arg,
+        "--etcd",
+        &etcd_arg,
+    ];
+    let (ok, out) = edl(&kubeconfig, &submit).await;
+    assert!(ok && out.contains("submitted"), "edl submit: {out}");
+    // Twice is refused, saying how to remove the first.
+    let (ok, out) = edl(&kubeconfig, &submit).await;
+    assert!(
+        !ok && out.contains("exists") && out.contains("edl kill"),
+        "{out}"
+    );
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
-    jobs.create(&PostParams::default(), &tj)
-        .await
-        .expect("create the job");
 
     let status = || {
         let jobs = jobs.clone();
@@ -142,7 +186,24 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
             .expect("scale");
         }
     };
-    scale(4).await;
+    let (ok, out) = edl(&kubeconfig, &["jobs"]).await;
+    assert!(
+        ok && out.contains("SUBMITTED-JOBS 1") && out.contains("RUNNING-TRAINERS 2"),
+        "edl jobs: {out}"
+    );
+    let row = out.lines().find(|l| l.contains(JOB)).unwrap_or_default();
+    assert!(
+        row.contains("Running") && row.contains("2/2"),
+        "edl jobs: {out}"
+    );
+    let (ok, out) = edl(&kubeconfig, &["status", JOB]).await;
+    assert!(
+        ok && out.contains("[Running]") && out.contains("trainers running 2"),
+        "edl status: {out}"
+    );
+
+    let (ok, out) = edl(&kubeconfig, &["scale", JOB, "--trainers", "4"]).await;
+    assert!(ok && out.contains("desired trainers 4"), "edl scale: {out}");
     assert!(
         wait_until(within, || at(4)).await,
         "four trainers: {:?}\n{}",
@@ -172,6 +233,13 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
             "trainer {i} did not drain:\n{log}"
         );
     }
+
+    // The trainer's log through the API server; only the trainer's.
+    let (ok, out) = edl(&kubeconfig, &["logs", JOB, "--role", "trainer"]).await;
+    assert!(
+        ok && out.contains(&format!("[{JOB}-trainer-0] ")) && !out.contains("pserver-0]"),
+        "edl logs: {out}"
+    );
 
     // A deleted trainer pod and a deleted pserver pod come back.
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
@@ -235,6 +303,26 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
     for reason in ["ScaledUp", "ScaledDown", "PodReplaced", "Succeeded"] {
         assert!(events.iter().any(|e| e == reason), "{reason} in {events:?}");
     }
+
+    // `edl kill` deletes the resource; the finalizer removes the job's etcd keys first.
+    let (ok, out) = edl(&kubeconfig, &["kill", JOB]).await;
+    assert!(ok && out.contains("deleted"), "edl kill: {out}");
+    let removed = wait_until(within, || {
+        let api = api.clone();
+        async move { api.get("trainingjobs", NS, JOB).is_none() }
+    })
+    .await;
+    assert!(removed, "the TrainingJob stayed: {:?}", status().await);
+    let etcd = edl_coord::EtcdBackend::connect(edl_coord::EtcdConfig::new(w.etcd.endpoints()))
+        .await
+        .expect("connect to etcd");
+    let keys = edl_job::JobKeys::new(&edl_job::JobName::new(JOB).expect("a job name"));
+    let (left, _) = edl_coord::Backend::range(&etcd, &keys.root())
+        .await
+        .expect("read etcd");
+    assert!(left.is_empty(), "{} etcd keys left", left.len());
+    let (ok, out) = edl(&kubeconfig, &["status", JOB]).await;
+    assert!(!ok && out.contains("no TrainingJob"), "{out}");
     stop.cancel();
     operator.await.expect("operator");
 }

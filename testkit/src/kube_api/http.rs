@@ -128,6 +128,9 @@ pub(super) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
         Ok(b) => b,
         Err(e) => return error_response(&ApiError::new(400, "BadRequest", e.to_string())),
     };
+    if target.sub.as_deref() == Some("log") && types[target.type_index].plural == "pods" {
+        return pod_log(&shared, &target, &q);
+    }
     let watch = q.get("watch").is_some_and(|w| w == "true" || w == "1");
     if method == Method::GET && watch {
         return watch_response(&shared, &target, &q);
@@ -439,4 +442,100 @@ fn watch_response(shared: &Arc<Shared>, target: &Target, q: &BTreeMap<String, St
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+/// `GET pods/NAME/log`: the pod's log file, whole or its last `tailLines` lines; with
+/// `follow`, what is appended after, until the pod is removed or has ended.
+fn pod_log(shared: &Arc<Shared>, target: &Target, q: &BTreeMap<String, String>) -> Response {
+    let name = target.name.clone().unwrap_or_default();
+    let key = (target.type_index, target.namespace.clone(), name.clone());
+    let pod = {
+        let store = shared.lock();
+        match store.objects.get(&key) {
+            Some(p) => p.clone(),
+            None => return error_response(&not_found(&store.types[key.0], &name)),
+        }
+    };
+    let dir = shared
+        .pod_logs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&target.namespace)
+        .cloned();
+    let path = dir.map(|d| d.join(format!("{name}.log")));
+    let Some(text) = path.as_ref().and_then(|p| std::fs::read(p).ok()) else {
+        let container = pod["spec"]["containers"][0]["name"].as_str().unwrap_or("");
+        return error_response(&ApiError::new(
+            400,
+            "BadRequest",
+            format!("container \"{container}\" in pod \"{name}\" is waiting to start"),
+        ));
+    };
+    let start = match q.get("tailLines").and_then(|n| n.parse::<usize>().ok()) {
+        Some(n) => {
+            // The offset after the (n+1)-th newline from the end (a last line without
+            // a newline counts as a line).
+            let body = text.strip_suffix(b"\n").unwrap_or(&text);
+            let mut seen = 0;
+            let mut at = 0;
+            for (i, b) in body.iter().enumerate().rev() {
+                if *b == b'\n' {
+                    seen += 1;
+                    if seen == n {
+                        at = i + 1;
+                        break;
+                    }
+                }
+            }
+            if n == 0 { text.len() } else { at }
+        }
+        None => 0,
+    };
+    let first = Bytes::from(text[start..].to_vec());
+    let follow = q.get("follow").is_some_and(|f| f == "true" || f == "1");
+    let text_response = |body: Body| {
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "text/plain")
+            .body(body)
+            .unwrap_or_else(|_| Response::new(Body::empty()))
+    };
+    if !follow {
+        return text_response(Body::from(first));
+    }
+    let (shared, path) = (shared.clone(), path.unwrap_or_default());
+    let uid = pod["metadata"]["uid"].clone();
+    let offset = text.len() as u64;
+    let tail = futures::stream::unfold(offset, move |offset| {
+        let (shared, path, key, uid) = (shared.clone(), path.clone(), key.clone(), uid.clone());
+        async move {
+            loop {
+                let grown = std::fs::metadata(&path).map_or(0, |m| m.len());
+                if grown > offset {
+                    use std::io::{Read, Seek, SeekFrom};
+                    let mut buf = Vec::new();
+                    let read = std::fs::File::open(&path).and_then(|mut f| {
+                        f.seek(SeekFrom::Start(offset))?;
+                        f.read_to_end(&mut buf)
+                    });
+                    if let Ok(n) = read {
+                        return Some((Bytes::from(buf), offset + n as u64));
+                    }
+                }
+                let over = shared.lock().objects.get(&key).is_none_or(|p| {
+                    p["metadata"]["uid"] != uid
+                        || matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+                });
+                if over || shared.stop.is_cancelled() {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    let stream = futures::StreamExt::map(
+        futures::StreamExt::chain(futures::stream::iter([first]), tail),
+        Ok::<Bytes, std::io::Error>,
+    );
+    text_response(Body::from_stream(stream))
 }

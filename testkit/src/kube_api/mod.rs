@@ -31,6 +31,10 @@
 //!   empties the finalizers of such an object (or a delete with grace 0 of such a pod)
 //!   removes it. **Owner references**: removing an object deletes its dependents
 //!   (background propagation).
+//! - **pod logs** (`pods/NAME/log`, text; `tailLines`, `follow`): from the files a test
+//!   kubelet writes ([`FakeApi::serve_pod_logs`]); a pod whose container has not started
+//!   is `400 BadRequest`, as on a real server; `follow` streams what is appended until the
+//!   pod is removed or has ended.
 //! - Errors are `Status` objects with the standard reasons and codes.
 //!
 //! Not covered: schema validation and defaulting of custom resources (the manifests
@@ -231,6 +235,8 @@ struct Shared {
     store: Mutex<Store>,
     tx: broadcast::Sender<WatchEvent>,
     stop: CancellationToken,
+    /// Per namespace, the directory of its pods' logs ([`FakeApi::serve_pod_logs`]).
+    pod_logs: Mutex<BTreeMap<String, std::path::PathBuf>>,
 }
 
 impl Shared {
@@ -278,6 +284,7 @@ impl FakeApi {
             }),
             tx,
             stop: CancellationToken::new(),
+            pod_logs: Mutex::default(),
         });
         let app = axum::Router::new()
             .fallback(http::handle)
@@ -325,6 +332,17 @@ impl FakeApi {
             .objects
             .get(&(t, namespace.to_owned(), name.to_owned()))
             .cloned()
+    }
+
+    /// Serves the `log` subresource of the pods of `namespace` from `dir/<pod>.log` (the
+    /// files a test kubelet writes; a real API server proxies the request to the pod's
+    /// kubelet the same way).
+    pub fn serve_pod_logs(&self, namespace: &str, dir: std::path::PathBuf) {
+        self.shared
+            .pod_logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(namespace.to_owned(), dir);
     }
 
     /// Merges `patch` into an object's status (as a kubelet reports a pod's).
