@@ -262,3 +262,71 @@ async fn finalizers_hold_a_deletion_and_owners_take_their_dependents() {
         .expect("remove");
     assert!(api.get("pods", NS, "a-trainer-0").is_none());
 }
+
+#[tokio::test]
+async fn pod_logs_are_served_tailed_and_followed_until_the_pod_ends() {
+    let (api, client) = fake(100).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    api.serve_pod_logs(NS, dir.path().to_owned());
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    pods.create(&PostParams::default(), &pod("p", None))
+        .await
+        .expect("create");
+    // Not started: no log yet, as a waiting container.
+    let err = pods
+        .logs("p", &kube::api::LogParams::default())
+        .await
+        .expect_err("no log yet");
+    assert_eq!(code(err), 400);
+    let log = dir.path().join("p.log");
+    std::fs::write(&log, "one\ntwo\nthree\n").expect("write");
+    let all = pods
+        .logs("p", &kube::api::LogParams::default())
+        .await
+        .expect("logs");
+    assert_eq!(all, "one\ntwo\nthree\n");
+    let tail = pods
+        .logs(
+            "p",
+            &kube::api::LogParams {
+                tail_lines: Some(2),
+                ..kube::api::LogParams::default()
+            },
+        )
+        .await
+        .expect("tail");
+    assert_eq!(tail, "two\nthree\n");
+    // Following: what is appended comes, and the stream ends when the pod has ended.
+    let mut lines = futures::AsyncBufReadExt::lines(
+        pods.log_stream(
+            "p",
+            &kube::api::LogParams {
+                follow: true,
+                ..kube::api::LogParams::default()
+            },
+        )
+        .await
+        .expect("follow"),
+    );
+    for want in ["one", "two", "three"] {
+        assert_eq!(
+            lines.next().await.transpose().expect("read"),
+            Some(want.to_owned())
+        );
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .expect("open");
+    std::io::Write::write_all(&mut f, b"four\n").expect("append");
+    assert_eq!(
+        lines.next().await.transpose().expect("read"),
+        Some("four".to_owned())
+    );
+    api.patch_status("pods", NS, "p", &json!({"phase": "Succeeded"}))
+        .expect("end the pod");
+    let end = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next())
+        .await
+        .expect("the stream ends once the pod has ended");
+    assert!(end.is_none(), "{end:?}");
+}
