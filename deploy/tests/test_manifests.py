@@ -2,12 +2,15 @@
 Kubernetes JSON schemas (the `kubernetes-validate` package) and, for TrainingJobs,
 against the generated CRD's OpenAPI schema.
 
-- every file in deploy/ (the CRD, and later RBAC, the operator's Deployment);
-- the TrainingJob examples in deploy/examples/ against the CRD's schema;
+- every file in deploy/ (the CRD, the namespace, RBAC, the operator's Deployment);
+- the TrainingJob examples in deploy/examples/ against the CRD's schema, including its
+  CEL rules (`x-kubernetes-validations`, evaluated with cel-python after the schema's
+  defaults are applied, as the API server does), and bad variants refused by them;
 - every object `edl operator render` says the operator creates for those examples and
-  for the repository's job specs (pods, services), strictly (no unknown fields).
-
-CEL rules (`x-kubernetes-validations`) are not evaluated here: jsonschema ignores them.
+  for the repository's job specs (pods, services), strictly (no unknown fields), and
+  the pods against the "restricted" Pod Security Standard;
+- the Dockerfile: multi-stage, shipping a non-root image;
+- RBAC: every binding names a role and a service account that exist.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pathlib
 import subprocess
 from typing import Any, Dict, List
 
+import celpy
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -184,3 +188,147 @@ def test_a_job_the_operator_would_fail_is_refused_naming_the_field(tmp_path: pat
     out = subprocess.run([edl_bin(), "operator", "render", str(bad)], capture_output=True, text=True)
     assert out.returncode != 0
     assert "spec.cluster.healthy_after" in out.stderr, out.stderr
+
+
+def with_defaults(obj: Any, schema: Dict[str, Any]) -> Any:
+    """`obj` with the schema's defaults filled in where a field is absent, as the API
+    server defaults a custom resource before validating it."""
+    if isinstance(obj, dict) and schema.get("type") == "object":
+        out = dict(obj)
+        for name, sub in schema.get("properties", {}).items():
+            if name not in out and "default" in sub:
+                out[name] = sub["default"]
+            if name in out:
+                out[name] = with_defaults(out[name], sub)
+        return out
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [with_defaults(x, schema["items"]) for x in obj]
+    return obj
+
+
+def cel_violations(obj: Any, schema: Dict[str, Any], path: str = "") -> List[str]:
+    """The messages of the CEL rules `obj` breaks, at every level of the schema."""
+    env = celpy.Environment()
+    out = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        program = env.program(env.compile(rule["rule"]))
+        if not program.evaluate({"self": celpy.json_to_cel(obj)}):
+            out.append(f"{path or '.'}: {rule.get('message', rule['rule'])}")
+    if isinstance(obj, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in obj:
+                out += cel_violations(obj[name], sub, f"{path}.{name}")
+    return out
+
+
+def test_the_examples_pass_the_crd_rules_and_bad_ones_are_refused_by_them() -> None:
+    schema = crd_schema()
+    examples = sorted((DEPLOY / "examples").glob("*.yaml"))
+    for path in examples:
+        for obj in documents(path.read_text()):
+            assert cel_violations(with_defaults(obj, schema), schema) == [], path
+    (good,) = documents(examples[0].read_text())
+
+    def variant(change: Any) -> List[str]:
+        bad = yaml.safe_load(yaml.safe_dump(good))
+        change(bad)
+        jsonschema.validate(bad, schema)  # well-formed: only a rule refuses it
+        return cel_violations(with_defaults(bad, schema), schema)
+
+    def cluster(**kv: Any) -> Any:
+        return lambda o: o["spec"].setdefault("cluster", {}).update(kv)
+
+    assert any("at most spec.cluster.max_trainers" in v for v in variant(cluster(trainers=9, max_trainers=4)))
+    assert any("min_trainers" in v for v in variant(cluster(trainers=1, min_trainers=2)))
+    assert any("40 characters" in v for v in variant(lambda o: o["metadata"].update(name="j" * 41)))
+    both_etcds = variant(lambda o: o["spec"].update(etcd={"endpoints": ["http://e:2379"], "managed": True}))
+    assert any(v.startswith(".spec.etcd") for v in both_etcds), both_etcds
+    two_sources = variant(
+        lambda o: o["spec"].setdefault("volumes", {}).update(data={"claimName": "a", "hostPath": "/d"})
+    )
+    assert any("exactly one of claimName" in v for v in two_sources), two_sources
+    # Within the bounds is fine.
+    assert variant(cluster(trainers=3, min_trainers=1, max_trainers=4)) == []
+
+
+RESTRICTED_CAPS = {"NET_BIND_SERVICE"}
+
+
+def restricted_violations(pod_spec: Dict[str, Any]) -> List[str]:
+    """Where a pod spec breaks the "restricted" Pod Security Standard (the checks that
+    apply to edl's pods)."""
+    out = []
+    pod_sc = pod_spec.get("securityContext", {})
+    for c in pod_spec.get("containers", []) + pod_spec.get("initContainers", []):
+        sc = c.get("securityContext", {})
+        name = c.get("name")
+        if not sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")):
+            out.append(f"{name}: runAsNonRoot")
+        if sc.get("runAsUser", pod_sc.get("runAsUser")) == 0:
+            out.append(f"{name}: runAsUser 0")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation")
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []) or set(caps.get("add", [])) - RESTRICTED_CAPS:
+            out.append(f"{name}: capabilities")
+        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{name}: seccompProfile")
+    for v in pod_spec.get("volumes", []):
+        if "hostPath" in v:
+            out.append(f"volume {v.get('name')}: hostPath")
+    return out
+
+
+def test_the_pods_meet_the_restricted_pod_security_standard() -> None:
+    (deployment,) = [d for d in documents((DEPLOY / "operator.yaml").read_text()) if d["kind"] == "Deployment"]
+    assert restricted_violations(deployment["spec"]["template"]["spec"]) == []
+    pods = [o for o in render("deploy/examples/mnist-mlp.yaml") if o["kind"] == "Pod"]
+    assert pods
+    for p in pods:
+        # A hostPath volume is the user's choice (a single-node cluster); the example has none.
+        assert restricted_violations(p["spec"]) == [], p["metadata"]["name"]
+
+
+def test_rbac_bindings_name_roles_and_accounts_that_exist() -> None:
+    docs = [d for p in deploy_files() for d in documents(p.read_text())]
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    accounts = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "ServiceAccount"}
+    namespaces = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
+    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert bindings
+    for b in bindings:
+        ref = b["roleRef"]
+        ns = b["metadata"].get("namespace") if ref["kind"] == "Role" else None
+        assert (ref["kind"], ns, ref["name"]) in roles, b["metadata"]["name"]
+        for s in b["subjects"]:
+            assert (s["namespace"], s["name"]) in accounts, s
+    for d in docs:
+        ns = d["metadata"].get("namespace")
+        assert ns is None or ns in namespaces, (d["kind"], d["metadata"]["name"])
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert (deployment["metadata"]["namespace"], deployment["spec"]["template"]["spec"]["serviceAccountName"]) in accounts
+    for d in docs:
+        for rule in d.get("rules", []):
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], (d["metadata"]["name"], rule)
+            assert "secrets" not in rule["resources"], d["metadata"]["name"]
+
+
+def test_the_dockerfile_builds_in_stages_and_ships_a_non_root_image() -> None:
+    lines = [ln.strip() for ln in (REPO / "Dockerfile").read_text().splitlines()]
+    stages = [i for i, ln in enumerate(lines) if ln.upper().startswith("FROM ")]
+    assert len(stages) >= 2, "multi-stage"
+    last = lines[stages[-1] :]
+    users = [ln.split()[1] for ln in last if ln.upper().startswith("USER ")]
+    assert users and users[-1].split(":")[0] not in ("0", "root"), users
+    assert any(ln.startswith("COPY --from=") for ln in last)
+    assert any("cargo build --release --locked -p edl" in ln for ln in lines)
+    assert any(ln.startswith("ENTRYPOINT") and "edl" in ln for ln in last)
+    # The operator's Deployment runs as the image's user.
+    (deployment,) = [d for d in documents((DEPLOY / "operator.yaml").read_text()) if d["kind"] == "Deployment"]
+    run_as = deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    assert str(run_as) == users[-1].split(":")[0]
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert "target/" in ignored, "the build context leaves out target/"

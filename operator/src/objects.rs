@@ -363,6 +363,11 @@ pub fn pod(tj: &TrainingJob, slot: Slot) -> Pod {
                 run_as_non_root: Some(true),
                 run_as_user: Some(65532),
                 fs_group: Some(65532),
+                // With the containers' hardening, the "restricted" Pod Security Standard.
+                seccomp_profile: Some(k8s_openapi::api::core::v1::SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    localhost_profile: None,
+                }),
                 ..PodSecurityContext::default()
             }),
             automount_service_account_token: Some(false),

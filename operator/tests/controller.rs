@@ -5,7 +5,9 @@
 //! its spec in etcd, its service and pods, a status; the scale subresource resizes it
 //! (2 -> 4 -> 1, surplus trainers deleted with their drain grace period), with Events
 //! and `scale/trainers` in etcd; a deleted pserver pod is recreated; deleting the job
-//! removes its etcd keys and then the resource.
+//! removes its etcd keys and then the resource. The controller runs under leader
+//! election, as `edl operator run` runs it, and every request it made is one the
+//! operator's RBAC rules in `deploy/rbac.yaml` allow, each rule used.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +17,10 @@ use edl_job::{JobKeys, JobName, Record, ScaleRecord};
 use edl_operator::TrainingJob;
 use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::{EtcdSpec, Phase};
+use edl_operator::leader::{self, Election};
 use edl_operator::metrics::Metrics;
 use edl_testkit::etcd::EtcdCluster;
-use edl_testkit::kube_api::{FakeApi, ResourceType};
+use edl_testkit::kube_api::{Access, FakeApi, ResourceType};
 use edl_testkit::wait_until;
 use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -26,6 +29,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const NS: &str = "ml";
+/// The operator's own namespace, where its Lease is (as in deploy/).
+const LEASE_NS: &str = "edl-system";
 const JOB: &str = "mnist";
 
 /// Marks new pods Running and removes terminating ones (as a kubelet whose containers
@@ -94,6 +99,7 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
             ResourceType::services(),
             ResourceType::events_v1(),
             ResourceType::trainingjobs(),
+            ResourceType::leases(),
         ])
         .await
         .expect("fake API server"),
@@ -107,12 +113,29 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
         resync: Duration::from_millis(300),
         ..ControllerConfig::default()
     };
-    let operator = tokio::spawn(controller::run(
-        client.clone(),
-        config,
-        metrics.clone(),
-        stop.clone(),
+    // The operator's own client: its requests are the ones RBAC must allow.
+    let mut as_operator = Config::new(api.url().parse().expect("url"));
+    as_operator.headers.push((
+        http::header::AUTHORIZATION,
+        http::HeaderValue::from_static("Bearer edl-operator"),
     ));
+    let operator_client = Client::try_from(as_operator).expect("client");
+    let election = Election {
+        namespace: LEASE_NS.to_owned(),
+        name: "edl-operator".to_owned(),
+        identity: "test-operator".to_owned(),
+        lease: Duration::from_secs(3),
+        renew: Duration::from_millis(200),
+    };
+    let operator = {
+        let (c, m) = (operator_client.clone(), metrics.clone());
+        tokio::spawn(leader::run(
+            operator_client,
+            election,
+            stop.clone(),
+            move |term| controller::run(c.clone(), config.clone(), m.clone(), term),
+        ))
+    };
 
     let spec = edl_job::JobSpec::parse_toml(&format!(
         "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
@@ -278,7 +301,97 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
     let (left, _) = backend.range(&keys.root()).await.expect("range");
     assert!(left.is_empty(), "etcd keys left: {left:?}");
 
+    // The lease was renewed (an update) while it led.
+    let renewed = wait_until(within, every, || async {
+        api.accesses()
+            .iter()
+            .any(|a| a.resource == "leases" && a.verb == "update")
+    })
+    .await;
+    assert!(renewed, "the lease was never renewed");
     stop.cancel();
     operator.await.expect("operator");
+    let mine: Vec<Access> = api
+        .accesses()
+        .into_iter()
+        .filter(|a| a.user.as_deref() == Some("edl-operator"))
+        .collect();
+    check_rbac(&mine);
     kubelet.await.expect("kubelet");
+}
+
+/// The operator's RBAC rules in deploy/rbac.yaml: the edl-operator ClusterRole (every
+/// namespace) and the edl-operator-election Role (its own namespace): allow every
+/// request in `accesses` and grant nothing that was not used.
+fn check_rbac(accesses: &[Access]) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
+    let text = std::fs::read_to_string(path).expect("read deploy/rbac.yaml");
+    let docs: Vec<serde_json::Value> = serde_norway::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).expect("a YAML document"))
+        .collect();
+    let rules = |kind: &str, name: &str| -> Vec<serde_json::Value> {
+        let role = docs
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in deploy/rbac.yaml"));
+        role["rules"].as_array().cloned().unwrap_or_default()
+    };
+    let cluster = rules("ClusterRole", "edl-operator");
+    let election = rules("Role", "edl-operator-election");
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // (rule set, rule index, verb) used.
+    let mut used = std::collections::BTreeSet::new();
+    assert!(!accesses.is_empty());
+    for a in accesses {
+        let resource = match &a.subresource {
+            Some(sub) => format!("{}/{sub}", a.resource),
+            None => a.resource.to_owned(),
+        };
+        let sets: Vec<(&str, &[serde_json::Value])> = if a.namespace == LEASE_NS {
+            vec![("election", &election), ("cluster", &cluster)]
+        } else {
+            vec![("cluster", &cluster)]
+        };
+        let allowed = sets.iter().find_map(|(set, rules)| {
+            rules.iter().enumerate().find_map(|(i, r)| {
+                let names = strings(&r["resourceNames"]);
+                (strings(&r["apiGroups"]).contains(&a.group.to_owned())
+                    && strings(&r["resources"]).contains(&resource)
+                    && strings(&r["verbs"]).iter().any(|v| v == a.verb)
+                    && (names.is_empty() || a.name.as_ref().is_some_and(|n| names.contains(n))))
+                .then_some((*set, i))
+            })
+        });
+        let (set, i) = allowed.unwrap_or_else(|| {
+            panic!("deploy/rbac.yaml does not allow the operator's request {a:?}")
+        });
+        used.insert((set, i, a.verb));
+    }
+    // Granted though this run need not use it: kube's event Recorder patches an Event
+    // that repeats (a series) instead of creating another; no event here repeats.
+    let needed_elsewhere = |r: &serde_json::Value, verb: &str| {
+        strings(&r["resources"]) == ["events"] && verb == "patch"
+    };
+    for (set, rules) in [("cluster", &cluster), ("election", &election)] {
+        for (i, r) in rules.iter().enumerate() {
+            for verb in strings(&r["verbs"]) {
+                assert!(
+                    used.iter()
+                        .any(|(s, j, v)| *s == set && *j == i && *v == verb)
+                        || needed_elsewhere(r, &verb),
+                    "deploy/rbac.yaml grants {verb} on {:?} ({set} rule {i}), which the operator \
+                     did not use: least privilege",
+                    r["resources"]
+                );
+            }
+        }
+    }
 }

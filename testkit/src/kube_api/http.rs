@@ -118,6 +118,39 @@ pub(super) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
     };
     let q = query(&req);
     let method = req.method().clone();
+    {
+        let t = &types[target.type_index];
+        let watch = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+        let verb = match (&method, target.name.is_some()) {
+            (&Method::GET, _) if watch => "watch",
+            (&Method::GET, true) => "get",
+            (&Method::GET, false) => "list",
+            (&Method::POST, _) => "create",
+            (&Method::PUT, _) => "update",
+            (&Method::PATCH, _) => "patch",
+            (&Method::DELETE, true) => "delete",
+            (&Method::DELETE, false) => "deletecollection",
+            _ => "unknown",
+        };
+        shared
+            .accesses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(super::Access {
+                verb,
+                group: t.group,
+                resource: t.plural,
+                subresource: target.sub.clone(),
+                name: target.name.clone(),
+                user: req
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .map(str::to_owned),
+                namespace: target.namespace.clone(),
+            });
+    }
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)

@@ -37,6 +37,10 @@
 //!   pod is removed or has ended.
 //! - Errors are `Status` objects with the standard reasons and codes.
 //!
+//! Every request is recorded as RBAC would authorize it ([`FakeApi::accesses`]), so a
+//! test can check a client's RBAC rules cover what it did; the fake itself authorizes
+//! nothing.
+//!
 //! Not covered: schema validation and defaulting of custom resources (the manifests
 //! are validated against the real schemas by `deploy/tests`), admission, RBAC,
 //! authentication, server-side apply, field managers, pagination, bookmarks, and the
@@ -237,6 +241,28 @@ struct Shared {
     stop: CancellationToken,
     /// Per namespace, the directory of its pods' logs ([`FakeApi::serve_pod_logs`]).
     pod_logs: Mutex<BTreeMap<String, std::path::PathBuf>>,
+    /// Every request, as RBAC sees it.
+    accesses: Mutex<Vec<Access>>,
+}
+
+/// A request as RBAC authorizes it: verb, API group, resource, subresource, namespace.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Access {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`.
+    pub verb: &'static str,
+    /// The API group (`""` for core).
+    pub group: &'static str,
+    /// The resource (plural).
+    pub resource: &'static str,
+    /// The subresource (`status`, `scale`, `log`), if any.
+    pub subresource: Option<String>,
+    /// The object's name (none for list, watch and create).
+    pub name: Option<String>,
+    /// Who asked: the bearer token of the request's `Authorization` header, which this
+    /// fake takes as the user's name (it authenticates no one).
+    pub user: Option<String>,
+    /// The namespace (`""` for cluster-wide requests).
+    pub namespace: String,
 }
 
 impl Shared {
@@ -285,6 +311,7 @@ impl FakeApi {
             tx,
             stop: CancellationToken::new(),
             pod_logs: Mutex::default(),
+            accesses: Mutex::default(),
         });
         let app = axum::Router::new()
             .fallback(http::handle)
@@ -332,6 +359,16 @@ impl FakeApi {
             .objects
             .get(&(t, namespace.to_owned(), name.to_owned()))
             .cloned()
+    }
+
+    /// Every request served so far, in order, as RBAC would authorize it (the RBAC rules
+    /// a client needs are checked against these).
+    pub fn accesses(&self) -> Vec<Access> {
+        self.shared
+            .accesses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Serves the `log` subresource of the pods of `namespace` from `dir/<pod>.log` (the

@@ -1,0 +1,23 @@
+# The edl image: the one `edl` binary, every role (operator, master, pserver, trainer;
+# `edl run` too). Multi-stage: built in the Rust image, shipped on distroless's glibc
+# base (no shell, no package manager) as a non-root user.
+#
+#   docker build -t edl:0.1.0 .
+#
+# Jobs whose trainers are `entry` programs (Python, ...) build their own image FROM
+# this one, adding the program and its runtime; deploy/ and docs/kubernetes.md say how
+# the image is used.
+
+FROM rust:1.95-slim-bookworm AS build
+WORKDIR /src
+COPY . .
+# Only the binary's crates; no protoc is needed (the protocol's code is generated in
+# Rust). Debug info is dropped from the shipped binary.
+RUN cargo build --release --locked -p edl \
+ && objcopy --strip-debug target/release/edl /edl
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /edl /usr/local/bin/edl
+# distroless' "nonroot" user; the pods' securityContext asks for the same.
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/edl"]
