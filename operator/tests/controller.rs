@@ -16,7 +16,7 @@ use edl_coord::{Backend, EtcdBackend, EtcdConfig};
 use edl_job::{JobKeys, JobName, Record, ScaleRecord};
 use edl_operator::TrainingJob;
 use edl_operator::controller::{self, ControllerConfig};
-use edl_operator::crd::{EtcdSpec, Phase};
+use edl_operator::crd::{EtcdSpec, Phase, VolumeSource};
 use edl_operator::leader::{self, Election};
 use edl_operator::metrics::Metrics;
 use edl_testkit::etcd::EtcdCluster;
@@ -394,4 +394,196 @@ fn check_rbac(accesses: &[Access]) {
             }
         }
     }
+}
+
+/// The Running (or another) condition of a job: (status, reason, message).
+fn condition(api: &FakeApi, job: &str, type_: &str) -> Option<(String, String, String)> {
+    let tj = api.get("trainingjobs", NS, job)?;
+    let c = tj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?
+        .clone();
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    Some((s("status"), s("reason"), s("message")))
+}
+
+/// Warning events about `job` with `reason`.
+fn warnings(api: &FakeApi, job: &str, reason: &str) -> Vec<String> {
+    api.list("events", NS)
+        .into_iter()
+        .filter(|e| {
+            e["regarding"]["name"] == job && e["reason"] == reason && e["type"] == "Warning"
+        })
+        .map(|e| e["note"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_becomes_conditions_and_events_never_a_silent_pending() {
+    let etcd = EtcdCluster::start(1).await.expect("etcd");
+    let api = Arc::new(
+        FakeApi::start(vec![
+            ResourceType::pods(),
+            ResourceType::services(),
+            ResourceType::events_v1(),
+            ResourceType::trainingjobs(),
+        ])
+        .await
+        .expect("fake API server"),
+    );
+    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    let stop = CancellationToken::new();
+    let metrics = Arc::new(Metrics::default());
+    let operator = tokio::spawn(controller::run(
+        client.clone(),
+        ControllerConfig {
+            namespace: Some(NS.to_owned()),
+            resync: Duration::from_millis(300),
+            ..ControllerConfig::default()
+        },
+        metrics.clone(),
+        stop.clone(),
+    ));
+    // A port nothing listens on: bound, then closed.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let job = |name: &str, endpoints: Vec<String>| {
+        let spec = edl_job::JobSpec::parse_toml(&format!(
+            "name = \"{name}\"\n[data]\ntrain = [\"mnist/*.recordio\"]\n\
+             [model]\nkind = \"mnist_mlp\"\n[cluster]\ntrainers = 1\n"
+        ))
+        .expect("spec");
+        let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
+        tj.spec.etcd = EtcdSpec {
+            endpoints,
+            ..EtcdSpec::default()
+        };
+        tj.spec.volumes.data = Some(VolumeSource {
+            claim_name: Some("mnist".into()),
+            ..VolumeSource::default()
+        });
+        tj
+    };
+    let mut bad_image = job("bad-image", etcd.endpoints());
+    bad_image.spec.image = "edl:no-such-tag".into();
+    let mut no_data = job("no-data", etcd.endpoints());
+    no_data.spec.volumes.data = Some(VolumeSource {
+        claim_name: Some("missing".into()),
+        ..VolumeSource::default()
+    });
+    let no_etcd = job("no-etcd", vec![format!("http://127.0.0.1:{closed}")]);
+    let mut invalid = job("invalid", etcd.endpoints());
+    invalid.spec.volumes.data = None;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
+    for tj in [&bad_image, &no_data, &no_etcd, &invalid] {
+        jobs.create(&PostParams::default(), tj)
+            .await
+            .expect("create a job");
+    }
+
+    // The cluster's side: bad-image's containers cannot pull their image; no-data's pods
+    // cannot be scheduled (their claim does not exist).
+    let within = Duration::from_secs(20);
+    let every = Duration::from_millis(50);
+    let pods_of = |job: &str| -> Vec<String> {
+        api.list("pods", NS)
+            .into_iter()
+            .filter(|p| p["metadata"]["labels"]["edl.dev/job"] == job)
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let created = wait_until(within, every, || async {
+        pods_of("bad-image").len() == 3 && pods_of("no-data").len() == 3
+    })
+    .await;
+    assert!(created, "pods: {:?}", api.list("pods", NS));
+    for pod in pods_of("bad-image") {
+        api.patch_status(
+            "pods",
+            NS,
+            &pod,
+            &json!({"phase": "Pending", "containerStatuses": [{
+                "name": "edl", "image": "edl:no-such-tag", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"waiting": {"reason": "ErrImagePull",
+                "message": "pull access denied for edl, repository does not exist"}}}]}),
+        )
+        .expect("patch a pod");
+    }
+    for pod in pods_of("no-data") {
+        api.patch_status(
+            "pods",
+            NS,
+            &pod,
+            &json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: persistentvolumeclaim \"missing\" not found"}]}),
+        )
+        .expect("patch a pod");
+    }
+
+    let said = |job: &'static str,
+                type_: &'static str,
+                reason: &'static str,
+                needle: &'static str| {
+        let api = api.clone();
+        async move {
+            let ok = wait_until(within, every, || async {
+                condition(&api, job, type_)
+                    .is_some_and(|(s, r, m)| s == "False" && r == reason && m.contains(needle))
+                    && warnings(&api, job, reason)
+                        .iter()
+                        .any(|n| n.contains(needle))
+            })
+            .await;
+            assert!(
+                ok,
+                "{job}: no {type_} condition and Warning event {reason} saying {needle:?}: {:?}, \
+                 events {:?}",
+                api.get("trainingjobs", NS, job)
+                    .map(|j| j["status"].clone()),
+                warnings(&api, job, reason)
+            );
+        }
+    };
+    said("bad-image", "Running", "ErrImagePull", "pull access denied").await;
+    said(
+        "no-data",
+        "Running",
+        "Unschedulable",
+        "persistentvolumeclaim \"missing\"",
+    )
+    .await;
+    said("no-etcd", "EtcdReachable", "EtcdUnreachable", "").await;
+    let phase = |job: &str| {
+        api.get("trainingjobs", NS, job)
+            .map(|j| j["status"]["phase"].clone())
+    };
+    for job in ["bad-image", "no-data"] {
+        assert_eq!(phase(job), Some(json!("Pending")), "{job}");
+    }
+    // An invalid job fails, naming the field; it gets no pods.
+    let failed = wait_until(within, every, || async {
+        condition(&api, "invalid", "Failed").is_some_and(|(s, r, m)| {
+            s == "True" && r == "InvalidSpec" && m.starts_with("spec.volumes.data")
+        })
+    })
+    .await;
+    assert!(failed, "{:?}", api.get("trainingjobs", NS, "invalid"));
+    assert_eq!(phase("invalid"), Some(json!("Failed")));
+    assert!(pods_of("invalid").is_empty());
+    assert!(!warnings(&api, "invalid", "InvalidSpec").is_empty());
+    // One event per problem, however many rounds saw it: each job decided again more
+    // than twice since.
+    let rounds = metrics.reconciles.get();
+    let more = wait_until(within, every, || async {
+        metrics.reconciles.get() >= rounds + 12
+    })
+    .await;
+    assert!(more, "the operator stopped deciding");
+    assert_eq!(warnings(&api, "bad-image", "ErrImagePull").len(), 1);
+    stop.cancel();
+    operator.await.expect("operator");
 }
