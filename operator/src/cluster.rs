@@ -27,12 +27,12 @@ use crate::objects::{JOB_LABEL, ROLE_LABEL, Role};
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     /// No usable kubeconfig.
-    #[error("kubeconfig{}: {source} (set KUBECONFIG or --context)", context.as_ref().map_or(String::new(), |c| format!(" context {c}")))]
+    #[error("kubeconfig{}: {cause} (set KUBECONFIG to a kubeconfig with the cluster, and --context)", context.as_ref().map_or(String::new(), |c| format!(" context {c}")))]
     Config {
         /// The context asked for.
         context: Option<String>,
-        /// Why.
-        source: Box<dyn std::error::Error + Send + Sync>,
+        /// Why (said once: the kube error's text already holds its causes).
+        cause: String,
     },
     /// The job cannot run; names the field.
     #[error("{0}")]
@@ -64,9 +64,9 @@ pub async fn connect(
     context: Option<&str>,
     namespace: Option<&str>,
 ) -> Result<(Client, String), ClusterError> {
-    let config_error = |e: Box<dyn std::error::Error + Send + Sync>| ClusterError::Config {
+    let config_error = |e: &dyn std::error::Error| ClusterError::Config {
         context: context.map(str::to_owned),
-        source: e,
+        cause: e.to_string(),
     };
     let config = match context {
         Some(c) => Config::from_kubeconfig(&KubeConfigOptions {
@@ -74,10 +74,8 @@ pub async fn connect(
             ..KubeConfigOptions::default()
         })
         .await
-        .map_err(|e| config_error(Box::new(e)))?,
-        None => Config::infer()
-            .await
-            .map_err(|e| config_error(Box::new(e)))?,
+        .map_err(|e| config_error(&e))?,
+        None => Config::infer().await.map_err(|e| config_error(&e))?,
     };
     let ns = namespace.map_or_else(|| config.default_namespace.clone(), str::to_owned);
     let client = Client::try_from(config).map_err(ClusterError::Api)?;

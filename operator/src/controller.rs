@@ -306,7 +306,7 @@ async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action
                     .map(|_| ())
                     .map_err(|e| e.to_string()),
                 (EtcdAction::DeleteJob, Some(keys)) => backend
-                    .delete_prefix(&keys.root())
+                    .delete_prefix(keys.root())
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string()),

@@ -298,7 +298,7 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
         api.get("trainingjobs", NS, JOB),
         api.list("pods", NS)
     );
-    let (left, _) = backend.range(&keys.root()).await.expect("range");
+    let (left, _) = backend.range(keys.root()).await.expect("range");
     assert!(left.is_empty(), "etcd keys left: {left:?}");
 
     // The lease was renewed (an update) while it led.

@@ -317,7 +317,7 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
         .await
         .expect("connect to etcd");
     let keys = edl_job::JobKeys::new(&edl_job::JobName::new(JOB).expect("a job name"));
-    let (left, _) = edl_coord::Backend::range(&etcd, &keys.root())
+    let (left, _) = edl_coord::Backend::range(&etcd, keys.root())
         .await
         .expect("read etcd");
     assert!(left.is_empty(), "{} etcd keys left", left.len());
