@@ -94,15 +94,9 @@ fn events(api: &FakeApi) -> Vec<String> {
 async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
     let etcd = EtcdCluster::start(1).await.expect("etcd");
     let api = Arc::new(
-        FakeApi::start(vec![
-            ResourceType::pods(),
-            ResourceType::services(),
-            ResourceType::events_v1(),
-            ResourceType::trainingjobs(),
-            ResourceType::leases(),
-        ])
-        .await
-        .expect("fake API server"),
+        FakeApi::start(ResourceType::for_operator())
+            .await
+            .expect("fake API server"),
     );
     let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
     let stop = CancellationToken::new();
@@ -423,14 +417,9 @@ fn warnings(api: &FakeApi, job: &str, reason: &str) -> Vec<String> {
 async fn bad_input_becomes_conditions_and_events_never_a_silent_pending() {
     let etcd = EtcdCluster::start(1).await.expect("etcd");
     let api = Arc::new(
-        FakeApi::start(vec![
-            ResourceType::pods(),
-            ResourceType::services(),
-            ResourceType::events_v1(),
-            ResourceType::trainingjobs(),
-        ])
-        .await
-        .expect("fake API server"),
+        FakeApi::start(ResourceType::for_operator())
+            .await
+            .expect("fake API server"),
     );
     let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
     let stop = CancellationToken::new();

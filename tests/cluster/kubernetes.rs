@@ -61,14 +61,9 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
         std::fs::create_dir_all(d).expect("mkdir");
     }
     let api = Arc::new(
-        FakeApi::start(vec![
-            ResourceType::pods(),
-            ResourceType::services(),
-            ResourceType::events_v1(),
-            ResourceType::trainingjobs(),
-        ])
-        .await
-        .expect("fake API server"),
+        FakeApi::start(ResourceType::for_operator())
+            .await
+            .expect("fake API server"),
     );
     let _kubelet = Kubelet::start(
         api.clone(),

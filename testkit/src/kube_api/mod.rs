@@ -160,6 +160,18 @@ impl ResourceType {
         }
     }
 
+    /// Every type the edl operator uses: pods, services, events, TrainingJobs and the
+    /// leader election's leases.
+    pub fn for_operator() -> Vec<ResourceType> {
+        vec![
+            ResourceType::pods(),
+            ResourceType::services(),
+            ResourceType::events_v1(),
+            ResourceType::trainingjobs(),
+            ResourceType::leases(),
+        ]
+    }
+
     fn core(plural: &'static str, kind: &'static str, status: bool) -> ResourceType {
         ResourceType {
             group: "",
