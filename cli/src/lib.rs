@@ -12,6 +12,8 @@
 //! - [`ops_cmd`]: `edl status|scale|kill|logs`.
 //! - [`operator_cmd`]: `edl operator crd|render` (the TrainingJob resource is the
 //!   `edl-operator` crate).
+//! - [`sim_cmd`]: `edl sim`, the autoscaling policies side by side in the cluster
+//!   simulator (the `edl-autoscaler` crate).
 //! - [`paddle`]: PaddlePaddle's environment variables as a role.
 //! - the job spec, keys and records are the `edl-job` crate; the trainer process is
 //!   `edl_trainer::process`.
@@ -38,6 +40,7 @@ pub mod ops_cmd;
 pub mod paddle;
 pub mod pserver_cmd;
 pub mod run;
+pub mod sim_cmd;
 pub mod trainer_cmd;
 
 /// edl: elastic, fault-tolerant distributed training.
@@ -94,6 +97,9 @@ pub enum Command {
     /// or the objects the operator creates for a job.
     #[command(subcommand)]
     Operator(operator_cmd::OperatorCommand),
+    /// Simulate a cluster under no autoscaling, EDL's autoscaler and edl's, side by side:
+    /// EDL's published experiment and a synthetic day (tables, goals, plots).
+    Sim(sim_cmd::SimArgs),
 }
 
 /// Sets up `tracing` for this command line (see [`logging`]): queries, data tools
@@ -109,6 +115,7 @@ pub fn init_logging(cli: &Cli) {
             | Command::Logs(_)
             | Command::Submit(_)
             | Command::Jobs(_)
+            | Command::Sim(_)
             | Command::Operator(
                 operator_cmd::OperatorCommand::Crd | operator_cmd::OperatorCommand::Render(_),
             ),
@@ -155,5 +162,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Submit(args) => cluster_cmd::submit(args).map(|()| ExitCode::SUCCESS),
         Command::Jobs(args) => cluster_cmd::jobs(args).map(|()| ExitCode::SUCCESS),
         Command::Operator(cmd) => operator_cmd::run(cmd),
+        Command::Sim(args) => sim_cmd::run(args),
     }
 }

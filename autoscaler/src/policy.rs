@@ -1,0 +1,446 @@
+//! edl's autoscaling policy: a pure, deterministic function from a cluster snapshot to
+//! new trainer counts, applied by draining (never killing) the trainers it removes.
+//!
+//! One pass, in order:
+//! 1. **Bounds.** Every elastic job's count is clamped to `[min, max]` first.
+//! 2. **Give up scale-ups that found no node.** Trainers of an earlier scale-up that are
+//!    still unbound are taken back (a job left alone for `min_interval` is asked again
+//!    later), so they neither hold a place in the scheduler's queue nor look like demand.
+//! 3. **Admission.** A *starved* job (fewer than `min` trainers bound, or pservers not
+//!    bound) gets room for its minimum: in priority order (then oldest first), the
+//!    trainers worth least are taken from jobs of the same or a lower priority, several
+//!    per job if needed, until the minimum fits in the cluster's `max_load` share. If it
+//!    cannot fit even then, nothing is taken for it and nobody grows in this pass.
+//! 4. **Growth.** Free room goes one trainer at a time to the job whose next trainer is
+//!    worth most (priority first), while a node can host it: as many as fit, in one pass.
+//! 5. **Rebalancing.** A trainer moves from the job where it is worth least to the job
+//!    where it would be worth most when the gain beats the loss by `hysteresis` (or the
+//!    receiver's priority is higher).
+//!
+//! A trainer's worth is what it adds to its job's speed (from a speed-up curve fitted to
+//! the job's observed speeds, [`Speedup::fit`]), divided by the work the job has left and
+//! by the trainer's dominant share of the cluster: trainers go where they shorten jobs
+//! most per unit of cluster, which favours jobs that still scale and jobs close to done.
+//! A trainer adding less than `min_gain` of one trainer's speed is never added, and a job
+//! that will finish within `min_remaining` seconds is not grown.
+//!
+//! Invariants (property tests in `policy_tests.rs`):
+//! - an answered count is within `[min, max]`; a job is answered at most once, only when
+//!   its count changes; jobs with `min == max` inside their bounds are never answered;
+//! - a job changed less than `min_interval` ago is only lowered, and only to admit a job
+//!   of the same or a higher priority (or to respect its bounds);
+//! - no job is lowered for the benefit of a job of a lower priority;
+//! - growth never takes the requests past `max_load` of the cluster;
+//! - the answer depends on the jobs, not on their order in the snapshot.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{JobView, Resources, Snapshot, Speedup, Target};
+
+/// The policy's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PolicyConfig {
+    /// The share of the cluster's CPU, memory and GPUs the policy fills (0.97 as EDL).
+    pub max_load: f64,
+    /// Seconds a job is left alone after a change, except to admit another job.
+    pub min_interval: f64,
+    /// A rebalancing move must gain this much more than it loses (0.25: 25%).
+    pub hysteresis: f64,
+    /// A trainer is added only if it adds at least this share of one trainer's speed.
+    pub min_gain: f64,
+    /// A job expected to finish within this many seconds is not grown.
+    pub min_remaining: f64,
+    /// Contention assumed for a job observed at a single trainer count.
+    pub prior_sigma: f64,
+    /// Most trainers added to one job in one pass.
+    pub max_step: u32,
+    /// How much a job's work left weighs in a trainer's worth (worth = added speed /
+    /// work left ^ this / share): 0 only looks at speed, 1 also favours jobs near their
+    /// end (shortest remaining work first).
+    pub size_exponent: f64,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            max_load: 0.97,
+            min_interval: 30.0,
+            hysteresis: 0.25,
+            min_gain: 0.02,
+            min_remaining: 30.0,
+            prior_sigma: 0.05,
+            max_step: 64,
+            size_exponent: 1.0,
+        }
+    }
+}
+
+struct Plan<'a> {
+    cfg: &'a PolicyConfig,
+    snap: &'a Snapshot,
+    target: Vec<u32>,
+    curve: Vec<Option<Speedup>>,
+    frozen: Vec<bool>,
+    /// Requests of the cluster as the plan stands, bound or waiting (fluid).
+    used: Resources,
+    cap: Resources,
+    total: Resources,
+    /// Idle resources per node as the plan stands (growth is placed on them).
+    idle: Vec<Resources>,
+    grown: Vec<u32>,
+}
+
+/// One pass of edl's policy: the jobs whose trainer count changes.
+pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
+    let jobs = &snapshot.jobs;
+    let total = snapshot.total();
+    let scale = |v: u64| (v as f64 * config.max_load).floor() as u64;
+    let mut plan = Plan {
+        cfg: config,
+        snap: snapshot,
+        target: jobs
+            .iter()
+            .map(|j| j.trainers.clamp(j.min, j.max.max(j.min)))
+            .collect(),
+        curve: jobs
+            .iter()
+            .map(|j| Speedup::fit(&j.speed, config.prior_sigma))
+            .collect(),
+        frozen: jobs
+            .iter()
+            .map(|j| {
+                j.changed_at
+                    .is_some_and(|t| snapshot.now - t < config.min_interval)
+            })
+            .collect(),
+        used: snapshot.nodes.iter().map(|n| n.requested).sum(),
+        cap: Resources {
+            cpu_milli: scale(total.cpu_milli),
+            mem_mib: scale(total.mem_mib),
+            gpu: scale(total.gpu),
+        },
+        total,
+        idle: snapshot.nodes.iter().map(|n| n.idle()).collect(),
+        grown: vec![0; jobs.len()],
+    };
+    // Jobs in a canonical order (priority, then age, then name): the answer must not
+    // depend on the snapshot's order.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| canonical(&jobs[a], &jobs[b]));
+
+    let starved = plan.give_up_unbound(&order);
+    let blocked = !plan.admit(&order, &starved);
+    if !blocked {
+        plan.grow(&order);
+        plan.rebalance(&order);
+    }
+    order.sort_unstable();
+    order
+        .into_iter()
+        .filter(|&i| plan.target[i] != jobs[i].trainers)
+        .map(|i| Target {
+            job: i,
+            from: jobs[i].trainers,
+            to: plan.target[i],
+        })
+        .collect()
+}
+
+fn canonical(a: &JobView, b: &JobView) -> std::cmp::Ordering {
+    b.priority
+        .cmp(&a.priority)
+        .then(a.submitted.total_cmp(&b.submitted))
+        .then(a.name.cmp(&b.name))
+}
+
+impl Plan<'_> {
+    fn job(&self, i: usize) -> &JobView {
+        &self.snap.jobs[i]
+    }
+
+    /// Step 2, and the pods each starved job still needs bound (`Some(pods)`).
+    fn give_up_unbound(&mut self, order: &[usize]) -> Vec<Option<Vec<Resources>>> {
+        let mut starved = vec![None; self.snap.jobs.len()];
+        for &i in order {
+            let j = self.job(i).clone();
+            // The unbound pods that are not trainers (pservers): a job needs all of them.
+            let mut others = j.waiting.clone();
+            for _ in 0..j.pods.unbound {
+                if let Some(k) = others.iter().position(|r| *r == j.trainer) {
+                    others.swap_remove(k);
+                }
+            }
+            let bound = j.pods.total - j.pods.unbound;
+            if bound < j.min || !others.is_empty() {
+                let short = j.min.saturating_sub(bound);
+                // Unbound trainers beyond the minimum: given up like any scale-up that
+                // found no node (kept, and counted, while the job is left alone).
+                let extra = j.pods.unbound.saturating_sub(short);
+                let back = if self.frozen[i] || !j.is_elastic() {
+                    0
+                } else {
+                    extra.min(self.target[i].saturating_sub(j.min))
+                };
+                self.target[i] -= back;
+                self.used += j.trainer * u64::from(extra - back);
+                others.extend(std::iter::repeat_n(j.trainer, short as usize));
+                starved[i] = Some(others);
+                continue;
+            }
+            if j.pods.unbound == 0 {
+                continue;
+            }
+            if self.frozen[i] || !j.is_elastic() {
+                // A recent scale-up whose room is being made: it stays, and counts.
+                self.used += j.trainer * u64::from(j.pods.unbound);
+                continue;
+            }
+            let back = j.pods.unbound.min(self.target[i].saturating_sub(j.min));
+            self.target[i] -= back;
+            self.used += j.trainer * u64::from(j.pods.unbound - back);
+        }
+        starved
+    }
+
+    fn free(&self) -> Resources {
+        self.cap.saturating_sub(&self.used)
+    }
+
+    /// Step 3. False when a starved job cannot be admitted even with every donor at its
+    /// minimum.
+    ///
+    /// Each pod the job needs is placed on a node with room (the fullest that fits, so
+    /// large holes stay). A pod that fits nowhere takes a donor's trainer at least as
+    /// large as itself: that trainer's node will have room once it drained. The cluster's
+    /// `max_load` share is respected the same way, by more donors.
+    fn admit(&mut self, order: &[usize], starved: &[Option<Vec<Resources>>]) -> bool {
+        let mut all_admitted = true;
+        for &s in order {
+            let Some(pods) = &starved[s] else { continue };
+            let saved = (self.target.clone(), self.used, self.idle.clone());
+            let mut pods = pods.clone();
+            pods.sort_by_key(|r| std::cmp::Reverse((r.gpu, r.cpu_milli, r.mem_mib)));
+            let need: Resources = pods.iter().copied().sum();
+            let mut ok = true;
+            for pod in &pods {
+                if let Some(n) = self.tightest(pod) {
+                    self.idle[n] = self.idle[n].saturating_sub(pod);
+                    continue;
+                }
+                match self.donor(order, starved, s, Some(pod)) {
+                    Some(d) => {
+                        self.target[d] -= 1;
+                        self.used = self.used.saturating_sub(&self.job(d).trainer);
+                    }
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            while ok && !self.free().fits(&need) {
+                match self.donor(order, starved, s, None) {
+                    Some(d) => {
+                        self.target[d] -= 1;
+                        self.used = self.used.saturating_sub(&self.job(d).trainer);
+                    }
+                    None => ok = false,
+                }
+            }
+            if ok {
+                self.used += need;
+            } else {
+                (self.target, self.used, self.idle) = saved;
+                self.used += need;
+                all_admitted = false;
+            }
+        }
+        all_admitted
+    }
+
+    /// The node with the least room that still fits `pod` (no GPU node for a pod
+    /// without GPUs).
+    fn tightest(&self, pod: &Resources) -> Option<usize> {
+        self.idle
+            .iter()
+            .enumerate()
+            .filter(|(n, idle)| {
+                idle.fits(pod) && (pod.gpu > 0 || self.snap.nodes[*n].allocatable.gpu == 0)
+            })
+            .min_by(|a, b| a.1.cpu_milli.cmp(&b.1.cpu_milli).then(a.0.cmp(&b.0)))
+            .map(|(n, _)| n)
+    }
+
+    /// The trainer worth least among the jobs that may give one to starved job `s`
+    /// (same or lower priority, above their minimum, not starved), at least as large as
+    /// `pod` when given.
+    fn donor(
+        &self,
+        order: &[usize],
+        starved: &[Option<Vec<Resources>>],
+        s: usize,
+        pod: Option<&Resources>,
+    ) -> Option<usize> {
+        order
+            .iter()
+            .copied()
+            .filter(|&d| {
+                let dj = self.job(d);
+                d != s
+                    && starved[d].is_none()
+                    && dj.priority <= self.job(s).priority
+                    && self.target[d] > dj.min
+                    && pod.is_none_or(|p| dj.trainer.fits(p))
+            })
+            .min_by(|&a, &b| {
+                // Unknown speed counts as worth most (a job just admitted keeps its trainers).
+                let w = |d: usize| match self.curve[d] {
+                    None => f64::INFINITY,
+                    Some(_) => self.worth(d, self.target[d]),
+                };
+                w(a).total_cmp(&w(b))
+                    .then(self.job(a).priority.cmp(&self.job(b).priority))
+                    .then(canonical(self.job(b), self.job(a)))
+            })
+    }
+
+    /// The worth of a job's `k`-th trainer (0 for a job whose speed is unknown).
+    fn worth(&self, i: usize, k: u32) -> f64 {
+        let Some(curve) = self.curve[i] else {
+            return 0.0;
+        };
+        if k == 0 {
+            return f64::INFINITY;
+        }
+        let gain = curve.marginal(k - 1);
+        let left = self.job(i).remaining.unwrap_or(1.0).max(1.0);
+        gain / left.powf(self.cfg.size_exponent) / self.share(&self.job(i).trainer)
+    }
+
+    /// A trainer's dominant share of the cluster.
+    fn share(&self, r: &Resources) -> f64 {
+        let part = |v: u64, t: u64| if t == 0 { 0.0 } else { v as f64 / t as f64 };
+        part(r.cpu_milli, self.total.cpu_milli)
+            .max(part(r.mem_mib, self.total.mem_mib))
+            .max(part(r.gpu, self.total.gpu))
+            .max(1e-12)
+    }
+
+    /// Whether job `i` may take one more trainer, capacity aside.
+    fn may_grow(&self, i: usize) -> bool {
+        let j = self.job(i);
+        let n = self.target[i];
+        if !j.is_elastic() || n >= j.max || self.frozen[i] || self.grown[i] >= self.cfg.max_step {
+            return false;
+        }
+        if j.pods.unbound > 0 || j.pods.pending > 0 || n < j.trainers {
+            return false;
+        }
+        let Some(curve) = self.curve[i] else {
+            return false;
+        };
+        if curve.marginal(n) < self.cfg.min_gain * curve.a {
+            return false;
+        }
+        let rate = curve.rate(n.max(1));
+        j.remaining
+            .is_none_or(|left| left / rate > self.cfg.min_remaining)
+    }
+
+    /// The node a trainer of job `i` would be bound to (most room left, no GPU node for
+    /// a trainer without GPUs).
+    fn place(&self, i: usize) -> Option<usize> {
+        let t = self.job(i).trainer;
+        self.idle
+            .iter()
+            .enumerate()
+            .filter(|(n, idle)| {
+                idle.fits(&t) && (t.gpu > 0 || self.snap.nodes[*n].allocatable.gpu == 0)
+            })
+            .max_by(|a, b| a.1.cpu_milli.cmp(&b.1.cpu_milli).then(b.0.cmp(&a.0)))
+            .map(|(n, _)| n)
+    }
+
+    fn best_receiver(&self, order: &[usize]) -> Option<usize> {
+        order
+            .iter()
+            .copied()
+            .filter(|&i| self.may_grow(i))
+            .max_by(|&a, &b| {
+                self.job(a)
+                    .priority
+                    .cmp(&self.job(b).priority)
+                    .then(
+                        self.worth(a, self.target[a] + 1)
+                            .total_cmp(&self.worth(b, self.target[b] + 1)),
+                    )
+                    .then(canonical(self.job(b), self.job(a)))
+            })
+    }
+
+    /// Step 4.
+    fn grow(&mut self, order: &[usize]) {
+        let mut full: Vec<bool> = vec![false; self.snap.jobs.len()];
+        loop {
+            let candidates: Vec<usize> = order.iter().copied().filter(|&i| !full[i]).collect();
+            let Some(i) = self.best_receiver(&candidates) else {
+                return;
+            };
+            let t = self.job(i).trainer;
+            match self.place(i) {
+                Some(n) if self.free().fits(&t) => {
+                    self.idle[n] = self.idle[n].saturating_sub(&t);
+                    self.used += t;
+                    self.target[i] += 1;
+                    self.grown[i] += 1;
+                }
+                _ => full[i] = true,
+            }
+        }
+    }
+
+    /// Step 5.
+    fn rebalance(&mut self, order: &[usize]) {
+        let mut budget: u32 = self.target.iter().sum();
+        let mut shrunk = vec![false; self.snap.jobs.len()];
+        while budget > 0 {
+            budget -= 1;
+            let candidates: Vec<usize> = order.iter().copied().filter(|&i| !shrunk[i]).collect();
+            let Some(r) = self.best_receiver(&candidates) else {
+                return;
+            };
+            let gain = self.worth(r, self.target[r] + 1);
+            let rt = self.job(r).trainer;
+            let donor = order
+                .iter()
+                .copied()
+                .filter(|&d| {
+                    let dj = self.job(d);
+                    d != r
+                        && dj.is_elastic()
+                        && self.target[d] > dj.min
+                        && !self.frozen[d]
+                        && self.grown[d] == 0
+                        && self.curve[d].is_some()
+                        && dj.priority <= self.job(r).priority
+                        && dj.trainer.fits(&rt)
+                })
+                .min_by(|&a, &b| {
+                    self.worth(a, self.target[a])
+                        .total_cmp(&self.worth(b, self.target[b]))
+                        .then(canonical(self.job(b), self.job(a)))
+                });
+            let Some(d) = donor else { return };
+            let loss = self.worth(d, self.target[d]);
+            let higher = self.job(r).priority > self.job(d).priority;
+            if !(higher || gain > loss * (1.0 + self.cfg.hysteresis)) {
+                return;
+            }
+            self.target[d] -= 1;
+            self.target[r] += 1;
+            self.grown[r] += 1;
+            shrunk[r] = false;
+            shrunk[d] = true;
+        }
+    }
+}

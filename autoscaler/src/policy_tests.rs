@@ -1,0 +1,333 @@
+//! edl's policy: cases by hand, and the invariants of `policy.rs` by property tests.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use crate::policy::{PolicyConfig, decide};
+use crate::{JobView, Node, Observation, PodCounts, Resources, Snapshot, Speedup, Target};
+
+fn running_job(
+    name: &str,
+    min: u32,
+    max: u32,
+    trainers: u32,
+    sigma: f64,
+    remaining: f64,
+) -> JobView {
+    let curve = Speedup { a: 100.0, sigma };
+    JobView {
+        name: name.to_owned(),
+        min,
+        max,
+        priority: 0,
+        trainer: Resources::new(4.0, 8.0, 0),
+        trainers,
+        waiting: Vec::new(),
+        pods: PodCounts {
+            total: trainers,
+            running: trainers,
+            pending: 0,
+            unbound: 0,
+        },
+        submitted: 0.0,
+        changed_at: None,
+        speed: vec![
+            Observation {
+                trainers: trainers.max(1),
+                rate: curve.rate(trainers.max(1)),
+            },
+            Observation {
+                trainers: trainers.max(1) + 1,
+                rate: curve.rate(trainers.max(1) + 1),
+            },
+        ],
+        remaining: Some(remaining),
+    }
+}
+
+fn cluster(nodes: usize, cores: f64, used_per_node: f64) -> Vec<Node> {
+    (0..nodes)
+        .map(|i| Node {
+            name: format!("n{i}"),
+            allocatable: Resources::new(cores, 256.0, 0),
+            requested: Resources::new(used_per_node, 8.0 * used_per_node / 4.0, 0),
+        })
+        .collect()
+}
+
+fn by_name(snap: &Snapshot, t: &[Target]) -> BTreeMap<String, u32> {
+    t.iter()
+        .map(|t| (snap.jobs[t.job].name.clone(), t.to))
+        .collect()
+}
+
+#[test]
+fn free_room_goes_first_to_the_job_that_scales_and_several_trainers_at_once() {
+    // 4 nodes of 32 cores, 8 used on each: room for 24 trainers of 4 cores within 0.97.
+    // `lin` scales linearly, `flat` hardly (sigma 0.9): all growth goes to `lin` until
+    // its max, then what is left to `flat`.
+    let snap = Snapshot {
+        now: 100.0,
+        nodes: cluster(4, 32.0, 8.0),
+        unplaced: Resources::ZERO,
+        jobs: vec![
+            running_job("lin", 2, 16, 4, 0.0, 1e6),
+            running_job("flat", 2, 16, 4, 0.9, 1e6),
+        ],
+    };
+    let got = by_name(&snap, &decide(&PolicyConfig::default(), &snap));
+    assert_eq!(got.get("lin"), Some(&16), "{got:?}");
+    // flat's 5th trainer adds (1-0.9)/(1+0.9*3)^2 < 2% of one trainer: not added.
+    assert_eq!(got.get("flat"), None, "{got:?}");
+}
+
+#[test]
+fn a_starved_job_gets_its_minimum_from_the_trainers_worth_least() {
+    // A full cluster (2 nodes of 16 cores, 4 trainers each). `new` waits for 2 trainers;
+    // `near` (little work left) and `far` (much left) each run 4: the two trainers come
+    // from `far`, whose trainers shorten it least.
+    let mut new = running_job("new", 2, 8, 2, 0.0, 1e6);
+    new.pods = PodCounts {
+        total: 2,
+        running: 0,
+        pending: 2,
+        unbound: 2,
+    };
+    new.waiting = vec![new.trainer; 2];
+    new.speed.clear();
+    let snap = Snapshot {
+        now: 100.0,
+        nodes: cluster(2, 16.0, 16.0),
+        unplaced: Resources::new(8.0, 16.0, 0),
+        jobs: vec![
+            running_job("near", 1, 8, 4, 0.05, 1e4),
+            running_job("far", 1, 8, 4, 0.05, 1e6),
+            new,
+        ],
+    };
+    let got = by_name(&snap, &decide(&PolicyConfig::default(), &snap));
+    // Two trainers make node room for its two pods; a third keeps the cluster within
+    // 0.97 of its 32 cores (32 - 12 + 8 = 28 <= 31.04).
+    assert_eq!(got, BTreeMap::from([("far".to_owned(), 1)]), "{got:?}");
+}
+
+#[test]
+fn a_recent_change_is_left_alone_and_a_big_gain_moves_trainers() {
+    // `old` (poor scaling, much work) holds 10 trainers of a full cluster; `hot` (linear,
+    // little work left) runs at its minimum: trainers move from old to hot...
+    let mut snap = Snapshot {
+        now: 1000.0,
+        nodes: cluster(2, 32.0, 32.0),
+        unplaced: Resources::ZERO,
+        jobs: vec![
+            running_job("old", 2, 12, 10, 0.3, 1e7),
+            running_job("hot", 2, 12, 4, 0.0, 1e5),
+        ],
+    };
+    let got = by_name(&snap, &decide(&PolicyConfig::default(), &snap));
+    assert!(got.get("hot").is_some_and(|&n| n > 4), "{got:?}");
+    assert!(got.get("old").is_some_and(|&n| n < 10), "{got:?}");
+    // ... unless old was changed 10 s ago (min_interval 30 s).
+    snap.jobs[0].changed_at = Some(990.0);
+    let got = by_name(&snap, &decide(&PolicyConfig::default(), &snap));
+    assert!(got.is_empty(), "{got:?}");
+}
+
+#[test]
+fn unbound_scale_ups_are_given_back() {
+    let mut j = running_job("a", 2, 12, 8, 0.0, 1e6);
+    j.pods.running = 5;
+    j.pods.pending = 3;
+    j.pods.unbound = 3;
+    j.waiting = vec![j.trainer; 3];
+    let snap = Snapshot {
+        now: 1000.0,
+        nodes: cluster(1, 20.0, 20.0),
+        unplaced: Resources::new(12.0, 24.0, 0),
+        jobs: vec![j],
+    };
+    let t = decide(&PolicyConfig::default(), &snap);
+    assert_eq!(
+        t,
+        vec![Target {
+            job: 0,
+            from: 8,
+            to: 5
+        }]
+    );
+}
+
+fn arb_job(i: usize) -> impl Strategy<Value = JobView> {
+    (
+        1u32..4,
+        0u32..8,
+        0u32..14,
+        0i32..3,
+        prop::bool::ANY,
+        0u32..4,
+        prop::option::of(0.0f64..200.0),
+        prop::option::of((0.0f64..0.5, 10.0f64..200.0)),
+        prop::option::of(1.0f64..1e6),
+        prop::bool::ANY,
+    )
+        .prop_map(
+            move |(
+                min,
+                span,
+                trainers,
+                priority,
+                gpu,
+                unbound,
+                changed,
+                speed,
+                remaining,
+                pserver,
+            )| {
+                let max = min + span;
+                let trainer = if gpu {
+                    Resources::new(8.0, 32.0, 1)
+                } else {
+                    Resources::new(4.0, 8.0, 0)
+                };
+                let unbound = unbound.min(trainers);
+                let mut waiting = vec![trainer; unbound as usize];
+                if pserver {
+                    waiting.push(Resources::new(2.0, 4.0, 0));
+                }
+                let obs = speed
+                    .map(|(sigma, a)| {
+                        let c = Speedup { a, sigma };
+                        let n = trainers.max(1);
+                        vec![Observation {
+                            trainers: n,
+                            rate: c.rate(n),
+                        }]
+                    })
+                    .unwrap_or_default();
+                JobView {
+                    name: format!("job{i}"),
+                    min,
+                    max,
+                    priority,
+                    trainer,
+                    trainers,
+                    waiting,
+                    pods: PodCounts {
+                        total: trainers,
+                        running: trainers - unbound,
+                        pending: unbound,
+                        unbound,
+                    },
+                    submitted: i as f64,
+                    changed_at: changed,
+                    speed: obs,
+                    remaining,
+                }
+            },
+        )
+}
+
+fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
+    let nodes = prop::collection::vec((prop::bool::ANY, 0.0f64..1.0), 1..6);
+    let jobs = (1usize..7).prop_flat_map(|n| (0..n).map(arb_job).collect::<Vec<_>>());
+    (nodes, jobs).prop_map(|(nodes, jobs)| {
+        let nodes: Vec<Node> = nodes
+            .into_iter()
+            .enumerate()
+            .map(|(i, (gpu, used))| {
+                let alloc = if gpu {
+                    Resources::new(64.0, 512.0, 8)
+                } else {
+                    Resources::new(32.0, 128.0, 0)
+                };
+                let requested = Resources {
+                    cpu_milli: (alloc.cpu_milli as f64 * used) as u64,
+                    mem_mib: (alloc.mem_mib as f64 * used) as u64,
+                    gpu: (alloc.gpu as f64 * used) as u64,
+                };
+                Node {
+                    name: format!("n{i}"),
+                    allocatable: alloc,
+                    requested,
+                }
+            })
+            .collect();
+        let unplaced = jobs.iter().flat_map(|j| j.waiting.iter().copied()).sum();
+        Snapshot {
+            now: 200.0,
+            nodes,
+            unplaced,
+            jobs,
+        }
+    })
+}
+
+fn starved(j: &JobView) -> bool {
+    j.pods.total - j.pods.unbound < j.min || j.waiting.len() as u32 > j.pods.unbound
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn the_policy_keeps_its_invariants(snap in arb_snapshot()) {
+        let cfg = PolicyConfig::default();
+        let targets = decide(&cfg, &snap);
+        let mut seen = std::collections::BTreeSet::new();
+        let mut delta = Resources::ZERO;
+        let mut freed = Resources::ZERO;
+        for t in &targets {
+            let j = &snap.jobs[t.job];
+            prop_assert!(seen.insert(t.job), "answered twice: {t:?}");
+            prop_assert_eq!(t.from, j.trainers);
+            prop_assert_ne!(t.from, t.to);
+            prop_assert!(j.min <= t.to && t.to <= j.max.max(j.min), "{t:?} outside {}..{}", j.min, j.max);
+            let in_bounds = j.min <= j.trainers && j.trainers <= j.max;
+            if !j.is_elastic() {
+                prop_assert!(!in_bounds, "fixed job answered: {t:?}");
+            }
+            let frozen = j.changed_at.is_some_and(|c| snap.now - c < cfg.min_interval);
+            if t.to > t.from {
+                prop_assert!(!frozen || !in_bounds, "a recent change grew: {t:?}");
+                // (A count below min is raised to min whatever the room: bounds first.)
+                let from = t.from.max(j.min);
+                delta += j.trainer * u64::from(t.to.saturating_sub(from));
+            } else {
+                freed += j.trainer * u64::from(t.from - t.to);
+                if in_bounds && frozen && j.pods.unbound == 0 {
+                    // Only to admit a starved job of the same or a higher priority.
+                    prop_assert!(
+                        snap.jobs.iter().any(|s| starved(s) && s.priority >= j.priority),
+                        "a recent change lowered without an admission: {t:?}"
+                    );
+                }
+                if in_bounds && j.pods.unbound == 0 {
+                    // Never for a lower priority.
+                    let helped = snap.jobs.iter().enumerate().any(|(k, s)| {
+                        s.priority >= j.priority
+                            && (starved(s) || targets.iter().any(|u| u.job == k && u.to > u.from))
+                    });
+                    prop_assert!(helped, "lowered for nobody of its priority: {t:?}");
+                }
+            }
+        }
+        // Growth never takes the requests past max_load (when they were within it).
+        let before = snap.requested();
+        let total = snap.total();
+        let cap = |v: u64| (v as f64 * cfg.max_load).floor() as u64;
+        let after_cpu = (before.cpu_milli + delta.cpu_milli).saturating_sub(freed.cpu_milli);
+        if delta.cpu_milli > freed.cpu_milli && before.cpu_milli <= cap(total.cpu_milli) {
+            prop_assert!(after_cpu <= cap(total.cpu_milli), "cpu {after_cpu} > cap {}", cap(total.cpu_milli));
+        }
+        let after_gpu = (before.gpu + delta.gpu).saturating_sub(freed.gpu);
+        if delta.gpu > freed.gpu && before.gpu <= cap(total.gpu) {
+            prop_assert!(after_gpu <= cap(total.gpu), "gpu {after_gpu} > cap {}", cap(total.gpu));
+        }
+        // The answer does not depend on the jobs' order.
+        let mut reversed = snap.clone();
+        reversed.jobs.reverse();
+        let again = decide(&cfg, &reversed);
+        prop_assert_eq!(by_name(&snap, &targets), by_name(&reversed, &again));
+    }
+}

@@ -1,0 +1,177 @@
+//! The side-by-side table of policies on one scenario, and the goals checked on it.
+
+use serde::Serialize;
+
+use crate::sim::SimResult;
+
+/// The figures of one policy's run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// The policy.
+    pub policy: String,
+    /// Mean seconds from submission to training (jobs that never trained count until
+    /// the end of the run).
+    pub pending_avg: f64,
+    /// 95th percentile of the same.
+    pub pending_p95: f64,
+    /// Mean seconds from submission to completion (finished jobs).
+    pub jct_avg: f64,
+    /// Seconds from the first submission to the last completion.
+    pub makespan: f64,
+    /// Mean CPU utilisation (requests of bound pods over allocatable).
+    pub cpu_util: f64,
+    /// Mean GPU utilisation, when the cluster has GPUs.
+    pub gpu_util: Option<f64>,
+    /// Mean CPU utilisation while the cluster was contended ([`SimResult::cpu_util_contended`]).
+    pub cpu_busy: f64,
+    /// The same for GPUs.
+    pub gpu_busy: Option<f64>,
+    /// Trainer-count changes.
+    pub scale_events: u32,
+    /// Jobs not finished by the horizon.
+    pub unfinished: usize,
+}
+
+impl Summary {
+    /// The figures of `r`.
+    pub fn of(r: &SimResult) -> Summary {
+        let mut pending: Vec<f64> = r
+            .jobs
+            .iter()
+            .map(|j| j.pending.unwrap_or(r.makespan))
+            .collect();
+        pending.sort_by(f64::total_cmp);
+        let done: Vec<f64> = r.jobs.iter().filter_map(|j| j.completion).collect();
+        Summary {
+            policy: r.policy.clone(),
+            pending_avg: mean(&pending),
+            pending_p95: percentile(&pending, 0.95),
+            jct_avg: mean(&done),
+            makespan: r.makespan,
+            cpu_util: r.cpu_util,
+            gpu_util: r.gpu_util,
+            cpu_busy: r.cpu_util_contended,
+            gpu_busy: r.gpu_util_contended,
+            scale_events: r.scale_events,
+            unfinished: r.jobs.len() - done.len(),
+        }
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// The table, one row per policy. Utilisation is shown over the makespan and, after
+/// the slash, while the cluster was contended.
+pub fn table(title: &str, rows: &[Summary]) -> String {
+    let mut out = format!("{title}\n");
+    let gpu = rows.iter().any(|r| r.gpu_util.is_some());
+    out.push_str(&format!(
+        "{:<12} {:>11} {:>11} {:>9} {:>9} {:>13}{} {:>7} {:>10}\n",
+        "policy",
+        "pending avg",
+        "pending p95",
+        "JCT avg",
+        "makespan",
+        "CPU all/busy",
+        if gpu { "  GPU all/busy" } else { "" },
+        "scales",
+        "unfinished"
+    ));
+    let pct = |a: f64, b: f64| format!("{:.1}/{:.1}%", a * 100.0, b * 100.0);
+    for r in rows {
+        let gpu_col = match (gpu, r.gpu_util, r.gpu_busy) {
+            (true, Some(a), Some(b)) => format!(" {:>14}", pct(a, b)),
+            (true, _, _) => format!(" {:>14}", "-"),
+            _ => String::new(),
+        };
+        out.push_str(&format!(
+            "{:<12} {:>10.1}s {:>10.1}s {:>8.0}s {:>8.0}s {:>13}{} {:>7} {:>10}\n",
+            r.policy,
+            r.pending_avg,
+            r.pending_p95,
+            r.jct_avg,
+            r.makespan,
+            pct(r.cpu_util, r.cpu_busy),
+            gpu_col,
+            r.scale_events,
+            r.unfinished
+        ));
+    }
+    out
+}
+
+/// One goal of the comparison and whether it is met.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Goal {
+    /// What is compared.
+    pub what: String,
+    /// The figures.
+    pub detail: String,
+    /// Met or not.
+    pub met: bool,
+}
+
+/// Utilisation counts as matched within this many percentage points.
+pub const UTIL_TOLERANCE: f64 = 0.01;
+
+/// The goals of edl's policy against EDL's and no autoscaling on one scenario: pending
+/// no worse than EDL's, utilisation no lower (within [`UTIL_TOLERANCE`]), completion at
+/// least 20% shorter, and both far ahead of no autoscaling on pending time.
+pub fn goals(none: &Summary, paddle: &Summary, edl: &Summary) -> Vec<Goal> {
+    let gpu = edl.gpu_busy.is_some();
+    let what = if gpu { "GPU" } else { "CPU" };
+    let util = |s: &Summary| {
+        if gpu {
+            s.gpu_busy.unwrap_or(0.0)
+        } else {
+            s.cpu_busy
+        }
+    };
+    vec![
+        Goal {
+            what: "edl pending <= EDL pending".to_owned(),
+            detail: format!("{:.1}s vs {:.1}s", edl.pending_avg, paddle.pending_avg),
+            met: edl.pending_avg <= paddle.pending_avg,
+        },
+        Goal {
+            what: format!("edl {what} utilisation (contended) >= EDL's"),
+            detail: format!("{:.1}% vs {:.1}%", util(edl) * 100.0, util(paddle) * 100.0),
+            met: util(edl) + UTIL_TOLERANCE >= util(paddle),
+        },
+        Goal {
+            what: "edl JCT <= 0.8 x EDL JCT".to_owned(),
+            detail: format!(
+                "{:.0}s vs {:.0}s ({:+.1}%)",
+                edl.jct_avg,
+                paddle.jct_avg,
+                (edl.jct_avg / paddle.jct_avg - 1.0) * 100.0
+            ),
+            met: edl.jct_avg <= 0.8 * paddle.jct_avg,
+        },
+        Goal {
+            what: "both far ahead of none (pending >= 2x lower)".to_owned(),
+            detail: format!(
+                "none/EDL {:.1}x, none/edl {:.1}x",
+                none.pending_avg / paddle.pending_avg.max(1e-9),
+                none.pending_avg / edl.pending_avg.max(1e-9)
+            ),
+            met: none.pending_avg >= 2.0 * paddle.pending_avg
+                && none.pending_avg >= 2.0 * edl.pending_avg,
+        },
+    ]
+}
