@@ -161,8 +161,14 @@ pub fn decide_counted(
     while runs < MAX_DRY_RUNS {
         runs += 1;
         let mut changed = false;
-        for &i in &order {
-            if config.defects.unordered {
+        // Scale up from the jobs that need it most, then down from those that need it
+        // least; the map order of the nodes is drawn again for each scale-up.
+        let walk = order
+            .iter()
+            .map(|&i| (i, false))
+            .chain(order.iter().rev().map(|&i| (i, true)));
+        for (i, down) in walk {
+            if !down && config.defects.unordered {
                 node_order.shuffle(&mut rng);
             }
             let d = dry_run(
@@ -172,20 +178,7 @@ pub fn decide_counted(
                 &node_order,
                 i,
                 diff[i],
-                false,
-            );
-            diff[i] += d;
-            changed |= d != 0;
-        }
-        for &i in order.iter().rev() {
-            let d = dry_run(
-                config,
-                snapshot,
-                &mut cluster,
-                &node_order,
-                i,
-                diff[i],
-                true,
+                down,
             );
             diff[i] += d;
             changed |= d != 0;

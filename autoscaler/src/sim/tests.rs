@@ -62,16 +62,21 @@ fn an_autoscaler_grows_a_lone_job_and_it_finishes_sooner() {
     );
 }
 
-#[test]
-fn runs_are_deterministic() {
-    let s = trace::day(&DayParams {
+/// 40 jobs on 16 nodes, two days at most.
+fn small_day() -> Scenario {
+    let mut s = trace::day(&DayParams {
         jobs: 40,
         gpu_nodes: 4,
         cpu_nodes: 12,
         ..DayParams::default()
     });
-    let mut s = s;
     s.config.horizon = 2.0 * 86_400.0;
+    s
+}
+
+#[test]
+fn runs_are_deterministic() {
+    let s = small_day();
     let a = compare(&s, false, &mut |_| {});
     let b = compare(&s, false, &mut |_| {});
     assert_eq!(a.results, b.results);
@@ -86,14 +91,7 @@ fn runs_are_deterministic() {
 
 #[test]
 fn a_small_day_finishes_every_job_under_every_policy() {
-    let s = trace::day(&DayParams {
-        jobs: 40,
-        gpu_nodes: 4,
-        cpu_nodes: 12,
-        ..DayParams::default()
-    });
-    let mut s = s;
-    s.config.horizon = 2.0 * 86_400.0;
+    let s = small_day();
     let c = compare(&s, true, &mut |_| {});
     assert_eq!(c.results.len(), 4);
     for (r, summary) in c.results.iter().zip(&c.summaries) {
