@@ -21,8 +21,9 @@
 //! the comparison is with the algorithm, not its bugs:
 //! - `node_sign`: a dry-run scale-up *adds* the trainer to the chosen node's idle CPU
 //!   and memory instead of taking it away, so many trainers "fit" on one node;
-//! - `unordered`: the node is the first of a Go map (arbitrary), and so is the order of
-//!   tied jobs; reproduced with a seeded shuffle;
+//! - `unordered`: the node is the first of a Go map (arbitrary: an iteration starts at
+//!   a random place), and so is the order of tied jobs; reproduced with a seeded
+//!   random start and a seeded shuffle;
 //! - `write_back`: every candidate is written back on every pass, changed or not (the
 //!   answer then lists unchanged targets too);
 //! - `gpu_threshold` (found while reproducing it): a scale-up fills GPUs to 100% but a
@@ -35,7 +36,7 @@
 //! priorities apart, or ask whether a job speeds up with more trainers. Scaling down
 //! lowers a Kubernetes Job's parallelism, so the surplus trainers are killed, not drained.
 
-use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
+use rand::{Rng, SeedableRng, rngs::StdRng, seq::SliceRandom};
 use serde::{Deserialize, Serialize};
 
 use crate::{Resources, Snapshot, Target};
@@ -94,8 +95,8 @@ impl Default for PaddleConfig {
 /// had no bound: with the `gpu_threshold` defect it never returned, as if its process
 /// hung until restarted. A pass that settles needs at most one dry run per trainer it
 /// adds to one job (+1 per job per dry run), fewer than this for the jobs simulated here
-/// (at most 128 trainers).
-pub const MAX_DRY_RUNS: usize = 300;
+/// (the most is 96, a day's job from 32 to 128 trainers).
+pub const MAX_DRY_RUNS: usize = 150;
 
 struct Cluster {
     total: Resources,
@@ -168,8 +169,10 @@ pub fn decide_counted(
             .map(|&i| (i, false))
             .chain(order.iter().rev().map(|&i| (i, true)));
         for (i, down) in walk {
-            if !down && config.defects.unordered {
-                node_order.shuffle(&mut rng);
+            if !down && config.defects.unordered && !node_order.is_empty() {
+                // A Go map's iteration starts at a random place and wraps around.
+                let start = rng.random_range(0..node_order.len());
+                node_order.rotate_left(start);
             }
             let d = dry_run(
                 config,

@@ -64,7 +64,7 @@ impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
             max_load: 0.97,
-            min_interval: 30.0,
+            min_interval: 15.0,
             hysteresis: 0.25,
             min_gain: 0.02,
             min_remaining: 30.0,
