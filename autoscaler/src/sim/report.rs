@@ -9,8 +9,8 @@ use crate::sim::SimResult;
 pub struct Summary {
     /// The policy.
     pub policy: String,
-    /// Mean seconds from submission to training (jobs that never trained count until
-    /// the end of the run).
+    /// Mean seconds from submission to training (a job that never trained counts as
+    /// the whole makespan).
     pub pending_avg: f64,
     /// 95th percentile of the same.
     pub pending_p95: f64,
