@@ -14,10 +14,13 @@
 //! - [`resources`]: CPU, memory, GPUs.
 //! - [`snapshot`]: what a policy sees, and its answer.
 //! - [`speedup`]: the speed-up curve, fitted to observed speeds.
+//! - [`observe`]: a job's speeds learnt from samples of its progress, and its last
+//!   change (what the operator and `edl run` remember between passes).
 //! - [`policy`]: edl's policy.
 //! - [`paddle`]: EDL's algorithm (its defects reproducible, off by default).
 //! - [`sim`]: the discrete-event cluster simulator, its policies, scenarios, table and plot.
 
+pub mod observe;
 pub mod paddle;
 pub mod policy;
 pub mod resources;

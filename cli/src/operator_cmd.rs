@@ -1,5 +1,6 @@
 //! `edl operator`: edl on Kubernetes. `run` runs the operator (controller, leader
-//! election, `/metrics`) over the `edl-operator` crate; `crd` prints the TrainingJob
+//! election, `/metrics`, and with `--autoscale` edl's autoscaler) over the `edl-operator`
+//! crate; `crd` prints the TrainingJob
 //! resource's definition (`deploy/crd.yaml`); `render` prints the TrainingJob of a job
 //! spec and the objects the operator creates for it, without a cluster (what `kubectl
 //! apply --dry-run` would get).
@@ -14,6 +15,7 @@ use edl_job::JobSpec;
 use std::sync::Arc;
 
 use edl_operator::TrainingJob;
+use edl_operator::autoscale::{self, AutoscaleConfig};
 use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::{EtcdSpec, VolumeSource};
 use edl_operator::leader::{self, Election};
@@ -61,6 +63,14 @@ pub struct RunArgs {
     /// etcd password.
     #[arg(long, env = "EDL_ETCD_PASSWORD", hide_env_values = true)]
     pub etcd_password: Option<String>,
+    /// Run edl's autoscaler on the leading replica: it resizes every elastic TrainingJob
+    /// (min_trainers < max_trainers) through its scale subresource, from the nodes' room,
+    /// the jobs' priorities (their PriorityClass) and observed speeds (docs/autoscaler.md).
+    #[arg(long)]
+    pub autoscale: bool,
+    /// How often the autoscaler decides.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub autoscale_every: std::time::Duration,
 }
 
 /// Arguments of `edl operator render`.
@@ -236,12 +246,26 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
             renew: std::time::Duration::from_secs(5),
         };
         tracing::info!(namespace = ?args.namespace, "edl operator starting");
+        let autoscale = args.autoscale.then(|| AutoscaleConfig {
+            namespace: args.namespace.clone(),
+            every: args.autoscale_every,
+            ..AutoscaleConfig::default()
+        });
         let c = client.clone();
         leader::run(client, election, shutdown, move |term| {
             let (c, config, metrics) = (c.clone(), config.clone(), metrics.clone());
+            let autoscale = autoscale.clone();
             async move {
                 metrics.leader.set(1);
-                controller::run(c, config, metrics.clone(), term).await;
+                let scaler = async {
+                    if let Some(a) = autoscale {
+                        autoscale::run(c.clone(), a, metrics.clone(), term.clone()).await;
+                    }
+                };
+                tokio::join!(
+                    controller::run(c.clone(), config, metrics.clone(), term.clone()),
+                    scaler
+                );
                 metrics.leader.set(0);
             }
         })

@@ -1,5 +1,6 @@
 //! The operator's `/metrics` (Prometheus text format): reconciles, failed reconciles,
-//! pods created and deleted, scale events, recoveries, and whether this replica leads.
+//! pods created and deleted, scale events, recoveries, the autoscaler's changes, and
+//! whether this replica leads.
 
 use std::sync::atomic::AtomicI64;
 
@@ -22,6 +23,8 @@ pub struct Metrics {
     pub scale_events: Counter,
     /// Pods replaced after a failure or a loss.
     pub recoveries: Counter,
+    /// Trainer counts the autoscaler set (`--autoscale`).
+    pub autoscaler_changes: Counter,
     /// 1 while this replica leads.
     pub leader: Gauge<i64, AtomicI64>,
 }
@@ -47,6 +50,11 @@ impl Metrics {
             "recoveries",
             "Pods replaced after a failure or a loss",
             self.recoveries.clone(),
+        );
+        reg.register(
+            "autoscaler_changes",
+            "Trainer counts the autoscaler set",
+            self.autoscaler_changes.clone(),
         );
         reg.register("leader", "1 while this replica leads", self.leader.clone());
         let mut out = String::new();
@@ -77,6 +85,7 @@ mod tests {
             "edl_operator_pods_created_total 0",
             "edl_operator_scale_events_total 0",
             "edl_operator_recoveries_total 0",
+            "edl_operator_autoscaler_changes_total 0",
             "edl_operator_leader 1",
         ] {
             assert!(text.contains(name), "{name} in {text}");

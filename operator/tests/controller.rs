@@ -28,6 +28,9 @@ use kube::{Api, Client, Config};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+#[path = "controller/autoscale.rs"]
+mod autoscale;
+
 const NS: &str = "ml";
 /// The operator's own namespace, where its Lease is (as in deploy/).
 const LEASE_NS: &str = "edl-system";
@@ -310,14 +313,20 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
         .into_iter()
         .filter(|a| a.user.as_deref() == Some("edl-operator"))
         .collect();
-    check_rbac(&mine);
+    check_rbac(&mine, &|r, verb| {
+        // kube's event Recorder patches an Event that repeats (a series) instead of
+        // creating another; no event here repeats. The autoscaler's rules are checked by
+        // its own test.
+        (strings(&r["resources"]) == ["events"] && verb == "patch") || autoscaler_rule(r)
+    });
     kubelet.await.expect("kubelet");
 }
 
 /// The operator's RBAC rules in deploy/rbac.yaml: the edl-operator ClusterRole (every
 /// namespace) and the edl-operator-election Role (its own namespace): allow every
-/// request in `accesses` and grant nothing that was not used.
-fn check_rbac(accesses: &[Access]) {
+/// request in `accesses` and grant nothing that was not used, but the rules (and verbs)
+/// `used_elsewhere` names.
+fn check_rbac(accesses: &[Access], used_elsewhere: &dyn Fn(&serde_json::Value, &str) -> bool) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
     let text = std::fs::read_to_string(path).expect("read deploy/rbac.yaml");
     let docs: Vec<serde_json::Value> = serde_norway::Deserializer::from_str(&text)
@@ -332,15 +341,6 @@ fn check_rbac(accesses: &[Access]) {
     };
     let cluster = rules("ClusterRole", "edl-operator");
     let election = rules("Role", "edl-operator-election");
-    let strings = |v: &serde_json::Value| -> Vec<String> {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     // (rule set, rule index, verb) used.
     let mut used = std::collections::BTreeSet::new();
     assert!(!accesses.is_empty());
@@ -369,18 +369,13 @@ fn check_rbac(accesses: &[Access]) {
         });
         used.insert((set, i, a.verb));
     }
-    // Granted though this run need not use it: kube's event Recorder patches an Event
-    // that repeats (a series) instead of creating another; no event here repeats.
-    let needed_elsewhere = |r: &serde_json::Value, verb: &str| {
-        strings(&r["resources"]) == ["events"] && verb == "patch"
-    };
     for (set, rules) in [("cluster", &cluster), ("election", &election)] {
         for (i, r) in rules.iter().enumerate() {
             for verb in strings(&r["verbs"]) {
                 assert!(
                     used.iter()
                         .any(|(s, j, v)| *s == set && *j == i && *v == verb)
-                        || needed_elsewhere(r, &verb),
+                        || used_elsewhere(r, &verb),
                     "deploy/rbac.yaml grants {verb} on {:?} ({set} rule {i}), which the operator \
                      did not use: least privilege",
                     r["resources"]
@@ -388,6 +383,24 @@ fn check_rbac(accesses: &[Access]) {
             }
         }
     }
+}
+
+fn strings(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The rules only `--autoscale` uses.
+fn autoscaler_rule(r: &serde_json::Value) -> bool {
+    let resources = strings(&r["resources"]);
+    resources == ["nodes"]
+        || resources == ["priorityclasses"]
+        || resources == ["trainingjobs/scale"]
 }
 
 /// The Running (or another) condition of a job: (status, reason, message).

@@ -354,6 +354,70 @@ async fn scale_up_and_down_then_kill_show_in_status_logs_and_the_report() {
     assert_eq!(v["jobs"][0]["state"], "stopped", "{v}");
 }
 
+/// `edl run --autoscale`: the autoscaler grows the job into the cores it was given (6:
+/// the pserver and 3 trainers fit within 97%, and 3 is the job's max) once a speed was
+/// observed, through `scale/trainers` (`edl status` shows the count it asked for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn autoscale_grows_a_run_into_its_cores_up_to_its_max() {
+    let w = World::new("unused").await;
+    let etcd = w.etcd_arg();
+    let spec = example(w.dir.path(), "fit_a_line", "job.toml", |s| {
+        s.replace("passes = 30", "passes = 100000")
+            .replace("trainers = 2", "trainers = 1")
+            .replace("max_trainers = 4", "max_trainers = 3")
+    });
+    let report = w.dir.path().join("autoscale.report.json");
+    let mut run = Proc::spawn(
+        w.dir.path(),
+        "run",
+        &[
+            "run".into(),
+            spec.display().to_string(),
+            "--etcd".into(),
+            etcd.clone(),
+            "--autoscale".into(),
+            "--autoscale-cores".into(),
+            "6".into(),
+            "--report".into(),
+            report.display().to_string(),
+            "--quiet".into(),
+        ],
+    );
+    let job = "fit-a-line";
+    let three = || {
+        let etcd = etcd.clone();
+        async move { trainers_in_status(&etcd, job) == Some(3) }
+    };
+    assert!(
+        wait_until(Duration::from_secs(90), three).await,
+        "never grown to 3 trainers:\n{}",
+        run.log()
+    );
+    let (ok, out, err) = edl_cmd(&["status", job, "--json", "--etcd", &etcd]);
+    assert!(ok, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).expect("status json");
+    assert_eq!(v["jobs"][0]["desired_trainers"], 3, "{v}");
+    let (ok, out, err) = edl_cmd(&["kill", job, "--etcd", &etcd]);
+    assert!(ok, "kill: {out}{err}");
+    let status = run.wait_exit(Duration::from_secs(120)).await;
+    assert!(!status.success(), "a killed job is not a success");
+    let r = read_report(&report);
+    let moves: Vec<(u64, u64)> = r["scale_events"]
+        .as_array()
+        .expect("scale events")
+        .iter()
+        .map(|e| {
+            (
+                e["from"].as_u64().unwrap_or(0),
+                e["to"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(moves, vec![(1, 3)], "one step to the max: {r}");
+    assert_eq!(r["restarts"], 0, "{r}");
+    assert!(run.log().contains("autoscaler: trainers"), "{}", run.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trainer_that_fails_at_every_start_fails_the_run_as_a_crash_loop() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -47,6 +47,15 @@ pub struct RunArgs {
     /// No live progress display (log lines only).
     #[arg(long)]
     pub quiet: bool,
+    /// Let edl's autoscaler resize the job within `[min_trainers, max_trainers]`: it adds
+    /// trainers while the machine's cores allow and they still speed the job up
+    /// (docs/autoscaler.md). Needs etcd.
+    #[arg(long)]
+    pub autoscale: bool,
+    /// The cores `--autoscale` may fill (each pserver and trainer counts one; default:
+    /// the cores this process may use).
+    #[arg(long, value_name = "N", requires = "autoscale", value_parser = clap::value_parser!(u32).range(1..))]
+    pub autoscale_cores: Option<u32>,
     /// Give up when the job has not finished after this long.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2h")]
     pub timeout: Duration,

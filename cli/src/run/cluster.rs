@@ -1,6 +1,6 @@
 //! The etcd mode: every role a child process, driven by the [`Supervisor`] state
-//! machine. This is its shell: it turns exits, the clock, `edl scale`/`edl kill` and
-//! due faults into events, and runs the effects on real processes.
+//! machine. This is its shell: it turns exits, the clock, `edl scale`/`edl kill`, the
+//! autoscaler's answers and due faults into events, and runs the effects on real processes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use edl_pserver::PsClient;
 use edl_trainer::DeviceChoice;
 use tokio_util::sync::CancellationToken;
 
+use super::autoscale::{JobNow, LocalAutoscaler, progress};
 use super::chaos::Chaos;
 use super::display::Display;
 use super::faults::Faults;
@@ -41,6 +42,8 @@ pub(crate) struct ClusterRun {
     pub chaos: Option<Chaos>,
     /// `etcd` or `private-etcd`.
     pub coordination: String,
+    /// `--autoscale`: the cores it may fill.
+    pub autoscale_cores: Option<u32>,
 }
 
 /// The shell around the supervisor.
@@ -54,6 +57,8 @@ struct Shell {
     faults: Faults,
     /// Since when etcd has answered the registration check without a gap.
     etcd_since: Instant,
+    /// `--autoscale`.
+    autoscaler: Option<LocalAutoscaler>,
 }
 
 /// Runs the job as processes until it ends, stops everything, and records the end.
@@ -96,6 +101,9 @@ pub(crate) async fn run(
         spec: job.spec,
         backend: job.backend,
         etcd_since: Instant::now(),
+        autoscaler: job
+            .autoscale_cores
+            .map(|cores| LocalAutoscaler::new(cores, started)),
     };
     // The final parameters and evaluation come from the pservers while they run.
     let supervised = shell.supervise(shutdown, started, quiet, timeout).await;
@@ -192,6 +200,7 @@ impl Shell {
                 self.check_registrations().await?;
                 let status = self.status().await;
                 let alive = self.registered_trainers().await;
+                self.autoscale(status.as_ref(), alive).await?;
                 display.update(
                     status.as_ref(),
                     alive,
@@ -413,6 +422,55 @@ impl Shell {
                 log_tail(&self.launch.log_path(&name))
             );
             self.apply(vec![effect])?;
+        }
+        Ok(())
+    }
+
+    /// `--autoscale`: when a decision is due, asks the autoscaler and applies a new count
+    /// as `edl scale` would (the `scale/trainers` key, then the supervisor).
+    async fn autoscale(
+        &mut self,
+        status: Option<&StatusResponse>,
+        registered: usize,
+    ) -> anyhow::Result<()> {
+        let now = Instant::now();
+        let Some(a) = self.autoscaler.as_mut().filter(|a| a.due(now)) else {
+            return Ok(());
+        };
+        if status.is_some_and(|s| s.finished) {
+            return Ok(());
+        }
+        let c = &self.spec.cluster;
+        let desired = self.sup.desired_trainers();
+        let job = JobNow {
+            min: c.min_trainers,
+            max: c.max_trainers(),
+            desired,
+            alive: desired,
+            registered: u32::try_from(registered).unwrap_or(u32::MAX),
+            pservers: c.pservers,
+            progress: status.and_then(progress),
+        };
+        let Some(to) = a.decide(now, &job) else {
+            return Ok(());
+        };
+        let written = self
+            .backend
+            .put(
+                &self.keys.scale_trainers(),
+                ScaleRecord::new(to).encode(),
+                None,
+            )
+            .await;
+        match written {
+            Ok(_) => {
+                tracing::info!(from = desired, to, "autoscaler: trainers");
+                let scale = self.sup.scale(to, now);
+                self.apply(scale)?;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, to, "autoscaler: cannot write scale/trainers; asked again later");
+            }
         }
         Ok(())
     }

@@ -13,6 +13,8 @@
 //! - `edl scale JOB --trainers N` (the `scale/trainers` key) is followed within
 //!   `[min_trainers, max_trainers]`: new trainers are started, surplus ones drained
 //!   (SIGTERM). `edl kill JOB` stops the job gracefully.
+//! - `--autoscale` lets edl's autoscaler grow the job within its bounds while the
+//!   machine's cores allow and trainers still speed it up (see `autoscale`).
 //! - `--chaos SPEC` injects seeded faults; each recovery, from an injected fault or a
 //!   crash, is measured until the role serves again.
 //! - At the end: the final parameters (`<run dir>/params.json`), a summary, and with
@@ -25,6 +27,7 @@
 //! - `prepare`: data made from `[data.prepare]` in process, and the data check.
 //! - `lifecycle`: the job in the coordination store: claimed at the start, final
 //!   parameters pulled and evaluated, the end recorded.
+//! - `autoscale`: `--autoscale`, edl's autoscaler over this machine and the job.
 //! - `supervisor`: the supervisor as a pure state machine (events in, effects out, time
 //!   as an argument).
 //! - `procs`: the roles' command lines, child processes, signals.
@@ -45,6 +48,7 @@ use edl_coord::{Backend, EtcdBackend, EtcdConfig, LocalEtcd};
 use crate::common::{runtime, shutdown_on_signals};
 
 pub mod args;
+mod autoscale;
 pub mod chaos;
 mod cluster;
 mod display;
@@ -119,6 +123,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
                 chaos.is_none(),
                 "--chaos needs etcd (processes are killed); install etcd or pass --etcd"
             );
+            anyhow::ensure!(
+                !args.autoscale,
+                "--autoscale needs etcd (trainers are processes it starts and drains); \
+                 install etcd or pass --etcd"
+            );
             println!(
                 "edl run: no etcd given and none installed: running every role in this process on the in-memory backend"
             );
@@ -154,6 +163,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             trainer,
             chaos,
             coordination: coordination.to_owned(),
+            autoscale_cores: args.autoscale.then(|| {
+                args.autoscale_cores.unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+                })
+            }),
         };
         let outcome = cluster::run(job, &shutdown, started, args.quiet, args.timeout).await;
         drop(private);

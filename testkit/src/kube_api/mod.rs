@@ -160,8 +160,29 @@ impl ResourceType {
         }
     }
 
-    /// Every type the edl operator uses: pods, services, events, TrainingJobs and the
-    /// leader election's leases.
+    /// Core `v1` nodes (cluster-wide, status subresource).
+    pub fn nodes() -> ResourceType {
+        ResourceType {
+            namespaced: false,
+            ..ResourceType::core("nodes", "Node", true)
+        }
+    }
+
+    /// `scheduling.k8s.io/v1` PriorityClasses (cluster-wide).
+    pub fn priority_classes() -> ResourceType {
+        ResourceType {
+            group: "scheduling.k8s.io",
+            version: "v1",
+            plural: "priorityclasses",
+            kind: "PriorityClass",
+            namespaced: false,
+            status: false,
+            scale: None,
+        }
+    }
+
+    /// Every type the edl operator uses: pods, services, events, TrainingJobs, the
+    /// leader election's leases, and the nodes and PriorityClasses its autoscaler reads.
     pub fn for_operator() -> Vec<ResourceType> {
         vec![
             ResourceType::pods(),
@@ -169,6 +190,8 @@ impl ResourceType {
             ResourceType::events_v1(),
             ResourceType::trainingjobs(),
             ResourceType::leases(),
+            ResourceType::nodes(),
+            ResourceType::priority_classes(),
         ]
     }
 

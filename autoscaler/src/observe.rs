@@ -1,0 +1,135 @@
+//! A job's speed as an autoscaler learns it: from samples of the job's progress (work
+//! done so far, trainers running) to [`Observation`]s at each trainer count, and the
+//! bookkeeping of the job's last change. The operator and `edl run --autoscale` keep one
+//! [`JobMemory`] per job; the simulator measures speeds its own way (it knows them).
+//!
+//! Invariants (unit tests below):
+//! - a speed is observed only over a window in which the running trainer count did not
+//!   change and that lasted at least `window` seconds; the window restarts at every
+//!   change of the count, so a scale event's stall and the trainers' start-up are not
+//!   mistaken for the new count's speed;
+//! - progress that goes backwards (a job restarted from a checkpoint, a counter reset)
+//!   restarts the window and observes nothing;
+//! - at most [`KEEP`] observations are kept, newest last; time is an argument.
+
+use crate::Observation;
+
+/// Observations kept per job.
+pub const KEEP: usize = 16;
+
+/// What an autoscaler remembers of one job between passes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobMemory {
+    /// Seconds a window of steady trainers must last to give a speed.
+    pub window: f64,
+    /// Speeds observed, newest last.
+    pub speed: Vec<Observation>,
+    /// When the autoscaler last changed the job's trainer count.
+    pub changed_at: Option<f64>,
+    /// The current window: (start time, work done then, trainers running).
+    start: Option<(f64, f64, u32)>,
+}
+
+impl JobMemory {
+    /// A job not seen before; speeds are observed over windows of `window` seconds.
+    pub fn new(window: f64) -> JobMemory {
+        JobMemory {
+            window,
+            speed: Vec::new(),
+            changed_at: None,
+            start: None,
+        }
+    }
+
+    /// The job had done `done` work (any unit, cumulative) at `now` with `trainers`
+    /// training.
+    pub fn sample(&mut self, now: f64, trainers: u32, done: f64) {
+        let Some((t0, d0, n0)) = self.start else {
+            self.start = Some((now, done, trainers));
+            return;
+        };
+        if trainers != n0 || done < d0 || now < t0 || !done.is_finite() {
+            self.start = Some((now, done, trainers));
+            return;
+        }
+        let dt = now - t0;
+        if dt < self.window {
+            return;
+        }
+        if trainers > 0 {
+            self.speed.push(Observation {
+                trainers,
+                rate: (done - d0) / dt,
+            });
+            if self.speed.len() > KEEP {
+                self.speed.remove(0);
+            }
+        }
+        self.start = Some((now, done, trainers));
+    }
+
+    /// The autoscaler changed the job's trainer count at `now`.
+    pub fn changed(&mut self, now: f64) {
+        self.changed_at = Some(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_steady_window_gives_its_speed() {
+        let mut m = JobMemory::new(10.0);
+        m.sample(0.0, 2, 0.0);
+        m.sample(5.0, 2, 100.0);
+        assert!(m.speed.is_empty(), "a window shorter than 10 s");
+        m.sample(10.0, 2, 200.0);
+        assert_eq!(
+            m.speed,
+            vec![Observation {
+                trainers: 2,
+                rate: 20.0
+            }]
+        );
+        // The next window starts where this one ended.
+        m.sample(20.0, 2, 500.0);
+        assert_eq!(m.speed[1].rate, 30.0);
+    }
+
+    #[test]
+    fn a_change_of_trainers_or_progress_going_back_restarts_the_window() {
+        let mut m = JobMemory::new(10.0);
+        m.sample(0.0, 2, 0.0);
+        m.sample(8.0, 3, 80.0);
+        // 3 trainers since 8 s: the window 8..16 is too short, 8..18 is one.
+        m.sample(16.0, 3, 200.0);
+        assert!(m.speed.is_empty());
+        m.sample(18.0, 3, 230.0);
+        assert_eq!(m.speed.len(), 1);
+        assert_eq!(m.speed[0].trainers, 3);
+        assert!((m.speed[0].rate - 15.0).abs() < 1e-9);
+        // Restored from a checkpoint: less done than before.
+        m.sample(20.0, 3, 100.0);
+        m.sample(29.0, 3, 190.0);
+        assert_eq!(m.speed.len(), 1, "no window across a reset");
+        m.sample(30.0, 3, 200.0);
+        assert_eq!(m.speed.len(), 2);
+        assert!((m.speed[1].rate - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn no_trainers_observe_nothing_and_only_the_newest_are_kept() {
+        let mut m = JobMemory::new(1.0);
+        m.sample(0.0, 0, 0.0);
+        m.sample(5.0, 0, 0.0);
+        assert!(m.speed.is_empty());
+        for i in 0..40 {
+            m.sample(6.0 + f64::from(i), 1, f64::from(i) * 3.0);
+        }
+        assert_eq!(m.speed.len(), KEEP);
+        assert!(m.speed.iter().all(|o| (o.rate - 3.0).abs() < 1e-9));
+        m.changed(50.0);
+        assert_eq!(m.changed_at, Some(50.0));
+    }
+}
