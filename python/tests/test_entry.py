@@ -16,6 +16,10 @@ from conftest import Etcd, edl_bin
 PROGRAM = pathlib.Path(__file__).parent / "programs" / "linreg.py"
 TRUE_W, TRUE_B, NOISE = (2.0, -3.0), 1.0, 0.1
 N = 20000  # rows: 16000 train, 4000 held out
+# Passes: long enough (about 6 s here) that the chaos run's kills, at 2 s and 4 s, land
+# while trainers train (4 passes ran in 2.3 s on a fresh machine: the kill at 2 s found
+# the job over).
+PASSES = 12
 
 
 def write_data(dir: pathlib.Path) -> pathlib.Path:
@@ -44,7 +48,7 @@ chunk_size = "2KiB"
 entry = ["{sys.executable}", "{PROGRAM}"]
 [train]
 mode = "async"
-passes = 4
+passes = {PASSES}
 batch_size = 20
 optimizer = "sgd"
 learning_rate = 0.1
@@ -70,14 +74,14 @@ def edl_run(dir: pathlib.Path, name: str, *args: str) -> dict:
 def test_python_entry_programs_train_a_job_and_survive_a_trainer_sigkill(etcd, tmp_path):
     csv = write_data(tmp_path)
     costs = []
-    for name, chaos in [("pylin-clean", None), ("pylin-killed", "kill-trainer=2s,until=3s,seed=3")]:
+    for name, chaos in [("pylin-clean", None), ("pylin-killed", "kill-trainer=2s,until=5s,seed=3")]:
         args = [str(spec(tmp_path, name, csv)), "--etcd", etcd.url]
         if chaos:
             args += ["--chaos", chaos]
         r = edl_run(tmp_path, name, *args)
         assert r["lost_records"] == 0, r
-        assert r["passes"] == 4, r
-        assert r["records_trained"] == 4 * 16000 + r["recomputed_records"], r
+        assert r["passes"] == PASSES, r
+        assert r["records_trained"] == PASSES * 16000 + r["recomputed_records"], r
         metric = r["final_metric"]
         assert metric["name"] == "cost" and metric["split"] == "test", r
         costs.append(metric["value"])
