@@ -277,11 +277,16 @@ impl MasterClient {
         reason: &str,
         records_trained: u64,
     ) -> Result<bool, ClientError> {
+        // The master refuses a longer reason (and keeps only its start).
+        let mut end = reason.len().min(crate::server::MAX_REASON_WIRE_BYTES);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
         let msg = pb::TaskFailedRequest {
             trainer: trainer.to_owned(),
             task_id: task.id.clone(),
             generation: task.generation,
-            reason: reason.to_owned(),
+            reason: reason[..end].to_owned(),
             records_trained,
         };
         let r = self

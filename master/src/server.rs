@@ -159,6 +159,32 @@ fn status_to_pb(job: &str, leader: String, s: StatusReport) -> pb::StatusRespons
     }
 }
 
+/// Most pserver shards of a job (`cluster.pservers`), so most shard incarnations in a
+/// report.
+pub const MAX_SHARDS: usize = 256;
+/// Longest failure reason a report may carry, in bytes (kept as at most
+/// [`MAX_REASON_BYTES`](crate::queue::MAX_REASON_BYTES)).
+pub const MAX_REASON_WIRE_BYTES: usize = 64 << 10;
+/// Longest task id a report may carry (the master's ids are far shorter).
+pub const MAX_TASK_ID_BYTES: usize = 256;
+
+/// The trainer and task id of a report: a member id, and a bounded id.
+fn check_report(trainer: &str, task_id: &str) -> Result<(), MasterError> {
+    if !edl_job::valid_member_id(trainer) {
+        return Err(MasterError::InvalidArgument(format!(
+            "trainer id {:?} is not a member id (1 to 200 characters, no '/')",
+            bounded_reason(trainer)
+        )));
+    }
+    if task_id.len() > MAX_TASK_ID_BYTES {
+        return Err(MasterError::InvalidArgument(format!(
+            "a task id of {} bytes; at most {MAX_TASK_ID_BYTES}",
+            task_id.len()
+        )));
+    }
+    Ok(())
+}
+
 #[tonic::async_trait]
 impl pb::master_server::Master for MasterGrpc {
     async fn set_dataset(
@@ -213,6 +239,15 @@ impl pb::master_server::Master for MasterGrpc {
     ) -> Result<Response<pb::TaskReportResponse>, Status> {
         self.check(&req)?;
         let r = req.into_inner();
+        check_report(&r.trainer, &r.task_id)?;
+        // One incarnation per pserver shard; stored with the task.
+        if r.shard_incarnations.len() > MAX_SHARDS {
+            return Err(MasterError::InvalidArgument(format!(
+                "{} shard incarnations; a job has at most {MAX_SHARDS} pserver shards",
+                r.shard_incarnations.len()
+            ))
+            .into());
+        }
         let applied = self
             .core()
             .await?
@@ -227,10 +262,20 @@ impl pb::master_server::Master for MasterGrpc {
     ) -> Result<Response<pb::TaskReportResponse>, Status> {
         self.check(&req)?;
         let r = req.into_inner();
+        check_report(&r.trainer, &r.task_id)?;
+        if r.reason.len() > MAX_REASON_WIRE_BYTES {
+            return Err(MasterError::InvalidArgument(format!(
+                "a failure reason of {} bytes; at most {MAX_REASON_WIRE_BYTES} (the client cuts \
+                 longer ones: an up-to-date client never sends one)",
+                r.reason.len()
+            ))
+            .into());
+        }
+        // Only the bounded form goes further (the record, the log).
         let reason = if r.reason.is_empty() {
             format!("failed on trainer {}", r.trainer)
         } else {
-            r.reason
+            bounded_reason(&r.reason)
         };
         let applied = self
             .core()
@@ -246,6 +291,7 @@ impl pb::master_server::Master for MasterGrpc {
     ) -> Result<Response<pb::TaskReportResponse>, Status> {
         self.check(&req)?;
         let r = req.into_inner();
+        check_report(&r.trainer, &r.task_id)?;
         let applied = self
             .core()
             .await?

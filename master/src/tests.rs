@@ -250,6 +250,87 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
     assert_eq!(seen.len(), 20);
 }
 
+/// Reports with oversized fields (a 2 MiB failure reason, 10,000 shard incarnations, a
+/// trainer id with a '/', a 1 MiB task id) are refused with InvalidArgument, leave the
+/// task and the queue as they were, and do not disturb another trainer reading the pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_report_fields_are_refused_without_disturbing_other_trainers() {
+    use edl_proto::master as pb;
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 1, 40);
+    let mut h = Harness::new("bounds");
+    h.start_master().await;
+    let client = h.client();
+    client.set_dataset(vec![glob], 0, 0).await.unwrap();
+    let _a = h.register("a").await;
+    let Next::Task(task) = client.get_task("a", 0, 1, Duration::ZERO).await.unwrap() else {
+        panic!("expected a task")
+    };
+    // A raw client, as a hostile or broken peer would be (edl's client cuts reasons).
+    let mut leader = crate::server::observe_leader(h.backend.clone(), &h.job, h.stop.child_token());
+    let addr = loop {
+        if let Some(l) = leader.borrow_and_update().as_ref() {
+            break String::from_utf8_lossy(&l.value).into_owned();
+        }
+        tokio::time::timeout(Duration::from_secs(10), leader.changed())
+            .await
+            .expect("a leader within 10 s")
+            .unwrap();
+    };
+    let mut raw = pb::master_client::MasterClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+        .max_encoding_message_size(8 << 20);
+    fn req<T>(msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        edl_proto::headers::set_credentials(r.metadata_mut(), "bounds", None);
+        r
+    }
+    let failed = |reason: String, trainer: &str, id: &str| pb::TaskFailedRequest {
+        trainer: trainer.to_owned(),
+        task_id: id.to_owned(),
+        generation: task.generation,
+        reason,
+        records_trained: 0,
+    };
+    // Another trainer reads the whole pass meanwhile.
+    let _b = h.register("b").await;
+    let mut reader = CloudReader::start(h.client(), ReaderConfig::new("b"));
+    let other = tokio::spawn(async move { read_all(&mut reader).await });
+    for (what, msg) in [
+        ("2 MiB reason", failed("x".repeat(2 << 20), "a", &task.id)),
+        ("trainer id", failed("bad".into(), "a/b", &task.id)),
+        ("task id", failed("bad".into(), "a", &"t".repeat(1 << 20))),
+    ] {
+        let err = raw.task_failed(req(msg)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{what}: {err}");
+    }
+    let err = raw
+        .task_finished(req(pb::TaskFinishedRequest {
+            trainer: "a".into(),
+            task_id: task.id.clone(),
+            generation: task.generation,
+            records: 5,
+            shard_incarnations: vec![1; 10_000],
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("at most 256"), "{err}");
+    // Nothing was applied: the task is still a's, and a reason just under the bound is
+    // taken (the record keeps its first 256 bytes).
+    let st = client.status().await.unwrap();
+    assert_eq!(st.counters.as_ref().unwrap().failures, 0, "{st:?}");
+    let long = "y".repeat(60 << 10);
+    assert!(client.task_failed("a", &task, &long, 0).await.unwrap());
+    // The other trainer read every record but the failed task's (requeued, it reads it
+    // too: 40 in all), and saw no error.
+    let (seen, _) = other.await.unwrap();
+    assert_eq!(seen.len(), 40);
+    let st = client.status().await.unwrap();
+    assert_eq!(st.counters.unwrap().failures, 1, "the one accepted report");
+}
+
 /// A backend whose watches under `prefix` go through `faulty` (so faults hit only them)
 /// and everything else straight to `inner`.
 #[derive(Debug)]

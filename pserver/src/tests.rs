@@ -697,7 +697,9 @@ async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
             .unwrap();
     }
     wait_manifest(&h.backend, &keys, 10).await;
-    let files = CheckpointDir::new(h.dir.path(), "ckpt", 1).files().unwrap();
+    let files = CheckpointDir::new(h.dir.path(), &JobName::new("ckpt").unwrap(), 1)
+        .files()
+        .unwrap();
     assert!(
         files.iter().all(|(s, _)| *s >= 6),
         "old files pruned: {files:?}"
@@ -1312,7 +1314,7 @@ async fn a_checkpoint_is_recorded_after_a_transient_etcd_failure() {
             .await
             .unwrap();
     }
-    let dir = CheckpointDir::new(h.dir.path(), "ckpt-retry", 0);
+    let dir = CheckpointDir::new(h.dir.path(), &JobName::new("ckpt-retry").unwrap(), 0);
     let written = edl_testkit::wait_until(
         Duration::from_secs(10),
         Duration::from_millis(10),

@@ -448,8 +448,18 @@ async fn a_corrupt_checkpoint_file_falls_back_to_the_previous_checkpoint() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x5a;
     std::fs::write(&path, bytes).unwrap();
+    // <root>/<job>/ps-0/<file>.
+    let root = std::path::Path::new(&path)
+        .ancestors()
+        .nth(3)
+        .expect("<root>/<job>/ps-0/<file>");
+    let dir = checkpoint::CheckpointDir::new(
+        root,
+        &JobName::new(w.job.as_str()).expect("a valid job name"),
+        0,
+    );
     assert!(matches!(
-        checkpoint::CheckpointDir::read(manifests[0].entry(0).unwrap(), 0, 1),
+        dir.read(manifests[0].entry(0).unwrap(), 0, 1),
         Err(checkpoint::CheckpointError::Corrupt { .. })
     ));
     let (p2, _) = w.pserver("ps2", &args).await;

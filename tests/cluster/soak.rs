@@ -208,7 +208,24 @@ async fn checkpointed_passes(backend: &Arc<dyn Backend>, keys: &JobKeys, shards:
                 .filter_map(|m| m.entry(shard).map(|e| (m.step, e)))
                 .max_by_key(|(step, _)| *step)
                 .unwrap_or_else(|| panic!("no checkpoint of shard {shard}"));
-            let snap = CheckpointDir::read(newest.1, shard, shards).expect("read the checkpoint");
+            // The file is <root>/<job>/ps-<shard>/<name>: read it as that shard's pserver does.
+            let path = Path::new(&newest.1.path);
+            let job_dir = path
+                .parent()
+                .and_then(Path::parent)
+                .expect("<root>/<job>/ps-<shard>/<file>");
+            let job = job_dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .expect("job dir");
+            let dir = CheckpointDir::new(
+                job_dir.parent().expect("root"),
+                &JobName::new(job).expect("job name"),
+                shard,
+            );
+            let snap = dir
+                .read(newest.1, shard, shards)
+                .expect("read the checkpoint");
             snap.ledger.summary().sealed
         })
         .collect()

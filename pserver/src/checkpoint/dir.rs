@@ -4,14 +4,17 @@
 //!
 //! A file is written to a temporary name, fsynced, renamed into place and its directory
 //! fsynced, so a crash or a full disk leaves either the complete file or none (and
-//! earlier checkpoints untouched). A reader checks the size and checksum named by the
-//! manifest, then the trailer, then parses with bounds checks: a bad file is a
-//! [`CheckpointError::Corrupt`], never a panic.
+//! earlier checkpoints untouched). A reader takes only the file name from the manifest
+//! (which comes from etcd) and reads that file in its own directory, a regular file of
+//! the manifest's size, checked before reading ([`CheckpointError::Refused`] otherwise);
+//! then it checks the checksum, the trailer, and parses with bounds checks: a bad file
+//! is a [`CheckpointError::Corrupt`], never a panic.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter};
+use std::io::{self, BufWriter, Read};
 use std::path::{Path, PathBuf};
 
+use edl_job::JobName;
 use serde::{Deserialize, Serialize};
 
 use super::format::{Snapshot, TRAILER_LEN, decode, encode_to};
@@ -41,6 +44,16 @@ pub enum CheckpointError {
         /// The file.
         path: PathBuf,
         /// What differs.
+        reason: String,
+    },
+    /// The manifest names a file this shard does not read: not a checkpoint file of the
+    /// shard's own directory (a path elsewhere, a link, not a regular file). Nothing was
+    /// read.
+    #[error("checkpoint {path} refused: {reason}")]
+    Refused {
+        /// The path the manifest names.
+        path: PathBuf,
+        /// Why.
         reason: String,
     },
 }
@@ -74,16 +87,36 @@ pub struct CheckpointDir {
     quota: Option<u64>,
 }
 
+/// Whether `name` is `step-<20 digits>-<uuid>.ckpt`, the name [`CheckpointDir::write`]
+/// gives a file of id `uuid` (32 hexadecimal digits).
+fn is_checkpoint_name(name: &str, uuid: &str) -> bool {
+    let Some(rest) = name
+        .strip_prefix("step-")
+        .and_then(|r| r.strip_suffix(".ckpt"))
+    else {
+        return false;
+    };
+    let Some((step, id)) = rest.split_once('-') else {
+        return false;
+    };
+    step.len() == 20
+        && step.bytes().all(|b| b.is_ascii_digit())
+        && id.len() == 32
+        && id.bytes().all(|b| b.is_ascii_hexdigit())
+        && id == uuid
+}
+
 /// A random id for a checkpoint file.
 pub fn new_uuid() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
 impl CheckpointDir {
-    /// The directory of `shard` of `job` under `root` (created on first write).
-    pub fn new(root: impl AsRef<Path>, job: &str, shard: u32) -> Self {
+    /// The directory of `shard` of `job` under `root` (created on first write). A
+    /// [`JobName`] is one path segment, never `.` or `..`: the directory stays under `root`.
+    pub fn new(root: impl AsRef<Path>, job: &JobName, shard: u32) -> Self {
         CheckpointDir {
-            dir: root.as_ref().join(job).join(format!("ps-{shard}")),
+            dir: root.as_ref().join(job.as_str()).join(format!("ps-{shard}")),
             quota: None,
         }
     }
@@ -149,13 +182,55 @@ impl CheckpointDir {
 
     /// Reads and verifies the file of `entry` (size, checksum, uuid, shard) for a shard
     /// laid out as `shard` of `shards`.
-    pub fn read(entry: &ShardEntry, shard: u32, shards: u32) -> Result<Snapshot, CheckpointError> {
-        let path = PathBuf::from(&entry.path);
-        let bytes = fs::read(&path).map_err(io_err(&path))?;
+    ///
+    /// The manifest comes from etcd, so its path is not trusted: only its file name is
+    /// used, which must be a checkpoint file name with the entry's uuid, and the file is
+    /// read from this directory. It must be a regular file (not a link) of the size the
+    /// manifest says, checked before anything is read; no more than that is read.
+    pub fn read(
+        &self,
+        entry: &ShardEntry,
+        shard: u32,
+        shards: u32,
+    ) -> Result<Snapshot, CheckpointError> {
+        let named = PathBuf::from(&entry.path);
+        let refused = |reason: String| CheckpointError::Refused {
+            path: named.clone(),
+            reason,
+        };
+        let name = named
+            .file_name()
+            .and_then(|n| n.to_str())
+            .filter(|n| is_checkpoint_name(n, &entry.uuid))
+            .ok_or_else(|| {
+                refused(format!(
+                    "not a checkpoint file name with uuid {:?} (step-<step>-<uuid>.ckpt)",
+                    entry.uuid
+                ))
+            })?;
+        let path = self.dir.join(name);
         let corrupt = |reason: String| CheckpointError::Corrupt {
             path: path.clone(),
             reason,
         };
+        let meta = fs::symlink_metadata(&path).map_err(io_err(&path))?;
+        if !meta.file_type().is_file() {
+            return Err(refused(format!(
+                "{} in this shard's directory is not a regular file",
+                path.display()
+            )));
+        }
+        if meta.len() != entry.size {
+            return Err(corrupt(format!(
+                "size {} but the manifest says {}",
+                meta.len(),
+                entry.size
+            )));
+        }
+        let mut bytes = Vec::new();
+        File::open(&path)
+            .and_then(|f| f.take(entry.size).read_to_end(&mut bytes))
+            .map_err(io_err(&path))?;
         if bytes.len() as u64 != entry.size {
             return Err(corrupt(format!(
                 "size {} but the manifest says {}",
@@ -242,42 +317,105 @@ mod tests {
     #[test]
     fn write_read_round_trip() {
         let dir = tempfile::tempdir().unwrap();
-        let d = CheckpointDir::new(dir.path(), "job", 1);
+        let d = CheckpointDir::new(dir.path(), &JobName::new("job").unwrap(), 1);
         let snap = sample(4, 3, 5);
         let e = d.write(&snap).unwrap();
         assert_eq!(e.size, fs::metadata(&e.path).unwrap().len());
-        assert_eq!(CheckpointDir::read(&e, 1, 2).unwrap(), snap);
+        assert_eq!(d.read(&e, 1, 2).unwrap(), snap);
         assert_eq!(d.files().unwrap().len(), 1);
         assert_eq!(d.files().unwrap()[0].0, 4);
         // Wrong shard, wrong uuid.
         assert!(matches!(
-            CheckpointDir::read(&e, 0, 2),
+            d.read(&e, 0, 2),
             Err(CheckpointError::Mismatch { .. })
         ));
+        // Another uuid than the file's name: not this entry's file.
         let mut other = e.clone();
         other.uuid = new_uuid();
         assert!(matches!(
-            CheckpointDir::read(&other, 1, 2),
-            Err(CheckpointError::Mismatch { .. })
+            d.read(&other, 1, 2),
+            Err(CheckpointError::Refused { .. })
         ));
+    }
+
+    /// A manifest comes from etcd, which another process may have written: only a
+    /// checkpoint file of the shard's own directory is read.
+    #[test]
+    fn a_hostile_manifest_is_refused_without_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = JobName::new("job").unwrap();
+        let d = CheckpointDir::new(dir.path(), &job, 1);
+        let e = d.write(&sample(2, 2, 2)).unwrap();
+        let refused = |entry: &ShardEntry| match d.read(entry, 1, 2) {
+            Err(CheckpointError::Refused { reason, .. }) => reason,
+            other => panic!("{entry:?}: {other:?}"),
+        };
+        // Not a checkpoint file name: /dev/zero, a directory escape, another uuid's name.
+        for path in ["/dev/zero", "/etc/passwd", "..", "../ps-0/.."] {
+            let hostile = ShardEntry {
+                path: path.into(),
+                ..e.clone()
+            };
+            assert!(refused(&hostile).contains("not a checkpoint file name"));
+        }
+        let mut other_uuid = e.clone();
+        other_uuid.uuid = new_uuid();
+        refused(&other_uuid);
+        // A checkpoint file of another directory (another job's) is looked up in this
+        // one, where it does not exist: the other file is never opened.
+        let other = CheckpointDir::new(dir.path(), &JobName::new("other").unwrap(), 1);
+        let theirs = other.write(&sample(4, 2, 2)).unwrap();
+        assert!(matches!(
+            d.read(&theirs, 1, 2),
+            Err(CheckpointError::Io { error, .. }) if error.kind() == io::ErrorKind::NotFound
+        ));
+        // A link with a checkpoint's name, to /dev/zero: not a regular file.
+        let link_name = format!("step-{:020}-{}.ckpt", 9, e.uuid);
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink("/dev/zero", d.path().join(&link_name)).unwrap();
+            let link = ShardEntry {
+                path: d.path().join(&link_name).display().to_string(),
+                size: 1 << 40,
+                ..e.clone()
+            };
+            assert!(refused(&link).contains("not a regular file"));
+            fs::remove_file(d.path().join(&link_name)).unwrap();
+        }
+        // A sparse 1 TiB file named as the manifest says, whose size differs from the
+        // manifest's: refused from its size alone, nothing read (reading it whole, as
+        // before the check, would ask for a terabyte of memory and abort the test).
+        let huge = d.path().join(&link_name);
+        File::create(&huge).unwrap().set_len(1 << 40).unwrap();
+        let entry = ShardEntry {
+            path: huge.display().to_string(),
+            ..e.clone()
+        };
+        let err = d.read(&entry, 1, 2).unwrap_err();
+        assert!(
+            matches!(&err, CheckpointError::Corrupt { reason, .. } if reason.contains("manifest says")),
+            "{err}"
+        );
+        // The positive witness: the manifest's own entry still reads.
+        assert_eq!(d.read(&e, 1, 2).unwrap(), sample(2, 2, 2));
     }
 
     #[test]
     fn a_flipped_byte_is_corruption() {
         let dir = tempfile::tempdir().unwrap();
-        let d = CheckpointDir::new(dir.path(), "job", 1);
+        let d = CheckpointDir::new(dir.path(), &JobName::new("job").unwrap(), 1);
         let e = d.write(&sample(2, 2, 2)).unwrap();
         let mut bytes = fs::read(&e.path).unwrap();
         let n = bytes.len();
         bytes[n / 2] ^= 0x40;
         fs::write(&e.path, &bytes).unwrap();
-        let err = CheckpointDir::read(&e, 1, 2).unwrap_err();
+        let err = d.read(&e, 1, 2).unwrap_err();
         assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err}");
         assert!(err.to_string().contains("crc32c mismatch"), "{err}");
         // Truncated.
         fs::write(&e.path, &bytes[..n - 5]).unwrap();
         assert!(matches!(
-            CheckpointDir::read(&e, 1, 2),
+            d.read(&e, 1, 2),
             Err(CheckpointError::Corrupt { .. })
         ));
     }
@@ -285,7 +423,7 @@ mod tests {
     #[test]
     fn a_full_disk_leaves_no_file_and_earlier_checkpoints_intact() {
         let dir = tempfile::tempdir().unwrap();
-        let d = CheckpointDir::new(dir.path(), "job", 1);
+        let d = CheckpointDir::new(dir.path(), &JobName::new("job").unwrap(), 1);
         let first = d.write(&sample(2, 4, 4)).unwrap();
         let full = d.clone().with_quota(100);
         let err = full.write(&sample(4, 4, 4)).unwrap_err();
@@ -300,6 +438,6 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "no temporary left behind: {names:?}");
-        assert_eq!(CheckpointDir::read(&first, 1, 2).unwrap(), sample(2, 4, 4));
+        assert_eq!(d.read(&first, 1, 2).unwrap(), sample(2, 4, 4));
     }
 }

@@ -222,6 +222,7 @@ pub async fn publish_restore(
 pub async fn restore_latest<T>(
     backend: &dyn Backend,
     keys: &JobKeys,
+    dir: &CheckpointDir,
     shard: u32,
     shards: u32,
     build: impl Fn(Snapshot) -> Result<T, PsError>,
@@ -246,7 +247,8 @@ pub async fn restore_latest<T>(
             );
             continue;
         };
-        let read = tokio::task::spawn_blocking(move || CheckpointDir::read(&entry, shard, shards))
+        let d = dir.clone();
+        let read = tokio::task::spawn_blocking(move || d.read(&entry, shard, shards))
             .await
             .map_err(|e| PsError::Internal(format!("checkpoint reader failed: {e}")))?;
         match read.map_err(PsError::from).and_then(&build) {

@@ -124,14 +124,14 @@ pub async fn run(
     let dir = cfg
         .checkpoint
         .as_ref()
-        .map(|c| CheckpointDir::new(&c.dir, cfg.job.as_str(), index));
+        .map(|c| CheckpointDir::new(&c.dir, &cfg.job, index));
     if let Some(dir) = &dir {
         let d = dir.clone();
         let _ = tokio::task::spawn_blocking(move || d.remove_temporaries()).await;
         let incarnation = claim.fence.revision as u64;
         let build = |snap| ShardCore::restore(snap, incarnation, checkpoints.clone());
         let restored = retry_startup("restore the checkpoint", wait, &shutdown, || async {
-            match protocol::restore_latest(&*backend, &keys, index, shards, build).await {
+            match protocol::restore_latest(&*backend, &keys, dir, index, shards, build).await {
                 Ok(r) => Ok(Ok(r)),
                 Err(PsError::Coord(e)) => Err(e),
                 Err(e) => Ok(Err(e)),
