@@ -1,7 +1,8 @@
 //! A job's speed as an autoscaler learns it: from samples of the job's progress (work
 //! done so far, trainers running) to [`Observation`]s at each trainer count, and the
 //! bookkeeping of the job's last change. The operator and `edl run --autoscale` keep one
-//! [`JobMemory`] per job; the simulator measures speeds its own way (it knows them).
+//! [`JobMemory`] per job and count progress with [`task_progress`]; the simulator
+//! measures speeds its own way (it knows them).
 //!
 //! Invariants (unit tests below):
 //! - a speed is observed only over a window in which the running trainer count did not
@@ -74,9 +75,38 @@ impl JobMemory {
     }
 }
 
+/// A job's progress counted in tasks, from its master's queue: the current pass (0-based)
+/// of `passes`, and the current pass's tasks by state. Returns the tasks done over all
+/// passes (failed ones count: they are over) and the tasks left; `None` before the
+/// master has a dataset (no tasks).
+pub fn task_progress(
+    pass: u32,
+    passes: u32,
+    todo: u64,
+    pending: u64,
+    done: u64,
+    failed: u64,
+) -> Option<(f64, f64)> {
+    let per_pass = (todo + pending + done + failed) as f64;
+    if per_pass == 0.0 {
+        return None;
+    }
+    let so_far = f64::from(pass) * per_pass + (done + failed) as f64;
+    let all = f64::from(passes) * per_pass;
+    Some((so_far, (all - so_far).max(0.0)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_counts_every_pass() {
+        assert_eq!(task_progress(2, 5, 6, 1, 2, 1), Some((23.0, 27.0)));
+        assert_eq!(task_progress(0, 1, 0, 0, 0, 0), None);
+        // Past the last pass (a reopened job counting again): nothing is left.
+        assert_eq!(task_progress(5, 5, 0, 0, 10, 0), Some((60.0, 0.0)));
+    }
 
     #[test]
     fn a_steady_window_gives_its_speed() {

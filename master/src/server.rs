@@ -80,28 +80,10 @@ struct Shared {
 pub struct MasterGrpc {
     shared: Arc<Shared>,
     job: String,
-    token: Option<String>,
     default_chunks_per_task: u32,
 }
 
 impl MasterGrpc {
-    fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        let (job, token) = edl_proto::headers::credentials(req.metadata());
-        if job != self.job {
-            return Err(MasterError::Unauthenticated(format!(
-                "this master serves job {:?}, the request is for {job:?}",
-                self.job
-            ))
-            .into());
-        }
-        if let Some(want) = &self.token
-            && token != Some(want.as_str())
-        {
-            return Err(MasterError::Unauthenticated("wrong or missing job token".into()).into());
-        }
-        Ok(())
-    }
-
     async fn core(&self) -> Result<CoreHandle, Status> {
         if let Some(h) = self.shared.core.read().await.clone() {
             return Ok(h);
@@ -191,7 +173,6 @@ impl pb::master_server::Master for MasterGrpc {
         &self,
         req: Request<pb::SetDatasetRequest>,
     ) -> Result<Response<pb::SetDatasetResponse>, Status> {
-        self.check(&req)?;
         let r = req.into_inner();
         let spec = DatasetSpec {
             globs: r.globs,
@@ -214,7 +195,6 @@ impl pb::master_server::Master for MasterGrpc {
         &self,
         req: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::GetTaskResponse>, Status> {
-        self.check(&req)?;
         let r = req.into_inner();
         // The id is stored in the task record: a member id is bounded.
         if !edl_job::valid_member_id(&r.trainer) {
@@ -237,7 +217,6 @@ impl pb::master_server::Master for MasterGrpc {
         &self,
         req: Request<pb::TaskFinishedRequest>,
     ) -> Result<Response<pb::TaskReportResponse>, Status> {
-        self.check(&req)?;
         let r = req.into_inner();
         check_report(&r.trainer, &r.task_id)?;
         // One incarnation per pserver shard; stored with the task.
@@ -260,7 +239,6 @@ impl pb::master_server::Master for MasterGrpc {
         &self,
         req: Request<pb::TaskFailedRequest>,
     ) -> Result<Response<pb::TaskReportResponse>, Status> {
-        self.check(&req)?;
         let r = req.into_inner();
         check_report(&r.trainer, &r.task_id)?;
         if r.reason.len() > MAX_REASON_WIRE_BYTES {
@@ -289,7 +267,6 @@ impl pb::master_server::Master for MasterGrpc {
         &self,
         req: Request<pb::ReleaseTaskRequest>,
     ) -> Result<Response<pb::TaskReportResponse>, Status> {
-        self.check(&req)?;
         let r = req.into_inner();
         check_report(&r.trainer, &r.task_id)?;
         let applied = self
@@ -302,9 +279,8 @@ impl pb::master_server::Master for MasterGrpc {
 
     async fn status(
         &self,
-        req: Request<pb::StatusRequest>,
+        _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        self.check(&req)?;
         let s = self.core().await?.status().await?;
         let leader = self.shared.leader.read().await.clone().unwrap_or_default();
         Ok(Response::new(status_to_pb(&self.job, leader, s)))
@@ -329,12 +305,15 @@ pub async fn run(
     let grpc = MasterGrpc {
         shared: shared.clone(),
         job: cfg.job.to_string(),
-        token: cfg.token.clone(),
         default_chunks_per_task: cfg.default_chunks_per_task.max(1),
     };
-    let svc = pb::master_server::MasterServer::new(grpc)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    // Job and token are checked from the headers, before a request's body is decoded.
+    let svc = tonic::service::interceptor::InterceptedService::new(
+        pb::master_server::MasterServer::new(grpc)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        edl_proto::headers::Credentials::new("master", cfg.job.as_str(), cfg.token.clone()),
+    );
     let metrics_shared = shared.clone();
     let metrics_job = cfg.job.to_string();
     let router = tonic::service::Routes::new(svc).into_axum_router().route(

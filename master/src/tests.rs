@@ -250,6 +250,57 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
     assert_eq!(seen.len(), 20);
 }
 
+/// Job and token are checked from the headers before the body is decoded: a 5 MiB
+/// request (over the master's 4 MiB) without the token is `Unauthenticated`; with the
+/// token, the same request fails at decoding (the positive witness that the body would
+/// have been refused only later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_checked_before_the_body_is_decoded() {
+    use edl_proto::master as pb;
+    let h = Harness::new("auth");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut cfg = MasterConfig::new(h.job.clone());
+    cfg.token = Some("s3cret".into());
+    let backend = h.backend.clone();
+    let stop = h.stop.child_token();
+    tokio::spawn(async move { run(backend, cfg, listener, stop).await.unwrap() });
+    // The listener is bound: the connection is accepted at once.
+    let mut raw = pb::master_client::MasterClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+        .max_encoding_message_size(16 << 20);
+    let huge = || pb::TaskFailedRequest {
+        trainer: "t".into(),
+        task_id: "x".into(),
+        generation: 1,
+        reason: "x".repeat(5 << 20),
+        records_trained: 0,
+    };
+    for (job, token) in [
+        ("auth", None),
+        ("auth", Some("wrong")),
+        ("other", Some("s3cret")),
+    ] {
+        let mut r = tonic::Request::new(huge());
+        edl_proto::headers::set_credentials(r.metadata_mut(), job, token);
+        let err = raw.task_failed(r).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            tonic::Code::Unauthenticated,
+            "{job} {token:?}: {err}"
+        );
+    }
+    let mut r = tonic::Request::new(huge());
+    edl_proto::headers::set_credentials(r.metadata_mut(), "auth", Some("s3cret"));
+    let err = raw.task_failed(r).await.unwrap_err();
+    assert_ne!(err.code(), tonic::Code::Unauthenticated, "{err}");
+    assert!(
+        err.message().contains("too large") || err.code() == tonic::Code::OutOfRange,
+        "refused at decoding: {err}"
+    );
+}
+
 /// Reports with oversized fields (a 2 MiB failure reason, 10,000 shard incarnations, a
 /// trainer id with a '/', a 1 MiB task id) are refused with InvalidArgument, leave the
 /// task and the queue as they were, and do not disturb another trainer reading the pass.

@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_autoscaler::observe::JobMemory;
+use edl_autoscaler::observe::{JobMemory, task_progress};
 use edl_autoscaler::policy::{self, PolicyConfig};
 use edl_autoscaler::{JobView, PodCounts, Resources, Snapshot};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -272,14 +272,14 @@ impl Autoscaler {
 fn progress(tj: &TrainingJob) -> Option<(f64, f64)> {
     let s = tj.status.as_ref()?;
     let t = s.tasks.as_ref()?;
-    let per_pass = (t.todo + t.pending + t.done + t.failed) as f64;
-    if per_pass == 0.0 {
-        return None;
-    }
-    let pass = f64::from(s.pass.unwrap_or(0));
-    let done = pass * per_pass + (t.done + t.failed) as f64;
-    let all = f64::from(tj.spec.train.passes) * per_pass;
-    Some((done, (all - done).max(0.0)))
+    task_progress(
+        s.pass.unwrap_or(0),
+        tj.spec.train.passes,
+        t.todo,
+        t.pending,
+        t.done,
+        t.failed,
+    )
 }
 
 fn active(tj: &TrainingJob) -> bool {

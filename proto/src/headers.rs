@@ -2,7 +2,10 @@
 //! every key is `x-edl-<name>`.
 //!
 //! - On requests: who is asking — [`JOB`] and, when the job has one, [`TOKEN`]
-//!   ([`set_credentials`], [`credentials`]).
+//!   ([`set_credentials`], [`credentials`]). A service checks them with [`Credentials`],
+//!   a tonic interceptor: it sees only the headers and runs before the request's body is
+//!   read or decoded, so a peer without the token gets `Unauthenticated` and costs no
+//!   more than HTTP/2's flow-control window. The token is compared in constant time.
 //! - On error statuses: machine-readable details next to the code and message —
 //!   [`ERROR_KIND`] (the service's error kind, e.g. `stale-step`), [`NEXT_STEP`] (a
 //!   stale sync push: the step to push at), [`LEADER`] (a standby master: where the
@@ -43,6 +46,79 @@ pub fn credentials(md: &MetadataMap) -> (&str, Option<&str>) {
     (job, token)
 }
 
+/// What a service accepts: requests for its job, with its token when it has one.
+#[derive(Clone)]
+pub struct Credentials {
+    service: &'static str,
+    job: String,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("service", &self.service)
+            .field("job", &self.job)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// The credentials of `service` (`master`, `pserver`: for messages) of `job`.
+    pub fn new(service: &'static str, job: impl Into<String>, token: Option<String>) -> Self {
+        Credentials {
+            service,
+            job: job.into(),
+            token,
+        }
+    }
+
+    /// Checks a request's job and token: the message of the refusal, if refused.
+    pub fn check_values(&self, job: &str, token: Option<&str>) -> Result<(), String> {
+        if job != self.job {
+            return Err(format!(
+                "this {} serves job {:?}, the request is for {job:?}",
+                self.service, self.job
+            ));
+        }
+        if let Some(want) = &self.token
+            && !token.is_some_and(|t| constant_time_eq(t.as_bytes(), want.as_bytes()))
+        {
+            return Err("wrong or missing job token".to_owned());
+        }
+        Ok(())
+    }
+
+    /// Checks a request's metadata.
+    pub fn check(&self, md: &MetadataMap) -> Result<(), Status> {
+        let (job, token) = credentials(md);
+        self.check_values(job, token)
+            .map_err(Status::unauthenticated)
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        self.check(req.metadata())?;
+        Ok(req)
+    }
+}
+
+/// Whether `a == b`, in a time that depends on their lengths only, not on where they
+/// differ (a token compared byte by byte with an early exit tells a timing attacker how
+/// much of a guess is right).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(0u8, |acc, (x, y)| acc | std::hint::black_box(x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
 /// Adds detail `key` = `value` to an error status (left out if `value` cannot be
 /// metadata).
 pub fn set_detail(status: &mut Status, key: &'static str, value: &str) {
@@ -77,5 +153,39 @@ mod tests {
         assert_eq!(detail(&s, ERROR_KIND), Some("stale-step"));
         assert_eq!(detail(&s, NEXT_STEP), Some("7"));
         assert_eq!(detail(&s, LEADER), None, "not a metadata value: left out");
+    }
+
+    #[test]
+    fn credentials_refuse_another_job_and_a_wrong_or_missing_token() {
+        use tonic::service::Interceptor;
+        let mut c = Credentials::new("pserver", "mnist", Some("s3cret".into()));
+        let req = |job: &str, token: Option<&str>| {
+            let mut r = tonic::Request::new(());
+            set_credentials(r.metadata_mut(), job, token);
+            r
+        };
+        assert!(c.call(req("mnist", Some("s3cret"))).is_ok());
+        for (job, token, says) in [
+            ("other", Some("s3cret"), "serves job \"mnist\""),
+            ("mnist", Some("s3cre"), "wrong or missing"),
+            ("mnist", Some("s3cret!"), "wrong or missing"),
+            ("mnist", None, "wrong or missing"),
+        ] {
+            let err = c.call(req(job, token)).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unauthenticated);
+            assert!(err.message().contains(says), "{err}");
+        }
+        // Without a token, the job alone is checked.
+        let mut open = Credentials::new("master", "mnist", None);
+        assert!(open.call(req("mnist", None)).is_ok());
+        assert!(open.call(req("mnist", Some("anything"))).is_ok());
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "the token is not in Debug"
+        );
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        assert!(constant_time_eq(b"", b""));
     }
 }

@@ -22,7 +22,7 @@
 
 use std::time::{Duration, Instant};
 
-use edl_autoscaler::observe::JobMemory;
+use edl_autoscaler::observe::{JobMemory, task_progress};
 use edl_autoscaler::policy::{self, PolicyConfig};
 use edl_autoscaler::{JobView, Node, PodCounts, Resources, Snapshot};
 use edl_proto::master::StatusResponse;
@@ -133,13 +133,7 @@ impl LocalAutoscaler {
 
 /// Tasks done over all passes, and tasks left, from the master's status.
 pub(crate) fn progress(s: &StatusResponse) -> Option<(f64, f64)> {
-    let per_pass = (s.todo + s.pending + s.done + s.failed) as f64;
-    if per_pass == 0.0 {
-        return None;
-    }
-    let done = f64::from(s.pass) * per_pass + (s.done + s.failed) as f64;
-    let all = f64::from(s.passes) * per_pass;
-    Some((done, (all - done).max(0.0)))
+    task_progress(s.pass, s.passes, s.todo, s.pending, s.done, s.failed)
 }
 
 #[cfg(test)]

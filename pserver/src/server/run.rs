@@ -209,9 +209,13 @@ pub async fn run(
         max_message_bytes: cfg.max_message_bytes,
         io_timeout: cfg.io_timeout,
     });
-    let grpc = pb::parameter_server_server::ParameterServerServer::new(PsGrpc { svc: svc.clone() })
-        .max_decoding_message_size(cfg.max_message_bytes)
-        .max_encoding_message_size(cfg.max_message_bytes);
+    // Job and token are checked from the headers, before a request's body is read.
+    let grpc = tonic::service::interceptor::InterceptedService::new(
+        pb::parameter_server_server::ParameterServerServer::new(PsGrpc { svc: svc.clone() })
+            .max_decoding_message_size(cfg.max_message_bytes)
+            .max_encoding_message_size(cfg.max_message_bytes),
+        edl_proto::headers::Credentials::new("pserver", cfg.job.as_str(), cfg.token.clone()),
+    );
     // One port: bulk connections are told apart from HTTP/2 by their first byte.
     let (conns_tx, conns_rx) = tokio::sync::mpsc::channel(64);
     let acceptor = tokio::spawn(

@@ -74,19 +74,9 @@ pub(crate) struct Service {
 impl Service {
     /// Checks the job and token a request carries, and that we serve.
     pub(crate) fn authorize(&self, job: &str, token: Option<&str>) -> Result<(), PsError> {
-        if job != self.job {
-            return Err(PsError::Unauthenticated(format!(
-                "this pserver serves job {:?}, the request is for {job:?}",
-                self.job
-            )));
-        }
-        if let Some(want) = &self.token
-            && token != Some(want.as_str())
-        {
-            return Err(PsError::Unauthenticated(
-                "wrong or missing job token".into(),
-            ));
-        }
+        edl_proto::headers::Credentials::new("pserver", self.job.as_str(), self.token.clone())
+            .check_values(job, token)
+            .map_err(PsError::Unauthenticated)?;
         self.gate.check()
     }
 
