@@ -308,18 +308,21 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
     assert!(renewed, "the lease was never renewed");
     stop.cancel();
     operator.await.expect("operator");
-    let mine: Vec<Access> = api
-        .accesses()
-        .into_iter()
-        .filter(|a| a.user.as_deref() == Some("edl-operator"))
-        .collect();
-    check_rbac(&mine, &|r, verb| {
+    check_rbac(&operator_accesses(&api), &|r, verb| {
         // kube's event Recorder patches an Event that repeats (a series) instead of
         // creating another; no event here repeats. The autoscaler's rules are checked by
         // its own test.
         (strings(&r["resources"]) == ["events"] && verb == "patch") || autoscaler_rule(r)
     });
     kubelet.await.expect("kubelet");
+}
+
+/// The requests the operator's own client made (its bearer token names it).
+fn operator_accesses(api: &FakeApi) -> Vec<Access> {
+    api.accesses()
+        .into_iter()
+        .filter(|a| a.user.as_deref() == Some("edl-operator"))
+        .collect()
 }
 
 /// The operator's RBAC rules in deploy/rbac.yaml: the edl-operator ClusterRole (every

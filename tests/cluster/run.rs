@@ -232,6 +232,21 @@ pub(crate) fn edl_cmd(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The report's scale events as (from, to).
+fn scale_moves(report: &Value) -> Vec<(u64, u64)> {
+    report["scale_events"]
+        .as_array()
+        .expect("scale events")
+        .iter()
+        .map(|e| {
+            (
+                e["from"].as_u64().unwrap_or(0),
+                e["to"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
 fn trainers_in_status(etcd: &str, job: &str) -> Option<usize> {
     let (ok, out, _) = edl_cmd(&["status", job, "--json", "--etcd", etcd]);
     if !ok {
@@ -337,17 +352,7 @@ async fn scale_up_and_down_then_kill_show_in_status_logs_and_the_report() {
         r["error"].as_str().is_some_and(|e| e.contains("edl kill")),
         "{r}"
     );
-    let events = r["scale_events"].as_array().expect("scale events");
-    let moves: Vec<(u64, u64)> = events
-        .iter()
-        .map(|e| {
-            (
-                e["from"].as_u64().unwrap_or(0),
-                e["to"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect();
-    assert_eq!(moves, vec![(2, 3), (3, 1)], "{r}");
+    assert_eq!(scale_moves(&r), vec![(2, 3), (3, 1)], "{r}");
     assert_eq!(r["restarts"], 0, "drained trainers are not crashes: {r}");
     let (_, out, _) = edl_cmd(&["status", job, "--json", "--etcd", &etcd]);
     let v: Value = serde_json::from_str(&out).expect("status json");
@@ -402,18 +407,7 @@ async fn autoscale_grows_a_run_into_its_cores_up_to_its_max() {
     let status = run.wait_exit(Duration::from_secs(120)).await;
     assert!(!status.success(), "a killed job is not a success");
     let r = read_report(&report);
-    let moves: Vec<(u64, u64)> = r["scale_events"]
-        .as_array()
-        .expect("scale events")
-        .iter()
-        .map(|e| {
-            (
-                e["from"].as_u64().unwrap_or(0),
-                e["to"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect();
-    assert_eq!(moves, vec![(1, 3)], "one step to the max: {r}");
+    assert_eq!(scale_moves(&r), vec![(1, 3)], "one step to the max: {r}");
     assert_eq!(r["restarts"], 0, "{r}");
     assert!(run.log().contains("autoscaler: trainers"), "{}", run.log());
 }

@@ -218,10 +218,5 @@ async fn the_autoscaler_grows_a_job_then_makes_room_for_a_higher_priority_one() 
 
     stop.cancel();
     autoscaler.await.expect("autoscaler");
-    let mine: Vec<Access> = api
-        .accesses()
-        .into_iter()
-        .filter(|a| a.user.as_deref() == Some("edl-operator"))
-        .collect();
-    check_rbac(&mine, &|r, _| !autoscaler_rule(r));
+    check_rbac(&operator_accesses(&api), &|r, _| !autoscaler_rule(r));
 }
