@@ -36,6 +36,17 @@ fn a_pod(name: &str, job: Option<(&str, &str)>, cpu: &str, node: Option<&str>, p
     .expect("pod")
 }
 
+/// A Running pod `<job>-<role>-<i>` of `job` on node `a`.
+fn bound(job: &str, role: &str, i: u32, cpu: &str) -> Pod {
+    a_pod(
+        &format!("{job}-{role}-{i}"),
+        Some((job, role)),
+        cpu,
+        Some("a"),
+        "Running",
+    )
+}
+
 fn job(name: &str, trainers: u32, min: u32, max: u32, class: Option<&str>) -> TrainingJob {
     let spec = JobSpec::parse_toml(&format!(
         "name = \"{name}\"\n[data]\ntrain = [\"d-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
@@ -121,32 +132,14 @@ fn the_snapshot_counts_what_holds_room_and_only_live_jobs() {
         node("b", "16", "64Gi", 0, false, false),
         node("c", "16", "64Gi", 0, true, true),
     ];
-    let mut deleting = a_pod(
-        "j-trainer-2",
-        Some(("j", "trainer")),
-        "2",
-        Some("a"),
-        "Running",
-    );
+    let mut deleting = bound("j", "trainer", 2, "2");
     deleting.metadata.deletion_timestamp =
         Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::from_second(T0 as i64).expect("time"),
         ));
     let pods = [
-        a_pod(
-            "j-pserver-0",
-            Some(("j", "pserver")),
-            "1",
-            Some("a"),
-            "Running",
-        ),
-        a_pod(
-            "j-trainer-0",
-            Some(("j", "trainer")),
-            "2",
-            Some("a"),
-            "Running",
-        ),
+        bound("j", "pserver", 0, "1"),
+        bound("j", "trainer", 0, "2"),
         a_pod("j-trainer-1", Some(("j", "trainer")), "2", None, "Pending"),
         deleting,
         a_pod("other", None, "3", Some("a"), "Running"),
@@ -205,27 +198,9 @@ fn the_snapshot_counts_what_holds_room_and_only_live_jobs() {
 fn a_job_with_room_grows_once_its_speed_is_known_and_then_is_left_alone() {
     let nodes = [node("a", "32", "128Gi", 0, true, false)];
     let pods = [
-        a_pod(
-            "j-pserver-0",
-            Some(("j", "pserver")),
-            "1",
-            Some("a"),
-            "Running",
-        ),
-        a_pod(
-            "j-trainer-0",
-            Some(("j", "trainer")),
-            "2",
-            Some("a"),
-            "Running",
-        ),
-        a_pod(
-            "j-trainer-1",
-            Some(("j", "trainer")),
-            "2",
-            Some("a"),
-            "Running",
-        ),
+        bound("j", "pserver", 0, "1"),
+        bound("j", "trainer", 0, "2"),
+        bound("j", "trainer", 1, "2"),
     ];
     let mut a = Autoscaler::new(config());
     let pass = |a: &mut Autoscaler, t: f64, done: u64| {
@@ -261,21 +236,9 @@ fn a_job_with_room_grows_once_its_speed_is_known_and_then_is_left_alone() {
 #[test]
 fn a_higher_priority_job_takes_trainers_from_a_lower_one() {
     let nodes = [node("a", "16", "64Gi", 0, true, false)];
-    let mut pods = vec![a_pod(
-        "low-pserver-0",
-        Some(("low", "pserver")),
-        "1",
-        Some("a"),
-        "Running",
-    )];
+    let mut pods = vec![bound("low", "pserver", 0, "1")];
     for i in 0..7 {
-        pods.push(a_pod(
-            &format!("low-trainer-{i}"),
-            Some(("low", "trainer")),
-            "2",
-            Some("a"),
-            "Running",
-        ));
+        pods.push(bound("low", "trainer", i, "2"));
     }
     pods.push(a_pod(
         "high-pserver-0",
