@@ -17,6 +17,18 @@ pub struct EtcdArgs {
     /// command that can work on a cluster instead takes --context).
     #[arg(long, env = "EDL_ETCD", value_delimiter = ',')]
     pub etcd: Vec<String>,
+    /// Credentials and TLS.
+    #[command(flatten)]
+    pub access: EtcdAccessArgs,
+    /// Timeout of one etcd request (e.g. 5s).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub etcd_timeout: Duration,
+}
+
+/// etcd's credentials and TLS: the same options (and variables) for every command, and
+/// what `edl run` gives its children.
+#[derive(Debug, Clone, Default, Args)]
+pub struct EtcdAccessArgs {
     /// etcd user (with --etcd-password) when etcd has authentication on.
     #[arg(long, env = "EDL_ETCD_USER")]
     pub etcd_user: Option<String>,
@@ -24,17 +36,45 @@ pub struct EtcdArgs {
     #[arg(long, env = "EDL_ETCD_PASSWORD", hide_env_values = true)]
     pub etcd_password: Option<String>,
     /// CA certificate (PEM) to verify etcd's TLS certificate with.
-    #[arg(long)]
+    #[arg(long, env = "EDL_ETCD_CA")]
     pub etcd_ca: Option<std::path::PathBuf>,
     /// Client certificate (PEM) for etcd TLS, with --etcd-key.
-    #[arg(long)]
+    #[arg(long, env = "EDL_ETCD_CERT")]
     pub etcd_cert: Option<std::path::PathBuf>,
     /// Client key (PEM) for etcd TLS.
-    #[arg(long)]
+    #[arg(long, env = "EDL_ETCD_KEY")]
     pub etcd_key: Option<std::path::PathBuf>,
-    /// Timeout of one etcd request (e.g. 5s).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
-    pub etcd_timeout: Duration,
+    /// The name etcd's certificate is checked against, instead of the host dialled.
+    #[arg(long, env = "EDL_ETCD_DOMAIN")]
+    pub etcd_domain: Option<String>,
+}
+
+impl EtcdAccessArgs {
+    /// The user and password, if given (both or neither).
+    pub fn auth(&self) -> anyhow::Result<Option<EtcdAuth>> {
+        match (&self.etcd_user, &self.etcd_password) {
+            (Some(user), Some(password)) => Ok(Some(EtcdAuth {
+                user: user.clone(),
+                password: password.clone(),
+            })),
+            (None, None) => Ok(None),
+            _ => anyhow::bail!("--etcd-user and --etcd-password go together"),
+        }
+    }
+
+    /// TLS to etcd, if any option of it is given.
+    pub fn tls(&self) -> Option<EtcdTls> {
+        (self.etcd_ca.is_some()
+            || self.etcd_cert.is_some()
+            || self.etcd_key.is_some()
+            || self.etcd_domain.is_some())
+        .then(|| EtcdTls {
+            ca_file: self.etcd_ca.clone(),
+            cert_file: self.etcd_cert.clone(),
+            key_file: self.etcd_key.clone(),
+            domain: self.etcd_domain.clone(),
+        })
+    }
 }
 
 impl EtcdArgs {
@@ -47,24 +87,8 @@ impl EtcdArgs {
         let mut cfg = EtcdConfig::new(self.etcd.iter().cloned());
         cfg.request_timeout = self.etcd_timeout;
         cfg.dial_timeout = self.etcd_timeout;
-        match (&self.etcd_user, &self.etcd_password) {
-            (Some(user), Some(password)) => {
-                cfg.auth = Some(EtcdAuth {
-                    user: user.clone(),
-                    password: password.clone(),
-                })
-            }
-            (None, None) => {}
-            _ => anyhow::bail!("--etcd-user and --etcd-password go together"),
-        }
-        if self.etcd_ca.is_some() || self.etcd_cert.is_some() || self.etcd_key.is_some() {
-            cfg.tls = Some(EtcdTls {
-                ca_file: self.etcd_ca.clone(),
-                cert_file: self.etcd_cert.clone(),
-                key_file: self.etcd_key.clone(),
-                domain: None,
-            });
-        }
+        cfg.auth = self.access.auth()?;
+        cfg.tls = self.access.tls();
         Ok(cfg)
     }
 
@@ -122,6 +146,47 @@ pub struct JobArgs {
     /// Shared job token every RPC must carry (optional).
     #[arg(long, env = "EDL_JOB_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// TLS between the job's processes.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS between the job's processes (masters, pservers, trainers): docs/security.md.
+#[derive(Debug, Clone, Args)]
+pub struct TlsArgs {
+    /// CA certificate (PEM) that signs the job's certificates: turns TLS on. It is the
+    /// only root trusted.
+    #[arg(long, env = "EDL_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// This process's certificate (PEM): a server's, and a client's for mutual TLS.
+    #[arg(long, env = "EDL_TLS_CERT", requires = "tls_ca")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "EDL_TLS_KEY", requires = "tls_ca")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// The name checked in servers' certificates instead of the host dialled.
+    #[arg(long, env = "EDL_TLS_DOMAIN", requires = "tls_ca")]
+    pub tls_domain: Option<String>,
+    /// Servers accept only clients with a certificate the CA signed (mutual TLS).
+    #[arg(long, env = "EDL_TLS_CLIENT_AUTH", requires = "tls_ca")]
+    pub tls_client_auth: bool,
+}
+
+impl TlsArgs {
+    /// The loaded setup; `None` without `--tls-ca`.
+    pub fn load(&self) -> anyhow::Result<Option<edl_proto::tls::Tls>> {
+        let Some(ca) = &self.tls_ca else {
+            return Ok(None);
+        };
+        let files = edl_proto::tls::TlsFiles {
+            ca: ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            domain: self.tls_domain.clone(),
+            client_auth: self.tls_client_auth,
+        };
+        Ok(Some(files.load()?))
+    }
 }
 
 /// A token cancelled on SIGTERM or SIGINT (Ctrl-C); a second signal exits at once

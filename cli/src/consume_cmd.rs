@@ -73,6 +73,7 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
                 lease_ttl: args.lease_ttl,
                 etcd_wait: args.wait.etcd_wait,
                 token: args.job.token.clone(),
+                tls: args.job.tls.load()?,
                 record: TrainerRecord {
                     version: RECORD_VERSION,
                     pid: std::process::id(),

@@ -73,6 +73,7 @@ pub fn run(args: MasterArgs) -> anyhow::Result<()> {
         }
         let mut cfg = MasterConfig::new(args.job.job.clone());
         cfg.token = args.job.token.clone();
+        cfg.tls = args.job.tls.load()?;
         cfg.advertise = args.advertise.clone();
         cfg.lease_ttl = args.lease_ttl;
         cfg.reconcile_every = args.lease_ttl;

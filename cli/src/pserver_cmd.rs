@@ -93,6 +93,7 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
             .with_context(|| format!("create checkpoint dir {}", args.checkpoint_dir.display()))?;
         let mut cfg = PsConfig::new(args.job.job.clone());
         cfg.token = args.job.token.clone();
+        cfg.tls = args.job.tls.load()?;
         cfg.advertise = args.advertise.clone();
         cfg.lease_ttl = args.lease_ttl;
         cfg.etcd_wait = args.wait.etcd_wait;

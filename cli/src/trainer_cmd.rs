@@ -76,6 +76,9 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
     if let Some(token) = &args.job.token {
         t = t.token(token.clone());
     }
+    if let Some(tls) = args.job.tls.load()? {
+        t = t.tls(tls);
+    }
     if let Some(path) = &args.report {
         t = t.report(path.clone());
     }

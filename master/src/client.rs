@@ -17,7 +17,7 @@ use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::server::{MAX_MESSAGE_BYTES, observe_leader};
 pub use crate::task::{LeasedTask, Next};
@@ -72,6 +72,8 @@ pub struct MasterClientConfig {
     pub connect_timeout: Duration,
     /// Per-attempt deadline of short calls.
     pub call_timeout: Duration,
+    /// Dial masters over TLS; `None`: plain HTTP/2.
+    pub tls: Option<edl_proto::tls::Tls>,
 }
 
 impl MasterClientConfig {
@@ -83,6 +85,7 @@ impl MasterClientConfig {
             retry_for: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(3),
             call_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -140,8 +143,8 @@ impl MasterClient {
         {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad master address {addr:?}: {e}"))?
+        let endpoint = edl_proto::tls::endpoint(&addr, self.cfg.tls.as_ref())
+            .map_err(|e| format!("master at {addr:?}: {e}"))?
             .connect_timeout(self.cfg.connect_timeout)
             .tcp_nodelay(true);
         let channel = endpoint

@@ -50,6 +50,8 @@ pub struct MasterConfig {
     pub max_batch: usize,
     /// Chunks per task for a `SetDataset` that leaves it 0.
     pub default_chunks_per_task: u32,
+    /// Serve over TLS (needs a certificate and key); `None`: plain HTTP/2.
+    pub tls: Option<edl_proto::tls::Tls>,
 }
 
 impl MasterConfig {
@@ -64,6 +66,7 @@ impl MasterConfig {
             reconcile_every: Duration::from_secs(5),
             max_batch: crate::core::DEFAULT_MAX_BATCH,
             default_chunks_per_task: 1,
+            tls: None,
         }
     }
 }
@@ -307,21 +310,42 @@ pub async fn run(
         job: cfg.job.to_string(),
         default_chunks_per_task: cfg.default_chunks_per_task.max(1),
     };
+    let acceptor = cfg
+        .tls
+        .as_ref()
+        .map(|t| t.acceptor())
+        .transpose()
+        .map_err(|e| MasterError::Unavailable(e.to_string()))?;
     // Job and token are checked from the headers, before a request's body is decoded.
+    let credentials =
+        edl_proto::headers::Credentials::new("master", cfg.job.as_str(), cfg.token.clone());
     let svc = tonic::service::interceptor::InterceptedService::new(
         pb::master_server::MasterServer::new(grpc)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        edl_proto::headers::Credentials::new("master", cfg.job.as_str(), cfg.token.clone()),
+        credentials.clone(),
     );
     let metrics_shared = shared.clone();
     let metrics_job = cfg.job.to_string();
     let router = tonic::service::Routes::new(svc).into_axum_router().route(
         "/metrics",
-        axum::routing::get(move || {
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
             let shared = metrics_shared.clone();
             let job = metrics_job.clone();
+            let allowed = credentials.check_bearer(
+                headers
+                    .get(axum::http::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+            );
             async move {
+                use axum::response::IntoResponse as _;
+                if !allowed {
+                    return (
+                        axum::http::StatusCode::UNAUTHORIZED,
+                        "the job has a token: scrape with `Authorization: Bearer <token>`\n",
+                    )
+                        .into_response();
+                }
                 let core = shared.core.read().await.clone();
                 let report = match core {
                     Some(h) => h.status().await.ok(),
@@ -334,6 +358,7 @@ pub async fn run(
                     )],
                     crate::metrics::render(&job, report.as_ref()),
                 )
+                    .into_response()
             }
         }),
     );
@@ -344,17 +369,10 @@ pub async fn run(
                 .accept_http1(true)
                 .add_routes(tonic::service::Routes::from(router))
                 .serve_with_incoming_shutdown(
-                    // Replies go out at once: without TCP_NODELAY a reply written in
+                    // Replies go out at once (TCP_NODELAY): otherwise a reply written in
                     // several segments waits for the client's delayed ACK (40 ms) when
                     // two calls share the connection.
-                    tokio_stream::StreamExt::map(
-                        tokio_stream::wrappers::TcpListenerStream::new(listener),
-                        |conn| {
-                            conn.inspect(|s| {
-                                let _ = s.set_nodelay(true);
-                            })
-                        },
-                    ),
+                    edl_proto::tls::incoming(listener, acceptor),
                     server_stop.cancelled_owned(),
                 )
                 .await

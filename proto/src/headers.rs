@@ -90,6 +90,17 @@ impl Credentials {
         Ok(())
     }
 
+    /// Checks an HTTP `Authorization` header (a `/metrics` scrape): with a job token it
+    /// must be `Bearer <token>`; without one, anything passes.
+    pub fn check_bearer(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(want) = &self.token else {
+            return true;
+        };
+        authorization
+            .and_then(|a| a.strip_prefix(b"Bearer "))
+            .is_some_and(|t| constant_time_eq(t, want.as_bytes()))
+    }
+
     /// Checks a request's metadata.
     pub fn check(&self, md: &MetadataMap) -> Result<(), Status> {
         let (job, token) = credentials(md);

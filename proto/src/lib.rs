@@ -8,6 +8,8 @@
 //!   with [`codec::SizedProstCodec`] for its large messages.
 //! - [`headers`]: the one metadata scheme of both services (job and token on requests,
 //!   error details on statuses).
+//! - [`tls`]: TLS between edl's processes (gRPC and the bulk path), and the private CA
+//!   of a job on one machine.
 //! - [`etcd`]: client stubs of the etcd v3 API (`third_party/etcd/`, vendored), which
 //!   `edl-coord` speaks to etcd with.
 //!
@@ -16,6 +18,7 @@
 
 pub mod codec;
 pub mod headers;
+pub mod tls;
 
 /// The master's gRPC service and messages (`edl.master.v1`).
 pub mod master {

@@ -30,6 +30,7 @@ struct Harness {
     shards: u32,
     dir: tempfile::TempDir,
     token: Option<String>,
+    tls: Option<edl_proto::tls::Tls>,
 }
 
 struct Ps {
@@ -53,6 +54,7 @@ impl Harness {
             shards,
             dir: tempfile::tempdir().unwrap(),
             token: None,
+            tls: None,
         }
     }
 
@@ -75,6 +77,7 @@ impl Harness {
         cfg.index = IndexChoice::Fixed(index);
         cfg.shards = Some(self.shards);
         cfg.token = self.token.clone();
+        cfg.tls = self.tls.clone();
         cfg.checkpoint = every.map(|e| CheckpointConfig {
             keep: 2,
             ..CheckpointConfig::new(self.dir.path(), e)
@@ -92,6 +95,7 @@ impl Harness {
     async fn client_with(&self, f: impl FnOnce(&mut PsClientConfig)) -> PsClient {
         let mut cfg = PsClientConfig::new(self.job.clone());
         cfg.token = self.token.clone();
+        cfg.tls = self.tls.clone();
         cfg.retry_for = Duration::from_secs(20);
         cfg.sync_wait = Duration::from_millis(500);
         f(&mut cfg);
@@ -850,7 +854,7 @@ async fn a_pserver_whose_lease_is_unconfirmed_refuses_calls_until_etcd_answers()
     // Refused once the lease is past its TTL (1 s) unconfirmed.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let refusal = loop {
-        match probe(&addr, h.job.as_str(), None, Duration::from_secs(1)).await {
+        match probe(&addr, h.job.as_str(), None, None, Duration::from_secs(1)).await {
             Err(e) if e.kind() == Some(ErrorKind::NotServing) => break e,
             _ => {}
         }
@@ -893,6 +897,63 @@ async fn a_pserver_whose_lease_is_unconfirmed_refuses_calls_until_etcd_answers()
 async fn the_grpc_and_bulk_paths_agree_and_check_the_token() {
     let mut h = Harness::new("paths", 2);
     h.token = Some("s3cret".into());
+    paths_agree_and_check_the_token(&h).await;
+}
+
+/// The same over mutual TLS; then clients without TLS, without a client certificate,
+/// or with a certificate of another CA reach neither path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_and_bulk_paths_agree_over_mutual_tls() {
+    use edl_proto::tls::{LocalCa, TlsFiles};
+    let mut h = Harness::new("paths-tls", 2);
+    h.token = Some("s3cret".into());
+    let files = LocalCa::generate("paths-tls")
+        .unwrap()
+        .write(&h.dir.path().join("tls"))
+        .unwrap();
+    h.tls = Some(files.load().unwrap());
+    paths_agree_and_check_the_token(&h).await;
+    let intruder = {
+        let mut f = LocalCa::generate("intruder")
+            .unwrap()
+            .write(&h.dir.path().join("intruder"))
+            .unwrap();
+        f.ca = files.ca.clone();
+        f.load().unwrap()
+    };
+    let no_cert = TlsFiles {
+        cert: None,
+        key: None,
+        client_auth: false,
+        ..files.clone()
+    }
+    .load()
+    .unwrap();
+    for (what, tls) in [
+        ("plain", None),
+        ("no client certificate", Some(no_cert)),
+        ("another CA's certificate", Some(intruder)),
+    ] {
+        for use_bulk in [true, false] {
+            let bad = h
+                .client_with(|c| {
+                    c.tls = tls.clone();
+                    c.bulk = use_bulk;
+                    c.retry_for = Duration::from_millis(500);
+                })
+                .await;
+            let mut cache = DenseCache::new();
+            let err = bad.pull_dense(&mut cache).await.unwrap_err();
+            assert_ne!(
+                err.code(),
+                Some(tonic::Code::Unauthenticated),
+                "{what}, bulk={use_bulk}: reached the service: {err}"
+            );
+        }
+    }
+}
+
+async fn paths_agree_and_check_the_token(h: &Harness) {
     let _p0 = h.pserver(0, None).await;
     let _p1 = h.pserver(1, None).await;
     let bulk = h.client().await;

@@ -31,6 +31,15 @@ class Trainer:
         report: Optional[str] = ...,
         evaluate: bool = ...,
         handle_sigterm: bool = ...,
+        etcd_user: Optional[str] = ...,
+        etcd_password: Optional[str] = ...,
+        etcd_ca: Optional[str] = ...,
+        etcd_cert: Optional[str] = ...,
+        etcd_key: Optional[str] = ...,
+        tls_ca: Optional[str] = ...,
+        tls_cert: Optional[str] = ...,
+        tls_key: Optional[str] = ...,
+        tls_domain: Optional[str] = ...,
     ) -> None: ...
     @staticmethod
     def from_env(*, handle_sigterm: bool = ...) -> "Trainer": ...

@@ -196,7 +196,9 @@ impl Trainer {
     #[new]
     #[pyo3(signature = (job, etcd, *, spec=None, id=None, device=None, token=None,
                         lease_ttl=None, etcd_wait=None, spec_wait=None, metrics_addr=None,
-                        report=None, evaluate=false, handle_sigterm=false))]
+                        report=None, evaluate=false, handle_sigterm=false, etcd_user=None,
+                        etcd_password=None, etcd_ca=None, etcd_cert=None, etcd_key=None,
+                        tls_ca=None, tls_cert=None, tls_key=None, tls_domain=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -213,6 +215,15 @@ impl Trainer {
         report: Option<PathBuf>,
         evaluate: bool,
         handle_sigterm: bool,
+        etcd_user: Option<String>,
+        etcd_password: Option<String>,
+        etcd_ca: Option<PathBuf>,
+        etcd_cert: Option<PathBuf>,
+        etcd_key: Option<PathBuf>,
+        tls_ca: Option<PathBuf>,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
+        tls_domain: Option<String>,
     ) -> PyResult<Trainer> {
         let job: JobName = job
             .parse()
@@ -220,7 +231,39 @@ impl Trainer {
         if etcd.is_empty() {
             return Err(value_error("etcd: give at least one client URL"));
         }
-        let mut t = app::Trainer::new(job, EtcdConfig::new(etcd));
+        let mut etcd = EtcdConfig::new(etcd);
+        etcd.auth = match (etcd_user, etcd_password) {
+            (Some(user), Some(password)) => Some(edl_coord::EtcdAuth { user, password }),
+            (None, None) => None,
+            _ => return Err(value_error("etcd_user and etcd_password go together")),
+        };
+        if etcd_ca.is_some() || etcd_cert.is_some() || etcd_key.is_some() {
+            etcd.tls = Some(edl_coord::EtcdTls {
+                ca_file: etcd_ca,
+                cert_file: etcd_cert,
+                key_file: etcd_key,
+                domain: None,
+            });
+        }
+        let mut t = app::Trainer::new(job, etcd);
+        match tls_ca {
+            Some(ca) => {
+                let files = edl_proto::tls::TlsFiles {
+                    ca,
+                    cert: tls_cert,
+                    key: tls_key,
+                    domain: tls_domain,
+                    client_auth: false,
+                };
+                t = t.tls(files.load().map_err(|e| value_error(e.to_string()))?);
+            }
+            None if tls_cert.is_some() || tls_key.is_some() || tls_domain.is_some() => {
+                return Err(value_error(
+                    "tls_cert, tls_key and tls_domain need tls_ca (the CA of the job's certificates)",
+                ));
+            }
+            None => {}
+        }
         if let Some(id) = id {
             t = t.id(id);
         }
@@ -516,6 +559,7 @@ fn start(
             let mut pcfg = PsClientConfig::new(spec.name.clone());
             pcfg.retry_for = Duration::from_secs(20);
             pcfg.token = cfg.token.clone();
+            pcfg.tls = cfg.tls.clone();
             let client = PsClient::connect(backend, pcfg, life.child_token())
                 .await
                 .map_err(|e| ConnectError::new_err(format!("connect to the pservers: {e}")))?;

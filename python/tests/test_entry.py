@@ -97,3 +97,32 @@ def test_python_entry_programs_train_a_job_and_survive_a_trainer_sigkill(etcd, t
     # The noise's variance is 0.01: both fit the line, and the kill costs nothing.
     assert clean < 0.02 and killed < 0.02, costs
     assert abs(killed - clean) <= 0.05 * clean + 1e-3, costs
+
+
+def test_python_entry_programs_train_under_edl_run_secure(tmp_path):
+    """`edl run --secure` on its private etcd: the Python trainers (`Trainer.from_env`)
+    reach etcd as the job's own user and the master and pservers over mutual TLS, from
+    the environment `edl run` gives them; the job trains as well as without."""
+    import os
+    from conftest import etcd_bin
+    csv = write_data(tmp_path)
+    name = "pylin-secure"
+    report = tmp_path / f"{name}.report.json"
+    env = dict(os.environ)
+    env["PATH"] = f"{pathlib.Path(etcd_bin()).parent}{os.pathsep}{env.get('PATH', '')}"
+    p = subprocess.run([edl_bin(), "run", str(spec(tmp_path, name, csv)), "--secure",
+                        "--coord", "etcd", "--report", str(report), "--quiet"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, f"edl run --secure failed:\n{p.stdout}\n{p.stderr}"
+    assert "edl run: secure:" in p.stdout, p.stdout
+    r = json.loads(report.read_text())
+    assert r["lost_records"] == 0, r
+    assert r["passes"] == PASSES, r
+    assert r["final_metric"]["value"] < 0.02, r
+    run_dir = pathlib.Path(r["run_dir"])
+    assert (run_dir / "tls" / "ca.pem").is_file()
+    assert (run_dir / "tls" / "job.key").stat().st_mode & 0o077 == 0
+    # The trainers were Python programs that joined over TLS: their reports say so by
+    # existing, with tasks done.
+    reports = [json.loads(x.read_text()) for x in run_dir.glob("trainer-*.json")]
+    assert reports and all(x["tasks"] > 0 for x in reports), reports

@@ -378,13 +378,13 @@ async fn a_pserver_paused_past_its_ttl_and_replaced_never_serves_again() {
     // be refused (and so must anything later, until the process exits).
     let early = {
         let (addr, job) = (old_addr.clone(), w.job.clone());
-        tokio::spawn(async move { probe(&addr, &job, None, Duration::from_secs(10)).await })
+        tokio::spawn(async move { probe(&addr, &job, None, None, Duration::from_secs(10)).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     old.signal("CONT");
     for r in [
         early.await.unwrap(),
-        probe(&old_addr, &w.job, None, Duration::from_secs(5)).await,
+        probe(&old_addr, &w.job, None, None, Duration::from_secs(5)).await,
     ] {
         match r {
             Ok(st) => panic!("the replaced pserver served a status call: {st:?}"),

@@ -65,6 +65,12 @@ pub mod env {
     pub const MODE: &str = "EDL_MODE";
     /// The job token every RPC carries (optional).
     pub const TOKEN: &str = "EDL_JOB_TOKEN";
+    /// The CA (PEM) of TLS between the job's processes: TLS is on when set. With it:
+    /// `EDL_TLS_CERT`, `EDL_TLS_KEY` (this process's certificate, for mutual TLS),
+    /// `EDL_TLS_DOMAIN`, `EDL_TLS_CLIENT_AUTH` ([`edl_proto::tls::env`]).
+    pub const TLS_CA: &str = edl_proto::tls::env::CA;
+    /// The name etcd's TLS certificate is checked against instead of the host dialled.
+    pub const ETCD_DOMAIN: &str = "EDL_ETCD_DOMAIN";
     /// etcd user, with [`ETCD_PASSWORD`].
     pub const ETCD_USER: &str = "EDL_ETCD_USER";
     /// etcd password.
@@ -248,14 +254,24 @@ impl Trainer {
             }
         }
         let (ca, cert, key) = (var(env::ETCD_CA), var(env::ETCD_CERT), var(env::ETCD_KEY));
-        if ca.is_some() || cert.is_some() || key.is_some() {
+        let domain = var(env::ETCD_DOMAIN);
+        if ca.is_some() || cert.is_some() || key.is_some() || domain.is_some() {
             etcd.tls = Some(EtcdTls {
                 ca_file: ca.map(PathBuf::from),
                 cert_file: cert.map(PathBuf::from),
                 key_file: key.map(PathBuf::from),
-                domain: None,
+                domain,
             });
         }
+        let tls = edl_proto::tls::TlsFiles::from_vars(&var)
+            .and_then(|files| files.map(|f| f.load()).transpose())
+            .map_err(|e| {
+                invalid(
+                    env::TLS_CA,
+                    &var(env::TLS_CA).unwrap_or_default(),
+                    e.to_string(),
+                )
+            })?;
         let (job_var, job) = either(env::JOB, env::PADDLE_JOB)?;
         let job: JobName = job
             .parse()
@@ -274,6 +290,7 @@ impl Trainer {
             })?);
         }
         t.cfg.token = var(env::TOKEN);
+        t.cfg.tls = tls;
         if let Some(w) = duration(env::ETCD_WAIT)? {
             t.cfg.etcd_wait = w;
         }
@@ -322,6 +339,13 @@ impl Trainer {
     /// The job token every RPC carries.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.cfg.token = Some(token.into());
+        self
+    }
+
+    /// TLS to the job's masters and pservers (their CA; this process's certificate for
+    /// mutual TLS).
+    pub fn tls(mut self, tls: edl_proto::tls::Tls) -> Self {
+        self.cfg.tls = Some(tls);
         self
     }
 
@@ -453,9 +477,11 @@ impl Trainer {
                 };
                 let device = crate::select_device(self.cfg.device).map_err(AppError::Model)?;
                 let model = model.build(&spec, &device).map_err(AppError::Model)?;
-                Finished::Evaluated(
-                    process::evaluate_job(backend, &spec, model, Duration::from_secs(20)).await?,
-                )
+                let mut pcfg = edl_pserver::PsClientConfig::new(self.cfg.job.clone());
+                pcfg.retry_for = Duration::from_secs(20);
+                pcfg.token = self.cfg.token.clone();
+                pcfg.tls = self.cfg.tls.clone();
+                Finished::Evaluated(process::evaluate_job(backend, &spec, model, pcfg).await?)
             }
         };
         let line = match &finished {

@@ -390,9 +390,15 @@ async fn a_delayed_shard_never_counts_a_trainers_gradient_twice() {
         tokio::spawn(async move { a.push("a", 0, Some(task_a.batch(0)), &grad(1.0)).await })
     };
     let shard1 = || async {
-        probe(&direct, job.name.as_str(), None, Duration::from_secs(5))
-            .await
-            .unwrap()
+        probe(
+            &direct,
+            job.name.as_str(),
+            None,
+            None,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap()
     };
     wait_for("shard 0 applies step 1 with a and b", || async {
         ps.shard_status(0).await.unwrap().updates == 1

@@ -56,6 +56,17 @@ pub struct RunArgs {
     /// the cores this process may use).
     #[arg(long, value_name = "N", requires = "autoscale", value_parser = clap::value_parser!(u32).range(1..))]
     pub autoscale_cores: Option<u32>,
+    /// Run the job locked down (docs/security.md): a random job token; TLS between its
+    /// processes with a private CA made for the job (in `<run dir>/tls/`), mutual TLS;
+    /// and an etcd user that may touch only the job's keys, created with
+    /// `--etcd-user`/`--etcd-password` (an etcd admin), or in the private etcd, where
+    /// authentication is turned on. Needs etcd.
+    #[arg(long)]
+    pub secure: bool,
+    /// etcd's credentials and TLS (passed on to every process of the job; with
+    /// `--secure`, an admin's, used only to create the job's own user).
+    #[command(flatten)]
+    pub etcd_access: crate::common::EtcdAccessArgs,
     /// Give up when the job has not finished after this long.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2h")]
     pub timeout: Duration,

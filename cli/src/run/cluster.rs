@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use edl_coord::Backend;
 use edl_job::{ControlRecord, JobKeys, JobSpec, Record, ScaleRecord};
-use edl_master::client::{MasterClient, MasterClientConfig};
+use edl_master::client::MasterClient;
 use edl_proto::master::StatusResponse;
 use edl_pserver::PsClient;
 use edl_trainer::DeviceChoice;
@@ -44,6 +44,8 @@ pub(crate) struct ClusterRun {
     pub coordination: String,
     /// `--autoscale`: the cores it may fill.
     pub autoscale_cores: Option<u32>,
+    /// The token, TLS and etcd credentials of the job's processes.
+    pub access: super::access::Access,
 }
 
 /// The shell around the supervisor.
@@ -89,6 +91,7 @@ pub(crate) async fn run(
             &job.run_dir,
             job.device,
             job.trainer.clone(),
+            job.access.clone(),
         ),
         sup: Supervisor::new(limits, job.run_dir.join("logs"), started),
         children: Children::default(),
@@ -97,6 +100,7 @@ pub(crate) async fn run(
             &job.spec.name,
             job.chaos.as_ref(),
             started,
+            job.access.clone(),
         ),
         spec: job.spec,
         backend: job.backend,
@@ -251,7 +255,7 @@ impl Shell {
         const WITHIN: Duration = Duration::from_secs(120);
         let cancel = CancellationToken::new();
         let _guard = cancel.clone().drop_guard();
-        let mut cfg = edl_pserver::PsClientConfig::new(self.spec.name.clone());
+        let mut cfg = self.launch.access.ps_client(&self.spec.name);
         cfg.retry_for = Duration::from_secs(5);
         let client = PsClient::connect(self.backend.clone(), cfg, cancel.child_token())
             .await
@@ -290,6 +294,7 @@ impl Shell {
                             &self.spec,
                             &self.launch.run_dir,
                             evaluator,
+                            &self.launch.access,
                         )
                         .await;
                         if ledgers(&client).await.as_ref() == Some(l) {
@@ -387,7 +392,7 @@ impl Shell {
     }
 
     async fn status(&self) -> Option<StatusResponse> {
-        let mut cfg = MasterClientConfig::new(self.spec.name.clone());
+        let mut cfg = self.launch.access.master_client(&self.spec.name);
         cfg.retry_for = Duration::from_secs(2);
         cfg.call_timeout = Duration::from_secs(2);
         MasterClient::new(self.backend.clone(), cfg, CancellationToken::new())

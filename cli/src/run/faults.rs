@@ -15,11 +15,12 @@ use std::time::{Duration, Instant};
 
 use edl_coord::Backend;
 use edl_job::{JobKeys, JobName, PserverRecord, Record};
-use edl_master::client::{MasterClient, MasterClientConfig};
+use edl_master::client::MasterClient;
 use edl_proto::master::StatusResponse;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 
+use super::access::Access;
 use super::chaos::{Action, Chaos, ChaosClock, Fault};
 use super::procs::Launch;
 use super::report::Recovery;
@@ -69,6 +70,8 @@ pub(crate) struct Faults {
     clock: ChaosClock,
     rng: rand::rngs::StdRng,
     pending: Vec<Pending>,
+    /// How the recovery checks reach masters and pservers.
+    access: Access,
 }
 
 impl Faults {
@@ -79,9 +82,11 @@ impl Faults {
         job: &JobName,
         chaos: Option<&Chaos>,
         started: Instant,
+        access: Access,
     ) -> Faults {
         Faults {
             backend,
+            access,
             keys: JobKeys::new(job),
             job: job.clone(),
             clock: ChaosClock::new(chaos, started),
@@ -256,7 +261,8 @@ impl Faults {
                         Ok(r) => edl_pserver::client::probe(
                             &r.addr,
                             self.job.as_str(),
-                            None,
+                            self.access.token.as_deref(),
+                            self.access.tls(),
                             Duration::from_millis(500),
                         )
                         .await
@@ -297,7 +303,7 @@ impl Faults {
 
     /// One short attempt (recovery checks must not stall the supervisor).
     async fn quick_status(&self) -> Option<StatusResponse> {
-        let mut cfg = MasterClientConfig::new(self.job.clone());
+        let mut cfg = self.access.master_client(&self.job);
         cfg.retry_for = Duration::from_millis(300);
         cfg.call_timeout = Duration::from_millis(300);
         MasterClient::new(self.backend.clone(), cfg, CancellationToken::new())

@@ -13,6 +13,7 @@ use edl_pserver::{DenseCache, PsClient};
 use edl_trainer::ModelSource;
 use tokio_util::sync::CancellationToken;
 
+use super::access::Access;
 use super::procs::Launch;
 use super::report::FinalMetric;
 
@@ -98,12 +99,13 @@ pub(crate) async fn final_params(
     spec: &JobSpec,
     run_dir: &Path,
     evaluator: Evaluator<'_>,
+    access: &Access,
 ) -> anyhow::Result<(Option<FinalMetric>, Option<String>)> {
     let cancel = CancellationToken::new();
     let _guard = cancel.clone().drop_guard();
-    let mut cfg = edl_pserver::PsClientConfig::new(spec.name.clone());
+    let mut cfg = access.ps_client(&spec.name);
     cfg.retry_for = Duration::from_secs(20);
-    let client = PsClient::connect(backend.clone(), cfg, cancel.child_token()).await?;
+    let client = PsClient::connect(backend.clone(), cfg.clone(), cancel.child_token()).await?;
     let mut cache = DenseCache::new();
     client.pull_dense(&mut cache).await?;
     let dense: Vec<serde_json::Value> = cache
@@ -123,13 +125,7 @@ pub(crate) async fn final_params(
     let eval = match evaluator {
         Evaluator::Builtin => {
             let model = ModelSource::builtin().build(spec, &candle_core::Device::Cpu)?;
-            edl_trainer::process::evaluate_job(
-                backend.clone(),
-                spec,
-                model,
-                Duration::from_secs(20),
-            )
-            .await?
+            edl_trainer::process::evaluate_job(backend.clone(), spec, model, cfg).await?
         }
         Evaluator::Entry(launch) => launch.evaluate().await?,
     };

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::RunArgs;
+use super::access::Access;
 use super::display::Display;
 use super::lifecycle::{Evaluator, final_params, prepare_job};
 use super::report::Outcome;
@@ -127,7 +128,15 @@ pub(crate) async fn run(
         error = Some("the trainers stopped before the job finished".into());
     }
     let (metric, params_file) = if error.is_none() {
-        match final_params(&backend, &spec, &run_dir, Evaluator::Builtin).await {
+        match final_params(
+            &backend,
+            &spec,
+            &run_dir,
+            Evaluator::Builtin,
+            &Access::default(),
+        )
+        .await
+        {
             Ok(x) => x,
             Err(e) => {
                 error = Some(format!("final evaluation: {e:#}"));

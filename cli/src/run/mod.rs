@@ -23,6 +23,8 @@
 //! # Layout
 //!
 //! - [`args`]: [`RunArgs`] and [`CoordChoice`].
+//! - `access`: the job token, TLS and etcd credentials of the job's processes, and
+//!   `--secure`, which makes them.
 //! - [`chaos`]: the `--chaos` spec ([`Chaos`]) and the clock of due faults.
 //! - `prepare`: data made from `[data.prepare]` in process, and the data check.
 //! - `lifecycle`: the job in the coordination store: claimed at the start, final
@@ -43,10 +45,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use edl_coord::{Backend, EtcdBackend, EtcdConfig, LocalEtcd};
+use edl_coord::{Backend, EtcdBackend, LocalEtcd};
 
 use crate::common::{runtime, shutdown_on_signals};
 
+mod access;
 pub mod args;
 mod autoscale;
 pub mod chaos;
@@ -124,6 +127,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
                 "--chaos needs etcd (processes are killed); install etcd or pass --etcd"
             );
             anyhow::ensure!(
+                !args.secure,
+                "--secure needs etcd (its per-job user and the processes' TLS); install etcd \
+                 or pass --etcd"
+            );
+            anyhow::ensure!(
                 !args.autoscale,
                 "--autoscale needs etcd (trainers are processes it starts and drains); \
                  install etcd or pass --etcd"
@@ -145,15 +153,41 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         } else {
             (endpoints, "etcd")
         };
-        let mut cfg = EtcdConfig::new(endpoints.iter().cloned());
-        cfg.dial_timeout = Duration::from_secs(3);
-        cfg.request_timeout = Duration::from_secs(5);
-        let backend: Arc<dyn Backend> = Arc::new(
-            tokio::time::timeout(Duration::from_secs(15), EtcdBackend::connect(cfg))
-                .await
-                .map_err(|_| anyhow::anyhow!("cannot reach etcd at {} (timed out)", endpoints.join(",")))?
-                .map_err(crate::common::etcd_connect_error)?,
-        );
+        let given = access::Access {
+            etcd_auth: args.etcd_access.auth()?,
+            etcd_tls: args.etcd_access.tls(),
+            ..Default::default()
+        };
+        let connect = |access: &access::Access| {
+            let mut cfg = access.etcd_config(&endpoints);
+            cfg.dial_timeout = Duration::from_secs(3);
+            cfg.request_timeout = Duration::from_secs(5);
+            let endpoints = endpoints.join(",");
+            async move {
+                tokio::time::timeout(Duration::from_secs(15), EtcdBackend::connect(cfg))
+                    .await
+                    .map_err(|_| anyhow::anyhow!("cannot reach etcd at {endpoints} (timed out)"))?
+                    .map_err(crate::common::etcd_connect_error)
+            }
+        };
+        let access = if !args.secure {
+            given
+        } else {
+            let admin = if private.is_some() {
+                access::lock_private_etcd(&endpoints).await?
+            } else {
+                Arc::new(connect(&given).await?)
+            };
+            let secured = access::secure(&admin, &spec.name, &run_dir, &given).await?;
+            println!(
+                "edl run: secure: TLS with a private CA ({}), a job token, and etcd user {} \
+                 limited to the job's keys",
+                run_dir.join("tls").display(),
+                access::job_user(&spec.name)
+            );
+            secured
+        };
+        let backend: Arc<dyn Backend> = Arc::new(connect(&access).await?);
         let job = cluster::ClusterRun {
             spec,
             backend,
@@ -163,6 +197,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             trainer,
             chaos,
             coordination: coordination.to_owned(),
+            access,
             autoscale_cores: args.autoscale.then(|| {
                 args.autoscale_cores.unwrap_or_else(|| {
                     std::thread::available_parallelism().map_or(1, |n| n.get() as u32)

@@ -122,6 +122,8 @@ pub(crate) struct Launch {
     pub run_dir: PathBuf,
     pub device: DeviceChoice,
     pub trainer: TrainerProgram,
+    /// The token, TLS and etcd credentials every child gets in its environment.
+    pub access: super::access::Access,
 }
 
 impl Launch {
@@ -132,6 +134,7 @@ impl Launch {
         run_dir: &Path,
         device: DeviceChoice,
         trainer: TrainerProgram,
+        access: super::access::Access,
     ) -> Launch {
         Launch {
             job: spec.name.to_string(),
@@ -143,6 +146,7 @@ impl Launch {
             run_dir: run_dir.to_path_buf(),
             device,
             trainer,
+            access,
         }
     }
 
@@ -241,13 +245,17 @@ impl Launch {
     fn command(&self, role: Role, slot: u32, name: &str, trainers: u32) -> anyhow::Result<Command> {
         if role != Role::Trainer {
             let mut cmd = Command::new(std::env::current_exe().context("find the edl binary")?);
-            cmd.args(self.args(role, slot, name));
+            cmd.args(self.args(role, slot, name))
+                .envs(self.access.env());
             return Ok(cmd);
         }
         let t = &self.trainer;
         let mut cmd = Command::new(&t.program);
         cmd.args(&t.args)
-            .envs(self.trainer_env(slot, name, trainers));
+            .envs(self.trainer_env(slot, name, trainers))
+            // Secrets go in the environment (readable by this user only), never in
+            // arguments (readable by every local user).
+            .envs(self.access.env());
         if let Some(dir) = &t.cwd {
             cmd.current_dir(dir);
         }
@@ -469,6 +477,7 @@ mod tests {
                 env: BTreeMap::from([("FROM_SPEC".to_owned(), "1".to_owned())]),
                 entry: true,
             },
+            access: Default::default(),
         }
     }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use edl_proto::pserver as pb;
+use edl_proto::tls::{ClientConn, Tls};
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -37,14 +38,23 @@ impl From<io::Error> for Fail {
 /// One client connection.
 #[derive(Debug)]
 struct Conn {
-    stream: TcpStream,
+    stream: ClientConn,
     buf: BytesMut,
 }
 
 impl Conn {
-    async fn connect(addr: &str, job: &str, token: Option<&str>) -> Result<Conn, Fail> {
-        let mut stream = TcpStream::connect(addr).await?;
-        let _ = stream.set_nodelay(true);
+    async fn connect(
+        addr: &str,
+        job: &str,
+        token: Option<&str>,
+        tls: Option<&Tls>,
+    ) -> Result<Conn, Fail> {
+        let tcp = TcpStream::connect(addr).await?;
+        let _ = tcp.set_nodelay(true);
+        let mut stream = match tls {
+            Some(t) => ClientConn::Tls(Box::new(t.connect(addr, tcp).await?)),
+            None => ClientConn::Plain(tcp),
+        };
         let hello = pb::BulkHello {
             job: job.to_owned(),
             token: token.unwrap_or_default().to_owned(),
@@ -56,6 +66,7 @@ impl Conn {
         head.extend_from_slice(&(hello.len() as u32).to_le_bytes());
         head.extend_from_slice(&hello);
         stream.write_all(&head).await?;
+        stream.flush().await?;
         let mut status = [0u8; 4];
         stream.read_exact(&mut status).await?;
         let mut conn = Conn {
@@ -123,6 +134,7 @@ impl Conn {
         for s in &req.sparse {
             self.stream.write_all(&s.values).await?;
         }
+        self.stream.flush().await?;
         let body = self.response().await?;
         pb::PushResponse::decode(&body[..]).map_err(|e| Fail::Broken(e.to_string()))
     }
@@ -134,6 +146,7 @@ impl Conn {
         head.extend_from_slice(&(body.len() as u32).to_le_bytes());
         head.extend_from_slice(&body);
         self.stream.write_all(&head).await?;
+        self.stream.flush().await?;
         let body = self.response().await?;
         let bp = pb::BulkPull::decode(&body[..]).map_err(|e| Fail::Broken(e.to_string()))?;
         let mut resp = bp.response.unwrap_or_default();
@@ -164,6 +177,7 @@ pub(crate) struct Pool {
     addr: String,
     job: String,
     token: Option<String>,
+    tls: Option<Tls>,
     connect_timeout: Duration,
     max_message_bytes: usize,
     idle: Mutex<Vec<Conn>>,
@@ -174,6 +188,7 @@ impl Pool {
         addr: String,
         job: String,
         token: Option<String>,
+        tls: Option<Tls>,
         connect_timeout: Duration,
         max_message_bytes: usize,
     ) -> Self {
@@ -181,6 +196,7 @@ impl Pool {
             addr,
             job,
             token,
+            tls,
             connect_timeout,
             max_message_bytes,
             idle: Mutex::new(Vec::new()),
@@ -191,7 +207,12 @@ impl Pool {
         if let Some(c) = lock(&self.idle).pop() {
             return Ok(c);
         }
-        let connect = Conn::connect(&self.addr, &self.job, self.token.as_deref());
+        let connect = Conn::connect(
+            &self.addr,
+            &self.job,
+            self.token.as_deref(),
+            self.tls.as_ref(),
+        );
         match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(c)) => Ok(c),
             Ok(Err(Fail::Refused(s))) => Err(s),

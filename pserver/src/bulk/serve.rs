@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use edl_proto::pserver as pb;
+use edl_proto::tls::{ALPN_BULK, ServerConn};
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -27,11 +28,16 @@ use crate::server::Service;
 /// Accepts connections on the pserver's port until `stop` fires: bulk connections are
 /// served here, at most as many at once as `bulk_slots` has permits (more are closed at
 /// once; their clients retry), the others go to the gRPC server through `grpc`.
+///
+/// With `tls`, every connection must be TLS (anything else is closed unread); the
+/// handshake's ALPN says bulk ([`ALPN_BULK`]) or gRPC. Without it, the first byte says
+/// which ([`MAGIC`] or HTTP/2).
 pub(crate) async fn accept(
     listener: TcpListener,
     svc: Arc<Service>,
-    grpc: mpsc::Sender<io::Result<TcpStream>>,
+    grpc: mpsc::Sender<io::Result<ServerConn>>,
     bulk_slots: Arc<Semaphore>,
+    tls: Option<edl_proto::tls::TlsAcceptor>,
     stop: CancellationToken,
 ) {
     loop {
@@ -48,23 +54,45 @@ pub(crate) async fn accept(
         };
         let _ = stream.set_nodelay(true);
         let (svc, grpc, slots) = (svc.clone(), grpc.clone(), bulk_slots.clone());
+        let tls = tls.clone();
         tokio::spawn(
             async move {
                 let mut first = [0u8; 1];
-                match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await {
-                    Ok(Ok(1)) if first[0] == MAGIC[0] => {
-                        let Ok(_slot) = slots.try_acquire_owned() else {
-                            tracing::warn!(%peer, "too many bulk connections; closing a new one");
-                            return;
-                        };
-                        if let Err(e) = serve(stream, svc).await {
-                            tracing::debug!(%peer, error = %e, "bulk connection ended");
+                let conn = match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await
+                {
+                    Ok(Ok(1)) => match &tls {
+                        // A TLS handshake starts with a handshake record (22).
+                        Some(acceptor) if first[0] == 22 => {
+                            match ServerConn::accept(acceptor, stream).await {
+                                Ok(c) => c,
+                                Err(e) => {
+                                    tracing::debug!(%peer, error = %e, "TLS handshake refused");
+                                    return;
+                                }
+                            }
                         }
-                    }
-                    Ok(Ok(n)) if n > 0 => {
-                        let _ = grpc.send(Ok(stream)).await;
-                    }
-                    _ => {}
+                        Some(_) => {
+                            tracing::debug!(%peer, "a connection without TLS; closed unread");
+                            return;
+                        }
+                        None => ServerConn::Plain(stream),
+                    },
+                    _ => return,
+                };
+                let bulk = match &conn {
+                    ServerConn::Plain(_) => first[0] == MAGIC[0],
+                    ServerConn::Tls(_) => conn.alpn() == Some(ALPN_BULK),
+                };
+                if !bulk {
+                    let _ = grpc.send(Ok(conn)).await;
+                    return;
+                }
+                let Ok(_slot) = slots.try_acquire_owned() else {
+                    tracing::warn!(%peer, "too many bulk connections; closing a new one");
+                    return;
+                };
+                if let Err(e) = serve(conn, svc).await {
+                    tracing::debug!(%peer, error = %e, "bulk connection ended");
                 }
             }
             .in_current_span(),
@@ -89,7 +117,8 @@ async fn write_frame<W: AsyncWriteExt + Unpin>(
 
 async fn write_error<W: AsyncWriteExt + Unpin>(w: &mut W, e: PsError) -> io::Result<()> {
     let status: Status = e.into();
-    write_frame(w, STATUS_ERR, &status_to_pb(&status)).await
+    write_frame(w, STATUS_ERR, &status_to_pb(&status)).await?;
+    w.flush().await
 }
 
 fn invalid(msg: impl Into<String>) -> PsError {
@@ -99,7 +128,9 @@ fn invalid(msg: impl Into<String>) -> PsError {
 /// Reads the hello of a new connection: magic, version, then the job and token (at most
 /// [`MAX_HELLO`] bytes, all within [`HELLO_TIMEOUT`]). `Ok(Err(_))`: refused, tell the
 /// peer.
-async fn read_hello(stream: &mut TcpStream) -> io::Result<Result<pb::BulkHello, PsError>> {
+async fn read_hello<S: AsyncRead + Unpin>(
+    stream: &mut S,
+) -> io::Result<Result<pb::BulkHello, PsError>> {
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).await?;
     if &head[..4] != MAGIC {
@@ -122,7 +153,10 @@ async fn read_hello(stream: &mut TcpStream) -> io::Result<Result<pb::BulkHello, 
 }
 
 /// Serves one bulk connection.
-async fn serve(mut stream: TcpStream, svc: Arc<Service>) -> io::Result<()> {
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    svc: Arc<Service>,
+) -> io::Result<()> {
     let hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no hello"))??;
@@ -135,6 +169,7 @@ async fn serve(mut stream: TcpStream, svc: Arc<Service>) -> io::Result<()> {
         return write_error(&mut stream, e).await;
     }
     stream.write_all(&STATUS_OK.to_le_bytes()).await?;
+    stream.flush().await?;
     let stall = svc.io_timeout();
     let mut buf = BytesMut::new();
     loop {
@@ -241,5 +276,7 @@ async fn serve(mut stream: TcpStream, svc: Arc<Service>) -> io::Result<()> {
                 .await;
             }
         }
+        // TLS holds written bytes until flushed.
+        stream.flush().await?;
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use edl_proto::pserver as pb;
 use pb::parameter_server_client::ParameterServerClient as GrpcClient;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::PsClient;
 use crate::bulk;
@@ -91,8 +91,8 @@ impl PsClient {
         }
         // Connect without holding the map: a shard that cannot be reached must not stall
         // the calls to the others.
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad pserver address {addr:?}: {e}"))?
+        let endpoint = edl_proto::tls::endpoint(&addr, self.inner.cfg.tls.as_ref())
+            .map_err(|e| format!("pserver at {addr:?}: {e}"))?
             .connect_timeout(self.inner.cfg.connect_timeout)
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(STREAM_WINDOW))
@@ -112,6 +112,7 @@ impl PsClient {
                 addr.clone(),
                 cfg.job.to_string(),
                 cfg.token.clone(),
+                cfg.tls.clone(),
                 cfg.connect_timeout,
                 cfg.max_message_bytes,
             ))

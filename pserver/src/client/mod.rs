@@ -105,6 +105,8 @@ pub struct PsClientConfig {
     /// Moves dense pushes and pulls over the pservers' bulk path (plain TCP on the same
     /// port, floats outside protobuf) when they offer it; gRPC otherwise.
     pub bulk: bool,
+    /// Dial pservers over TLS (gRPC and the bulk path); `None`: plain.
+    pub tls: Option<edl_proto::tls::Tls>,
 }
 
 impl PsClientConfig {
@@ -121,6 +123,7 @@ impl PsClientConfig {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             init_chunk_bytes: 64 << 20,
             bulk: true,
+            tls: None,
         }
     }
 }

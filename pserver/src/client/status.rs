@@ -6,7 +6,6 @@ use std::time::Duration;
 use edl_proto::pserver as pb;
 use futures::future::join_all;
 use pb::parameter_server_client::ParameterServerClient as GrpcClient;
-use tonic::transport::Endpoint;
 
 use super::{PsClient, PsClientError, Result};
 
@@ -47,13 +46,14 @@ pub async fn probe(
     addr: &str,
     job: &str,
     token: Option<&str>,
+    tls: Option<&edl_proto::tls::Tls>,
     timeout: Duration,
 ) -> Result<pb::StatusResponse> {
     let connect_err = |msg: String| PsClientError::Connect {
         addr: addr.to_owned(),
         msg,
     };
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+    let endpoint = edl_proto::tls::endpoint(addr, tls)
         .map_err(|e| connect_err(e.to_string()))?
         .connect_timeout(timeout)
         .timeout(timeout);

@@ -61,6 +61,9 @@ pub struct PsConfig {
     /// Longest a bulk-path peer may stall in the middle of a request (between the bytes
     /// of one frame) or of reading a response, before its connection is closed.
     pub io_timeout: Duration,
+    /// Serve gRPC and the bulk path over TLS (needs a certificate and key); `None`:
+    /// plain.
+    pub tls: Option<edl_proto::tls::Tls>,
 }
 
 impl PsConfig {
@@ -80,6 +83,7 @@ impl PsConfig {
             workers: std::thread::available_parallelism().map_or(4, |n| n.get()),
             max_bulk_connections: DEFAULT_MAX_BULK_CONNECTIONS,
             io_timeout: DEFAULT_IO_TIMEOUT,
+            tls: None,
         }
     }
 }

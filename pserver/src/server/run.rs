@@ -216,7 +216,14 @@ pub async fn run(
             .max_encoding_message_size(cfg.max_message_bytes),
         edl_proto::headers::Credentials::new("pserver", cfg.job.as_str(), cfg.token.clone()),
     );
-    // One port: bulk connections are told apart from HTTP/2 by their first byte.
+    let acceptor = cfg
+        .tls
+        .as_ref()
+        .map(|t| t.acceptor())
+        .transpose()
+        .map_err(|e| PsError::Config(e.to_string()))?;
+    // One port: bulk connections are told apart from HTTP/2 by their first byte, or
+    // under TLS by the handshake's ALPN.
     let (conns_tx, conns_rx) = tokio::sync::mpsc::channel(64);
     let acceptor = tokio::spawn(
         crate::bulk::accept(
@@ -224,6 +231,7 @@ pub async fn run(
             svc.clone(),
             conns_tx,
             Arc::new(Semaphore::new(cfg.max_bulk_connections.max(1))),
+            acceptor,
             stop.clone(),
         )
         .in_current_span(),

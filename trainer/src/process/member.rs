@@ -78,6 +78,7 @@ impl Member {
                 id: id.clone(),
                 lease_ttl: ttl,
                 token: cfg.token.clone(),
+                tls: cfg.tls.clone(),
                 record: TrainerRecord {
                     version: RECORD_VERSION,
                     pid: std::process::id(),
@@ -140,6 +141,7 @@ impl Member {
 
         let mut pcfg = PsClientConfig::new(cfg.job.clone());
         pcfg.token = cfg.token.clone();
+        pcfg.tls = cfg.tls.clone();
         let ps = tokio::select! {
             r = PsClient::connect(backend.clone(), pcfg, life.child_token()) => match r {
                 Ok(ps) => ps,

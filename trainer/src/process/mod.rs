@@ -134,6 +134,8 @@ pub struct TrainerConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// The job token.
     pub token: Option<String>,
+    /// Dial masters and pservers over TLS; `None`: plain.
+    pub tls: Option<edl_proto::tls::Tls>,
     /// How long to wait for the job spec to appear in etcd.
     pub spec_wait: Duration,
     /// How long each startup step keeps retrying an unreachable etcd.
@@ -155,6 +157,7 @@ impl TrainerConfig {
             lease_ttl: None,
             metrics_addr: None,
             token: None,
+            tls: None,
             spec_wait: Duration::from_secs(60),
             etcd_wait: edl_coord::DEFAULT_STARTUP_WAIT,
         }
@@ -316,12 +319,12 @@ pub enum EvalError {
 
 /// Evaluates the job's parameters as the pservers hold them now (the final ones once the
 /// job finished) with `model`, on the held-out split, else the training split. The
-/// pservers are retried for `retry_for`.
+/// pservers are reached with `cfg` (token, TLS, how long to retry).
 pub async fn evaluate_job(
     backend: Arc<dyn Backend>,
     spec: &JobSpec,
     model: Arc<dyn Model>,
-    retry_for: Duration,
+    cfg: PsClientConfig,
 ) -> Result<JobEval, EvalError> {
     let (split, globs) = match &spec.data.test {
         Some(t) => ("test", t.patterns()),
@@ -331,8 +334,6 @@ pub async fn evaluate_job(
         Arc::new(crate::load_records(&globs).map_err(|error| EvalError::Data { split, error })?);
     let cancel = CancellationToken::new();
     let _guard = cancel.clone().drop_guard();
-    let mut cfg = PsClientConfig::new(spec.name.clone());
-    cfg.retry_for = retry_for;
     let client = PsClient::connect(backend, cfg, cancel.child_token())
         .await
         .map_err(EvalError::Pservers)?;

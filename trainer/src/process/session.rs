@@ -26,6 +26,8 @@ pub struct SessionConfig {
     pub lease_ttl: Duration,
     /// The job token every RPC carries.
     pub token: Option<String>,
+    /// Dial the master over TLS.
+    pub tls: Option<edl_proto::tls::Tls>,
     /// The value registered.
     pub record: TrainerRecord,
     /// How long joining keeps retrying an unreachable etcd (the lease, the registration).
@@ -81,6 +83,7 @@ impl Session {
         }
         let mut mcfg = MasterClientConfig::new(cfg.job.clone());
         mcfg.token = cfg.token;
+        mcfg.tls = cfg.tls;
         let master = MasterClient::new(backend, mcfg, life.child_token());
         Ok(Session {
             id: cfg.id,
@@ -150,6 +153,7 @@ mod tests {
             id: id.to_owned(),
             lease_ttl: Duration::from_secs(10),
             token: None,
+            tls: None,
             record: TrainerRecord {
                 version: RECORD_VERSION,
                 pid: 1,
