@@ -7,6 +7,7 @@
 //! `Unavailable` (they retry idempotently) and the actor rebuilds the queue from etcd
 //! before serving again. If its fence is broken (another master leads) it stops.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{Backoff, RetryPolicy};
@@ -135,6 +136,8 @@ enum Pending {
 #[derive(Clone, Debug)]
 pub struct CoreHandle {
     tx: mpsc::Sender<Cmd>,
+    /// The last status report and when it was made, for [`CoreHandle::recent_status`].
+    recent: Arc<std::sync::Mutex<Option<(Instant, StatusReport)>>>,
 }
 
 impl CoreHandle {
@@ -231,6 +234,24 @@ impl CoreHandle {
         self.call(|reply| Cmd::Status { reply }).await
     }
 
+    /// A status report at most `max_age` old: a scrape of `/metrics`, however frequent,
+    /// costs the actor (whose report walks the task table) at most one report per
+    /// `max_age`; concurrent scrapes share it.
+    pub async fn recent_status(&self, max_age: Duration) -> Result<StatusReport, MasterError> {
+        let fresh = |recent: &Option<(Instant, StatusReport)>| {
+            recent
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < max_age)
+                .map(|(_, r)| r.clone())
+        };
+        if let Some(r) = fresh(&self.recent.lock().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(r);
+        }
+        let r = self.status().await?;
+        *self.recent.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), r.clone()));
+        Ok(r)
+    }
+
     /// Trainers whose registration vanished.
     pub(crate) async fn trainers_lost(&self, trainers: Vec<String>) {
         let _ = self.tx.send(Cmd::TrainersLost { trainers }).await;
@@ -288,7 +309,13 @@ impl Core {
             rx,
         };
         core.reload().await?;
-        Ok((core, CoreHandle { tx }))
+        Ok((
+            core,
+            CoreHandle {
+                tx,
+                recent: Arc::default(),
+            },
+        ))
     }
 
     fn now(&self) -> Millis {
@@ -577,7 +604,16 @@ impl Core {
         cfg.passes = spec.passes;
         let mut q = Queue::new(cfg, specs);
         let changes = q.take_changes();
-        self.store.create_dataset(&ds, &changes).await?;
+        self.store
+            .create_dataset(&ds, &changes)
+            .await
+            .map_err(|e| match e {
+                MasterError::TooLarge(m) => MasterError::InvalidArgument(format!(
+                    "the dataset cannot be stored: {m} (a dataset of very many files: merge \
+                     them into fewer, larger RecordIO files)"
+                )),
+                e => e,
+            })?;
         tracing::info!(
             files = ds.files.len(),
             tasks = ds.tasks,

@@ -347,8 +347,10 @@ pub async fn run(
                         .into_response();
                 }
                 let core = shared.core.read().await.clone();
+                // At most one report a second from the queue's actor, however often
+                // it is scraped.
                 let report = match core {
-                    Some(h) => h.status().await.ok(),
+                    Some(h) => h.recent_status(Duration::from_secs(1)).await.ok(),
                     None => None,
                 };
                 (
@@ -367,6 +369,9 @@ pub async fn run(
         async move {
             tonic::transport::Server::builder()
                 .accept_http1(true)
+                // Bounds on what one peer may open before any request is authenticated.
+                .max_concurrent_streams(edl_proto::headers::MAX_CONCURRENT_STREAMS)
+                .http2_max_header_list_size(edl_proto::headers::MAX_HEADER_LIST_BYTES)
                 .add_routes(tonic::service::Routes::from(router))
                 .serve_with_incoming_shutdown(
                     // Replies go out at once (TCP_NODELAY): otherwise a reply written in

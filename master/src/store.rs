@@ -83,9 +83,72 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, MasterError> {
     serde_json::to_vec(v).map_err(|e| MasterError::Unavailable(format!("encode state: {e}")))
 }
 
+/// Largest number a queue record may hold: counters, generations and times stay far
+/// below it in any real job, and arithmetic on numbers under it cannot overflow.
+const MAX_STORED_NUMBER: u64 = 1 << 53;
+
 fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, MasterError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| MasterError::Unavailable(format!("corrupt record at {key}: {e}")))
+    let corrupt = |e: String| MasterError::Unavailable(format!("corrupt record at {key}: {e}"));
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+    if let Some(n) = oversized_number(&value) {
+        return Err(corrupt(format!(
+            "the number {n} is out of range (over {MAX_STORED_NUMBER}): another process wrote it"
+        )));
+    }
+    serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))
+}
+
+/// A number in `v` that no queue record holds: over [`MAX_STORED_NUMBER`].
+fn oversized_number(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::Number(n) => {
+            let ok = n.as_u64().is_some_and(|x| x <= MAX_STORED_NUMBER)
+                || n.as_i64()
+                    .is_some_and(|x| x.unsigned_abs() <= MAX_STORED_NUMBER)
+                || n.as_f64()
+                    .is_some_and(|x| x.abs() <= MAX_STORED_NUMBER as f64);
+            (!ok).then(|| n.to_string())
+        }
+        serde_json::Value::Array(a) => a.iter().find_map(oversized_number),
+        serde_json::Value::Object(m) => m.values().find_map(oversized_number),
+        _ => None,
+    }
+}
+
+/// The loaded records agree with each other as the queue writes them: its pass within
+/// the dataset's passes, no task ahead of it, counts that cannot overflow. Anything else
+/// was written by another process (or a bug) and is refused with the key to look at.
+fn check_loaded(dataset: &Dataset, meta: &Meta, tasks: &[Task]) -> Result<(), MasterError> {
+    let corrupt = |what: String| MasterError::Unavailable(format!("corrupt queue state: {what}"));
+    if meta.pass > dataset.spec.passes {
+        return Err(corrupt(format!(
+            "the queue is at pass {} of a dataset of {} passes",
+            meta.pass, dataset.spec.passes
+        )));
+    }
+    for t in tasks {
+        if t.pass > meta.pass {
+            return Err(corrupt(format!(
+                "task {} is at pass {}, ahead of the queue's {}",
+                t.spec.id, t.pass, meta.pass
+            )));
+        }
+        if t.failures > u32::MAX / 2 || t.losses > u32::MAX / 2 {
+            return Err(corrupt(format!(
+                "task {} counts absurd failures",
+                t.spec.id
+            )));
+        }
+        if t.answered.len() > crate::server::MAX_SHARDS {
+            return Err(corrupt(format!(
+                "task {} names {} shards",
+                t.spec.id,
+                t.answered.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The bytes an operation counts for against [`MAX_BYTES_PER_TXN`].
@@ -215,6 +278,7 @@ impl Store {
             .iter()
             .map(|kv| decode(&kv.key, &kv.value))
             .collect::<Result<Vec<Task>, _>>()?;
+        check_loaded(&dataset, &meta, &tasks)?;
         Ok(Some(Loaded {
             dataset,
             meta,

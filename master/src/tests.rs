@@ -299,6 +299,33 @@ async fn credentials_are_checked_before_the_body_is_decoded() {
         err.message().contains("too large") || err.code() == tonic::Code::OutOfRange,
         "refused at decoding: {err}"
     );
+    // `/metrics` on the same port wants the token too.
+    let scrape = |auth: Option<&'static str>| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let auth = auth
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        s.write_all(
+            format!("GET /metrics HTTP/1.1\r\nHost: m\r\n{auth}Connection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
+            .await
+            .expect("an answer in time")
+            .unwrap();
+        out
+    };
+    for auth in [None, Some("Bearer wrong"), Some("s3cret")] {
+        let out = scrape(auth).await;
+        assert!(out.starts_with("HTTP/1.1 401"), "{auth:?}: {out}");
+        assert!(!out.contains("edl_master"), "{auth:?}: {out}");
+    }
+    let out = scrape(Some("Bearer s3cret")).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
 }
 
 /// Reports with oversized fields (a 2 MiB failure reason, 10,000 shard incarnations, a

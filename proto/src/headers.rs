@@ -116,6 +116,13 @@ impl tonic::service::Interceptor for Credentials {
     }
 }
 
+/// Most HTTP/2 streams a peer may have open at once on one connection to a master or
+/// pserver (each stream's unread body is bounded by the flow-control windows).
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+/// Largest header block a master or pserver accepts (job, token, deadline: a few hundred
+/// bytes).
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+
 /// Whether `a == b`, in a time that depends on their lengths only, not on where they
 /// differ (a token compared byte by byte with an early exit tells a timing attacker how
 /// much of a guess is right).

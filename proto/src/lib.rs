@@ -20,6 +20,9 @@ pub mod codec;
 pub mod headers;
 pub mod tls;
 
+#[cfg(test)]
+mod decode_tests;
+
 /// The master's gRPC service and messages (`edl.master.v1`).
 pub mod master {
     #![allow(missing_docs, missing_debug_implementations, clippy::all)]

@@ -243,6 +243,9 @@ pub async fn run(
                 .initial_stream_window_size(Some(STREAM_WINDOW))
                 .initial_connection_window_size(Some(CONNECTION_WINDOW))
                 .max_frame_size(Some(MAX_FRAME))
+                // Bounds on what one peer may open before any request is authenticated.
+                .max_concurrent_streams(edl_proto::headers::MAX_CONCURRENT_STREAMS)
+                .http2_max_header_list_size(edl_proto::headers::MAX_HEADER_LIST_BYTES)
                 .tcp_nodelay(true)
                 .add_service(grpc)
                 .serve_with_incoming_shutdown(
