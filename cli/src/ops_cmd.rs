@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use edl_job::{ControlRecord, JobKeys, JobName, JobSpec, Record, RunRecord, ScaleRecord};
-use edl_master::overview::{JobStatus, STATUS_JSON_VERSION, job_names, job_status};
+use edl_master::overview::{JobStatus, STATUS_JSON_VERSION, job_names, job_status_with};
 use edl_operator::objects::Role;
 use serde::Serialize;
 
@@ -29,6 +29,12 @@ pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// The job token, to ask its master (a job with a token).
+    #[arg(long, env = "EDL_JOB_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// TLS to the job's master.
+    #[command(flatten)]
+    pub tls: crate::common::TlsArgs,
 }
 
 /// Arguments of `edl scale`.
@@ -113,6 +119,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
             }),
         };
     }
+    let tls = args.tls.load()?;
     runtime()?.block_on(async move {
         let backend = args.etcd.connect().await?;
         let names = match &args.job {
@@ -121,7 +128,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
         };
         let mut jobs = Vec::new();
         for n in &names {
-            jobs.push(job_status(&backend, n).await?);
+            jobs.push(job_status_with(&backend, n, args.token.as_deref(), tls.as_ref()).await?);
         }
         if let Some(j) = &args.job {
             anyhow::ensure!(

@@ -106,6 +106,16 @@ pub async fn job_names(backend: &Arc<dyn Backend>) -> edl_coord::Result<Vec<JobN
 /// A job's state: from its keys in etcd, and from its leading master when one answers
 /// (within about 2 s).
 pub async fn job_status(backend: &Arc<dyn Backend>, job: &JobName) -> edl_coord::Result<JobStatus> {
+    job_status_with(backend, job, None, None).await
+}
+
+/// [`job_status`], reaching the master with the job's token and TLS.
+pub async fn job_status_with(
+    backend: &Arc<dyn Backend>,
+    job: &JobName,
+    token: Option<&str>,
+    tls: Option<&edl_proto::tls::Tls>,
+) -> edl_coord::Result<JobStatus> {
     let keys = JobKeys::new(job);
     let spec = backend
         .get(&keys.spec())
@@ -152,6 +162,8 @@ pub async fn job_status(backend: &Arc<dyn Backend>, job: &JobName) -> edl_coord:
         None
     } else {
         let mut cfg = MasterClientConfig::new(job.clone());
+        cfg.token = token.map(str::to_owned);
+        cfg.tls = tls.cloned();
         cfg.retry_for = Duration::from_secs(2);
         cfg.call_timeout = Duration::from_secs(2);
         MasterClient::new(backend.clone(), cfg, CancellationToken::new())

@@ -161,7 +161,7 @@ pub mod env {
 }
 
 impl TlsFiles {
-    /// The files named by the [`env`] variables read through `var`: `None` when none
+    /// The files named by the [`env`](mod@env) variables read through `var`: `None` when none
     /// is set; an error naming the variable when one is set without [`env::CA`] or has
     /// a bad value.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<TlsFiles>, TlsError> {
@@ -208,7 +208,7 @@ impl TlsFiles {
         }))
     }
 
-    /// The [`env`] variables that name these files.
+    /// The [`env`](mod@env) variables that name these files.
     pub fn to_vars(&self) -> Vec<(&'static str, String)> {
         let mut vars = vec![(env::CA, self.ca.display().to_string())];
         if let Some(c) = &self.cert {
