@@ -20,7 +20,7 @@ use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::{EtcdSpec, VolumeSource};
 use edl_operator::leader::{self, Election};
 use edl_operator::metrics::Metrics;
-use edl_operator::reconcile::{Observed, Progress, reconcile};
+use edl_operator::reconcile::{Credentials, Observed, Progress, reconcile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::common::{runtime, shutdown_on_signals};
@@ -57,7 +57,9 @@ pub struct RunArgs {
     /// How often a job's progress is read from its etcd.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub resync: std::time::Duration,
-    /// etcd user of the jobs' etcd, if it needs one.
+    /// etcd user of the jobs' etcd, if it needs one. A user that may manage users (root)
+    /// also gives each job on a shared etcd its own etcd user and token, in the Secret
+    /// <job>-edl-credentials (docs/kubernetes.md, "Credentials").
     #[arg(long, env = "EDL_ETCD_USER")]
     pub etcd_user: Option<String>,
     /// etcd password.
@@ -179,6 +181,9 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         pods: Vec::new(),
         services: BTreeSet::new(),
         etcd: Ok(Progress::default()),
+        // What an operator without admin credentials for the jobs' etcd creates: job pods
+        // on a shared etcd take `<job>-edl-credentials` if it exists.
+        credentials: Credentials::NotIssued,
         now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     });
     let mut docs = vec![serde_norway::to_string(&tj)?];

@@ -10,7 +10,8 @@ against the generated CRD's OpenAPI schema.
   for the repository's job specs (pods, services), strictly (no unknown fields), and
   the pods against the "restricted" Pod Security Standard;
 - the Dockerfile: multi-stage, shipping a non-root image;
-- RBAC: every binding names a role and a service account that exist.
+- RBAC: every binding names a role and a service account that exist; no wildcards; the
+  only rule on secrets is the operator's per-job credentials, bound per namespace.
 """
 
 from __future__ import annotations
@@ -296,7 +297,8 @@ def test_rbac_bindings_name_roles_and_accounts_that_exist() -> None:
     docs = [d for p in deploy_files() for d in documents(p.read_text())]
     roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs if d["kind"] in ("Role", "ClusterRole")}
     accounts = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "ServiceAccount"}
-    namespaces = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
+    # Those deploy/ creates, and `default`, which every cluster has.
+    namespaces = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"} | {"default"}
     bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
     assert bindings
     for b in bindings:
@@ -310,10 +312,20 @@ def test_rbac_bindings_name_roles_and_accounts_that_exist() -> None:
         assert ns is None or ns in namespaces, (d["kind"], d["metadata"]["name"])
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     assert (deployment["metadata"]["namespace"], deployment["spec"]["template"]["spec"]["serviceAccountName"]) in accounts
+    secret_roles = set()
     for d in docs:
         for rule in d.get("rules", []):
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], (d["metadata"]["name"], rule)
-            assert "secrets" not in rule["resources"], d["metadata"]["name"]
+            if "secrets" in rule["resources"]:
+                # Only the jobs' credentials Secrets the operator makes: never listed or
+                # watched, and bound per namespace, never cluster-wide.
+                assert (d["kind"], d["metadata"]["name"]) == ("ClusterRole", "edl-operator-credentials"), d["metadata"]["name"]
+                assert rule["resources"] == ["secrets"] and sorted(rule["verbs"]) == ["create", "delete", "get"], rule
+                secret_roles.add(d["metadata"]["name"])
+    assert secret_roles == {"edl-operator-credentials"}
+    for b in bindings:
+        if b["roleRef"]["name"] in secret_roles:
+            assert b["kind"] == "RoleBinding", b["metadata"]["name"]
 
 
 def test_the_dockerfile_builds_in_stages_and_ships_a_non_root_image() -> None:

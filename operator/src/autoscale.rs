@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use crate::TrainingJob;
 use crate::cluster::cpu_millis;
 use crate::metrics::Metrics;
-use crate::objects::{JOB_LABEL, ROLE_LABEL, Role, Slot, pod};
+use crate::objects::{CredentialsRef, JOB_LABEL, ROLE_LABEL, Role, Slot, pod};
 
 /// How the autoscaler runs.
 #[derive(Debug, Clone)]
@@ -229,6 +229,8 @@ impl Autoscaler {
                     role: Role::Trainer,
                     index: 0,
                 },
+                // Only its resources are read.
+                CredentialsRef::None,
             );
             jobs.push(JobView {
                 name: format!("{}/{}", key.0, key.1),

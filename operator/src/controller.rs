@@ -5,6 +5,15 @@
 //! step that fails ends the round with the error; the job is reconciled again after a
 //! backoff, from a fresh observation (every step is idempotent: a pod that exists, a
 //! spec already published, a finalizer already there are no-ops).
+//!
+//! Credentials: given admin credentials for the jobs' etcd
+//! ([`ControllerConfig::etcd_auth`]), the controller makes sure, while observing a live
+//! job on a shared etcd, that the Secret `<job>-edl-credentials` exists: made once, with
+//! an etcd user `edl-job-<job>` whose only role may read and write `/edl/<job>/`
+//! ([`EtcdBackend::grant_prefix`]) and a random job token; found, it is reused as it is
+//! (the password is not reset every round). The decision then gives every job pod the
+//! Secret as `envFrom`, so the job's processes work as the job's user, not as the
+//! operator.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -12,11 +21,11 @@ use std::time::Duration;
 
 use edl_coord::{Backend, EtcdBackend, EtcdConfig};
 use edl_job::{JobKeys, JobName, Record, ScaleRecord};
-use edl_master::overview::job_status;
+use edl_master::overview::job_status_with;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -26,10 +35,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::crd::{TaskCounts, TrainingJob};
 use crate::metrics::Metrics;
-use crate::objects::{INDEX_LABEL, JOB_LABEL, ROLE_LABEL, Role, Slot, etcd_endpoints};
+use crate::objects::{
+    CREDENTIAL_KEYS, INDEX_LABEL, JOB_LABEL, ROLE_LABEL, Role, Slot, credentials_secret,
+    credentials_secret_name, etcd_endpoints, job_etcd_user,
+};
 use crate::reconcile::{
-    EtcdAction, FINALIZER, FinalizerChange, Finished, Observed, PodPhase, PodView, Progress,
-    reconcile,
+    Credentials, EtcdAction, FINALIZER, FinalizerChange, Finished, Observed, PodPhase, PodView,
+    Progress, reconcile,
 };
 
 /// How the controller runs.
@@ -39,7 +51,9 @@ pub struct ControllerConfig {
     pub namespace: Option<String>,
     /// How often a job is reconciled without a change (its progress in etcd).
     pub resync: Duration,
-    /// etcd user and password for the jobs' etcd, if it needs them.
+    /// etcd user and password for the jobs' etcd, if it needs them. Given, the user must
+    /// be one that may manage users (`root`): each job on a shared etcd gets its own
+    /// user and role, in the Secret `<job>-edl-credentials`.
     pub etcd_auth: Option<edl_coord::EtcdAuth>,
     /// How long one etcd request of the operator may take.
     pub etcd_timeout: Duration,
@@ -92,11 +106,11 @@ struct Ctx {
     recorder: Recorder,
     metrics: Arc<Metrics>,
     /// One etcd client per endpoint list.
-    etcd: Mutex<BTreeMap<Vec<String>, Arc<dyn Backend>>>,
+    etcd: Mutex<BTreeMap<Vec<String>, Arc<EtcdBackend>>>,
 }
 
 impl Ctx {
-    async fn backend(&self, endpoints: Vec<String>) -> Result<Arc<dyn Backend>, String> {
+    async fn backend(&self, endpoints: Vec<String>) -> Result<Arc<EtcdBackend>, String> {
         if let Some(b) = self
             .etcd
             .lock()
@@ -109,7 +123,7 @@ impl Ctx {
         cfg.request_timeout = self.config.etcd_timeout;
         cfg.dial_timeout = self.config.etcd_timeout;
         cfg.auth = self.config.etcd_auth.clone();
-        let backend: Arc<dyn Backend> = Arc::new(
+        let backend = Arc::new(
             EtcdBackend::connect(cfg)
                 .await
                 .map_err(|e| format!("{} ({})", e, endpoints.join(",")))?,
@@ -189,8 +203,13 @@ pub fn pod_view(pod: &Pod) -> Option<PodView> {
     })
 }
 
-/// The job's state in etcd.
-async fn progress(backend: &Arc<dyn Backend>, job: &JobName) -> Result<Progress, String> {
+/// The job's state in etcd (and its master's, asked with the job's `token` if it has
+/// one).
+async fn progress(
+    backend: &Arc<dyn Backend>,
+    job: &JobName,
+    token: Option<&str>,
+) -> Result<Progress, String> {
     let keys = JobKeys::new(job);
     let spec_published = backend
         .get(&keys.spec())
@@ -200,7 +219,9 @@ async fn progress(backend: &Arc<dyn Backend>, job: &JobName) -> Result<Progress,
     if !spec_published {
         return Ok(Progress::default());
     }
-    let s = job_status(backend, job).await.map_err(|e| e.to_string())?;
+    let s = job_status_with(backend, job, token, None)
+        .await
+        .map_err(|e| e.to_string())?;
     let finished = match s.state.as_str() {
         "succeeded" => Some(Finished::Succeeded),
         "failed" => Some(Finished::Failed(
@@ -230,6 +251,107 @@ async fn progress(backend: &Arc<dyn Backend>, job: &JobName) -> Result<Progress,
     })
 }
 
+/// Whether `secret` was left by an earlier TrainingJob of the same name (owned by a
+/// TrainingJob that is not `tj`): its user's password is not to be trusted.
+fn left_by_another_job(secret: &Secret, tj: &TrainingJob) -> bool {
+    let refs = secret
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
+    let kind = TrainingJob::kind(&());
+    refs.iter().any(|r| r.kind == kind) && !refs.iter().any(|r| Some(&r.uid) == tj.uid().as_ref())
+}
+
+/// The job token in `secret`, if it holds one.
+fn token_of(secret: &Secret) -> Option<String> {
+    let bytes = secret.data.as_ref()?.get(CREDENTIAL_KEYS[2])?;
+    String::from_utf8(bytes.0.clone()).ok()
+}
+
+/// Makes sure the Secret with `tj`'s etcd credentials exists in `ns`: found (made by an
+/// earlier round, or by hand), it is used as it is; missing, the job's etcd user is
+/// created (or its password reset) and the Secret made with it and a new token. One
+/// left by an earlier job of the same name is replaced. Returns the job's token (the
+/// operator asks the job's master with it).
+async fn ensure_credentials(
+    ctx: &Ctx,
+    tj: &TrainingJob,
+    ns: &str,
+    job: &JobName,
+) -> Result<Option<String>, String> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let name = credentials_secret_name(job.as_str());
+    let remove = |old: Secret| {
+        let secrets = secrets.clone();
+        let name = name.clone();
+        async move {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: old.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match secrets.delete(&name, &params).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                Err(e) => Err(format!("delete Secret {name} of an earlier job: {e}")),
+            }
+        }
+    };
+    match secrets
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("read Secret {name}: {e}"))?
+    {
+        Some(s) if left_by_another_job(&s, tj) => remove(s).await?,
+        Some(s) => return Ok(token_of(&s)),
+        None => {}
+    }
+    let admin = ctx.backend(etcd_endpoints(tj)).await?;
+    let user = job_etcd_user(job.as_str());
+    let auth = admin
+        .grant_prefix(&user, JobKeys::new(job).root())
+        .await
+        .map_err(|e| {
+            format!(
+                "create etcd user {user} for {}: {e} (the operator's --etcd-user must be one \
+                 that may manage users, e.g. root)",
+                JobKeys::new(job).root()
+            )
+        })?;
+    let token = edl_coord::random_secret();
+    match secrets
+        .create(
+            &PostParams::default(),
+            &credentials_secret(tj, &auth, &token),
+        )
+        .await
+    {
+        Ok(_) => Ok(Some(token)),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            // Made meanwhile (another replica): its password was just reset, so an own
+            // one goes and the next round makes it again.
+            if let Some(s) = secrets.get_opt(&name).await.ok().flatten()
+                && s.metadata
+                    .owner_references
+                    .as_deref()
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|r| Some(&r.uid) == tj.uid().as_ref())
+            {
+                remove(s).await?;
+            }
+            Err(format!(
+                "Secret {name} appeared while the operator made it (the password of etcd \
+                 user {user} was reset)"
+            ))
+        }
+        Err(e) => Err(format!("create Secret {name}: {e}")),
+    }
+}
+
 async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let name = cached.name_any();
     let ns = cached.namespace().unwrap_or_else(|| "default".to_owned());
@@ -256,19 +378,44 @@ async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action
         .await
         .map_err(kube_err("list the job's services"))?;
     let job_name = JobName::new(name.clone()).ok();
-    let etcd = match &job_name {
+    // The job's own credentials, for a live, valid job on a shared etcd when the operator
+    // may make users; then the job's state, its master asked with the job's token.
+    let live = tj.metadata.deletion_timestamp.is_none()
+        && !tj.status.as_ref().is_some_and(|s| s.phase.is_finished())
+        && tj.job_spec().is_ok();
+    let issues = ctx.config.etcd_auth.is_some() && !tj.spec.etcd.managed && live;
+    let (etcd, credentials) = match &job_name {
         Some(job) => match ctx.backend(etcd_endpoints(&tj)).await {
-            Ok(b) => progress(&b, job).await,
-            Err(e) => Err(e),
+            Ok(b) => {
+                let (credentials, token) = if issues {
+                    match ensure_credentials(&ctx, &tj, &ns, job).await {
+                        Ok(token) => (Credentials::Ready, token),
+                        Err(why) => (Credentials::Failed(why), None),
+                    }
+                } else {
+                    (Credentials::NotIssued, None)
+                };
+                let b: Arc<dyn Backend> = b;
+                let etcd = progress(&b, job, token.as_deref()).await;
+                // An etcd that cannot be read is said once, by its own condition: no job
+                // process starts then anyway.
+                let credentials = match (&etcd, credentials) {
+                    (Err(_), Credentials::Failed(_)) => Credentials::NotIssued,
+                    (_, c) => c,
+                };
+                (etcd, credentials)
+            }
+            Err(e) => (Err(e), Credentials::NotIssued),
         },
         // An invalid name fails the job in the decision; etcd is not needed.
-        None => Ok(Progress::default()),
+        None => (Ok(Progress::default()), Credentials::NotIssued),
     };
     let obs = Observed {
         job: &tj,
         pods: pods.items.iter().filter_map(pod_view).collect(),
         services: services.items.iter().map(ResourceExt::name_any).collect(),
         etcd,
+        credentials,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     let plan = reconcile(&obs);
@@ -294,6 +441,7 @@ async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action
             })?;
         for action in &plan.etcd {
             let keys = job_name.as_ref().map(JobKeys::new);
+            let backend: Arc<dyn Backend> = backend.clone();
             let result = match (action, &keys) {
                 (EtcdAction::PublishSpec(spec), _) => spec
                     .publish(&backend)

@@ -1,5 +1,6 @@
 //! The objects the operator creates for a TrainingJob: pod names and labels, the pod of
-//! each process slot, the managed etcd's pod and service.
+//! each process slot, the managed etcd's pod and service, and the Secret with the job's
+//! own etcd credentials and token ([`credentials_secret`]).
 //!
 //! Every object carries the job's labels and an owner reference to the TrainingJob
 //! (`controller: true`), so deleting the job deletes them (Kubernetes' garbage
@@ -7,10 +8,12 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource,
-    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
+    HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
+    PodSecurityContext, PodSpec, Secret, SecretEnvSource, SecurityContext, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
@@ -30,6 +33,62 @@ pub const MASTER_PORT: i32 = 7164;
 pub const PSERVER_PORT: i32 = 7165;
 /// etcd's client port.
 pub const ETCD_PORT: i32 = 2379;
+
+/// The keys of a job's credentials Secret: the job's etcd user and password, and the
+/// job token (the variables every role reads).
+pub const CREDENTIAL_KEYS: [&str; 3] = ["EDL_ETCD_USER", "EDL_ETCD_PASSWORD", "EDL_JOB_TOKEN"];
+
+/// The Secret holding `job`'s own etcd credentials and token: `<job>-edl-credentials`.
+pub fn credentials_secret_name(job: &str) -> String {
+    format!("{job}-edl-credentials")
+}
+
+/// The etcd user (and role) of `job` on a shared etcd: `edl-job-<job>`, as `edl run
+/// --secure` names it.
+pub fn job_etcd_user(job: &str) -> String {
+    format!("edl-job-{job}")
+}
+
+/// How a job's pods take the Secret [`credentials_secret_name`] (as `envFrom`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialsRef {
+    /// Not at all: the job runs its own etcd (`etcd.managed`).
+    None,
+    /// If it exists: a job on a shared etcd whose operator makes no credentials (an
+    /// administrator may have made the Secret by hand).
+    Optional,
+    /// It must exist (the operator made it): a pod without it does not start.
+    Required,
+}
+
+impl CredentialsRef {
+    /// The reference `tj`'s pods get; `issued`: the operator makes the job's credentials.
+    pub fn of(tj: &TrainingJob, issued: bool) -> CredentialsRef {
+        match (tj.spec.etcd.managed, issued) {
+            (true, _) => CredentialsRef::None,
+            (false, false) => CredentialsRef::Optional,
+            (false, true) => CredentialsRef::Required,
+        }
+    }
+}
+
+/// The Secret with `tj`'s etcd user and password and its job token, owned by `tj`.
+pub fn credentials_secret(tj: &TrainingJob, auth: &edl_coord::EtcdAuth, token: &str) -> Secret {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let values = [auth.user.as_str(), auth.password.as_str(), token];
+    Secret {
+        metadata: meta(tj, credentials_secret_name(&job), None),
+        type_: Some("Opaque".to_owned()),
+        data: Some(
+            CREDENTIAL_KEYS
+                .iter()
+                .zip(values)
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Secret::default()
+    }
+}
 
 /// A process role of a job on the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -192,8 +251,10 @@ fn hardened() -> SecurityContext {
     }
 }
 
-/// The pod of `slot` in `tj` (the job's spec must be valid: [`TrainingJob::job_spec`]).
-pub fn pod(tj: &TrainingJob, slot: Slot) -> Pod {
+/// The pod of `slot` in `tj` (the job's spec must be valid: [`TrainingJob::job_spec`]);
+/// its job processes take the job's credentials Secret as `credentials` says (the etcd
+/// pod never does).
+pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     let job = tj.metadata.name.clone().unwrap_or_default();
     let s = &tj.spec;
     let name = slot.pod_name(&job);
@@ -321,12 +382,29 @@ pub fn pod(tj: &TrainingJob, slot: Slot) -> Pod {
             .unwrap_or_else(|| ETCD_IMAGE.to_owned()),
         _ => s.image.clone(),
     };
+    let optional = match credentials {
+        _ if slot.role == Role::Etcd => None,
+        CredentialsRef::None => None,
+        CredentialsRef::Optional => Some(Some(true)),
+        CredentialsRef::Required => Some(None),
+    };
+    // `env` wins over `envFrom`: a Secret cannot change the variables the pod sets.
+    let env_from = optional.map(|optional| {
+        vec![EnvFromSource {
+            secret_ref: Some(SecretEnvSource {
+                name: credentials_secret_name(&job),
+                optional,
+            }),
+            ..EnvFromSource::default()
+        }]
+    });
     let container = Container {
         name: slot.role.name().to_owned(),
         image: Some(image),
         image_pull_policy: s.image_pull_policy.clone(),
         command: Some(command),
         env: (!vars.is_empty()).then_some(vars),
+        env_from,
         ports: (!ports.is_empty()).then(|| {
             ports
                 .into_iter()

@@ -17,7 +17,10 @@
 //!   it hands its task back), never killed outright;
 //! - every scale and every replacement is an Event; every problem that keeps a pod from
 //!   running (an image that cannot be pulled, an unschedulable pod, a missing volume, an
-//!   unreachable etcd) is a condition and an Event, never a silent Pending.
+//!   unreachable etcd, credentials the operator could not make) is a condition and an
+//!   Event, never a silent Pending;
+//! - when the operator makes a job's credentials, no job process is created before
+//!   they exist, and every one requires them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -29,7 +32,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use crate::crd::{
     Phase, RECENT_RECOVERIES, Recovery, TaskCounts, TrainerCounts, TrainingJob, TrainingJobStatus,
 };
-use crate::objects::{self, Role, Slot};
+use crate::objects::{self, CredentialsRef, Role, Slot};
 
 /// The finalizer that keeps a deleted TrainingJob until its etcd keys are removed.
 pub const FINALIZER: &str = "edl.dev/etcd-cleanup";
@@ -106,6 +109,21 @@ pub struct Progress {
     pub finished: Option<Finished>,
 }
 
+/// The job's own etcd credentials (the Secret `<job>-edl-credentials`), as the
+/// controller found or made them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Credentials {
+    /// The operator makes none for this job: it has no admin credentials for the jobs'
+    /// etcd, or the job runs its own. Pods of a job on a shared etcd take the Secret if
+    /// it exists (one made by hand).
+    #[default]
+    NotIssued,
+    /// The Secret exists (found, or made this round): every job process requires it.
+    Ready,
+    /// The operator could not make it: why. No job process starts without it.
+    Failed(String),
+}
+
 /// Everything the decision looks at.
 #[derive(Debug, Clone)]
 pub struct Observed<'a> {
@@ -117,6 +135,8 @@ pub struct Observed<'a> {
     pub services: BTreeSet<String>,
     /// Its state in etcd, or why etcd could not be read.
     pub etcd: Result<Progress, String>,
+    /// Its etcd credentials.
+    pub credentials: Credentials,
     /// Now.
     pub now: Time,
 }
@@ -424,6 +444,42 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
         }
     }
 
+    // The job's credentials, when the operator makes them.
+    let credentials_failed = match &obs.credentials {
+        Credentials::NotIssued => None,
+        Credentials::Ready => {
+            set_condition(
+                &mut status.conditions,
+                "CredentialsReady",
+                true,
+                "Issued",
+                format!(
+                    "the job's processes use the etcd user and token of Secret {}",
+                    objects::credentials_secret_name(&job)
+                ),
+                generation,
+                now,
+            );
+            None
+        }
+        Credentials::Failed(why) => {
+            let message = format!("cannot make the job's etcd credentials: {why}");
+            if set_condition(
+                &mut status.conditions,
+                "CredentialsReady",
+                false,
+                "CredentialsFailed",
+                message.clone(),
+                generation,
+                now,
+            ) {
+                plan.event(true, "CredentialsFailed", message.clone());
+            }
+            Some(message)
+        }
+    };
+    let credentials = CredentialsRef::of(tj, obs.credentials != Credentials::NotIssued);
+
     // Services.
     for s in objects::services(tj) {
         let name = s.metadata.name.clone().unwrap_or_default();
@@ -512,16 +568,17 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
         plan.status = Some(status);
         return plan;
     }
-    // Missing slots. Job processes need the etcd (and, there, the spec): without it only
-    // the managed etcd itself is created.
+    // Missing slots. Job processes need the etcd (and, there, the spec) and their
+    // credentials: without them only the managed etcd itself is created.
     let etcd_ready = progress.is_some();
+    let processes_ready = etcd_ready && credentials_failed.is_none();
     let was_started = !matches!(old.phase, Phase::Created);
     for slot in &desired {
         let name = slot.pod_name(&job);
         if by_name.contains_key(name.as_str()) {
             continue;
         }
-        if slot.role != Role::Etcd && !etcd_ready {
+        if slot.role != Role::Etcd && !processes_ready {
             continue;
         }
         let known = slot.role != Role::Trainer || slot.index < old.trainers.desired;
@@ -541,7 +598,7 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
                 format!("pod {name} is gone (deleted or lost with its node): recreating it"),
             );
         }
-        plan.create_pods.push(objects::pod(tj, *slot));
+        plan.create_pods.push(objects::pod(tj, *slot, credentials));
     }
     let excess = status.recoveries.len().saturating_sub(RECENT_RECOVERIES);
     status.recoveries.drain(..excess);
@@ -611,6 +668,8 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
             "EtcdUnreachable".to_owned(),
             "the job's etcd cannot be read".to_owned(),
         )
+    } else if let Some(why) = &credentials_failed {
+        (false, "CredentialsFailed".to_owned(), why.clone())
     } else if core_running && running_trainers > 0 {
         (true, "Training".to_owned(), String::new())
     } else if let Some((r, m)) = &problem {

@@ -7,7 +7,9 @@
 //! and `scale/trainers` in etcd; a deleted pserver pod is recreated; deleting the job
 //! removes its etcd keys and then the resource. The controller runs under leader
 //! election, as `edl operator run` runs it, and every request it made is one the
-//! operator's RBAC rules in `deploy/rbac.yaml` allow, each rule used.
+//! operator's RBAC rules in `deploy/rbac.yaml` allow, each rule used. The autoscaler's
+//! test is in `controller/autoscale.rs`, the per-job etcd credentials' in
+//! `controller/credentials.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 #[path = "controller/autoscale.rs"]
 mod autoscale;
+#[path = "controller/credentials.rs"]
+mod credentials;
 
 const NS: &str = "ml";
 /// The operator's own namespace, where its Lease is (as in deploy/).
@@ -311,8 +315,10 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
     check_rbac(&operator_accesses(&api), &|r, verb| {
         // kube's event Recorder patches an Event that repeats (a series) instead of
         // creating another; no event here repeats. The autoscaler's rules are checked by
-        // its own test.
-        (strings(&r["resources"]) == ["events"] && verb == "patch") || autoscaler_rule(r)
+        // its own test, the credentials' rule by the credentials test.
+        (strings(&r["resources"]) == ["events"] && verb == "patch")
+            || autoscaler_rule(r)
+            || credentials_rule(r)
     });
     kubelet.await.expect("kubelet");
 }
@@ -325,9 +331,12 @@ fn operator_accesses(api: &FakeApi) -> Vec<Access> {
         .collect()
 }
 
-/// The operator's RBAC rules in deploy/rbac.yaml: the edl-operator ClusterRole (every
-/// namespace) and the edl-operator-election Role (its own namespace): allow every
-/// request in `accesses` and grant nothing that was not used, but the rules (and verbs)
+/// The operator's RBAC rules in deploy/rbac.yaml, from the bindings of its ServiceAccount
+/// (`edl-system/edl-operator`): a ClusterRoleBinding's ClusterRole holds in every
+/// namespace, a RoleBinding's Role or ClusterRole in the binding's namespace (the
+/// edl-operator ClusterRole everywhere, edl-operator-election in edl-system,
+/// edl-operator-credentials where it is bound). They must allow every request in
+/// `accesses` and grant nothing that was not used, but the rules (and verbs)
 /// `used_elsewhere` names.
 fn check_rbac(accesses: &[Access], used_elsewhere: &dyn Fn(&serde_json::Value, &str) -> bool) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
@@ -335,16 +344,52 @@ fn check_rbac(accesses: &[Access], used_elsewhere: &dyn Fn(&serde_json::Value, &
     let docs: Vec<serde_json::Value> = serde_norway::Deserializer::from_str(&text)
         .map(|d| serde::Deserialize::deserialize(d).expect("a YAML document"))
         .collect();
-    let rules = |kind: &str, name: &str| -> Vec<serde_json::Value> {
+    // (where it holds: None = every namespace, its name, its rules), namespaced first.
+    let mut bound: Vec<(Option<String>, String, Vec<serde_json::Value>)> = Vec::new();
+    for b in &docs {
+        let cluster_wide = match b["kind"].as_str() {
+            Some("ClusterRoleBinding") => true,
+            Some("RoleBinding") => false,
+            _ => continue,
+        };
+        let operator = b["subjects"].as_array().into_iter().flatten().any(|s| {
+            s["kind"] == "ServiceAccount"
+                && s["name"] == "edl-operator"
+                && s["namespace"] == LEASE_NS
+        });
+        if !operator {
+            continue;
+        }
+        let ns = (!cluster_wide).then(|| {
+            b["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        });
+        let r = &b["roleRef"];
         let role = docs
             .iter()
-            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-            .unwrap_or_else(|| panic!("no {kind} {name} in deploy/rbac.yaml"));
-        role["rules"].as_array().cloned().unwrap_or_default()
-    };
-    let cluster = rules("ClusterRole", "edl-operator");
-    let election = rules("Role", "edl-operator-election");
-    // (rule set, rule index, verb) used.
+            .find(|d| {
+                d["kind"] == r["kind"]
+                    && d["metadata"]["name"] == r["name"]
+                    && (r["kind"] == "ClusterRole"
+                        || d["metadata"]["namespace"].as_str() == ns.as_deref())
+            })
+            .unwrap_or_else(|| panic!("no {} {} in deploy/rbac.yaml", r["kind"], r["name"]));
+        let name = format!(
+            "{} {} in {}",
+            r["kind"].as_str().unwrap_or_default(),
+            r["name"].as_str().unwrap_or_default(),
+            ns.as_deref().unwrap_or("every namespace")
+        );
+        bound.push((
+            ns,
+            name,
+            role["rules"].as_array().cloned().unwrap_or_default(),
+        ));
+    }
+    bound.sort_by_key(|(ns, _, _)| ns.is_none());
+    // (binding, rule index, verb) used.
     let mut used = std::collections::BTreeSet::new();
     assert!(!accesses.is_empty());
     for a in accesses {
@@ -352,35 +397,34 @@ fn check_rbac(accesses: &[Access], used_elsewhere: &dyn Fn(&serde_json::Value, &
             Some(sub) => format!("{}/{sub}", a.resource),
             None => a.resource.to_owned(),
         };
-        let sets: Vec<(&str, &[serde_json::Value])> = if a.namespace == LEASE_NS {
-            vec![("election", &election), ("cluster", &cluster)]
-        } else {
-            vec![("cluster", &cluster)]
-        };
-        let allowed = sets.iter().find_map(|(set, rules)| {
-            rules.iter().enumerate().find_map(|(i, r)| {
-                let names = strings(&r["resourceNames"]);
-                (strings(&r["apiGroups"]).contains(&a.group.to_owned())
-                    && strings(&r["resources"]).contains(&resource)
-                    && strings(&r["verbs"]).iter().any(|v| v == a.verb)
-                    && (names.is_empty() || a.name.as_ref().is_some_and(|n| names.contains(n))))
-                .then_some((*set, i))
-            })
-        });
+        let allowed = bound
+            .iter()
+            .enumerate()
+            .filter(|(_, (ns, _, _))| ns.as_ref().is_none_or(|ns| *ns == a.namespace))
+            .find_map(|(set, (_, _, rules))| {
+                rules.iter().enumerate().find_map(|(i, r)| {
+                    let names = strings(&r["resourceNames"]);
+                    (strings(&r["apiGroups"]).contains(&a.group.to_owned())
+                        && strings(&r["resources"]).contains(&resource)
+                        && strings(&r["verbs"]).iter().any(|v| v == a.verb)
+                        && (names.is_empty() || a.name.as_ref().is_some_and(|n| names.contains(n))))
+                    .then_some((set, i))
+                })
+            });
         let (set, i) = allowed.unwrap_or_else(|| {
             panic!("deploy/rbac.yaml does not allow the operator's request {a:?}")
         });
         used.insert((set, i, a.verb));
     }
-    for (set, rules) in [("cluster", &cluster), ("election", &election)] {
+    for (set, (_, name, rules)) in bound.iter().enumerate() {
         for (i, r) in rules.iter().enumerate() {
             for verb in strings(&r["verbs"]) {
                 assert!(
                     used.iter()
                         .any(|(s, j, v)| *s == set && *j == i && *v == verb)
                         || used_elsewhere(r, &verb),
-                    "deploy/rbac.yaml grants {verb} on {:?} ({set} rule {i}), which the operator \
-                     did not use: least privilege",
+                    "deploy/rbac.yaml grants {verb} on {:?} ({name}, rule {i}), which the \
+                     operator did not use: least privilege",
                     r["resources"]
                 );
             }
@@ -404,6 +448,11 @@ fn autoscaler_rule(r: &serde_json::Value) -> bool {
     resources == ["nodes"]
         || resources == ["priorityclasses"]
         || resources == ["trainingjobs/scale"]
+}
+
+/// The rule only an operator with admin credentials for a shared etcd uses.
+fn credentials_rule(r: &serde_json::Value) -> bool {
+    strings(&r["resources"]) == ["secrets"]
 }
 
 /// The Running (or another) condition of a job: (status, reason, message).

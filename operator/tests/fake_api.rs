@@ -3,7 +3,7 @@
 
 use edl_operator::TrainingJob;
 use edl_operator::crd::EtcdSpec;
-use edl_testkit::kube_api::{FakeApi, ResourceType};
+use edl_testkit::kube_api::{FakeApi, ResourceType, merge_patch};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{
@@ -261,6 +261,130 @@ async fn finalizers_hold_a_deletion_and_owners_take_their_dependents() {
     api.delete("pods", NS, "a-trainer-0", Some(0))
         .expect("remove");
     assert!(api.get("pods", NS, "a-trainer-0").is_none());
+}
+
+#[tokio::test]
+async fn secrets_are_created_read_listed_and_deleted_as_the_api_server_does() {
+    use edl_testkit::kube_api::{base64_decode, base64_encode};
+    use k8s_openapi::api::core::v1::Secret;
+
+    let api = FakeApi::start(vec![ResourceType::secrets()])
+        .await
+        .expect("start the fake API server");
+    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    let secrets: Api<Secret> = Api::namespaced(client, NS);
+    let secret = |name: &str, body: serde_json::Value| -> Secret {
+        let mut v = json!({"metadata": {"name": name, "labels": {"edl.dev/job": name}}});
+        merge_patch(&mut v, &body);
+        serde_json::from_value(v).expect("a Secret")
+    };
+    // stringData is merged into data (base64), never stored or returned; type defaults.
+    let a = secrets
+        .create(
+            &PostParams::default(),
+            &secret(
+                "a",
+                json!({"data": {"k": base64_encode(b"from data")},
+                       "stringData": {"EDL_JOB_TOKEN": "t0k", "k": "from stringData"}}),
+            ),
+        )
+        .await
+        .expect("create");
+    let data = a.data.clone().expect("data");
+    assert_eq!(data["EDL_JOB_TOKEN"].0, b"t0k");
+    assert_eq!(data["k"].0, b"from stringData", "stringData wins");
+    assert!(a.string_data.is_none());
+    assert_eq!(a.type_.as_deref(), Some("Opaque"));
+    let raw = api.get("secrets", NS, "a").expect("stored");
+    assert!(raw.get("stringData").is_none(), "{raw}");
+    assert_eq!(
+        raw["data"]["EDL_JOB_TOKEN"]
+            .as_str()
+            .and_then(base64_decode)
+            .as_deref(),
+        Some(&b"t0k"[..])
+    );
+    assert_eq!(secrets.get("a").await.expect("get").data, Some(data));
+    assert_eq!(
+        code(
+            secrets
+                .create(&PostParams::default(), &secret("a", json!({})))
+                .await
+                .expect_err("a second a")
+        ),
+        409
+    );
+    // data must be base64; type cannot change; an immutable Secret's data cannot.
+    let patch = |v: serde_json::Value| Patch::Merge(v);
+    let bad = secrets
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &patch(json!({"data": {"x": "not base64!"}})),
+        )
+        .await;
+    assert_eq!(code(bad.expect_err("not base64")), 422);
+    let bad = secrets
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &patch(json!({"type": "kubernetes.io/tls"})),
+        )
+        .await;
+    assert_eq!(code(bad.expect_err("type changed")), 422);
+    let updated = secrets
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &patch(json!({"stringData": {"EDL_JOB_TOKEN": "new"}})),
+        )
+        .await
+        .expect("patch stringData");
+    assert_eq!(updated.data.expect("data")["EDL_JOB_TOKEN"].0, b"new");
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("b", json!({"immutable": true, "stringData": {"k": "v"}})),
+        )
+        .await
+        .expect("create b");
+    let bad = secrets
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &patch(json!({"stringData": {"k": "w"}})),
+        )
+        .await;
+    assert_eq!(code(bad.expect_err("immutable")), 422);
+    // list (with a selector), delete.
+    let listed = secrets
+        .list(&ListParams::default().labels("edl.dev/job=b"))
+        .await
+        .expect("list");
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(
+        secrets
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
+        2
+    );
+    secrets
+        .delete("a", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert_eq!(code(secrets.get("a").await.expect_err("gone")), 404);
+    assert_eq!(
+        code(
+            secrets
+                .delete("a", &DeleteParams::default())
+                .await
+                .expect_err("gone")
+        ),
+        404
+    );
 }
 
 #[tokio::test]

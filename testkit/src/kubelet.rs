@@ -3,9 +3,13 @@
 //!
 //! For each new pod it starts the first container's `command` as a process:
 //! - `edl` is the given binary;
-//! - the environment is the container's `env` (values, with `$(VAR)` of earlier
-//!   variables expanded, and the field references `metadata.name`, `metadata.uid`,
-//!   `metadata.namespace`, `status.podIP` = `127.0.0.1`);
+//! - the environment is the container's `envFrom` Secrets (`secretRef`: each key of the
+//!   Secret's `data` whose name is a valid variable name; a missing Secret that is not
+//!   `optional` leaves the pod waiting with `CreateContainerConfigError`, as a kubelet
+//!   does), then its `env` (values, with `$(VAR)` of earlier variables expanded, and
+//!   the field references `metadata.name`, `metadata.uid`, `metadata.namespace`,
+//!   `status.podIP` = `127.0.0.1`), which wins over `envFrom`; a pod waiting for its
+//!   Secret is tried again on every change and every second;
 //! - `$(VAR)` in the command is expanded from it, as Kubernetes does;
 //! - `--listen ADDR` and `--advertise ADDR` are dropped, so every process binds
 //!   `127.0.0.1:0` and registers the address it got (pods share this host);
@@ -83,15 +87,60 @@ fn expand(s: &str, env: &BTreeMap<String, String>) -> String {
     out
 }
 
-/// The command line of `pod` on this host, its environment and the host directories
-/// its mounts became.
+/// The variables of the first container's `envFrom` Secrets (`Err`: a Secret that must
+/// be there is not, or its data is not base64).
+fn env_from(api: &FakeApi, pod: &Value, ns: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut env = BTreeMap::new();
+    let valid = |k: &str| {
+        !k.is_empty()
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
+    for source in pod["spec"]["containers"][0]["envFrom"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let Some(name) = source["secretRef"]["name"].as_str() else {
+            continue;
+        };
+        let optional = source["secretRef"]["optional"] == json!(true);
+        let secret = api
+            .serves("secrets")
+            .then(|| api.get("secrets", ns, name))
+            .flatten();
+        let Some(secret) = secret else {
+            if optional {
+                continue;
+            }
+            return Err(format!("secret \"{name}\" not found"));
+        };
+        let prefix = source["prefix"].as_str().unwrap_or_default();
+        for (k, v) in secret["data"].as_object().into_iter().flatten() {
+            let key = format!("{prefix}{k}");
+            if !valid(&key) {
+                continue;
+            }
+            let bytes = v
+                .as_str()
+                .and_then(crate::kube_api::base64_decode)
+                .ok_or_else(|| format!("secret \"{name}\": data[{k}] is not base64"))?;
+            env.insert(key, String::from_utf8_lossy(&bytes).into_owned());
+        }
+    }
+    Ok(env)
+}
+
+/// The command line of `pod` on this host, its environment (over `env`, the variables
+/// of its `envFrom`) and the host directories its mounts became.
 fn command_of(
     pod: &Value,
     cfg: &KubeletConfig,
+    mut env: BTreeMap<String, String>,
 ) -> Result<(Vec<String>, BTreeMap<String, String>), String> {
     let name = pod["metadata"]["name"].as_str().unwrap_or_default();
     let c = &pod["spec"]["containers"][0];
-    let mut env = BTreeMap::new();
     for e in c["env"].as_array().into_iter().flatten() {
         let key = e["name"].as_str().unwrap_or_default().to_owned();
         let value = if let Some(v) = e["value"].as_str() {
@@ -216,7 +265,11 @@ fn sync(
             .unwrap_or_default()
             .to_owned();
         let deleting = !pod["metadata"]["deletionTimestamp"].is_null();
-        let started = !pod["status"]["phase"].is_null();
+        // A container that could not be configured (its Secret missing) is tried again,
+        // as a kubelet does.
+        let waiting = &pod["status"]["containerStatuses"][0]["state"]["waiting"];
+        let config_error = waiting["reason"] == "CreateContainerConfigError";
+        let started = !pod["status"]["phase"].is_null() && !config_error;
         if deleting {
             match table.get(&name) {
                 Some(r) if r.uid == uid => {
@@ -249,7 +302,26 @@ fn sync(
         if started {
             continue;
         }
-        let (args, env) = match command_of(&pod, cfg) {
+        let from = match env_from(api, &pod, ns) {
+            Ok(env) => env,
+            Err(e) => {
+                // Said once (a write would wake this loop again).
+                if !config_error || waiting["message"] != e.as_str() {
+                    let _ = api.patch_status(
+                        "pods",
+                        ns,
+                        &name,
+                        &json!({"phase": "Pending", "containerStatuses": [{
+                            "name": "c", "ready": false, "restartCount": 0, "image": "",
+                            "imageID": "", "state": {"waiting": {
+                                "reason": "CreateContainerConfigError", "message": e}},
+                        }]}),
+                    );
+                }
+                continue;
+            }
+        };
+        let (args, env) = match command_of(&pod, cfg, from) {
             Ok(c) => c,
             Err(e) => {
                 let _ = api.patch_status(

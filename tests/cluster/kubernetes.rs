@@ -5,7 +5,10 @@
 //! scale`) -> 1 (the scale subresource, as `kubectl scale` or an autoscaler does; surplus
 //! trainers drain), loses a trainer pod and a pserver pod to deletions, and reports
 //! Succeeded; `edl jobs`, `edl status` and `edl logs` show it on the way, and `edl kill`
-//! removes it and, through the finalizer, its etcd keys.
+//! removes it and, through the finalizer, its etcd keys. A second job runs on a shared
+//! etcd with authentication on, under an operator given admin credentials: its pods
+//! train as the job's own etcd user, with the job's token, from the Secret the operator
+//! made.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -318,6 +321,165 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
     assert!(left.is_empty(), "{} etcd keys left", left.len());
     let (ok, out) = edl(&kubeconfig, &["status", JOB]).await;
     assert!(!ok && out.contains("no TrainingJob"), "{out}");
+    stop.cancel();
+    operator.await.expect("operator");
+}
+
+/// A job on a shared etcd with authentication on, run by an operator given its admin
+/// credentials (root): the operator makes the job's etcd user and token (the Secret
+/// `<job>-edl-credentials`) before its pods; the test kubelet gives the pods only their
+/// own environment and the Secret (`envFrom`), so the master, pserver and trainers reach
+/// etcd as the job's user, which may touch nothing but `/edl/<job>/`, and one another
+/// with the token. The job trains to Succeeded, and the operator reads its pass and tasks
+/// from the master, with the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
+    use edl_coord::{Backend, EtcdAuth, EtcdBackend, EtcdConfig};
+    use edl_operator::crd::{EtcdSpec, VolumeSource};
+    use k8s_openapi::api::core::v1::Secret;
+
+    const SECURE_JOB: &str = "mnist-secure";
+    let w = World::new("unused").await;
+    let open = EtcdBackend::connect(EtcdConfig::new(w.etcd.endpoints()))
+        .await
+        .expect("connect to etcd");
+    open.enable_auth("pw").await.expect("enable auth");
+    let root = EtcdBackend::connect(EtcdConfig::new(w.etcd.endpoints()).with_auth("root", "pw"))
+        .await
+        .expect("connect as root");
+    let (train, test) = mnist(w.dir.path());
+    let checkpoints = w.dir.path().join("checkpoints");
+    let pods_dir = w.dir.path().join("pods");
+    for d in [&checkpoints, &pods_dir] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let api = Arc::new(
+        FakeApi::start(ResourceType::for_operator())
+            .await
+            .expect("fake API server"),
+    );
+    let _kubelet = Kubelet::start(
+        api.clone(),
+        KubeletConfig {
+            namespace: NS.to_owned(),
+            edl: edl_bin().into(),
+            dir: pods_dir.clone(),
+            claims: BTreeMap::new(),
+        },
+    );
+    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    let stop = CancellationToken::new();
+    let operator = tokio::spawn(controller::run(
+        client.clone(),
+        ControllerConfig {
+            namespace: Some(NS.to_owned()),
+            resync: Duration::from_millis(500),
+            etcd_auth: Some(EtcdAuth {
+                user: "root".into(),
+                password: "pw".into(),
+            }),
+            ..ControllerConfig::default()
+        },
+        Arc::new(Metrics::default()),
+        stop.clone(),
+    ));
+    let spec = edl_job::JobSpec::parse_toml(&format!(
+        "name = \"{SECURE_JOB}\"\n[data]\ntrain = [\"{train}\"]\ntest = [\"{test}\"]\n\
+         [model]\nkind = \"mnist_mlp\"\n\
+         [train]\nmode = \"async\"\npasses = 3\nbatch_size = 32\noptimizer = \"adam\"\n\
+         learning_rate = 0.001\nseed = 7\n\
+         [cluster]\npservers = 1\ntrainers = 2\nlease_ttl = \"3s\"\ncheckpoint_every = \"2s\"\n"
+    ))
+    .expect("spec");
+    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
+    tj.spec.etcd = EtcdSpec {
+        endpoints: w.etcd.endpoints(),
+        ..EtcdSpec::default()
+    };
+    tj.spec.volumes.checkpoints = Some(VolumeSource {
+        host_path: Some(checkpoints.display().to_string()),
+        ..VolumeSource::default()
+    });
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
+    jobs.create(&kube::api::PostParams::default(), &tj)
+        .await
+        .expect("create the job");
+    let logs = || {
+        let mut out = String::new();
+        for e in std::fs::read_dir(&pods_dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "log") {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(5).collect();
+                out.push_str(&format!("== {}\n{}\n", p.display(), tail.join("\n")));
+            }
+        }
+        out
+    };
+    let status = || {
+        let jobs = jobs.clone();
+        async move { jobs.get(SECURE_JOB).await.ok().and_then(|j| j.status) }
+    };
+    let done = wait_until(Duration::from_secs(300), || async move {
+        status().await.is_some_and(|s| s.phase.is_finished())
+    })
+    .await;
+    let s = status().await.expect("status");
+    assert!(done && s.phase == Phase::Succeeded, "{s:?}\n{}", logs());
+    // Read from the master, with the token.
+    let tasks = s.tasks.clone().expect("tasks");
+    assert!(
+        tasks.failed == 0 && tasks.todo == 0 && tasks.pending == 0 && tasks.done > 0,
+        "{tasks:?}"
+    );
+    assert_eq!(s.pass, Some(2), "the 3rd pass was the last");
+
+    // The job's user: in the Secret, and limited to the job's prefix.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let secret = secrets
+        .get(&format!("{SECURE_JOB}-edl-credentials"))
+        .await
+        .expect("the job's Secret");
+    let value = |k: &str| {
+        let data = secret.data.as_ref().expect("data");
+        String::from_utf8(data[k].0.clone()).expect("UTF-8")
+    };
+    assert_eq!(value("EDL_ETCD_USER"), format!("edl-job-{SECURE_JOB}"));
+    assert!(!value("EDL_JOB_TOKEN").is_empty());
+    let as_job = EtcdBackend::connect(
+        EtcdConfig::new(w.etcd.endpoints())
+            .with_auth(value("EDL_ETCD_USER"), value("EDL_ETCD_PASSWORD")),
+    )
+    .await
+    .expect("connect as the job's user");
+    let prefix = format!("/edl/{SECURE_JOB}/");
+    let (own, _) = as_job.range(&prefix).await.expect("the job's keys");
+    assert!(!own.is_empty(), "the job's user reads its keys");
+    assert!(
+        matches!(
+            as_job.range("/edl/").await,
+            Err(edl_coord::Error::PermissionDenied(_))
+        ),
+        "the job's user lists every job"
+    );
+
+    // The job goes: its keys (the finalizer, as root) and its Secret (owned by it).
+    jobs.delete(SECURE_JOB, &DeleteParams::default())
+        .await
+        .expect("delete the job");
+    let removed = wait_until(Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            api.get("trainingjobs", NS, SECURE_JOB).is_none()
+                && api
+                    .get("secrets", NS, &format!("{SECURE_JOB}-edl-credentials"))
+                    .is_none()
+        }
+    })
+    .await;
+    assert!(removed, "{:?}", status().await);
+    let (left, _) = root.range(&prefix).await.expect("read etcd");
+    assert!(left.is_empty(), "{} etcd keys left", left.len());
     stop.cancel();
     operator.await.expect("operator");
 }

@@ -112,9 +112,7 @@ pub(crate) async fn secure(
     run_dir: &Path,
     base: &Access,
 ) -> anyhow::Result<Access> {
-    let token: String = (0..32)
-        .map(|_| format!("{:02x}", rand::random::<u8>()))
-        .collect();
+    let token = edl_coord::random_secret();
     let ca = LocalCa::generate(job.as_str())?;
     let dir = run_dir.join("tls");
     let files = ca
@@ -146,9 +144,7 @@ pub(crate) async fn lock_private_etcd(endpoints: &[String]) -> anyhow::Result<Ar
     let open = EtcdBackend::connect(EtcdConfig::new(endpoints.iter().cloned()))
         .await
         .map_err(crate::common::etcd_connect_error)?;
-    let root: String = (0..32)
-        .map(|_| format!("{:02x}", rand::random::<u8>()))
-        .collect();
+    let root = edl_coord::random_secret();
     open.enable_auth(&root)
         .await
         .context("turn authentication on in the private etcd")?;

@@ -19,6 +19,13 @@ use super::failure::{Failure, Resend};
 use super::{EtcdAuth, EtcdBackend};
 use crate::error::{Error, Result};
 
+/// 32 random bytes in hex: a password or a token.
+pub fn random_secret() -> String {
+    (0..32)
+        .map(|_| format!("{:02x}", rand::random::<u8>()))
+        .collect()
+}
+
 /// Whether etcd refused because the user or role already exists.
 fn exists(f: &Failure) -> bool {
     f.error.to_string().contains("already exists")
@@ -79,9 +86,7 @@ impl EtcdBackend {
                 "a user and a non-empty prefix are needed".into(),
             ));
         }
-        let password: String = (0..32)
-            .map(|_| format!("{:02x}", rand::random::<u8>()))
-            .collect();
+        let password = random_secret();
         let (name, prefix, pw) = (user.to_owned(), prefix.to_owned(), password.clone());
         self.call("grant a prefix", Resend::IfNotSent, move |c| {
             let (user, prefix, password) = (name.clone(), prefix.clone(), pw.clone());

@@ -50,6 +50,7 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+pub use admin::random_secret;
 use codec::range_one;
 pub use config::{EtcdAuth, EtcdConfig, EtcdTls};
 pub(crate) use conn::probe_channel;

@@ -93,6 +93,7 @@ fn observe<'a>(
         pods,
         services: BTreeSet::from([JOB.to_owned()]),
         etcd,
+        credentials: Credentials::NotIssued,
         now: at(100),
     }
 }
@@ -475,6 +476,105 @@ fn a_deleted_job_drops_its_keys_then_its_finalizer() {
     assert!(plan.create_pods.is_empty() && plan.delete.is_empty() && plan.status.is_none());
 }
 
+/// The credentials Secret a pod takes (`envFrom`), if any.
+fn env_from_secret(p: &Pod) -> Option<k8s_openapi::api::core::v1::SecretEnvSource> {
+    let c = &p.spec.as_ref()?.containers[0];
+    let sources = c.env_from.as_ref()?;
+    assert_eq!(sources.len(), 1, "{sources:?}");
+    sources[0].secret_ref.clone()
+}
+
+#[test]
+fn job_processes_require_the_credentials_the_operator_made_and_take_hand_made_ones() {
+    let tj = training_job("");
+    let plan = reconcile(&Observed {
+        credentials: Credentials::Ready,
+        ..observe(&tj, vec![], Ok(Progress::default()))
+    });
+    assert_eq!(plan.create_pods.len(), 4);
+    for p in &plan.create_pods {
+        let r = env_from_secret(p).expect("the Secret");
+        assert_eq!(r.name, "mnist-edl-credentials");
+        assert_eq!(
+            r.optional, None,
+            "required: a pod without it does not start"
+        );
+    }
+    let status = plan.status.expect("status");
+    let c = condition(&status, "CredentialsReady");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Issued"));
+    assert!(c.message.contains("mnist-edl-credentials"), "{c:?}");
+
+    // An operator without admin credentials: the Secret if an administrator made one.
+    let plan = reconcile(&observe(&tj, vec![], Ok(Progress::default())));
+    assert_eq!(plan.create_pods.len(), 4);
+    for p in &plan.create_pods {
+        let r = env_from_secret(p).expect("the Secret");
+        assert_eq!(
+            (r.name.as_str(), r.optional),
+            ("mnist-edl-credentials", Some(true))
+        );
+    }
+    let status = plan.status.expect("status");
+    assert!(
+        status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "CredentialsReady")
+    );
+
+    // A job with its own etcd: none, whatever the operator has.
+    let mut managed = training_job("");
+    managed.spec.etcd = EtcdSpec {
+        managed: true,
+        ..EtcdSpec::default()
+    };
+    let plan = reconcile(&observe(&managed, vec![], Ok(Progress::default())));
+    assert_eq!(plan.create_pods.len(), 5, "the etcd and the processes");
+    assert!(
+        plan.create_pods
+            .iter()
+            .all(|p| env_from_secret(p).is_none())
+    );
+}
+
+#[test]
+fn credentials_the_operator_cannot_make_are_a_condition_and_one_event_and_no_process_starts() {
+    let mut tj = training_job("");
+    let failed = |tj: &TrainingJob| {
+        reconcile(&Observed {
+            credentials: Credentials::Failed("etcd: permission denied".into()),
+            ..observe(tj, vec![], Ok(Progress::default()))
+        })
+    };
+    let plan = failed(&tj);
+    assert!(
+        plan.create_pods.is_empty(),
+        "{:?}",
+        names(&plan.create_pods)
+    );
+    let status = plan.status.clone().expect("status");
+    let c = condition(&status, "CredentialsReady");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "CredentialsFailed")
+    );
+    assert!(c.message.contains("permission denied"), "{c:?}");
+    let running = condition(&status, "Running");
+    assert_eq!(running.reason, "CredentialsFailed");
+    assert_eq!(status.phase, Phase::Pending);
+    let warned = |plan: &Plan| {
+        plan.events
+            .iter()
+            .filter(|e| e.warning && e.reason == "CredentialsFailed")
+            .count()
+    };
+    assert_eq!(warned(&plan), 1, "{:?}", plan.events);
+    // The same again: the condition stands, no second event.
+    tj.status = Some(status);
+    assert_eq!(warned(&failed(&tj)), 0);
+}
+
 fn arb_phase() -> impl Strategy<Value = PodPhase> {
     prop_oneof![
         Just(PodPhase::Pending),
@@ -514,6 +614,11 @@ proptest! {
         deleting in any::<bool>(),
         etcd_up in any::<bool>(),
         finished in any::<bool>(),
+        credentials in prop_oneof![
+            Just(Credentials::NotIssued),
+            Just(Credentials::Ready),
+            Just(Credentials::Failed("denied".to_owned())),
+        ],
     ) {
         let mut tj = training_job("");
         tj.spec.cluster.trainers = trainers;
@@ -535,7 +640,10 @@ proptest! {
             p.finished = Some(Finished::Succeeded);
         }
         let etcd = if etcd_up { Ok(p) } else { Err("down".to_owned()) };
-        let plan = reconcile(&observe(&tj, pods.clone(), etcd));
+        let plan = reconcile(&Observed {
+            credentials: credentials.clone(),
+            ..observe(&tj, pods.clone(), etcd)
+        });
 
         let wanted: BTreeSet<String> = desired_slots(&tj).iter().map(|s| s.pod_name(JOB)).collect();
         let existing: BTreeSet<&str> = pods.iter().map(|p| p.name.as_str()).collect();
@@ -566,6 +674,17 @@ proptest! {
         if !etcd_up && !deleting {
             prop_assert!(plan.etcd.is_empty());
             prop_assert!(created.is_empty(), "no job process without its etcd");
+        }
+        if matches!(credentials, Credentials::Failed(_)) {
+            prop_assert!(created.is_empty(), "no job process without its credentials");
+        }
+        for p in &plan.create_pods {
+            let optional = env_from_secret(p).map(|r| r.optional);
+            let want = match credentials {
+                Credentials::Ready => Some(None),
+                _ => Some(Some(true)),
+            };
+            prop_assert_eq!(optional, want, "{:?}", p.metadata.name);
         }
         if let Some(s) = &plan.status {
             prop_assert!(s.recoveries.len() <= RECENT_RECOVERIES);

@@ -11,7 +11,9 @@ use axum::http::{Method, StatusCode, header};
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::store::{at_path, fields_match, labels_match, merge_patch, not_found, set_path};
+use super::store::{
+    at_path, fields_match, labels_match, merge_patch, not_found, secret_rules, set_path,
+};
 use super::{ApiError, ResourceType, ScalePaths, Shared};
 
 /// What a request is about.
@@ -350,6 +352,9 @@ fn respond(
             }
             result["apiVersion"] = current["apiVersion"].clone();
             result["kind"] = current["kind"].clone();
+            if ty.is_secret() {
+                secret_rules(&mut result, Some(&current))?;
+            }
             let written = store.write(&key, result, tx);
             match (sub, &ty.scale) {
                 (Some("scale"), Some(paths)) => Ok((200, scale_of(&written, paths))),

@@ -25,6 +25,11 @@
 //!   create drops the status); `/status` changes only the status.
 //! - **scale subresource** (`/scale`, an `autoscaling/v1` Scale) over the paths given in
 //!   [`ResourceType::scale`].
+//! - **Secrets** ([`ResourceType::secrets`]): `stringData` is merged into `data`
+//!   (base64) on every write and never stored or returned; a `data` value that is not
+//!   base64 is `422 Invalid`; `type` defaults to `Opaque` and cannot change; the data of
+//!   an `immutable` Secret cannot change. Secrets are served in clear, like every
+//!   object here (no encryption at rest, no RBAC).
 //! - **delete**: with finalizers, or for a pod with a grace period (the pod's
 //!   `terminationGracePeriodSeconds`, 30 s by default, or the request's
 //!   `gracePeriodSeconds`), the object gets a `deletionTimestamp` and stays; a write that
@@ -43,8 +48,9 @@
 //!
 //! Not covered: schema validation and defaulting of custom resources (the manifests
 //! are validated against the real schemas by `deploy/tests`), admission, RBAC,
-//! authentication, server-side apply, field managers, pagination, bookmarks, and the
-//! other controllers of a cluster (scheduling and running pods is the test's own
+//! authentication, server-side apply, field managers, pagination, bookmarks, a Secret's
+//! other checks (key names, the 1 MiB limit, the keys `kubernetes.io/*` types need),
+//! and the other controllers of a cluster (scheduling and running pods is the test's own
 //! kubelet, over [`FakeApi`]'s direct methods).
 //!
 //! Layout: this module has the resource types, errors and [`FakeApi`] (the server and the
@@ -63,8 +69,8 @@ use tokio_util::sync::CancellationToken;
 mod http;
 mod store;
 
-pub use store::merge_patch;
 use store::{Store, WatchEvent, not_found};
+pub use store::{base64_decode, base64_encode, merge_patch};
 
 /// How many events a watch can resume from (older resourceVersions get 410 Gone).
 pub const EVENT_WINDOW: usize = 10_000;
@@ -109,6 +115,12 @@ impl ResourceType {
     /// Core `v1` services.
     pub fn services() -> ResourceType {
         ResourceType::core("services", "Service", true)
+    }
+
+    /// Core `v1` secrets (no status; `stringData`, `type` and `immutable` kept as the
+    /// API server keeps them).
+    pub fn secrets() -> ResourceType {
+        ResourceType::core("secrets", "Secret", false)
     }
 
     /// Core `v1` events.
@@ -181,12 +193,14 @@ impl ResourceType {
         }
     }
 
-    /// Every type the edl operator uses: pods, services, events, TrainingJobs, the
-    /// leader election's leases, and the nodes and PriorityClasses its autoscaler reads.
+    /// Every type the edl operator uses: pods, services, secrets (the jobs' etcd
+    /// credentials), events, TrainingJobs, the leader election's leases, and the nodes
+    /// and PriorityClasses its autoscaler reads.
     pub fn for_operator() -> Vec<ResourceType> {
         vec![
             ResourceType::pods(),
             ResourceType::services(),
+            ResourceType::secrets(),
             ResourceType::events_v1(),
             ResourceType::trainingjobs(),
             ResourceType::leases(),
@@ -205,6 +219,10 @@ impl ResourceType {
             status,
             scale: None,
         }
+    }
+
+    fn is_secret(&self) -> bool {
+        self.group.is_empty() && self.plural == "secrets"
     }
 
     fn api_version(&self) -> String {
@@ -384,6 +402,11 @@ impl FakeApi {
             .filter(|((ti, ns, _), _)| *ti == t && ns == namespace)
             .map(|(_, o)| o.clone())
             .collect()
+    }
+
+    /// Whether it serves objects of type `plural`.
+    pub fn serves(&self, plural: &str) -> bool {
+        self.shared.lock().types.iter().any(|t| t.plural == plural)
     }
 
     /// One object.

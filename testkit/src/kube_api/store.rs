@@ -1,6 +1,7 @@
 //! The fake API server's object store: objects by type, namespace and name, one
 //! resourceVersion counter, the retained event log that watches resume from, and the
-//! write rules (generation, finalizers, graceful pod deletion, owner references).
+//! write rules (generation, finalizers, graceful pod deletion, owner references, a
+//! Secret's `stringData`, `type` and `immutable`).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -56,6 +57,112 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
         }
         _ => *target = patch.clone(),
     }
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding (RFC 4648), as the API server writes a Secret's `data`.
+pub fn base64_encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(BASE64[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The bytes of standard, padded base64 (`None`: not base64).
+pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let text = text.as_bytes();
+    if !text.len().is_multiple_of(4) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    for (q, chunk) in text.chunks(4).enumerate() {
+        let last = q == text.len() / 4 - 1;
+        let pad = chunk.iter().rev().take_while(|c| **c == b'=').count();
+        if pad > 2 || (pad > 0 && !last) {
+            return None;
+        }
+        let mut n = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            let v = if i >= 4 - pad {
+                0
+            } else {
+                BASE64.iter().position(|b| b == c)? as u32
+            };
+            n |= v << (18 - 6 * i);
+        }
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..3 - pad]);
+    }
+    Some(out)
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::new(422, "Invalid", message)
+}
+
+/// A core `v1` Secret as the API server stores it: `stringData` merged into `data`
+/// (base64) and dropped, `data` values checked to be base64, `type` defaulted to
+/// `Opaque`; on an update (`old`), `type` cannot change, nor the data of an `immutable`
+/// Secret.
+pub(super) fn secret_rules(obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
+    if let Some(string_data) = obj
+        .as_object_mut()
+        .and_then(|o| o.remove("stringData"))
+        .filter(|v| !v.is_null())
+    {
+        let Some(entries) = string_data.as_object() else {
+            return Err(invalid("stringData: must be a map of strings"));
+        };
+        if !obj["data"].is_object() {
+            obj["data"] = json!({});
+        }
+        for (k, v) in entries {
+            let Some(v) = v.as_str() else {
+                return Err(invalid(format!("stringData[{k}]: must be a string")));
+            };
+            obj["data"][k] = json!(base64_encode(v.as_bytes()));
+        }
+    }
+    if let Some(data) = obj["data"].as_object() {
+        for (k, v) in data {
+            if v.as_str().and_then(base64_decode).is_none() {
+                return Err(invalid(format!("data[{k}]: illegal base64 data")));
+            }
+        }
+    }
+    if obj["type"].as_str().is_none_or(str::is_empty) {
+        obj["type"] = match old {
+            Some(o) => o["type"].clone(),
+            None => json!("Opaque"),
+        };
+    }
+    if let Some(old) = old {
+        if obj["type"] != old["type"] {
+            return Err(invalid("type: Invalid value: field is immutable"));
+        }
+        if old["immutable"] == json!(true)
+            && (obj["data"] != old["data"] || obj["immutable"] != json!(true))
+        {
+            return Err(invalid(
+                "data: Forbidden: field is immutable when `immutable` is set",
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn at_path<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
@@ -176,6 +283,9 @@ impl Store {
             name = format!("{prefix}{:05x}", self.uid + 1);
         }
         let key = (t, ns.to_owned(), name.clone());
+        if ty.is_secret() {
+            secret_rules(&mut obj, None)?;
+        }
         if self.objects.contains_key(&key) {
             return Err(ApiError::new(
                 409,
@@ -319,4 +429,30 @@ pub(super) fn not_found(ty: &ResourceType, name: &str) -> ApiError {
         "NotFound",
         format!("{} \"{name}\" not found", ty.plural),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_is_rfc_4648() {
+        for (plain, coded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64_encode(plain.as_bytes()), coded);
+            assert_eq!(base64_decode(coded).as_deref(), Some(plain.as_bytes()));
+        }
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(base64_decode(&base64_encode(&all)), Some(all));
+        for bad in ["Zg", "Zg=a", "Z===", "Zg==Zg==", "not base64!", "Zm9v\n"] {
+            assert_eq!(base64_decode(bad), None, "{bad:?}");
+        }
+    }
 }

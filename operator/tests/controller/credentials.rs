@@ -1,0 +1,341 @@
+//! Per-job etcd credentials (`edl operator run --etcd-user/--etcd-password` with a
+//! shared etcd; `edl_operator::controller`) against the fake API server and a real etcd
+//! with authentication on. What it shows:
+//! - a TrainingJob on the shared etcd gets the Secret `<job>-edl-credentials`, owned by
+//!   it, before its pods; a Secret of that name left by an earlier job (another owner
+//!   uid) is replaced;
+//! - the Secret's user may write `/edl/<job>/` and etcd refuses it another job's keys;
+//! - every job pod takes the Secret (`envFrom`, required);
+//! - later rounds reuse the Secret: same object, same password, which still works;
+//! - deleting the job takes the Secret with it (owner reference);
+//! - an operator whose etcd user may not manage users says so in a condition and an
+//!   Event, and starts no job process;
+//! - every request is one `deploy/rbac.yaml` allows in the namespace where it binds
+//!   edl-operator-credentials, each of that rule's verbs used.
+
+use edl_coord::{Error as CoordError, EtcdAuth};
+use k8s_openapi::api::core::v1::{EnvFromSource, Pod, SecretEnvSource};
+
+use super::*;
+
+/// Where `deploy/rbac.yaml` binds the edl-operator-credentials ClusterRole.
+const CRED_NS: &str = "default";
+const ROOT_PASSWORD: &str = "pw";
+const SECRET: &str = "mnist-edl-credentials";
+
+/// An etcd with authentication on (user root, [`ROOT_PASSWORD`]), and a client as root.
+async fn etcd_with_auth() -> (EtcdCluster, Arc<EtcdBackend>) {
+    let etcd = EtcdCluster::start(1).await.expect("etcd");
+    let open = EtcdBackend::connect(EtcdConfig::new(etcd.endpoints()))
+        .await
+        .expect("connect");
+    open.enable_auth(ROOT_PASSWORD).await.expect("enable auth");
+    let root =
+        EtcdBackend::connect(EtcdConfig::new(etcd.endpoints()).with_auth("root", ROOT_PASSWORD))
+            .await
+            .expect("connect as root");
+    (etcd, Arc::new(root))
+}
+
+/// The fake API server, a client for the test, and one that identifies as the operator.
+async fn fake_api() -> (Arc<FakeApi>, Client, Client) {
+    let api = Arc::new(
+        FakeApi::start(ResourceType::for_operator())
+            .await
+            .expect("fake API server"),
+    );
+    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    let mut as_operator = Config::new(api.url().parse().expect("url"));
+    as_operator.headers.push((
+        http::header::AUTHORIZATION,
+        http::HeaderValue::from_static("Bearer edl-operator"),
+    ));
+    let operator = Client::try_from(as_operator).expect("client");
+    (api, client, operator)
+}
+
+/// The controller for [`CRED_NS`] with `admin` as its etcd credentials.
+fn start_operator(
+    client: Client,
+    admin: EtcdAuth,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(controller::run(
+        client,
+        ControllerConfig {
+            namespace: Some(CRED_NS.to_owned()),
+            resync: Duration::from_millis(300),
+            etcd_auth: Some(admin),
+            ..ControllerConfig::default()
+        },
+        metrics,
+        stop,
+    ))
+}
+
+fn training_job(endpoints: Vec<String>) -> TrainingJob {
+    let spec = edl_job::JobSpec::parse_toml(&format!(
+        "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
+         [cluster]\ntrainers = 2\nmin_trainers = 1\nmax_trainers = 4\n"
+    ))
+    .expect("spec");
+    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(CRED_NS));
+    tj.spec.etcd = EtcdSpec {
+        endpoints,
+        ..EtcdSpec::default()
+    };
+    tj
+}
+
+fn job_pods(api: &FakeApi) -> Vec<serde_json::Value> {
+    api.list("pods", CRED_NS)
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["edl.dev/job"] == JOB)
+        .collect()
+}
+
+/// The Secret's value of `key`, as text.
+fn value(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> String {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .unwrap_or_else(|| panic!("no {key} in the Secret"));
+    String::from_utf8(bytes.0.clone()).expect("UTF-8")
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+fn denied<T: std::fmt::Debug>(r: Result<T, CoordError>, what: &str) {
+    match r {
+        Err(CoordError::PermissionDenied(_)) => {}
+        other => panic!("{what}: expected PermissionDenied, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
+    let (etcd, root) = etcd_with_auth().await;
+    let (api, client, operator_client) = fake_api().await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), CRED_NS);
+    // Left by an earlier job of the same name: its owner had another uid.
+    let stale: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": SECRET, "ownerReferences": [{
+            "apiVersion": "edl.dev/v1alpha1", "kind": "TrainingJob", "name": JOB,
+            "uid": "00000000-0000-4000-8000-0000000000ff", "controller": true}]},
+        "stringData": {"EDL_ETCD_USER": "edl-job-mnist", "EDL_ETCD_PASSWORD": "stale",
+            "EDL_JOB_TOKEN": "stale"},
+    }))
+    .expect("a Secret");
+    let stale = secrets
+        .create(&PostParams::default(), &stale)
+        .await
+        .expect("create the stale Secret");
+
+    let stop = CancellationToken::new();
+    let metrics = Arc::new(Metrics::default());
+    let admin = EtcdAuth {
+        user: "root".into(),
+        password: ROOT_PASSWORD.into(),
+    };
+    let operator = start_operator(operator_client, admin, metrics.clone(), stop.clone());
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), CRED_NS);
+    jobs.create(&PostParams::default(), &training_job(etcd.endpoints()))
+        .await
+        .expect("create the job");
+
+    let within = Duration::from_secs(20);
+    let every = Duration::from_millis(50);
+    let ok = wait_until(within, every, || async { job_pods(&api).len() == 4 }).await;
+    assert!(ok, "pods: {:?}", api.list("pods", CRED_NS));
+    let tj = jobs.get(JOB).await.expect("the job");
+
+    // The Secret: a new one, owned by this job, with the job's user and a token.
+    let secret = secrets.get(SECRET).await.expect("the job's Secret");
+    assert_ne!(
+        secret.metadata.uid, stale.metadata.uid,
+        "the stale one was replaced"
+    );
+    let owners = secret.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!(
+        (owners[0].kind.as_str(), owners[0].name.as_str()),
+        ("TrainingJob", JOB)
+    );
+    assert_eq!(Some(&owners[0].uid), tj.metadata.uid.as_ref());
+    assert_eq!(owners[0].controller, Some(true));
+    assert_eq!(value(&secret, "EDL_ETCD_USER"), "edl-job-mnist");
+    let password = value(&secret, "EDL_ETCD_PASSWORD");
+    let token = value(&secret, "EDL_JOB_TOKEN");
+    assert!(is_hex(&password, 64), "a random password: {password:?}");
+    assert!(is_hex(&token, 64), "32 random bytes, hex: {token:?}");
+    // Made before the pods: the fake's resourceVersions are one counter, and neither the
+    // Secret nor the pods (no kubelet here) were written after their creation.
+    let rv = |v: &serde_json::Value| {
+        v["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|r| r.parse::<u64>().ok())
+            .expect("a resourceVersion")
+    };
+    let secret_rv = rv(&api.get("secrets", CRED_NS, SECRET).expect("the Secret"));
+    for p in job_pods(&api) {
+        assert!(
+            secret_rv < rv(&p),
+            "the Secret after pod {}",
+            p["metadata"]["name"]
+        );
+    }
+
+    // Its user may touch the job's keys, and only those.
+    let as_job = EtcdBackend::connect(
+        EtcdConfig::new(etcd.endpoints()).with_auth("edl-job-mnist", password.clone()),
+    )
+    .await
+    .expect("connect as the job's user");
+    as_job
+        .put("/edl/mnist/x", b"1".to_vec(), None)
+        .await
+        .expect("the job's user writes /edl/mnist/x");
+    denied(
+        as_job.put("/edl/other-job/x", b"1".to_vec(), None).await,
+        "write /edl/other-job/x",
+    );
+    denied(
+        as_job.get("/edl/other-job/x").await,
+        "read /edl/other-job/x",
+    );
+    assert!(
+        root.get("/edl/other-job/x").await.expect("get").is_none(),
+        "the refused write left nothing"
+    );
+
+    // Every job pod takes it, and must.
+    let want = vec![EnvFromSource {
+        secret_ref: Some(SecretEnvSource {
+            name: SECRET.to_owned(),
+            optional: None,
+        }),
+        ..EnvFromSource::default()
+    }];
+    for p in job_pods(&api) {
+        let pod: Pod = serde_json::from_value(p).expect("a pod");
+        let c = &pod.spec.as_ref().expect("spec").containers[0];
+        assert_eq!(
+            c.env_from.as_ref(),
+            Some(&want),
+            "pod {:?}",
+            pod.metadata.name
+        );
+    }
+
+    // Later rounds reuse it: the same object and password, which still works.
+    let rounds = metrics.reconciles.get();
+    let more = wait_until(within, every, || async {
+        metrics.reconciles.get() >= rounds + 3
+    })
+    .await;
+    assert!(more, "the operator stopped deciding");
+    let again = secrets.get(SECRET).await.expect("the Secret");
+    assert_eq!(again.metadata.uid, secret.metadata.uid);
+    assert_eq!(
+        again.metadata.resource_version,
+        secret.metadata.resource_version
+    );
+    assert_eq!(value(&again, "EDL_ETCD_PASSWORD"), password);
+    let reconnected = EtcdBackend::connect(
+        EtcdConfig::new(etcd.endpoints()).with_auth("edl-job-mnist", password.clone()),
+    )
+    .await
+    .expect("connect as the job's user again");
+    let x = reconnected.get("/edl/mnist/x").await.expect("get");
+    assert_eq!(x.map(|kv| kv.value), Some(b"1".to_vec()));
+    assert_eq!(
+        condition(&api, JOB, "CredentialsReady").map(|(s, r, _)| (s, r)),
+        Some(("True".to_owned(), "Issued".to_owned()))
+    );
+
+    // The job goes, and its Secret with it.
+    jobs.delete(JOB, &DeleteParams::default())
+        .await
+        .expect("delete the job");
+    let gone = wait_until(within, every, || async {
+        api.get("trainingjobs", CRED_NS, JOB).is_none()
+            && api.get("secrets", CRED_NS, SECRET).is_none()
+    })
+    .await;
+    assert!(gone, "secret {:?}", api.get("secrets", CRED_NS, SECRET));
+
+    stop.cancel();
+    operator.await.expect("operator");
+    let accesses = operator_accesses(&api);
+    let secret_requests: Vec<&Access> = accesses
+        .iter()
+        .filter(|a| a.resource == "secrets")
+        .collect();
+    assert!(
+        secret_requests
+            .iter()
+            .all(|a| a.namespace == CRED_NS && a.name.as_deref().is_none_or(|n| n == SECRET)),
+        "{secret_requests:?}"
+    );
+    check_rbac(&accesses, &|r, _| !credentials_rule(r));
+}
+
+/// A condition of a job in [`CRED_NS`]: (status, reason, message).
+fn condition(api: &FakeApi, job: &str, type_: &str) -> Option<(String, String, String)> {
+    let tj = api.get("trainingjobs", CRED_NS, job)?;
+    let c = tj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?
+        .clone();
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    Some((s("status"), s("reason"), s("message")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_the_operator_cannot_make_are_a_condition_and_no_job_process_starts() {
+    let (etcd, root) = etcd_with_auth().await;
+    // The operator's user may read and write every job's keys, but not manage users.
+    let ops = root.grant_prefix("ops", "/edl/").await.expect("user ops");
+    let (api, client, operator_client) = fake_api().await;
+    let stop = CancellationToken::new();
+    let metrics = Arc::new(Metrics::default());
+    let operator = start_operator(operator_client, ops, metrics, stop.clone());
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), CRED_NS);
+    jobs.create(&PostParams::default(), &training_job(etcd.endpoints()))
+        .await
+        .expect("create the job");
+
+    let within = Duration::from_secs(20);
+    let every = Duration::from_millis(50);
+    let said = wait_until(within, every, || async {
+        condition(&api, JOB, "CredentialsReady").is_some_and(|(s, r, m)| {
+            s == "False" && r == "CredentialsFailed" && m.contains("may manage users")
+        }) && api.list("events", CRED_NS).iter().any(|e| {
+            e["regarding"]["name"] == JOB
+                && e["reason"] == "CredentialsFailed"
+                && e["type"] == "Warning"
+        })
+    })
+    .await;
+    assert!(
+        said,
+        "{:?}, events {:?}",
+        api.get("trainingjobs", CRED_NS, JOB)
+            .map(|j| j["status"].clone()),
+        api.list("events", CRED_NS)
+    );
+    let running = condition(&api, JOB, "Running").expect("a Running condition");
+    assert_eq!(
+        (running.0.as_str(), running.1.as_str()),
+        ("False", "CredentialsFailed")
+    );
+    assert!(job_pods(&api).is_empty(), "{:?}", job_pods(&api));
+    assert!(api.get("secrets", CRED_NS, SECRET).is_none());
+    stop.cancel();
+    operator.await.expect("operator");
+}
