@@ -59,7 +59,7 @@ pub struct RunArgs {
     pub resync: std::time::Duration,
     /// etcd user of the jobs' etcd, if it needs one. A user that may manage users (root)
     /// also gives each job on a shared etcd its own etcd user and token, in the Secret
-    /// <job>-edl-credentials (docs/kubernetes.md, "Credentials").
+    /// `<job>-edl-credentials` (docs/kubernetes.md, "Credentials").
     #[arg(long, env = "EDL_ETCD_USER")]
     pub etcd_user: Option<String>,
     /// etcd password.
