@@ -1,0 +1,146 @@
+//! Tests of the TLS setup: variables, unusable files, handshakes.
+
+use super::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn job_files(dir: &Path, job: &str) -> TlsFiles {
+    LocalCa::generate(job).unwrap().write(dir).unwrap()
+}
+
+#[test]
+fn variables_name_the_files_and_bad_ones_are_said() {
+    let vars = |pairs: &[(&str, &str)]| {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    };
+    assert_eq!(TlsFiles::from_vars(vars(&[])).unwrap(), None);
+    let f = TlsFiles::from_vars(vars(&[
+        (env::CA, "/ca"),
+        (env::CERT, "/c"),
+        (env::KEY, "/k"),
+        (env::CLIENT_AUTH, "true"),
+    ]))
+    .unwrap()
+    .unwrap();
+    assert!(f.client_auth);
+    let back: Vec<(String, String)> = f
+        .to_vars()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    let again = TlsFiles::from_vars(move |k: &str| {
+        back.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    assert_eq!(again, Some(f));
+    let e = TlsFiles::from_vars(vars(&[(env::CERT, "/c")])).unwrap_err();
+    assert!(e.to_string().contains("EDL_TLS_CA"), "{e}");
+    let e = TlsFiles::from_vars(vars(&[(env::CA, "/c"), (env::CLIENT_AUTH, "yes")])).unwrap_err();
+    assert!(e.to_string().contains("true or false"), "{e}");
+}
+
+#[test]
+fn unusable_files_are_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = job_files(dir.path(), "j");
+    let missing = TlsFiles {
+        ca: dir.path().join("nope.pem"),
+        ..good.clone()
+    };
+    let e = missing.load().unwrap_err().to_string();
+    assert!(e.contains("nope.pem"), "{e}");
+    let no_key = TlsFiles {
+        key: None,
+        ..good.clone()
+    };
+    assert!(no_key.load().unwrap_err().to_string().contains("--tls-key"));
+    let not_pem = dir.path().join("junk.pem");
+    std::fs::write(&not_pem, "hello").unwrap();
+    let junk = TlsFiles {
+        ca: not_pem,
+        ..good.clone()
+    };
+    assert!(
+        junk.load()
+            .unwrap_err()
+            .to_string()
+            .contains("no certificate")
+    );
+    // A key that is not the certificate's.
+    let other = job_files(&dir.path().join("other"), "k");
+    let mismatched = TlsFiles {
+        key: other.key.clone(),
+        ..good.clone()
+    };
+    assert!(mismatched.load().is_err());
+    let client_only = TlsFiles {
+        cert: None,
+        key: None,
+        client_auth: true,
+        ..good.clone()
+    };
+    assert!(client_only.load().is_err(), "client auth needs an identity");
+    // The key file is the owner's only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(good.key.unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "{mode:o}");
+}
+
+/// A bulk-path handshake completes with the job's certificate and says so in its
+/// ALPN; bytes round trip; a client of another CA is refused in the handshake.
+#[tokio::test]
+async fn handshakes_settle_the_protocol_and_refuse_strangers() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = job_files(dir.path(), "j");
+    let tls = files.load().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let acceptor = tls.acceptor().unwrap();
+    let server = tokio::spawn(async move {
+        let mut results = Vec::new();
+        for _ in 0..2 {
+            let (s, _) = listener.accept().await.unwrap();
+            match ServerConn::accept(&acceptor, s).await {
+                Ok(mut c) => {
+                    let alpn = c.alpn().map(<[u8]>::to_vec);
+                    let mut buf = [0u8; 5];
+                    c.read_exact(&mut buf).await.unwrap();
+                    c.write_all(&buf).await.unwrap();
+                    c.flush().await.unwrap();
+                    results.push(Ok(alpn));
+                }
+                Err(e) => results.push(Err(e.to_string())),
+            }
+        }
+        results
+    });
+    let tcp = TcpStream::connect(&addr).await.unwrap();
+    let mut c = ClientConn::Tls(Box::new(tls.connect(&addr, tcp).await.unwrap()));
+    c.write_all(b"hello").await.unwrap();
+    c.flush().await.unwrap();
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"hello");
+    let mut stranger = job_files(&dir.path().join("x"), "x");
+    stranger.ca = files.ca.clone();
+    let stranger = stranger.load().unwrap();
+    let tcp = TcpStream::connect(&addr).await.unwrap();
+    // The client may finish its side before the server refuses its certificate:
+    // the refusal shows at the first read.
+    if let Ok(s) = stranger.connect(&addr, tcp).await {
+        let mut s = ClientConn::Tls(Box::new(s));
+        let _ = s.write_all(b"hello").await;
+        let _ = s.flush().await;
+        let mut b = [0u8; 5];
+        assert!(s.read_exact(&mut b).await.is_err());
+    }
+    let results = server.await.unwrap();
+    assert_eq!(results[0], Ok(Some(ALPN_BULK.to_vec())));
+    assert!(results[1].is_err(), "{:?}", results[1]);
+}
