@@ -38,6 +38,28 @@ impl EtcdCluster {
         })
     }
 
+    /// Starts one member with authentication on (user `root` with `root_password`, as
+    /// `etcdctl user add root && etcdctl auth enable` would do); the cluster and a
+    /// backend connected as root.
+    pub async fn start_with_auth(
+        root_password: &str,
+    ) -> io::Result<(EtcdCluster, std::sync::Arc<edl_coord::EtcdBackend>)> {
+        use edl_coord::{EtcdBackend, EtcdConfig};
+        let cluster = EtcdCluster::start(1).await?;
+        let open = EtcdBackend::connect(EtcdConfig::new(cluster.endpoints()))
+            .await
+            .map_err(io::Error::other)?;
+        open.enable_auth(root_password)
+            .await
+            .map_err(io::Error::other)?;
+        let root = EtcdBackend::connect(
+            EtcdConfig::new(cluster.endpoints()).with_auth("root", root_password),
+        )
+        .await
+        .map_err(io::Error::other)?;
+        Ok((cluster, std::sync::Arc::new(root)))
+    }
+
     /// Starts member `i` again on its ports and data (after
     /// [`kill`](LocalEtcd::kill)) and waits until it is healthy.
     pub async fn restart(&self, i: usize) -> io::Result<()> {

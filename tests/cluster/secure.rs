@@ -19,18 +19,9 @@ const ROOT_PASSWORD: &str = "root-s3cret";
 
 /// An etcd with authentication on; a backend connected as root.
 async fn etcd_with_auth() -> (EtcdCluster, Arc<EtcdBackend>) {
-    let etcd = EtcdCluster::start(1)
+    EtcdCluster::start_with_auth(ROOT_PASSWORD)
         .await
-        .expect("start etcd (run scripts/test to install it)");
-    let open = EtcdBackend::connect(EtcdConfig::new(etcd.endpoints()))
-        .await
-        .expect("connect");
-    open.enable_auth(ROOT_PASSWORD).await.expect("enable auth");
-    let root =
-        EtcdBackend::connect(EtcdConfig::new(etcd.endpoints()).with_auth("root", ROOT_PASSWORD))
-            .await
-            .expect("connect as root");
-    (etcd, Arc::new(root))
+        .expect("start etcd with authentication on (run scripts/test to install etcd)")
 }
 
 fn denied<T: std::fmt::Debug>(r: Result<T, CoordError>, what: &str) {

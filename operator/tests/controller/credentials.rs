@@ -25,16 +25,9 @@ const SECRET: &str = "mnist-edl-credentials";
 
 /// An etcd with authentication on (user root, [`ROOT_PASSWORD`]), and a client as root.
 async fn etcd_with_auth() -> (EtcdCluster, Arc<EtcdBackend>) {
-    let etcd = EtcdCluster::start(1).await.expect("etcd");
-    let open = EtcdBackend::connect(EtcdConfig::new(etcd.endpoints()))
+    EtcdCluster::start_with_auth(ROOT_PASSWORD)
         .await
-        .expect("connect");
-    open.enable_auth(ROOT_PASSWORD).await.expect("enable auth");
-    let root =
-        EtcdBackend::connect(EtcdConfig::new(etcd.endpoints()).with_auth("root", ROOT_PASSWORD))
-            .await
-            .expect("connect as root");
-    (etcd, Arc::new(root))
+        .expect("etcd with authentication on")
 }
 
 /// The fake API server, a client for the test, and one that identifies as the operator.
