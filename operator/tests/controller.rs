@@ -100,12 +100,8 @@ fn events(api: &FakeApi) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
     let etcd = EtcdCluster::start(1).await.expect("etcd");
-    let api = Arc::new(
-        FakeApi::start(ResourceType::for_operator())
-            .await
-            .expect("fake API server"),
-    );
-    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    // The operator's own client: its requests are the ones RBAC must allow.
+    let (api, client, operator_client) = fake_api().await;
     let stop = CancellationToken::new();
     let kubelet = kubelet(api.clone(), stop.clone());
     let metrics = Arc::new(Metrics::default());
@@ -114,13 +110,6 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
         resync: Duration::from_millis(300),
         ..ControllerConfig::default()
     };
-    // The operator's own client: its requests are the ones RBAC must allow.
-    let mut as_operator = Config::new(api.url().parse().expect("url"));
-    as_operator.headers.push((
-        http::header::AUTHORIZATION,
-        http::HeaderValue::from_static("Bearer edl-operator"),
-    ));
-    let operator_client = Client::try_from(as_operator).expect("client");
     let election = Election {
         namespace: LEASE_NS.to_owned(),
         name: "edl-operator".to_owned(),
@@ -455,9 +444,27 @@ fn credentials_rule(r: &serde_json::Value) -> bool {
     strings(&r["resources"]) == ["secrets"]
 }
 
-/// The Running (or another) condition of a job: (status, reason, message).
-fn condition(api: &FakeApi, job: &str, type_: &str) -> Option<(String, String, String)> {
-    let tj = api.get("trainingjobs", NS, job)?;
+/// The fake API server, a client for the test, and one that identifies as the operator
+/// (its requests are the ones RBAC must allow).
+async fn fake_api() -> (Arc<FakeApi>, Client, Client) {
+    let api = Arc::new(
+        FakeApi::start(ResourceType::for_operator())
+            .await
+            .expect("fake API server"),
+    );
+    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    let mut as_operator = Config::new(api.url().parse().expect("url"));
+    as_operator.headers.push((
+        http::header::AUTHORIZATION,
+        http::HeaderValue::from_static("Bearer edl-operator"),
+    ));
+    let operator = Client::try_from(as_operator).expect("client");
+    (api, client, operator)
+}
+
+/// The Running (or another) condition of a job in `ns`: (status, reason, message).
+fn condition(api: &FakeApi, ns: &str, job: &str, type_: &str) -> Option<(String, String, String)> {
+    let tj = api.get("trainingjobs", ns, job)?;
     let c = tj["status"]["conditions"]
         .as_array()?
         .iter()
@@ -481,12 +488,7 @@ fn warnings(api: &FakeApi, job: &str, reason: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_becomes_conditions_and_events_never_a_silent_pending() {
     let etcd = EtcdCluster::start(1).await.expect("etcd");
-    let api = Arc::new(
-        FakeApi::start(ResourceType::for_operator())
-            .await
-            .expect("fake API server"),
-    );
-    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    let (api, client, _) = fake_api().await;
     let stop = CancellationToken::new();
     let metrics = Arc::new(Metrics::default());
     let operator = tokio::spawn(controller::run(
@@ -585,7 +587,7 @@ async fn bad_input_becomes_conditions_and_events_never_a_silent_pending() {
         let api = api.clone();
         async move {
             let ok = wait_until(within, every, || async {
-                condition(&api, job, type_)
+                condition(&api, NS, job, type_)
                     .is_some_and(|(s, r, m)| s == "False" && r == reason && m.contains(needle))
                     && warnings(&api, job, reason)
                         .iter()
@@ -620,7 +622,7 @@ async fn bad_input_becomes_conditions_and_events_never_a_silent_pending() {
     }
     // An invalid job fails, naming the field; it gets no pods.
     let failed = wait_until(within, every, || async {
-        condition(&api, "invalid", "Failed").is_some_and(|(s, r, m)| {
+        condition(&api, NS, "invalid", "Failed").is_some_and(|(s, r, m)| {
             s == "True" && r == "InvalidSpec" && m.starts_with("spec.volumes.data")
         })
     })

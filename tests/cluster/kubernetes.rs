@@ -54,42 +54,84 @@ fn uid(api: &FakeApi, pod: &str) -> Option<String> {
         .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
 }
 
+/// The fake API server, its test kubelet running pods as real `edl` processes (logs in
+/// `pods_dir`), and the operator's controller for [`NS`], with `etcd_auth` for the
+/// jobs' etcd.
+struct OnOperator {
+    checkpoints: std::path::PathBuf,
+    pods_dir: std::path::PathBuf,
+    api: Arc<FakeApi>,
+    client: Client,
+    _kubelet: Kubelet,
+    stop: CancellationToken,
+    operator: tokio::task::JoinHandle<()>,
+}
+
+impl OnOperator {
+    async fn start(
+        w: &World,
+        etcd_auth: Option<edl_coord::EtcdAuth>,
+        metrics: Arc<Metrics>,
+    ) -> OnOperator {
+        let checkpoints = w.dir.path().join("checkpoints");
+        let pods_dir = w.dir.path().join("pods");
+        for d in [&checkpoints, &pods_dir] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        let api = Arc::new(
+            FakeApi::start(ResourceType::for_operator())
+                .await
+                .expect("fake API server"),
+        );
+        let kubelet = Kubelet::start(
+            api.clone(),
+            KubeletConfig {
+                namespace: NS.to_owned(),
+                edl: edl_bin().into(),
+                dir: pods_dir.clone(),
+                claims: BTreeMap::new(),
+            },
+        );
+        let client =
+            Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+        let stop = CancellationToken::new();
+        let operator = tokio::spawn(controller::run(
+            client.clone(),
+            ControllerConfig {
+                namespace: Some(NS.to_owned()),
+                resync: Duration::from_millis(500),
+                etcd_auth,
+                ..ControllerConfig::default()
+            },
+            metrics,
+            stop.clone(),
+        ));
+        OnOperator {
+            checkpoints,
+            pods_dir,
+            api,
+            client,
+            _kubelet: kubelet,
+            stop,
+            operator,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_operator() {
     let w = World::new("unused").await;
     let (train, test) = mnist(w.dir.path());
-    let checkpoints = w.dir.path().join("checkpoints");
-    let pods_dir = w.dir.path().join("pods");
-    for d in [&checkpoints, &pods_dir] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
-    let api = Arc::new(
-        FakeApi::start(ResourceType::for_operator())
-            .await
-            .expect("fake API server"),
-    );
-    let _kubelet = Kubelet::start(
-        api.clone(),
-        KubeletConfig {
-            namespace: NS.to_owned(),
-            edl: edl_bin().into(),
-            dir: pods_dir.clone(),
-            claims: BTreeMap::new(),
-        },
-    );
-    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
-    let stop = CancellationToken::new();
     let metrics = Arc::new(Metrics::default());
-    let operator = tokio::spawn(controller::run(
-        client.clone(),
-        ControllerConfig {
-            namespace: Some(NS.to_owned()),
-            resync: Duration::from_millis(500),
-            ..ControllerConfig::default()
-        },
-        metrics.clone(),
-        stop.clone(),
-    ));
+    let OnOperator {
+        checkpoints,
+        pods_dir,
+        api,
+        client,
+        _kubelet,
+        stop,
+        operator,
+    } = OnOperator::start(&w, None, metrics.clone()).await;
 
     // A kubeconfig whose context "fake" is the fake API server, namespace NS.
     let kubeconfig = w.dir.path().join("kubeconfig");
@@ -348,41 +390,19 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
         .await
         .expect("connect as root");
     let (train, test) = mnist(w.dir.path());
-    let checkpoints = w.dir.path().join("checkpoints");
-    let pods_dir = w.dir.path().join("pods");
-    for d in [&checkpoints, &pods_dir] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
-    let api = Arc::new(
-        FakeApi::start(ResourceType::for_operator())
-            .await
-            .expect("fake API server"),
-    );
-    let _kubelet = Kubelet::start(
-        api.clone(),
-        KubeletConfig {
-            namespace: NS.to_owned(),
-            edl: edl_bin().into(),
-            dir: pods_dir.clone(),
-            claims: BTreeMap::new(),
-        },
-    );
-    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
-    let stop = CancellationToken::new();
-    let operator = tokio::spawn(controller::run(
-        client.clone(),
-        ControllerConfig {
-            namespace: Some(NS.to_owned()),
-            resync: Duration::from_millis(500),
-            etcd_auth: Some(EtcdAuth {
-                user: "root".into(),
-                password: "pw".into(),
-            }),
-            ..ControllerConfig::default()
-        },
-        Arc::new(Metrics::default()),
-        stop.clone(),
-    ));
+    let admin = EtcdAuth {
+        user: "root".into(),
+        password: "pw".into(),
+    };
+    let OnOperator {
+        checkpoints,
+        pods_dir,
+        api,
+        client,
+        _kubelet,
+        stop,
+        operator,
+    } = OnOperator::start(&w, Some(admin), Arc::new(Metrics::default())).await;
     let spec = edl_job::JobSpec::parse_toml(&format!(
         "name = \"{SECURE_JOB}\"\n[data]\ntrain = [\"{train}\"]\ntest = [\"{test}\"]\n\
          [model]\nkind = \"mnist_mlp\"\n\

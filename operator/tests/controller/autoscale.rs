@@ -114,18 +114,7 @@ async fn replicas(client: &Client, name: &str) -> Option<i32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_autoscaler_grows_a_job_then_makes_room_for_a_higher_priority_one() {
-    let api = Arc::new(
-        FakeApi::start(ResourceType::for_operator())
-            .await
-            .expect("fake API server"),
-    );
-    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
-    let mut as_operator = Config::new(api.url().parse().expect("url"));
-    as_operator.headers.push((
-        http::header::AUTHORIZATION,
-        http::HeaderValue::from_static("Bearer edl-operator"),
-    ));
-    let operator_client = Client::try_from(as_operator).expect("client");
+    let (api, client, operator_client) = fake_api().await;
     for n in ["n1", "n2"] {
         create_node(&client, &api, n).await;
     }

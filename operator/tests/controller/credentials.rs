@@ -30,23 +30,6 @@ async fn etcd_with_auth() -> (EtcdCluster, Arc<EtcdBackend>) {
         .expect("etcd with authentication on")
 }
 
-/// The fake API server, a client for the test, and one that identifies as the operator.
-async fn fake_api() -> (Arc<FakeApi>, Client, Client) {
-    let api = Arc::new(
-        FakeApi::start(ResourceType::for_operator())
-            .await
-            .expect("fake API server"),
-    );
-    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
-    let mut as_operator = Config::new(api.url().parse().expect("url"));
-    as_operator.headers.push((
-        http::header::AUTHORIZATION,
-        http::HeaderValue::from_static("Bearer edl-operator"),
-    ));
-    let operator = Client::try_from(as_operator).expect("client");
-    (api, client, operator)
-}
-
 /// The controller for [`CRED_NS`] with `admin` as its etcd credentials.
 fn start_operator(
     client: Client,
@@ -246,7 +229,7 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
     let x = reconnected.get("/edl/mnist/x").await.expect("get");
     assert_eq!(x.map(|kv| kv.value), Some(b"1".to_vec()));
     assert_eq!(
-        condition(&api, JOB, "CredentialsReady").map(|(s, r, _)| (s, r)),
+        condition(&api, CRED_NS, JOB, "CredentialsReady").map(|(s, r, _)| (s, r)),
         Some(("True".to_owned(), "Issued".to_owned()))
     );
 
@@ -277,18 +260,6 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
     check_rbac(&accesses, &|r, _| !credentials_rule(r));
 }
 
-/// A condition of a job in [`CRED_NS`]: (status, reason, message).
-fn condition(api: &FakeApi, job: &str, type_: &str) -> Option<(String, String, String)> {
-    let tj = api.get("trainingjobs", CRED_NS, job)?;
-    let c = tj["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)?
-        .clone();
-    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
-    Some((s("status"), s("reason"), s("message")))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_the_operator_cannot_make_are_a_condition_and_no_job_process_starts() {
     let (etcd, root) = etcd_with_auth().await;
@@ -306,7 +277,7 @@ async fn credentials_the_operator_cannot_make_are_a_condition_and_no_job_process
     let within = Duration::from_secs(20);
     let every = Duration::from_millis(50);
     let said = wait_until(within, every, || async {
-        condition(&api, JOB, "CredentialsReady").is_some_and(|(s, r, m)| {
+        condition(&api, CRED_NS, JOB, "CredentialsReady").is_some_and(|(s, r, m)| {
             s == "False" && r == "CredentialsFailed" && m.contains("may manage users")
         }) && api.list("events", CRED_NS).iter().any(|e| {
             e["regarding"]["name"] == JOB
@@ -322,7 +293,7 @@ async fn credentials_the_operator_cannot_make_are_a_condition_and_no_job_process
             .map(|j| j["status"].clone()),
         api.list("events", CRED_NS)
     );
-    let running = condition(&api, JOB, "Running").expect("a Running condition");
+    let running = condition(&api, CRED_NS, JOB, "Running").expect("a Running condition");
     assert_eq!(
         (running.0.as_str(), running.1.as_str()),
         ("False", "CredentialsFailed")
