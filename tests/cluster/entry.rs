@@ -10,20 +10,17 @@ use std::time::{Duration, Instant};
 use crate::run::{edl_run, example, metric};
 use crate::support::{World, edl_bin};
 
-/// The example's trainer program, built (a no-op when it is fresh) next to `edl`.
+/// The example's trainer program, next to `edl` in this build's target folder. The test
+/// command builds it in the same build as the tests (`scripts/test`: `cargo build
+/// --workspace --bins --tests`, one feature set); a test compiles nothing itself.
 fn resnet_mnist_bin() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root");
-    let status = Command::new(cargo)
-        .args(["build", "-q", "-p", "resnet-mnist"])
-        .current_dir(root)
-        .status()
-        .expect("run cargo build -p resnet-mnist");
-    assert!(status.success(), "cargo build -p resnet-mnist failed");
     let bin = Path::new(edl_bin()).with_file_name("resnet-mnist");
-    assert!(bin.is_file(), "no {}", bin.display());
+    assert!(
+        bin.is_file(),
+        "no {}: build the example programs with the tests first, \
+         `cargo build --workspace --bins --tests` (scripts/test does)",
+        bin.display()
+    );
     bin
 }
 
