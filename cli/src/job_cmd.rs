@@ -1,6 +1,6 @@
-//! Operator commands against running jobs, from any machine that reaches etcd:
-//! `edl status`, `edl scale`, `edl kill`, `edl logs`. With a kubeconfig context
-//! (`--context`) they work on a TrainingJob of that cluster instead (`cluster_cmd`).
+//! A running job's state and controls, from any machine that reaches etcd: `edl status`,
+//! `edl scale`, `edl kill`, `edl logs`. With a kubeconfig context (`--context`) they work
+//! on a TrainingJob of that cluster instead ([`crate::kubernetes`]).
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::time::Duration;
@@ -9,11 +9,10 @@ use anyhow::Context;
 use clap::Args;
 use edl_job::{ControlRecord, JobKeys, JobName, JobSpec, Record, RunRecord, ScaleRecord};
 use edl_master::overview::{JobStatus, STATUS_JSON_VERSION, job_names, job_status_with};
-use edl_operator::objects::Role;
 use serde::Serialize;
 
-use crate::cluster_cmd::{self, KubeArgs};
 use crate::common::{EtcdArgs, runtime, shutdown_on_signals};
+use crate::kubernetes::{self, JobsArgs, KubeArgs};
 
 /// Arguments of `edl status`.
 #[derive(Debug, Args)]
@@ -111,8 +110,8 @@ fn cpu_utilisation() -> Option<f64> {
 pub fn status(args: StatusArgs) -> anyhow::Result<()> {
     if args.kube.context.is_some() {
         return match &args.job {
-            Some(job) => cluster_cmd::status(&args.kube, job, args.json),
-            None => cluster_cmd::jobs(cluster_cmd::JobsArgs {
+            Some(job) => kubernetes::status(&args.kube, job, args.json),
+            None => kubernetes::jobs(JobsArgs {
                 kube: args.kube,
                 all_namespaces: false,
                 json: args.json,
@@ -206,7 +205,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
 pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.trainers >= 1, "--trainers must be at least 1");
     if args.kube.context.is_some() {
-        return cluster_cmd::scale(&args.kube, &args.job, args.trainers);
+        return kubernetes::scale(&args.kube, &args.job, args.trainers);
     }
     runtime()?.block_on(async move {
         let backend = args.etcd.connect().await?;
@@ -239,7 +238,7 @@ pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
 /// Runs `edl kill`.
 pub fn kill(args: KillArgs) -> anyhow::Result<()> {
     if args.kube.context.is_some() {
-        return cluster_cmd::kill(&args.kube, &args.job);
+        return kubernetes::kill(&args.kube, &args.job);
     }
     runtime()?.block_on(async move {
         let backend = args.etcd.connect().await?;
@@ -264,14 +263,7 @@ pub fn kill(args: KillArgs) -> anyhow::Result<()> {
 /// Runs `edl logs`.
 pub fn logs(args: LogsArgs) -> anyhow::Result<()> {
     if args.kube.context.is_some() {
-        let role = match args.role.as_deref() {
-            None => None,
-            Some(r) => Some(
-                Role::parse(r)
-                    .with_context(|| format!("--role {r}: use master, pserver, trainer or etcd"))?,
-            ),
-        };
-        return cluster_cmd::logs(&args.kube, &args.job, role, args.follow);
+        return kubernetes::logs(&args.kube, &args.job, args.role.as_deref(), args.follow);
     }
     if let Some(r) = &args.role {
         anyhow::ensure!(

@@ -9,9 +9,10 @@
 //! - [`trainer_cmd`]: `edl trainer`, an elastic trainer of a job (arguments over
 //!   `edl_trainer::process::run`).
 //! - [`run`](mod@run): `edl run`, a whole job on one machine, supervised.
-//! - [`ops_cmd`]: `edl status|scale|kill|logs`.
-//! - [`operator_cmd`]: `edl operator crd|render` (the TrainingJob resource is the
-//!   `edl-operator` crate).
+//! - [`job_cmd`]: `edl status|scale|kill|logs`, a running job's state and controls.
+//! - [`kubernetes`]: `edl submit`, `edl jobs`, `edl operator run|crd|render`, and the
+//!   verbs above with `--context` (the TrainingJob resource is the `edl-operator` crate;
+//!   the `kubernetes` cargo feature, on by default).
 //! - [`sim_cmd`]: `edl sim`, the autoscaling policies side by side in the cluster
 //!   simulator (the `edl-autoscaler` crate).
 //! - [`paddle`]: PaddlePaddle's environment variables as a role.
@@ -29,14 +30,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub mod cluster_cmd;
 pub mod common;
 pub mod consume_cmd;
 pub mod data;
+pub mod job_cmd;
+pub mod kubernetes;
 pub mod logging;
 pub mod master_cmd;
-pub mod operator_cmd;
-pub mod ops_cmd;
 pub mod paddle;
 pub mod pserver_cmd;
 pub mod run;
@@ -79,24 +79,24 @@ pub enum Command {
     Run(run::RunArgs),
     /// Show jobs: state, pass, tasks, trainers, pservers, masters, recent failures (of
     /// `edl run` through etcd, or a TrainingJob with --context).
-    Status(ops_cmd::StatusArgs),
+    Status(job_cmd::StatusArgs),
     /// Set the desired trainer count of a job (of `edl run`, or a TrainingJob's scale
     /// subresource with --context).
-    Scale(ops_cmd::ScaleArgs),
+    Scale(job_cmd::ScaleArgs),
     /// Stop a job gracefully (of `edl run`, or delete a TrainingJob with --context).
-    Kill(ops_cmd::KillArgs),
+    Kill(job_cmd::KillArgs),
     /// Print (or follow) the logs of a job (of `edl run`, or a TrainingJob's pods with
     /// --context).
-    Logs(ops_cmd::LogsArgs),
+    Logs(job_cmd::LogsArgs),
     /// Submit a job to a Kubernetes cluster: creates the TrainingJob of a job spec
     /// (JOB.toml) or a TrainingJob file.
-    Submit(cluster_cmd::SubmitArgs),
+    Submit(kubernetes::SubmitArgs),
     /// The jobs on a Kubernetes cluster: submitted, pending, running trainers, CPU.
-    Jobs(cluster_cmd::JobsArgs),
+    Jobs(kubernetes::JobsArgs),
     /// edl on Kubernetes: run the operator, print the TrainingJob resource's definition,
     /// or the objects the operator creates for a job.
     #[command(subcommand)]
-    Operator(operator_cmd::OperatorCommand),
+    Operator(kubernetes::OperatorCommand),
     /// Simulate a cluster under no autoscaling, EDL's autoscaler and edl's, side by side:
     /// EDL's published experiment and a synthetic day (tables, goals, plots).
     Sim(sim_cmd::SimArgs),
@@ -117,7 +117,7 @@ pub fn init_logging(cli: &Cli) {
             | Command::Jobs(_)
             | Command::Sim(_)
             | Command::Operator(
-                operator_cmd::OperatorCommand::Crd | operator_cmd::OperatorCommand::Render(_),
+                kubernetes::OperatorCommand::Crd | kubernetes::OperatorCommand::Render(_),
             ),
         ) => logging::Verbosity::Quiet,
         Some(
@@ -125,7 +125,7 @@ pub fn init_logging(cli: &Cli) {
             | Command::Consume(_)
             | Command::Pserver(_)
             | Command::Trainer(_)
-            | Command::Operator(operator_cmd::OperatorCommand::Run(_)),
+            | Command::Operator(kubernetes::OperatorCommand::Run(_)),
         )
         | None => logging::Verbosity::Info,
     };
@@ -155,13 +155,75 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pserver(args) => pserver_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Trainer(args) => trainer_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Run(args) => run::run(args),
-        Command::Status(args) => ops_cmd::status(args).map(|()| ExitCode::SUCCESS),
-        Command::Scale(args) => ops_cmd::scale(args).map(|()| ExitCode::SUCCESS),
-        Command::Kill(args) => ops_cmd::kill(args).map(|()| ExitCode::SUCCESS),
-        Command::Logs(args) => ops_cmd::logs(args).map(|()| ExitCode::SUCCESS),
-        Command::Submit(args) => cluster_cmd::submit(args).map(|()| ExitCode::SUCCESS),
-        Command::Jobs(args) => cluster_cmd::jobs(args).map(|()| ExitCode::SUCCESS),
-        Command::Operator(cmd) => operator_cmd::run(cmd),
+        Command::Status(args) => job_cmd::status(args).map(|()| ExitCode::SUCCESS),
+        Command::Scale(args) => job_cmd::scale(args).map(|()| ExitCode::SUCCESS),
+        Command::Kill(args) => job_cmd::kill(args).map(|()| ExitCode::SUCCESS),
+        Command::Logs(args) => job_cmd::logs(args).map(|()| ExitCode::SUCCESS),
+        Command::Submit(args) => kubernetes::submit(args).map(|()| ExitCode::SUCCESS),
+        Command::Jobs(args) => kubernetes::jobs(args).map(|()| ExitCode::SUCCESS),
+        Command::Operator(cmd) => kubernetes::operator(cmd),
         Command::Sim(args) => sim_cmd::run(args),
+    }
+}
+
+#[cfg(test)]
+mod readme_tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// The README's command tables: the rows whose first cell is an `edl` command line.
+    fn command_rows(readme: &str) -> Vec<&str> {
+        readme.lines().filter(|l| l.starts_with("| `edl")).collect()
+    }
+
+    /// Every verb of `edl --help`, and every verb under it (`edl data convert`, `edl
+    /// operator crd`), has a row in the README's command table.
+    #[test]
+    fn every_verb_of_edl_help_is_in_the_readmes_command_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+        let readme = std::fs::read_to_string(path).expect("read README.md");
+        let rows = command_rows(&readme);
+        // Positive witness: the table was found and read.
+        assert!(rows.len() >= 10, "README command table not found: {rows:?}");
+        let cli = Cli::command();
+        let mut verbs = 0;
+        let mut missing = Vec::new();
+        for verb in cli.get_subcommands().filter(|c| !c.is_hide_set()) {
+            let name = verb.get_name();
+            verbs += 1;
+            let lead = format!("| `edl {name}");
+            let own: Vec<&str> = rows
+                .iter()
+                .copied()
+                .filter(|r| r.starts_with(&lead) || r.contains(&format!("`edl {name} ")))
+                .collect();
+            // `edl status|scale|kill|logs JOB --context` names several verbs in one row.
+            let shared = rows.iter().any(|r| {
+                r.split('`')
+                    .nth(1)
+                    .and_then(|cmd| cmd.strip_prefix("edl "))
+                    .and_then(|cmd| cmd.split(' ').next())
+                    .is_some_and(|first| first.split('|').any(|v| v == name))
+            });
+            if own.is_empty() && !shared {
+                missing.push(format!("edl {name}"));
+                continue;
+            }
+            for sub in verb.get_subcommands().filter(|c| !c.is_hide_set()) {
+                let sub = sub.get_name();
+                let named = own.iter().any(|r| {
+                    r.contains(&format!("`edl {name} {sub}")) || r.contains(&format!("`{sub}"))
+                });
+                if !named {
+                    missing.push(format!("edl {name} {sub}"));
+                }
+            }
+        }
+        assert!(verbs >= 10, "edl --help lists {verbs} verbs");
+        assert!(
+            missing.is_empty(),
+            "README.md's command table lacks {missing:?}: add a row (or name the verb in its group's row)"
+        );
     }
 }

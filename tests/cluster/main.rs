@@ -20,6 +20,7 @@
 mod chaos;
 mod entry;
 mod etcd;
+#[cfg(feature = "kubernetes")]
 mod kubernetes;
 mod master;
 mod pserver;

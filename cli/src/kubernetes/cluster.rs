@@ -1,55 +1,16 @@
 //! The verbs against a Kubernetes cluster, over `edl_operator::cluster`: `edl submit`,
 //! `edl jobs`, and `edl status/scale/kill/logs` when a kubeconfig context is given
-//! (`--context`, or `EDL_KUBE_CONTEXT`).
+//! (`--context`, or `EDL_KUBE_CONTEXT`). Their arguments are the parent module's.
 
 use std::io::Write;
 
 use anyhow::Context;
-use clap::Args;
 use edl_job::JobName;
 use edl_operator::cluster;
 use edl_operator::objects::Role;
 
+use super::{JobsArgs, KubeArgs, SubmitArgs};
 use crate::common::{runtime, shutdown_on_signals};
-use crate::operator_cmd::JobSource;
-
-/// Which cluster: a kubeconfig context and a namespace.
-#[derive(Debug, Clone, Args)]
-pub struct KubeArgs {
-    /// The kubeconfig context of a Kubernetes cluster: the command works on the
-    /// TrainingJob there (without it, `status/scale/kill/logs` work through etcd on a
-    /// job of `edl run`).
-    #[arg(long, env = "EDL_KUBE_CONTEXT")]
-    pub context: Option<String>,
-    /// The namespace (default: the context's).
-    #[arg(long, short = 'n')]
-    pub namespace: Option<String>,
-}
-
-/// Arguments of `edl submit`.
-#[derive(Debug, Args)]
-pub struct SubmitArgs {
-    /// The job.
-    #[command(flatten)]
-    pub job: JobSource,
-    /// The cluster (default: the kubeconfig's current context).
-    #[command(flatten)]
-    pub kube: KubeArgs,
-}
-
-/// Arguments of `edl jobs`.
-#[derive(Debug, Args)]
-pub struct JobsArgs {
-    /// The cluster (default: the kubeconfig's current context).
-    #[command(flatten)]
-    pub kube: KubeArgs,
-    /// Jobs of every namespace.
-    #[arg(long, short = 'A')]
-    pub all_namespaces: bool,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-}
 
 /// Runs `edl submit`.
 pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
@@ -132,9 +93,16 @@ pub fn kill(kube: &KubeArgs, job: &JobName) -> anyhow::Result<()> {
 pub fn logs(
     kube: &KubeArgs,
     job: &JobName,
-    role: Option<Role>,
+    role: Option<&str>,
     follow: bool,
 ) -> anyhow::Result<()> {
+    let role = match role {
+        None => None,
+        Some(r) => Some(
+            Role::parse(r)
+                .with_context(|| format!("--role {r}: use master, pserver, trainer or etcd"))?,
+        ),
+    };
     runtime()?.block_on(async move {
         let (client, ns) = connect(kube).await?;
         let shutdown = shutdown_on_signals()?;

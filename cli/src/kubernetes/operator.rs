@@ -1,112 +1,27 @@
 //! `edl operator`: edl on Kubernetes. `run` runs the operator (controller, leader
 //! election, `/metrics`, and with `--autoscale` edl's autoscaler) over the `edl-operator`
-//! crate; `crd` prints the TrainingJob
-//! resource's definition (`deploy/crd.yaml`); `render` prints the TrainingJob of a job
-//! spec and the objects the operator creates for it, without a cluster (what `kubectl
-//! apply --dry-run` would get).
+//! crate; `crd` prints the TrainingJob resource's definition (`deploy/crd.yaml`); `render`
+//! prints the TrainingJob of a job spec and the objects the operator creates for it,
+//! without a cluster (what `kubectl apply --dry-run` would get). Their arguments are the
+//! parent module's.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::process::ExitCode;
-
-use anyhow::Context;
-use clap::{Args, Subcommand};
-use edl_job::JobSpec;
 use std::sync::Arc;
 
+use anyhow::Context;
+use edl_job::JobSpec;
 use edl_operator::TrainingJob;
 use edl_operator::autoscale::{self, AutoscaleConfig};
 use edl_operator::controller::{self, ControllerConfig};
-use edl_operator::crd::{EtcdSpec, VolumeSource};
+use edl_operator::crd::EtcdSpec;
 use edl_operator::leader::{self, Election};
 use edl_operator::metrics::Metrics;
 use edl_operator::reconcile::{Credentials, Observed, Progress, reconcile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::{JobSource, OperatorCommand, RenderArgs, RunArgs};
 use crate::common::{runtime, shutdown_on_signals};
-
-/// `edl operator` subcommands.
-#[derive(Debug, Subcommand)]
-pub enum OperatorCommand {
-    /// Run the operator: reconcile TrainingJobs into pods against the API server of the
-    /// kubeconfig (KUBECONFIG, ~/.kube/config, or the pod's service account), one
-    /// replica leading at a time.
-    Run(RunArgs),
-    /// Print the TrainingJob CustomResourceDefinition as YAML (deploy/crd.yaml).
-    Crd,
-    /// Print, as YAML, the TrainingJob of a job spec (JOB.toml) or of a TrainingJob
-    /// file, then the pods and services the operator creates for it.
-    Render(RenderArgs),
-}
-
-/// Arguments of `edl operator run`.
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    /// Only TrainingJobs of this namespace (default: all).
-    #[arg(long)]
-    pub namespace: Option<String>,
-    /// Serve Prometheus metrics on this address (`GET /metrics`).
-    #[arg(long)]
-    pub metrics_addr: Option<std::net::SocketAddr>,
-    /// The namespace of the leader election Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    pub lease_namespace: String,
-    /// This replica's identity in the election (default: the host name).
-    #[arg(long, env = "POD_NAME")]
-    pub identity: Option<String>,
-    /// How often a job's progress is read from its etcd.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
-    pub resync: std::time::Duration,
-    /// etcd user of the jobs' etcd, if it needs one. A user that may manage users (root)
-    /// also gives each job on a shared etcd its own etcd user and token, in the Secret
-    /// `<job>-edl-credentials` (docs/kubernetes.md, "Credentials").
-    #[arg(long, env = "EDL_ETCD_USER")]
-    pub etcd_user: Option<String>,
-    /// etcd password.
-    #[arg(long, env = "EDL_ETCD_PASSWORD", hide_env_values = true)]
-    pub etcd_password: Option<String>,
-    /// Run edl's autoscaler on the leading replica: it resizes every elastic TrainingJob
-    /// (min_trainers < max_trainers) through its scale subresource, from the nodes' room,
-    /// the jobs' priorities (their PriorityClass) and observed speeds (docs/autoscaler.md).
-    #[arg(long)]
-    pub autoscale: bool,
-    /// How often the autoscaler decides.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
-    pub autoscale_every: std::time::Duration,
-}
-
-/// Arguments of `edl operator render`.
-#[derive(Debug, Args)]
-pub struct RenderArgs {
-    /// The job.
-    #[command(flatten)]
-    pub job: JobSource,
-    /// The namespace.
-    #[arg(long, short = 'n', default_value = "default")]
-    pub namespace: String,
-}
-
-/// A TrainingJob from a file: a job spec (`.toml`) or a TrainingJob (`.yaml`, `.json`),
-/// with what a cluster needs on top (`edl operator render`, `edl submit`).
-#[derive(Debug, Args)]
-pub struct JobSource {
-    /// A job spec (`.toml`) or a TrainingJob (`.yaml`, `.json`).
-    pub file: PathBuf,
-    /// The edl image of the job's pods (required for a job spec).
-    #[arg(long, env = "EDL_IMAGE")]
-    pub image: Option<String>,
-    /// The data volume, mounted read-only at /data (relative data globs are relative to
-    /// it): claim:NAME (a PersistentVolumeClaim), host:/PATH or empty.
-    #[arg(long, value_name = "VOLUME")]
-    pub data: Option<VolumeSource>,
-    /// The checkpoint volume, at /checkpoints: claim:NAME, host:/PATH or empty.
-    #[arg(long, value_name = "VOLUME")]
-    pub checkpoints: Option<VolumeSource>,
-    /// Client URLs of an existing etcd for the job, comma-separated (default: the job
-    /// spec's `cluster.etcd`, else an etcd the operator runs for the job).
-    #[arg(long, value_delimiter = ',')]
-    pub etcd: Vec<String>,
-}
 
 /// Runs an `edl operator` subcommand.
 pub fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {

@@ -1,0 +1,220 @@
+//! The Kubernetes verbs: `edl submit`, `edl jobs`, `edl operator run|crd|render`, and
+//! `edl status|scale|kill|logs --context` on a TrainingJob of a cluster.
+//!
+//! Their arguments are parsed in every build, so `edl --help` is the same everywhere; the
+//! verbs themselves need the `kubernetes` cargo feature (on by default; the Kubernetes
+//! client, its API types and the `edl-operator` crate are about a third of a release
+//! build, which `scripts/quickstart` leaves out). Without it each says so once, with the
+//! command that builds it.
+//!
+//! Layout:
+//! - this module: the verbs' arguments and the calls into their implementations.
+//! - `cluster`: the verbs against a cluster (over `edl_operator::cluster`).
+//! - `operator`: `edl operator` (over the `edl-operator` crate).
+
+// Without the feature the arguments are parsed and not used.
+#![cfg_attr(not(feature = "kubernetes"), allow(unused_variables, dead_code))]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use edl_job::JobName;
+
+#[cfg(feature = "kubernetes")]
+mod cluster;
+#[cfg(feature = "kubernetes")]
+mod operator;
+
+/// A volume of a TrainingJob: `claim:NAME`, `host:/PATH` or `empty`.
+#[cfg(feature = "kubernetes")]
+pub type VolumeSource = edl_operator::crd::VolumeSource;
+/// A volume of a TrainingJob (checked where the `kubernetes` feature is built).
+#[cfg(not(feature = "kubernetes"))]
+pub type VolumeSource = String;
+
+/// The error of a Kubernetes verb in a build without the `kubernetes` feature.
+#[cfg(not(feature = "kubernetes"))]
+fn without_kubernetes(verb: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "`{verb}` needs Kubernetes support, which this edl was built without (the quick \
+         start's lean build); build it with `cargo build --release -p edl` (or `cargo \
+         install --path cli`)"
+    )
+}
+
+/// Calls the implementation of `verb`, or, without the `kubernetes` feature, says how
+/// to get it.
+macro_rules! kubernetes_verb {
+    ($verb:expr, $call:expr) => {{
+        #[cfg(feature = "kubernetes")]
+        {
+            $call
+        }
+        #[cfg(not(feature = "kubernetes"))]
+        {
+            Err(without_kubernetes($verb))
+        }
+    }};
+}
+
+/// Which cluster: a kubeconfig context and a namespace.
+#[derive(Debug, Clone, Args)]
+pub struct KubeArgs {
+    /// The kubeconfig context of a Kubernetes cluster: the command works on the
+    /// TrainingJob there (without it, `status/scale/kill/logs` work through etcd on a
+    /// job of `edl run`).
+    #[arg(long, env = "EDL_KUBE_CONTEXT")]
+    pub context: Option<String>,
+    /// The namespace (default: the context's).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+}
+
+/// Arguments of `edl submit`.
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The job.
+    #[command(flatten)]
+    pub job: JobSource,
+    /// The cluster (default: the kubeconfig's current context).
+    #[command(flatten)]
+    pub kube: KubeArgs,
+}
+
+/// Arguments of `edl jobs`.
+#[derive(Debug, Args)]
+pub struct JobsArgs {
+    /// The cluster (default: the kubeconfig's current context).
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Jobs of every namespace.
+    #[arg(long, short = 'A')]
+    pub all_namespaces: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `edl operator` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum OperatorCommand {
+    /// Run the operator: reconcile TrainingJobs into pods against the API server of the
+    /// kubeconfig (KUBECONFIG, ~/.kube/config, or the pod's service account), one
+    /// replica leading at a time.
+    Run(RunArgs),
+    /// Print the TrainingJob CustomResourceDefinition as YAML (deploy/crd.yaml).
+    Crd,
+    /// Print, as YAML, the TrainingJob of a job spec (JOB.toml) or of a TrainingJob
+    /// file, then the pods and services the operator creates for it.
+    Render(RenderArgs),
+}
+
+/// Arguments of `edl operator run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Only TrainingJobs of this namespace (default: all).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Serve Prometheus metrics on this address (`GET /metrics`).
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The namespace of the leader election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// This replica's identity in the election (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// How often a job's progress is read from its etcd.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub resync: std::time::Duration,
+    /// etcd user of the jobs' etcd, if it needs one. A user that may manage users (root)
+    /// also gives each job on a shared etcd its own etcd user and token, in the Secret
+    /// `<job>-edl-credentials` (docs/kubernetes.md, "Credentials").
+    #[arg(long, env = "EDL_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// etcd password.
+    #[arg(long, env = "EDL_ETCD_PASSWORD", hide_env_values = true)]
+    pub etcd_password: Option<String>,
+    /// Run edl's autoscaler on the leading replica: it resizes every elastic TrainingJob
+    /// (min_trainers < max_trainers) through its scale subresource, from the nodes' room,
+    /// the jobs' priorities (their PriorityClass) and observed speeds (docs/autoscaler.md).
+    #[arg(long)]
+    pub autoscale: bool,
+    /// How often the autoscaler decides.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub autoscale_every: std::time::Duration,
+}
+
+/// Arguments of `edl operator render`.
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// The job.
+    #[command(flatten)]
+    pub job: JobSource,
+    /// The namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
+}
+
+/// A TrainingJob from a file: a job spec (`.toml`) or a TrainingJob (`.yaml`, `.json`),
+/// with what a cluster needs on top (`edl operator render`, `edl submit`).
+#[derive(Debug, Args)]
+pub struct JobSource {
+    /// A job spec (`.toml`) or a TrainingJob (`.yaml`, `.json`).
+    pub file: PathBuf,
+    /// The edl image of the job's pods (required for a job spec).
+    #[arg(long, env = "EDL_IMAGE")]
+    pub image: Option<String>,
+    /// The data volume, mounted read-only at /data (relative data globs are relative to
+    /// it): claim:NAME (a PersistentVolumeClaim), host:/PATH or empty.
+    #[arg(long, value_name = "VOLUME")]
+    pub data: Option<VolumeSource>,
+    /// The checkpoint volume, at /checkpoints: claim:NAME, host:/PATH or empty.
+    #[arg(long, value_name = "VOLUME")]
+    pub checkpoints: Option<VolumeSource>,
+    /// Client URLs of an existing etcd for the job, comma-separated (default: the job
+    /// spec's `cluster.etcd`, else an etcd the operator runs for the job).
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+}
+
+/// Runs `edl submit`.
+pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
+    kubernetes_verb!("edl submit", cluster::submit(args))
+}
+
+/// Runs `edl jobs`.
+pub fn jobs(args: JobsArgs) -> anyhow::Result<()> {
+    kubernetes_verb!("edl jobs", cluster::jobs(args))
+}
+
+/// `edl status JOB --context CTX`.
+pub fn status(kube: &KubeArgs, job: &JobName, json: bool) -> anyhow::Result<()> {
+    kubernetes_verb!("edl status --context", cluster::status(kube, job, json))
+}
+
+/// `edl scale JOB --trainers N --context CTX`.
+pub fn scale(kube: &KubeArgs, job: &JobName, trainers: u32) -> anyhow::Result<()> {
+    kubernetes_verb!("edl scale --context", cluster::scale(kube, job, trainers))
+}
+
+/// `edl kill JOB --context CTX`.
+pub fn kill(kube: &KubeArgs, job: &JobName) -> anyhow::Result<()> {
+    kubernetes_verb!("edl kill --context", cluster::kill(kube, job))
+}
+
+/// `edl logs JOB --context CTX`: `role` is master, pserver, trainer or etcd.
+pub fn logs(
+    kube: &KubeArgs,
+    job: &JobName,
+    role: Option<&str>,
+    follow: bool,
+) -> anyhow::Result<()> {
+    kubernetes_verb!("edl logs --context", cluster::logs(kube, job, role, follow))
+}
+
+/// Runs an `edl operator` subcommand.
+pub fn operator(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
+    kubernetes_verb!("edl operator", operator::run(cmd))
+}
