@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use edl_job::{RECORD_VERSION, TrainerRecord};
-use edl_master::reader::Item;
 use edl_trainer::process::{Session, SessionConfig};
+use edl_trainer::tasks::Item;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{EtcdArgs, EtcdWaitArgs, JobArgs, runtime, shutdown_on_signals};

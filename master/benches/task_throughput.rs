@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use edl_coord::{Backend, Lease, Registry};
 use edl_job::{JobKeys, JobName};
-use edl_master::client::{MasterClient, MasterClientConfig, Next};
 use edl_master::{MasterConfig, run};
+use edl_master_client::{MasterClient, MasterClientConfig, Next};
 use edl_recordio::{FileWriter, WriterOptions};
 use edl_testkit::EtcdCluster;
 use tokio::time::Instant;

@@ -22,7 +22,7 @@ use crate::queue::{
     self, Ack, FailedTask, GetTask, Millis, Queue, QueueConfig, QueueCounters, Task,
 };
 use crate::store::Store;
-use crate::task::{LeasedTask, Next};
+use edl_master_client::task::{LeasedTask, Next};
 
 /// Most requests applied in one batch by default. Each request changes at most one task
 /// record, so a batch's changes usually fit one etcd transaction
@@ -468,7 +468,20 @@ impl Core {
         let (index, tasks) = self.queue.as_ref().map_or((0, 0), |q| {
             (q.position(&task.spec.id).unwrap_or(0), q.len())
         });
-        Next::Task(LeasedTask::of(&task, index as u32, tasks as u32, path))
+        Next::Task(LeasedTask {
+            id: task.spec.id.clone(),
+            path,
+            chunk_begin: task.spec.chunk_begin,
+            chunk_end: task.spec.chunk_end,
+            records: task.spec.records,
+            pass: task.pass,
+            generation: task.generation,
+            failures: task.failures,
+            offset_begin: task.spec.offset_begin,
+            offset_end: task.spec.offset_end,
+            index: index as u32,
+            tasks: tasks as u32,
+        })
     }
 
     fn try_get(&mut self, trainer: &str, pass: u32, request: u64) -> Next {

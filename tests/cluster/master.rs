@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use edl_master::client::Next;
+use edl_master_client::Next;
 use tokio::time::Instant;
 
 use crate::support::{World, wait_until};

@@ -177,7 +177,7 @@ pub use data::{check_split, load_records, load_samples};
 pub use device::{DeviceChoice, device_name, select_device};
 pub use edl_job::model::{ModelSpec, NegativeSampler, Stats, StatsError, feature_stats};
 pub use edl_proto::sample::{Sample, sample::Label};
-pub use edl_pserver::OptimizerKind;
+pub use edl_pserver_client::OptimizerKind;
 pub use error::{Error, Result};
 pub use local::{LocalConfig, LocalReport, StepTiming, evaluate_all, train_local};
 pub use local_optim::LocalOptimizer;

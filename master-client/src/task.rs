@@ -3,15 +3,15 @@
 //! [`Next`] (the answer to `GetTask`). Both sides of the wire use these domain types;
 //! this module is the one place they are converted to and from protobuf.
 //!
-//! Along `GetTask` → `TaskFinished`: the queue leases a [`queue::Task`](crate::queue::Task)
-//! (its state machine's record), the leader's actor turns it into a [`LeasedTask`] (with
-//! the file's path), the gRPC service sends it as `pb::Task`, the client turns it back
+//! The master depends on this crate for them (no client depends on the master).
+//!
+//! Along `GetTask` → `TaskFinished`: the master's queue leases a `queue::Task` (its
+//! state machine's record; the queue answers `queue::GetTask`), the leader's actor turns
+//! it into a [`LeasedTask`] (with the file's path), the gRPC service sends it as `pb::Task`, the client turns it back
 //! into a [`LeasedTask`], the `cloud_reader` reads its records and the trainer reports it
 //! by id and generation.
 
 use edl_proto::master as pb;
-
-use crate::queue::Task;
 
 /// A task leased to a trainer: a run of chunks of one RecordIO file, in one pass, at one
 /// generation (a report with another generation is stale).
@@ -41,26 +41,6 @@ pub struct LeasedTask {
     pub index: u32,
     /// Tasks in the dataset.
     pub tasks: u32,
-}
-
-impl LeasedTask {
-    /// The lease of queue task `t`, the `index`th of `tasks`, whose file is `path`.
-    pub fn of(t: &Task, index: u32, tasks: u32, path: String) -> Self {
-        LeasedTask {
-            id: t.spec.id.clone(),
-            path,
-            chunk_begin: t.spec.chunk_begin,
-            chunk_end: t.spec.chunk_end,
-            records: t.spec.records,
-            pass: t.pass,
-            generation: t.generation,
-            failures: t.failures,
-            offset_begin: t.spec.offset_begin,
-            offset_end: t.spec.offset_end,
-            index,
-            tasks,
-        }
-    }
 }
 
 /// The answer to `GetTask`.

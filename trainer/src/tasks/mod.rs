@@ -20,13 +20,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use edl_master::reader::{Acks, CloudReader, Item, TaskData};
-use edl_master::task::LeasedTask;
+use edl_master_client::task::LeasedTask;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::{Progress, RuntimeError};
 use crate::store::{ParamStore, StoreError, TaskRef};
+
+mod reader;
+
+pub use reader::{Acks, CloudReader, Item, ReaderConfig, ReaderError, TaskData};
 
 /// How long a trainer waits for its next task before it tells the store it is idle.
 pub const IDLE_AFTER: Duration = Duration::from_millis(100);

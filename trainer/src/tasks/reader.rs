@@ -35,8 +35,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::client::{ClientError, MasterClient};
-use crate::task::{LeasedTask, Next};
+use edl_master_client::task::{LeasedTask, Next};
+use edl_master_client::{ClientError, MasterClient};
 
 /// Reader settings.
 #[derive(Clone, Debug)]
@@ -450,3 +450,7 @@ fn read_task(
     }
     Ok((records, index))
 }
+
+#[cfg(test)]
+#[path = "reader_tests.rs"]
+mod tests;

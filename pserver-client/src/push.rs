@@ -8,14 +8,27 @@ use edl_proto::pserver as pb;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use super::retry::{Attempt, push_refusal};
-use super::{PsClient, PsClientError, Result};
 use crate::error::ErrorKind;
 use crate::layout::Mode;
 use crate::optim::ClipPlan;
-use crate::shard::Origin;
+use crate::retry::{Attempt, push_refusal};
+use crate::{PsClient, PsClientError, Result};
+
 use crate::wire;
 use edl_job::valid_member_id;
+use serde::{Deserialize, Serialize};
+
+/// Where a push's gradients come from: batch `seq` of task `task` (its index in the
+/// dataset) in pass `pass`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Origin {
+    /// The pass.
+    pub pass: u32,
+    /// The task's index in the dataset.
+    pub task: u32,
+    /// The batch's number within the task (0, 1, ...).
+    pub seq: u32,
+}
 
 /// Gradients of rows of a sparse table.
 #[derive(Debug, Clone, Copy)]
