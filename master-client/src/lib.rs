@@ -12,7 +12,7 @@
 //!
 //! Layout:
 //! - this file: [`MasterClient`], its settings and errors, [`observe_leader`].
-//! - [`task`]: [`task::LeasedTask`] and [`task::Next`], the task as it travels to a
+//! - [`task`]: [`task::LeasedTask`] and [`task::Answer`], the task as it travels to a
 //!   trainer and back (both sides of the wire), converted to protobuf there and only
 //!   there.
 //! - [`overview`]: a job as seen from outside (`edl status`, the operator), from etcd and
@@ -38,7 +38,7 @@ use tonic::transport::Channel;
 pub mod overview;
 pub mod task;
 
-pub use task::{LeasedTask, Next};
+pub use task::{Answer, LeasedTask};
 
 /// Largest request the master accepts (a SetDataset with many globs fits easily).
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
@@ -258,7 +258,7 @@ impl MasterClient {
         pass: u32,
         request_id: u64,
         wait: Duration,
-    ) -> Result<Next, ClientError> {
+    ) -> Result<Answer, ClientError> {
         let msg = pb::GetTaskRequest {
             trainer: trainer.to_owned(),
             pass,

@@ -1,6 +1,6 @@
 //! The task as it travels from the master to a trainer and back: [`LeasedTask`] (what a
 //! trainer holds: which chunks to read, and the generation its reports must carry) and
-//! [`Next`] (the answer to `GetTask`). Both sides of the wire use these domain types;
+//! [`Answer`] (the answer to `GetTask`). Both sides of the wire use these domain types;
 //! this module is the one place they are converted to and from protobuf.
 //!
 //! The master depends on this crate for them (no client depends on the master).
@@ -45,7 +45,7 @@ pub struct LeasedTask {
 
 /// The answer to `GetTask`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Next {
+pub enum Answer {
     /// A leased task.
     Task(LeasedTask),
     /// Nothing free before the wait ran out; ask again.
@@ -94,14 +94,14 @@ impl From<pb::Task> for LeasedTask {
     }
 }
 
-impl From<Next> for pb::GetTaskResponse {
-    fn from(n: Next) -> Self {
+impl From<Answer> for pb::GetTaskResponse {
+    fn from(n: Answer) -> Self {
         use pb::get_task_response::Result as R;
         let result = match n {
-            Next::Task(t) => R::Task(t.into()),
-            Next::Wait => R::Wait(pb::Empty {}),
-            Next::PassFinished(p) => R::PassFinished(p),
-            Next::JobFinished => R::JobFinished(pb::Empty {}),
+            Answer::Task(t) => R::Task(t.into()),
+            Answer::Wait => R::Wait(pb::Empty {}),
+            Answer::PassFinished(p) => R::PassFinished(p),
+            Answer::JobFinished => R::JobFinished(pb::Empty {}),
         };
         pb::GetTaskResponse {
             result: Some(result),
@@ -109,14 +109,14 @@ impl From<Next> for pb::GetTaskResponse {
     }
 }
 
-impl From<pb::GetTaskResponse> for Next {
+impl From<pb::GetTaskResponse> for Answer {
     fn from(r: pb::GetTaskResponse) -> Self {
         use pb::get_task_response::Result as R;
         match r.result {
-            Some(R::Task(t)) => Next::Task(t.into()),
-            Some(R::Wait(_)) | None => Next::Wait,
-            Some(R::PassFinished(p)) => Next::PassFinished(p),
-            Some(R::JobFinished(_)) => Next::JobFinished,
+            Some(R::Task(t)) => Answer::Task(t.into()),
+            Some(R::Wait(_)) | None => Answer::Wait,
+            Some(R::PassFinished(p)) => Answer::PassFinished(p),
+            Some(R::JobFinished(_)) => Answer::JobFinished,
         }
     }
 }
@@ -142,14 +142,17 @@ mod tests {
             tasks: 9,
         };
         for n in [
-            Next::Task(t.clone()),
-            Next::Wait,
-            Next::PassFinished(4),
-            Next::JobFinished,
+            Answer::Task(t.clone()),
+            Answer::Wait,
+            Answer::PassFinished(4),
+            Answer::JobFinished,
         ] {
             let wire: pb::GetTaskResponse = n.clone().into();
-            assert_eq!(Next::from(wire), n);
+            assert_eq!(Answer::from(wire), n);
         }
-        assert_eq!(Next::from(pb::GetTaskResponse { result: None }), Next::Wait);
+        assert_eq!(
+            Answer::from(pb::GetTaskResponse { result: None }),
+            Answer::Wait
+        );
     }
 }

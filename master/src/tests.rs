@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::queue::QueueConfig;
 use crate::server::{MasterConfig, run};
 use edl_job::{JobKeys, JobName};
-use edl_master_client::{MasterClient, MasterClientConfig, Next};
+use edl_master_client::{Answer, MasterClient, MasterClientConfig};
 
 /// Writes `files` RecordIO files of `per_file` records (`f<i>-r<j>`), 5 records a chunk.
 fn dataset(dir: &Path, files: usize, per_file: usize) -> String {
@@ -272,7 +272,7 @@ async fn a_trainer_lost_after_the_trainer_watch_ended_gets_its_task_requeued() {
     let client = h.client();
     client.set_dataset(vec![glob], 0, 0).await.unwrap();
     let lease = h.register("doomed").await;
-    let Next::Task(_) = client
+    let Answer::Task(_) = client
         .get_task("doomed", 0, 1, Duration::ZERO)
         .await
         .unwrap()

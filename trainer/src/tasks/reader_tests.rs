@@ -12,11 +12,11 @@ use edl_recordio::{FileWriter, WriterOptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{CloudReader, Item, ReaderConfig};
+use super::{CloudReader, Next, ReaderConfig};
 use edl_job::{JobKeys, JobName};
 use edl_master::queue::{QueueConfig, TimeoutPolicy};
 use edl_master::{MasterConfig, run};
-use edl_master_client::{MasterClient, MasterClientConfig, Next};
+use edl_master_client::{Answer, MasterClient, MasterClientConfig};
 
 /// Writes `files` RecordIO files of `per_file` records (`f<i>-r<j>`), 5 records a chunk.
 fn dataset(dir: &Path, files: usize, per_file: usize) -> String {
@@ -114,7 +114,7 @@ async fn read_all(reader: &mut CloudReader) -> (Vec<String>, u32) {
     let mut passes = 0;
     while let Some(item) = reader.next().await {
         match item.unwrap() {
-            Item::Task(t) => {
+            Next::Task(t) => {
                 for r in &t.records {
                     seen.push(String::from_utf8(r.clone()).unwrap());
                 }
@@ -126,8 +126,9 @@ async fn read_all(reader: &mut CloudReader) -> (Vec<String>, u32) {
                         .unwrap()
                 );
             }
-            Item::PassFinished { .. } => passes += 1,
-            Item::JobFinished => break,
+            Next::PassFinished { .. } => passes += 1,
+            Next::JobFinished => break,
+            Next::Drained | Next::Closed => unreachable!("the reader yields neither"),
         }
     }
     (seen, passes)
@@ -198,7 +199,7 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
     let ds = client.set_dataset(vec![glob], 0, 0).await.unwrap();
     assert_eq!(ds.tasks, 4, "20 records, 5 a chunk, 1 chunk a task");
     let lease = h.register("doomed").await;
-    let Next::Task(task) = client
+    let Answer::Task(task) = client
         .get_task("doomed", 0, 1, Duration::ZERO)
         .await
         .unwrap()
@@ -211,7 +212,7 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
             .get_task("doomed", 0, 1, Duration::ZERO)
             .await
             .unwrap(),
-        Next::Task(task.clone())
+        Answer::Task(task.clone())
     );
     // The trainer's lease ends: its task goes back to todo.
     lease.revoke().await.unwrap();
@@ -263,7 +264,7 @@ async fn oversized_report_fields_are_refused_without_disturbing_other_trainers()
     let client = h.client();
     client.set_dataset(vec![glob], 0, 0).await.unwrap();
     let _a = h.register("a").await;
-    let Next::Task(task) = client.get_task("a", 0, 1, Duration::ZERO).await.unwrap() else {
+    let Answer::Task(task) = client.get_task("a", 0, 1, Duration::ZERO).await.unwrap() else {
         panic!("expected a task")
     };
     // A raw client, as a hostile or broken peer would be (edl's client cuts reasons).
@@ -397,7 +398,7 @@ async fn a_reader_takes_no_task_while_its_lease_is_uncertain() {
         .expect("a task once the lease is held")
         .unwrap()
         .unwrap();
-    assert!(matches!(item, Item::Task(_)), "{item:?}");
+    assert!(matches!(item, Next::Task(_)), "{item:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -415,7 +416,7 @@ async fn a_standby_takes_over_and_readers_continue() {
     let mut stopped = false;
     while let Some(item) = reader.next().await {
         match item.unwrap() {
-            Item::Task(t) => {
+            Next::Task(t) => {
                 seen.extend(
                     t.records
                         .iter()
@@ -434,8 +435,9 @@ async fn a_standby_takes_over_and_readers_continue() {
                     stopped = true;
                 }
             }
-            Item::PassFinished { .. } => {}
-            Item::JobFinished => break,
+            Next::PassFinished { .. } => {}
+            Next::JobFinished => break,
+            Next::Drained | Next::Closed => unreachable!("the reader yields neither"),
         }
     }
     assert!(stopped);
@@ -483,7 +485,7 @@ async fn no_read_ahead_lease_times_out_while_the_trainer_initialises_or_evaluate
                 .get_task("idle", pass, request, Duration::ZERO)
                 .await
                 .unwrap();
-            assert!(matches!(next, Next::Task(_)), "{next:?}");
+            assert!(matches!(next, Answer::Task(_)), "{next:?}");
             let timed_out = edl_testkit::wait_until(
                 Duration::from_secs(10),
                 Duration::from_millis(20),
@@ -507,7 +509,7 @@ async fn no_read_ahead_lease_times_out_while_the_trainer_initialises_or_evaluate
     let mut witnessed_read_ahead = false;
     while let Some(item) = reader.next().await {
         match item.unwrap() {
-            Item::Task(t) => {
+            Next::Task(t) => {
                 if !witnessed_read_ahead {
                     // Holding this task, the reader leases ahead of the trainer.
                     witnessed_read_ahead = edl_testkit::wait_until(
@@ -525,13 +527,14 @@ async fn no_read_ahead_lease_times_out_while_the_trainer_initialises_or_evaluate
                     .await
                     .unwrap();
             }
-            Item::PassFinished { ended, next } => {
+            Next::PassFinished { ended, next } => {
                 passes.push(ended);
                 // Evaluating.
                 let st = pause(next, 2).await;
                 assert_eq!(st.pass, next);
             }
-            Item::JobFinished => break,
+            Next::JobFinished => break,
+            Next::Drained | Next::Closed => unreachable!("the reader yields neither"),
         }
     }
     assert_eq!(
