@@ -82,9 +82,8 @@ impl PsClient {
     ///
     /// - Async mode: `step` is this trainer's own counter, a different value for each
     ///   push of this client (a retry reuses it); returns once every shard applied it.
-    ///   A push more than [`DEDUP_WINDOW`](crate::shard::DEDUP_WINDOW) steps behind this
-    ///   client's newest is refused ([`ErrorKind::TooOld`]): whether it was applied can no
-    ///   longer be told.
+    ///   A push more than the pserver's `DEDUP_WINDOW` steps behind this client's newest
+    ///   is refused ([`ErrorKind::TooOld`]): whether it was applied can no longer be told.
     /// - Sync mode: `step` is the global step (from [`PullStats::next_step`], or the
     ///   previous outcome's step plus one); returns once every shard applied the step, or
     ///   [`PsClientError::StaleStep`] when the step was closed without this trainer (pull,
