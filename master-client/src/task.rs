@@ -7,9 +7,10 @@
 //!
 //! Along `GetTask` → `TaskFinished`: the master's queue leases a `queue::Task` (its
 //! state machine's record; the queue answers `queue::GetTask`), the leader's actor turns
-//! it into a [`LeasedTask`] (with the file's path), the gRPC service sends it as `pb::Task`, the client turns it back
-//! into a [`LeasedTask`], the `cloud_reader` reads its records and the trainer reports it
-//! by id and generation.
+//! it into a [`LeasedTask`] (with the file's path) inside an [`Answer`], the gRPC service
+//! sends it as `pb::Task`, the client turns it back into a [`LeasedTask`], the trainer's
+//! `cloud_reader` (`edl_trainer::tasks`) reads its records and the trainer reports it by
+//! id and generation.
 
 use edl_proto::master as pb;
 
