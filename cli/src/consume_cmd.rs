@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use edl_job::{RECORD_VERSION, TrainerRecord};
-use edl_master::reader::Item;
 use edl_trainer::process::{Session, SessionConfig};
+use edl_trainer::tasks::Next;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{EtcdArgs, EtcdWaitArgs, JobArgs, runtime, shutdown_on_signals};
@@ -110,7 +110,7 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             };
             let Some(item) = item else { break };
             match item? {
-                Item::Task(t) => {
+                Next::Task(t) => {
                     let mut buf = Vec::new();
                     for r in &t.records {
                         if !args.per_record.is_zero() {
@@ -142,13 +142,15 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
                     tasks += 1;
                     records += t.records.len() as u64;
                 }
-                Item::PassFinished { ended, next } => {
+                Next::PassFinished { ended, next } => {
                     println!("pass {ended} finished; next pass {next}");
                 }
-                Item::JobFinished => {
+                Next::JobFinished => {
                     println!("job finished");
                     break;
                 }
+                // The reader yields neither (they are `Tasks::next`'s).
+                Next::Drained | Next::Closed => break,
             }
         }
         reader.drain().await;

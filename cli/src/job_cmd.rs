@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use edl_job::{ControlRecord, JobKeys, JobName, JobSpec, Record, RunRecord, ScaleRecord};
-use edl_master::overview::{JobStatus, STATUS_JSON_VERSION, job_names, job_status_with};
+use edl_master_client::overview::{JobStatus, STATUS_JSON_VERSION, job_names, job_status_with};
 use serde::Serialize;
 
 use crate::common::{EtcdArgs, runtime, shutdown_on_signals};

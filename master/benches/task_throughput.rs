@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use edl_coord::{Backend, Lease, Registry};
 use edl_job::{JobKeys, JobName};
-use edl_master::client::{MasterClient, MasterClientConfig, Next};
 use edl_master::{MasterConfig, run};
+use edl_master_client::{Answer, MasterClient, MasterClientConfig};
 use edl_recordio::{FileWriter, WriterOptions};
 use edl_testkit::EtcdCluster;
 use tokio::time::Instant;
@@ -94,14 +94,14 @@ async fn run_once(
                         .expect("get task");
                     lat.push(t0.elapsed().as_micros() as u64);
                     match next {
-                        Next::Task(t) => {
+                        Answer::Task(t) => {
                             client
                                 .task_finished(&trainer, &t, t.records, &[])
                                 .await
                                 .expect("finish");
                         }
-                        Next::Wait => tokio::task::yield_now().await,
-                        Next::PassFinished(_) | Next::JobFinished => return lat,
+                        Answer::Wait => tokio::task::yield_now().await,
+                        Answer::PassFinished(_) | Answer::JobFinished => return lat,
                     }
                 }
             }));

@@ -22,7 +22,7 @@ use crate::queue::{
     self, Ack, FailedTask, GetTask, Millis, Queue, QueueConfig, QueueCounters, Task,
 };
 use crate::store::Store;
-use crate::task::{LeasedTask, Next};
+use edl_master_client::task::{Answer, LeasedTask};
 
 /// Most requests applied in one batch by default. Each request changes at most one task
 /// record, so a batch's changes usually fit one etcd transaction
@@ -73,7 +73,7 @@ pub(crate) enum Cmd {
         pass: u32,
         request: u64,
         wait: Duration,
-        reply: Reply<Next>,
+        reply: Reply<Answer>,
     },
     Finished {
         id: String,
@@ -121,12 +121,12 @@ struct Parked {
     pass: u32,
     request: u64,
     until: Instant,
-    reply: Reply<Next>,
+    reply: Reply<Answer>,
 }
 
 /// A reply to send once the batch is durable.
 enum Pending {
-    Task(Reply<Next>, Result<Next, MasterError>),
+    Task(Reply<Answer>, Result<Answer, MasterError>),
     Ack(Reply<bool>, Result<bool, MasterError>),
     Dataset(Reply<(Dataset, bool)>, Result<(Dataset, bool), MasterError>),
     Status(Reply<StatusReport>, StatusReport),
@@ -163,7 +163,7 @@ impl CoreHandle {
         pass: u32,
         request: u64,
         wait: Duration,
-    ) -> Result<Next, MasterError> {
+    ) -> Result<Answer, MasterError> {
         self.call(|reply| Cmd::GetTask {
             trainer,
             pass,
@@ -458,7 +458,7 @@ impl Core {
         }
     }
 
-    fn lease(&self, task: Task) -> Next {
+    fn lease(&self, task: Task) -> Answer {
         let path = self
             .dataset
             .as_ref()
@@ -468,19 +468,32 @@ impl Core {
         let (index, tasks) = self.queue.as_ref().map_or((0, 0), |q| {
             (q.position(&task.spec.id).unwrap_or(0), q.len())
         });
-        Next::Task(LeasedTask::of(&task, index as u32, tasks as u32, path))
+        Answer::Task(LeasedTask {
+            id: task.spec.id.clone(),
+            path,
+            chunk_begin: task.spec.chunk_begin,
+            chunk_end: task.spec.chunk_end,
+            records: task.spec.records,
+            pass: task.pass,
+            generation: task.generation,
+            failures: task.failures,
+            offset_begin: task.spec.offset_begin,
+            offset_end: task.spec.offset_end,
+            index: index as u32,
+            tasks: tasks as u32,
+        })
     }
 
-    fn try_get(&mut self, trainer: &str, pass: u32, request: u64) -> Next {
+    fn try_get(&mut self, trainer: &str, pass: u32, request: u64) -> Answer {
         let now = self.now();
         let Some(q) = &mut self.queue else {
-            return Next::Wait;
+            return Answer::Wait;
         };
         match q.get_task(trainer, pass, request, now) {
             GetTask::Task(t) => self.lease(t),
-            GetTask::Wait => Next::Wait,
-            GetTask::PassFinished { next_pass } => Next::PassFinished(next_pass),
-            GetTask::JobFinished => Next::JobFinished,
+            GetTask::Wait => Answer::Wait,
+            GetTask::PassFinished { next_pass } => Answer::PassFinished(next_pass),
+            GetTask::JobFinished => Answer::JobFinished,
         }
     }
 
@@ -497,7 +510,7 @@ impl Core {
                 wait,
                 reply,
             } => match self.try_get(&trainer, pass, request) {
-                Next::Wait if !wait.is_zero() => self.parked.push(Parked {
+                Answer::Wait if !wait.is_zero() => self.parked.push(Parked {
                     trainer,
                     pass,
                     request,
@@ -639,7 +652,7 @@ impl Core {
                 continue;
             }
             match self.try_get(&p.trainer, p.pass, p.request) {
-                Next::Wait if p.until > now => self.parked.push(p),
+                Answer::Wait if p.until > now => self.parked.push(p),
                 r => replies.push(Pending::Task(p.reply, Ok(r))),
             }
         }

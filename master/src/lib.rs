@@ -10,24 +10,22 @@
 //! - [`store`]: the queue's records in etcd, written by fenced transactions.
 //! - [`core`]: the leader's actor: batches requests, group-commits them, long-polls.
 //! - [`server`]: the master process (election, gRPC adapter, trainer follower).
-//! - [`task`]: [`task::LeasedTask`] and [`task::Next`], the task as it travels to a trainer
-//!   and back (both sides of the wire), converted to protobuf there and only there.
-//! - [`client`]: the trainer's client: leader discovery, failover, idempotent retries.
-//! - [`reader`]: the `cloud_reader`: leased tasks read ahead, acknowledged after training.
 //! - [`metrics`]: `/metrics` in Prometheus text format.
 //! - [`error`]: errors and their mapping to gRPC status codes.
+//!
+//! The client side is the crate `edl_master_client`: the client itself (leader
+//! discovery, failover, idempotent retries), a job's overview (`edl status`, the
+//! operator), and the task types that cross the wire (`LeasedTask`, the answer to
+//! `GetTask`), which this crate uses too. The trainer's `cloud_reader` is
+//! `edl_trainer::tasks`.
 
-pub mod client;
 pub mod core;
 pub mod dataset;
 pub mod error;
 pub mod metrics;
-pub mod overview;
 pub mod queue;
-pub mod reader;
 pub mod server;
 pub mod store;
-pub mod task;
 
 #[cfg(test)]
 mod tests;

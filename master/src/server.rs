@@ -17,10 +17,15 @@ use edl_job::{JobKeys, JobName, Record, RestoreRecord};
 use edl_proto::master as pb;
 use futures::StreamExt;
 use tokio::net::TcpListener;
-use tokio::sync::{RwLock, watch};
+use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
+
+/// The wire's limits, shared with the client: the longest failure reason a report may
+/// carry (kept as at most [`MAX_REASON_BYTES`](crate::queue::MAX_REASON_BYTES)), the
+/// largest message.
+pub use edl_master_client::{MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES};
 
 use crate::core::{Core, CoreHandle, StatusReport};
 use crate::dataset::DatasetSpec;
@@ -147,9 +152,6 @@ fn status_to_pb(job: &str, leader: String, s: StatusReport) -> pb::StatusRespons
 /// Most pserver shards of a job (`cluster.pservers`), so most shard incarnations in a
 /// report.
 pub const MAX_SHARDS: usize = 256;
-/// Longest failure reason a report may carry, in bytes (kept as at most
-/// [`MAX_REASON_BYTES`](crate::queue::MAX_REASON_BYTES)).
-pub const MAX_REASON_WIRE_BYTES: usize = 64 << 10;
 /// Longest task id a report may carry (the master's ids are far shorter).
 pub const MAX_TASK_ID_BYTES: usize = 256;
 
@@ -289,9 +291,6 @@ impl pb::master_server::Master for MasterGrpc {
         Ok(Response::new(status_to_pb(&self.job, leader, s)))
     }
 }
-
-/// Largest request the master accepts (a SetDataset with many globs fits easily).
-pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
 /// Runs a master on `listener` until `shutdown` fires.
 pub async fn run(
@@ -603,13 +602,4 @@ async fn follow_trainers(
 /// Retries until cancelled, from `initial` up to 2 s between attempts.
 fn retry_forever(initial: Duration) -> RetryPolicy {
     RetryPolicy::forever().with_delays(initial, Duration::from_secs(2))
-}
-
-/// A watch of the leading master's address (for clients).
-pub fn observe_leader(
-    backend: Arc<dyn Backend>,
-    job: &JobName,
-    cancel: CancellationToken,
-) -> watch::Receiver<Option<edl_coord::LeaderInfo>> {
-    Election::new(backend, JobKeys::new(job).master_election()).observe(cancel)
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use edl_coord::{Backend, EtcdBackend, EtcdConfig};
 use edl_job::{JobKeys, JobName, Record, ScaleRecord};
-use edl_master::overview::job_status_with;
+use edl_master_client::overview::job_status_with;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

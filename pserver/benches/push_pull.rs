@@ -16,9 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{Backend, MemBackend};
-use edl_pserver::client::{DenseCache, DenseInit, PsClient, PsClientConfig};
-use edl_pserver::{
-    IndexChoice, Mode, Optimizer, OptimizerConfig, OptimizerKind, ParamConfig, PsConfig,
+use edl_pserver::{IndexChoice, PsConfig};
+use edl_pserver_client::{
+    DenseCache, DenseInit, Mode, Optimizer, OptimizerConfig, OptimizerKind, ParamConfig, PsClient,
+    PsClientConfig,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -8,13 +8,13 @@
 //! stripes of rows); nothing locks a whole shard on the data path. Pushes are tagged
 //! (trainer, session, step) so that a retried push is never applied twice.
 //!
+//! The client ([`PsClient`](edl_pserver_client::PsClient)) is the crate
+//! `edl_pserver_client`; this crate depends on it for what both sides of the wire share:
+//! the parameter layout, the optimizers' update rules, the floats' encoding, the bulk
+//! path's framing, the error kinds and the transport's limits (imported below as
+//! `layout`, `optim` and `wire`, so `crate::layout` names the client's module).
+//!
 //! Layout:
-//! - [`optim`]: the update rules (SGD with momentum/Nesterov/weight decay, Adagrad, Adam,
-//!   AdamW) on plain slices, `update.rs`; reused by the trainer's single-process baseline.
-//!   Their description (kinds, schedules, clipping, the serde form and its validation) is
-//!   `edl_job::optim`, re-exported here.
-//! - [`layout`]: the parameter spec ([`ParamSpec`], [`ParamConfig`], [`Mode`] from
-//!   `edl_job`) and its deterministic layout over the shards.
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.
 //! - [`shard`]: a shard's parameters and update logic on its own types (no protobuf, no
 //!   I/O), one concern per file: `storage`, `push` (validation), `dedup` (the async
@@ -27,37 +27,25 @@
 //!   `service` (the operations behind the lease gate), `convert` (protobuf to the shard's
 //!   types and back, for both transports), `grpc`, `membership` (the trainer registry),
 //!   `checkpointer`, `run`.
-//! - `bulk`: the same pushes and pulls over plain TCP on the same port, floats outside
-//!   protobuf (the fast path for large dense models): the shared framing, `serve` (the
-//!   pserver's side) and `pool` (the client's).
-//! - [`client`]: the trainer's client ([`PsClient`]): `error`, `connection` (shards found
-//!   through etcd), `retry`, `init` (once per job, through etcd), `cache` (the trainer's
-//!   dense copy), `pull`, `push`, `status` (and probes).
-//! - [`wire`]: floats on the wire. (Prefix views are `edl_coord::follow_prefix`; the
-//!   job's etcd keys are `edl_job::JobKeys`.)
-//! - [`error`]: errors and their mapping to gRPC status codes.
+//! - `bulk`: the pserver's side of the bulk path (the same pushes and pulls over plain
+//!   TCP on the same port, floats outside protobuf: the fast path for large dense
+//!   models); its framing is `edl_pserver_client::bulk`. (Prefix views are
+//!   `edl_coord::follow_prefix`; the job's etcd keys are `edl_job::JobKeys`.)
+//! - [`error`]: errors and their mapping to gRPC status codes (the kinds a refusal
+//!   carries are the client's [`ErrorKind`](error::ErrorKind)).
 
 mod bulk;
 pub mod checkpoint;
-pub mod client;
 pub mod error;
-pub mod layout;
-pub mod optim;
 pub mod server;
 pub mod shard;
 pub mod sync;
-pub mod wire;
 
 #[cfg(test)]
 mod tests;
 
+use edl_pserver_client::{layout, optim, wire};
+
 pub use checkpoint::{CheckpointConfig, CheckpointEvery};
-pub use client::{
-    DenseCache, DenseInit, InitOutcome, PsClient, PsClientConfig, PsClientError, PullStats,
-    PushOutcome, SparseGrad,
-};
 pub use error::PsError;
-pub use layout::{DenseSpec, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
-pub use optim::{Clip, LrSchedule, Optimizer, OptimizerConfig, OptimizerKind, SlotState};
 pub use server::{IndexChoice, PsConfig, run};
-pub use shard::Origin;

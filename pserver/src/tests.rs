@@ -13,15 +13,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::CheckpointDir;
 use crate::checkpoint::protocol::{self, CheckpointConfig, CheckpointEvery};
-use crate::client::{
-    DenseCache, DenseInit, InitOutcome, PsClient, PsClientConfig, PsClientError, SparseGrad, probe,
-};
 use crate::error::{ErrorKind, PsError};
 use crate::layout::{DenseSpec, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
 use crate::optim::{Clip, OptimizerConfig};
 use crate::server::{IndexChoice, PsConfig, run};
 use edl_job::{JobKeys, JobName};
 use edl_job::{PserverRecord, Record};
+use edl_pserver_client::{
+    DenseCache, DenseInit, InitOutcome, PsClient, PsClientConfig, PsClientError, SparseGrad, probe,
+};
 
 struct Harness {
     backend: Arc<dyn Backend>,

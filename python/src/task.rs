@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use edl_master::task::LeasedTask;
+use edl_master_client::task::LeasedTask;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -44,14 +44,14 @@ impl Task {
     }
 
     /// The origin of the task's next push: (pass, task index, push number).
-    pub(crate) fn next_origin(&self) -> PyResult<edl_pserver::Origin> {
+    pub(crate) fn next_origin(&self) -> PyResult<edl_pserver_client::Origin> {
         if let Some(how) = *self.ended.lock().unwrap_or_else(PoisonError::into_inner) {
             return Err(value_error(format!(
                 "task {} was already {how}: push with the task being trained",
                 self.task.id
             )));
         }
-        Ok(edl_pserver::Origin {
+        Ok(edl_pserver_client::Origin {
             pass: self.task.pass,
             task: self.task.index,
             seq: self.seq.fetch_add(1, Ordering::Relaxed),

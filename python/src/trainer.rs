@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use edl_coord::{Backend, EtcdConfig};
 use edl_job::{JobName, JobSpec};
-use edl_pserver::{PsClient, PsClientConfig};
+use edl_pserver_client::{PsClient, PsClientConfig};
 use edl_trainer::app::{self, AppError, Mode};
 use edl_trainer::process::{self, JobEval, Joined, Member, TrainerError, TrainerReport};
 use edl_trainer::{MetricKind, Next, Progress, PsStore, RuntimeError, StoreError, Tasks};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use edl_coord::Backend;
 use edl_job::{JobKeys, JobName};
-use edl_master::client::{MasterClient, MasterClientConfig};
+use edl_master_client::{MasterClient, MasterClientConfig};
 use edl_proto::master::StatusResponse;
 use edl_testkit::EtcdCluster;
 use tokio::time::Instant;

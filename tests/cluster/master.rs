@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use edl_master::client::Next;
+use edl_master_client::Answer;
 use tokio::time::Instant;
 
 use crate::support::{World, wait_until};
@@ -203,7 +203,7 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     let client = w.client();
     client.set_dataset(vec![glob], 1, 1).await.unwrap();
     let lease = w.register_trainer("old").await;
-    let Next::Task(task) = client.get_task("old", 0, 1, Duration::ZERO).await.unwrap() else {
+    let Answer::Task(task) = client.get_task("old", 0, 1, Duration::ZERO).await.unwrap() else {
         panic!("expected a task")
     };
     lease.revoke().await.unwrap();
@@ -216,7 +216,7 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     // The requeued task went to the back of the queue: finish the others first.
     let mut again = None;
     for request in 1..=3 {
-        let Next::Task(t) = client
+        let Answer::Task(t) = client
             .get_task("new", 0, request, Duration::ZERO)
             .await
             .unwrap()

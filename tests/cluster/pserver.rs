@@ -5,10 +5,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use edl_job::{JobKeys, JobName};
+use edl_pserver::checkpoint;
 use edl_pserver::checkpoint::protocol as ckpt;
-use edl_pserver::client::{DenseCache, DenseInit, PsClient, probe};
-use edl_pserver::error::ErrorKind;
-use edl_pserver::{Mode, OptimizerConfig, ParamConfig, PsClientError, checkpoint};
+use edl_pserver_client::error::ErrorKind;
+use edl_pserver_client::{
+    DenseCache, DenseInit, Mode, OptimizerConfig, ParamConfig, PsClient, PsClientError, probe,
+};
 use edl_testkit::{ChildProcess, child_role};
 use tokio::time::Instant;
 
@@ -119,7 +121,7 @@ async fn trainer_child() {
         cancel.clone(),
     )
     .await;
-    let mut cfg = edl_pserver::PsClientConfig::new(job.clone());
+    let mut cfg = edl_pserver_client::PsClientConfig::new(job.clone());
     cfg.sync_wait = Duration::from_millis(500);
     let ps = PsClient::connect(backend, cfg, cancel.clone())
         .await

@@ -173,7 +173,7 @@ async fn secure_run_trains_over_mutual_tls_as_a_job_user() {
     let probe = |tls: Option<edl_proto::tls::Tls>| {
         let addr = addr.clone();
         async move {
-            edl_pserver::client::probe(&addr, job, None, tls.as_ref(), Duration::from_secs(5)).await
+            edl_pserver_client::probe(&addr, job, None, tls.as_ref(), Duration::from_secs(5)).await
         }
     };
     // With the job's certificate the TLS round trip completes: the pserver answers,
@@ -182,15 +182,16 @@ async fn secure_run_trains_over_mutual_tls_as_a_job_user() {
     // Whether a probe reached the service (an answer, or its refusal of the token), as
     // opposed to a connection that failed.
     let served =
-        |r: &Result<edl_proto::pserver::StatusResponse, edl_pserver::PsClientError>| match r {
+        |r: &Result<edl_proto::pserver::StatusResponse, edl_pserver_client::PsClientError>| match r
+        {
             Ok(_) => true,
-            Err(edl_pserver::PsClientError::ProbeRefused { status, .. }) => {
+            Err(edl_pserver_client::PsClientError::ProbeRefused { status, .. }) => {
                 status.code() == Code::Unauthenticated
             }
             Err(_) => false,
         };
     assert!(
-        matches!(&over_tls, Err(edl_pserver::PsClientError::ProbeRefused { status, .. })
+        matches!(&over_tls, Err(edl_pserver_client::PsClientError::ProbeRefused { status, .. })
             if status.code() == Code::Unauthenticated),
         "expected the pserver's Unauthenticated over TLS, got {over_tls:?}"
     );
@@ -446,7 +447,7 @@ async fn an_unauthenticated_900_mb_push_leaves_pserver_memory_flat() {
     );
     // Still serving: a client with the token gets its status.
     let status =
-        edl_pserver::client::probe(&addr, "flood", Some("s3cret"), None, Duration::from_secs(5))
+        edl_pserver_client::probe(&addr, "flood", Some("s3cret"), None, Duration::from_secs(5))
             .await
             .expect("the pserver serves a client with the token");
     assert_eq!(status.shard, 0);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::Backend;
-use edl_master::client::{MasterClient, MasterClientConfig};
+use edl_master_client::{MasterClient, MasterClientConfig};
 use edl_recordio::{FileWriter, WriterOptions};
 use edl_testkit::EtcdCluster;
 use tokio::time::Instant;
@@ -303,13 +303,13 @@ impl World {
     }
 
     /// A pserver client of this job.
-    pub async fn ps_client(&self) -> edl_pserver::PsClient {
-        let mut cfg = edl_pserver::PsClientConfig::new(
+    pub async fn ps_client(&self) -> edl_pserver_client::PsClient {
+        let mut cfg = edl_pserver_client::PsClientConfig::new(
             edl_job::JobName::new(self.job.as_str()).expect("a valid job name"),
         );
         cfg.retry_for = Duration::from_secs(30);
         cfg.sync_wait = Duration::from_millis(500);
-        edl_pserver::PsClient::connect(self.backend.clone(), cfg, self.cancel.child_token())
+        edl_pserver_client::PsClient::connect(self.backend.clone(), cfg, self.cancel.child_token())
             .await
             .expect("pserver client")
     }

@@ -16,7 +16,8 @@ use std::time::Instant;
 
 use edl_coord::{Backend, MemBackend};
 use edl_proto::sample::Sample;
-use edl_pserver::{Mode, OptimizerConfig, ParamConfig, PsClient, PsClientConfig, PsConfig};
+use edl_pserver::PsConfig;
+use edl_pserver_client::{Mode, OptimizerConfig, ParamConfig, PsClient, PsClientConfig};
 use edl_trainer::{
     LocalStore, Model, ModelSpec, OptimizerKind, ParamInit, ParamStore, Params, PsStore, build,
 };

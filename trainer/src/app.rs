@@ -477,7 +477,7 @@ impl Trainer {
                 };
                 let device = crate::select_device(self.cfg.device).map_err(AppError::Model)?;
                 let model = model.build(&spec, &device).map_err(AppError::Model)?;
-                let mut pcfg = edl_pserver::PsClientConfig::new(self.cfg.job.clone());
+                let mut pcfg = edl_pserver_client::PsClientConfig::new(self.cfg.job.clone());
                 pcfg.retry_for = Duration::from_secs(20);
                 pcfg.token = self.cfg.token.clone();
                 pcfg.tls = self.cfg.tls.clone();

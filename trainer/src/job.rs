@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use edl_job::{JobSpec, SpecError};
-use edl_pserver::ParamConfig;
+use edl_pserver_client::ParamConfig;
 
 use crate::RuntimeConfig;
 use crate::error::Result;
@@ -110,8 +110,8 @@ optimizer = "adam"
         assert!(param_config(&spec).mode.is_sync());
         assert_eq!(
             param_config(&spec).optimizer.kind,
-            match edl_pserver::OptimizerKind::adam() {
-                k @ edl_pserver::OptimizerKind::Adam { .. } => k,
+            match edl_pserver_client::OptimizerKind::adam() {
+                k @ edl_pserver_client::OptimizerKind::Adam { .. } => k,
                 _ => unreachable!(),
             }
         );

@@ -111,8 +111,12 @@
 //! - [`data`]: [`load_samples`] from RecordIO files.
 //! - [`store`]: [`ParamStore`], where parameters live ([`LocalStore`] in process;
 //!   the parameter servers in a job).
-//! - [`psstore`]: [`PsStore`], the parameter servers as a [`ParamStore`].
-//! - [`runtime`]: the elastic trainer loop over the master's `cloud_reader`.
+//! - [`psstore`]: [`PsStore`], the parameter servers as a [`ParamStore`] (through
+//!   `edl_pserver_client`).
+//! - [`tasks`]: the task stream in one place: the `cloud_reader` ([`tasks::CloudReader`]:
+//!   tasks leased from the master through `edl_master_client`, read ahead) and
+//!   [`Tasks`], what a training loop says of each; both yield [`Next`].
+//! - [`runtime`]: the elastic trainer loop over [`Tasks`].
 //! - [`process`]: the trainer process ([`process::run`]: spec, session, pservers,
 //!   `/metrics`, drain, report) and the [`process::Session`] shared with `edl consume`.
 //! - [`job`]: the job spec as a trainer uses it: model and optimizer checks, data checks,
@@ -177,7 +181,7 @@ pub use data::{check_split, load_records, load_samples};
 pub use device::{DeviceChoice, device_name, select_device};
 pub use edl_job::model::{ModelSpec, NegativeSampler, Stats, StatsError, feature_stats};
 pub use edl_proto::sample::{Sample, sample::Label};
-pub use edl_pserver::OptimizerKind;
+pub use edl_pserver_client::OptimizerKind;
 pub use error::{Error, Result};
 pub use local::{LocalConfig, LocalReport, StepTiming, evaluate_all, train_local};
 pub use local_optim::LocalOptimizer;

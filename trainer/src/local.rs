@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use edl_proto::sample::Sample;
 
 use crate::error::{Error, Result};
-use edl_pserver::OptimizerKind;
+use edl_pserver_client::OptimizerKind;
 
 use crate::local_optim::LocalOptimizer;
 use crate::model::{Batch, EvalOutput, MetricKind, Model, Params};

@@ -1,4 +1,4 @@
-//! `local_optim`: the parameter servers' optimizers ([`edl_pserver::Optimizer`]) applied
+//! `local_optim`: the parameter servers' optimizers ([`edl_pserver_client::Optimizer`]) applied
 //! in process, for the single-process baseline ([`crate::train_local`]) and the
 //! in-process [`crate::LocalStore`].
 //!
@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use edl_pserver::{LrSchedule, Optimizer, OptimizerConfig, OptimizerKind, SlotState};
+use edl_pserver_client::{LrSchedule, Optimizer, OptimizerConfig, OptimizerKind, SlotState};
 
 use crate::error::{Error, Result};
 use crate::model::{Params, StepOutput};

@@ -139,7 +139,7 @@ impl StepOutput {
     /// Whether every gradient value is finite (a finite loss can still have infinite
     /// or NaN gradients, which the pservers refuse).
     pub fn gradients_finite(&self) -> bool {
-        let finite = edl_pserver::wire::floats_finite;
+        let finite = edl_pserver_client::wire::floats_finite;
         self.dense.iter().all(|g| finite(g)) && self.sparse.iter().all(|s| finite(&s.values))
     }
 }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use edl_pserver::{
+use edl_pserver_client::{
     DenseCache, DenseInit, Origin, ParamConfig, PsClient, PsClientError, RowInit,
     SparseGrad as PsGrad, SparseSpec,
 };
@@ -451,8 +451,8 @@ impl ParamStore for PsStore {
             .names
             .set(cache.params().iter().map(|p| p.name.clone()).collect());
         Ok(match outcome {
-            edl_pserver::InitOutcome::Initialised => InitOutcome::Initialised,
-            edl_pserver::InitOutcome::AlreadyInitialised => InitOutcome::AlreadyInitialised,
+            edl_pserver_client::InitOutcome::Initialised => InitOutcome::Initialised,
+            edl_pserver_client::InitOutcome::AlreadyInitialised => InitOutcome::AlreadyInitialised,
         })
     }
 

@@ -7,18 +7,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::tasks::{CloudReader, ReaderConfig};
 use candle_core::{Device, Tensor};
 use edl_coord::{Backend, Lease, MemBackend};
 use edl_job::{JobKeys, JobName};
-use edl_master::client::{MasterClient, MasterClientConfig};
-use edl_master::reader::{CloudReader, ReaderConfig};
 use edl_master::{MasterConfig, run as run_master};
+use edl_master_client::{MasterClient, MasterClientConfig};
 use edl_proto::pserver::StatusResponse;
 use edl_proto::sample::Sample;
-use edl_pserver::client::probe;
-use edl_pserver::{
-    DenseCache, IndexChoice, Mode, OptimizerConfig, ParamConfig, PsClient, PsClientConfig,
-    PsConfig, PsError,
+use edl_pserver::{IndexChoice, PsConfig, PsError};
+use edl_pserver_client::{
+    DenseCache, Mode, OptimizerConfig, ParamConfig, PsClient, PsClientConfig, probe,
 };
 use edl_recordio::{FileWriter, WriterOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -21,9 +21,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use edl_master::client::ClientError;
-use edl_master::reader::{CloudReader, ReaderError, TaskData};
-use edl_master::task::LeasedTask;
+use crate::tasks::{CloudReader, ReaderError, TaskData};
+use edl_master_client::ClientError;
+use edl_master_client::task::LeasedTask;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

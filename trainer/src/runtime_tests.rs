@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::tasks::{CloudReader, ReaderConfig};
 use edl_coord::{Backend, Lease, MemBackend};
 use edl_job::{JobKeys, JobName};
-use edl_master::client::{MasterClient, MasterClientConfig};
-use edl_master::reader::{CloudReader, ReaderConfig};
 use edl_master::{MasterConfig, run as run_master};
+use edl_master_client::{MasterClient, MasterClientConfig};
 use edl_recordio::{FileWriter, WriterOptions};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

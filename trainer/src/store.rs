@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
-use edl_pserver::{OptimizerKind, Origin};
+use edl_pserver_client::{OptimizerKind, Origin};
 
 use crate::local_optim::LocalOptimizer;
 use crate::model::{DenseParam, Model, Params, SparseTable, StepOutput};

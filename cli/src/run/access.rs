@@ -19,9 +19,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use edl_coord::{EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls};
 use edl_job::{JobKeys, JobName};
-use edl_master::client::MasterClientConfig;
+use edl_master_client::MasterClientConfig;
 use edl_proto::tls::{LocalCa, Tls, TlsFiles};
-use edl_pserver::PsClientConfig;
+use edl_pserver_client::PsClientConfig;
 
 /// The job token, TLS and etcd credentials of a run.
 #[derive(Debug, Clone, Default)]

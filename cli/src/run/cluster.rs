@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use edl_coord::Backend;
 use edl_job::{ControlRecord, JobKeys, JobSpec, Record, ScaleRecord};
-use edl_master::client::MasterClient;
+use edl_master_client::MasterClient;
 use edl_proto::master::StatusResponse;
-use edl_pserver::PsClient;
+use edl_pserver_client::PsClient;
 use edl_trainer::DeviceChoice;
 use tokio_util::sync::CancellationToken;
 

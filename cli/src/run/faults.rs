@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use edl_coord::Backend;
 use edl_job::{JobKeys, JobName, PserverRecord, Record};
-use edl_master::client::MasterClient;
+use edl_master_client::MasterClient;
 use edl_proto::master::StatusResponse;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
@@ -258,7 +258,7 @@ impl Faults {
                 let claim = self.backend.get(key).await.ok().flatten();
                 match claim.filter(|kv| kv.create_revision != *old_create) {
                     Some(kv) => match PserverRecord::decode(&kv.value) {
-                        Ok(r) => edl_pserver::client::probe(
+                        Ok(r) => edl_pserver_client::probe(
                             &r.addr,
                             self.job.as_str(),
                             self.access.token.as_deref(),

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use edl_coord::Backend;
 use edl_job::{FinalState, JobKeys, JobSpec, JobStateRecord, RECORD_VERSION, Record, RunRecord};
-use edl_pserver::{DenseCache, PsClient};
+use edl_pserver_client::{DenseCache, PsClient};
 use edl_trainer::ModelSource;
 use tokio_util::sync::CancellationToken;
 

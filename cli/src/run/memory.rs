@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use edl_coord::{Backend, MemBackend};
 use edl_job::JobSpec;
-use edl_master::client::{MasterClient, MasterClientConfig};
+use edl_master_client::{MasterClient, MasterClientConfig};
 use edl_trainer::process::{TrainerConfig, TrainerReport};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;

@@ -2,7 +2,7 @@
 //! its validation: the update rules and their hyper-parameters ([`OptimizerKind`], with
 //! PyTorch's defaults), the learning-rate schedules ([`LrSchedule`]), and
 //! [`ConfigError`] for a refused configuration. A configuration is validated once, when
-//! the pservers build their optimizer from it (`edl_pserver::Optimizer`).
+//! the pservers build their optimizer from it (`edl_pserver_client::Optimizer`).
 
 use serde::{Deserialize, Serialize};
 

@@ -4,7 +4,7 @@
 //! serde form the job spec converts to and the initialising trainer sends to the
 //! pservers ([`OptimizerConfig`], checked by [`OptimizerConfig::validate`]), and the
 //! [`Mode`] updates are applied in. The update rules themselves are the pservers'
-//! (`edl_pserver::Optimizer`); a local run applies the same ones.
+//! (`edl_pserver_client::Optimizer`); a local run applies the same ones.
 //!
 //! Layout:
 //! - `config`: [`OptimizerKind`], [`LrSchedule`], [`OptimizerConfig`], [`ConfigError`].

@@ -1,20 +1,18 @@
-//! Pserver configuration, and the limits of its transports shared with the client.
+//! Pserver configuration, and the limits of its transports (those the client shares are
+//! `edl_pserver_client`'s, re-exported here).
 
 use edl_job::JobName;
 use std::time::Duration;
 
 use crate::checkpoint::CheckpointConfig;
 
-/// Default largest message: a push or pull of a whole shard of a large model fits.
-pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1 << 30;
+/// The transport's limits, shared with the client.
+pub use edl_pserver_client::{
+    CONNECTION_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME, STREAM_WINDOW,
+};
+
 /// Longest a sync push waits for its step in one call.
 pub const MAX_PUSH_WAIT: Duration = Duration::from_secs(30);
-/// HTTP/2 flow-control windows: large, so that one stream moves tens of MB at full speed.
-pub const STREAM_WINDOW: u32 = 16 << 20;
-/// HTTP/2 connection window.
-pub const CONNECTION_WINDOW: u32 = 64 << 20;
-/// Largest HTTP/2 frame we accept: large frames mean few, large socket reads.
-pub const MAX_FRAME: u32 = 4 << 20;
 /// Default bound on bulk-path connections served at once.
 pub const DEFAULT_MAX_BULK_CONNECTIONS: usize = 1024;
 /// Default longest stall of a peer in the middle of a bulk request or response.

@@ -34,17 +34,8 @@ pub const MAX_SEQ: u32 = 1 << 24;
 /// Largest task count of a dataset the ledger tracks.
 pub const MAX_TASKS: u32 = 1 << 26;
 
-/// Where a push's gradients come from: batch `seq` of task `task` (its index in the
-/// dataset) in pass `pass`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Origin {
-    /// The pass.
-    pub pass: u32,
-    /// The task's index in the dataset.
-    pub task: u32,
-    /// The batch's number within the task (0, 1, ...).
-    pub seq: u32,
-}
+/// Where a push's gradients come from (the client names it with each push).
+pub use edl_pserver_client::Origin;
 
 /// What the ledger says of a push's origin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,10 +12,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::tasks::CloudReader;
 use edl_coord::Backend;
 use edl_job::{JobSpec, RECORD_VERSION, TrainerRecord};
-use edl_master::reader::CloudReader;
-use edl_pserver::{PsClient, PsClientConfig};
+use edl_pserver_client::{PsClient, PsClientConfig};
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 

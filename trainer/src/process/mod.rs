@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use candle_core::Device;
 use edl_coord::Backend;
 use edl_job::{JobName, JobSpec, SpecError};
-use edl_master::client::ClientError;
-use edl_pserver::{PsClient, PsClientConfig, PsClientError};
+use edl_master_client::ClientError;
+use edl_pserver_client::{PsClient, PsClientConfig, PsClientError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::tasks::{CloudReader, ReaderConfig};
 use edl_coord::{Backend, Lease, Registry, retry_startup};
 use edl_job::{JobKeys, JobName, Record, TrainerRecord};
-use edl_master::client::{MasterClient, MasterClientConfig};
-use edl_master::reader::{CloudReader, ReaderConfig};
+use edl_master_client::{MasterClient, MasterClientConfig};
 use tokio_util::sync::CancellationToken;
 
 /// What joining a job needs.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use edl_master::task::LeasedTask;
+use edl_master_client::task::LeasedTask;
 use tokio::task::JoinHandle;
 
 use super::{RuntimeConfig, batch_seed};

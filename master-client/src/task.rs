@@ -1,17 +1,18 @@
 //! The task as it travels from the master to a trainer and back: [`LeasedTask`] (what a
 //! trainer holds: which chunks to read, and the generation its reports must carry) and
-//! [`Next`] (the answer to `GetTask`). Both sides of the wire use these domain types;
+//! [`Answer`] (the answer to `GetTask`). Both sides of the wire use these domain types;
 //! this module is the one place they are converted to and from protobuf.
 //!
-//! Along `GetTask` → `TaskFinished`: the queue leases a [`queue::Task`](crate::queue::Task)
-//! (its state machine's record), the leader's actor turns it into a [`LeasedTask`] (with
-//! the file's path), the gRPC service sends it as `pb::Task`, the client turns it back
-//! into a [`LeasedTask`], the `cloud_reader` reads its records and the trainer reports it
-//! by id and generation.
+//! The master depends on this crate for them (no client depends on the master).
+//!
+//! Along `GetTask` → `TaskFinished`: the master's queue leases a `queue::Task` (its
+//! state machine's record; the queue answers `queue::GetTask`), the leader's actor turns
+//! it into a [`LeasedTask`] (with the file's path) inside an [`Answer`], the gRPC service
+//! sends it as `pb::Task`, the client turns it back into a [`LeasedTask`], the trainer's
+//! `cloud_reader` (`edl_trainer::tasks`) reads its records and the trainer reports it by
+//! id and generation.
 
 use edl_proto::master as pb;
-
-use crate::queue::Task;
 
 /// A task leased to a trainer: a run of chunks of one RecordIO file, in one pass, at one
 /// generation (a report with another generation is stale).
@@ -43,29 +44,9 @@ pub struct LeasedTask {
     pub tasks: u32,
 }
 
-impl LeasedTask {
-    /// The lease of queue task `t`, the `index`th of `tasks`, whose file is `path`.
-    pub fn of(t: &Task, index: u32, tasks: u32, path: String) -> Self {
-        LeasedTask {
-            id: t.spec.id.clone(),
-            path,
-            chunk_begin: t.spec.chunk_begin,
-            chunk_end: t.spec.chunk_end,
-            records: t.spec.records,
-            pass: t.pass,
-            generation: t.generation,
-            failures: t.failures,
-            offset_begin: t.spec.offset_begin,
-            offset_end: t.spec.offset_end,
-            index,
-            tasks,
-        }
-    }
-}
-
 /// The answer to `GetTask`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Next {
+pub enum Answer {
     /// A leased task.
     Task(LeasedTask),
     /// Nothing free before the wait ran out; ask again.
@@ -114,14 +95,14 @@ impl From<pb::Task> for LeasedTask {
     }
 }
 
-impl From<Next> for pb::GetTaskResponse {
-    fn from(n: Next) -> Self {
+impl From<Answer> for pb::GetTaskResponse {
+    fn from(n: Answer) -> Self {
         use pb::get_task_response::Result as R;
         let result = match n {
-            Next::Task(t) => R::Task(t.into()),
-            Next::Wait => R::Wait(pb::Empty {}),
-            Next::PassFinished(p) => R::PassFinished(p),
-            Next::JobFinished => R::JobFinished(pb::Empty {}),
+            Answer::Task(t) => R::Task(t.into()),
+            Answer::Wait => R::Wait(pb::Empty {}),
+            Answer::PassFinished(p) => R::PassFinished(p),
+            Answer::JobFinished => R::JobFinished(pb::Empty {}),
         };
         pb::GetTaskResponse {
             result: Some(result),
@@ -129,14 +110,14 @@ impl From<Next> for pb::GetTaskResponse {
     }
 }
 
-impl From<pb::GetTaskResponse> for Next {
+impl From<pb::GetTaskResponse> for Answer {
     fn from(r: pb::GetTaskResponse) -> Self {
         use pb::get_task_response::Result as R;
         match r.result {
-            Some(R::Task(t)) => Next::Task(t.into()),
-            Some(R::Wait(_)) | None => Next::Wait,
-            Some(R::PassFinished(p)) => Next::PassFinished(p),
-            Some(R::JobFinished(_)) => Next::JobFinished,
+            Some(R::Task(t)) => Answer::Task(t.into()),
+            Some(R::Wait(_)) | None => Answer::Wait,
+            Some(R::PassFinished(p)) => Answer::PassFinished(p),
+            Some(R::JobFinished(_)) => Answer::JobFinished,
         }
     }
 }
@@ -162,14 +143,17 @@ mod tests {
             tasks: 9,
         };
         for n in [
-            Next::Task(t.clone()),
-            Next::Wait,
-            Next::PassFinished(4),
-            Next::JobFinished,
+            Answer::Task(t.clone()),
+            Answer::Wait,
+            Answer::PassFinished(4),
+            Answer::JobFinished,
         ] {
             let wire: pb::GetTaskResponse = n.clone().into();
-            assert_eq!(Next::from(wire), n);
+            assert_eq!(Answer::from(wire), n);
         }
-        assert_eq!(Next::from(pb::GetTaskResponse { result: None }), Next::Wait);
+        assert_eq!(
+            Answer::from(pb::GetTaskResponse { result: None }),
+            Answer::Wait
+        );
     }
 }

@@ -11,7 +11,7 @@ use edl_job::{JobKeys, JobName, JobSpec, JobStateRecord, PserverRecord, Record, 
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{MasterClient, MasterClientConfig};
+use crate::{MasterClient, MasterClientConfig};
 
 /// The version of the JSON that `edl status --json` prints (docs/json.md). Bumped
 /// when a field changes meaning or goes away; new fields may appear within a version.

@@ -4,7 +4,10 @@
 //! the RecordIO range scanner, keeping up to `read_ahead` read tasks in a bounded buffer
 //! so training never waits on I/O. The trainer takes a task, trains its records, and only
 //! then acknowledges it with [`Acks::finished`] ([`CloudReader::acks`]): a task is done when its records
-//! were trained, not when they were read. End of pass and end of job arrive as items.
+//! were trained, not when they were read. End of pass and end of job arrive as items: the
+//! reader yields [`Next`]'s `Task`, `PassFinished` and `JobFinished` (the master's
+//! [`Answer`]s made ready to train: a task read, a pass end with the pass that ended);
+//! `Drained` and `Closed` are only [`Tasks::next`](super::Tasks::next)'s.
 //!
 //! Read-ahead follows the consumer's demand: the fetcher asks for its first task when the
 //! trainer first calls [`CloudReader::next`], and after delivering the end of a pass it
@@ -35,8 +38,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::client::{ClientError, MasterClient};
-use crate::task::{LeasedTask, Next};
+use edl_master_client::task::{Answer, LeasedTask};
+use edl_master_client::{ClientError, MasterClient};
+
+use super::Next;
 
 /// Reader settings.
 #[derive(Clone, Debug)]
@@ -78,22 +83,6 @@ pub struct TaskData {
     pub records: Vec<Vec<u8>>,
 }
 
-/// What the reader yields.
-#[derive(Clone, Debug)]
-pub enum Item {
-    /// A task to train.
-    Task(TaskData),
-    /// Pass `ended` is over (every task done or failed); the next is `next`.
-    PassFinished {
-        /// The pass that ended.
-        ended: u32,
-        /// The current pass.
-        next: u32,
-    },
-    /// Every pass is done.
-    JobFinished,
-}
-
 /// Why reading failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReaderError {
@@ -107,7 +96,7 @@ pub enum ReaderError {
 pub struct CloudReader {
     client: MasterClient,
     trainer: String,
-    rx: mpsc::Receiver<Result<Item, ReaderError>>,
+    rx: mpsc::Receiver<Result<Next, ReaderError>>,
     /// How many items the consumer asked for (calls of `next`).
     asked: watch::Sender<u64>,
     stop: CancellationToken,
@@ -147,7 +136,7 @@ impl CloudReader {
 
     /// The next item; `None` after `JobFinished` or an error. The first call starts the
     /// read-ahead, and so does the first call after a `PassFinished` item.
-    pub async fn next(&mut self) -> Option<Result<Item, ReaderError>> {
+    pub async fn next(&mut self) -> Option<Result<Next, ReaderError>> {
         self.asked.send_modify(|n| *n += 1);
         self.rx.recv().await
     }
@@ -169,7 +158,7 @@ impl CloudReader {
         }
         self.rx.close();
         while let Some(item) = self.rx.recv().await {
-            if let Ok(Item::Task(t)) = item
+            if let Ok(Next::Task(t)) = item
                 && let Err(e) = self.acks().release(&t.task, 0).await
             {
                 tracing::warn!(task = %t.task.id, error = %e, "handing back a read-ahead task failed");
@@ -240,7 +229,7 @@ impl Acks {
 struct Fetcher {
     client: MasterClient,
     cfg: ReaderConfig,
-    tx: mpsc::Sender<Result<Item, ReaderError>>,
+    tx: mpsc::Sender<Result<Next, ReaderError>>,
     stop: CancellationToken,
     indexes: HashMap<String, Arc<ChunkIndex>>,
     /// The consumer's asks (see [`CloudReader::next`]).
@@ -273,7 +262,7 @@ impl Fetcher {
                     // master may already have leased a task for it, which must be handed
                     // back rather than left pending under a live registration.
                     let grace = self.cfg.wait + Duration::from_secs(5);
-                    if let Ok(Ok(Next::Task(task))) = tokio::time::timeout(grace, call).await
+                    if let Ok(Ok(Answer::Task(task))) = tokio::time::timeout(grace, call).await
                         && let Err(e) = self.client.release_task(&self.cfg.trainer, &task, 0, false).await
                     {
                         tracing::warn!(task = %task.id, error = %e, "handing back a task leased while draining failed");
@@ -282,12 +271,12 @@ impl Fetcher {
                 }
             };
             match next {
-                Ok(Next::Task(task)) => {
+                Ok(Answer::Task(task)) => {
                     request += 1;
                     self.deliver(task).await;
                 }
-                Ok(Next::Wait) => {}
-                Ok(Next::PassFinished(next)) if next < pass => {
+                Ok(Answer::Wait) => {}
+                Ok(Answer::PassFinished(next)) if next < pass => {
                     // The queue went back: a pserver shard was restored without some
                     // of the training since; it is trained again.
                     tracing::warn!(
@@ -297,11 +286,11 @@ impl Fetcher {
                     );
                     pass = next;
                 }
-                Ok(Next::PassFinished(next)) => {
+                Ok(Answer::PassFinished(next)) => {
                     let ended = pass;
                     pass = next;
                     if self
-                        .send(Ok(Item::PassFinished { ended, next }))
+                        .send(Ok(Next::PassFinished { ended, next }))
                         .await
                         .is_err()
                     {
@@ -310,8 +299,8 @@ impl Fetcher {
                     // The trainer may evaluate now: lease nothing until it asks again.
                     self.gate = Some(self.sent);
                 }
-                Ok(Next::JobFinished) => {
-                    let _ = self.send(Ok(Item::JobFinished)).await;
+                Ok(Answer::JobFinished) => {
+                    let _ = self.send(Ok(Next::JobFinished)).await;
                     return;
                 }
                 Err(ClientError::Cancelled) => return,
@@ -361,7 +350,7 @@ impl Fetcher {
         }
     }
 
-    async fn send(&mut self, item: Result<Item, ReaderError>) -> Result<(), ()> {
+    async fn send(&mut self, item: Result<Next, ReaderError>) -> Result<(), ()> {
         tokio::select! {
             _ = self.stop.cancelled() => return Err(()),
             r = self.tx.send(item) => r.map_err(|_| ())?,
@@ -387,7 +376,7 @@ impl Fetcher {
                     task: task.clone(),
                     records,
                 };
-                if self.send(Ok(Item::Task(data))).await.is_err()
+                if self.send(Ok(Next::Task(data))).await.is_err()
                     && let Err(e) = self
                         .client
                         .release_task(&self.cfg.trainer, &task, 0, false)
@@ -450,3 +439,7 @@ fn read_task(
     }
     Ok((records, index))
 }
+
+#[cfg(test)]
+#[path = "reader_tests.rs"]
+mod tests;

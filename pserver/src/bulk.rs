@@ -1,4 +1,5 @@
-//! The pserver's side of the bulk path: [`accept`] tells bulk connections from gRPC ones
+//! The pserver's side of the bulk path (its framing, shared with the client, is
+//! `edl_pserver_client::bulk`, re-exported here): [`accept`] tells bulk connections from gRPC ones
 //! by their first byte, bounds how many are served at once, and serves each: a hello
 //! (job and token, checked like gRPC's headers), then push and pull frames handed to the
 //! service, which converts them as it does gRPC requests.
@@ -18,12 +19,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tracing::Instrument as _;
 
-use super::{
-    HELLO_TIMEOUT, IDLE_TIMEOUT, KIND_PULL, KIND_PUSH, MAGIC, MAX_HEADER, MAX_HELLO, STATUS_ERR,
-    STATUS_OK, VERSION, read_header, read_into, status_to_pb, u32_at, write_all_within,
-};
 use crate::error::PsError;
 use crate::server::Service;
+pub use edl_pserver_client::bulk::{
+    HELLO_TIMEOUT, IDLE_TIMEOUT, KIND_PULL, KIND_PUSH, MAGIC, MAX_HEADER, MAX_HELLO, STATUS_ERR,
+    STATUS_OK, VERSION,
+};
+use edl_pserver_client::bulk::{read_header, read_into, status_to_pb, u32_at, write_all_within};
 
 /// Accepts connections on the pserver's port until `stop` fires: bulk connections are
 /// served here, at most as many at once as `bulk_slots` has permits (more are closed at
@@ -278,5 +280,26 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         }
         // TLS holds written bytes until flushed.
         stream.flush().await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use edl_pserver_client::bulk::pb_to_status;
+    use tonic::Code;
+
+    use super::*;
+    use crate::error::{ErrorKind, next_step_of};
+
+    #[test]
+    fn errors_survive_the_round_trip() {
+        let s: Status = PsError::StaleStep { step: 3, next: 7 }.into();
+        let back = pb_to_status(status_to_pb(&s));
+        assert_eq!(back.code(), Code::Aborted);
+        assert_eq!(back.message(), s.message());
+        assert_eq!(ErrorKind::of(&back), Some(ErrorKind::StaleStep));
+        assert_eq!(next_step_of(&back), Some(7));
+        let plain = pb_to_status(status_to_pb(&Status::internal("x")));
+        assert_eq!(ErrorKind::of(&plain), None);
     }
 }

@@ -19,7 +19,6 @@ use super::{
     KIND_PULL, KIND_PUSH, MAGIC, MAX_HEADER, POOL, STATUS_OK, VERSION, pb_to_status, read_header,
     read_into, u32_at,
 };
-use crate::shard::lock;
 
 /// Why a client-side bulk request failed.
 enum Fail {
@@ -281,4 +280,10 @@ impl Pool {
         let r = tokio::time::timeout(timeout, c.pull(&req, max)).await;
         self.finish(c, r)
     }
+}
+
+/// Locks `m`, going on past a panic of another holder (the pool holds only idle
+/// connections).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -5,11 +5,11 @@
 use edl_proto::pserver as pb;
 use futures::future::join_all;
 
-use super::cache::DenseCache;
-use super::retry::uninitialised;
-use super::{PsClient, PsClientError, Result};
+use crate::cache::DenseCache;
 use crate::error::ErrorKind;
+use crate::retry::uninitialised;
 use crate::wire;
+use crate::{PsClient, PsClientError, Result};
 
 /// What a pull did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

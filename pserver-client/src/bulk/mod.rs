@@ -11,7 +11,7 @@
 //! same gRPC status mapping.
 //!
 //! A connection starts with the magic `EDLB` (HTTP/2 starts with `PRI`, TLS with 0x16),
-//! so [`accept`] hands every other connection to the gRPC server. See
+//! so the pserver's `accept` hands every other connection to the gRPC server. See
 //! `proto/edl/pserver.proto` for the framing.
 //!
 //! Limits, since a peer is unknown until its hello is checked: the hello is short and
@@ -20,10 +20,11 @@
 //! reads), and buffer space grows with the bytes received, never with a length a peer
 //! announces.
 //!
-//! Layout: this file holds the framing both sides share (constants, reads and writes
-//! bounded in time and memory, errors as [`pb::BulkError`]); `serve` is the pserver's
-//! side (accepting connections on the shared port, serving them through the service);
-//! `pool` is the client's side (connections to one pserver, reused).
+//! Layout: this module holds the framing both sides share (constants, reads and writes
+//! bounded in time and memory, errors as [`pb::BulkError`]), public because the pserver's
+//! side (`edl_pserver`'s `bulk`: accepting connections on the shared port, serving them
+//! through the service) is built on it; `pool` is the client's side (connections to one
+//! pserver, reused).
 
 use std::io;
 use std::time::Duration;
@@ -37,41 +38,45 @@ use crate::error::next_step_of;
 use edl_proto::headers;
 
 mod pool;
-mod serve;
 
 pub(crate) use pool::Pool;
-pub(crate) use serve::accept;
 
 /// The bulk protocol version served.
 pub const VERSION: u32 = 1;
 /// First bytes of a bulk connection.
 pub const MAGIC: &[u8; 4] = b"EDLB";
 
-const KIND_PUSH: u32 = 1;
-pub(crate) const KIND_PULL: u32 = 2;
-pub(crate) const STATUS_OK: u32 = 0;
-pub(crate) const STATUS_ERR: u32 = 1;
+/// A frame's kind: a push.
+pub const KIND_PUSH: u32 = 1;
+/// A frame's kind: a pull.
+pub const KIND_PULL: u32 = 2;
+/// A response's status: served.
+pub const STATUS_OK: u32 = 0;
+/// A response's status: refused (a [`pb::BulkError`] follows).
+pub const STATUS_ERR: u32 = 1;
 /// Largest protobuf header (block ids and lengths of a large shard fit easily).
-const MAX_HEADER: usize = 16 << 20;
+pub const MAX_HEADER: usize = 16 << 20;
 /// Largest hello (a job name and a token), read before the peer is authenticated.
-const MAX_HELLO: usize = 64 << 10;
+pub const MAX_HELLO: usize = 64 << 10;
 /// Buffer space reserved per read: a peer gets memory as it sends bytes, not as it
 /// announces them.
 const READ_CHUNK: usize = 1 << 20;
 /// Bytes written per timed write.
 const WRITE_CHUNK: usize = 1 << 20;
 /// How long a new connection may take to say what it is.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle bulk connections are closed after this long.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Idle client connections kept per pserver.
-const POOL: usize = 8;
+pub(crate) const POOL: usize = 8;
 
-fn u32_at(b: &[u8]) -> u32 {
+/// The little-endian `u32` at the start of `b` (at least 4 bytes).
+pub fn u32_at(b: &[u8]) -> u32 {
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
-fn status_to_pb(s: &Status) -> pb::BulkError {
+/// A refusal as it travels on the bulk path (the gRPC code, message and details).
+pub fn status_to_pb(s: &Status) -> pb::BulkError {
     pb::BulkError {
         code: s.code() as i32,
         message: s.message().to_owned(),
@@ -82,7 +87,8 @@ fn status_to_pb(s: &Status) -> pb::BulkError {
     }
 }
 
-fn pb_to_status(e: pb::BulkError) -> Status {
+/// A refusal received on the bulk path, as the gRPC status it was built from.
+pub fn pb_to_status(e: pb::BulkError) -> Status {
     let mut s = Status::new(Code::from_i32(e.code), e.message);
     if !e.kind.is_empty() {
         headers::set_detail(&mut s, headers::ERROR_KIND, &e.kind);
@@ -102,7 +108,7 @@ fn stalled(stall: Duration) -> io::Error {
 
 /// Reads exactly `n` more bytes into `buf`, each read making progress within `stall`
 /// (if given). Buffer space grows with the bytes received, not with `n`.
-async fn read_into<R: AsyncRead + Unpin>(
+pub async fn read_into<R: AsyncRead + Unpin>(
     r: &mut R,
     buf: &mut BytesMut,
     n: usize,
@@ -131,7 +137,7 @@ async fn read_into<R: AsyncRead + Unpin>(
 }
 
 /// Reads a header of `len` bytes, refusing more than `max`.
-async fn read_header<R: AsyncRead + Unpin>(
+pub async fn read_header<R: AsyncRead + Unpin>(
     r: &mut R,
     len: usize,
     max: usize,
@@ -150,7 +156,7 @@ async fn read_header<R: AsyncRead + Unpin>(
 
 /// Writes `buf`, each chunk within `stall`: a peer that stops reading a response loses
 /// its connection.
-async fn write_all_within<W: AsyncWriteExt + Unpin>(
+pub async fn write_all_within<W: AsyncWriteExt + Unpin>(
     w: &mut W,
     buf: &[u8],
     stall: Duration,
@@ -166,7 +172,6 @@ async fn write_all_within<W: AsyncWriteExt + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::PsError;
 
     #[tokio::test]
     async fn buffers_grow_with_the_bytes_received_not_the_length_announced() {
@@ -191,20 +196,5 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
-    }
-
-    #[test]
-    fn errors_survive_the_round_trip() {
-        let s: Status = PsError::StaleStep { step: 3, next: 7 }.into();
-        let back = pb_to_status(status_to_pb(&s));
-        assert_eq!(back.code(), Code::Aborted);
-        assert_eq!(back.message(), s.message());
-        assert_eq!(
-            crate::error::ErrorKind::of(&back),
-            Some(crate::error::ErrorKind::StaleStep)
-        );
-        assert_eq!(next_step_of(&back), Some(7));
-        let plain = pb_to_status(status_to_pb(&Status::internal("x")));
-        assert_eq!(crate::error::ErrorKind::of(&plain), None);
     }
 }

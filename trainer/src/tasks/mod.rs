@@ -1,7 +1,20 @@
-//! [`Tasks`]: a trainer's tasks as a training loop drives them — the master's
-//! `cloud_reader` items, and what the trainer says of each task once its loop is done
-//! with it. The built-in loop ([`crate::runtime::run`]) and the Python package drive the
-//! same `Tasks`, so a task is acknowledged one way whatever trains it.
+//! A trainer's task stream, in one place: [`Tasks`], a trainer's tasks as a training
+//! loop drives them — the `cloud_reader`'s items, and what the trainer says of each task
+//! once its loop is done with it. The built-in loop ([`crate::runtime::run`]) and the
+//! Python package drive the same `Tasks`, so a task is acknowledged one way whatever
+//! trains it.
+//!
+//! A task's answer takes three shapes on its way, each where it is needed: the master's
+//! queue answers `queue::GetTask` (inside the master), the wire carries
+//! [`Answer`](edl_master_client::task::Answer) (a leased task, wait, pass finished, job
+//! finished), and the trainer sees [`Next`] (a task with its records, a pass end with the
+//! pass that ended, the job's end, and `Drained` or `Closed` from [`Tasks::next`]).
+//!
+//! Layout:
+//! - this file: [`Tasks`], [`Next`], the acknowledgements in the background.
+//! - `reader`: the `cloud_reader` ([`CloudReader`], [`ReaderConfig`], [`Acks`]): leased
+//!   tasks read ahead, acknowledged after training. Its in-process tests with a real
+//!   master are `reader_tests.rs`.
 //!
 //! Invariants:
 //! - A task is acknowledged ([`Tasks::trained`]) only after every push of it was applied
@@ -20,19 +33,23 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use edl_master::reader::{Acks, CloudReader, Item, TaskData};
-use edl_master::task::LeasedTask;
+use edl_master_client::task::LeasedTask;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::{Progress, RuntimeError};
 use crate::store::{ParamStore, StoreError, TaskRef};
 
+mod reader;
+
+pub use reader::{Acks, CloudReader, ReaderConfig, ReaderError, TaskData};
+
 /// How long a trainer waits for its next task before it tells the store it is idle.
 pub const IDLE_AFTER: Duration = Duration::from_millis(100);
 
-/// What [`Tasks::next`] returns.
-#[derive(Debug)]
+/// What [`Tasks::next`] returns, and what the [`CloudReader`] yields (all but
+/// `Drained` and `Closed`): a task's answer from the master in its trainer's shape.
+#[derive(Clone, Debug)]
 pub enum Next {
     /// A task to train, with its records; say how it went with [`Tasks::trained`],
     /// [`Tasks::hand_back`] or [`Tasks::fail`].
@@ -173,20 +190,22 @@ impl Tasks {
             return Ok(Some(Next::Closed));
         };
         Ok(Some(match item? {
-            Item::Task(t) => {
+            Next::Task(t) => {
                 self.progress.pass = t.task.pass;
                 Next::Task(t)
             }
-            Item::PassFinished { ended, next } => {
+            Next::PassFinished { ended, next } => {
                 self.settle().await?;
                 tracing::info!(trainer = %self.trainer, pass = ended, next, "pass finished");
                 self.progress.pass = next;
                 Next::PassFinished { ended, next }
             }
-            Item::JobFinished => {
+            Next::JobFinished => {
                 self.settle().await?;
                 Next::JobFinished
             }
+            // The reader yields neither.
+            other @ (Next::Drained | Next::Closed) => other,
         }))
     }
 

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{PsClient, PsClientError, Result};
 use crate::layout::{Layout, ParamSpec};
+use crate::{PsClient, PsClientError, Result};
 
 /// A dense parameter in the cache.
 #[derive(Debug, Clone)]

@@ -13,9 +13,9 @@ use pb::parameter_server_client::ParameterServerClient as GrpcClient;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use super::PsClient;
+use crate::PsClient;
 use crate::bulk;
-use crate::server::{CONNECTION_WINDOW, MAX_FRAME, STREAM_WINDOW};
+use crate::{CONNECTION_WINDOW, MAX_FRAME, STREAM_WINDOW};
 use edl_coord::PrefixView;
 use edl_job::{PserverRecord, Record};
 

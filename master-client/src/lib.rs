@@ -1,15 +1,31 @@
-//! The trainer's master client: finds the leading master through etcd, follows
-//! failovers, and retries idempotently.
+//! The edl master's client ([`MasterClient`]): finds the leading master through etcd,
+//! follows failovers, and retries idempotently. The trainer, the Python binding, the
+//! Kubernetes operator and `edl` use it; it does not depend on the master (`edl_master`),
+//! which depends on it instead for what both sides of the wire share: the task types
+//! ([`task`]) and the wire's limits ([`MAX_MESSAGE_BYTES`], [`MAX_REASON_WIRE_BYTES`]).
+//! Keeping them here rather than in `edl_proto` keeps protobuf out of the domain types'
+//! users: [`task`] is the one place they are converted.
 //!
 //! Every call is safe to retry: `GetTask` carries a per-trainer request number (a retry
 //! gets the task already leased for it), and task reports name the task's generation (a
 //! report applied twice is answered `applied: false`).
+//!
+//! Layout:
+//! - this file: [`MasterClient`], its settings and errors, [`observe_leader`].
+//! - [`task`]: [`task::LeasedTask`] and [`task::Answer`], the task as it travels to a
+//!   trainer and back (both sides of the wire), converted to protobuf there and only
+//!   there.
+//! - [`overview`]: a job as seen from outside (`edl status`, the operator), from etcd and
+//!   the leading master's status.
+//!
+//! The trainer's stream of tasks (the `cloud_reader` and the acknowledgements) is
+//! `edl_trainer::tasks`, built on this client.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Attempt, Backend, CallError, LeaderInfo, call_until};
-use edl_job::JobName;
+use edl_coord::{Attempt, Backend, CallError, Election, LeaderInfo, call_until};
+use edl_job::{JobKeys, JobName};
 use edl_proto::headers;
 use edl_proto::master as pb;
 use pb::master_client::MasterClient as GrpcClient;
@@ -19,8 +35,16 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::server::{MAX_MESSAGE_BYTES, observe_leader};
-pub use crate::task::{LeasedTask, Next};
+pub mod overview;
+pub mod task;
+
+pub use task::{Answer, LeasedTask};
+
+/// Largest request the master accepts (a SetDataset with many globs fits easily).
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// Longest failure reason a report may carry, in bytes (the master refuses a longer one;
+/// the client cuts it).
+pub const MAX_REASON_WIRE_BYTES: usize = 64 << 10;
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -234,7 +258,7 @@ impl MasterClient {
         pass: u32,
         request_id: u64,
         wait: Duration,
-    ) -> Result<Next, ClientError> {
+    ) -> Result<Answer, ClientError> {
         let msg = pb::GetTaskRequest {
             trainer: trainer.to_owned(),
             pass,
@@ -281,7 +305,7 @@ impl MasterClient {
         records_trained: u64,
     ) -> Result<bool, ClientError> {
         // The master refuses a longer reason (and keeps only its start).
-        let mut end = reason.len().min(crate::server::MAX_REASON_WIRE_BYTES);
+        let mut end = reason.len().min(MAX_REASON_WIRE_BYTES);
         while !reason.is_char_boundary(end) {
             end -= 1;
         }
@@ -341,4 +365,13 @@ fn retryable(s: &tonic::Status) -> bool {
         s.code(),
         Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
     )
+}
+
+/// A watch of the leading master's address (for clients).
+pub fn observe_leader(
+    backend: Arc<dyn Backend>,
+    job: &JobName,
+    cancel: CancellationToken,
+) -> watch::Receiver<Option<edl_coord::LeaderInfo>> {
+    Election::new(backend, JobKeys::new(job).master_election()).observe(cancel)
 }

@@ -7,7 +7,7 @@ use edl_proto::pserver as pb;
 use futures::future::join_all;
 use pb::parameter_server_client::ParameterServerClient as GrpcClient;
 
-use super::{PsClient, PsClientError, Result};
+use crate::{PsClient, PsClientError, Result};
 
 impl PsClient {
     /// The status of every shard, by index.

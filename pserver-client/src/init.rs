@@ -12,9 +12,9 @@ use futures::future::join_all;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::retry::spec_mismatch;
-use super::{PsClient, PsClientError, Result};
-use crate::checkpoint::protocol::now_ms;
+use crate::retry::spec_mismatch;
+use crate::{PsClient, PsClientError, Result};
+
 use crate::layout::{DenseSpec, Layout, ParamConfig, ParamSpec, SparseSpec, SpecError};
 use crate::wire;
 use edl_job::valid_member_id;
@@ -300,4 +300,11 @@ impl PsClient {
         .await?;
         Ok(())
     }
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

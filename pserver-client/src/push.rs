@@ -8,14 +8,27 @@ use edl_proto::pserver as pb;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use super::retry::{Attempt, push_refusal};
-use super::{PsClient, PsClientError, Result};
 use crate::error::ErrorKind;
 use crate::layout::Mode;
 use crate::optim::ClipPlan;
-use crate::shard::Origin;
+use crate::retry::{Attempt, push_refusal};
+use crate::{PsClient, PsClientError, Result};
+
 use crate::wire;
 use edl_job::valid_member_id;
+use serde::{Deserialize, Serialize};
+
+/// Where a push's gradients come from: batch `seq` of task `task` (its index in the
+/// dataset) in pass `pass`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Origin {
+    /// The pass.
+    pub pass: u32,
+    /// The task's index in the dataset.
+    pub task: u32,
+    /// The batch's number within the task (0, 1, ...).
+    pub seq: u32,
+}
 
 /// Gradients of rows of a sparse table.
 #[derive(Debug, Clone, Copy)]
@@ -69,9 +82,8 @@ impl PsClient {
     ///
     /// - Async mode: `step` is this trainer's own counter, a different value for each
     ///   push of this client (a retry reuses it); returns once every shard applied it.
-    ///   A push more than [`DEDUP_WINDOW`](crate::shard::DEDUP_WINDOW) steps behind this
-    ///   client's newest is refused ([`ErrorKind::TooOld`]): whether it was applied can no
-    ///   longer be told.
+    ///   A push more than the pserver's `DEDUP_WINDOW` steps behind this client's newest
+    ///   is refused ([`ErrorKind::TooOld`]): whether it was applied can no longer be told.
     /// - Sync mode: `step` is the global step (from [`PullStats::next_step`], or the
     ///   previous outcome's step plus one); returns once every shard applied the step, or
     ///   [`PsClientError::StaleStep`] when the step was closed without this trainer (pull,

@@ -8,9 +8,9 @@ use std::time::Duration;
 use edl_coord::{CallError, call_until};
 use tonic::Code;
 
-use super::connection::Target;
-use super::{PsClient, PsClientError, Result};
+use crate::connection::Target;
 use crate::error::{ErrorKind, next_step_of};
+use crate::{PsClient, PsClientError, Result};
 
 /// Codes worth retrying (possibly at a replacement pserver).
 fn retryable(s: &tonic::Status) -> bool {
