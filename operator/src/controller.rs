@@ -4,7 +4,9 @@
 //! applies the plan in order: finalizer, etcd, deletions, creations, status, events. A
 //! step that fails ends the round with the error; the job is reconciled again after a
 //! backoff, from a fresh observation (every step is idempotent: a pod that exists, a
-//! spec already published, a finalizer already there are no-ops).
+//! spec already published, a finalizer already there are no-ops). A round is
+//! `reconcile_job`: `observe` (the API server, then `observe_etcd`), the decision, and
+//! `apply` (one function per step).
 //!
 //! Credentials: given admin credentials for the jobs' etcd
 //! ([`ControllerConfig::etcd_auth`]), the controller makes sure, while observing a live
@@ -40,8 +42,8 @@ use crate::objects::{
     credentials_secret_name, etcd_endpoints, job_etcd_user,
 };
 use crate::reconcile::{
-    Credentials, EtcdAction, FINALIZER, FinalizerChange, Finished, Observed, PodPhase, PodView,
-    Progress, reconcile,
+    Credentials, Deletion, EtcdAction, Event, FINALIZER, FinalizerChange, Finished, Observed, Plan,
+    PodPhase, PodView, Progress, reconcile,
 };
 
 /// How the controller runs.
@@ -352,126 +354,215 @@ async fn ensure_credentials(
     }
 }
 
+/// One round for one job: observe, decide ([`reconcile`]), apply.
 async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let name = cached.name_any();
     let ns = cached.namespace().unwrap_or_else(|| "default".to_owned());
     ctx.metrics.reconciles.inc();
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let services_api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-    let jobs: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let apis = JobApis::new(&ctx.client, &ns);
     // The status carries state (restart counts, recoveries, replacements in flight), so
     // the decision starts from the job as the API server has it now, not from the
     // watch cache, which may not have seen this operator's last status write yet; and
     // every write to the job is fenced by the resourceVersion it was decided on.
-    let tj = match jobs.get(&name).await {
+    let tj = match apis.jobs.get(&name).await {
         Ok(tj) => tj,
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
         Err(e) => return Err(kube_err("read the job")(e)),
     };
-    let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name}"));
-    let pods = pods_api
+    let job_name = JobName::new(name).ok();
+    let obs = observe(&ctx, &apis, &tj, &ns, job_name.as_ref()).await?;
+    let plan = reconcile(&obs);
+    apply(&ctx, &apis, &tj, job_name.as_ref(), &plan).await?;
+    Ok(Action::requeue(ctx.config.resync))
+}
+
+/// The API of a job's namespace for each kind it is made of.
+struct JobApis {
+    jobs: Api<TrainingJob>,
+    pods: Api<Pod>,
+    services: Api<Service>,
+}
+
+impl JobApis {
+    fn new(client: &Client, ns: &str) -> Self {
+        JobApis {
+            jobs: Api::namespaced(client.clone(), ns),
+            pods: Api::namespaced(client.clone(), ns),
+            services: Api::namespaced(client.clone(), ns),
+        }
+    }
+}
+
+/// What the decision looks at: the job's pods and services (by the job's label), its
+/// state in etcd and its credentials, and the time.
+async fn observe<'a>(
+    ctx: &Ctx,
+    apis: &JobApis,
+    tj: &'a TrainingJob,
+    ns: &str,
+    job: Option<&JobName>,
+) -> Result<Observed<'a>, Error> {
+    let selector = ListParams::default().labels(&format!("{JOB_LABEL}={}", tj.name_any()));
+    let pods = apis
+        .pods
         .list(&selector)
         .await
         .map_err(kube_err("list the job's pods"))?;
-    let services = services_api
+    let services = apis
+        .services
         .list(&selector)
         .await
         .map_err(kube_err("list the job's services"))?;
-    let job_name = JobName::new(name.clone()).ok();
-    // The job's own credentials, for a live, valid job on a shared etcd when the operator
-    // may make users; then the job's state, its master asked with the job's token.
-    let live = tj.metadata.deletion_timestamp.is_none()
-        && !tj.status.as_ref().is_some_and(|s| s.phase.is_finished())
-        && tj.job_spec().is_ok();
-    let issues = ctx.config.etcd_auth.is_some() && !tj.spec.etcd.managed && live;
-    let (etcd, credentials) = match &job_name {
-        Some(job) => match ctx.backend(etcd_endpoints(&tj)).await {
-            Ok(b) => {
-                let (credentials, token) = if issues {
-                    match ensure_credentials(&ctx, &tj, &ns, job).await {
-                        Ok(token) => (Credentials::Ready, token),
-                        Err(why) => (Credentials::Failed(why), None),
-                    }
-                } else {
-                    (Credentials::NotIssued, None)
-                };
-                let b: Arc<dyn Backend> = b;
-                let etcd = progress(&b, job, token.as_deref()).await;
-                // An etcd that cannot be read is said once, by its own condition: no job
-                // process starts then anyway.
-                let credentials = match (&etcd, credentials) {
-                    (Err(_), Credentials::Failed(_)) => Credentials::NotIssued,
-                    (_, c) => c,
-                };
-                (etcd, credentials)
-            }
-            Err(e) => (Err(e), Credentials::NotIssued),
-        },
-        // An invalid name fails the job in the decision; etcd is not needed.
-        None => (Ok(Progress::default()), Credentials::NotIssued),
-    };
-    let obs = Observed {
-        job: &tj,
+    let (etcd, credentials) = observe_etcd(ctx, tj, ns, job).await;
+    Ok(Observed {
+        job: tj,
         pods: pods.items.iter().filter_map(pod_view).collect(),
         services: services.items.iter().map(ResourceExt::name_any).collect(),
         etcd,
         credentials,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
-    };
-    let plan = reconcile(&obs);
+    })
+}
 
+/// The job's own credentials, for a live, valid job on a shared etcd when the operator
+/// may make users; then the job's state, its master asked with the job's token.
+async fn observe_etcd(
+    ctx: &Ctx,
+    tj: &TrainingJob,
+    ns: &str,
+    job: Option<&JobName>,
+) -> (Result<Progress, String>, Credentials) {
+    let Some(job) = job else {
+        // An invalid name fails the job in the decision; etcd is not needed.
+        return (Ok(Progress::default()), Credentials::NotIssued);
+    };
+    let live = tj.metadata.deletion_timestamp.is_none()
+        && !tj.status.as_ref().is_some_and(|s| s.phase.is_finished())
+        && tj.job_spec().is_ok();
+    let issues = ctx.config.etcd_auth.is_some() && !tj.spec.etcd.managed && live;
+    let b = match ctx.backend(etcd_endpoints(tj)).await {
+        Ok(b) => b,
+        Err(e) => return (Err(e), Credentials::NotIssued),
+    };
+    let (credentials, token) = if issues {
+        match ensure_credentials(ctx, tj, ns, job).await {
+            Ok(token) => (Credentials::Ready, token),
+            Err(why) => (Credentials::Failed(why), None),
+        }
+    } else {
+        (Credentials::NotIssued, None)
+    };
+    let b: Arc<dyn Backend> = b;
+    let etcd = progress(&b, job, token.as_deref()).await;
+    // An etcd that cannot be read is said once, by its own condition: no job process
+    // starts then anyway.
+    let credentials = match (&etcd, credentials) {
+        (Err(_), Credentials::Failed(_)) => Credentials::NotIssued,
+        (_, c) => c,
+    };
+    (etcd, credentials)
+}
+
+/// Applies `plan` in its order: finalizer, etcd, deletions, creations, status, events
+/// (and last the finalizer's removal). Writes to the job are fenced by the
+/// resourceVersion `tj` was decided on.
+async fn apply(
+    ctx: &Ctx,
+    apis: &JobApis,
+    tj: &TrainingJob,
+    job: Option<&JobName>,
+    plan: &Plan,
+) -> Result<(), Error> {
+    let name = tj.name_any();
     let mut rv = tj.resource_version();
     let mut finalizers: Vec<String> = tj.finalizers().to_vec();
     if plan.finalizer == Some(FinalizerChange::Add) {
         finalizers.push(FINALIZER.to_owned());
         let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rv}});
-        let written = jobs
+        let written = apis
+            .jobs
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(kube_err("add the finalizer"))?;
         rv = written.resource_version();
     }
     if !plan.etcd.is_empty() {
-        let backend = ctx
-            .backend(etcd_endpoints(&tj))
-            .await
-            .map_err(|message| Error::Etcd {
-                what: "connect to the job's etcd".into(),
-                message,
-            })?;
-        for action in &plan.etcd {
-            let keys = job_name.as_ref().map(JobKeys::new);
-            let backend: Arc<dyn Backend> = backend.clone();
-            let result = match (action, &keys) {
-                (EtcdAction::PublishSpec(spec), _) => spec
-                    .publish(&backend)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                (EtcdAction::WriteScale(n), Some(keys)) => backend
-                    .put(&keys.scale_trainers(), ScaleRecord::new(*n).encode(), None)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                (EtcdAction::DeleteJob, Some(keys)) => backend
-                    .delete_prefix(keys.root())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                (_, None) => Ok(()),
-            };
-            result.map_err(|message| Error::Etcd {
-                what: format!("{action:?}"),
-                message,
-            })?;
-        }
+        apply_etcd(ctx, tj, job, &plan.etcd).await?;
     }
-    for d in &plan.delete {
+    delete_pods(ctx, &apis.pods, &plan.delete).await?;
+    create_objects(ctx, apis, &plan.create_services, &plan.create_pods).await?;
+    if let Some(status) = &plan.status {
+        // A 409 here means the job changed since it was read: the next round decides
+        // again from the new version.
+        let patch = json!({"status": status, "metadata": {"resourceVersion": rv}});
+        apis.jobs
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("write the status"))?;
+    }
+    record_events(ctx, tj, &plan.events).await;
+    if plan.finalizer == Some(FinalizerChange::Remove) {
+        let left: Vec<String> = finalizers.into_iter().filter(|f| f != FINALIZER).collect();
+        let patch = json!({"metadata": {"finalizers": if left.is_empty() { serde_json::Value::Null } else { json!(left) }}});
+        apis.jobs
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("remove the finalizer"))?;
+    }
+    Ok(())
+}
+
+/// The plan's changes to the job's etcd keys, in order.
+async fn apply_etcd(
+    ctx: &Ctx,
+    tj: &TrainingJob,
+    job: Option<&JobName>,
+    actions: &[EtcdAction],
+) -> Result<(), Error> {
+    let backend = ctx
+        .backend(etcd_endpoints(tj))
+        .await
+        .map_err(|message| Error::Etcd {
+            what: "connect to the job's etcd".into(),
+            message,
+        })?;
+    for action in actions {
+        let keys = job.map(JobKeys::new);
+        let backend: Arc<dyn Backend> = backend.clone();
+        let result = match (action, &keys) {
+            (EtcdAction::PublishSpec(spec), _) => spec
+                .publish(&backend)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            (EtcdAction::WriteScale(n), Some(keys)) => backend
+                .put(&keys.scale_trainers(), ScaleRecord::new(*n).encode(), None)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            (EtcdAction::DeleteJob, Some(keys)) => backend
+                .delete_prefix(keys.root())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            (_, None) => Ok(()),
+        };
+        result.map_err(|message| Error::Etcd {
+            what: format!("{action:?}"),
+            message,
+        })?;
+    }
+    Ok(())
+}
+
+/// Deletes the plan's pods (one already gone is fine).
+async fn delete_pods(ctx: &Ctx, pods: &Api<Pod>, deletions: &[Deletion]) -> Result<(), Error> {
+    for d in deletions {
         let params = DeleteParams {
             grace_period_seconds: d.grace.map(|g| g.max(0) as u32),
             ..DeleteParams::default()
         };
-        match pods_api.delete(&d.name, &params).await {
+        match pods.delete(&d.name, &params).await {
             Ok(_) => {
                 ctx.metrics.pods_deleted.inc();
             }
@@ -479,15 +570,25 @@ async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action
             Err(e) => return Err(kube_err(format!("delete pod {}", d.name))(e)),
         };
     }
-    for s in &plan.create_services {
-        match services_api.create(&PostParams::default(), s).await {
+    Ok(())
+}
+
+/// Creates the plan's services, then its pods (one that exists already is fine).
+async fn create_objects(
+    ctx: &Ctx,
+    apis: &JobApis,
+    services: &[Service],
+    pods: &[Pod],
+) -> Result<(), Error> {
+    for s in services {
+        match apis.services.create(&PostParams::default(), s).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(kube_err("create a service")(e)),
         }
     }
-    for p in &plan.create_pods {
-        match pods_api.create(&PostParams::default(), p).await {
+    for p in pods {
+        match apis.pods.create(&PostParams::default(), p).await {
             Ok(_) => {
                 ctx.metrics.pods_created.inc();
             }
@@ -497,16 +598,14 @@ async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action
             }
         }
     }
-    if let Some(status) = &plan.status {
-        // A 409 here means the job changed since it was read: the next round decides
-        // again from the new version.
-        let patch = json!({"status": status, "metadata": {"resourceVersion": rv}});
-        jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(kube_err("write the status"))?;
-    }
+    Ok(())
+}
+
+/// Records the plan's events on the job, counting scales and recoveries. An event
+/// that cannot be recorded is logged: it is for people, the job goes on without it.
+async fn record_events(ctx: &Ctx, tj: &TrainingJob, events: &[Event]) {
     let reference = tj.object_ref(&());
-    for e in &plan.events {
+    for e in events {
         if e.reason.starts_with("Scaled") {
             ctx.metrics.scale_events.inc();
         }
@@ -525,18 +624,9 @@ async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action
             secondary: None,
         };
         if let Err(err) = ctx.recorder.publish(&event, &reference).await {
-            // An event is for people; the job goes on without it.
-            tracing::warn!(job = %name, reason = %e.reason, error = %err, "cannot record an event");
+            tracing::warn!(job = %tj.name_any(), reason = %e.reason, error = %err, "cannot record an event");
         }
     }
-    if plan.finalizer == Some(FinalizerChange::Remove) {
-        let left: Vec<String> = finalizers.into_iter().filter(|f| f != FINALIZER).collect();
-        let patch = json!({"metadata": {"finalizers": if left.is_empty() { serde_json::Value::Null } else { json!(left) }}});
-        jobs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(kube_err("remove the finalizer"))?;
-    }
-    Ok(Action::requeue(ctx.config.resync))
 }
 
 fn error_policy(_tj: Arc<TrainingJob>, error: &Error, ctx: Arc<Ctx>) -> Action {

@@ -21,6 +21,11 @@
 //!   Event, never a silent Pending;
 //! - when the operator makes a job's credentials, no job process is created before
 //!   they exist, and every one requires them.
+//!
+//! Layout: [`reconcile`] runs the decision's phases in order, each a method of a private
+//! `Decision` (the observation, the status the job had and the one being made, the plan
+//! so far); a phase that finds the job over (deleted, invalid, finished, crash-looping)
+//! returns the plan itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -296,221 +301,252 @@ fn stop_running(plan: &mut Plan, pods: &[PodView]) {
 }
 
 /// Decides what to do about one TrainingJob.
+///
+/// The phases, in order (each ends the decision when it says the job is over): a job
+/// being deleted only loses its keys and finalizer; an invalid spec fails the job; a
+/// finished job only stops its pods; then the job's state in etcd (which may say it
+/// ended), its credentials, its services, its ended and surplus pods (a crash loop fails
+/// the job), its missing pods, its scale, and last its phase and conditions.
 pub fn reconcile(obs: &Observed<'_>) -> Plan {
     let tj = obs.job;
-    let mut plan = Plan::default();
-    let job = tj.metadata.name.clone().unwrap_or_default();
-    let generation = tj.metadata.generation;
-    let now = &obs.now;
-    let old = tj.status.clone().unwrap_or_default();
-    let mut status = old.clone();
-    status.observed_generation = generation;
-    status.selector = objects::selector(&job, Role::Trainer);
-
-    // Being deleted: remove the job's keys, then let it go. Its pods go with it (owner
-    // references).
     if tj.metadata.deletion_timestamp.is_some() {
-        if has_finalizer(tj) {
-            if !tj.spec.etcd.managed {
-                plan.etcd.push(EtcdAction::DeleteJob);
-            }
-            plan.finalizer = Some(FinalizerChange::Remove);
-        }
-        return plan;
+        return being_deleted(tj);
     }
+    let mut d = Decision::new(obs);
     if !has_finalizer(tj) && !tj.spec.etcd.managed {
-        plan.finalizer = Some(FinalizerChange::Add);
+        d.plan.finalizer = Some(FinalizerChange::Add);
     }
-    set_condition(
-        &mut status.conditions,
+    d.condition(
         "Created",
         true,
         "Accepted",
         "the operator accepted the job".to_owned(),
-        generation,
-        now,
     );
-
     let spec = match tj.job_spec() {
         Ok(spec) => spec,
-        Err(e) => {
-            status.phase = Phase::Failed;
-            if set_condition(
-                &mut status.conditions,
-                "Failed",
-                true,
-                "InvalidSpec",
-                e.to_string(),
-                generation,
-                now,
-            ) {
-                plan.event(true, "InvalidSpec", e.to_string());
-            }
-            plan.status = Some(status);
-            return plan;
-        }
+        Err(e) => return d.invalid_spec(e.to_string()),
     };
-
     let desired = desired_slots(tj);
     let want = desired.iter().filter(|s| s.role == Role::Trainer).count() as u32;
-    status.trainers.desired = want;
-    if old.phase.is_finished() {
+    d.status.trainers.desired = want;
+    if d.old.phase.is_finished() {
         // Over: stop what still runs, change nothing else.
-        stop_running(&mut plan, &obs.pods);
-        plan.status = (status != old).then_some(status);
-        return plan;
+        stop_running(&mut d.plan, &obs.pods);
+        return d.plan_if_changed();
     }
-
-    // The job's state in etcd.
-    let progress = match &obs.etcd {
-        Ok(p) => Some(p),
-        Err(e) => {
-            let message = format!("cannot read the job's state from etcd: {e}");
-            if set_condition(
-                &mut status.conditions,
-                "EtcdReachable",
-                false,
-                "EtcdUnreachable",
-                message.clone(),
-                generation,
-                now,
-            ) {
-                plan.event(true, "EtcdUnreachable", message);
-            }
-            None
-        }
-    };
+    let progress = d.etcd_state();
     if let Some(p) = progress {
-        set_condition(
-            &mut status.conditions,
-            "EtcdReachable",
-            true,
-            "Reachable",
-            String::new(),
-            generation,
-            now,
-        );
-        status.pass = p.pass;
-        status.tasks = p.tasks.clone();
-        status.trainers.registered = p.trainers;
-        status.pservers = p.pservers;
-        status.leader = p.leader.clone();
         if let Some(end) = &p.finished {
-            let (phase, cond, reason, message) = match end {
-                Finished::Succeeded => (
-                    Phase::Succeeded,
-                    "Succeeded",
-                    "PassesDone",
-                    "every pass trained".to_owned(),
-                ),
-                Finished::Failed(why) => (Phase::Failed, "Failed", "JobFailed", why.clone()),
-            };
-            status.phase = phase;
-            set_condition(
-                &mut status.conditions,
-                cond,
-                true,
-                reason,
-                message.clone(),
-                generation,
-                now,
-            );
-            set_condition(
-                &mut status.conditions,
-                "Running",
-                false,
-                reason,
-                message.clone(),
-                generation,
-                now,
-            );
-            set_condition(
-                &mut status.conditions,
-                "Scaling",
-                false,
-                "JobEnded",
-                String::new(),
-                generation,
-                now,
-            );
-            plan.event(phase == Phase::Failed, cond, message);
-            stop_running(&mut plan, &obs.pods);
-            plan.status = Some(status);
-            return plan;
+            return d.ended(end);
         }
         if !p.spec_published {
-            plan.etcd
+            d.plan
+                .etcd
                 .push(EtcdAction::PublishSpec(Box::new(spec.clone())));
         }
     }
+    let credentials_failed = d.credentials();
+    d.services();
+    if let Some(why) = d.ended_and_surplus_pods(&desired) {
+        return d.crash_loop(why);
+    }
+    // Job processes need the etcd (and, there, the spec) and their credentials.
+    let processes_ready = progress.is_some() && credentials_failed.is_none();
+    d.missing_pods(&desired, processes_ready);
+    let running_trainers = d.scale(want, progress);
+    d.phase_and_conditions(
+        &desired,
+        want,
+        running_trainers,
+        progress.is_some(),
+        credentials_failed,
+    );
+    d.plan_if_changed()
+}
 
-    // The job's credentials, when the operator makes them.
-    let credentials_failed = match &obs.credentials {
-        Credentials::NotIssued => None,
-        Credentials::Ready => {
-            set_condition(
-                &mut status.conditions,
-                "CredentialsReady",
-                true,
-                "Issued",
-                format!(
-                    "the job's processes use the etcd user and token of Secret {}",
-                    objects::credentials_secret_name(&job)
-                ),
-                generation,
-                now,
-            );
-            None
+/// The plan for a job being deleted: remove its keys, then let it go. Its pods go
+/// with it (owner references).
+fn being_deleted(tj: &TrainingJob) -> Plan {
+    let mut plan = Plan::default();
+    if has_finalizer(tj) {
+        if !tj.spec.etcd.managed {
+            plan.etcd.push(EtcdAction::DeleteJob);
         }
-        Credentials::Failed(why) => {
-            let message = format!("cannot make the job's etcd credentials: {why}");
-            if set_condition(
-                &mut status.conditions,
-                "CredentialsReady",
-                false,
-                "CredentialsFailed",
-                message.clone(),
-                generation,
-                now,
-            ) {
-                plan.event(true, "CredentialsFailed", message.clone());
-            }
-            Some(message)
-        }
-    };
-    let credentials = CredentialsRef::of(tj, obs.credentials != Credentials::NotIssued);
+        plan.finalizer = Some(FinalizerChange::Remove);
+    }
+    plan
+}
 
-    // Services.
-    for s in objects::services(tj) {
-        let name = s.metadata.name.clone().unwrap_or_default();
-        if !obs.services.contains(&name) {
-            plan.create_services.push(s);
+/// One decision under way: the observation, the status it had and the one being made,
+/// and the plan so far.
+struct Decision<'a> {
+    obs: &'a Observed<'a>,
+    /// The job's name.
+    job: String,
+    /// The status the job had.
+    old: TrainingJobStatus,
+    /// The status being made (written only if it differs from `old`).
+    status: TrainingJobStatus,
+    plan: Plan,
+}
+
+impl<'a> Decision<'a> {
+    fn new(obs: &'a Observed<'a>) -> Self {
+        let tj = obs.job;
+        let job = tj.metadata.name.clone().unwrap_or_default();
+        let old = tj.status.clone().unwrap_or_default();
+        let mut status = old.clone();
+        status.observed_generation = tj.metadata.generation;
+        status.selector = objects::selector(&job, Role::Trainer);
+        Decision {
+            obs,
+            job,
+            old,
+            status,
+            plan: Plan::default(),
         }
     }
 
-    // Pods: replace ended ones, drain surplus trainers, create missing slots.
-    let wanted: BTreeSet<Slot> = desired.iter().copied().collect();
-    let by_name: BTreeMap<&str, &PodView> = obs.pods.iter().map(|p| (p.name.as_str(), p)).collect();
-    let healthy_after = tj.spec.cluster.healthy_after;
-    let max_restarts = tj.spec.cluster.max_restarts;
-    let mut crash_loop: Option<String> = None;
-    for p in &obs.pods {
-        if p.terminating {
-            continue;
+    /// Sets condition `type_` of the new status (see [`set_condition`]); whether
+    /// anything about it changed.
+    fn condition(&mut self, type_: &str, status: bool, reason: &str, message: String) -> bool {
+        set_condition(
+            &mut self.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            self.obs.job.metadata.generation,
+            &self.obs.now,
+        )
+    }
+
+    /// The plan, with the new status when it differs from the old one.
+    fn plan_if_changed(mut self) -> Plan {
+        self.plan.status = (self.status != self.old).then_some(self.status);
+        self.plan
+    }
+
+    /// The plan, with the new status.
+    fn plan_with_status(mut self) -> Plan {
+        self.plan.status = Some(self.status);
+        self.plan
+    }
+
+    /// The job's spec is invalid: it fails, saying why once.
+    fn invalid_spec(mut self, why: String) -> Plan {
+        self.status.phase = Phase::Failed;
+        if self.condition("Failed", true, "InvalidSpec", why.clone()) {
+            self.plan.event(true, "InvalidSpec", why);
         }
-        if !wanted.contains(&p.slot) {
-            // A trainer beyond the desired count (or a slot the spec no longer has):
-            // SIGTERM, so it drains.
-            plan.delete.push(Deletion {
-                name: p.name.clone(),
-                grace: None,
-            });
-            continue;
+        self.plan_with_status()
+    }
+
+    /// The job's state in etcd into the status and the `EtcdReachable` condition;
+    /// `None` (one event) when etcd cannot be read.
+    fn etcd_state(&mut self) -> Option<&'a Progress> {
+        let p = match &self.obs.etcd {
+            Ok(p) => p,
+            Err(e) => {
+                let message = format!("cannot read the job's state from etcd: {e}");
+                if self.condition("EtcdReachable", false, "EtcdUnreachable", message.clone()) {
+                    self.plan.event(true, "EtcdUnreachable", message);
+                }
+                return None;
+            }
+        };
+        self.condition("EtcdReachable", true, "Reachable", String::new());
+        self.status.pass = p.pass;
+        self.status.tasks = p.tasks.clone();
+        self.status.trainers.registered = p.trainers;
+        self.status.pservers = p.pservers;
+        self.status.leader = p.leader.clone();
+        Some(p)
+    }
+
+    /// etcd says the job ended: its phase and conditions say how, and what still runs
+    /// is stopped.
+    fn ended(mut self, end: &Finished) -> Plan {
+        let (phase, cond, reason, message) = match end {
+            Finished::Succeeded => (
+                Phase::Succeeded,
+                "Succeeded",
+                "PassesDone",
+                "every pass trained".to_owned(),
+            ),
+            Finished::Failed(why) => (Phase::Failed, "Failed", "JobFailed", why.clone()),
+        };
+        self.status.phase = phase;
+        self.condition(cond, true, reason, message.clone());
+        self.condition("Running", false, reason, message.clone());
+        self.condition("Scaling", false, "JobEnded", String::new());
+        self.plan.event(phase == Phase::Failed, cond, message);
+        stop_running(&mut self.plan, &self.obs.pods);
+        self.plan_with_status()
+    }
+
+    /// The job's credentials, when the operator makes them, into the
+    /// `CredentialsReady` condition; why they could not be made, if so.
+    fn credentials(&mut self) -> Option<String> {
+        match &self.obs.credentials {
+            Credentials::NotIssued => None,
+            Credentials::Ready => {
+                let message = format!(
+                    "the job's processes use the etcd user and token of Secret {}",
+                    objects::credentials_secret_name(&self.job)
+                );
+                self.condition("CredentialsReady", true, "Issued", message);
+                None
+            }
+            Credentials::Failed(why) => {
+                let message = format!("cannot make the job's etcd credentials: {why}");
+                if self.condition(
+                    "CredentialsReady",
+                    false,
+                    "CredentialsFailed",
+                    message.clone(),
+                ) {
+                    self.plan.event(true, "CredentialsFailed", message.clone());
+                }
+                Some(message)
+            }
         }
-        if p.phase.ended() {
+    }
+
+    /// Creates the services that are missing.
+    fn services(&mut self) {
+        for s in objects::services(self.obs.job) {
+            let name = s.metadata.name.clone().unwrap_or_default();
+            if !self.obs.services.contains(&name) {
+                self.plan.create_services.push(s);
+            }
+        }
+    }
+
+    /// Drains the pods of slots the job does not want (surplus trainers) and replaces
+    /// the ended ones, counting restarts; why the job is crash-looping, if a pod ended
+    /// too often too soon.
+    fn ended_and_surplus_pods(&mut self, desired: &[Slot]) -> Option<String> {
+        let wanted: BTreeSet<Slot> = desired.iter().copied().collect();
+        let cluster = &self.obs.job.spec.cluster;
+        let (healthy_after, max_restarts) = (cluster.healthy_after, cluster.max_restarts);
+        let mut crash_loop: Option<String> = None;
+        for p in self.obs.pods.iter().filter(|p| !p.terminating) {
+            if !wanted.contains(&p.slot) {
+                // A trainer beyond the desired count (or a slot the spec no longer has):
+                // SIGTERM, so it drains.
+                self.plan.delete.push(Deletion {
+                    name: p.name.clone(),
+                    grace: None,
+                });
+                continue;
+            }
+            if !p.phase.ended() {
+                continue;
+            }
             let what = describe_end(p);
             let healthy = p.ran_for.is_some_and(|d| d >= healthy_after);
-            let count = status.restarts.entry(p.name.clone()).or_insert(0);
+            let count = self.status.restarts.entry(p.name.clone()).or_insert(0);
             *count = if healthy { 0 } else { *count + 1 };
             if *count > max_restarts {
                 crash_loop = Some(format!(
@@ -522,204 +558,224 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
                 ));
                 continue;
             }
-            plan.delete.push(Deletion {
-                name: p.name.clone(),
-                grace: Some(0),
-            });
-            if !status.replacing.contains(&p.name) {
-                status.replacing.push(p.name.clone());
-            }
-            status.recoveries.push(Recovery {
-                role: p.slot.role.name().to_owned(),
-                pod: p.name.clone(),
-                reason: what.clone(),
-                time: now.0.to_string(),
-            });
-            plan.event(
-                true,
-                "PodReplaced",
-                format!("pod {} {what}: replacing it", p.name),
-            );
+            self.replace(p, what);
         }
+        crash_loop
     }
-    if let Some(why) = crash_loop {
-        status.phase = Phase::Failed;
-        set_condition(
-            &mut status.conditions,
-            "Failed",
-            true,
-            "CrashLoop",
-            why.clone(),
-            generation,
-            now,
-        );
-        set_condition(
-            &mut status.conditions,
-            "Running",
-            false,
-            "CrashLoop",
-            why.clone(),
-            generation,
-            now,
-        );
-        plan.event(true, "CrashLoop", why);
-        plan.delete.clear();
-        stop_running(&mut plan, &obs.pods);
-        plan.status = Some(status);
-        return plan;
-    }
-    // Missing slots. Job processes need the etcd (and, there, the spec) and their
-    // credentials: without them only the managed etcd itself is created.
-    let etcd_ready = progress.is_some();
-    let processes_ready = etcd_ready && credentials_failed.is_none();
-    let was_started = !matches!(old.phase, Phase::Created);
-    for slot in &desired {
-        let name = slot.pod_name(&job);
-        if by_name.contains_key(name.as_str()) {
-            continue;
-        }
-        if slot.role != Role::Etcd && !processes_ready {
-            continue;
-        }
-        let known = slot.role != Role::Trainer || slot.index < old.trainers.desired;
-        if let Some(i) = status.replacing.iter().position(|n| *n == name) {
-            // The replacement of an ended pod, already counted.
-            status.replacing.remove(i);
-        } else if was_started && known {
-            status.recoveries.push(Recovery {
-                role: slot.role.name().to_owned(),
-                pod: name.clone(),
-                reason: "deleted (or lost with its node)".to_owned(),
-                time: now.0.to_string(),
-            });
-            plan.event(
-                true,
-                "PodReplaced",
-                format!("pod {name} is gone (deleted or lost with its node): recreating it"),
-            );
-        }
-        plan.create_pods.push(objects::pod(tj, *slot, credentials));
-    }
-    let excess = status.recoveries.len().saturating_sub(RECENT_RECOVERIES);
-    status.recoveries.drain(..excess);
 
-    // Scale.
-    let running_trainers = obs
-        .pods
-        .iter()
-        .filter(|p| p.slot.role == Role::Trainer && p.phase == PodPhase::Running && !p.terminating)
-        .count() as u32;
-    if old.trainers.desired != want && was_started {
-        let (reason, verb) = if want > old.trainers.desired {
-            ("ScaledUp", "up")
-        } else {
-            ("ScaledDown", "down")
-        };
-        plan.event(
-            false,
-            reason,
-            format!(
-                "trainers {} -> {want}: scaling {verb}{}",
-                old.trainers.desired,
-                if verb == "down" {
-                    " (the surplus trainers drain)"
-                } else {
-                    ""
-                }
-            ),
-        );
-    }
-    if let Some(p) = progress
-        && p.scale != Some(want)
-    {
-        plan.etcd.push(EtcdAction::WriteScale(want));
-    }
-    status.trainers = TrainerCounts {
-        running: running_trainers,
-        desired: want,
-        registered: status.trainers.registered,
-    };
-
-    // Phase and conditions.
-    let core_running = desired.iter().filter(|s| s.role != Role::Trainer).all(|s| {
-        by_name
-            .get(s.pod_name(&job).as_str())
-            .is_some_and(|p| p.phase == PodPhase::Running && !p.terminating)
-    });
-    let problem = obs
-        .pods
-        .iter()
-        .filter(|p| !p.terminating && !p.phase.ended())
-        .find_map(|p| {
-            p.problem
-                .as_ref()
-                .map(|(r, m)| (r.clone(), format!("pod {}: {m}", p.name)))
+    /// Deletes the ended pod `p` at once, to be created again: a recovery and an event.
+    fn replace(&mut self, p: &PodView, what: String) {
+        self.plan.delete.push(Deletion {
+            name: p.name.clone(),
+            grace: Some(0),
         });
-    let scaling = running_trainers != want;
-    status.phase = match (core_running && running_trainers > 0, scaling) {
-        (true, false) => Phase::Running,
-        (true, true) => Phase::Scaling,
-        (false, _) if matches!(old.phase, Phase::Created | Phase::Pending) => Phase::Pending,
-        (false, _) => Phase::Running,
-    };
-    let (ok, reason, message) = if !etcd_ready {
-        (
-            false,
-            "EtcdUnreachable".to_owned(),
-            "the job's etcd cannot be read".to_owned(),
-        )
-    } else if let Some(why) = &credentials_failed {
-        (false, "CredentialsFailed".to_owned(), why.clone())
-    } else if core_running && running_trainers > 0 {
-        (true, "Training".to_owned(), String::new())
-    } else if let Some((r, m)) = &problem {
-        (false, r.clone(), m.clone())
-    } else {
-        (
-            false,
-            "PodsStarting".to_owned(),
-            "waiting for the job's pods to run".to_owned(),
-        )
-    };
-    if set_condition(
-        &mut status.conditions,
-        "Running",
-        ok,
-        &reason,
-        message.clone(),
-        generation,
-        now,
-    ) && !ok
-        && problem.as_ref().is_some_and(|(r, _)| *r == reason)
-    {
-        plan.event(true, &reason, message);
-    }
-    let scaling_message = if scaling {
-        let mut m = format!("{running_trainers} of {want} trainers running");
-        if let Some((_, why)) = problem.as_ref().filter(|_| core_running) {
-            m.push_str(&format!("; {why}"));
+        if !self.status.replacing.contains(&p.name) {
+            self.status.replacing.push(p.name.clone());
         }
-        m
-    } else {
-        String::new()
-    };
-    let reason = match running_trainers.cmp(&want) {
-        std::cmp::Ordering::Less => "ScalingUp",
-        std::cmp::Ordering::Greater => "ScalingDown",
-        std::cmp::Ordering::Equal => "AtDesired",
-    };
-    set_condition(
-        &mut status.conditions,
-        "Scaling",
-        scaling,
-        reason,
-        scaling_message,
-        generation,
-        now,
-    );
+        self.status.recoveries.push(Recovery {
+            role: p.slot.role.name().to_owned(),
+            pod: p.name.clone(),
+            reason: what.clone(),
+            time: self.obs.now.0.to_string(),
+        });
+        self.plan.event(
+            true,
+            "PodReplaced",
+            format!("pod {} {what}: replacing it", p.name),
+        );
+    }
 
-    plan.status = (status != old).then_some(status);
-    plan
+    /// A pod ended too often too soon: the job fails, and what still runs is stopped
+    /// (no pod is replaced).
+    fn crash_loop(mut self, why: String) -> Plan {
+        self.status.phase = Phase::Failed;
+        self.condition("Failed", true, "CrashLoop", why.clone());
+        self.condition("Running", false, "CrashLoop", why.clone());
+        self.plan.event(true, "CrashLoop", why);
+        self.plan.delete.clear();
+        stop_running(&mut self.plan, &self.obs.pods);
+        self.plan_with_status()
+    }
+
+    /// Creates the pods of the slots that have none. Without `processes_ready` (the
+    /// etcd, the spec there, the credentials) only the managed etcd itself is created.
+    /// A pod of a started job that is gone is a recovery, unless it replaces an ended
+    /// one (already counted). Keeps the last [`RECENT_RECOVERIES`].
+    fn missing_pods(&mut self, desired: &[Slot], processes_ready: bool) {
+        let tj = self.obs.job;
+        let credentials = CredentialsRef::of(tj, self.obs.credentials != Credentials::NotIssued);
+        let existing: BTreeSet<&str> = self.obs.pods.iter().map(|p| p.name.as_str()).collect();
+        let was_started = !matches!(self.old.phase, Phase::Created);
+        for slot in desired {
+            let name = slot.pod_name(&self.job);
+            if existing.contains(name.as_str()) {
+                continue;
+            }
+            if slot.role != Role::Etcd && !processes_ready {
+                continue;
+            }
+            let known = slot.role != Role::Trainer || slot.index < self.old.trainers.desired;
+            if let Some(i) = self.status.replacing.iter().position(|n| *n == name) {
+                // The replacement of an ended pod, already counted.
+                self.status.replacing.remove(i);
+            } else if was_started && known {
+                self.status.recoveries.push(Recovery {
+                    role: slot.role.name().to_owned(),
+                    pod: name.clone(),
+                    reason: "deleted (or lost with its node)".to_owned(),
+                    time: self.obs.now.0.to_string(),
+                });
+                self.plan.event(
+                    true,
+                    "PodReplaced",
+                    format!("pod {name} is gone (deleted or lost with its node): recreating it"),
+                );
+            }
+            self.plan
+                .create_pods
+                .push(objects::pod(tj, *slot, credentials));
+        }
+        let excess = self
+            .status
+            .recoveries
+            .len()
+            .saturating_sub(RECENT_RECOVERIES);
+        self.status.recoveries.drain(..excess);
+    }
+
+    /// A change of the desired trainer count (`want`) is an event and is written to
+    /// `scale/trainers`; the trainer counts go into the status. Returns the trainers
+    /// running.
+    fn scale(&mut self, want: u32, progress: Option<&Progress>) -> u32 {
+        let running_trainers = self
+            .obs
+            .pods
+            .iter()
+            .filter(|p| {
+                p.slot.role == Role::Trainer && p.phase == PodPhase::Running && !p.terminating
+            })
+            .count() as u32;
+        let was_started = !matches!(self.old.phase, Phase::Created);
+        let before = self.old.trainers.desired;
+        if before != want && was_started {
+            let (reason, verb) = if want > before {
+                ("ScaledUp", "up")
+            } else {
+                ("ScaledDown", "down")
+            };
+            self.plan.event(
+                false,
+                reason,
+                format!(
+                    "trainers {before} -> {want}: scaling {verb}{}",
+                    if verb == "down" {
+                        " (the surplus trainers drain)"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+        }
+        if let Some(p) = progress
+            && p.scale != Some(want)
+        {
+            self.plan.etcd.push(EtcdAction::WriteScale(want));
+        }
+        self.status.trainers = TrainerCounts {
+            running: running_trainers,
+            desired: want,
+            registered: self.status.trainers.registered,
+        };
+        running_trainers
+    }
+
+    /// The job's phase and its `Running` and `Scaling` conditions, from whether its
+    /// core (every pod but the trainers) runs, how many trainers run, and the first
+    /// problem of a pod that keeps it from running (an event when it is news).
+    fn phase_and_conditions(
+        &mut self,
+        desired: &[Slot],
+        want: u32,
+        running_trainers: u32,
+        etcd_ready: bool,
+        credentials_failed: Option<String>,
+    ) {
+        let core_running = self.core_running(desired);
+        let problem = self.first_problem();
+        let scaling = running_trainers != want;
+        self.status.phase = match (core_running && running_trainers > 0, scaling) {
+            (true, false) => Phase::Running,
+            (true, true) => Phase::Scaling,
+            (false, _) if matches!(self.old.phase, Phase::Created | Phase::Pending) => {
+                Phase::Pending
+            }
+            (false, _) => Phase::Running,
+        };
+        let (ok, reason, message) = if !etcd_ready {
+            (
+                false,
+                "EtcdUnreachable".to_owned(),
+                "the job's etcd cannot be read".to_owned(),
+            )
+        } else if let Some(why) = credentials_failed {
+            (false, "CredentialsFailed".to_owned(), why)
+        } else if core_running && running_trainers > 0 {
+            (true, "Training".to_owned(), String::new())
+        } else if let Some((r, m)) = &problem {
+            (false, r.clone(), m.clone())
+        } else {
+            (
+                false,
+                "PodsStarting".to_owned(),
+                "waiting for the job's pods to run".to_owned(),
+            )
+        };
+        if self.condition("Running", ok, &reason, message.clone())
+            && !ok
+            && problem.as_ref().is_some_and(|(r, _)| *r == reason)
+        {
+            self.plan.event(true, &reason, message);
+        }
+        let scaling_message = if scaling {
+            let mut m = format!("{running_trainers} of {want} trainers running");
+            if let Some((_, why)) = problem.as_ref().filter(|_| core_running) {
+                m.push_str(&format!("; {why}"));
+            }
+            m
+        } else {
+            String::new()
+        };
+        let reason = match running_trainers.cmp(&want) {
+            std::cmp::Ordering::Less => "ScalingUp",
+            std::cmp::Ordering::Greater => "ScalingDown",
+            std::cmp::Ordering::Equal => "AtDesired",
+        };
+        self.condition("Scaling", scaling, reason, scaling_message);
+    }
+
+    /// Whether every desired pod but the trainers runs (and is not terminating).
+    fn core_running(&self, desired: &[Slot]) -> bool {
+        let by_name: BTreeMap<&str, &PodView> =
+            self.obs.pods.iter().map(|p| (p.name.as_str(), p)).collect();
+        desired.iter().filter(|s| s.role != Role::Trainer).all(|s| {
+            by_name
+                .get(s.pod_name(&self.job).as_str())
+                .is_some_and(|p| p.phase == PodPhase::Running && !p.terminating)
+        })
+    }
+
+    /// The first problem of a live pod that keeps it from running: `(reason, message)`.
+    fn first_problem(&self) -> Option<(String, String)> {
+        self.obs
+            .pods
+            .iter()
+            .filter(|p| !p.terminating && !p.phase.ended())
+            .find_map(|p| {
+                p.problem
+                    .as_ref()
+                    .map(|(r, m)| (r.clone(), format!("pod {}: {m}", p.name)))
+            })
+    }
 }
 
 #[cfg(test)]

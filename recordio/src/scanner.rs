@@ -3,6 +3,11 @@
 //!
 //! Both hand out records as slices borrowed from the scanner (a lending API): the slice
 //! is valid until the next call.
+//!
+//! Layout: one private record cursor ([`Cursor`]: the current chunk, the position in it,
+//! and moving to the next chunk) over a [`ChunkSource`], which says where the next chunk
+//! comes from: [`Files`] (whole files in order) for a [`Scanner`], [`IndexedRun`]
+//! (indexed chunks of one file) for a [`RangeScanner`].
 
 use std::fs::{self, File};
 use std::io::BufReader;
@@ -16,6 +21,70 @@ use crate::reader::{ChunkReader, ReadOptions, ReadStats};
 
 type FileReader = ChunkReader<BufReader<File>>;
 
+/// Where a [`Cursor`]'s chunks come from.
+trait ChunkSource {
+    /// Loads the next chunk into `chunk`; `false` at the end (`chunk` is then left as
+    /// it is: the cursor empties it).
+    fn load_next(&mut self, chunk: &mut Chunk) -> Result<bool>;
+}
+
+/// The record cursor of both scanners: the current chunk, the next record of it, and
+/// moving on to the source's next chunk when it is used up.
+///
+/// Invariant: `pos <= chunk.len()` after every call that returned; at the end the chunk
+/// is empty, so later calls keep returning `None`.
+#[derive(Debug)]
+struct Cursor<S> {
+    source: S,
+    chunk: Chunk,
+    /// Next record of `chunk`.
+    pos: usize,
+}
+
+impl<S: ChunkSource> Cursor<S> {
+    fn new(source: S) -> Self {
+        Cursor {
+            source,
+            chunk: Chunk::default(),
+            pos: 0,
+        }
+    }
+
+    /// The next record, or `None` at the end of the source.
+    fn next_record(&mut self) -> Result<Option<&[u8]>> {
+        loop {
+            if self.pos < self.chunk.len() {
+                let i = self.pos;
+                self.pos += 1;
+                return Ok(self.chunk.get(i));
+            }
+            if !self.advance()? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The next whole chunk (the records of the current chunk not yet returned are
+    /// skipped), or `None` at the end of the source.
+    fn next_chunk(&mut self) -> Result<Option<&Chunk>> {
+        if !self.advance()? {
+            return Ok(None);
+        }
+        self.pos = self.chunk.len();
+        Ok(Some(&self.chunk))
+    }
+
+    /// Loads the source's next chunk; `false` (and an empty chunk) at the end.
+    fn advance(&mut self) -> Result<bool> {
+        self.pos = 0;
+        if self.source.load_next(&mut self.chunk)? {
+            return Ok(true);
+        }
+        self.chunk.reset();
+        Ok(false)
+    }
+}
+
 /// Reads the records of many files, in the order given.
 ///
 /// In strict mode the first error ends the scan: later calls return `Ok(None)`. In
@@ -23,14 +92,17 @@ type FileReader = ChunkReader<BufReader<File>>;
 /// still end the scan.
 #[derive(Debug)]
 pub struct Scanner {
+    cursor: Cursor<Files>,
+}
+
+/// The chunks of whole files, in order: the source of a [`Scanner`].
+#[derive(Debug)]
+struct Files {
     paths: Vec<PathBuf>,
     /// Index in `paths` of the next file to open.
     next_file: usize,
     opts: ReadOptions,
     reader: Option<FileReader>,
-    chunk: Chunk,
-    /// Next record of `chunk`.
-    pos: usize,
     /// Stats of the files already finished.
     finished: ReadStats,
     done: bool,
@@ -44,45 +116,33 @@ impl Scanner {
             fs::metadata(path).map_err(|e| Error::io(path, e))?;
         }
         Ok(Scanner {
-            paths,
-            next_file: 0,
-            opts,
-            reader: None,
-            chunk: Chunk::default(),
-            pos: 0,
-            finished: ReadStats::default(),
-            done: false,
+            cursor: Cursor::new(Files {
+                paths,
+                next_file: 0,
+                opts,
+                reader: None,
+                finished: ReadStats::default(),
+                done: false,
+            }),
         })
     }
 
     /// The next record, or `None` when every file has been read.
     pub fn next_record(&mut self) -> Result<Option<&[u8]>> {
-        loop {
-            if self.pos < self.chunk.len() {
-                let i = self.pos;
-                self.pos += 1;
-                return Ok(self.chunk.get(i));
-            }
-            if !self.advance()? {
-                return Ok(None);
-            }
-        }
+        self.cursor.next_record()
     }
 
     /// The next whole chunk (the records of the current chunk not yet returned by
     /// [`Scanner::next_record`] are skipped), or `None` when every file has been read.
     pub fn next_chunk(&mut self) -> Result<Option<&Chunk>> {
-        if !self.advance()? {
-            return Ok(None);
-        }
-        self.pos = self.chunk.len();
-        Ok(Some(&self.chunk))
+        self.cursor.next_chunk()
     }
 
     /// What has been read so far, over all files.
     pub fn stats(&self) -> ReadStats {
-        let mut stats = self.finished;
-        if let Some(reader) = &self.reader {
+        let files = &self.cursor.source;
+        let mut stats = files.finished;
+        if let Some(reader) = &files.reader {
             stats += reader.stats();
         }
         stats
@@ -90,15 +150,15 @@ impl Scanner {
 
     /// The file being read, if any.
     pub fn current_path(&self) -> Option<&Path> {
-        self.reader.as_ref().map(ChunkReader::path)
+        self.cursor.source.reader.as_ref().map(ChunkReader::path)
     }
+}
 
-    /// Loads the next chunk of any file into `self.chunk`; `false` at the end.
-    fn advance(&mut self) -> Result<bool> {
-        self.pos = 0;
+impl ChunkSource for Files {
+    /// Loads the next chunk of any file.
+    fn load_next(&mut self, chunk: &mut Chunk) -> Result<bool> {
         loop {
             if self.done {
-                self.chunk.reset();
                 return Ok(false);
             }
             let reader = match &mut self.reader {
@@ -118,7 +178,7 @@ impl Scanner {
                     }
                 }
             };
-            match reader.next_chunk_into(&mut self.chunk) {
+            match reader.next_chunk_into(chunk) {
                 Ok(true) => return Ok(true),
                 Ok(false) => {
                     self.finished += reader.stats();
@@ -143,6 +203,12 @@ impl Scanner {
 /// counted. In strict mode the first error ends the scan.
 #[derive(Debug)]
 pub struct RangeScanner {
+    cursor: Cursor<IndexedRun>,
+}
+
+/// A run of indexed chunks of one file: the source of a [`RangeScanner`].
+#[derive(Debug)]
+struct IndexedRun {
     reader: FileReader,
     /// The index entries of the range.
     chunks: Vec<ChunkMeta>,
@@ -150,8 +216,6 @@ pub struct RangeScanner {
     first: usize,
     /// Next entry of `chunks` to read.
     next: usize,
-    chunk: Chunk,
-    pos: usize,
     lenient: bool,
     done: bool,
 }
@@ -168,53 +232,43 @@ impl RangeScanner {
             });
         };
         Ok(RangeScanner {
-            reader: ChunkReader::open(&index.path, opts)?,
-            chunks: chunks.to_vec(),
-            first: range.start,
-            next: 0,
-            chunk: Chunk::default(),
-            pos: 0,
-            lenient: opts.lenient,
-            done: false,
+            cursor: Cursor::new(IndexedRun {
+                reader: ChunkReader::open(&index.path, opts)?,
+                chunks: chunks.to_vec(),
+                first: range.start,
+                next: 0,
+                lenient: opts.lenient,
+                done: false,
+            }),
         })
     }
 
     /// The next record of the range, or `None` at its end.
     pub fn next_record(&mut self) -> Result<Option<&[u8]>> {
-        loop {
-            if self.pos < self.chunk.len() {
-                let i = self.pos;
-                self.pos += 1;
-                return Ok(self.chunk.get(i));
-            }
-            if !self.advance()? {
-                return Ok(None);
-            }
-        }
+        self.cursor.next_record()
     }
 
     /// The next whole chunk of the range (skipping any records of the current chunk not
     /// yet returned), or `None` at its end.
     pub fn next_chunk(&mut self) -> Result<Option<&Chunk>> {
-        if !self.advance()? {
-            return Ok(None);
-        }
-        self.pos = self.chunk.len();
-        Ok(Some(&self.chunk))
+        self.cursor.next_chunk()
     }
 
     /// What has been read so far.
     pub fn stats(&self) -> ReadStats {
-        self.reader.stats()
+        self.cursor.source.reader.stats()
     }
 
     /// The file being read.
     pub fn path(&self) -> &Path {
-        self.reader.path()
+        self.cursor.source.reader.path()
     }
+}
 
-    fn advance(&mut self) -> Result<bool> {
-        self.pos = 0;
+impl ChunkSource for IndexedRun {
+    /// Loads the next chunk of the run that is whole and matches its index entry,
+    /// skipping (lenient) or stopping at (strict) those that do not.
+    fn load_next(&mut self, chunk: &mut Chunk) -> Result<bool> {
         while !self.done {
             let Some(meta) = self.chunks.get(self.next).copied() else {
                 self.done = true;
@@ -222,7 +276,7 @@ impl RangeScanner {
             };
             let ordinal = (self.first + self.next) as u64;
             self.next += 1;
-            let kind = match self.reader.read_indexed(&meta, ordinal, &mut self.chunk) {
+            let kind = match self.reader.read_indexed(&meta, ordinal, chunk) {
                 Ok(Ok(())) => return Ok(true),
                 Ok(Err(kind)) => kind,
                 Err(e) => {
@@ -243,7 +297,6 @@ impl RangeScanner {
             );
             self.reader.count_skipped(meta.chunk_len());
         }
-        self.chunk.reset();
         Ok(false)
     }
 }

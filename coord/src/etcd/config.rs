@@ -23,7 +23,7 @@ pub struct EtcdConfig {
     pub require_leader: bool,
     /// User and password, when etcd has authentication enabled.
     pub auth: Option<EtcdAuth>,
-    /// TLS settings (needs the `tls` feature of this crate).
+    /// TLS settings.
     pub tls: Option<EtcdTls>,
 }
 
@@ -107,10 +107,12 @@ impl fmt::Debug for EtcdAuth {
 }
 
 /// TLS to etcd: PEM files for the CA and, for client authentication, a certificate
-/// and its key.
+/// and its key. Loaded by [`edl_proto::tls`], the client side of edl's own
+/// connections: the CA is required and is the only root trusted (not the system's).
 #[derive(Clone, Debug, Default)]
 pub struct EtcdTls {
-    /// CA certificate(s) to verify the server with (PEM).
+    /// CA certificate(s) to verify the server with (PEM). Required: without it
+    /// [`EtcdBackend::connect`](super::EtcdBackend::connect) says so.
     pub ca_file: Option<PathBuf>,
     /// Client certificate (PEM), with `key_file`.
     pub cert_file: Option<PathBuf>,

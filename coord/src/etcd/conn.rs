@@ -1,5 +1,6 @@
 //! The connection to one endpoint: a channel, the metadata every request carries
-//! (require-leader, the auth token), the KV/watch/lease clients, and TLS.
+//! (require-leader, the auth token), the KV/watch/lease clients, and TLS (the client
+//! side of [`edl_proto::tls`], loaded once per backend).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use edl_proto::etcd::etcdserverpb::{
     self as pb, auth_client::AuthClient, kv_client::KvClient, lease_client::LeaseClient,
     watch_client::WatchClient,
 };
+use edl_proto::tls::{Tls, TlsFiles};
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -102,7 +104,7 @@ impl Conn {
 pub(super) async fn connect_channel(
     endpoint: &str,
     cfg: &EtcdConfig,
-    tls: Option<&TlsConfig>,
+    tls: Option<&Tls>,
 ) -> Result<Channel, Failure> {
     let uri = if endpoint.contains("://") {
         endpoint.to_owned()
@@ -125,7 +127,15 @@ pub(super) async fn connect_channel(
             .http2_keep_alive_interval(interval)
             .keep_alive_timeout(timeout);
     }
-    ep = with_tls(ep, endpoint, tls)?;
+    ep = match tls {
+        Some(t) => t.secure_endpoint(ep).map_err(|e| {
+            Failure::from(Error::InvalidArgument(format!(
+                "etcd tls for {endpoint}: {e}"
+            )))
+        })?,
+        None if endpoint.starts_with("https://") => return Err(https_without_tls(endpoint)),
+        None => ep,
+    };
     ep.connect().await.map_err(|e| Failure {
         error: Error::unavailable(String::new(), error_chain(&e)),
         not_sent: true,
@@ -133,79 +143,34 @@ pub(super) async fn connect_channel(
     })
 }
 
-#[cfg(feature = "tls")]
-pub(super) type TlsConfig = tonic::transport::ClientTlsConfig;
-#[cfg(not(feature = "tls"))]
-pub(super) type TlsConfig = std::convert::Infallible;
-
-/// The TLS settings of the configuration, with its files read.
-#[cfg(feature = "tls")]
-pub(super) async fn tls_config(tls: &EtcdTls) -> Result<TlsConfig> {
-    use tonic::transport::{Certificate, Identity};
-    async fn read(what: &str, path: &std::path::Path) -> Result<Vec<u8>> {
-        tokio::fs::read(path).await.map_err(|e| {
-            Error::InvalidArgument(format!("read etcd tls {what} {}: {e}", path.display()))
-        })
+/// The TLS settings of the configuration, with its files read and checked once by
+/// [`edl_proto::tls`], the client side of edl's own connections too: only the CA is
+/// trusted, and the certificate and key are presented when given.
+pub(super) async fn load_tls(tls: &EtcdTls) -> Result<Tls> {
+    if tls.cert_file.is_some() != tls.key_file.is_some() {
+        return Err(Error::InvalidArgument(
+            "etcd tls: cert_file and key_file must be given together".into(),
+        ));
     }
-    let mut t = TlsConfig::new();
-    if let Some(ca) = &tls.ca_file {
-        t = t.ca_certificate(Certificate::from_pem(read("ca", ca).await?));
+    let Some(ca) = tls.ca_file.clone() else {
+        return Err(Error::InvalidArgument(
+            "etcd tls: give the CA that signed etcd's certificate (--etcd-ca): \
+             only it is trusted"
+                .into(),
+        ));
+    };
+    let files = TlsFiles {
+        ca,
+        cert: tls.cert_file.clone(),
+        key: tls.key_file.clone(),
+        domain: tls.domain.clone(),
+        client_auth: false,
+    };
+    match tokio::task::spawn_blocking(move || files.load()).await {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(Error::InvalidArgument(format!("etcd {e}"))),
+        Err(e) => Err(Error::InvalidArgument(format!("etcd tls: {e}"))),
     }
-    match (&tls.cert_file, &tls.key_file) {
-        (Some(cert), Some(key)) => {
-            t = t.identity(Identity::from_pem(
-                read("cert", cert).await?,
-                read("key", key).await?,
-            ));
-        }
-        (None, None) => {}
-        _ => {
-            return Err(Error::InvalidArgument(
-                "etcd tls: cert_file and key_file must be given together".into(),
-            ));
-        }
-    }
-    if let Some(domain) = &tls.domain {
-        t = t.domain_name(domain.clone());
-    }
-    Ok(t)
-}
-
-#[cfg(not(feature = "tls"))]
-pub(super) async fn tls_config(_tls: &EtcdTls) -> Result<TlsConfig> {
-    Err(Error::InvalidArgument(
-        "etcd tls requested but edl-coord was built without its `tls` feature".into(),
-    ))
-}
-
-#[cfg(feature = "tls")]
-pub(super) fn with_tls(
-    ep: Endpoint,
-    endpoint: &str,
-    tls: Option<&TlsConfig>,
-) -> Result<Endpoint, Failure> {
-    match tls {
-        Some(t) => ep.tls_config(t.clone()).map_err(|e| {
-            Failure::from(Error::InvalidArgument(format!(
-                "etcd tls for {endpoint}: {}",
-                error_chain(&e)
-            )))
-        }),
-        None if endpoint.starts_with("https://") => Err(https_without_tls(endpoint)),
-        None => Ok(ep),
-    }
-}
-
-#[cfg(not(feature = "tls"))]
-pub(super) fn with_tls(
-    ep: Endpoint,
-    endpoint: &str,
-    _tls: Option<&TlsConfig>,
-) -> Result<Endpoint, Failure> {
-    if endpoint.starts_with("https://") {
-        return Err(https_without_tls(endpoint));
-    }
-    Ok(ep)
 }
 
 pub(super) fn https_without_tls(endpoint: &str) -> Failure {

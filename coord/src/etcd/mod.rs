@@ -54,7 +54,7 @@ pub use admin::random_secret;
 use codec::range_one;
 pub use config::{EtcdAuth, EtcdConfig, EtcdTls};
 pub(crate) use conn::probe_channel;
-use conn::{Conn, connect_channel, tls_config};
+use conn::{Conn, connect_channel, load_tls};
 use failure::{Failure, Resend, unavailable_msg, with_endpoint};
 
 use crate::error::{Error, Result};
@@ -70,8 +70,8 @@ pub struct EtcdBackend {
 
 struct EtcdInner {
     cfg: EtcdConfig,
-    #[cfg(feature = "tls")]
-    tls: Option<tonic::transport::ClientTlsConfig>,
+    /// The TLS settings of `cfg.tls`, loaded once.
+    tls: Option<edl_proto::tls::Tls>,
     slots: Vec<Slot>,
     pinned: AtomicUsize,
 }
@@ -139,15 +139,10 @@ impl EtcdBackend {
                 "etcd dial and request timeouts must be positive".into(),
             ));
         }
-        #[cfg(feature = "tls")]
         let tls = match &cfg.tls {
-            Some(t) => Some(tls_config(t).await?),
+            Some(t) => Some(load_tls(t).await?),
             None => None,
         };
-        #[cfg(not(feature = "tls"))]
-        if let Some(t) = &cfg.tls {
-            tls_config(t).await?;
-        }
         let slots = cfg
             .endpoints
             .iter()
@@ -159,7 +154,6 @@ impl EtcdBackend {
         let backend = EtcdBackend {
             inner: Arc::new(EtcdInner {
                 cfg,
-                #[cfg(feature = "tls")]
                 tls,
                 slots,
                 pinned: AtomicUsize::new(0),
@@ -232,11 +226,7 @@ impl EtcdBackend {
         let conn = slot
             .conn
             .get_or_try_init(|| async {
-                #[cfg(feature = "tls")]
-                let tls = self.inner.tls.as_ref();
-                #[cfg(not(feature = "tls"))]
-                let tls = None;
-                let channel = connect_channel(&slot.endpoint, cfg, tls).await?;
+                let channel = connect_channel(&slot.endpoint, cfg, self.inner.tls.as_ref()).await?;
                 let conn = Conn::new(channel, cfg.require_leader);
                 if let Some(auth) = &cfg.auth {
                     conn.authenticate(auth).await?;

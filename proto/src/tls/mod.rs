@@ -9,7 +9,8 @@
 //!   path), and `http/1.1` for a master's `/metrics`, so a connection says which it is in the handshake and nothing is read in
 //!   clear.
 //! - A client trusts only the CA (not the system's roots) and presents its certificate
-//!   when it has one: [`Tls::endpoint`] for gRPC, [`Tls::connect`] for the bulk path.
+//!   when it has one: [`Tls::endpoint`] (or [`Tls::secure_endpoint`]) for gRPC, etcd's
+//!   included, [`Tls::connect`] for the bulk path.
 //! - [`LocalCa`] makes a private CA and one certificate for a job on this machine (what
 //!   `edl run --secure` uses).
 //!
@@ -344,6 +345,16 @@ impl Tls {
 
     /// A gRPC endpoint for `addr` (`host:port`) over TLS.
     pub fn endpoint(&self, addr: &str) -> Result<Endpoint, TlsError> {
+        let ep = Endpoint::from_shared(format!("https://{addr}"))
+            .map_err(|e| TlsError::new(format!("address {addr:?}: {e}")))?;
+        self.secure_endpoint(ep)
+    }
+
+    /// `ep` (an `https://` URL) over TLS, the one client side of gRPC connections
+    /// (edl's own and etcd's): trusts only the CA, presents this process's certificate
+    /// when it has one, and checks in the server's certificate the domain, else the
+    /// URL's host.
+    pub fn secure_endpoint(&self, ep: Endpoint) -> Result<Endpoint, TlsError> {
         let mut cfg =
             ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.inner.ca_pem));
         if let Some(id) = &self.inner.identity {
@@ -351,16 +362,16 @@ impl Tls {
         }
         let domain = match &self.inner.domain {
             Some(d) => d.clone(),
-            None => host_of(addr)
+            None => ep
+                .uri()
+                .host()
+                .unwrap_or_default()
                 .trim_start_matches('[')
                 .trim_end_matches(']')
                 .to_owned(),
         };
         cfg = cfg.domain_name(domain);
-        Endpoint::from_shared(format!("https://{addr}"))
-            .map_err(|e| TlsError::new(format!("address {addr:?}: {e}")))?
-            .tls_config(cfg)
-            .map_err(|e| TlsError::new(e.to_string()))
+        ep.tls_config(cfg).map_err(|e| TlsError::new(e.to_string()))
     }
 
     /// Opens a TLS connection for the bulk path on `stream`, connected to `addr`.
