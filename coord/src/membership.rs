@@ -140,6 +140,9 @@ async fn run(
             ev = next_event(&mut events) => match ev {
                 Some(ev) => tx.send(Membership::Event(ev)).await,
                 None => {
+                    if stop.is_cancelled() {
+                        return; // the watch ended because the caller stopped
+                    }
                     let error = events.take().and_then(|w| w.take_error());
                     if opened.elapsed() >= REWATCH_HEALTHY {
                         backoff = rewatch_backoff();

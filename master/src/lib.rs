@@ -4,7 +4,8 @@
 //! Layout:
 //! - [`queue`]: the task queue as a pure, deterministic state machine (events in, changed
 //!   tasks out); no I/O, no clocks — time is an argument. By concern: `types`, `dispatch`,
-//!   `acks`, `failure` (lost trainers, timeouts), `passes`.
+//!   `acks`, `failure` (lost trainers, timeouts), `passes`, `rewind` (a pass rewound to
+//!   what a restored pserver shard still has).
 //! - [`dataset`]: globs expanded and indexed into deterministic task specs.
 //! - the job's etcd keys are `edl_job::JobKeys` (one builder for the whole job tree).
 //! - [`store`]: the queue's records in etcd, written by fenced transactions.

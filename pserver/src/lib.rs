@@ -18,7 +18,8 @@
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.
 //! - [`shard`]: a shard's parameters and update logic on its own types (no protobuf, no
 //!   I/O), one concern per file: `storage`, `push` (validation), `dedup` (the async
-//!   window), `async_apply`, `sync_apply`, `pull`, `snapshot`, `lifecycle` (`Init`).
+//!   window), `async_apply`, `sync_apply`, `pull`, `snapshot`, `lifecycle` (`Init`), `ledger` and `tasks` (the exactly-once
+//!   ledger of acknowledged tasks).
 //! - [`checkpoint`]: [`checkpoint::format`] (a checkpoint file's bytes),
 //!   [`checkpoint::dir`] (a shard's files: durable writes, verified reads) and
 //!   [`checkpoint::protocol`] (triggers, parts, manifests, retention and restore through

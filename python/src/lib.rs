@@ -1,10 +1,11 @@
 //! `edl._edl`: the native module of the `edl` Python package, on the Rust core.
 //!
 //! - `trainer.rs`: `Trainer` (joining a job under a lease, its task stream, draining on
-//!   SIGTERM, leaving with the report; the evaluation mode of `edl run`) and `Task` (a
-//!   leased task's records, acknowledged only when the training loop says so), over
+//!   SIGTERM, leaving with the report; the evaluation mode of `edl run`), over
 //!   [`edl_trainer::process::Member`] and [`edl_trainer::Tasks`]: the same code paths as
 //!   the Rust trainers.
+//! - `task.rs`: `Task`, a leased task's records, acknowledged only when the training loop
+//!   says so.
 //! - `params.rs`: `Params`, the pserver client for NumPy float32 arrays, over
 //!   [`edl_trainer::PsStore`].
 //! - `samples.rs`: records decoded as edl `Sample`s into NumPy arrays.

@@ -104,7 +104,8 @@
 //! - [`spec`]: [`build`] a model from its [`ModelSpec`] ([`check_model`] checks one);
 //!   the description, with feature standardisation ([`Stats`], [`feature_stats`]), is
 //!   `edl_job::model`, re-exported here.
-//! - `dense.rs`: the dense models (fully connected and convolutional).
+//! - `dense.rs`: the dense models (fully connected and convolutional); `fc_cpu.rs`: the
+//!   fully connected networks' step in f32 straight on the parameter slices (`gemm`).
 //! - [`word2vec`]: skip-gram with negative sampling.
 //! - [`local_optim`]: the pservers' optimizers ([`OptimizerKind`]) applied in process.
 //! - [`local`]: [`train_local`], the single-process trainer.
