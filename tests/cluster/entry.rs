@@ -12,13 +12,13 @@ use crate::support::{World, edl_bin};
 
 /// The example's trainer program, next to `edl` in this build's target folder. The test
 /// command builds it in the same build as the tests (`scripts/test`: `cargo build
-/// --workspace --bins --tests`, one feature set); a test compiles nothing itself.
+/// --workspace --lib --bins --tests`, one feature set); a test compiles nothing itself.
 fn resnet_mnist_bin() -> PathBuf {
     let bin = Path::new(edl_bin()).with_file_name("resnet-mnist");
     assert!(
         bin.is_file(),
         "no {}: build the example programs with the tests first, \
-         `cargo build --workspace --bins --tests` (scripts/test does)",
+         `cargo build --workspace --lib --bins --tests` (scripts/test does)",
         bin.display()
     );
     bin
