@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 pub struct EtcdArgs {
     /// etcd client URLs, comma-separated (http://127.0.0.1:2379,...). Required (a
     /// command that can work on a cluster instead takes --context).
-    #[arg(long, env = "EDL_ETCD", value_delimiter = ',')]
+    #[arg(long, env = edl_job::env::ETCD, value_delimiter = ',')]
     pub etcd: Vec<String>,
     /// Credentials and TLS.
     #[command(flatten)]
@@ -30,22 +30,22 @@ pub struct EtcdArgs {
 #[derive(Debug, Clone, Default, Args)]
 pub struct EtcdAccessArgs {
     /// etcd user (with --etcd-password) when etcd has authentication on.
-    #[arg(long, env = "EDL_ETCD_USER")]
+    #[arg(long, env = edl_job::env::ETCD_USER)]
     pub etcd_user: Option<String>,
     /// etcd password.
-    #[arg(long, env = "EDL_ETCD_PASSWORD", hide_env_values = true)]
+    #[arg(long, env = edl_job::env::ETCD_PASSWORD, hide_env_values = true)]
     pub etcd_password: Option<String>,
     /// CA certificate (PEM) to verify etcd's TLS certificate with.
-    #[arg(long, env = "EDL_ETCD_CA")]
+    #[arg(long, env = edl_job::env::ETCD_CA)]
     pub etcd_ca: Option<std::path::PathBuf>,
     /// Client certificate (PEM) for etcd TLS, with --etcd-key.
-    #[arg(long, env = "EDL_ETCD_CERT")]
+    #[arg(long, env = edl_job::env::ETCD_CERT)]
     pub etcd_cert: Option<std::path::PathBuf>,
     /// Client key (PEM) for etcd TLS.
-    #[arg(long, env = "EDL_ETCD_KEY")]
+    #[arg(long, env = edl_job::env::ETCD_KEY)]
     pub etcd_key: Option<std::path::PathBuf>,
     /// The name etcd's certificate is checked against, instead of the host dialled.
-    #[arg(long, env = "EDL_ETCD_DOMAIN")]
+    #[arg(long, env = edl_job::env::ETCD_DOMAIN)]
     pub etcd_domain: Option<String>,
 }
 
@@ -133,7 +133,7 @@ pub struct EtcdWaitArgs {
     /// How long each step of the startup (connecting, the lease, the registration, the
     /// job spec) keeps retrying an unreachable etcd before the process gives up (an etcd
     /// outage while running is waited out in any case).
-    #[arg(long, env = "EDL_ETCD_WAIT", value_parser = humantime::parse_duration, default_value = "2m")]
+    #[arg(long, env = edl_job::env::ETCD_WAIT, value_parser = humantime::parse_duration, default_value = "2m")]
     pub etcd_wait: Duration,
 }
 
@@ -141,10 +141,10 @@ pub struct EtcdWaitArgs {
 #[derive(Debug, Clone, Args)]
 pub struct JobArgs {
     /// Job name: every key of the job lives under `/edl/<job>/` in etcd.
-    #[arg(long, env = "EDL_JOB")]
+    #[arg(long, env = edl_job::env::JOB)]
     pub job: JobName,
     /// Shared job token every RPC must carry (optional).
-    #[arg(long, env = "EDL_JOB_TOKEN", hide_env_values = true)]
+    #[arg(long, env = edl_job::env::TOKEN, hide_env_values = true)]
     pub token: Option<String>,
     /// TLS between the job's processes.
     #[command(flatten)]
@@ -156,19 +156,19 @@ pub struct JobArgs {
 pub struct TlsArgs {
     /// CA certificate (PEM) that signs the job's certificates: turns TLS on. It is the
     /// only root trusted.
-    #[arg(long, env = "EDL_TLS_CA")]
+    #[arg(long, env = edl_proto::tls::env::CA)]
     pub tls_ca: Option<std::path::PathBuf>,
     /// This process's certificate (PEM): a server's, and a client's for mutual TLS.
-    #[arg(long, env = "EDL_TLS_CERT", requires = "tls_ca")]
+    #[arg(long, env = edl_proto::tls::env::CERT, requires = "tls_ca")]
     pub tls_cert: Option<std::path::PathBuf>,
     /// Its private key (PEM).
-    #[arg(long, env = "EDL_TLS_KEY", requires = "tls_ca")]
+    #[arg(long, env = edl_proto::tls::env::KEY, requires = "tls_ca")]
     pub tls_key: Option<std::path::PathBuf>,
     /// The name checked in servers' certificates instead of the host dialled.
-    #[arg(long, env = "EDL_TLS_DOMAIN", requires = "tls_ca")]
+    #[arg(long, env = edl_proto::tls::env::DOMAIN, requires = "tls_ca")]
     pub tls_domain: Option<String>,
     /// Servers accept only clients with a certificate the CA signed (mutual TLS).
-    #[arg(long, env = "EDL_TLS_CLIENT_AUTH", requires = "tls_ca")]
+    #[arg(long, env = edl_proto::tls::env::CLIENT_AUTH, requires = "tls_ca")]
     pub tls_client_auth: bool,
 }
 

@@ -29,7 +29,7 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
     /// The job token, to ask its master (a job with a token).
-    #[arg(long, env = "EDL_JOB_TOKEN", hide_env_values = true)]
+    #[arg(long, env = edl_job::env::TOKEN, hide_env_values = true)]
     pub token: Option<String>,
     /// TLS to the job's master.
     #[command(flatten)]

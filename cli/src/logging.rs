@@ -47,7 +47,8 @@ pub fn init(verbosity: Verbosity, verbose: u8) {
         (1, _) => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_env("EDL_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let filter =
+        EnvFilter::try_from_env(edl_job::env::LOG).unwrap_or_else(|_| EnvFilter::new(default));
     let terminal = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -20,7 +20,7 @@ pub fn role_args(env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Vec<Str
         anyhow::anyhow!("no command given (see `edl --help`), and PADDLE_TRAINING_ROLE is not set")
     })?;
     anyhow::ensure!(
-        env("EDL_ETCD").is_some() && env("EDL_JOB").is_some(),
+        env(edl_job::env::ETCD).is_some() && env(edl_job::env::JOB).is_some(),
         "PADDLE_TRAINING_ROLE={role}: edl also needs EDL_ETCD (etcd URLs) and EDL_JOB (the job name)"
     );
     match role.to_ascii_lowercase().as_str() {
@@ -50,7 +50,7 @@ pub fn role_args(env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Vec<Str
                 "--advertise".into(),
                 me,
                 "--checkpoint-dir".into(),
-                env("EDL_CHECKPOINT_DIR").unwrap_or_else(|| "checkpoints".into()),
+                env(edl_job::env::CHECKPOINT_DIR).unwrap_or_else(|| "checkpoints".into()),
             ])
         }
         "trainer" => {
@@ -62,7 +62,7 @@ pub fn role_args(env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Vec<Str
                 );
                 args.extend(["--id".into(), format!("trainer-{id}")]);
             }
-            if let Some(spec) = env("EDL_SPEC") {
+            if let Some(spec) = env(edl_job::env::SPEC) {
                 args.extend(["--spec".into(), spec]);
             }
             Ok(args)

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use edl_trainer::app::Mode;
+use edl_trainer::app::RunMode;
 use edl_trainer::{DeviceChoice, ModelSource, Trainer};
 
 use crate::common::{EtcdArgs, EtcdWaitArgs, JobArgs};
@@ -31,29 +31,29 @@ pub struct TrainerArgs {
     #[command(flatten)]
     pub job: JobArgs,
     /// This trainer's id (default: `trainer-<pid>-<random>`).
-    #[arg(long, env = "EDL_TRAINER_ID")]
+    #[arg(long, env = edl_job::env::TRAINER_ID)]
     pub id: Option<String>,
     /// Compute device: auto (a GPU when one is usable), cpu, or cuda:N.
-    #[arg(long, env = "EDL_DEVICE", default_value = "auto")]
+    #[arg(long, env = edl_job::env::DEVICE, default_value = "auto")]
     pub device: DeviceChoice,
     /// Store this TOML job spec in etcd (if the job has none) instead of waiting for one.
     #[arg(long)]
     pub spec: Option<PathBuf>,
     /// How long to wait for the job spec to appear in etcd.
-    #[arg(long, env = "EDL_SPEC_WAIT", value_parser = humantime::parse_duration, default_value = "60s")]
+    #[arg(long, env = edl_job::env::SPEC_WAIT, value_parser = humantime::parse_duration, default_value = "60s")]
     pub spec_wait: Duration,
     /// TTL of the registration lease (default: the spec's `cluster.lease_ttl`).
-    #[arg(long, env = "EDL_LEASE_TTL", value_parser = humantime::parse_duration)]
+    #[arg(long, env = edl_job::env::LEASE_TTL, value_parser = humantime::parse_duration)]
     pub lease_ttl: Option<Duration>,
     /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 127.0.0.1:0.
-    #[arg(long, env = "EDL_METRICS_ADDR")]
+    #[arg(long, env = edl_job::env::METRICS_ADDR)]
     pub metrics_addr: Option<SocketAddr>,
     /// Write the final totals (JSON) to this file.
-    #[arg(long, env = "EDL_REPORT")]
+    #[arg(long, env = edl_job::env::REPORT)]
     pub report: Option<PathBuf>,
     /// `train`, or `evaluate`: evaluate the job's current parameters once (the final
     /// ones once it finished) instead of training, and report the metric.
-    #[arg(long, env = "EDL_MODE", default_value = "train", value_parser = ["train", "evaluate"])]
+    #[arg(long, env = edl_job::env::MODE, default_value = "train", value_parser = ["train", "evaluate"])]
     pub mode: String,
 }
 
@@ -83,7 +83,7 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
         t = t.report(path.clone());
     }
     if args.mode == "evaluate" {
-        t = t.mode(Mode::Evaluate);
+        t = t.mode(RunMode::Evaluate);
     }
     if let Some(path) = &args.spec {
         let mut spec = edl_trainer::job::load(path)?;

@@ -9,6 +9,7 @@
 //!
 //! - [`name`]: [`JobName`], the one job-name type and its validator.
 //! - [`keys`]: [`JobKeys`], every key of the job tree.
+//! - [`env`](mod@env): the environment contract's variable names (`EDL_ETCD`, `EDL_JOB`, ...).
 //! - [`records`]: the typed, versioned values ([`JobStateRecord`], [`ControlRecord`],
 //!   [`RunRecord`], [`ScaleRecord`], [`TrainerRecord`], [`PserverRecord`]) and their
 //!   encoding.
@@ -22,6 +23,7 @@
 
 #![warn(missing_docs)]
 
+pub mod env;
 pub mod keys;
 pub mod ledger;
 pub mod model;

@@ -42,8 +42,8 @@ use crate::objects::{
     credentials_secret_name, etcd_endpoints, job_etcd_user,
 };
 use crate::reconcile::{
-    Credentials, Deletion, EtcdAction, Event, FINALIZER, FinalizerChange, Finished, Observed, Plan,
-    PodPhase, PodView, Progress, reconcile,
+    Credentials, Deletion, EtcdAction, EtcdState, Event, FINALIZER, FinalizerChange, Finished,
+    Observed, Plan, PodPhase, PodView, reconcile,
 };
 
 /// How the controller runs.
@@ -211,7 +211,7 @@ async fn progress(
     backend: &Arc<dyn Backend>,
     job: &JobName,
     token: Option<&str>,
-) -> Result<Progress, String> {
+) -> Result<EtcdState, String> {
     let keys = JobKeys::new(job);
     let spec_published = backend
         .get(&keys.spec())
@@ -219,7 +219,7 @@ async fn progress(
         .map_err(|e| e.to_string())?
         .is_some();
     if !spec_published {
-        return Ok(Progress::default());
+        return Ok(EtcdState::default());
     }
     let s = job_status_with(backend, job, token, None)
         .await
@@ -232,7 +232,7 @@ async fn progress(
         "stopped" => Some(Finished::Failed("stopped by `edl kill`".into())),
         _ => None,
     };
-    Ok(Progress {
+    Ok(EtcdState {
         spec_published,
         pass: s.pass.map(|p| p.current.saturating_sub(1)),
         tasks: s.tasks.map(|t| TaskCounts {
@@ -431,10 +431,10 @@ async fn observe_etcd(
     tj: &TrainingJob,
     ns: &str,
     job: Option<&JobName>,
-) -> (Result<Progress, String>, Credentials) {
+) -> (Result<EtcdState, String>, Credentials) {
     let Some(job) = job else {
         // An invalid name fails the job in the decision; etcd is not needed.
-        return (Ok(Progress::default()), Credentials::NotIssued);
+        return (Ok(EtcdState::default()), Credentials::NotIssued);
     };
     let live = tj.metadata.deletion_timestamp.is_none()
         && !tj.status.as_ref().is_some_and(|s| s.phase.is_finished())

@@ -43,9 +43,9 @@ pub fn decide(lease: Option<&LeaseSpec>, me: &str, now: Timestamp) -> Decision {
     }
 }
 
-/// Election settings.
+/// LeaseElection settings.
 #[derive(Debug, Clone)]
-pub struct Election {
+pub struct LeaseElection {
     /// The Lease's namespace.
     pub namespace: String,
     /// The Lease's name.
@@ -58,7 +58,7 @@ pub struct Election {
     pub renew: Duration,
 }
 
-async fn try_once(api: &Api<Lease>, e: &Election) -> Result<bool, kube::Error> {
+async fn try_once(api: &Api<Lease>, e: &LeaseElection) -> Result<bool, kube::Error> {
     let now = Timestamp::now();
     let current = match api.get(&e.name).await {
         Ok(l) => Some(l),
@@ -119,7 +119,7 @@ async fn try_once(api: &Api<Lease>, e: &Election) -> Result<bool, kube::Error> {
 /// Holds the election until `shutdown`: `leading` is set while this replica leads and
 /// cancelled (a fresh token each term) when it stops leading, so the work of a term
 /// stops before another replica's can start. Returns when `shutdown` fires.
-pub async fn run<F, Fut>(client: Client, e: Election, shutdown: CancellationToken, mut term: F)
+pub async fn run<F, Fut>(client: Client, e: LeaseElection, shutdown: CancellationToken, mut term: F)
 where
     F: FnMut(CancellationToken) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,

@@ -36,7 +36,7 @@ pub const ETCD_PORT: i32 = 2379;
 
 /// The keys of a job's credentials Secret: the job's etcd user and password, and the
 /// job token (the variables every role reads).
-pub const CREDENTIAL_KEYS: [&str; 3] = ["EDL_ETCD_USER", "EDL_ETCD_PASSWORD", "EDL_JOB_TOKEN"];
+pub const CREDENTIAL_KEYS: [&str; 3] = edl_job::env::CREDENTIALS;
 
 /// The Secret holding `job`'s own etcd credentials and token: `<job>-edl-credentials`.
 pub fn credentials_secret_name(job: &str) -> String {
@@ -261,9 +261,9 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     let c = &s.cluster;
     let ttl = humantime::format_duration(c.lease_ttl).to_string();
     let mut vars = vec![
-        env("EDL_ETCD", etcd_endpoints(tj).join(",")),
-        env("EDL_JOB", job.clone()),
-        env("EDL_LEASE_TTL", ttl.clone()),
+        env(edl_job::env::ETCD, etcd_endpoints(tj).join(",")),
+        env(edl_job::env::JOB, job.clone()),
+        env(edl_job::env::LEASE_TTL, ttl.clone()),
         env_field("POD_IP", "status.podIP"),
         env_field("POD_NAME", "metadata.name"),
         env_field("POD_UID", "metadata.uid"),
@@ -363,8 +363,8 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         Role::Trainer => {
             // One id per pod incarnation: a replacement pod (same name) must not meet
             // the registration its predecessor left until its lease ends.
-            vars.push(env("EDL_TRAINER_ID", "$(POD_NAME).$(POD_UID)"));
-            vars.push(env("EDL_MODE", "train"));
+            vars.push(env(edl_job::env::TRAINER_ID, "$(POD_NAME).$(POD_UID)"));
+            vars.push(env(edl_job::env::MODE, "train"));
             vars.extend(s.trainer.env.iter().map(|(k, v)| env(k, v.clone())));
             let command = if s.trainer.entry.is_empty() {
                 edl(&["trainer"])

@@ -95,7 +95,7 @@ pub enum Finished {
 
 /// The job's state in etcd.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Progress {
+pub struct EtcdState {
     /// Whether `job/spec` is there.
     pub spec_published: bool,
     /// The current pass.
@@ -139,7 +139,7 @@ pub struct Observed<'a> {
     /// The names of its services.
     pub services: BTreeSet<String>,
     /// Its state in etcd, or why etcd could not be read.
-    pub etcd: Result<Progress, String>,
+    pub etcd: Result<EtcdState, String>,
     /// Its etcd credentials.
     pub credentials: Credentials,
     /// Now.
@@ -444,7 +444,7 @@ impl<'a> Decision<'a> {
 
     /// The job's state in etcd into the status and the `EtcdReachable` condition;
     /// `None` (one event) when etcd cannot be read.
-    fn etcd_state(&mut self) -> Option<&'a Progress> {
+    fn etcd_state(&mut self) -> Option<&'a EtcdState> {
         let p = match &self.obs.etcd {
             Ok(p) => p,
             Err(e) => {
@@ -646,7 +646,7 @@ impl<'a> Decision<'a> {
     /// A change of the desired trainer count (`want`) is an event and is written to
     /// `scale/trainers`; the trainer counts go into the status. Returns the trainers
     /// running.
-    fn scale(&mut self, want: u32, progress: Option<&Progress>) -> u32 {
+    fn scale(&mut self, want: u32, progress: Option<&EtcdState>) -> u32 {
         let running_trainers = self
             .obs
             .pods

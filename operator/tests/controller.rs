@@ -19,7 +19,7 @@ use edl_job::{JobKeys, JobName, Record, ScaleRecord};
 use edl_operator::TrainingJob;
 use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::{EtcdSpec, Phase, VolumeSource};
-use edl_operator::leader::{self, Election};
+use edl_operator::leader::{self, LeaseElection};
 use edl_operator::metrics::Metrics;
 use edl_testkit::etcd::EtcdCluster;
 use edl_testkit::kube_api::{Access, FakeApi, ResourceType};
@@ -110,7 +110,7 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
         resync: Duration::from_millis(300),
         ..ControllerConfig::default()
     };
-    let election = Election {
+    let election = LeaseElection {
         namespace: LEASE_NS.to_owned(),
         name: "edl-operator".to_owned(),
         identity: "test-operator".to_owned(),

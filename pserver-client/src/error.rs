@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tonic::Code;
 
-use crate::layout::SpecError;
+use crate::layout::LayoutError;
 use edl_proto::headers;
 
 /// Why a client call failed.
@@ -81,7 +81,7 @@ pub enum PsClientError {
     SpecMismatch(String),
     /// The spec is invalid.
     #[error(transparent)]
-    Spec(#[from] SpecError),
+    Spec(#[from] LayoutError),
     /// etcd failed.
     #[error("etcd: {0}")]
     Coord(edl_coord::Error),

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::retry::spec_mismatch;
 use crate::{PsClient, PsClientError, Result};
 
-use crate::layout::{DenseSpec, Layout, ParamConfig, ParamSpec, SparseSpec, SpecError};
+use crate::layout::{DenseSpec, Layout, LayoutError, ParamConfig, ParamSpec, SparseSpec};
 use crate::wire;
 use edl_job::valid_member_id;
 
@@ -67,7 +67,7 @@ impl PsClient {
             ));
         };
         let json = std::str::from_utf8(&kv.value).map_err(|_| {
-            PsClientError::Spec(SpecError::Invalid("params/spec is not UTF-8".into()))
+            PsClientError::Spec(LayoutError::Invalid("params/spec is not UTF-8".into()))
         })?;
         let layout = Arc::new(Layout::new(ParamSpec::from_json(json)?, self.inner.shards)?);
         *self.inner.layout.write().await = Some(layout.clone());

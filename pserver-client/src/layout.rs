@@ -34,7 +34,7 @@ pub const MAX_TABLES: usize = 4096;
 
 /// Why a spec or layout was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SpecError {
+pub enum LayoutError {
     /// A structural problem (empty or duplicate name, zero size, overflow, ...).
     #[error("invalid model spec: {0}")]
     Invalid(String),
@@ -81,7 +81,7 @@ pub fn mix64(mut x: u64) -> u64 {
 }
 
 impl RowInit {
-    fn validate(&self) -> Result<(), SpecError> {
+    fn validate(&self) -> Result<(), LayoutError> {
         let ok = match *self {
             RowInit::Zeros => true,
             RowInit::Uniform { low, high, .. } => {
@@ -92,7 +92,9 @@ impl RowInit {
         if ok {
             Ok(())
         } else {
-            Err(SpecError::Invalid(format!("bad row initialiser {self:?}")))
+            Err(LayoutError::Invalid(format!(
+                "bad row initialiser {self:?}"
+            )))
         }
     }
 
@@ -197,13 +199,13 @@ pub struct ParamSpec {
     pub config: ParamConfig,
 }
 
-fn check_name(kind: &str, name: &str) -> Result<(), SpecError> {
+fn check_name(kind: &str, name: &str) -> Result<(), LayoutError> {
     let ok =
         !name.is_empty() && name.len() <= MAX_NAME_LEN && name.chars().all(|c| !c.is_control());
     if ok {
         Ok(())
     } else {
-        Err(SpecError::Invalid(format!(
+        Err(LayoutError::Invalid(format!(
             "{kind} name {name:?} must be 1..={MAX_NAME_LEN} printable characters"
         )))
     }
@@ -211,10 +213,10 @@ fn check_name(kind: &str, name: &str) -> Result<(), SpecError> {
 
 impl ParamSpec {
     /// Checks names, sizes and settings.
-    pub fn validate(&self) -> Result<(), SpecError> {
+    pub fn validate(&self) -> Result<(), LayoutError> {
         let bs = self.config.block_size;
         if bs == 0 || bs > MAX_BLOCK_SIZE {
-            return Err(SpecError::Invalid(format!(
+            return Err(LayoutError::Invalid(format!(
                 "block_size must be in 1..={MAX_BLOCK_SIZE}, got {bs}"
             )));
         }
@@ -224,7 +226,7 @@ impl ParamSpec {
         for d in &self.dense {
             check_name("parameter", &d.name)?;
             if !names.insert(d.name.as_str()) {
-                return Err(SpecError::Invalid(format!(
+                return Err(LayoutError::Invalid(format!(
                     "duplicate parameter {:?}",
                     d.name
                 )));
@@ -234,7 +236,7 @@ impl ParamSpec {
                     blocks = blocks.saturating_add(n.div_ceil(bs) as u64);
                 }
                 _ => {
-                    return Err(SpecError::Invalid(format!(
+                    return Err(LayoutError::Invalid(format!(
                         "parameter {:?} has shape {:?}: its size must be in 1..=2^32-1",
                         d.name, d.shape
                     )));
@@ -242,13 +244,13 @@ impl ParamSpec {
             }
         }
         if blocks > MAX_BLOCKS {
-            return Err(SpecError::Invalid(format!(
+            return Err(LayoutError::Invalid(format!(
                 "the dense parameters make {blocks} blocks of {bs} floats, more than \
                  {MAX_BLOCKS}: use a larger block_size"
             )));
         }
         if self.sparse.len() > MAX_TABLES {
-            return Err(SpecError::Invalid(format!(
+            return Err(LayoutError::Invalid(format!(
                 "{} sparse tables, more than {MAX_TABLES}",
                 self.sparse.len()
             )));
@@ -257,10 +259,13 @@ impl ParamSpec {
         for s in &self.sparse {
             check_name("table", &s.name)?;
             if !tables.insert(s.name.as_str()) {
-                return Err(SpecError::Invalid(format!("duplicate table {:?}", s.name)));
+                return Err(LayoutError::Invalid(format!(
+                    "duplicate table {:?}",
+                    s.name
+                )));
             }
             if s.dim == 0 || s.dim > MAX_DIM {
-                return Err(SpecError::Invalid(format!(
+                return Err(LayoutError::Invalid(format!(
                     "table {:?} has dim {}: must be in 1..={MAX_DIM}",
                     s.name, s.dim
                 )));
@@ -268,7 +273,7 @@ impl ParamSpec {
             s.init.validate()?;
         }
         if self.dense.is_empty() && self.sparse.is_empty() {
-            return Err(SpecError::Invalid("the model has no parameter".into()));
+            return Err(LayoutError::Invalid("the model has no parameter".into()));
         }
         Ok(())
     }
@@ -280,9 +285,9 @@ impl ParamSpec {
     }
 
     /// Parses and validates a JSON spec.
-    pub fn from_json(json: &str) -> Result<ParamSpec, SpecError> {
+    pub fn from_json(json: &str) -> Result<ParamSpec, LayoutError> {
         let spec: ParamSpec = serde_json::from_str(json)
-            .map_err(|e| SpecError::Invalid(format!("spec is not valid JSON: {e}")))?;
+            .map_err(|e| LayoutError::Invalid(format!("spec is not valid JSON: {e}")))?;
         spec.validate()?;
         Ok(spec)
     }
@@ -320,10 +325,10 @@ pub struct Layout {
 
 impl Layout {
     /// Lays `spec` out over `shards` shards (validating the spec).
-    pub fn new(spec: ParamSpec, shards: u32) -> Result<Layout, SpecError> {
+    pub fn new(spec: ParamSpec, shards: u32) -> Result<Layout, LayoutError> {
         spec.validate()?;
         if shards == 0 {
-            return Err(SpecError::Invalid("zero shards".into()));
+            return Err(LayoutError::Invalid("zero shards".into()));
         }
         let bs = spec.config.block_size;
         let mut blocks = Vec::new();
@@ -335,7 +340,7 @@ impl Layout {
             let mut offset = 0;
             while offset < n {
                 let id = u32::try_from(blocks.len())
-                    .map_err(|_| SpecError::Invalid("more than 2^32 blocks".into()))?;
+                    .map_err(|_| LayoutError::Invalid("more than 2^32 blocks".into()))?;
                 let shard = id % shards;
                 let local = id / shards;
                 shard_blocks[shard as usize].push(id);

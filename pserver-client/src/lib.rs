@@ -100,7 +100,7 @@ pub use init::{DenseInit, InitOutcome, InitRecord};
 pub use layout::{DenseSpec, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
 pub use optim::{Clip, LrSchedule, Optimizer, OptimizerConfig, OptimizerKind, SlotState};
 pub use pull::PullStats;
-pub use push::{Origin, PushOutcome, SparseGrad};
+pub use push::{Origin, PushOutcome, SparsePush};
 pub use status::probe;
 
 /// Default largest message: a push or pull of a whole shard of a large model fits.

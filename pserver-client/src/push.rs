@@ -32,7 +32,7 @@ pub struct Origin {
 
 /// Gradients of rows of a sparse table.
 #[derive(Debug, Clone, Copy)]
-pub struct SparseGrad<'a> {
+pub struct SparsePush<'a> {
     /// The table.
     pub table: &'a str,
     /// Row ids (repeats are summed).
@@ -53,7 +53,7 @@ pub struct PushOutcome {
 }
 
 /// Where the first NaN or infinite value of a push is, if any.
-fn non_finite(dense: &[(&str, &[f32])], sparse: &[SparseGrad<'_>]) -> Option<String> {
+fn non_finite(dense: &[(&str, &[f32])], sparse: &[SparsePush<'_>]) -> Option<String> {
     // The common case (all finite) in one vectorised pass per array; the position only
     // when there is one to report.
     let first = |v: &[f32]| {
@@ -104,7 +104,7 @@ impl PsClient {
         trainer: &str,
         step: u64,
         dense: &[(&str, &[f32])],
-        sparse: &[SparseGrad<'_>],
+        sparse: &[SparsePush<'_>],
     ) -> Result<PushOutcome> {
         self.push_from(trainer, step, None, dense, sparse).await
     }
@@ -122,7 +122,7 @@ impl PsClient {
         step: u64,
         origin: Option<Origin>,
         dense: &[(&str, &[f32])],
-        sparse: &[SparseGrad<'_>],
+        sparse: &[SparsePush<'_>],
     ) -> Result<PushOutcome> {
         if !valid_member_id(trainer) {
             return Err(PsClientError::InvalidArgument(format!(

@@ -3,7 +3,7 @@
 use edl_proto::headers;
 
 use crate::checkpoint::CheckpointError;
-use crate::layout::SpecError;
+use crate::layout::LayoutError;
 
 pub use edl_pserver_client::error::{ErrorKind, next_step_of};
 
@@ -39,7 +39,7 @@ pub enum PsError {
     InvalidArgument(String),
     /// The spec is invalid.
     #[error(transparent)]
-    Spec(#[from] SpecError),
+    Spec(#[from] LayoutError),
     /// NaN or infinite values in a gradient (rejected whole, counted, never applied).
     #[error("non-finite gradient values in {0}")]
     NonFinite(String),

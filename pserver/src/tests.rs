@@ -20,7 +20,7 @@ use crate::server::{IndexChoice, PsConfig, run};
 use edl_job::{JobKeys, JobName};
 use edl_job::{PserverRecord, Record};
 use edl_pserver_client::{
-    DenseCache, DenseInit, InitOutcome, PsClient, PsClientConfig, PsClientError, SparseGrad, probe,
+    DenseCache, DenseInit, InitOutcome, PsClient, PsClientConfig, PsClientError, SparsePush, probe,
 };
 
 struct Harness {
@@ -213,7 +213,7 @@ async fn exactly_one_trainer_initialises_and_concurrent_async_pushes_sum_exactly
                         &format!("t{t}"),
                         k,
                         &[("w", &g), ("b", &[k as f32])],
-                        &[SparseGrad {
+                        &[SparsePush {
                             table: "emb",
                             rows: &rows,
                             values: &sg,
@@ -299,7 +299,7 @@ async fn bad_gradients_are_refused_whole_and_counted() {
             "t",
             1,
             &[],
-            &[SparseGrad {
+            &[SparsePush {
                 table: "emb",
                 rows: &rows,
                 values: &[0.0, 0.0, 0.0, 0.0, f32::INFINITY, 0.0],
@@ -630,7 +630,7 @@ async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
             "a",
             step,
             &[("w", &g)],
-            &[SparseGrad {
+            &[SparsePush {
                 table: "emb",
                 rows: &[step],
                 values: &[1.0, 2.0, 3.0],
@@ -1449,7 +1449,7 @@ async fn push_task(ps: &PsClient, task: u32, seqs: std::ops::Range<u32>) -> Vec<
                 u64::from(task * 3 + seq + 1),
                 Some(crate::shard::Origin { pass: 0, task, seq }),
                 &[("w", &dense)],
-                &[SparseGrad {
+                &[SparsePush {
                     table: "emb",
                     rows: &row,
                     values: &rows,

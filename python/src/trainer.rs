@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use edl_coord::{Backend, EtcdConfig};
 use edl_job::{JobName, JobSpec};
 use edl_pserver_client::{PsClient, PsClientConfig};
-use edl_trainer::app::{self, AppError, Mode};
+use edl_trainer::app::{self, AppError, RunMode};
 use edl_trainer::process::{self, JobEval, Joined, Member, TrainerError, TrainerReport};
 use edl_trainer::{MetricKind, Next, Progress, PsStore, RuntimeError, StoreError, Tasks};
 use pyo3::exceptions::PyRuntimeError;
@@ -82,7 +82,7 @@ pub(crate) struct Loop {
 pub(crate) struct Inner {
     id: String,
     job: JobName,
-    mode: Mode,
+    mode: RunMode,
     report: Option<PathBuf>,
     spec: JobSpec,
     spec_json: String,
@@ -106,7 +106,7 @@ impl Inner {
     }
 
     pub(crate) fn evaluating(&self) -> bool {
-        self.mode == Mode::Evaluate
+        self.mode == RunMode::Evaluate
     }
 
     pub(crate) fn steps(&self) -> std::sync::MutexGuard<'_, Steps> {
@@ -289,7 +289,7 @@ impl Trainer {
             t = t.report(r);
         }
         if evaluate {
-            t = t.mode(Mode::Evaluate);
+            t = t.mode(RunMode::Evaluate);
         }
         if let Some(path) = spec {
             let spec = edl_trainer::job::load(&path).map_err(|e| value_error(e.to_string()))?;
@@ -340,8 +340,8 @@ impl Trainer {
     #[getter]
     fn mode(&self) -> &'static str {
         match self.inner.mode {
-            Mode::Train => "train",
-            Mode::Evaluate => "evaluate",
+            RunMode::Train => "train",
+            RunMode::Evaluate => "evaluate",
         }
     }
 
@@ -554,7 +554,7 @@ fn start(
             Err(TrainerError::StoppedBeforeStart) => return Err(stopped()),
             Err(e) => return Err(trainer_error(e)),
         };
-        if mode == Mode::Evaluate {
+        if mode == RunMode::Evaluate {
             let life = CancellationToken::new();
             let mut pcfg = PsClientConfig::new(spec.name.clone());
             pcfg.retry_for = Duration::from_secs(20);

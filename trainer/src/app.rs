@@ -41,55 +41,13 @@ use crate::process::{
 };
 use crate::{DeviceChoice, Model};
 
-/// The environment variables of the contract (docs/trainer-api.md).
-pub mod env {
-    /// etcd client URLs, comma-separated (required).
-    pub const ETCD: &str = "EDL_ETCD";
-    /// PaddlePaddle's name for the same, read when [`ETCD`] is not set.
-    pub const PADDLE_ETCD: &str = "PADDLE_ETCD_ENDPOINTS";
-    /// The job's name (required).
-    pub const JOB: &str = "EDL_JOB";
-    /// PaddlePaddle's name for the same, read when [`JOB`] is not set.
-    pub const PADDLE_JOB: &str = "PADDLE_JOB_ID";
-    /// This trainer's id, unique in the job (default `trainer-<pid>-<random>`).
-    pub const TRAINER_ID: &str = "EDL_TRAINER_ID";
-    /// Compute device: `auto`, `cpu` or `cuda:N` (default `auto`).
-    pub const DEVICE: &str = "EDL_DEVICE";
-    /// TTL of the registration lease, e.g. `10s` (default: the spec's).
-    pub const LEASE_TTL: &str = "EDL_LEASE_TTL";
-    /// Serve `/metrics` on this address (default: none).
-    pub const METRICS_ADDR: &str = "EDL_METRICS_ADDR";
-    /// Write the JSON report to this file (default: stdout only).
-    pub const REPORT: &str = "EDL_REPORT";
-    /// `train` (default) or `evaluate`.
-    pub const MODE: &str = "EDL_MODE";
-    /// The job token every RPC carries (optional).
-    pub const TOKEN: &str = "EDL_JOB_TOKEN";
-    /// The CA (PEM) of TLS between the job's processes: TLS is on when set. With it:
-    /// `EDL_TLS_CERT`, `EDL_TLS_KEY` (this process's certificate, for mutual TLS),
-    /// `EDL_TLS_DOMAIN`, `EDL_TLS_CLIENT_AUTH` ([`edl_proto::tls::env`]).
-    pub const TLS_CA: &str = edl_proto::tls::env::CA;
-    /// The name etcd's TLS certificate is checked against instead of the host dialled.
-    pub const ETCD_DOMAIN: &str = "EDL_ETCD_DOMAIN";
-    /// etcd user, with [`ETCD_PASSWORD`].
-    pub const ETCD_USER: &str = "EDL_ETCD_USER";
-    /// etcd password.
-    pub const ETCD_PASSWORD: &str = "EDL_ETCD_PASSWORD";
-    /// CA certificate (PEM) for etcd TLS.
-    pub const ETCD_CA: &str = "EDL_ETCD_CA";
-    /// Client certificate (PEM) for etcd TLS, with [`ETCD_KEY`].
-    pub const ETCD_CERT: &str = "EDL_ETCD_CERT";
-    /// Client key (PEM) for etcd TLS.
-    pub const ETCD_KEY: &str = "EDL_ETCD_KEY";
-    /// How long each startup step retries an unreachable etcd (default `2m`).
-    pub const ETCD_WAIT: &str = "EDL_ETCD_WAIT";
-    /// How long to wait for the job's spec to appear in etcd (default `60s`).
-    pub const SPEC_WAIT: &str = "EDL_SPEC_WAIT";
-}
+/// The environment variables of the contract (docs/trainer-api.md): `edl_job::env`, where
+/// every writer (`edl run`, the operator) and reader finds them.
+pub use edl_job::env;
 
 /// What the program does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub enum RunMode {
     /// Train as one of the job's trainers.
     Train,
     /// Evaluate the job's current parameters once, and report.
@@ -173,7 +131,7 @@ impl From<EvalError> for AppError {
 pub enum Finished {
     /// Trained until the job finished, or drained.
     Trained(TrainerReport),
-    /// Evaluated the job's parameters ([`Mode::Evaluate`]).
+    /// Evaluated the job's parameters ([`RunMode::Evaluate`]).
     Evaluated(JobEval),
     /// Stopped (SIGTERM) before it joined the job: nothing was done.
     StoppedBeforeStart,
@@ -184,7 +142,7 @@ pub enum Finished {
 pub struct Trainer {
     etcd: EtcdConfig,
     cfg: TrainerConfig,
-    mode: Mode,
+    mode: RunMode,
     report: Option<PathBuf>,
     publish: Option<JobSpec>,
 }
@@ -195,7 +153,7 @@ impl Trainer {
         Trainer {
             etcd,
             cfg: TrainerConfig::new(job),
-            mode: Mode::Train,
+            mode: RunMode::Train,
             report: None,
             publish: None,
         }
@@ -299,8 +257,8 @@ impl Trainer {
         }
         t.report = var(env::REPORT).map(PathBuf::from);
         t.mode = match var(env::MODE).as_deref() {
-            None | Some("train") => Mode::Train,
-            Some("evaluate") => Mode::Evaluate,
+            None | Some("train") => RunMode::Train,
+            Some("evaluate") => RunMode::Evaluate,
             Some(other) => {
                 return Err(invalid(
                     env::MODE,
@@ -368,7 +326,7 @@ impl Trainer {
     }
 
     /// Train, or evaluate the job's parameters once.
-    pub fn mode(mut self, mode: Mode) -> Self {
+    pub fn mode(mut self, mode: RunMode) -> Self {
         self.mode = mode;
         self
     }
@@ -391,7 +349,7 @@ impl Trainer {
     }
 
     /// What the program is to do (`EDL_MODE`).
-    pub fn run_mode(&self) -> Mode {
+    pub fn run_mode(&self) -> RunMode {
         self.mode
     }
 
@@ -456,12 +414,14 @@ impl Trainer {
             }
         }
         let finished = match self.mode {
-            Mode::Train => match process::run(backend, self.cfg.clone(), model, shutdown).await {
-                Ok(rep) => Finished::Trained(rep),
-                Err(TrainerError::StoppedBeforeStart) => Finished::StoppedBeforeStart,
-                Err(e) => return Err(e.into()),
-            },
-            Mode::Evaluate => {
+            RunMode::Train => {
+                match process::run(backend, self.cfg.clone(), model, shutdown).await {
+                    Ok(rep) => Finished::Trained(rep),
+                    Err(TrainerError::StoppedBeforeStart) => Finished::StoppedBeforeStart,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            RunMode::Evaluate => {
                 let spec = match JobSpec::fetch(
                     &backend,
                     &self.cfg.job,
@@ -579,7 +539,7 @@ pub fn shutdown_on_signals() -> std::io::Result<CancellationToken> {
 /// Logs to stderr (the filter in `EDL_LOG`, as for every edl process, else `RUST_LOG`,
 /// else `info`), unless the program set up its own subscriber.
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("EDL_LOG")
+    let filter = tracing_subscriber::EnvFilter::try_from_env(edl_job::env::LOG)
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
@@ -631,7 +591,7 @@ mod tests {
         assert_eq!(t.cfg.etcd_wait, Duration::from_secs(5));
         assert!(t.cfg.metrics_addr.is_some());
         assert_eq!(t.report, Some(PathBuf::from("/tmp/r.json")));
-        assert_eq!(t.mode, Mode::Evaluate);
+        assert_eq!(t.mode, RunMode::Evaluate);
 
         // PaddlePaddle's names stand in for ours.
         let t = Trainer::from_vars(vars(&[
@@ -640,7 +600,7 @@ mod tests {
         ]))
         .expect("valid");
         assert_eq!(t.cfg.job.as_str(), "paddle-job");
-        assert_eq!(t.mode, Mode::Train);
+        assert_eq!(t.mode, RunMode::Train);
         assert!(t.cfg.id.starts_with("trainer-"));
     }
 

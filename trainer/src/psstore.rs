@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use edl_pserver_client::{
     DenseCache, DenseInit, Origin, ParamConfig, PsClient, PsClientError, RowInit,
-    SparseGrad as PsGrad, SparseSpec,
+    SparsePush as PsGrad, SparseSpec,
 };
 use tokio::sync::Mutex;
 use tracing::Instrument as _;

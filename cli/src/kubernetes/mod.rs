@@ -131,10 +131,10 @@ pub struct RunArgs {
     /// etcd user of the jobs' etcd, if it needs one. A user that may manage users (root)
     /// also gives each job on a shared etcd its own etcd user and token, in the Secret
     /// `<job>-edl-credentials` (docs/kubernetes.md, "Credentials").
-    #[arg(long, env = "EDL_ETCD_USER")]
+    #[arg(long, env = edl_job::env::ETCD_USER)]
     pub etcd_user: Option<String>,
     /// etcd password.
-    #[arg(long, env = "EDL_ETCD_PASSWORD", hide_env_values = true)]
+    #[arg(long, env = edl_job::env::ETCD_PASSWORD, hide_env_values = true)]
     pub etcd_password: Option<String>,
     /// Run edl's autoscaler on the leading replica: it resizes every elastic TrainingJob
     /// (min_trainers < max_trainers) through its scale subresource, from the nodes' room,

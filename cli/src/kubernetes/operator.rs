@@ -15,9 +15,9 @@ use edl_operator::TrainingJob;
 use edl_operator::autoscale::{self, AutoscaleConfig};
 use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::EtcdSpec;
-use edl_operator::leader::{self, Election};
+use edl_operator::leader::{self, LeaseElection};
 use edl_operator::metrics::Metrics;
-use edl_operator::reconcile::{Credentials, Observed, Progress, reconcile};
+use edl_operator::reconcile::{Credentials, EtcdState, Observed, reconcile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{JobSource, OperatorCommand, RenderArgs, RunArgs};
@@ -95,7 +95,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         job: &created,
         pods: Vec::new(),
         services: BTreeSet::new(),
-        etcd: Ok(Progress::default()),
+        etcd: Ok(EtcdState::default()),
         // What an operator without admin credentials for the jobs' etcd creates: job pods
         // on a shared etcd take `<job>-edl-credentials` if it exists.
         credentials: Credentials::NotIssued,
@@ -158,7 +158,7 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
             instance: identity.clone(),
             ..ControllerConfig::default()
         };
-        let election = Election {
+        let election = LeaseElection {
             namespace: args.lease_namespace.clone(),
             name: "edl-operator".to_owned(),
             identity,

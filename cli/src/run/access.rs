@@ -43,22 +43,22 @@ impl Access {
     pub(crate) fn env(&self) -> Vec<(String, String)> {
         let mut env: Vec<(&str, String)> = Vec::new();
         if let Some(t) = &self.token {
-            env.push(("EDL_JOB_TOKEN", t.clone()));
+            env.push((edl_job::env::TOKEN, t.clone()));
         }
         if let Some((files, _)) = &self.tls {
             env.extend(files.to_vars());
         }
         if let Some(a) = &self.etcd_auth {
-            env.push(("EDL_ETCD_USER", a.user.clone()));
-            env.push(("EDL_ETCD_PASSWORD", a.password.clone()));
+            env.push((edl_job::env::ETCD_USER, a.user.clone()));
+            env.push((edl_job::env::ETCD_PASSWORD, a.password.clone()));
         }
         if let Some(t) = &self.etcd_tls {
             let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
             for (k, v) in [
-                ("EDL_ETCD_CA", path(&t.ca_file)),
-                ("EDL_ETCD_CERT", path(&t.cert_file)),
-                ("EDL_ETCD_KEY", path(&t.key_file)),
-                ("EDL_ETCD_DOMAIN", t.domain.clone()),
+                (edl_job::env::ETCD_CA, path(&t.ca_file)),
+                (edl_job::env::ETCD_CERT, path(&t.cert_file)),
+                (edl_job::env::ETCD_KEY, path(&t.key_file)),
+                (edl_job::env::ETCD_DOMAIN, t.domain.clone()),
             ] {
                 if let Some(v) = v {
                     env.push((k, v));

@@ -210,23 +210,23 @@ impl Launch {
         trainers: u32,
     ) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = [
-            ("EDL_ETCD", self.etcd.clone()),
-            ("EDL_JOB", self.job.clone()),
-            ("EDL_TRAINER_ID", name.to_owned()),
+            (edl_job::env::ETCD, self.etcd.clone()),
+            (edl_job::env::JOB, self.job.clone()),
+            (edl_job::env::TRAINER_ID, name.to_owned()),
             (
-                "EDL_LEASE_TTL",
+                edl_job::env::LEASE_TTL,
                 humantime::format_duration(self.lease_ttl).to_string(),
             ),
-            ("EDL_DEVICE", self.device.to_string()),
+            (edl_job::env::DEVICE, self.device.to_string()),
             (
-                "EDL_REPORT",
+                edl_job::env::REPORT,
                 self.run_dir
                     .join(format!("{name}.json"))
                     .display()
                     .to_string(),
             ),
-            ("EDL_RUN_DIR", self.run_dir.display().to_string()),
-            ("EDL_MODE", "train".to_owned()),
+            (edl_job::env::RUN_DIR, self.run_dir.display().to_string()),
+            (edl_job::env::MODE, "train".to_owned()),
             ("PADDLE_TRAINING_ROLE", "TRAINER".to_owned()),
             ("PADDLE_JOB_ID", self.job.clone()),
             ("PADDLE_ETCD_ENDPOINTS", self.etcd.clone()),
@@ -279,7 +279,7 @@ impl Launch {
         let log =
             File::create(&log_path).with_context(|| format!("open {}", log_path.display()))?;
         let mut cmd = self.command(Role::Trainer, 0, name, 1)?;
-        cmd.env("EDL_MODE", "evaluate")
+        cmd.env(edl_job::env::MODE, "evaluate")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

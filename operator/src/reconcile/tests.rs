@@ -65,8 +65,8 @@ fn running(trainers: u32) -> Vec<PodView> {
     pods
 }
 
-fn progress(scale: u32) -> Progress {
-    Progress {
+fn progress(scale: u32) -> EtcdState {
+    EtcdState {
         spec_published: true,
         pass: Some(0),
         tasks: Some(TaskCounts {
@@ -86,7 +86,7 @@ fn progress(scale: u32) -> Progress {
 fn observe<'a>(
     tj: &'a TrainingJob,
     pods: Vec<PodView>,
-    etcd: Result<Progress, String>,
+    etcd: Result<EtcdState, String>,
 ) -> Observed<'a> {
     Observed {
         job: tj,
@@ -128,7 +128,7 @@ fn a_new_job_gets_its_finalizer_its_spec_in_etcd_and_every_pod() {
     tj.metadata.finalizers = None;
     let plan = reconcile(&Observed {
         services: BTreeSet::new(),
-        ..observe(&tj, vec![], Ok(Progress::default()))
+        ..observe(&tj, vec![], Ok(EtcdState::default()))
     });
     assert_eq!(plan.finalizer, Some(FinalizerChange::Add));
     let spec = match &plan.etcd[..] {
@@ -430,7 +430,7 @@ fn an_invalid_job_fails_with_a_condition_naming_the_field() {
     ] {
         let mut tj = training_job("");
         change(&mut tj);
-        let plan = reconcile(&observe(&tj, vec![], Ok(Progress::default())));
+        let plan = reconcile(&observe(&tj, vec![], Ok(EtcdState::default())));
         assert!(
             plan.create_pods.is_empty() && plan.etcd.is_empty(),
             "{plan:?}"
@@ -489,7 +489,7 @@ fn job_processes_require_the_credentials_the_operator_made_and_take_hand_made_on
     let tj = training_job("");
     let plan = reconcile(&Observed {
         credentials: Credentials::Ready,
-        ..observe(&tj, vec![], Ok(Progress::default()))
+        ..observe(&tj, vec![], Ok(EtcdState::default()))
     });
     assert_eq!(plan.create_pods.len(), 4);
     for p in &plan.create_pods {
@@ -506,7 +506,7 @@ fn job_processes_require_the_credentials_the_operator_made_and_take_hand_made_on
     assert!(c.message.contains("mnist-edl-credentials"), "{c:?}");
 
     // An operator without admin credentials: the Secret if an administrator made one.
-    let plan = reconcile(&observe(&tj, vec![], Ok(Progress::default())));
+    let plan = reconcile(&observe(&tj, vec![], Ok(EtcdState::default())));
     assert_eq!(plan.create_pods.len(), 4);
     for p in &plan.create_pods {
         let r = env_from_secret(p).expect("the Secret");
@@ -529,7 +529,7 @@ fn job_processes_require_the_credentials_the_operator_made_and_take_hand_made_on
         managed: true,
         ..EtcdSpec::default()
     };
-    let plan = reconcile(&observe(&managed, vec![], Ok(Progress::default())));
+    let plan = reconcile(&observe(&managed, vec![], Ok(EtcdState::default())));
     assert_eq!(plan.create_pods.len(), 5, "the etcd and the processes");
     assert!(
         plan.create_pods
@@ -544,7 +544,7 @@ fn credentials_the_operator_cannot_make_are_a_condition_and_one_event_and_no_pro
     let failed = |tj: &TrainingJob| {
         reconcile(&Observed {
             credentials: Credentials::Failed("etcd: permission denied".into()),
-            ..observe(tj, vec![], Ok(Progress::default()))
+            ..observe(tj, vec![], Ok(EtcdState::default()))
         })
     };
     let plan = failed(&tj);

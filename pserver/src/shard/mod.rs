@@ -57,7 +57,7 @@ pub use dedup::DEDUP_WINDOW;
 pub use ledger::{Ledger, LedgerError, Mark, Origin};
 pub use lifecycle::{InitBlocks, Shard};
 pub use pull::{PullReply, VersionedBlock};
-pub use push::{BlockValues, Push, PushReply, RawPush, SparseGrad, TableRows};
+pub use push::{BlockValues, Push, PushReply, RawPush, SparseUpdate, TableRows};
 pub use snapshot::{CheckpointHooks, SnapshotSlot};
 pub(crate) use sync_apply::out_of_range;
 

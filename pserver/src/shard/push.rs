@@ -55,7 +55,7 @@ pub struct RawPush {
 
 /// Sparse gradients of one table, validated.
 #[derive(Debug, Clone)]
-pub struct SparseGrad {
+pub struct SparseUpdate {
     pub(super) table: usize,
     pub(super) rows: Vec<u64>,
     pub(super) values: Bytes,
@@ -74,7 +74,7 @@ pub struct Push {
     /// The task batch the gradients come from.
     pub origin: Option<Origin>,
     pub(super) dense: Vec<(usize, Bytes)>,
-    pub(super) sparse: Vec<SparseGrad>,
+    pub(super) sparse: Vec<SparseUpdate>,
 }
 
 /// Result of a push.
@@ -166,7 +166,7 @@ impl ShardCore {
                 bump(&self.counters.nonfinite_rejected);
                 return Err(PsError::NonFinite(format!("rows of table {name:?}")));
             }
-            sparse.push(SparseGrad {
+            sparse.push(SparseUpdate {
                 table: s.table as usize,
                 rows: s.rows,
                 values: s.values,

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use super::dedup::Dedup;
 use super::ledger::Ledger;
-use super::push::SparseGrad;
+use super::push::SparseUpdate;
 use super::snapshot::CheckpointHooks;
 use super::{ShardCore, ShardCounters, lock};
 use crate::error::PsError;
@@ -227,7 +227,7 @@ impl ShardCore {
     /// Applies sparse gradients row by row, each stripe locked once; repeated rows are
     /// summed first. A row whose sum overflows to infinity is left as it is; returns how
     /// many were.
-    pub(super) fn apply_rows(&self, s: &SparseGrad, lr: f32, scale: f32) -> usize {
+    pub(super) fn apply_rows(&self, s: &SparseUpdate, lr: f32, scale: f32) -> usize {
         let mut overflowed = 0;
         let t = &self.tables[s.table];
         let dim = t.dim;

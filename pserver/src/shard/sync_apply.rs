@@ -21,7 +21,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::push::{Push, SparseGrad};
+use super::push::{Push, SparseUpdate};
 use super::storage::stripe_of;
 use super::{ShardCore, bump, lock};
 use crate::error::PsError;
@@ -308,7 +308,7 @@ impl ShardCore {
                     }
                 }
                 self.apply_rows(
-                    &SparseGrad {
+                    &SparseUpdate {
                         table: ti,
                         rows,
                         values: Bytes::from(values),
