@@ -2,7 +2,11 @@
 //! and leaders (child processes re-executing this test binary), etcd paused or
 //! restarted, and a three-member cluster losing a member or its quorum.
 //!
-//! Every wait is a condition with a deadline; ports come from port 0.
+//! Every wait is a condition with a deadline; ports come from port 0. Also here (one test
+//! binary): TLS to a real etcd that requires client certificates ([`tls`]).
+
+#[path = "etcd/tls.rs"]
+mod tls;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
