@@ -30,6 +30,12 @@ pub const TOKEN: &str = "EDL_JOB_TOKEN";
 /// `EDL_TLS_CERT`, `EDL_TLS_KEY` (this process's certificate, for mutual TLS),
 /// `EDL_TLS_DOMAIN`, `EDL_TLS_CLIENT_AUTH` ([`edl_proto::tls::env`]).
 pub const TLS_CA: &str = edl_proto::tls::env::CA;
+/// This process's certificate, for mutual TLS.
+pub const TLS_CERT: &str = edl_proto::tls::env::CERT;
+/// This process's key, for mutual TLS.
+pub const TLS_KEY: &str = edl_proto::tls::env::KEY;
+/// The name the job's certificates are issued for, when not the address's host.
+pub const TLS_DOMAIN: &str = edl_proto::tls::env::DOMAIN;
 /// The name etcd's TLS certificate is checked against instead of the host dialled.
 pub const ETCD_DOMAIN: &str = "EDL_ETCD_DOMAIN";
 /// etcd user, with [`ETCD_PASSWORD`].

@@ -52,6 +52,10 @@ class Trainer:
     ``Trainer(job, etcd, ...)`` joins ``job`` on the etcd at ``etcd`` (client URLs);
     ``Trainer.from_env()`` is the trainer ``edl run`` starts for ``[trainer] entry``.
     ``spec``: a TOML job spec to store in etcd when the job has none. Times are seconds.
+    Every other setting is a variable of the environment contract under a keyword name
+    (``id`` is ``EDL_TRAINER_ID``, ``etcd_ca`` ``EDL_ETCD_CA``, ``tls_ca``
+    ``EDL_TLS_CA``, ...; docs/trainer-api.md) and is checked as ``from_env`` checks it:
+    a bad value raises ``ValueError`` naming the variable.
     Joining takes a lease and registers under it, defines the dataset at the master and
     connects to the pservers; an unreachable etcd raises ``ConnectError`` after
     ``etcd_wait``, a job with no spec ``EdlError`` after ``spec_wait``.
@@ -73,14 +77,23 @@ class Trainer:
         report: Optional[str] = None,
         evaluate: bool = False,
         handle_sigterm: bool = False,
+        etcd_user: Optional[str] = None,
+        etcd_password: Optional[str] = None,
+        etcd_ca: Optional[str] = None,
+        etcd_cert: Optional[str] = None,
+        etcd_key: Optional[str] = None,
+        etcd_domain: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+        tls_domain: Optional[str] = None,
         _native: Optional[_edl.Trainer] = None,
     ) -> None:
         if _native is None:
             endpoints = [etcd] if isinstance(etcd, str) else list(etcd)
-            _native = _edl.Trainer(
-                job,
-                endpoints,
-                spec=spec,
+            # Each setting is a variable of the environment contract
+            # (docs/trainer-api.md), parsed as ``from_env`` parses the environment.
+            settings = dict(
                 id=id,
                 device=device,
                 token=token,
@@ -90,7 +103,23 @@ class Trainer:
                 metrics_addr=metrics_addr,
                 report=report,
                 evaluate=evaluate,
+                etcd_user=etcd_user,
+                etcd_password=etcd_password,
+                etcd_ca=etcd_ca,
+                etcd_cert=etcd_cert,
+                etcd_key=etcd_key,
+                etcd_domain=etcd_domain,
+                tls_ca=tls_ca,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+                tls_domain=tls_domain,
+            )
+            _native = _edl.Trainer(
+                job,
+                endpoints,
+                spec=spec,
                 handle_sigterm=handle_sigterm,
+                **{k: v for k, v in settings.items() if v is not None},
             )
         self._t = _native
         self._spec: Optional[Dict[str, Any]] = None

@@ -12,6 +12,7 @@
 //! a second SIGTERM exits at once. A trainer whose lease etcd ended stops the same way
 //! and `close` raises `LeaseLostError`.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,15 +20,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
-use edl_coord::{Backend, EtcdConfig};
 use edl_job::{JobName, JobSpec};
-use edl_pserver_client::{PsClient, PsClientConfig};
-use edl_trainer::app::{self, AppError, RunMode};
+use edl_trainer::app::{self, AppError, RunMode, env};
 use edl_trainer::process::{self, JobEval, Joined, Member, TrainerError, TrainerReport};
-use edl_trainer::{MetricKind, Next, Progress, PsStore, RuntimeError, StoreError, Tasks};
-use pyo3::exceptions::PyRuntimeError;
+use edl_trainer::{
+    DeviceChoice, MetricKind, Next, Progress, PsStore, RuntimeError, StoreError, Tasks,
+};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::task::Task;
@@ -172,15 +173,80 @@ fn app_error(e: AppError) -> PyErr {
     }
 }
 
-fn seconds(name: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
-    s.map(|v| {
-        Duration::try_from_secs_f64(v).map_err(|_| {
-            value_error(format!(
-                "{name} must be a non-negative number of seconds, not {v}"
-            ))
-        })
-    })
-    .transpose()
+/// How a keyword's value becomes its variable's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The value's `str()`.
+    Text,
+    /// A number of seconds, as a duration.
+    Seconds,
+}
+
+/// The keyword arguments of `Trainer(...)`: each is a variable of the environment
+/// contract (docs/trainer-api.md), parsed by the trainer API as `from_env` parses the
+/// environment. Times are seconds.
+const SETTINGS: &[(&str, &str, Kind)] = &[
+    ("id", env::TRAINER_ID, Kind::Text),
+    ("device", env::DEVICE, Kind::Text),
+    ("token", env::TOKEN, Kind::Text),
+    ("lease_ttl", env::LEASE_TTL, Kind::Seconds),
+    ("etcd_wait", env::ETCD_WAIT, Kind::Seconds),
+    ("spec_wait", env::SPEC_WAIT, Kind::Seconds),
+    ("metrics_addr", env::METRICS_ADDR, Kind::Text),
+    ("report", env::REPORT, Kind::Text),
+    ("etcd_user", env::ETCD_USER, Kind::Text),
+    ("etcd_password", env::ETCD_PASSWORD, Kind::Text),
+    ("etcd_ca", env::ETCD_CA, Kind::Text),
+    ("etcd_cert", env::ETCD_CERT, Kind::Text),
+    ("etcd_key", env::ETCD_KEY, Kind::Text),
+    ("etcd_domain", env::ETCD_DOMAIN, Kind::Text),
+    ("tls_ca", env::TLS_CA, Kind::Text),
+    ("tls_cert", env::TLS_CERT, Kind::Text),
+    ("tls_key", env::TLS_KEY, Kind::Text),
+    ("tls_domain", env::TLS_DOMAIN, Kind::Text),
+];
+
+/// The settings of `Trainer(job, etcd, **settings)` as the environment contract's
+/// variables: strings as they are, seconds as a duration, `evaluate` as the mode.
+fn contract_vars(
+    job: &str,
+    etcd: &[String],
+    settings: Option<&Bound<'_, PyDict>>,
+) -> PyResult<HashMap<&'static str, String>> {
+    let mut vars = HashMap::from([(env::JOB, job.to_owned()), (env::ETCD, etcd.join(","))]);
+    let Some(settings) = settings else {
+        return Ok(vars);
+    };
+    for (key, value) in settings.iter() {
+        let key: String = key.extract()?;
+        if value.is_none() {
+            continue;
+        }
+        if key == "evaluate" {
+            if value.extract::<bool>()? {
+                vars.insert(env::MODE, "evaluate".into());
+            }
+            continue;
+        }
+        let Some(&(_, var, kind)) = SETTINGS.iter().find(|(k, ..)| *k == key) else {
+            return Err(PyTypeError::new_err(format!(
+                "Trainer() got an unexpected keyword argument {key:?}"
+            )));
+        };
+        let text = if kind == Kind::Seconds {
+            let secs: f64 = value.extract()?;
+            let d = Duration::try_from_secs_f64(secs).map_err(|_| {
+                value_error(format!(
+                    "{key} must be a non-negative number of seconds, not {secs}"
+                ))
+            })?;
+            format!("{}ns", d.as_nanos())
+        } else {
+            value.str()?.to_string()
+        };
+        vars.insert(var, text);
+    }
+    Ok(vars)
 }
 
 /// A Python program as one elastic trainer of an edl job.
@@ -192,105 +258,25 @@ pub struct Trainer {
 
 #[pymethods]
 impl Trainer {
-    /// Joins `job` on the etcd at `etcd` (client URLs).
+    /// Joins `job` on the etcd at `etcd` (client URLs); `settings` are those of the
+    /// environment contract by their keyword names (see `SETTINGS`), and `spec` a TOML
+    /// job spec to store when the job has none.
     #[new]
-    #[pyo3(signature = (job, etcd, *, spec=None, id=None, device=None, token=None,
-                        lease_ttl=None, etcd_wait=None, spec_wait=None, metrics_addr=None,
-                        report=None, evaluate=false, handle_sigterm=false, etcd_user=None,
-                        etcd_password=None, etcd_ca=None, etcd_cert=None, etcd_key=None,
-                        tls_ca=None, tls_cert=None, tls_key=None, tls_domain=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (job, etcd, *, spec=None, handle_sigterm=false, **settings))]
     fn new(
         py: Python<'_>,
         job: &str,
         etcd: Vec<String>,
         spec: Option<PathBuf>,
-        id: Option<String>,
-        device: Option<String>,
-        token: Option<String>,
-        lease_ttl: Option<f64>,
-        etcd_wait: Option<f64>,
-        spec_wait: Option<f64>,
-        metrics_addr: Option<&str>,
-        report: Option<PathBuf>,
-        evaluate: bool,
         handle_sigterm: bool,
-        etcd_user: Option<String>,
-        etcd_password: Option<String>,
-        etcd_ca: Option<PathBuf>,
-        etcd_cert: Option<PathBuf>,
-        etcd_key: Option<PathBuf>,
-        tls_ca: Option<PathBuf>,
-        tls_cert: Option<PathBuf>,
-        tls_key: Option<PathBuf>,
-        tls_domain: Option<String>,
+        settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Trainer> {
-        let job: JobName = job
-            .parse()
-            .map_err(|e: edl_job::InvalidJobName| value_error(format!("job {job:?}: {e}")))?;
         if etcd.is_empty() {
             return Err(value_error("etcd: give at least one client URL"));
         }
-        let mut etcd = EtcdConfig::new(etcd);
-        etcd.auth = match (etcd_user, etcd_password) {
-            (Some(user), Some(password)) => Some(edl_coord::EtcdAuth { user, password }),
-            (None, None) => None,
-            _ => return Err(value_error("etcd_user and etcd_password go together")),
-        };
-        if etcd_ca.is_some() || etcd_cert.is_some() || etcd_key.is_some() {
-            etcd.tls = Some(edl_coord::EtcdTls {
-                ca_file: etcd_ca,
-                cert_file: etcd_cert,
-                key_file: etcd_key,
-                domain: None,
-            });
-        }
-        let mut t = app::Trainer::new(job, etcd);
-        match tls_ca {
-            Some(ca) => {
-                let files = edl_proto::tls::TlsFiles {
-                    ca,
-                    cert: tls_cert,
-                    key: tls_key,
-                    domain: tls_domain,
-                    client_auth: false,
-                };
-                t = t.tls(files.load().map_err(|e| value_error(e.to_string()))?);
-            }
-            None if tls_cert.is_some() || tls_key.is_some() || tls_domain.is_some() => {
-                return Err(value_error(
-                    "tls_cert, tls_key and tls_domain need tls_ca (the CA of the job's certificates)",
-                ));
-            }
-            None => {}
-        }
-        if let Some(id) = id {
-            t = t.id(id);
-        }
-        if let Some(token) = token {
-            t = t.token(token);
-        }
-        if let Some(ttl) = seconds("lease_ttl", lease_ttl)? {
-            t = t.lease_ttl(ttl);
-        }
-        if let Some(w) = seconds("etcd_wait", etcd_wait)? {
-            t = t.etcd_wait(w);
-        }
-        if let Some(w) = seconds("spec_wait", spec_wait)? {
-            t = t.spec_wait(w);
-        }
-        if let Some(a) = metrics_addr {
-            t = t.metrics_addr(
-                a.parse()
-                    .map_err(|e| value_error(format!("metrics_addr {a:?}: {e}")))?,
-            );
-        }
-        if let Some(r) = report {
-            t = t.report(r);
-        }
-        if evaluate {
-            t = t.mode(RunMode::Evaluate);
-        }
+        let vars = contract_vars(job, &etcd, settings)?;
+        let mut t = app::Trainer::from_vars(|k| vars.get(k).cloned())
+            .map_err(|e| value_error(e.to_string()))?;
         if let Some(path) = spec {
             let spec = edl_trainer::job::load(&path).map_err(|e| value_error(e.to_string()))?;
             if spec.name != t.config().job {
@@ -303,12 +289,7 @@ impl Trainer {
             }
             t = t.publish_spec(spec);
         }
-        start(
-            py,
-            t,
-            device.unwrap_or_else(|| "cpu".into()),
-            handle_sigterm,
-        )
+        start(py, t, handle_sigterm)
     }
 
     /// The trainer `edl run` starts for `[trainer] entry`: configured by the environment
@@ -317,11 +298,7 @@ impl Trainer {
     #[pyo3(signature = (*, handle_sigterm=true))]
     fn from_env(py: Python<'_>, handle_sigterm: bool) -> PyResult<Trainer> {
         let t = app::Trainer::from_env().map_err(|e| value_error(e.to_string()))?;
-        let device = std::env::var(app::env::DEVICE)
-            .ok()
-            .filter(|d| !d.is_empty() && d != "auto")
-            .unwrap_or_else(|| "cpu".into());
-        start(py, t, device, handle_sigterm)
+        start(py, t, handle_sigterm)
     }
 
     /// This trainer's id.
@@ -514,14 +491,11 @@ impl Trainer {
     }
 }
 
-/// Connects, reads the spec, and joins (train mode) or connects to the pservers
-/// (evaluate mode).
-fn start(
-    py: Python<'_>,
-    t: app::Trainer,
-    device: String,
-    handle_sigterm: bool,
-) -> PyResult<Trainer> {
+/// Starts as every trainer does ([`app::Trainer::connect_job`]: etcd, waiting out an
+/// outage, and the spec stored when given), reads the job's spec, and joins (train mode)
+/// or connects to the pservers (evaluate mode). The model runs in Python: the device is
+/// only its name in the report (`auto` reads as `cpu`).
+fn start(py: Python<'_>, t: app::Trainer, handle_sigterm: bool) -> PyResult<Trainer> {
     app::init_logging();
     let rt = runtime()?;
     let shutdown = CancellationToken::new();
@@ -531,61 +505,46 @@ fn start(
             .map_err(|e| PyRuntimeError::new_err(format!("handle SIGTERM: {e}")))?;
     }
     let cfg = t.config().clone();
+    let device = match cfg.device {
+        DeviceChoice::Auto => DeviceChoice::Cpu.to_string(),
+        d => d.to_string(),
+    };
     let (id, job) = (cfg.id.clone(), cfg.job.clone());
     let mode = t.run_mode();
     let report = t.report_path().map(PathBuf::from);
-    let etcd = t.etcd_config().clone();
-    let publish = t.spec_to_publish().cloned();
     let sd = shutdown.clone();
     let joined = block_on(py, async move {
         let started = Instant::now();
         let stopped = || EdlError::new_err("stopped (SIGTERM) while starting");
-        let backend: Arc<dyn Backend> = app::connect(&etcd, cfg.etcd_wait, &sd)
+        let backend = t
+            .connect_job(&sd)
             .await
             .map_err(app_error)?
             .ok_or_else(stopped)?;
-        if let Some(spec) = publish {
-            spec.publish(&backend)
-                .await
-                .map_err(|e| EdlError::new_err(e.to_string()))?;
-        }
         let spec = match process::fetch_spec(&backend, &cfg, &sd).await {
             Ok(s) => s,
             Err(TrainerError::StoppedBeforeStart) => return Err(stopped()),
             Err(e) => return Err(trainer_error(e)),
         };
+        let idle = Loop {
+            member: None,
+            tasks: None,
+            early: None,
+            closed: None,
+        };
         if mode == RunMode::Evaluate {
-            let life = CancellationToken::new();
-            let mut pcfg = PsClientConfig::new(spec.name.clone());
-            pcfg.retry_for = Duration::from_secs(20);
-            pcfg.token = cfg.token.clone();
-            pcfg.tls = cfg.tls.clone();
-            let client = PsClient::connect(backend, pcfg, life.child_token())
+            let (store, life) = process::connect_store(backend, &spec, cfg.pserver_client())
                 .await
                 .map_err(|e| ConnectError::new_err(format!("connect to the pservers: {e}")))?;
-            let store = Arc::new(PsStore::new(
-                client,
-                edl_trainer::job::param_config(&spec),
-                spec.train.seed,
-            ));
-            let state = Loop {
-                member: None,
-                tasks: None,
-                early: None,
-                closed: None,
-            };
-            return Ok((spec, store, state, sd.clone(), Some(life.drop_guard())));
+            return Ok((spec, store, idle, sd.clone(), Some(life)));
         }
         match Member::join(backend, &cfg, spec.clone(), &device, started, &sd).await {
             Ok(Joined::Member(m)) => {
-                let store = m.store();
-                let stop = m.stop_on(&sd);
-                let tasks = m.tasks();
+                let (store, stop, tasks) = (m.store(), m.stop_on(&sd), m.tasks());
                 let state = Loop {
                     member: Some(m),
                     tasks: Some(tasks),
-                    early: None,
-                    closed: None,
+                    ..idle
                 };
                 Ok((spec, store, state, stop, None))
             }

@@ -115,6 +115,13 @@ def test_bad_input_raises_clear_python_exceptions(make_job, tmp_path):
         edl.Trainer("../x", job.etcd)
     with pytest.raises(ValueError, match="spec of job"):
         edl.Trainer("another", job.etcd, spec=str(job.spec))
+    # Settings are checked as the trainer API checks the environment, before connecting.
+    with pytest.raises(ValueError, match='EDL_DEVICE="tpu"'):
+        edl.Trainer("j", job.etcd, device="tpu")
+    with pytest.raises(ValueError, match="lease_ttl must be a non-negative"):
+        edl.Trainer("j", job.etcd, lease_ttl=-1)
+    with pytest.raises(ValueError, match="EDL_ETCD_PASSWORD is not set"):
+        edl.Trainer("j", job.etcd, etcd_user="u")
 
 
 def test_from_env_names_the_missing_variable(monkeypatch):

@@ -363,6 +363,35 @@ impl Trainer {
         self.report.as_deref()
     }
 
+    /// The first step of every trainer, whatever runs its loop ([`Trainer::run`], the
+    /// Python package): connects to etcd, waiting out an outage for up to `etcd_wait`,
+    /// and stores the spec given to [`Trainer::publish_spec`], retried the same way.
+    /// `None` when `shutdown` fired first.
+    pub async fn connect_job(
+        &self,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Arc<dyn Backend>>, AppError> {
+        let wait = self.cfg.etcd_wait;
+        let Some(backend) = connect(&self.etcd, wait, shutdown).await? else {
+            return Ok(None);
+        };
+        let Some(spec) = &self.publish else {
+            return Ok(Some(backend));
+        };
+        let published = retry_startup("store the job spec", wait, shutdown, || async {
+            match spec.publish(&backend).await {
+                Err(SpecError::Etcd { error, .. }) if error.is_retryable() => Err(error),
+                other => Ok(other),
+            }
+        })
+        .await;
+        match published {
+            Ok(r) => r.map(|_| Some(backend)).map_err(AppError::Spec),
+            Err(edl_coord::Error::Cancelled) => Ok(None),
+            Err(e) => Err(AppError::Etcd(format!("store the job spec in etcd: {e}"))),
+        }
+    }
+
     /// Runs the trainer with the model `build` makes (once the job's spec and the
     /// device are known), on a runtime of its own, until the job finishes or a signal
     /// drains it. Prints the report as one JSON line on stdout.
@@ -393,26 +422,9 @@ impl Trainer {
         model: ModelSource,
         shutdown: CancellationToken,
     ) -> Result<Finished, AppError> {
-        let wait = self.cfg.etcd_wait;
-        let Some(backend) = connect(&self.etcd, wait, &shutdown).await? else {
+        let Some(backend) = self.connect_job(&shutdown).await? else {
             return Ok(Finished::StoppedBeforeStart);
         };
-        if let Some(spec) = &self.publish {
-            let published = retry_startup("store the job spec", wait, &shutdown, || async {
-                match spec.publish(&backend).await {
-                    Err(SpecError::Etcd { error, .. }) if error.is_retryable() => Err(error),
-                    other => Ok(other),
-                }
-            })
-            .await;
-            match published {
-                Ok(r) => {
-                    r.map_err(AppError::Spec)?;
-                }
-                Err(edl_coord::Error::Cancelled) => return Ok(Finished::StoppedBeforeStart),
-                Err(e) => return Err(AppError::Etcd(format!("store the job spec in etcd: {e}"))),
-            }
-        }
         let finished = match self.mode {
             RunMode::Train => {
                 match process::run(backend, self.cfg.clone(), model, shutdown).await {
@@ -422,25 +434,16 @@ impl Trainer {
                 }
             }
             RunMode::Evaluate => {
-                let spec = match JobSpec::fetch(
-                    &backend,
-                    &self.cfg.job,
-                    self.cfg.spec_wait,
-                    wait,
-                    &shutdown,
-                )
-                .await
-                {
+                let spec = match process::fetch_spec(&backend, &self.cfg, &shutdown).await {
                     Ok(spec) => spec,
-                    Err(SpecError::Cancelled) => return Ok(Finished::StoppedBeforeStart),
-                    Err(e) => return Err(AppError::Spec(e)),
+                    Err(TrainerError::StoppedBeforeStart) => {
+                        return Ok(Finished::StoppedBeforeStart);
+                    }
+                    Err(e) => return Err(e.into()),
                 };
                 let device = crate::select_device(self.cfg.device).map_err(AppError::Model)?;
                 let model = model.build(&spec, &device).map_err(AppError::Model)?;
-                let mut pcfg = edl_pserver_client::PsClientConfig::new(self.cfg.job.clone());
-                pcfg.retry_for = Duration::from_secs(20);
-                pcfg.token = self.cfg.token.clone();
-                pcfg.tls = self.cfg.tls.clone();
+                let pcfg = self.cfg.pserver_client();
                 Finished::Evaluated(process::evaluate_job(backend, &spec, model, pcfg).await?)
             }
         };

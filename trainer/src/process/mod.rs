@@ -41,7 +41,7 @@ use edl_job::{JobName, JobSpec, SpecError};
 use edl_master_client::ClientError;
 use edl_pserver_client::{PsClient, PsClientConfig, PsClientError};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use member::{Joined, Member};
 pub use report::{EvalReport, TRAINER_REPORT_VERSION, TrainerReport};
@@ -161,6 +161,16 @@ impl TrainerConfig {
             spec_wait: Duration::from_secs(60),
             etcd_wait: edl_coord::DEFAULT_STARTUP_WAIT,
         }
+    }
+
+    /// How this trainer reaches its job's pservers outside its training loop (to
+    /// evaluate the job's parameters): its token and TLS, retrying for 20 s.
+    pub fn pserver_client(&self) -> PsClientConfig {
+        let mut cfg = PsClientConfig::new(self.job.clone());
+        cfg.retry_for = Duration::from_secs(20);
+        cfg.token = self.token.clone();
+        cfg.tls = self.tls.clone();
+        cfg
     }
 }
 
@@ -332,16 +342,10 @@ pub async fn evaluate_job(
     };
     let records =
         Arc::new(crate::load_records(&globs).map_err(|error| EvalError::Data { split, error })?);
-    let cancel = CancellationToken::new();
-    let _guard = cancel.clone().drop_guard();
-    let client = PsClient::connect(backend, cfg, cancel.child_token())
+    let (store, _life) = connect_store(backend, spec, cfg)
         .await
         .map_err(EvalError::Pservers)?;
-    let store: Arc<dyn ParamStore> = Arc::new(PsStore::new(
-        client,
-        crate::job::param_config(spec),
-        spec.train.seed,
-    ));
+    let store: Arc<dyn ParamStore> = store;
     let mut params = crate::Params::default();
     let eval = async {
         store.pull_dense(&mut params).await?;
@@ -364,6 +368,19 @@ pub async fn evaluate_job(
         split: split.into(),
         records: eval.count,
     })
+}
+
+/// The job's parameters as its pservers hold them, for evaluating them: a store over a
+/// pserver client of its own, alive as long as the guard.
+pub async fn connect_store(
+    backend: Arc<dyn Backend>,
+    spec: &JobSpec,
+    cfg: PsClientConfig,
+) -> Result<(Arc<PsStore>, DropGuard), PsClientError> {
+    let life = CancellationToken::new();
+    let client = PsClient::connect(backend, cfg, life.child_token()).await?;
+    let store = PsStore::new(client, crate::job::param_config(spec), spec.train.seed);
+    Ok((Arc::new(store), life.drop_guard()))
 }
 
 /// Progress in the log, at most every 5 s.
