@@ -1,13 +1,19 @@
 //! Options and plumbing shared by the role subcommands: etcd connection, job identity,
-//! signals, listeners.
+//! signals, listeners. A role's startup is [`RoleArgs::run`] (and [`ListenArgs::bind`]
+//! for one that serves), written once for `edl master`, `edl pserver` and `edl consume`;
+//! `edl trainer` starts through the trainer API, which shares its etcd connection and
+//! signal handling.
 
+use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use edl_coord::{Backend, EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls, retry_startup};
+use edl_coord::{Backend, EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls};
 use edl_job::JobName;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// How to reach etcd.
@@ -103,27 +109,14 @@ impl EtcdArgs {
     /// Connects, retrying while etcd cannot be reached for up to `wait` (a role started
     /// beside its etcd, or during an etcd election); `None` when `cancel` fires first.
     /// An error that retrying cannot cure (bad credentials, a bad TLS setup) fails at
-    /// once; after `wait`, the error names the endpoints and says what to do, once.
+    /// once; after `wait`, the error names the endpoints and says what to do, once. The
+    /// trainer API's [`edl_trainer::app::connect`], which every role shares.
     pub async fn connect_waiting(
         &self,
         wait: Duration,
         cancel: &CancellationToken,
     ) -> anyhow::Result<Option<Arc<dyn Backend>>> {
-        let cfg = self.config()?;
-        match retry_startup("connect to etcd", wait, cancel, || {
-            EtcdBackend::connect(cfg.clone())
-        })
-        .await
-        {
-            Ok(backend) => Ok(Some(Arc::new(backend))),
-            Err(edl_coord::Error::Cancelled) => Ok(None),
-            Err(e) if e.is_retryable() => Err(anyhow::anyhow!(
-                "{e} (tried for {}; is etcd running there? pass its client URLs with --etcd or \
-                 EDL_ETCD, or wait longer with --etcd-wait)",
-                humantime::format_duration(wait)
-            )),
-            Err(e) => Err(etcd_connect_error(e)),
-        }
+        Ok(edl_trainer::app::connect(&self.config()?, wait, cancel).await?)
     }
 }
 
@@ -135,6 +128,76 @@ pub struct EtcdWaitArgs {
     /// outage while running is waited out in any case).
     #[arg(long, env = edl_job::env::ETCD_WAIT, value_parser = humantime::parse_duration, default_value = "2m")]
     pub etcd_wait: Duration,
+}
+
+/// What every role of a job takes: its etcd, how long to wait for it, and the job.
+#[derive(Debug, Clone, Args)]
+pub struct RoleArgs {
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// Retrying etcd at startup.
+    #[command(flatten)]
+    pub wait: EtcdWaitArgs,
+    /// The job.
+    #[command(flatten)]
+    pub job: JobArgs,
+}
+
+impl RoleArgs {
+    /// Runs a role as every role starts: on a runtime of its own, SIGTERM and SIGINT
+    /// cancel the token `body` gets (a second signal exits at once), etcd connected first
+    /// (waiting out an outage for up to `--etcd-wait`). Stopped before etcd answered,
+    /// the role does nothing and succeeds.
+    pub fn run<F, Fut>(&self, body: F) -> anyhow::Result<()>
+    where
+        F: FnOnce(Arc<dyn Backend>, CancellationToken) -> Fut,
+        Fut: Future<Output = anyhow::Result<()>>,
+    {
+        runtime()?.block_on(async move {
+            let shutdown = shutdown_on_signals()?;
+            match self
+                .etcd
+                .connect_waiting(self.wait.etcd_wait, &shutdown)
+                .await?
+            {
+                Some(backend) => body(backend, shutdown).await,
+                None => Ok(()),
+            }
+        })
+    }
+}
+
+/// Where a serving role (master, pserver) listens.
+#[derive(Debug, Clone, Args)]
+pub struct ListenArgs {
+    /// Address to serve on: gRPC, and a pserver's bulk data path beside it (port 0 picks
+    /// a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// Address trainers reach this process at (default: the bound listen address).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// Write the bound address to this file once listening (for scripts and tests).
+    #[arg(long)]
+    pub addr_file: Option<PathBuf>,
+}
+
+impl ListenArgs {
+    /// Binds `--listen`, writes the bound address to `--addr-file`, and says on stdout
+    /// where `role` listens.
+    pub async fn bind(&self, role: &str) -> anyhow::Result<TcpListener> {
+        let listener = TcpListener::bind(&self.listen)
+            .await
+            .with_context(|| format!("listen on {}", self.listen))?;
+        let addr = listener.local_addr().context("listener address")?;
+        if let Some(path) = &self.addr_file {
+            std::fs::write(path, addr.to_string())
+                .with_context(|| format!("write {}", path.display()))?;
+        }
+        println!("{role} listening on {addr}");
+        Ok(listener)
+    }
 }
 
 /// The job a process belongs to.

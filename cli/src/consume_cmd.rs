@@ -15,20 +15,14 @@ use edl_trainer::process::{Session, SessionConfig};
 use edl_trainer::tasks::Next;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{EtcdArgs, EtcdWaitArgs, JobArgs, runtime, shutdown_on_signals};
+use crate::common::RoleArgs;
 
 /// Arguments of `edl consume`.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
-    /// etcd connection.
+    /// etcd, startup wait, job.
     #[command(flatten)]
-    pub etcd: EtcdArgs,
-    /// Retrying etcd at startup.
-    #[command(flatten)]
-    pub wait: EtcdWaitArgs,
-    /// The job.
-    #[command(flatten)]
-    pub job: JobArgs,
+    pub role: RoleArgs,
     /// This consumer's id (default: `consumer-<pid>`).
     #[arg(long)]
     pub id: Option<String>,
@@ -49,15 +43,14 @@ pub struct ConsumeArgs {
 
 /// Runs `edl consume`.
 pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
-    runtime()?.block_on(async move {
-        let shutdown = shutdown_on_signals()?;
-        let Some(backend) = args
-            .etcd
-            .connect_waiting(args.wait.etcd_wait, &shutdown)
-            .await?
-        else {
-            return Ok(());
-        };
+    let role = &args.role;
+    let (job, token, etcd_wait) = (
+        role.job.job.clone(),
+        role.job.token.clone(),
+        role.wait.etcd_wait,
+    );
+    let tls = role.job.tls.load()?;
+    role.run(|backend, shutdown| async move {
         let id = args
             .id
             .clone()
@@ -68,12 +61,12 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         let joining = Session::join(
             backend,
             SessionConfig {
-                job: args.job.job.clone(),
+                job,
                 id: id.clone(),
                 lease_ttl: args.lease_ttl,
-                etcd_wait: args.wait.etcd_wait,
-                token: args.job.token.clone(),
-                tls: args.job.tls.load()?,
+                etcd_wait,
+                token,
+                tls,
                 record: TrainerRecord {
                     version: RECORD_VERSION,
                     pid: std::process::id(),

@@ -16,20 +16,14 @@ use clap::Args;
 use edl_trainer::app::RunMode;
 use edl_trainer::{DeviceChoice, ModelSource, Trainer};
 
-use crate::common::{EtcdArgs, EtcdWaitArgs, JobArgs};
+use crate::common::RoleArgs;
 
 /// Arguments of `edl trainer`.
 #[derive(Debug, Args)]
 pub struct TrainerArgs {
-    /// etcd connection.
+    /// etcd, startup wait, job.
     #[command(flatten)]
-    pub etcd: EtcdArgs,
-    /// Retrying etcd at startup.
-    #[command(flatten)]
-    pub wait: EtcdWaitArgs,
-    /// The job.
-    #[command(flatten)]
-    pub job: JobArgs,
+    pub role: RoleArgs,
     /// This trainer's id (default: `trainer-<pid>-<random>`).
     #[arg(long, env = edl_job::env::TRAINER_ID)]
     pub id: Option<String>,
@@ -60,10 +54,11 @@ pub struct TrainerArgs {
 /// Runs `edl trainer`: the public trainer API ([`edl_trainer::Trainer`]) with the spec's
 /// built-in model.
 pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
-    let mut t = Trainer::new(args.job.job.clone(), args.etcd.config()?)
+    let role = &args.role;
+    let mut t = Trainer::new(role.job.job.clone(), role.etcd.config()?)
         .device(args.device)
         .spec_wait(args.spec_wait)
-        .etcd_wait(args.wait.etcd_wait);
+        .etcd_wait(role.wait.etcd_wait);
     if let Some(id) = &args.id {
         t = t.id(id.clone());
     }
@@ -73,10 +68,10 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_addr {
         t = t.metrics_addr(addr);
     }
-    if let Some(token) = &args.job.token {
+    if let Some(token) = &role.job.token {
         t = t.token(token.clone());
     }
-    if let Some(tls) = args.job.tls.load()? {
+    if let Some(tls) = role.job.tls.load()? {
         t = t.tls(tls);
     }
     if let Some(path) = &args.report {
@@ -87,7 +82,7 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.spec {
         let mut spec = edl_trainer::job::load(path)?;
-        let job = &args.job.job;
+        let job = &role.job.job;
         anyhow::ensure!(
             spec.name == *job,
             "--job {job} but the spec {} names job {}",
