@@ -13,6 +13,8 @@
 //! - [`server`]: the master process (election, gRPC adapter, trainer follower).
 //! - [`metrics`]: `/metrics` in Prometheus text format.
 //! - [`error`]: errors and their mapping to gRPC status codes.
+//! - `testing` (this crate's tests, and the `testing` feature): an in-process master for
+//!   the tests of the master and of its clients.
 //!
 //! The client side is the crate `edl_master_client`: the client itself (leader
 //! discovery, failover, idempotent retries), a job's overview (`edl status`, the
@@ -28,6 +30,8 @@ pub mod queue;
 pub mod server;
 pub mod store;
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
 

@@ -65,6 +65,9 @@ pub use store::{SPEC_VERSION, StoredSpec};
 
 pub use validate::SpecError;
 
+/// Most pserver shards of a job (`cluster.pservers`).
+pub const MAX_PSERVERS: u32 = 256;
+
 use crate::model::ModelSpec;
 use crate::name::JobName;
 

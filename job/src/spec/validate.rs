@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::JobSpec;
+use super::{JobSpec, MAX_PSERVERS};
 
 /// The most batches a trainer sums into one push (`train.batches_per_push`).
 pub const MAX_BATCHES_PER_PUSH: u32 = 1024;
@@ -158,7 +158,7 @@ impl JobSpec {
         let c = &self.cluster;
         ensure(c.masters >= 1, "cluster.masters", "must be at least 1")?;
         ensure(
-            (1..=256).contains(&c.pservers),
+            (1..=MAX_PSERVERS).contains(&c.pservers),
             "cluster.pservers",
             "must be 1..=256",
         )?;

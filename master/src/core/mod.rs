@@ -11,18 +11,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{Backoff, RetryPolicy};
-use edl_job::RestoreRecord;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::dataset::{self, Dataset, DatasetSpec};
 use crate::error::MasterError;
-use crate::queue::{
-    self, Ack, FailedTask, GetTask, Millis, Queue, QueueConfig, QueueCounters, Task,
-};
+use crate::queue::{self, Ack, GetTask, Millis, Queue, QueueConfig, Task};
 use crate::store::Store;
 use edl_master_client::task::{Answer, LeasedTask};
+
+mod handle;
+
+use handle::{Cmd, Reply};
+pub use handle::{CoreHandle, StatusReport};
 
 /// Most requests applied in one batch by default. Each request changes at most one task
 /// record, so a batch's changes usually fit one etcd transaction
@@ -33,86 +35,6 @@ pub const DEFAULT_MAX_BATCH: usize = 100;
 
 /// Longest a `GetTask` may be parked.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
-
-/// What `Status` reports.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct StatusReport {
-    /// Whether a dataset is defined.
-    pub dataset_set: bool,
-    /// Current pass.
-    pub pass: u32,
-    /// Passes of the job.
-    pub passes: u32,
-    /// Every pass done.
-    pub finished: bool,
-    /// Task counts by state.
-    pub counts: queue::StateCounts,
-    /// Records per pass.
-    pub total_records: u64,
-    /// Trainers holding leases.
-    pub holders: Vec<String>,
-    /// Life counters.
-    pub counters: QueueCounters,
-    /// Tasks failed for good.
-    pub failed: Vec<FailedTask>,
-    /// The current lease timeout.
-    pub timeout_ms: u64,
-}
-
-type Reply<T> = oneshot::Sender<Result<T, MasterError>>;
-
-/// A request to the actor.
-#[derive(Debug)]
-pub(crate) enum Cmd {
-    SetDataset {
-        spec: DatasetSpec,
-        reply: Reply<(Dataset, bool)>,
-    },
-    GetTask {
-        trainer: String,
-        pass: u32,
-        request: u64,
-        wait: Duration,
-        reply: Reply<Answer>,
-    },
-    Finished {
-        id: String,
-        generation: u64,
-        records: u64,
-        incarnations: Vec<u64>,
-        reply: Reply<bool>,
-    },
-    Failed {
-        id: String,
-        generation: u64,
-        reason: String,
-        trained: u64,
-        reply: Reply<bool>,
-    },
-    Release {
-        id: String,
-        generation: u64,
-        trained: u64,
-        recompute: bool,
-        reply: Reply<bool>,
-    },
-    Status {
-        reply: Reply<StatusReport>,
-    },
-    /// Trainers that left (their registration vanished).
-    TrainersLost {
-        trainers: Vec<String>,
-    },
-    /// The registered trainers right now (a consistent listing): holders not in it lost
-    /// their registration without us seeing the event.
-    Reconcile {
-        registered: Vec<String>,
-    },
-    /// The pserver shards' restore records (each applied once per incarnation).
-    Restored {
-        records: Vec<RestoreRecord>,
-    },
-}
 
 /// A parked `GetTask`.
 #[derive(Debug)]
@@ -130,142 +52,6 @@ enum Pending {
     Ack(Reply<bool>, Result<bool, MasterError>),
     Dataset(Reply<(Dataset, bool)>, Result<(Dataset, bool), MasterError>),
     Status(Reply<StatusReport>, StatusReport),
-}
-
-/// A handle to the actor.
-#[derive(Clone, Debug)]
-pub struct CoreHandle {
-    tx: mpsc::Sender<Cmd>,
-    /// The last status report and when it was made, for [`CoreHandle::recent_status`].
-    recent: Arc<std::sync::Mutex<Option<(Instant, StatusReport)>>>,
-}
-
-impl CoreHandle {
-    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, MasterError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(make(reply))
-            .await
-            .map_err(|_| MasterError::NotLeader { leader: None })?;
-        rx.await
-            .map_err(|_| MasterError::Unavailable("the master is stepping down".into()))?
-    }
-
-    /// Defines the dataset or checks it is the same; returns it and whether it was new.
-    pub async fn set_dataset(&self, spec: DatasetSpec) -> Result<(Dataset, bool), MasterError> {
-        self.call(|reply| Cmd::SetDataset { spec, reply }).await
-    }
-
-    /// Leases a task (long-polls up to `wait`).
-    pub async fn get_task(
-        &self,
-        trainer: String,
-        pass: u32,
-        request: u64,
-        wait: Duration,
-    ) -> Result<Answer, MasterError> {
-        self.call(|reply| Cmd::GetTask {
-            trainer,
-            pass,
-            request,
-            wait: wait.min(MAX_WAIT),
-            reply,
-        })
-        .await
-    }
-
-    /// A task's records were trained, and recorded as done by `incarnations` of the
-    /// pserver shards. `Ok(false)`: the same report was already applied.
-    pub async fn finished(
-        &self,
-        id: String,
-        generation: u64,
-        records: u64,
-        incarnations: Vec<u64>,
-    ) -> Result<bool, MasterError> {
-        self.call(|reply| Cmd::Finished {
-            id,
-            generation,
-            records,
-            incarnations,
-            reply,
-        })
-        .await
-    }
-
-    /// A task could not be processed.
-    pub async fn failed(
-        &self,
-        id: String,
-        generation: u64,
-        reason: String,
-        trained: u64,
-    ) -> Result<bool, MasterError> {
-        self.call(|reply| Cmd::Failed {
-            id,
-            generation,
-            reason,
-            trained,
-            reply,
-        })
-        .await
-    }
-
-    /// A task is handed back (`recompute`: trained, but a restored shard lacks it).
-    pub async fn release(
-        &self,
-        id: String,
-        generation: u64,
-        trained: u64,
-        recompute: bool,
-    ) -> Result<bool, MasterError> {
-        self.call(|reply| Cmd::Release {
-            id,
-            generation,
-            trained,
-            recompute,
-            reply,
-        })
-        .await
-    }
-
-    /// The queue's state.
-    pub async fn status(&self) -> Result<StatusReport, MasterError> {
-        self.call(|reply| Cmd::Status { reply }).await
-    }
-
-    /// A status report at most `max_age` old: a scrape of `/metrics`, however frequent,
-    /// costs the actor (whose report walks the task table) at most one report per
-    /// `max_age`; concurrent scrapes share it.
-    pub async fn recent_status(&self, max_age: Duration) -> Result<StatusReport, MasterError> {
-        let fresh = |recent: &Option<(Instant, StatusReport)>| {
-            recent
-                .as_ref()
-                .filter(|(at, _)| at.elapsed() < max_age)
-                .map(|(_, r)| r.clone())
-        };
-        if let Some(r) = fresh(&self.recent.lock().unwrap_or_else(|p| p.into_inner())) {
-            return Ok(r);
-        }
-        let r = self.status().await?;
-        *self.recent.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), r.clone()));
-        Ok(r)
-    }
-
-    /// Trainers whose registration vanished.
-    pub(crate) async fn trainers_lost(&self, trainers: Vec<String>) {
-        let _ = self.tx.send(Cmd::TrainersLost { trainers }).await;
-    }
-
-    /// The pserver shards' restore records, as they are in etcd now.
-    pub(crate) async fn restored(&self, records: Vec<RestoreRecord>) {
-        let _ = self.tx.send(Cmd::Restored { records }).await;
-    }
-
-    /// The registered trainers, listed consistently.
-    pub(crate) async fn reconcile(&self, registered: Vec<String>) {
-        let _ = self.tx.send(Cmd::Reconcile { registered }).await;
-    }
 }
 
 /// The actor's state.

@@ -1,0 +1,275 @@
+//! The gRPC adapter over the leader's actor: checks each request's bounds, forwards it,
+//! and answers a standby's calls with the leader's address; and `/metrics`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_proto::master as pb;
+use tonic::{Request, Response, Status};
+
+use super::{MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES, MasterConfig, Shared};
+use crate::core::{CoreHandle, StatusReport};
+use crate::dataset::DatasetSpec;
+use crate::error::MasterError;
+use crate::queue::bounded_reason;
+
+/// The gRPC adapter over the actor.
+#[derive(Debug, Clone)]
+pub struct MasterGrpc {
+    pub(super) shared: Arc<Shared>,
+    pub(super) job: String,
+    pub(super) default_chunks_per_task: u32,
+}
+
+impl MasterGrpc {
+    async fn core(&self) -> Result<CoreHandle, Status> {
+        if let Some(h) = self.shared.core.read().await.clone() {
+            return Ok(h);
+        }
+        let leader = self.shared.leader.read().await.clone();
+        Err(MasterError::NotLeader { leader }.into())
+    }
+}
+
+/// Most pserver shards of a job (`cluster.pservers`), so most shard incarnations in a
+/// report.
+pub const MAX_SHARDS: usize = edl_job::spec::MAX_PSERVERS as usize;
+/// Longest task id a report may carry (the master's ids are far shorter).
+pub const MAX_TASK_ID_BYTES: usize = 256;
+
+/// The trainer and task id of a report: a member id, and a bounded id.
+fn check_report(trainer: &str, task_id: &str) -> Result<(), MasterError> {
+    if !edl_job::valid_member_id(trainer) {
+        return Err(MasterError::InvalidArgument(format!(
+            "trainer id {:?} is not a member id (1 to 200 characters, no '/')",
+            bounded_reason(trainer)
+        )));
+    }
+    if task_id.len() > MAX_TASK_ID_BYTES {
+        return Err(MasterError::InvalidArgument(format!(
+            "a task id of {} bytes; at most {MAX_TASK_ID_BYTES}",
+            task_id.len()
+        )));
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl pb::master_server::Master for MasterGrpc {
+    async fn set_dataset(
+        &self,
+        req: Request<pb::SetDatasetRequest>,
+    ) -> Result<Response<pb::SetDatasetResponse>, Status> {
+        let r = req.into_inner();
+        let spec = DatasetSpec {
+            globs: r.globs,
+            chunks_per_task: match r.chunks_per_task {
+                0 => self.default_chunks_per_task,
+                n => n,
+            },
+            passes: r.passes.max(1),
+        };
+        let (ds, created) = self.core().await?.set_dataset(spec).await?;
+        Ok(Response::new(pb::SetDatasetResponse {
+            files: ds.files.len() as u32,
+            tasks: ds.tasks,
+            records: ds.records,
+            created,
+        }))
+    }
+
+    async fn get_task(
+        &self,
+        req: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        let r = req.into_inner();
+        // The id is stored in the task record: a member id is bounded.
+        if !edl_job::valid_member_id(&r.trainer) {
+            return Err(MasterError::InvalidArgument(format!(
+                "trainer id {:?} is not a member id (1 to 200 characters, no '/')",
+                bounded_reason(&r.trainer)
+            ))
+            .into());
+        }
+        let wait = Duration::from_millis(u64::from(r.wait_ms));
+        let reply = self
+            .core()
+            .await?
+            .get_task(r.trainer, r.pass, r.request_id, wait)
+            .await?;
+        Ok(Response::new(reply.into()))
+    }
+
+    async fn task_finished(
+        &self,
+        req: Request<pb::TaskFinishedRequest>,
+    ) -> Result<Response<pb::TaskReportResponse>, Status> {
+        let r = req.into_inner();
+        check_report(&r.trainer, &r.task_id)?;
+        // One incarnation per pserver shard; stored with the task.
+        if r.shard_incarnations.len() > MAX_SHARDS {
+            return Err(MasterError::InvalidArgument(format!(
+                "{} shard incarnations; a job has at most {MAX_SHARDS} pserver shards",
+                r.shard_incarnations.len()
+            ))
+            .into());
+        }
+        let applied = self
+            .core()
+            .await?
+            .finished(r.task_id, r.generation, r.records, r.shard_incarnations)
+            .await?;
+        Ok(Response::new(pb::TaskReportResponse { applied }))
+    }
+
+    async fn task_failed(
+        &self,
+        req: Request<pb::TaskFailedRequest>,
+    ) -> Result<Response<pb::TaskReportResponse>, Status> {
+        let r = req.into_inner();
+        check_report(&r.trainer, &r.task_id)?;
+        if r.reason.len() > MAX_REASON_WIRE_BYTES {
+            return Err(MasterError::InvalidArgument(format!(
+                "a failure reason of {} bytes; at most {MAX_REASON_WIRE_BYTES} (the client cuts \
+                 longer ones: an up-to-date client never sends one)",
+                r.reason.len()
+            ))
+            .into());
+        }
+        // Only the bounded form goes further (the record, the log).
+        let reason = if r.reason.is_empty() {
+            format!("failed on trainer {}", r.trainer)
+        } else {
+            bounded_reason(&r.reason)
+        };
+        let applied = self
+            .core()
+            .await?
+            .failed(r.task_id, r.generation, reason, r.records_trained)
+            .await?;
+        Ok(Response::new(pb::TaskReportResponse { applied }))
+    }
+
+    async fn release_task(
+        &self,
+        req: Request<pb::ReleaseTaskRequest>,
+    ) -> Result<Response<pb::TaskReportResponse>, Status> {
+        let r = req.into_inner();
+        check_report(&r.trainer, &r.task_id)?;
+        let applied = self
+            .core()
+            .await?
+            .release(r.task_id, r.generation, r.records_trained, r.recompute)
+            .await?;
+        Ok(Response::new(pb::TaskReportResponse { applied }))
+    }
+
+    async fn status(
+        &self,
+        _req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let s = self.core().await?.status().await?;
+        let leader = self.shared.leader.read().await.clone().unwrap_or_default();
+        Ok(Response::new(status_to_pb(&self.job, leader, s)))
+    }
+}
+
+/// The master's routes: the gRPC API, behind the job's credentials (job and token are
+/// checked from the headers, before a request's body is decoded), and `/metrics`.
+pub(super) fn router(grpc: MasterGrpc, cfg: &MasterConfig, shared: Arc<Shared>) -> axum::Router {
+    let credentials =
+        edl_proto::headers::Credentials::new("master", cfg.job.as_str(), cfg.token.clone());
+    let svc = tonic::service::interceptor::InterceptedService::new(
+        pb::master_server::MasterServer::new(grpc)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        credentials.clone(),
+    );
+    let metrics_shared = shared;
+    let metrics_job = cfg.job.to_string();
+    tonic::service::Routes::new(svc).into_axum_router().route(
+        "/metrics",
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
+            let shared = metrics_shared.clone();
+            let job = metrics_job.clone();
+            let allowed = credentials.check_bearer(
+                headers
+                    .get(axum::http::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+            );
+            async move {
+                use axum::response::IntoResponse as _;
+                if !allowed {
+                    return (
+                        axum::http::StatusCode::UNAUTHORIZED,
+                        "the job has a token: scrape with `Authorization: Bearer <token>`\n",
+                    )
+                        .into_response();
+                }
+                let core = shared.core.read().await.clone();
+                // At most one report a second from the queue's actor, however often
+                // it is scraped.
+                let report = match core {
+                    Some(h) => h.recent_status(Duration::from_secs(1)).await.ok(),
+                    None => None,
+                };
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    crate::metrics::render(&job, report.as_ref()),
+                )
+                    .into_response()
+            }
+        }),
+    )
+}
+
+fn status_to_pb(job: &str, leader: String, s: StatusReport) -> pb::StatusResponse {
+    let c = s.counters;
+    pb::StatusResponse {
+        job: job.to_owned(),
+        leader,
+        dataset_set: s.dataset_set,
+        pass: s.pass,
+        passes: s.passes,
+        finished: s.finished,
+        todo: s.counts.todo as u64,
+        pending: s.counts.pending as u64,
+        done: s.counts.done as u64,
+        failed: s.counts.failed as u64,
+        trainers: s.holders,
+        counters: Some(pb::Counters {
+            dispatched: c.dispatched,
+            finished: c.finished,
+            failures: c.failures,
+            requeued: c.requeued,
+            timeouts: c.timeouts,
+            trainer_lost: c.trainer_lost,
+            released: c.released,
+            stale_rejected: c.stale_rejected,
+            records_trained: c.records_trained,
+            duplicate_records: c.duplicate_records,
+            cutoff_records: c.cutoff_records,
+            failed_tasks: c.failed_tasks,
+            lost_records: c.lost_records,
+            passes_completed: c.passes_completed,
+            failovers: c.restores,
+            recomputed: c.recomputed,
+            recomputed_records: c.recomputed_records,
+        }),
+        failed_tasks: s
+            .failed
+            .into_iter()
+            .map(|f| pb::FailedTask {
+                pass: f.pass,
+                id: f.id,
+                records: f.records,
+                reason: f.reason,
+            })
+            .collect(),
+        timeout_ms: s.timeout_ms,
+        total_records: s.total_records,
+    }
+}

@@ -1,0 +1,139 @@
+//! The election loop and one leader term: campaign, rebuild the queue, serve it while
+//! the lease holds, hand over at once when the term ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{Backend, Backoff, Election, Lease, Registry, RetryPolicy};
+use edl_job::JobKeys;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use super::follow::{follow_restores, follow_trainers};
+use super::{MasterConfig, Shared};
+use crate::core::Core;
+use crate::error::MasterError;
+use crate::store::Store;
+
+/// Campaigns, leads until the lease is lost, and campaigns again, until shutdown.
+pub(super) async fn lead_loop(
+    backend: &Arc<dyn Backend>,
+    cfg: &MasterConfig,
+    keys: &JobKeys,
+    election: &Election,
+    advertise: &str,
+    shared: &Arc<Shared>,
+    shutdown: &CancellationToken,
+) -> Result<(), MasterError> {
+    let mut backoff = Backoff::new(retry_forever(Duration::from_millis(100)));
+    while !shutdown.is_cancelled() {
+        let lease = match Lease::grant(backend.clone(), cfg.lease_ttl, shutdown.child_token()).await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot get an etcd lease; retrying");
+                backoff.wait(shutdown).await;
+                continue;
+            }
+        };
+        let leadership = match election.campaign(&lease, advertise, shutdown).await {
+            Ok(l) => l,
+            Err(edl_coord::Error::Cancelled) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "campaign ended; retrying");
+                backoff.wait(shutdown).await;
+                continue;
+            }
+        };
+        backoff = Backoff::new(retry_forever(Duration::from_millis(100)));
+        tracing::info!(addr = %advertise, revision = leadership.revision(), "leading");
+        let term = CancellationToken::new();
+        let lost = leadership.lost();
+        let stop =
+            {
+                let term = term.clone();
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                tokio::select! {
+                    _ = lost.cancelled() => tracing::warn!("leadership lost; stepping down"),
+                    _ = shutdown.cancelled() => {}
+                    _ = term.cancelled() => {}
+                }
+                term.cancel();
+            }
+.in_current_span())
+            };
+        let store = Store::new(backend.clone(), keys.clone(), leadership.fence().clone());
+        match lead(backend, cfg, keys, store, shared, &term).await {
+            Ok(()) => {}
+            Err(e) => tracing::warn!(error = %e, "leader term ended"),
+        }
+        *shared.core.write().await = None;
+        term.cancel();
+        let _ = stop.await;
+        // Hand over at once: a term can end with the lease still valid (a failed commit
+        // that is not a fencing error, a store that could not be loaded), and a stale
+        // election key would block every candidate, us included, until its TTL ran out.
+        if let Err(e) = leadership.resign().await {
+            tracing::debug!(error = %e, "resign failed; the lease will expire");
+        }
+        if let Err(e) = lease.revoke().await {
+            tracing::debug!(error = %e, "lease revoke failed; it will expire");
+        }
+        if shutdown.is_cancelled() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// One leader term: rebuild the queue, serve it, follow the trainers.
+async fn lead(
+    backend: &Arc<dyn Backend>,
+    cfg: &MasterConfig,
+    keys: &JobKeys,
+    store: Store,
+    shared: &Arc<Shared>,
+    term: &CancellationToken,
+) -> Result<(), MasterError> {
+    let mut backoff = Backoff::new(retry_forever(Duration::from_millis(50)));
+    let (core, handle) = loop {
+        match Core::start(store.clone(), cfg.queue.clone(), cfg.max_batch).await {
+            Ok(x) => break x,
+            Err(e @ MasterError::NotLeader { .. }) => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "loading the queue failed; retrying");
+                backoff.wait(term).await;
+                if term.is_cancelled() {
+                    return Ok(());
+                }
+            }
+        }
+    };
+    let registry = Registry::new(backend.clone(), keys.trainers());
+    // Holders that are not registered right now lost their trainer during the failover.
+    if let Ok((members, _)) = registry.list().await {
+        handle
+            .reconcile(members.into_iter().map(|m| m.id).collect())
+            .await;
+    }
+    let follower = tokio::spawn(
+        follow_trainers(registry, handle.clone(), cfg.reconcile_every, term.clone())
+            .in_current_span(),
+    );
+    let restores = tokio::spawn(
+        follow_restores(backend.clone(), keys.clone(), handle.clone(), term.clone())
+            .in_current_span(),
+    );
+    *shared.core.write().await = Some(handle);
+    let result = core.run(term.clone()).await;
+    term.cancel();
+    let _ = follower.await;
+    let _ = restores.await;
+    result
+}
+
+/// Retries until cancelled, from `initial` up to 2 s between attempts.
+fn retry_forever(initial: Duration) -> RetryPolicy {
+    RetryPolicy::forever().with_delays(initial, Duration::from_secs(2))
+}
