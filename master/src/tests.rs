@@ -3,106 +3,17 @@
 //! those that read tasks through the trainer's `cloud_reader` are the reader's, in
 //! `edl_trainer::tasks`.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, Lease, MemBackend};
-use edl_recordio::{FileWriter, WriterOptions};
+use edl_coord::Backend;
 use edl_testkit::{FaultyBackend, WATCH_STREAM};
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
-use crate::queue::QueueConfig;
 use crate::server::{MasterConfig, run};
-use edl_job::{JobKeys, JobName};
-use edl_master_client::{Answer, MasterClient, MasterClientConfig};
-
-/// Writes `files` RecordIO files of `per_file` records (`f<i>-r<j>`), 5 records a chunk.
-fn dataset(dir: &Path, files: usize, per_file: usize) -> String {
-    for f in 0..files {
-        let mut w = FileWriter::create(
-            dir.join(format!("part-{f:03}.recordio")),
-            WriterOptions {
-                max_chunk_bytes: 5 * 16,
-                ..WriterOptions::default()
-            },
-        )
-        .unwrap();
-        for r in 0..per_file {
-            w.write(format!("f{f:03}-r{r:05}").as_bytes()).unwrap();
-        }
-        w.finish().unwrap();
-    }
-    format!("{}/part-*.recordio", dir.display())
-}
-
-struct Harness {
-    backend: Arc<dyn Backend>,
-    stop: CancellationToken,
-    masters: Vec<(CancellationToken, tokio::task::JoinHandle<()>)>,
-    job: JobName,
-}
-
-impl Harness {
-    fn new(job: &str) -> Harness {
-        Harness {
-            backend: Arc::new(MemBackend::new()),
-            stop: CancellationToken::new(),
-            masters: Vec::new(),
-            job: JobName::new(job).unwrap(),
-        }
-    }
-
-    /// A master on `backend` (a fault-injecting wrapper, say) reconciling every `every`.
-    async fn start_master_on(&mut self, backend: Arc<dyn Backend>, every: Duration) {
-        self.start_master_with(backend, every, QueueConfig::default())
-            .await;
-    }
-
-    /// A master with queue settings `queue`.
-    async fn start_master_with(
-        &mut self,
-        backend: Arc<dyn Backend>,
-        every: Duration,
-        queue: QueueConfig,
-    ) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut cfg = MasterConfig::new(self.job.clone());
-        cfg.lease_ttl = Duration::from_secs(1);
-        cfg.reconcile_every = every;
-        cfg.queue = queue;
-        let stop = self.stop.child_token();
-        let s = stop.clone();
-        let h = tokio::spawn(async move {
-            run(backend, cfg, listener, s).await.unwrap();
-        });
-        self.masters.push((stop, h));
-    }
-
-    fn client(&self) -> MasterClient {
-        let mut cfg = MasterClientConfig::new(self.job.clone());
-        cfg.retry_for = Duration::from_secs(20);
-        MasterClient::new(self.backend.clone(), cfg, self.stop.child_token())
-    }
-
-    async fn register(&self, trainer: &str) -> Lease {
-        edl_testkit::register_trainer(
-            &self.backend,
-            JobKeys::new(&self.job).trainers(),
-            trainer,
-            Duration::from_secs(1),
-            self.stop.child_token(),
-        )
-        .await
-    }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
+use crate::testing::{Harness, dataset};
+use edl_job::JobKeys;
+use edl_master_client::Answer;
 
 /// Job and token are checked from the headers before the body is decoded: a 5 MiB
 /// request (over the master's 4 MiB) without the token is `Unauthenticated`; with the
