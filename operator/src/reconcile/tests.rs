@@ -4,7 +4,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::crd::{EtcdSpec, JobVolumes, VolumeSource};
+use crate::crd::{EtcdSpec, JobVolumes, Phase, RECENT_RECOVERIES, TrainerCounts, VolumeSource};
 
 const JOB: &str = "mnist";
 
