@@ -42,9 +42,9 @@ use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::TrainingJob;
-use crate::cluster::cpu_millis;
 use crate::metrics::Metrics;
 use crate::objects::{CredentialsRef, JOB_LABEL, ROLE_LABEL, Role, Slot, pod};
+use crate::verbs::cpu_millis;
 
 /// How the autoscaler runs.
 #[derive(Debug, Clone)]

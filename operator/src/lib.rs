@@ -19,18 +19,18 @@
 //! - [`metrics`]: the operator's `/metrics`.
 //! - [`autoscale`]: `--autoscale`: edl's multi-job autoscaler (`edl-autoscaler`) over the
 //!   cluster's nodes, pods and TrainingJobs, applied through the scale subresource.
-//! - [`cluster`]: the user's verbs against a cluster (`edl submit`, `edl jobs`, and the
+//! - [`verbs`]: the user's verbs against a cluster (`edl submit`, `edl jobs`, and the
 //!   cluster forms of `edl status`, `scale`, `kill`, `logs`).
 
 #![warn(missing_docs)]
 
 pub mod autoscale;
-pub mod cluster;
 pub mod controller;
 pub mod crd;
 pub mod leader;
 pub mod metrics;
 pub mod objects;
 pub mod reconcile;
+pub mod verbs;
 
 pub use crd::{TrainingJob, TrainingJobSpec, TrainingJobStatus};

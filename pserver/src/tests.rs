@@ -1,5 +1,5 @@
 //! In-process tests of the pserver service: real gRPC on loopback (port 0), the in-memory
-//! coordination backend. Cross-process tests against real etcd are in `tests/cluster/`.
+//! coordination backend. Cross-process tests against real etcd are in `tests/e2e/`.
 
 use std::sync::Arc;
 use std::time::Duration;

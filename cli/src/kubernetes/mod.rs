@@ -9,7 +9,7 @@
 //!
 //! Layout:
 //! - this module: the verbs' arguments and the calls into their implementations.
-//! - `cluster`: the verbs against a cluster (over `edl_operator::cluster`).
+//! - `verbs`: the verbs against a cluster (over `edl_operator::verbs`).
 //! - `operator`: `edl operator` (over the `edl-operator` crate).
 
 // Without the feature the arguments are parsed and not used.
@@ -22,9 +22,9 @@ use clap::{Args, Subcommand};
 use edl_job::JobName;
 
 #[cfg(feature = "kubernetes")]
-mod cluster;
-#[cfg(feature = "kubernetes")]
 mod operator;
+#[cfg(feature = "kubernetes")]
+mod verbs;
 
 /// A volume of a TrainingJob: `claim:NAME`, `host:/PATH` or `empty`.
 #[cfg(feature = "kubernetes")]
@@ -181,27 +181,27 @@ pub struct JobSource {
 
 /// Runs `edl submit`.
 pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
-    kubernetes_verb!("edl submit", cluster::submit(args))
+    kubernetes_verb!("edl submit", verbs::submit(args))
 }
 
 /// Runs `edl jobs`.
 pub fn jobs(args: JobsArgs) -> anyhow::Result<()> {
-    kubernetes_verb!("edl jobs", cluster::jobs(args))
+    kubernetes_verb!("edl jobs", verbs::jobs(args))
 }
 
 /// `edl status JOB --context CTX`.
 pub fn status(kube: &KubeArgs, job: &JobName, json: bool) -> anyhow::Result<()> {
-    kubernetes_verb!("edl status --context", cluster::status(kube, job, json))
+    kubernetes_verb!("edl status --context", verbs::status(kube, job, json))
 }
 
 /// `edl scale JOB --trainers N --context CTX`.
 pub fn scale(kube: &KubeArgs, job: &JobName, trainers: u32) -> anyhow::Result<()> {
-    kubernetes_verb!("edl scale --context", cluster::scale(kube, job, trainers))
+    kubernetes_verb!("edl scale --context", verbs::scale(kube, job, trainers))
 }
 
 /// `edl kill JOB --context CTX`.
 pub fn kill(kube: &KubeArgs, job: &JobName) -> anyhow::Result<()> {
-    kubernetes_verb!("edl kill --context", cluster::kill(kube, job))
+    kubernetes_verb!("edl kill --context", verbs::kill(kube, job))
 }
 
 /// `edl logs JOB --context CTX`: `role` is master, pserver, trainer or etcd.
@@ -211,7 +211,7 @@ pub fn logs(
     role: Option<&str>,
     follow: bool,
 ) -> anyhow::Result<()> {
-    kubernetes_verb!("edl logs --context", cluster::logs(kube, job, role, follow))
+    kubernetes_verb!("edl logs --context", verbs::logs(kube, job, role, follow))
 }
 
 /// Runs an `edl operator` subcommand.

@@ -35,7 +35,7 @@
 //! - `procs`: the roles' command lines, child processes, signals.
 //! - `faults`: fault injection: victims (the leading master through etcd and the
 //!   masters' address files); recovery checks of injected faults and crashes.
-//! - `cluster`: the etcd mode, the shell that runs the supervisor's effects.
+//! - `processes`: the etcd mode (every role a child process), the shell that runs the supervisor's effects.
 //! - `memory`: the in-memory mode, every role in this process.
 //! - `display`: the live progress display.
 //! - [`report`]: [`RunReport`], built once from either mode's outcome.
@@ -53,12 +53,12 @@ mod access;
 pub mod args;
 mod autoscale;
 pub mod chaos;
-mod cluster;
 mod display;
 mod faults;
 mod lifecycle;
 mod memory;
 mod prepare;
+mod processes;
 mod procs;
 pub mod report;
 mod supervisor;
@@ -188,7 +188,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             secured
         };
         let backend: Arc<dyn Backend> = Arc::new(connect(&access).await?);
-        let job = cluster::ClusterRun {
+        let job = processes::ProcessRun {
             spec,
             backend,
             endpoints,
@@ -204,7 +204,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
                 })
             }),
         };
-        let outcome = cluster::run(job, &shutdown, started, args.quiet, args.timeout).await;
+        let outcome = processes::run(job, &shutdown, started, args.quiet, args.timeout).await;
         drop(private);
         Ok(outcome)
     })?;

@@ -1,7 +1,7 @@
 //! The supervisor of `edl run`'s processes as a pure state machine: events in (start,
 //! a process exited, the clock moved, a scale request, a fault injected, stop), effects
 //! out (spawn, signal, kill). Time is an argument and nothing here touches a process:
-//! the shell (`cluster.rs`, `procs.rs`) runs the effects, so this is tested without
+//! the shell (`processes.rs`, `procs.rs`) runs the effects, so this is tested without
 //! processes.
 //!
 //! The restart policy counts crash loops, not preemptions. A *crash* is an exit that was

@@ -1,4 +1,4 @@
-//! The verbs against a Kubernetes cluster, over `edl_operator::cluster`: `edl submit`,
+//! The verbs against a Kubernetes cluster, over `edl_operator::verbs`: `edl submit`,
 //! `edl jobs`, and `edl status/scale/kill/logs` when a kubeconfig context is given
 //! (`--context`, or `EDL_KUBE_CONTEXT`). Their arguments are the parent module's.
 
@@ -6,8 +6,8 @@ use std::io::Write;
 
 use anyhow::Context;
 use edl_job::JobName;
-use edl_operator::cluster;
 use edl_operator::objects::Role;
+use edl_operator::verbs;
 
 use super::{JobsArgs, KubeArgs, SubmitArgs};
 use crate::common::{runtime, shutdown_on_signals};
@@ -17,7 +17,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let (client, ns) = connect(&args.kube).await?;
         let tj = args.job.load(&ns)?;
-        let tj = cluster::submit(&client, &ns, tj)
+        let tj = verbs::submit(&client, &ns, tj)
             .await
             .with_context(|| format!("submit {}", args.job.file.display()))?;
         println!(
@@ -38,29 +38,29 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
 pub fn jobs(args: JobsArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let (client, ns) = connect(&args.kube).await?;
-        let view = cluster::jobs(&client, (!args.all_namespaces).then_some(ns.as_str())).await?;
+        let view = verbs::jobs(&client, (!args.all_namespaces).then_some(ns.as_str())).await?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&view)?);
         } else {
-            print!("{}", cluster::render_jobs(&view));
+            print!("{}", verbs::render_jobs(&view));
         }
         Ok(())
     })
 }
 
 async fn connect(kube: &KubeArgs) -> anyhow::Result<(kube::Client, String)> {
-    Ok(cluster::connect(kube.context.as_deref(), kube.namespace.as_deref()).await?)
+    Ok(verbs::connect(kube.context.as_deref(), kube.namespace.as_deref()).await?)
 }
 
 /// `edl status JOB` on a cluster.
 pub fn status(kube: &KubeArgs, job: &JobName, json: bool) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let (client, ns) = connect(kube).await?;
-        let tj = cluster::status(&client, &ns, job.as_str()).await?;
+        let tj = verbs::status(&client, &ns, job.as_str()).await?;
         if json {
             println!("{}", serde_json::to_string_pretty(&tj)?);
         } else {
-            print!("{}", cluster::render_status(&tj));
+            print!("{}", verbs::render_status(&tj));
         }
         Ok(())
     })
@@ -70,7 +70,7 @@ pub fn status(kube: &KubeArgs, job: &JobName, json: bool) -> anyhow::Result<()> 
 pub fn scale(kube: &KubeArgs, job: &JobName, trainers: u32) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let (client, ns) = connect(kube).await?;
-        let want = cluster::scale(&client, &ns, job.as_str(), trainers).await?;
+        let want = verbs::scale(&client, &ns, job.as_str(), trainers).await?;
         if want != trainers {
             eprintln!("note: job {job} allows {want} trainers at that end of its range");
         }
@@ -83,7 +83,7 @@ pub fn scale(kube: &KubeArgs, job: &JobName, trainers: u32) -> anyhow::Result<()
 pub fn kill(kube: &KubeArgs, job: &JobName) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let (client, ns) = connect(kube).await?;
-        cluster::kill(&client, &ns, job.as_str()).await?;
+        verbs::kill(&client, &ns, job.as_str()).await?;
         println!("trainingjob {ns}/{job}: deleted (its pods stop gracefully; trainers drain)");
         Ok(())
     })
@@ -111,7 +111,7 @@ pub fn logs(
             let _ = writeln!(out, "[{pod}] {line}");
         };
         tokio::select! {
-            r = cluster::logs(&client, &ns, job.as_str(), role, follow, print) => r?,
+            r = verbs::logs(&client, &ns, job.as_str(), role, follow, print) => r?,
             _ = shutdown.cancelled() => {}
         }
         Ok(())

@@ -31,7 +31,7 @@ const TICK: Duration = Duration::from_millis(100);
 
 /// What the etcd mode runs.
 #[derive(Debug)]
-pub(crate) struct ClusterRun {
+pub(crate) struct ProcessRun {
     pub spec: JobSpec,
     pub backend: Arc<dyn Backend>,
     pub endpoints: Vec<String>,
@@ -65,7 +65,7 @@ struct Shell {
 
 /// Runs the job as processes until it ends, stops everything, and records the end.
 pub(crate) async fn run(
-    job: ClusterRun,
+    job: ProcessRun,
     shutdown: &CancellationToken,
     started: Instant,
     quiet: bool,
