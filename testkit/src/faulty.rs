@@ -25,8 +25,18 @@ pub struct FaultyBackend {
     inner: Arc<dyn Backend>,
     down: AtomicBool,
     breaks: watch::Sender<u64>,
-    failures: Arc<Mutex<Vec<(String, ErrorFn)>>>,
+    failures: Arc<Mutex<Vec<Failure>>>,
     requests: AtomicU64,
+    injected: AtomicU64,
+}
+
+/// An injected failure: which requests, the error, and how many more times (`None`:
+/// until cleared).
+#[derive(Debug)]
+struct Failure {
+    request: String,
+    error: ErrorFn,
+    left: Option<u64>,
 }
 
 /// The pseudo-request name under which [`FaultyBackend::fail`] makes open and new
@@ -42,6 +52,7 @@ impl FaultyBackend {
             breaks: watch::channel(0).0,
             failures: Arc::new(Mutex::new(Vec::new())),
             requests: AtomicU64::new(0),
+            injected: AtomicU64::new(0),
         })
     }
 
@@ -58,10 +69,28 @@ impl FaultyBackend {
     /// streams) fail with `error()` until [`clear_failures`](Self::clear_failures).
     /// Open watch streams are broken when [`WATCH_STREAM`] is among them.
     pub fn fail(&self, requests: &[&str], error: ErrorFn) {
-        lock(&self.failures).extend(requests.iter().map(|r| ((*r).to_owned(), error)));
+        lock(&self.failures).extend(requests.iter().map(|r| Failure {
+            request: (*r).to_owned(),
+            error,
+            left: None,
+        }));
         if requests.contains(&WATCH_STREAM) {
             self.break_watches();
         }
+    }
+
+    /// Makes the next request named `request` fail with `error()`, once.
+    pub fn fail_once(&self, request: &str, error: ErrorFn) {
+        lock(&self.failures).push(Failure {
+            request: request.to_owned(),
+            error,
+            left: Some(1),
+        });
+    }
+
+    /// How many requests failed with an injected error (not counting outages).
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::SeqCst)
     }
 
     /// Ends the failures injected with [`fail`](Self::fail).
@@ -81,11 +110,17 @@ impl FaultyBackend {
         self.breaks.send_modify(|n| *n += 1);
     }
 
-    fn injected(failures: &Mutex<Vec<(String, ErrorFn)>>, request: &str) -> Option<Error> {
-        lock(failures)
-            .iter()
-            .find(|(r, _)| r == request)
-            .map(|(_, make)| make())
+    fn take_failure(failures: &Mutex<Vec<Failure>>, request: &str) -> Option<Error> {
+        let mut failures = lock(failures);
+        let i = failures.iter().position(|f| f.request == request)?;
+        let error = (failures[i].error)();
+        if let Some(left) = &mut failures[i].left {
+            *left -= 1;
+            if *left == 0 {
+                failures.remove(i);
+            }
+        }
+        Some(error)
     }
 
     fn check(&self, request: &str) -> Result<()> {
@@ -93,8 +128,11 @@ impl FaultyBackend {
         if self.down.load(Ordering::SeqCst) {
             return Err(Error::unavailable("faulty-backend", "injected outage"));
         }
-        match Self::injected(&self.failures, request) {
-            Some(e) => Err(e),
+        match Self::take_failure(&self.failures, request) {
+            Some(e) => {
+                self.injected.fetch_add(1, Ordering::SeqCst);
+                Err(e)
+            }
             None => Ok(()),
         }
     }
@@ -173,13 +211,13 @@ impl Backend for FaultyBackend {
                 if done {
                     return None;
                 }
-                if let Some(e) = Self::injected(&failures, WATCH_STREAM) {
+                if let Some(e) = Self::take_failure(&failures, WATCH_STREAM) {
                     return Some((Err(e), (inner, breaks, failures, true)));
                 }
                 tokio::select! {
                     biased;
                     _ = breaks.changed() => {
-                        let e = Self::injected(&failures, WATCH_STREAM).unwrap_or_else(|| {
+                        let e = Self::take_failure(&failures, WATCH_STREAM).unwrap_or_else(|| {
                             Error::unavailable("faulty-backend", "injected watch disconnect")
                         });
                         Some((Err(e), (inner, breaks, failures, true)))
