@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::dataset::Dataset;
 use crate::error::MasterError;
 use crate::queue::{Changes, Meta, Task};
-use edl_job::JobKeys;
+use edl_job::{FailedRecord, JobKeys, Record, RestoreRecord};
 
 /// etcd refuses transactions of more than `--max-txn-ops` (128 by default) operations;
 /// stay below it, keeping room for the fence compare.
@@ -58,6 +58,8 @@ pub struct Loaded {
     pub meta: Meta,
     /// Every task record.
     pub tasks: Vec<Task>,
+    /// The failed-task records (`job/failed/<pass>`).
+    pub failed: Vec<FailedRecord>,
 }
 
 /// The queue's etcd store, fenced by one leadership.
@@ -81,6 +83,22 @@ struct JournalHeader {
 
 fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, MasterError> {
     serde_json::to_vec(v).map_err(|e| MasterError::Unavailable(format!("encode state: {e}")))
+}
+
+/// The restore records among `kvs`; an unreadable one is skipped, with an error in the
+/// log (a pserver of another version wrote it).
+pub fn decode_restores<'a>(
+    kvs: impl IntoIterator<Item = &'a edl_coord::KeyValue>,
+) -> Vec<RestoreRecord> {
+    kvs.into_iter()
+        .filter_map(|kv| match RestoreRecord::decode(&kv.value) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::error!(key = %kv.key, error = %e, "unreadable pserver restore record ignored");
+                None
+            }
+        })
+        .collect()
 }
 
 /// Largest number a queue record may hold: counters, generations and times stay far
@@ -279,11 +297,27 @@ impl Store {
             .map(|kv| decode(&kv.key, &kv.value))
             .collect::<Result<Vec<Task>, _>>()?;
         check_loaded(&dataset, &meta, &tasks)?;
+        let (kvs, _) = self.backend.range(&self.keys.failed()).await?;
+        let failed = kvs
+            .iter()
+            .map(|kv| {
+                FailedRecord::decode(&kv.value).map_err(|e| {
+                    MasterError::Unavailable(format!("corrupt record at {}: {e}", kv.key))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(Loaded {
             dataset,
             meta,
             tasks,
+            failed,
         }))
+    }
+
+    /// The pserver shards' restore records (`restores/`) as etcd holds them now.
+    pub async fn restores(&self) -> Result<Vec<RestoreRecord>, MasterError> {
+        let (kvs, _) = self.backend.range(&self.keys.restores()).await?;
+        Ok(decode_restores(&kvs))
     }
 
     /// Writes a new dataset: its tasks first (in as many transactions as needed), then
@@ -315,6 +349,9 @@ impl Store {
         let mut puts = Vec::with_capacity(changes.tasks.len() + 1);
         for t in &changes.tasks {
             puts.push((self.keys.task(&t.spec.id), encode(t)?));
+        }
+        for f in &changes.failed {
+            puts.push((self.keys.failed_in(f.pass), f.encode()));
         }
         if let Some(meta) = &changes.meta {
             puts.push((self.keys.queue(), encode(meta)?));

@@ -12,8 +12,8 @@ use tokio::net::TcpListener;
 
 use crate::server::{MasterConfig, run};
 use crate::testing::{Harness, dataset};
-use edl_job::JobKeys;
-use edl_master_client::Answer;
+use edl_job::{JobKeys, JobName};
+use edl_master_client::{Answer, LeasedTask, MasterClient};
 
 /// Job and token are checked from the headers before the body is decoded: a 5 MiB
 /// request (over the master's 4 MiB) without the token is `Unauthenticated`; with the
@@ -209,4 +209,141 @@ async fn a_trainer_lost_after_the_trainer_watch_ended_gets_its_task_requeued() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     faulty.clear_failures();
+}
+
+/// Publishes a restore of pserver shard 0 at `incarnation` from a state holding nothing
+/// (a shard that started over), as a restarting pserver does.
+async fn publish_empty_restore(backend: &Arc<dyn Backend>, job: &JobName, incarnation: u64) {
+    use edl_job::{RECORD_VERSION, Record, RestoreRecord};
+    let r = RestoreRecord {
+        version: RECORD_VERSION,
+        shard: 0,
+        incarnation,
+        step: 0,
+        contains: Default::default(),
+        at_ms: 0,
+    };
+    backend
+        .put(&JobKeys::new(job).restore(0), r.encode(), None)
+        .await
+        .unwrap();
+}
+
+/// Waits up to 10 s for the master's status to satisfy `done`.
+async fn wait_for_status(
+    client: &MasterClient,
+    what: &str,
+    done: impl Fn(&edl_proto::master::StatusResponse) -> bool,
+) -> edl_proto::master::StatusResponse {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(st) = client.status().await {
+            if done(&st) {
+                return st;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: still {st:?}"
+            );
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: no status");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Takes a task for trainer `t` and acknowledges it through incarnation 5 of shard 0;
+/// then takes another and returns it (held).
+async fn one_done_one_held(client: &MasterClient) -> LeasedTask {
+    let Answer::Task(done) = client.get_task("t", 0, 1, Duration::ZERO).await.unwrap() else {
+        panic!("expected a task")
+    };
+    assert!(
+        client
+            .task_finished("t", &done, done.records, &[5])
+            .await
+            .unwrap()
+    );
+    let Answer::Task(held) = client.get_task("t", 0, 2, Duration::ZERO).await.unwrap() else {
+        panic!("expected a second task")
+    };
+    held
+}
+
+/// A restore the master applied in a batch whose commit failed survives the reload: the
+/// rebuilt queue reads every restore record from etcd (before, it started with none and
+/// heard of a record again only when it changed, so the rewind the failed commit lost
+/// was never made, and a late acknowledgement through the shard's old incarnation was
+/// taken as done).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_survives_a_failed_commit_and_a_late_ack_is_trained_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 1, 20);
+    let mut h = Harness::new("restore-reload");
+    let faulty = FaultyBackend::new(h.backend.clone());
+    h.start_master_on(faulty.clone(), Duration::from_millis(200))
+        .await;
+    let client = h.client();
+    client.set_dataset(vec![glob], 0, 0).await.unwrap();
+    let _lease = h.register("t").await;
+    let held = one_done_one_held(&client).await;
+    // Shard 0 restarts from nothing (incarnation 9); the master's commit of that restore
+    // (its next transaction: an idle master commits nothing) fails.
+    faulty.fail_once("txn", || edl_coord::Error::unavailable("test", "injected"));
+    publish_empty_restore(&h.backend, &h.job, 9).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while faulty.injected() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the master never committed the restore"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The held task's acknowledgement through incarnation 5 arrives after the reload.
+    client
+        .task_finished("t", &held, held.records, &[5])
+        .await
+        .unwrap();
+    let st = wait_for_status(&client, "both tasks trained again", |st| {
+        st.counters.as_ref().is_some_and(|c| c.recomputed == 2)
+    })
+    .await;
+    assert_eq!(
+        st.done, 0,
+        "nothing the restored shard lacks is done: {st:?}"
+    );
+}
+
+/// The same after a failover: the new leader knows the restore the old one applied
+/// before its first acknowledgement, not only once its follower hears of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_survives_a_failover_and_a_late_ack_is_trained_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 1, 20);
+    let mut h = Harness::new("restore-failover");
+    h.start_master().await;
+    let client = h.client();
+    client.set_dataset(vec![glob], 0, 0).await.unwrap();
+    let _lease = h.register("t").await;
+    let held = one_done_one_held(&client).await;
+    publish_empty_restore(&h.backend, &h.job, 9).await;
+    wait_for_status(&client, "the first master applied the restore", |st| {
+        st.counters.as_ref().is_some_and(|c| c.recomputed == 1)
+    })
+    .await;
+    let (stop, first) = h.masters.remove(0);
+    stop.cancel();
+    first.await.unwrap();
+    h.start_master().await;
+    client
+        .task_finished("t", &held, held.records, &[5])
+        .await
+        .unwrap();
+    let st = wait_for_status(&client, "the held task trained again", |st| {
+        st.counters.as_ref().is_some_and(|c| c.recomputed == 2)
+    })
+    .await;
+    assert_eq!(
+        st.done, 0,
+        "nothing the restored shard lacks is done: {st:?}"
+    );
 }

@@ -22,6 +22,8 @@ use crate::store::Store;
 use edl_master_client::task::{Answer, LeasedTask};
 
 mod handle;
+#[cfg(test)]
+mod tests;
 
 use handle::{Cmd, Reply};
 pub use handle::{CoreHandle, StatusReport};
@@ -124,7 +126,7 @@ impl Core {
             Some(l) => {
                 let mut cfg = self.cfg.clone();
                 cfg.passes = l.dataset.spec.passes;
-                let mut q = Queue::restore(cfg, l.meta, l.tasks, now);
+                let mut q = Queue::restore(cfg, l.meta, l.tasks, l.failed, now);
                 let missing = (q.tasks().len() as u64) < l.dataset.tasks;
                 if missing {
                     return Err(MasterError::Unavailable(format!(
@@ -133,7 +135,14 @@ impl Core {
                         l.dataset.tasks
                     )));
                 }
-                // Re-armed leases and reset tasks are written with the next batch.
+                // Every restore record, not only those that change from now on: a restore
+                // applied before a failed commit or a failover is applied again (once per
+                // incarnation, as always), and later acknowledgements are checked
+                // against every one.
+                for r in self.store.restores().await? {
+                    q.rewind(&r);
+                }
+                // Re-armed leases, reset tasks and rewinds are written now.
                 let changes = q.take_changes();
                 self.store.commit(&changes).await?;
                 tracing::info!(
@@ -313,8 +322,11 @@ impl Core {
                 reply,
             } => {
                 let now = self.now();
-                let r =
-                    self.with_queue(|q| q.finished(&id, generation, records, &incarnations, now));
+                let r = match self.restores_before(&incarnations).await {
+                    Ok(()) => self
+                        .with_queue(|q| q.finished(&id, generation, records, &incarnations, now)),
+                    Err(e) => Err(e),
+                };
                 replies.push(Pending::Ack(reply, r));
             }
             Cmd::Failed {
@@ -372,6 +384,26 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// Reads the restore records when an acknowledgement names a pserver incarnation
+    /// the queue has not checked: a pserver publishes its restore before it serves, so
+    /// the record is in etcd before any acknowledgement through it, and is applied before
+    /// that acknowledgement, however late the follower delivers it (a record applied
+    /// after passes completed on its own incarnation would take the queue back to them).
+    async fn restores_before(&mut self, incarnations: &[u64]) -> Result<(), MasterError> {
+        if !self
+            .queue
+            .as_ref()
+            .is_some_and(|q| q.unchecked(incarnations))
+        {
+            return Ok(());
+        }
+        let records = self.store.restores().await?;
+        if let Some(q) = &mut self.queue {
+            q.restores_read(&records, incarnations);
+        }
+        Ok(())
     }
 
     fn with_queue(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{Backend, MemberEvent, Membership, Registry};
-use edl_job::{JobKeys, Record, RestoreRecord};
+use edl_job::JobKeys;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -29,17 +29,7 @@ pub(super) async fn follow_restores(
         if v.revision == 0 {
             continue;
         }
-        let records: Vec<RestoreRecord> = v
-            .kvs
-            .values()
-            .filter_map(|kv| match RestoreRecord::decode(&kv.value) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    tracing::error!(key = %kv.key, error = %e, "unreadable pserver restore record ignored");
-                    None
-                }
-            })
-            .collect();
+        let records = crate::store::decode_restores(v.kvs.values());
         handle.restored(records).await;
     }
 }
