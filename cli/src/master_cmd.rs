@@ -24,8 +24,9 @@ pub struct MasterArgs {
     /// A task failing more than this many times in a pass fails for good.
     #[arg(long, default_value_t = 3)]
     pub max_failures: u32,
-    /// A task whose trainer is lost (or times out) with it more than this many times in a
-    /// pass fails for good; losses do not count as failures.
+    /// A task lost more than this many times in a pass fails for good (its trainer lost
+    /// or timed out with it, or its training taken away by a pserver restore); losses do
+    /// not count as failures.
     #[arg(long, default_value_t = 10)]
     pub max_losses: u32,
     /// TTL of the master's etcd lease: a dead leader is replaced within about this.

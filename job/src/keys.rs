@@ -111,6 +111,16 @@ impl JobKeys {
         self.key("job/journal/")
     }
 
+    /// The prefix of the failed-task records `job/failed/<pass>`.
+    pub fn failed(&self) -> String {
+        self.key("job/failed/")
+    }
+
+    /// The record of the tasks of pass `pass` that failed for good.
+    pub fn failed_in(&self, pass: u32) -> String {
+        self.key(&format!("job/failed/{pass}"))
+    }
+
     /// The prefix of every task record.
     pub fn tasks(&self) -> String {
         self.key("tasks/")

@@ -13,6 +13,8 @@
 //! | `scale/trainers` | [`ScaleRecord`] | `edl scale`, autoscalers |
 //! | `trainers/<id>` | [`TrainerRecord`] | each trainer (and `edl consume`) |
 //! | `ps/<index>` | [`PserverRecord`] | the pserver holding the shard |
+//! | `restores/<index>` | [`RestoreRecord`] | the pserver that restored the shard |
+//! | `job/failed/<pass>` | [`FailedRecord`] | the leading master |
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -318,6 +320,26 @@ pub struct RestoreRecord {
     pub at_ms: u64,
 }
 record!(RestoreRecord, "restores/<index>");
+
+/// `job/failed/<pass>`: the tasks of pass `pass` that failed for good. Written by the
+/// master in the same fenced transaction as the failure; each pserver shard settles them
+/// (counts them as complete in its ledger, so the pass seals, and no restore trains it
+/// again) and the master skips them when a restore rewinds the queue. A failed task's
+/// records are lost for that pass (reported), never trained again in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedRecord {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// The pass.
+    pub pass: u32,
+    /// The dataset's task count.
+    pub tasks: u32,
+    /// The indexes of the tasks failed for good in the pass (a list: failures are few;
+    /// at about 8 bytes an index, etcd's 1.5 MiB request limit holds some 190,000).
+    pub failed: std::collections::BTreeSet<u32>,
+}
+record!(FailedRecord, "job/failed/<pass>");
 
 #[cfg(test)]
 mod tests {

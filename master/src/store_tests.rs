@@ -206,7 +206,7 @@ fn check_loadable(s: &Snapshot) {
         tasks.iter().map(|t| t.pass).max().unwrap_or(0),
         meta.pass
     );
-    let q = Queue::restore(cfg(2, 3), meta.clone(), tasks.clone(), 0);
+    let q = Queue::restore(cfg(2, 3), meta.clone(), tasks.clone(), Vec::new(), 0);
     check_invariants(&q);
 }
 
@@ -424,7 +424,8 @@ async fn hostile_queue_records_load_as_an_error_or_a_queue_that_serves() {
         match store.load().await {
             Ok(Some(l)) => {
                 loaded += 1;
-                let mut q = Queue::restore(cfg(l.dataset.spec.passes, 3), l.meta, l.tasks, 0);
+                let mut q =
+                    Queue::restore(cfg(l.dataset.spec.passes, 3), l.meta, l.tasks, l.failed, 0);
                 // It serves: tasks are handed out and reported without a panic.
                 for n in 0..8u64 {
                     if let GetTask::Task(t) = q.get_task("c", q.pass(), n, n) {

@@ -250,7 +250,8 @@ impl Shell {
     /// between. A shard that lacks some (restored, after the master finished, from a
     /// checkpoint older than its last updates) makes the master train them again
     /// ([`End::Reopened`]). Tasks failed for good (lost records, reported as such) are
-    /// in no ledger, so then completeness is not asked for.
+    /// settled in every ledger (the shards follow the master's `job/failed/` records), so
+    /// completeness is asked for then too.
     async fn settle(&mut self, passes: u32) -> anyhow::Result<End> {
         const WITHIN: Duration = Duration::from_secs(120);
         let cancel = CancellationToken::new();
@@ -276,14 +277,13 @@ impl Shell {
                     if !s.finished {
                         return Ok(End::Reopened);
                     }
-                    let lost = s.counters.as_ref().is_some_and(|c| c.failed_tasks > 0);
                     let lacking: Vec<u32> = l
                         .iter()
                         .enumerate()
                         .filter(|(_, (_, sealed))| *sealed < passes)
                         .map(|(i, _)| i as u32)
                         .collect();
-                    if lost || lacking.is_empty() {
+                    if lacking.is_empty() {
                         let evaluator = if self.launch.trainer.entry {
                             Evaluator::Entry(&self.launch)
                         } else {
@@ -304,9 +304,10 @@ impl Shell {
                             "a pserver was restored while the final parameters were pulled".into(),
                         );
                     } else {
-                        // The master has yet to see the restore: it reopens the job.
+                        // The master has yet to see the restore (it reopens the job), or
+                        // the shards have yet to settle a task failed for good.
                         seen = Some(format!(
-                            "shards {lacking:?} lack training the master counts as done"
+                            "shards {lacking:?} lack training the master counts as done or failed"
                         ));
                     }
                 }

@@ -6,6 +6,9 @@
 use super::failure::Redo;
 use super::{Ack, Millis, Queue, Reject, TaskState};
 
+/// Why a task trained whole is trained again (the last reason when that fails it).
+const REWOUND: &str = "its updates were lost with a pserver shard's restore";
+
 impl Queue {
     /// Looks up a task for a report and checks its generation.
     fn check(&mut self, id: &str, generation: u64) -> Result<usize, Reject> {
@@ -40,7 +43,8 @@ impl Queue {
     /// A trainer trained every record of a task (`records` is what it counted), and
     /// `incarnations` (per pserver shard, 0 for none) recorded it as done. When one of
     /// those shards was restored since, from a state without the task, the task is
-    /// trained again instead (counted in `recomputed`).
+    /// trained again instead (counted in `recomputed`; a loss, so past `max_losses` in
+    /// the pass it fails for good rather than be rewound forever).
     pub fn finished(
         &mut self,
         id: &str,
@@ -60,13 +64,10 @@ impl Queue {
         };
         if self.lacks(i, incarnations) {
             // Trained (counted so), but lost with the shard's restore: trained again.
-            let again = self.again(i);
-            self.bump(|c| {
-                c.records_trained += records;
-                c.recomputed += 1;
-                c.recomputed_records += again;
-            });
             tracing::warn!(task = %id, "task finished on a pserver shard restored since without it; training it again");
+            self.bump(|c| c.records_trained += records);
+            self.fail(i, REWOUND, Redo::Rewound);
+            self.check_pass_end();
             return Ok(Ack::Applied);
         }
         self.unlease(i);
@@ -105,8 +106,8 @@ impl Queue {
 
     /// A trainer hands a task back: not a failure; it is dispatched next. `trained` is
     /// how many of its records it trained. `recompute`: the trainer trained it all, but
-    /// a pserver shard restored meanwhile lacks some of it (counted in `recomputed`);
-    /// otherwise the trainer is draining.
+    /// a pserver shard restored meanwhile lacks some of it (counted in `recomputed`,
+    /// and a loss, as for `finished`); otherwise the trainer is draining.
     pub fn released(
         &mut self,
         id: &str,
@@ -118,15 +119,13 @@ impl Queue {
         if !matches!(self.tasks[i].state, TaskState::Pending { .. }) {
             return Err(self.not_pending(i));
         }
-        let records = self.again(i);
         if recompute {
             // Trained whole (counted so), but lost with a shard's restore.
-            self.bump(|c| {
-                c.records_trained += trained;
-                c.recomputed += 1;
-                c.recomputed_records += records;
-            });
+            self.bump(|c| c.records_trained += trained);
+            self.fail(i, REWOUND, Redo::Rewound);
+            self.check_pass_end();
         } else {
+            self.again(i);
             self.bump(|c| {
                 c.released += 1;
                 c.duplicate_records += trained;

@@ -1,9 +1,9 @@
 //! Failure events: a trainer lost (its registration vanished), leases timed out, and
 //! the one path every failure event takes, `fail`: the generation is bumped (so the
 //! old holder's reports are stale), then the task goes back to todo, or fails for good
-//! past `max_failures` reported failures or `max_losses` lost holders in the pass.
-//! Losses are counted apart from failures, so that chaos among trainers does not fail
-//! healthy tasks.
+//! past `max_failures` reported failures or `max_losses` losses in the pass (holders
+//! lost, leases timed out, training taken away by pserver restores). Losses are counted
+//! apart from failures, so that chaos among trainers does not fail healthy tasks.
 
 use super::{FailedTask, MAX_FAILED_REPORTED, Millis, Queue, TaskState};
 
@@ -57,7 +57,7 @@ impl Queue {
     }
 
     /// A failure event on a pending task: back to todo, or failed for good past
-    /// `max_failures`.
+    /// `max_failures` failures or `max_losses` losses in the pass.
     pub(super) fn fail(&mut self, i: usize, reason: &str, redo: Redo) {
         let reason = &super::bounded_reason(reason);
         self.unlease(i);
@@ -66,7 +66,7 @@ impl Queue {
         let t = &mut self.tasks[i];
         t.generation += 1;
         match redo {
-            Redo::CutOff => t.losses += 1,
+            Redo::CutOff | Redo::Rewound => t.losses += 1,
             Redo::Reported(_) => t.failures += 1,
         }
         t.last_error = Some(reason.to_owned());
@@ -74,21 +74,32 @@ impl Queue {
         let records = t.spec.records;
         if t.failures > max_failures || t.losses > max_losses {
             t.state = TaskState::Failed;
-            let failed = FailedTask {
-                pass,
-                id: t.spec.id.clone(),
-                records,
-                reason: reason.to_owned(),
-            };
-            tracing::warn!(task = %failed.id, pass, reason, "task failed for good");
-            self.meta.failed.push(failed);
-            if self.meta.failed.len() > MAX_FAILED_REPORTED {
-                self.meta.failed.remove(0);
+            tracing::warn!(task = %t.spec.id, pass, reason, "task failed for good");
+            let id = t.spec.id.clone();
+            // Listed and counted once per pass (a rewound pass does not train it again).
+            if self.settle_failed(pass, i) {
+                self.meta.failed.push(FailedTask {
+                    pass,
+                    id,
+                    records,
+                    reason: reason.to_owned(),
+                });
+                if self.meta.failed.len() > MAX_FAILED_REPORTED {
+                    self.meta.failed.remove(0);
+                }
+                self.bump(|c| {
+                    c.failed_tasks += 1;
+                    c.lost_records += records;
+                });
             }
+            self.bump(|c| c.failures += 1);
+        } else if let Redo::Rewound = redo {
+            // Not a failure: trained whole, and trained again first.
+            t.state = TaskState::Todo;
+            self.todo.push_front(i);
             self.bump(|c| {
-                c.failures += 1;
-                c.failed_tasks += 1;
-                c.lost_records += records;
+                c.recomputed += 1;
+                c.recomputed_records += records;
             });
         } else {
             t.state = TaskState::Todo;
@@ -98,7 +109,7 @@ impl Queue {
                 c.requeued += 1;
                 match redo {
                     Redo::Reported(n) => c.duplicate_records += n,
-                    Redo::CutOff => c.cutoff_records += records,
+                    _ => c.cutoff_records += records,
                 }
             });
         }
@@ -112,4 +123,7 @@ pub(super) enum Redo {
     Reported(u64),
     /// The trainer was cut off; all of the task's records are an upper bound.
     CutOff,
+    /// The task was trained whole, but a pserver shard restored since lacks it: trained
+    /// again (counted in `recomputed`), a loss towards `max_losses`.
+    Rewound,
 }

@@ -37,7 +37,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use edl_job::RestoreRecord;
+use edl_job::{FailedRecord, RECORD_VERSION, RestoreRecord};
 
 mod acks;
 mod dispatch;
@@ -71,6 +71,13 @@ pub struct Queue {
     meta_dirty: bool,
     /// The newest restore of each pserver shard (for acknowledgements; see `rewind`).
     restores: BTreeMap<u32, RestoreRecord>,
+    /// Per pserver shard, the newest incarnation whose restore record, if it has one, the
+    /// queue has seen (in memory: a rebuilt queue reads every record).
+    restores_checked: BTreeMap<u32, u64>,
+    /// Per pass, the tasks failed for good in it (durable as `job/failed/<pass>`).
+    failed: BTreeMap<u32, FailedRecord>,
+    /// The passes whose failed-task record changed.
+    failed_dirty: BTreeSet<u32>,
 }
 
 impl Queue {
@@ -106,12 +113,20 @@ impl Queue {
     }
 
     /// Rebuilds a queue from its durable records (after a failover or restart). Tasks
-    /// stored with an older pass are todo in the current one; pending leases keep their
-    /// holder and get a fresh deadline from `now` (the old leader's clock is not ours).
-    pub fn restore(cfg: QueueConfig, meta: Meta, mut tasks: Vec<Task>, now: Millis) -> Queue {
+    /// stored with an older pass are todo in the current one (failed, when they failed
+    /// for good in it before a rewind); pending leases keep their holder and get a fresh
+    /// deadline from `now` (the old leader's clock is not ours).
+    pub fn restore(
+        cfg: QueueConfig,
+        meta: Meta,
+        mut tasks: Vec<Task>,
+        failed: Vec<FailedRecord>,
+        now: Millis,
+    ) -> Queue {
         tasks.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
         tasks.dedup_by(|a, b| a.spec.id == b.spec.id);
         let mut q = Queue::empty(cfg, meta);
+        q.failed = failed.into_iter().map(|r| (r.pass, r)).collect();
         q.meta.counters.restores += 1;
         q.meta_dirty = true;
         let timeout = q.timeout();
@@ -125,7 +140,11 @@ impl Queue {
             }
             if t.pass < q.meta.pass {
                 t.pass = q.meta.pass;
-                t.state = TaskState::Todo;
+                t.state = if q.failed_in(q.meta.pass, i) {
+                    TaskState::Failed
+                } else {
+                    TaskState::Todo
+                };
                 t.failures = 0;
                 t.losses = 0;
                 t.last_error = None;
@@ -166,7 +185,33 @@ impl Queue {
             dirty: BTreeSet::new(),
             meta_dirty: false,
             restores: BTreeMap::new(),
+            restores_checked: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            failed_dirty: BTreeSet::new(),
         }
+    }
+
+    /// Whether task `i` failed for good in pass `pass`.
+    pub fn failed_in(&self, pass: u32, i: usize) -> bool {
+        self.failed
+            .get(&pass)
+            .is_some_and(|r| r.failed.contains(&(i as u32)))
+    }
+
+    /// Records task `i` as failed for good in pass `pass`; false when it was.
+    fn settle_failed(&mut self, pass: u32, i: usize) -> bool {
+        let tasks = self.tasks.len() as u32;
+        let r = self.failed.entry(pass).or_insert_with(|| FailedRecord {
+            version: RECORD_VERSION,
+            pass,
+            tasks,
+            failed: Default::default(),
+        });
+        let new = r.failed.insert(i as u32);
+        if new {
+            self.failed_dirty.insert(pass);
+        }
+        new
     }
 
     /// The position of task `id` (its index in the dataset).
@@ -268,7 +313,15 @@ impl Queue {
             .map(|i| self.tasks[i].clone())
             .collect();
         let meta = std::mem::take(&mut self.meta_dirty).then(|| self.meta.clone());
-        Changes { tasks, meta }
+        let failed = std::mem::take(&mut self.failed_dirty)
+            .into_iter()
+            .filter_map(|p| self.failed.get(&p).cloned())
+            .collect();
+        Changes {
+            tasks,
+            meta,
+            failed,
+        }
     }
 
     fn bump(&mut self, f: impl FnOnce(&mut QueueCounters)) {

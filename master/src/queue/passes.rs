@@ -1,7 +1,8 @@
 //! The end of a pass: it ends exactly when no task is todo or pending (failed tasks
 //! never block it). Only the [`Meta`](super::Meta) record changes then (its `pass`
-//! grows); every task becomes todo in the new pass, or the job is finished after the
-//! last pass. An empty dataset finishes every pass at once.
+//! grows); every task becomes todo in the new pass (failed, when it failed for good in
+//! that pass before a rewind: a pass trained again does not retry it), or the job is
+//! finished after the last pass. An empty dataset finishes every pass at once.
 
 use super::{Queue, TaskState};
 
@@ -21,16 +22,25 @@ impl Queue {
         }
         self.meta.pass = ended + 1;
         tracing::info!(pass = ended, next = self.meta.pass, "pass finished");
-        for (i, t) in self.tasks.iter_mut().enumerate() {
-            t.pass = self.meta.pass;
-            t.state = TaskState::Todo;
+        let pass = self.meta.pass;
+        for i in 0..self.tasks.len() {
+            let failed = self.failed_in(pass, i);
+            let t = &mut self.tasks[i];
+            t.pass = pass;
             t.failures = 0;
             t.losses = 0;
             t.last_error = None;
-            self.todo.push_back(i);
+            if failed {
+                // As `restore` makes it from the stored record of an older pass.
+                t.state = TaskState::Failed;
+            } else {
+                t.state = TaskState::Todo;
+                self.todo.push_back(i);
+            }
         }
-        if self.tasks.is_empty() {
-            // An empty dataset finishes every pass at once.
+        if self.todo.is_empty() {
+            // An empty dataset finishes every pass at once; so does a pass whose every
+            // task failed for good in it before a rewind.
             self.check_pass_end();
         }
     }

@@ -11,6 +11,12 @@
 //! - an acknowledgement whose task's pushes were answered by an incarnation of `k` older
 //!   than the restore applied, of a task the restored state lacks, is not done: the task
 //!   is trained again;
+//! - a task that failed for good in a pass is settled in it: it is never a reason to go
+//!   back to that pass, and a pass gone back to leaves it failed (it is not retried);
+//! - a restore is applied before any acknowledgement through its incarnation (a
+//!   pserver publishes it before it serves; the caller reads the records when an
+//!   acknowledgement names an incarnation not checked yet: [`Queue::unchecked`]), so the
+//!   passes it finds lacking were completed on older incarnations;
 //! - a restore is applied once (its incarnation is kept in [`Meta`](super::Meta)); a
 //!   task trained again is counted in `recomputed`, never as lost. Training a task
 //!   again is always safe: batches a shard already holds count nothing there.
@@ -50,6 +56,8 @@ impl Queue {
         if newer {
             self.restores.insert(r.shard, r.clone());
         }
+        let checked = self.restores_checked.entry(r.shard).or_default();
+        *checked = (*checked).max(r.incarnation);
         let applied = self.meta.restores.get(&r.shard).copied().unwrap_or(0);
         if r.incarnation <= applied {
             return Rewind::default();
@@ -65,8 +73,10 @@ impl Queue {
         } else {
             current
         };
-        let lacking =
-            (r.contains.sealed..done_passes).find(|&p| (0..n).any(|i| !r.contains.contains(p, i)));
+        // A task failed for good in a pass is settled there: never a reason to go back.
+        let lacking = (r.contains.sealed..done_passes).find(|&p| {
+            (0..n).any(|i| !r.contains.contains(p, i) && !self.failed_in(p, i as usize))
+        });
         let mut out = Rewind::default();
         match lacking {
             Some(pass) => {
@@ -75,9 +85,14 @@ impl Queue {
                 // task of the passes between, and what the current pass had done.
                 let records = |i: usize| self.tasks[i].spec.records;
                 let all: u64 = (0..self.tasks.len()).map(records).sum();
-                let between = u64::from(current.saturating_sub(pass).saturating_sub(1));
-                out.tasks += between * u64::from(n);
-                out.records += between * all;
+                for p in pass.saturating_add(1)..current {
+                    let failed = self.failed.get(&p).map(|f| &f.failed);
+                    let (ft, fr) = failed.map_or((0, 0), |f| {
+                        (f.len() as u64, f.iter().map(|&i| records(i as usize)).sum())
+                    });
+                    out.tasks += u64::from(n) - ft;
+                    out.records += all - fr;
+                }
                 if current > pass {
                     for i in 0..self.tasks.len() {
                         let t = &self.tasks[i];
@@ -93,6 +108,7 @@ impl Queue {
                         self.unlease(i);
                     }
                     let holds = r.contains.contains(pass, i as u32);
+                    let failed = !holds && self.failed_in(pass, i);
                     let t = &mut self.tasks[i];
                     t.generation += 1;
                     t.pass = pass;
@@ -102,11 +118,13 @@ impl Queue {
                     t.answered.clear();
                     t.state = if holds {
                         TaskState::Done
+                    } else if failed {
+                        TaskState::Failed
                     } else {
                         self.todo.push_back(i);
                         TaskState::Todo
                     };
-                    if !holds {
+                    if !holds && !failed {
                         out.tasks += 1;
                         out.records += t.spec.records;
                     }
@@ -153,6 +171,29 @@ impl Queue {
         out
     }
 
+    /// Whether an acknowledgement answered by `incarnations` (per shard; 0: none) names
+    /// an incarnation whose restore record the queue may not have seen: the caller reads
+    /// the records ([`Queue::restores_read`]) before it applies the acknowledgement.
+    pub fn unchecked(&self, incarnations: &[u64]) -> bool {
+        incarnations
+            .iter()
+            .enumerate()
+            .any(|(s, &inc)| inc > self.restores_checked.get(&(s as u32)).copied().unwrap_or(0))
+    }
+
+    /// The restore records as etcd holds them, read before an acknowledgement answered
+    /// by `incarnations`: each applied (once per incarnation, as always); every record of
+    /// those incarnations is known from now on.
+    pub fn restores_read(&mut self, records: &[RestoreRecord], incarnations: &[u64]) {
+        for r in records {
+            self.rewind(r);
+        }
+        for (s, &inc) in incarnations.iter().enumerate() {
+            let checked = self.restores_checked.entry(s as u32).or_default();
+            *checked = (*checked).max(inc);
+        }
+    }
+
     /// Whether task `i`, whose pushes were answered by `incarnations` (per shard; 0:
     /// none), is lacking from a shard restored since from a state without it.
     pub(super) fn lacks(&self, i: usize, incarnations: &[u64]) -> bool {
@@ -183,11 +224,13 @@ impl Queue {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use edl_job::ledger::{Bits, LedgerSummary};
     use edl_job::{RECORD_VERSION, RestoreRecord};
 
     use super::super::tests::{cfg, specs, take};
-    use super::super::{GetTask, Queue, TaskState};
+    use super::super::{GetTask, Meta, Queue, TaskState};
 
     fn restore(
         shard: u32,
@@ -353,11 +396,157 @@ mod tests {
         let changes = q.take_changes();
         let meta = changes.meta.clone().expect("meta changed");
         let tasks: Vec<_> = q.tasks().to_vec();
-        let mut q2 = Queue::restore(cfg(1, 3), meta, tasks, 10);
+        let mut q2 = Queue::restore(cfg(1, 3), meta, tasks, Vec::new(), 10);
         assert_eq!(q2.rewind(&r).tasks, 0, "applied before the failover");
         // Still checked for acknowledgements.
         let t = take(&mut q2, "a", 11);
         q2.finished(&t.spec.id, t.generation, 1, &[5], 12).unwrap();
         assert_eq!(q2.meta().counters.recomputed, 2);
+    }
+
+    /// Fails the next task of the current pass for good (`max_failures` 0); returns its
+    /// index.
+    fn fail_for_good(q: &mut Queue, now: u64) -> usize {
+        let t = take(q, "a", now);
+        let i = q.position(&t.spec.id).unwrap();
+        q.failed(&t.spec.id, t.generation, "damaged chunk", 0)
+            .unwrap();
+        assert!(matches!(q.tasks()[i].state, TaskState::Failed));
+        i
+    }
+
+    #[test]
+    fn a_task_failed_for_good_is_settled_and_never_takes_the_queue_back() {
+        // Three passes of three tasks; task 0 fails for good in pass 0.
+        let mut q = Queue::new(cfg(3, 0), specs(3));
+        let failed = fail_for_good(&mut q, 0);
+        assert_eq!(failed, 0);
+        let changes = q.take_changes();
+        assert_eq!(
+            changes.failed.len(),
+            1,
+            "the failure is durable with the batch"
+        );
+        assert!(changes.failed[0].failed.contains(&0) && changes.failed[0].tasks == 3);
+        finish(&mut q, "a", &[5], 1);
+        finish(&mut q, "a", &[5], 2);
+        assert_eq!(q.pass(), 1);
+        finish(&mut q, "a", &[5], 3);
+        // Shard 0 restored (gracefully: it holds everything trained) from a ledger without
+        // the failed task: pass 0 stays done, nothing is trained again.
+        let r = q.rewind(&restore(0, 9, 0, &[(0, &[1, 2]), (1, &[0])]));
+        assert_eq!(r, Default::default(), "nothing lacking but the failed task");
+        assert_eq!(q.meta().counters.recomputed, 0);
+        assert_eq!(q.pass(), 1);
+    }
+
+    #[test]
+    fn a_pass_gone_back_to_leaves_its_failed_tasks_failed_and_lists_them_once() {
+        let mut q = Queue::new(cfg(3, 0), specs(3));
+        fail_for_good(&mut q, 0);
+        finish(&mut q, "a", &[5], 1);
+        finish(&mut q, "a", &[5], 2);
+        // Pass 1: task 1 fails for good too, the others are done.
+        finish(&mut q, "a", &[5], 3);
+        assert_eq!(fail_for_good(&mut q, 4), 1);
+        finish(&mut q, "a", &[5], 5);
+        assert_eq!(q.pass(), 2);
+        assert_eq!(q.meta().failed.len(), 2);
+        // Shard 0 restarted from nothing (a SIGKILL before its first checkpoint): back to
+        // pass 0, where the failed task stays failed; pass 1 then skips its failed task.
+        let r = q.rewind(&restore(0, 9, 0, &[]));
+        assert_eq!(r.back_to_pass, Some(0));
+        assert_eq!(
+            r.tasks,
+            2 + 2,
+            "two of pass 0 and two of pass 1, not the failed ones"
+        );
+        assert!(matches!(q.tasks()[0].state, TaskState::Failed));
+        let mut now = 10;
+        while q.pass() < 1 {
+            finish(&mut q, "a", &[9], now);
+            now += 1;
+        }
+        assert!(
+            matches!(q.tasks()[1].state, TaskState::Failed),
+            "failed in pass 1 before: not retried"
+        );
+        assert_eq!(q.counts().todo, 2);
+        while !q.meta().finished {
+            finish(&mut q, "a", &[9], now);
+            now += 1;
+        }
+        assert_eq!(
+            q.meta().failed.len(),
+            2,
+            "each failure listed once per pass"
+        );
+        assert_eq!(q.meta().counters.failed_tasks, 2);
+    }
+
+    #[test]
+    fn a_reload_keeps_a_task_failed_in_a_pass_gone_back_to_failed() {
+        let mut q = Queue::new(cfg(2, 0), specs(2));
+        let (mut tasks, mut meta, mut failed) = (BTreeMap::new(), Meta::default(), Vec::new());
+        let mut persist = |q: &mut Queue| {
+            let c = q.take_changes();
+            for t in c.tasks {
+                tasks.insert(t.spec.id.clone(), t);
+            }
+            if let Some(m) = c.meta {
+                meta = m;
+            }
+            failed.extend(c.failed);
+            (
+                tasks.values().cloned().collect::<Vec<_>>(),
+                meta.clone(),
+                failed.clone(),
+            )
+        };
+        // Pass 0 done; in pass 1 task 1 fails for good, and the job finishes.
+        finish(&mut q, "a", &[5], 0);
+        finish(&mut q, "a", &[5], 1);
+        finish(&mut q, "a", &[5], 2);
+        assert_eq!(fail_for_good(&mut q, 3), 1);
+        assert!(q.meta().finished);
+        persist(&mut q);
+        // Shard 0 restarted from nothing: back to pass 0, trained whole again; pass 1
+        // then starts with task 1 failed (only the task record of pass 0 is stored).
+        assert_eq!(q.rewind(&restore(0, 9, 0, &[])).back_to_pass, Some(0));
+        finish(&mut q, "a", &[9], 4);
+        finish(&mut q, "a", &[9], 5);
+        assert_eq!(q.pass(), 1);
+        assert!(matches!(q.tasks()[1].state, TaskState::Failed));
+        let (tasks, meta, failed) = persist(&mut q);
+        let r = Queue::restore(cfg(2, 0), meta, tasks, failed, 10);
+        assert!(matches!(r.tasks()[1].state, TaskState::Failed), "as live");
+        assert_eq!(r.counts().todo, 1);
+    }
+
+    #[test]
+    fn a_task_rewound_past_max_losses_fails_for_good_with_the_reason() {
+        // max_losses 2: two rewinds are trained again, the third fails the task.
+        let mut q = Queue::new(cfg(1, 2), specs(2));
+        for n in 0..3u64 {
+            let t = take(&mut q, "a", n);
+            assert_eq!(q.position(&t.spec.id), Some(0), "a rewound task goes first");
+            if n < 2 {
+                q.released(&t.spec.id, t.generation, t.spec.records, true)
+                    .unwrap();
+            } else {
+                // The last one through an acknowledgement lacking in a restored shard.
+                q.rewind(&restore(0, 9, 0, &[]));
+                q.finished(&t.spec.id, t.generation, t.spec.records, &[5], n)
+                    .unwrap();
+            }
+        }
+        assert!(matches!(q.tasks()[0].state, TaskState::Failed));
+        let c = &q.meta().counters;
+        assert_eq!((c.recomputed, c.failed_tasks), (2, 1), "{c:?}");
+        let f = &q.meta().failed[0];
+        assert!(f.reason.contains("pserver shard's restore"), "{}", f.reason);
+        // The other task still finishes the pass.
+        finish(&mut q, "a", &[9], 10);
+        assert!(q.meta().finished);
     }
 }

@@ -220,7 +220,7 @@ fn restore_rebuilds_the_same_queue_and_rearms_leases() {
     }
     let held = take(&mut q, "b", 6);
     let (tasks, m) = persist(&mut q);
-    let r = Queue::restore(cfg(3, 3), m, tasks, 1_000);
+    let r = Queue::restore(cfg(3, 3), m, tasks, Vec::new(), 1_000);
     assert_eq!(r.pass(), 1);
     assert_eq!(r.counts(), q.counts());
     match &r.task(&held.spec.id).unwrap().state {
@@ -327,6 +327,7 @@ proptest! {
         let mut q = Queue::new(config.clone(), specs(n));
         let mut store: BTreeMap<String, Task> = BTreeMap::new();
         let mut meta = Meta::default();
+        let mut failed: BTreeMap<u32, edl_job::FailedRecord> = BTreeMap::new();
         let mut now: Millis = 0;
         let mut leases: Vec<Task> = Vec::new();
         let mut generations: HashMap<String, u64> = HashMap::new();
@@ -378,6 +379,7 @@ proptest! {
                         config.clone(),
                         meta.clone(),
                         store.values().cloned().collect(),
+                        failed.values().cloned().collect(),
                         now,
                     );
                     // Restoring only bumps the restore counter.
@@ -409,6 +411,9 @@ proptest! {
             }
             if let Some(m) = c.meta {
                 meta = m;
+            }
+            for f in c.failed {
+                failed.insert(f.pass, f);
             }
         }
         // Drive the job to the end: it always finishes.

@@ -239,8 +239,9 @@ impl Default for TimeoutPolicy {
 pub struct QueueConfig {
     /// A task failing more than this many times in a pass fails for good.
     pub max_failures: u32,
-    /// A task whose holder is lost (or times out) more than this many times in a pass
-    /// fails for good.
+    /// A task lost more than this many times in a pass fails for good: its holder lost
+    /// or timed out, or its training taken away by a pserver shard's restore (so that a
+    /// task longer than the gap between restores is not trained again forever).
     pub max_losses: u32,
     /// Passes over the dataset; the job finishes after the last.
     pub passes: u32,
@@ -320,12 +321,14 @@ pub struct Changes {
     pub tasks: Vec<Task>,
     /// The queue record, when it changed.
     pub meta: Option<Meta>,
+    /// The failed-task records that changed (`job/failed/<pass>`).
+    pub failed: Vec<edl_job::FailedRecord>,
 }
 
 impl Changes {
     /// Nothing to persist.
     pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty() && self.meta.is_none()
+        self.tasks.is_empty() && self.meta.is_none() && self.failed.is_empty()
     }
 }
 

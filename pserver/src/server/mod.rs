@@ -16,6 +16,7 @@
 //! - `convert`: protobuf to the shard's types and back, once for both transports.
 //! - `grpc`: the gRPC adapter ([`PsGrpc`]).
 //! - `membership`: the trainer registry followed (the trainers a sync step expects).
+//! - `failed`: the tasks the master failed for good, followed and settled in the shard.
 //! - `checkpointer`: the background checkpoint writer, and the coordinator on shard 0.
 //! - `run`: startup, serving and shutdown ([`run`](fn@run)).
 
@@ -23,6 +24,7 @@ mod checkpointer;
 mod claim;
 mod config;
 mod convert;
+mod failed;
 mod grpc;
 mod membership;
 mod run;

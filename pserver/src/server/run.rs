@@ -1,8 +1,9 @@
 //! A pserver's life: resolve the shard count, claim an index under a lease, restore the
-//! latest checkpoint, list the registered trainers, then serve gRPC and the bulk path on
-//! one port, follow the registry and checkpoint in the background until shutdown or the
-//! lease is lost; then stop serving, wait for the tasks, write a final checkpoint (when
-//! asked to stop), and free the index.
+//! latest checkpoint (with the tasks failed for good settled), list the registered
+//! trainers, then serve gRPC and the bulk path on one port, follow the registry and the
+//! failed tasks and checkpoint in the background until shutdown or the lease is lost;
+//! then stop serving, wait for the tasks, write a final checkpoint (when asked to
+//! stop), and free the index.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use tracing::Instrument as _;
 use super::checkpointer::Checkpointer;
 use super::claim::{claim_fixed, resolve_desired};
 use super::config::{CONNECTION_WINDOW, IndexChoice, MAX_FRAME, PsConfig, STREAM_WINDOW};
+use super::failed::follow_failed;
 use super::grpc::PsGrpc;
 use super::membership::{Members, follow_trainers};
 use super::service::{Gate, Service};
@@ -158,6 +160,14 @@ pub async fn run(
             ),
         }
     }
+    // The tasks failed for good are settled in what it holds (the checkpoint may predate
+    // some of their records).
+    let failed_prefix = keys.failed();
+    let (failed, _) = retry_startup("read the failed tasks", wait, &shutdown, || {
+        backend.range(&failed_prefix)
+    })
+    .await?;
+    shard.settle(super::failed::decode(&failed));
     // What this incarnation holds, for the master: the restored ledger, or nothing (a
     // trainer initialises the shard from the initial values). On a job's first start
     // nothing was trained, and the record changes nothing.
@@ -270,6 +280,10 @@ pub async fn run(
             )
             .in_current_span(),
         ),
+        tokio::spawn(
+            follow_failed(backend.clone(), keys.clone(), shard.clone(), stop.clone())
+                .in_current_span(),
+        ),
     ];
     if let (Some(c), Some(dir)) = (cfg.checkpoint.clone(), dir.clone()) {
         tasks.push(tokio::spawn(
@@ -349,9 +363,13 @@ async fn final_checkpoint(
     let mode = core.spec().config.mode.name();
     let work = async {
         let step = protocol::next_label(backend, keys).await?;
-        let snap = tokio::task::spawn_blocking(move || core.snapshot(step))
-            .await
-            .map_err(|e| PsError::Internal(format!("snapshot failed: {e}")))?;
+        let snap = tokio::task::spawn_blocking(move || {
+            let mut snap = core.snapshot(step);
+            snap.final_of = core.incarnation();
+            snap
+        })
+        .await
+        .map_err(|e| PsError::Internal(format!("snapshot failed: {e}")))?;
         let entry = protocol::write_snapshot(dir, Arc::new(snap)).await?;
         protocol::commit_solo(backend, keys, fence, &entry, shards, mode).await
     };

@@ -4,8 +4,12 @@
 //!
 //! Invariant: a ready shard never changes spec; `Init` with the same spec is a no-op and
 //! with another one an error, while a loading shard given another spec starts over.
+//! Every core that becomes ready (initialised or installed) has the tasks failed for
+//! good known so far settled in its ledger ([`Shard::settle`]).
 
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use edl_job::FailedRecord;
 
 use super::ShardCore;
 use super::push::BlockValues;
@@ -37,6 +41,8 @@ pub struct Shard {
     incarnation: u64,
     state: RwLock<ShardState>,
     checkpoints: Arc<CheckpointHooks>,
+    /// The tasks failed for good, as the master last recorded them.
+    failed: Mutex<Vec<FailedRecord>>,
 }
 
 #[derive(Debug)]
@@ -63,6 +69,7 @@ impl Shard {
             incarnation,
             state: RwLock::new(ShardState::Empty),
             checkpoints,
+            failed: Mutex::new(Vec::new()),
         }
     }
 
@@ -96,8 +103,31 @@ impl Shard {
 
     /// Installs a restored shard.
     pub fn install(&self, core: ShardCore) {
+        self.settle_in(&core);
         *self.state.write().unwrap_or_else(PoisonError::into_inner) =
             ShardState::Ready(Arc::new(core));
+    }
+
+    /// The tasks failed for good (every `job/failed/<pass>` record, as etcd holds them
+    /// now): settled in the ready core's ledger, and in every core made ready later.
+    pub fn settle(&self, failed: Vec<FailedRecord>) {
+        *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = failed;
+        if let Ok(core) = self.core() {
+            self.settle_in(&core);
+        }
+    }
+
+    fn settle_in(&self, core: &ShardCore) {
+        for r in self
+            .failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            if let Err(e) = core.settle(r) {
+                tracing::error!(shard = self.index, pass = r.pass, error = %e, "failed tasks not settled");
+            }
+        }
     }
 
     /// Checks that a request names this shard.
@@ -201,6 +231,7 @@ impl Shard {
             values,
             self.checkpoints.clone(),
         )?;
+        self.settle_in(&core);
         *state = ShardState::Ready(Arc::new(core));
         Ok(false)
     }

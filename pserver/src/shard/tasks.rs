@@ -1,9 +1,10 @@
 //! Tasks on the shard's side: a trainer's `TaskDone` records a task as contained once
-//! every push of it was applied by this very incarnation, and the ledger's summary is
-//! what a restored shard tells the master.
+//! every push of it was applied by this very incarnation, a task the master failed for
+//! good is settled, and the ledger's summary is what a restored shard tells the master.
 
 use std::sync::atomic::Ordering;
 
+use edl_job::FailedRecord;
 use edl_job::ledger::LedgerSummary;
 
 use super::{ShardCore, bump, lock};
@@ -11,10 +12,12 @@ use crate::error::PsError;
 
 impl ShardCore {
     /// Task `task` of pass `pass` (of `tasks`) is done: every push of it was answered by
-    /// incarnation `pushed_to` of this shard (0: it had no push). Recorded as contained when that is this
-    /// incarnation; otherwise [`PsError::Rewound`] (the shard was restored since, from a
-    /// checkpoint that may lack some of those pushes: the task is trained again, and its
-    /// batches already contained count nothing).
+    /// incarnation `pushed_to` of this shard (0: it had no push). Recorded as contained
+    /// when that is this incarnation, or the one whose final checkpoint this shard was
+    /// restored from (a graceful restart: every push it answered is here); otherwise
+    /// [`PsError::Rewound`] (the shard was restored since, from a checkpoint that may
+    /// lack some of those pushes: the task is trained again, and its batches already
+    /// contained count nothing).
     pub fn task_done(
         &self,
         pass: u32,
@@ -24,7 +27,7 @@ impl ShardCore {
     ) -> Result<(), PsError> {
         // 0: no push of the task reached this shard (every batch skipped): nothing to
         // hold, so nothing was lost either.
-        if pushed_to != 0 && pushed_to != self.incarnation {
+        if pushed_to != 0 && pushed_to != self.incarnation && pushed_to != self.holds_all_of {
             bump(&self.counters.tasks_rewound);
             return Err(PsError::Rewound {
                 shard: self.index,
@@ -38,6 +41,19 @@ impl ShardCore {
             .complete(pass, task, tasks)
             .map_err(|e| self.invalid(e.to_string()))?;
         self.counters.tasks_done.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Settles the tasks the master failed for good (`job/failed/<pass>`): complete in
+    /// the ledger, as no more of their pushes will come (those applied count), so that
+    /// their pass seals and no restore from this ledger asks for them again.
+    pub fn settle(&self, r: &FailedRecord) -> Result<(), PsError> {
+        let mut ledger = lock(&self.ledger);
+        for &task in &r.failed {
+            ledger
+                .complete(r.pass, task, r.tasks)
+                .map_err(|e| self.invalid(e.to_string()))?;
+        }
         Ok(())
     }
 
@@ -95,5 +111,59 @@ mod tests {
         r.task_done(0, 3, 10, 99).unwrap();
         assert!(r.contains().contains(0, 3));
         assert!(!r.contains().contains(0, 2));
+    }
+
+    /// A task the master failed for good is settled: its pass seals (the ledger stays
+    /// bounded) and a restore's summary holds it, on the ready core and on every core
+    /// made ready later (a restore installed after the record was read).
+    #[test]
+    fn a_task_failed_for_good_is_settled_and_its_pass_seals() {
+        use edl_job::FailedRecord;
+
+        use crate::shard::Shard;
+
+        let record = FailedRecord {
+            version: edl_job::RECORD_VERSION,
+            pass: 0,
+            tasks: 3,
+            failed: [2].into(),
+        };
+        let c = core(Mode::Async, 0, 1);
+        c.task_done(0, 0, 3, 0).unwrap();
+        c.task_done(0, 1, 3, 0).unwrap();
+        assert_eq!(c.contains().sealed, 0, "task 2 is neither done nor settled");
+        let snap = c.snapshot(1);
+        c.settle(&record).unwrap();
+        assert_eq!(c.contains().sealed, 1, "pass 0 sealed");
+        // A shard restored from a snapshot taken before the failure was settled.
+        let shard = Shard::new(0, 1, 99, Default::default());
+        shard.settle(vec![record]);
+        shard.install(ShardCore::restore(snap, 99, Default::default()).unwrap());
+        assert_eq!(shard.core().unwrap().contains().sealed, 1);
+    }
+
+    /// A shard restored from the final checkpoint of the incarnation before it (a
+    /// graceful restart) holds every push that incarnation answered: a task whose pushes
+    /// it answered is done here, not trained again; one answered by an older one is not.
+    #[test]
+    fn a_final_checkpoint_holds_every_push_its_incarnation_answered() {
+        let c = core(Mode::Async, 0, 1);
+        let mut p = push(&c, "a", 1, 1, 1.0, &[]);
+        p.origin = Some(Origin {
+            pass: 0,
+            task: 3,
+            seq: 0,
+        });
+        let p = c.validate_push(p).unwrap();
+        assert!(c.apply_async(&p).unwrap().applied);
+        let mut snap = c.snapshot(1);
+        snap.final_of = c.incarnation();
+        let r = ShardCore::restore(snap, 99, Default::default()).unwrap();
+        r.task_done(0, 3, 10, c.incarnation()).unwrap();
+        assert!(r.contains().contains(0, 3));
+        assert!(matches!(
+            r.task_done(0, 4, 10, c.incarnation() - 1),
+            Err(PsError::Rewound { now: 99, .. })
+        ));
     }
 }
