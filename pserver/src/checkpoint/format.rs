@@ -82,6 +82,9 @@ pub struct Snapshot {
     pub last_closed: u64,
     /// The task batches the values contain.
     pub ledger: Ledger,
+    /// The incarnation that wrote this as its final checkpoint, once it had stopped
+    /// serving (so the values hold every push it answered); 0 for any other checkpoint.
+    pub final_of: u64,
     /// Every block of the shard, in the shard's order.
     pub blocks: Vec<BlockSnap>,
     /// Trained rows of each table.
@@ -104,6 +107,9 @@ struct FileHeader {
     /// Absent in files written before ledgers existed (they contain no task).
     #[serde(default)]
     ledger: Ledger,
+    /// Absent in files written before final checkpoints said so (0: not one).
+    #[serde(default)]
+    final_of: u64,
 }
 
 /// A writer that computes the crc32c of what passes through and can fail like a full
@@ -184,6 +190,7 @@ pub(super) fn encode_to<W: Write>(
         table_rows: snap.tables.iter().map(|t| t.len() as u64).collect(),
         spec: snap.spec.clone(),
         ledger: snap.ledger.clone(),
+        final_of: snap.final_of,
     };
     let header = serde_json::to_vec(&header).map_err(io::Error::other)?;
     w.write_all(MAGIC)?;
@@ -385,6 +392,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Snapshot, String), String> {
             updates: header.updates,
             last_closed: header.last_closed,
             ledger: header.ledger,
+            final_of: header.final_of,
             blocks,
             tables,
         },
@@ -422,6 +430,7 @@ pub(super) mod tests {
             spec,
             updates: step * 2,
             last_closed: step,
+            final_of: 0,
             ledger: {
                 let mut l = Ledger::default();
                 let _ = l.mark(crate::shard::Origin {

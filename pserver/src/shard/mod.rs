@@ -146,6 +146,9 @@ pub struct ShardCore {
     checkpoints: Arc<CheckpointHooks>,
     /// The step of the checkpoint this shard was restored from (0: none).
     restored_from: u64,
+    /// The incarnation whose final checkpoint this shard was restored from (every push
+    /// it answered is here); 0: none.
+    holds_all_of: u64,
     /// Counters.
     pub counters: ShardCounters,
 }

@@ -124,6 +124,7 @@ impl ShardCore {
             updates: snap.updates,
             last_closed: snap.last_closed,
             restored_from: snap.step,
+            holds_all_of: snap.final_of,
             ledger: snap.ledger,
         };
         Self::build(layout, snap.shard, incarnation, data, checkpoints)
@@ -192,6 +193,7 @@ impl ShardCore {
             updates: self.updates(),
             last_closed,
             ledger: lock(&self.ledger).clone(),
+            final_of: 0,
             blocks,
             tables,
         }

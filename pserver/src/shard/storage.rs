@@ -90,6 +90,7 @@ pub(super) struct ShardData {
     pub(super) updates: u64,
     pub(super) last_closed: u64,
     pub(super) restored_from: u64,
+    pub(super) holds_all_of: u64,
     pub(super) ledger: Ledger,
 }
 
@@ -107,6 +108,7 @@ impl ShardCore {
             updates,
             last_closed,
             restored_from,
+            holds_all_of,
             ledger,
         } = data;
         let optimizer = Optimizer::new(layout.spec().config.optimizer.clone())
@@ -135,6 +137,7 @@ impl ShardCore {
             closed_tx: watch::channel(last_closed).0,
             checkpoints,
             restored_from,
+            holds_all_of,
             counters: ShardCounters::default(),
         })
     }
@@ -186,6 +189,7 @@ impl ShardCore {
             updates: 0,
             last_closed: 0,
             restored_from: 0,
+            holds_all_of: 0,
             ledger: Ledger::default(),
         };
         Self::build(layout, index, incarnation, data, checkpoints)
