@@ -2,7 +2,11 @@
 
 use std::time::Duration;
 
-use crate::run::{HOUSING_COST_BOUND, edl_run, example, metric};
+use edl_job::JobName;
+use edl_master_client::{MasterClient, MasterClientConfig};
+
+use crate::run::{HOUSING_COST_BOUND, edl_run, example, metric, read_report};
+use crate::support::{Proc, World, wait_until};
 
 /// The example in async mode with gradients pushed in groups of 3 batches
 /// (`batches_per_push`) under kills of every role and a stopped trainer: nothing lost,
@@ -74,4 +78,156 @@ async fn chaos_with_trainer_pserver_and_master_kills_loses_no_records() {
         recoveries.len(),
         r["wall_s"]
     );
+}
+
+/// Damages the payload of chunk `chunk` of `file` (its header stays readable: the master
+/// indexes the file, and reading the chunk fails its checksum).
+fn damage_chunk(file: &std::path::Path, chunk: usize) -> u64 {
+    let index = edl_recordio::ChunkIndex::build(file).expect("index the file");
+    let c = &index.chunks[chunk];
+    let mut bytes = std::fs::read(file).expect("read");
+    bytes[c.offset as usize + edl_recordio::HEADER_LEN + 2] ^= 0x55;
+    std::fs::write(file, bytes).expect("write");
+    u64::from(c.records)
+}
+
+/// A chunk damaged on disk during the run (once the job is in pass 2, as storage
+/// sometimes does) fails its task for good in every later pass, and that task is
+/// settled: with graceful pserver restarts (SIGTERM: a final checkpoint), nothing is
+/// trained again and each failure is listed once per pass, in both modes; the
+/// end-of-job ledger check runs (every shard's ledger seals every pass: the run
+/// succeeds only so); and the final cost is that of a run without restarts that skips
+/// the same chunk. (Before, every restore rewound the queue to the first pass with the
+/// failed task, trained every pass since again and listed the failure again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_chunk_and_graceful_pserver_restarts_repeat_nothing() {
+    let w = World::new("unused").await;
+    let etcd = w.etcd_arg();
+    let root = w.dir.path();
+    let spec = example(root, "fit_a_line", "job.toml", |s| {
+        assert!(
+            s.contains("checkpoint_every = \"10s\"")
+                && s.contains("pservers = 1")
+                && s.contains("mode = \"sync\"")
+                && s.contains("passes = 30"),
+            "the example's settings moved"
+        );
+        s
+    });
+    let example_dir = spec.parent().expect("example dir").to_path_buf();
+    let text = std::fs::read_to_string(&spec).expect("spec");
+    // A job of the example's, as `<name>.toml` beside it (the same data).
+    let job = |name: &str, mode: &str, passes: u64| {
+        let path = example_dir.join(format!("{name}.toml"));
+        let t = text
+            .replace("name = \"fit-a-line\"", &format!("name = \"{name}\""))
+            .replace("mode = \"sync\"", &format!("mode = \"{mode}\""))
+            .replace("passes = 30", &format!("passes = {passes}"))
+            .replace("pservers = 1", "pservers = 2")
+            .replace("checkpoint_every = \"10s\"", "checkpoint_every = \"1s\"");
+        std::fs::write(&path, t).expect("write spec");
+        path.display().to_string()
+    };
+    // A first run prepares the data.
+    let prep = job("prepare", "sync", 1);
+    let (ok, r, log) = edl_run(
+        root,
+        "prepare",
+        &[&prep, "--coord", "memory"],
+        Duration::from_secs(300),
+    )
+    .await;
+    assert!(ok, "prepare: {r}\n{log}");
+    let mut train: Vec<_> = std::fs::read_dir(example_dir.join("data"))
+        .expect("the prepared data")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().contains("housing-train-"))
+        .collect();
+    train.sort();
+    let file = &train[0];
+    let pristine = std::fs::read(file).expect("read");
+    // Passes enough for two graceful restarts or more in each mode (async passes are
+    // about ten times shorter).
+    for (mode, passes) in [("sync", 60u64), ("async", 400)] {
+        let mut costs = Vec::new();
+        for chaos in [None, Some("term-pserver=5s,seed=5")] {
+            let name = format!(
+                "{mode}-{}",
+                if chaos.is_some() {
+                    "restarted"
+                } else {
+                    "skipped"
+                }
+            );
+            // Intact at the start (the run reads every record for the model's statistics).
+            std::fs::write(file, &pristine).expect("restore the file");
+            let spec = job(&name, mode, passes);
+            let report = root.join(format!("{name}.report.json"));
+            let mut args: Vec<String> = ["run", &spec, "--etcd", &etcd, "--quiet", "--report"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            args.push(report.display().to_string());
+            if let Some(c) = chaos {
+                args.extend(["--chaos".to_owned(), c.to_owned()]);
+            }
+            let mut run = Proc::spawn(root, &name, &args);
+            let mut cfg = MasterClientConfig::new(JobName::new(&name).expect("job name"));
+            cfg.retry_for = Duration::from_secs(5);
+            let client = MasterClient::new(w.backend.clone(), cfg, w.cancel.child_token());
+            let in_pass_2 = wait_until(Duration::from_secs(120), || async {
+                client.status().await.is_ok_and(|s| s.pass >= 2)
+            })
+            .await;
+            assert!(in_pass_2, "{name}: never reached pass 2: {}", run.log());
+            let lost = damage_chunk(file, 1);
+            let status = run.wait_exit(Duration::from_secs(600)).await;
+            let r = read_report(&report);
+            assert!(status.success(), "{name} failed: {r}\n{}", run.log());
+            assert_eq!(r["passes"], passes, "{r}");
+            let listed: Vec<u64> = r["failed_tasks"]
+                .as_array()
+                .expect("failed_tasks")
+                .iter()
+                .map(|f| f["pass"].as_u64().expect("pass"))
+                .collect();
+            let first = listed.first().copied().unwrap_or(passes);
+            assert!(
+                (2..passes).contains(&first),
+                "{name}: the damaged chunk fails from the pass after the damage on: {r}"
+            );
+            assert_eq!(
+                listed,
+                (first..passes).collect::<Vec<_>>(),
+                "{name}: the damaged chunk's task is listed once per pass: {r}"
+            );
+            let lost_records = (passes - first) * lost;
+            assert_eq!(r["lost_records"], lost_records, "{name}: {r}");
+            assert_eq!(
+                r["recomputed_records"], 0,
+                "{name}: nothing trained again: {r}"
+            );
+            assert_eq!(
+                r["records_trained"],
+                passes * 405 - lost_records,
+                "{name}: {r}"
+            );
+            if chaos.is_some() {
+                let restarts = r["recoveries"]
+                    .as_array()
+                    .expect("recoveries")
+                    .iter()
+                    .filter(|x| x["role"] == "pserver" && x["fault"] == "sigterm")
+                    .count();
+                assert!(restarts >= 2, "{name}: too few graceful restarts: {r}");
+            }
+            costs.push(metric(&r).1);
+        }
+        let (skipped, restarted) = (costs[0], costs[1]);
+        assert!(
+            (restarted - skipped).abs() <= 0.02 * skipped,
+            "{mode}: the final cost {restarted} after restarts is not within 2% of {skipped}"
+        );
+        eprintln!("{mode}: cost {skipped:.3} skipped, {restarted:.3} with restarts");
+    }
 }
