@@ -147,10 +147,10 @@ async fn a_damaged_chunk_and_graceful_pserver_restarts_repeat_nothing() {
     let file = &train[0];
     let pristine = std::fs::read(file).expect("read");
     // Passes enough for two graceful restarts or more in each mode (async passes are
-    // about ten times shorter).
-    for (mode, passes) in [("sync", 60u64), ("async", 400)] {
+    // several times shorter; an idle machine trains these in about 5 s without faults).
+    for (mode, passes) in [("sync", 40u64), ("async", 200)] {
         let mut costs = Vec::new();
-        for chaos in [None, Some("term-pserver=5s,seed=5")] {
+        for chaos in [None, Some("term-pserver=3s,seed=5")] {
             let name = format!(
                 "{mode}-{}",
                 if chaos.is_some() {
