@@ -452,6 +452,18 @@ async fn lease_recipe_keeps_alive_and_reports_loss(env: Env) {
     assert!(lost.is_cancelled());
     assert!(b.get(&k).await.unwrap().is_none());
 
+    // Revoked while others hold it (a server's lease, shared with its services): its
+    // keys go at once, and every holder sees it lost.
+    let lease = std::sync::Arc::new(env.lease().await);
+    let holder = lease.clone();
+    b.put(&k, b"v".to_vec(), Some(lease.id())).await.unwrap();
+    lease.revoke_shared().await.unwrap();
+    assert!(holder.is_lost());
+    assert!(
+        b.get(&k).await.unwrap().is_none(),
+        "the key went with the lease"
+    );
+
     // Revoked from under its holder: `lost` fires within a renewal period.
     let lease = env.lease().await;
     b.lease_revoke(lease.id()).await.unwrap();

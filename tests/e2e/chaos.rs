@@ -150,7 +150,7 @@ async fn a_damaged_chunk_and_graceful_pserver_restarts_repeat_nothing() {
     // several times shorter; an idle machine trains these in about 5 s without faults).
     for (mode, passes) in [("sync", 40u64), ("async", 200)] {
         let mut costs = Vec::new();
-        for chaos in [None, Some("term-pserver=3s,seed=5")] {
+        for chaos in [None, Some("term-pserver=1s,seed=5")] {
             let name = format!(
                 "{mode}-{}",
                 if chaos.is_some() {

@@ -334,6 +334,19 @@ impl Lease {
         if let Some(keeper) = self.keeper.take() {
             let _ = keeper.await;
         }
+        self.revoke_request().await
+    }
+
+    /// [`Lease::revoke`] of a lease that others still hold (through an `Arc`): fires
+    /// `lost` (they see it ended), stops the keep-alive and revokes the lease, without
+    /// waiting for the keep-alive task to finish.
+    pub async fn revoke_shared(&self) -> Result<()> {
+        self.shared.lose();
+        self.stop.cancel();
+        self.revoke_request().await
+    }
+
+    async fn revoke_request(&self) -> Result<()> {
         let result = self.backend.lease_revoke(self.id).await;
         match &result {
             Ok(()) => tracing::debug!(lease = %self.id, "lease revoked"),

@@ -334,14 +334,11 @@ pub async fn run(
         final_checkpoint(&*backend, &keys, &claim.fence, dir, core).await;
     }
     if result.is_ok() {
-        // Free the index at once for a successor.
-        match Arc::try_unwrap(lease) {
-            Ok(lease) => {
-                if let Err(e) = lease.revoke().await {
-                    tracing::warn!(error = %e, "lease revoke failed; the index frees when it expires");
-                }
-            }
-            Err(lease) => drop(lease),
+        // Free the index at once for a successor (the service still holds the lease:
+        // before, only an unshared lease was revoked, so a successor always waited out
+        // the TTL).
+        if let Err(e) = lease.revoke_shared().await {
+            tracing::warn!(error = %e, "lease revoke failed; the index frees when it expires");
         }
         tracing::info!(shard = index, "pserver stopped");
     }
