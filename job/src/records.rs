@@ -57,6 +57,23 @@ pub enum RecordError {
     },
 }
 
+/// The records of type `R` among `kvs` (a range or a followed prefix); one that cannot be
+/// read is skipped, with an error in the log naming its key (an edl of another version
+/// wrote it), so that one bad record does not hide the others.
+pub fn decode_readable<'a, R: Record>(
+    kvs: impl IntoIterator<Item = &'a edl_coord::KeyValue>,
+) -> Vec<R> {
+    kvs.into_iter()
+        .filter_map(|kv| match R::decode(&kv.value) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::error!(key = %kv.key, error = %e, "unreadable record ignored");
+                None
+            }
+        })
+        .collect()
+}
+
 /// A value stored under a job key.
 pub trait Record: Serialize + DeserializeOwned {
     /// What the record is, for errors (its key).

@@ -85,22 +85,6 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, MasterError> {
     serde_json::to_vec(v).map_err(|e| MasterError::Unavailable(format!("encode state: {e}")))
 }
 
-/// The restore records among `kvs`; an unreadable one is skipped, with an error in the
-/// log (a pserver of another version wrote it).
-pub fn decode_restores<'a>(
-    kvs: impl IntoIterator<Item = &'a edl_coord::KeyValue>,
-) -> Vec<RestoreRecord> {
-    kvs.into_iter()
-        .filter_map(|kv| match RestoreRecord::decode(&kv.value) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::error!(key = %kv.key, error = %e, "unreadable pserver restore record ignored");
-                None
-            }
-        })
-        .collect()
-}
-
 /// Largest number a queue record may hold: counters, generations and times stay far
 /// below it in any real job, and arithmetic on numbers under it cannot overflow.
 const MAX_STORED_NUMBER: u64 = 1 << 53;
@@ -317,7 +301,7 @@ impl Store {
     /// The pserver shards' restore records (`restores/`) as etcd holds them now.
     pub async fn restores(&self) -> Result<Vec<RestoreRecord>, MasterError> {
         let (kvs, _) = self.backend.range(&self.keys.restores()).await?;
-        Ok(decode_restores(&kvs))
+        Ok(edl_job::records::decode_readable(&kvs))
     }
 
     /// Writes a new dataset: its tasks first (in as many transactions as needed), then

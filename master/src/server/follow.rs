@@ -29,7 +29,7 @@ pub(super) async fn follow_restores(
         if v.revision == 0 {
             continue;
         }
-        let records = crate::store::decode_restores(v.kvs.values());
+        let records = edl_job::records::decode_readable(v.kvs.values());
         handle.restored(records).await;
     }
 }

@@ -4,25 +4,12 @@
 
 use std::sync::Arc;
 
-use edl_coord::{Backend, KeyValue, follow_prefix};
-use edl_job::{FailedRecord, JobKeys, Record};
+use edl_coord::{Backend, follow_prefix};
+use edl_job::JobKeys;
+use edl_job::records::decode_readable;
 use tokio_util::sync::CancellationToken;
 
 use crate::shard::Shard;
-
-/// The failed-task records among `kvs`; an unreadable one is skipped with an error in
-/// the log (a master of another version wrote it).
-pub(super) fn decode<'a>(kvs: impl IntoIterator<Item = &'a KeyValue>) -> Vec<FailedRecord> {
-    kvs.into_iter()
-        .filter_map(|kv| match FailedRecord::decode(&kv.value) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::error!(key = %kv.key, error = %e, "unreadable failed-task record ignored");
-                None
-            }
-        })
-        .collect()
-}
 
 /// Settles every failed-task record in `shard` whenever they change, until `stop`.
 pub(super) async fn follow_failed(
@@ -41,6 +28,6 @@ pub(super) async fn follow_failed(
         if v.revision == 0 {
             continue;
         }
-        shard.settle(decode(v.kvs.values()));
+        shard.settle(decode_readable(v.kvs.values()));
     }
 }

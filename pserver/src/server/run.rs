@@ -167,7 +167,7 @@ pub async fn run(
         backend.range(&failed_prefix)
     })
     .await?;
-    shard.settle(super::failed::decode(&failed));
+    shard.settle(edl_job::records::decode_readable(&failed));
     // What this incarnation holds, for the master: the restored ledger, or nothing (a
     // trainer initialises the shard from the initial values). On a job's first start
     // nothing was trained, and the record changes nothing.
