@@ -164,6 +164,9 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                 j.state,
                 j.model.as_deref().unwrap_or("?")
             );
+            if let Some(why) = &j.paused {
+                println!("  paused: {why}");
+            }
             if let Some(p) = j.pass {
                 println!("  pass {}/{}", p.current, p.total);
             }

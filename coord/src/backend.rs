@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use futures::Stream;
 
 use crate::error::Result;
-use crate::types::{KeyValue, LeaseGrant, LeaseId, Revision, Txn, TxnResponse, WatchEvent};
+use crate::types::{
+    FreedSpace, KeyValue, LeaseGrant, LeaseId, Revision, Txn, TxnResponse, WatchEvent,
+};
 
 /// A stream of watch events. An `Err` item is terminal: the stream ends after it.
 /// The stream also ends (with an error) when the connection is lost; callers that
@@ -65,6 +67,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Discards the history before `revision`: watches starting earlier then fail
     /// with [`Error::Compacted`](crate::Error::Compacted).
     async fn compact(&self, revision: Revision) -> Result<()>;
+
+    /// Frees the space of a full store, as an operator would after
+    /// [`Error::NoSpace`](crate::Error::NoSpace): compacts the history to the current
+    /// revision (watches that start earlier then re-list), defragments (etcd: every
+    /// member, one at a time; each blocks while it runs) and ends the space alarm. A
+    /// write that still does not fit raises the alarm again. On etcd with
+    /// authentication it needs a user that may manage the cluster (`root`); a job's
+    /// user gets [`Error::PermissionDenied`](crate::Error::PermissionDenied).
+    async fn free_space(&self) -> Result<FreedSpace>;
 
     /// Grants a lease with the given TTL (rounded up to whole seconds).
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant>;

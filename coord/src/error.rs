@@ -79,6 +79,22 @@ pub enum Error {
     #[error("malformed response from etcd: {0}")]
     Malformed(String),
 
+    /// etcd's database is full: its size reached `--quota-backend-bytes` and etcd
+    /// raised its `NOSPACE` alarm. Until the alarm ends, etcd refuses every write that
+    /// adds data (puts, transactions that put, lease grants) on every member, and
+    /// still serves reads, deletes and lease renewals. Retryable (the request succeeds
+    /// once space is freed, see [`Backend::free_space`](crate::Backend::free_space)),
+    /// but never by trying another endpoint.
+    #[error(
+        "etcd's database is full ({msg}): free space (delete unneeded keys, compact, \
+         defragment every member, then `etcdctl alarm disarm`) or restart etcd with a \
+         larger --quota-backend-bytes; see docs/design.md, \"A full etcd\""
+    )]
+    NoSpace {
+        /// What etcd said.
+        msg: String,
+    },
+
     /// Any other error reported by etcd or the client library. Not retryable.
     #[error("etcd error: {0}")]
     Etcd(String),
@@ -87,7 +103,15 @@ pub enum Error {
 impl Error {
     /// Whether the same request may succeed if tried again later.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Unavailable { .. } | Error::Timeout(_))
+        matches!(
+            self,
+            Error::Unavailable { .. } | Error::Timeout(_) | Error::NoSpace { .. }
+        )
+    }
+
+    /// Whether etcd refused because its database is full ([`Error::NoSpace`]).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Error::NoSpace { .. })
     }
 
     /// An [`Error::Unavailable`] from one endpoint (retryable).
@@ -107,6 +131,11 @@ mod tests {
     fn retryable_classification() {
         assert!(Error::unavailable("a:1", "down").is_retryable());
         assert!(Error::Timeout(Duration::from_secs(1)).is_retryable());
+        let full = Error::NoSpace {
+            msg: "etcdserver: mvcc: database space exceeded".into(),
+        };
+        assert!(full.is_retryable() && full.is_no_space());
+        assert!(full.to_string().contains("alarm disarm"), "{full}");
         for e in [
             Error::NotLeader,
             Error::LeaseLost,

@@ -83,6 +83,6 @@ pub use retry::{
     retry_cancellable, retry_startup,
 };
 pub use types::{
-    Compare, CompareOp, CompareTarget, EventKind, Fence, KeyValue, LeaseGrant, LeaseId,
+    Compare, CompareOp, CompareTarget, EventKind, Fence, FreedSpace, KeyValue, LeaseGrant, LeaseId,
     MAX_REQUEST_BYTES, MAX_TXN_OPS, Op, OpResponse, Revision, Txn, TxnResponse, WatchEvent,
 };

@@ -73,6 +73,27 @@ impl Compaction {
     }
 }
 
+/// How a local etcd is started: its compaction and, for tests of a full etcd, a
+/// space quota (`--quota-backend-bytes`; etcd's default is 2 GiB).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// How it compacts its history.
+    pub compaction: Compaction,
+    /// Its space quota in bytes, if not etcd's default.
+    pub quota_bytes: Option<u64>,
+}
+
+impl Options {
+    /// etcd's flags for them.
+    fn flags(&self) -> Vec<OsString> {
+        let mut flags = self.compaction.flags().to_vec();
+        if let Some(q) = self.quota_bytes {
+            flags.extend(["--quota-backend-bytes".into(), q.to_string().into()]);
+        }
+        flags
+    }
+}
+
 /// What a member says of its database (etcd's `Status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DbStatus {
@@ -230,7 +251,7 @@ pub struct LocalEtcd {
     dir: tempfile::TempDir,
     token: String,
     members: Vec<EtcdMember>,
-    compaction: Compaction,
+    options: Options,
 }
 
 impl std::fmt::Debug for LocalEtcd {
@@ -247,11 +268,12 @@ impl LocalEtcd {
     /// reports healthy. Retries with new ports when a port was taken meanwhile. They
     /// compact their history as [`Compaction::default`] says.
     pub async fn start(members: usize) -> io::Result<LocalEtcd> {
-        LocalEtcd::start_with(members, Compaction::default()).await
+        LocalEtcd::start_with(members, Options::default()).await
     }
 
-    /// [`start`](Self::start) with another compaction window (a test's shorter one).
-    pub async fn start_with(members: usize, compaction: Compaction) -> io::Result<LocalEtcd> {
+    /// [`start`](Self::start) with other options (a test's shorter compaction window,
+    /// a small space quota).
+    pub async fn start_with(members: usize, options: Options) -> io::Result<LocalEtcd> {
         if members == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -275,7 +297,7 @@ impl LocalEtcd {
                     })
                     .collect(),
                 token,
-                compaction,
+                options,
             };
             for i in 0..members {
                 cluster.spawn(i, "new")?;
@@ -353,7 +375,7 @@ impl LocalEtcd {
         ];
         // A long job writes millions of revisions (task transitions, checkpoints): keep
         // the history bounded (followers that fall behind a compaction re-list).
-        let args = args.into_iter().chain(self.compaction.flags());
+        let args = args.into_iter().chain(self.options.flags());
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -623,7 +645,7 @@ mod tests {
                 peer_port: a.members[0].peer_port,
                 process: Mutex::new(None),
             }],
-            compaction: Compaction::default(),
+            options: Options::default(),
         };
         let err = b.check_identity(0).await.unwrap_err();
         assert!(is_port_stolen(&err), "{err}");

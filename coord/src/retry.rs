@@ -181,12 +181,23 @@ where
 /// short enough that a wrong address is reported within minutes.
 pub const DEFAULT_STARTUP_WAIT: Duration = Duration::from_secs(120);
 
+/// How often a starting process tries a write again while etcd is full.
+const FULL_POLL: Duration = Duration::from_secs(2);
+
+fn backoff_policy(wait: Duration) -> RetryPolicy {
+    RetryPolicy::forever()
+        .with_delays(Duration::from_millis(100), Duration::from_secs(2))
+        .with_max_elapsed(Some(wait))
+}
+
 /// Runs one startup step against etcd (`what`: a verb phrase for the log, such as
 /// "grant the lease"), retrying transient errors ([`Error::is_retryable`]) with backoff
 /// (100 ms doubling to 2 s, jittered) for up to `wait`. The first failure is logged as
 /// a warning, a success after failures as info. An error that is not transient is
 /// returned at once; when `wait` runs out, the last error (it names the endpoints when
-/// etcd could not be reached); when `cancel` fires, [`Error::Cancelled`].
+/// etcd could not be reached); when `cancel` fires, [`Error::Cancelled`]. A full etcd
+/// ([`Error::NoSpace`]) is waited out without limit (logged once): etcd answers, and
+/// the step succeeds once space is freed; `wait` counts again from then.
 pub async fn retry_startup<T, F, Fut>(
     what: &str,
     wait: Duration,
@@ -198,12 +209,9 @@ where
     Fut: Future<Output = Result<T>>,
 {
     let started = Instant::now();
-    let mut backoff = Backoff::new(
-        RetryPolicy::forever()
-            .with_delays(Duration::from_millis(100), Duration::from_secs(2))
-            .with_max_elapsed(Some(wait)),
-    );
+    let mut backoff = Backoff::new(backoff_policy(wait));
     let mut failed = false;
+    let mut full = false;
     loop {
         let result = tokio::select! {
             _ = cancel.cancelled() => return Err(Error::Cancelled),
@@ -219,6 +227,21 @@ where
             Err(e) if e.is_retryable() => e,
             Err(e) => return Err(e),
         };
+        if e.is_no_space() {
+            // etcd answers, and is full: wait for space however long it takes (a role
+            // that gave up would only be restarted into the same wait), saying so once.
+            if !full {
+                tracing::warn!(error = %e, "{what}: waiting for etcd to have space");
+                full = true;
+            }
+            failed = true;
+            backoff = Backoff::new(backoff_policy(wait));
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(Error::Cancelled),
+                _ = tokio::time::sleep(FULL_POLL) => {}
+            }
+            continue;
+        }
         if failed {
             tracing::debug!(error = %e, "{what}: etcd still unavailable; retrying");
         } else {
@@ -244,7 +267,14 @@ pub enum Attempt<R, E> {
     Fail(E),
     /// It failed in a way another attempt may cure (reconnect, failover); why.
     Retry(String),
+    /// The service answered that it is paused (a job waiting for etcd to have space):
+    /// another attempt is made every [`PAUSED_POLL`] however long that lasts, and
+    /// `retry_for` counts again from the end of the pause; why.
+    Paused(String),
 }
+
+/// How often [`call_until`] tries again while the service says it is paused.
+pub const PAUSED_POLL: Duration = Duration::from_secs(1);
 
 /// Why [`call_until`] gave up.
 #[derive(Debug)]
@@ -275,19 +305,38 @@ where
     F: FnMut(Instant) -> Fut,
     Fut: Future<Output = Attempt<R, E>>,
 {
-    let start = Instant::now();
-    let until = start + retry_for;
+    let mut start = Instant::now();
+    let mut until = start + retry_for;
     let mut backoff = Backoff::new(
         RetryPolicy::forever().with_delays(Duration::from_millis(20), Duration::from_millis(500)),
     );
+    let mut paused_since = None;
     loop {
         if cancel.is_cancelled() {
             return Err(CallError::Cancelled);
         }
         let last = match attempt(until).await {
-            Attempt::Done(r) => return Ok(r),
+            Attempt::Done(r) => {
+                if let Some(since) = paused_since {
+                    tracing::info!(waited = ?Instant::now() - since, "the pause is over");
+                }
+                return Ok(r);
+            }
             Attempt::Fail(e) => return Err(CallError::Failed(e)),
             Attempt::Retry(last) => last,
+            Attempt::Paused(why) => {
+                if paused_since.is_none() {
+                    tracing::warn!("{why}; waiting");
+                    paused_since = Some(Instant::now());
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return Err(CallError::Cancelled),
+                    _ = tokio::time::sleep(PAUSED_POLL) => {}
+                }
+                start = Instant::now();
+                until = start + retry_for;
+                continue;
+            }
         };
         let now = Instant::now();
         if now >= until {
@@ -422,6 +471,35 @@ mod tests {
         })
         .await;
         assert!(matches!(r, Err(Error::Cancelled)));
+    }
+
+    /// A full etcd is waited out past the step's wait (it answers; space may be freed
+    /// at any time), and the step succeeds once it has space.
+    #[tokio::test(start_paused = true)]
+    async fn retry_startup_waits_for_a_full_etcd_without_limit() {
+        let cancel = CancellationToken::new();
+        let calls = AtomicU32::new(0);
+        let start = Instant::now();
+        let r = retry_startup(
+            "grant the lease",
+            Duration::from_secs(10),
+            &cancel,
+            || async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                if start.elapsed() < Duration::from_secs(600) {
+                    Err(Error::NoSpace {
+                        msg: "etcdserver: mvcc: database space exceeded".into(),
+                    })
+                } else {
+                    Ok(7)
+                }
+            },
+        )
+        .await;
+        assert_eq!(r.unwrap(), 7);
+        assert!(start.elapsed() >= Duration::from_secs(600));
+        let n = calls.load(Ordering::SeqCst);
+        assert!((200..=400).contains(&n), "{n} attempts in 600 s");
     }
 
     proptest::proptest! {

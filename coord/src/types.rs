@@ -45,6 +45,17 @@ pub struct LeaseGrant {
     pub ttl: Duration,
 }
 
+/// What [`Backend::free_space`](crate::Backend::free_space) did.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct FreedSpace {
+    /// The database's size before, in bytes (the largest of the members').
+    pub size_before: u64,
+    /// The database's size after compacting and defragmenting.
+    pub size_after: u64,
+    /// Whether a space alarm was raised and has been ended.
+    pub disarmed: bool,
+}
+
 /// One key with its value and metadata, as stored.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct KeyValue {

@@ -1040,3 +1040,134 @@ async fn large_ranges_are_complete(env: Env) {
     assert_eq!(resp.get(0).unwrap().len(), 6);
     b.delete_prefix(&env.prefix).await.unwrap();
 }
+
+/// The space quota of both backends (each on a store of its own, with a quota of
+/// [`QUOTA`]): see [`full_store_refuses_writes_until_space_is_freed`].
+const QUOTA: u64 = 2_000_000;
+
+#[tokio::test(start_paused = true)]
+async fn mem_full_store_refuses_writes_until_space_is_freed() {
+    full_store_refuses_writes_until_space_is_freed(Arc::new(MemBackend::new().with_quota(QUOTA)))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_full_store_refuses_writes_until_space_is_freed() {
+    let options = edl_coord::local_etcd::Options {
+        quota_bytes: Some(QUOTA),
+        ..Default::default()
+    };
+    let cluster = EtcdCluster::start_with(1, options)
+        .await
+        .expect("start etcd");
+    let backend = cluster.connect().await.expect("connect to etcd");
+    full_store_refuses_writes_until_space_is_freed(backend).await;
+}
+
+/// A store filled past its quota raises its space alarm: puts, transactions that put
+/// and lease grants are refused with `NoSpace` (retryable, and said with the fix),
+/// while reads, deletes, delete-only transactions and lease renewals are served; the
+/// alarm stays after keys are deleted, until `free_space`, which shrinks the store and
+/// ends the alarm; then writes succeed.
+async fn full_store_refuses_writes_until_space_is_freed(backend: Arc<dyn Backend>) {
+    const VALUE: usize = 64 << 10;
+    let lease = backend.lease_grant(Duration::from_secs(60)).await.unwrap();
+    backend
+        .put("/full/leased", b"x".to_vec(), Some(lease.id))
+        .await
+        .unwrap();
+    let mut filled = 0u64;
+    let full = loop {
+        assert!(
+            filled * VALUE as u64 <= 2 * QUOTA,
+            "{filled} values of {VALUE} bytes and the store is not full"
+        );
+        let value: Vec<u8> = (0..VALUE).map(|_| rand::random::<u8>()).collect();
+        match backend
+            .put(&format!("/full/junk/{filled}"), value, None)
+            .await
+        {
+            Ok(_) => filled += 1,
+            Err(e) => break e,
+        }
+    };
+    // The positive witness: the store took data before it filled up.
+    assert!(filled >= 4, "only {filled} values fit");
+    assert!(full.is_no_space() && full.is_retryable(), "{full:?}");
+    assert!(full.to_string().contains("--quota-backend-bytes"), "{full}");
+
+    let refused = |r: Result<()>, what: &str| match r {
+        Err(e) if e.is_no_space() => {}
+        other => panic!("{what} while full: {other:?}"),
+    };
+    refused(
+        backend
+            .put("/full/small", b"x".to_vec(), None)
+            .await
+            .map(drop),
+        "a put",
+    );
+    refused(backend.lease_grant(TTL).await.map(drop), "a lease grant");
+    let put_txn = Txn {
+        compares: vec![],
+        success: vec![],
+        failure: vec![Op::Put {
+            key: "/full/txn".into(),
+            value: b"x".to_vec(),
+            lease: None,
+        }],
+    };
+    refused(
+        backend.txn(put_txn).await.map(drop),
+        "a transaction that puts",
+    );
+
+    // Served while full.
+    assert!(backend.get("/full/leased").await.unwrap().is_some());
+    assert_eq!(
+        backend.range("/full/junk/").await.unwrap().0.len() as u64,
+        filled
+    );
+    assert!(
+        backend
+            .lease_keep_alive_once(lease.id)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let delete_txn = Txn {
+        compares: vec![],
+        success: vec![Op::Delete {
+            key: "/full/junk/0".into(),
+        }],
+        failure: vec![],
+    };
+    assert!(backend.txn(delete_txn).await.unwrap().succeeded);
+    assert_eq!(
+        backend.delete_prefix("/full/junk/").await.unwrap(),
+        filled - 1
+    );
+    // Deleting is not enough: the alarm stays until the space is freed.
+    refused(
+        backend
+            .put("/full/small", b"x".to_vec(), None)
+            .await
+            .map(drop),
+        "a put after deleting",
+    );
+
+    let freed = backend.free_space().await.unwrap();
+    assert!(freed.disarmed, "{freed:?}");
+    assert!(
+        freed.size_after < freed.size_before && freed.size_after < QUOTA / 2,
+        "{freed:?}"
+    );
+    backend
+        .put("/full/small", b"x".to_vec(), None)
+        .await
+        .unwrap();
+    backend.lease_grant(TTL).await.unwrap();
+    assert!(backend.get("/full/leased").await.unwrap().is_some());
+    // Nothing to free: no alarm to end.
+    assert!(!backend.free_space().await.unwrap().disarmed);
+}

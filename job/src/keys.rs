@@ -90,6 +90,12 @@ impl JobKeys {
         self.key("master/election/")
     }
 
+    /// A few bytes the leading master writes to learn whether a full etcd has space
+    /// again (a cheap write, where reloading the queue would read every task).
+    pub fn space_probe(&self) -> String {
+        self.key("master/space-probe")
+    }
+
     /// The indexed dataset, written once after all its tasks.
     pub fn dataset(&self) -> String {
         self.key("job/dataset")

@@ -206,6 +206,12 @@ impl MasterClient {
                 match self.client(until).await {
                     Ok(c) => match op(c, self.request(msg.clone(), timeout)).await {
                         Ok(resp) => Attempt::Done(resp.into_inner()),
+                        Err(s)
+                            if headers::detail(&s, headers::ERROR_KIND)
+                                == Some(headers::KIND_PAUSED) =>
+                        {
+                            Attempt::Paused(s.message().to_owned())
+                        }
                         Err(s) if retryable(&s) => {
                             // Reconnect: the leader may have moved.
                             *self.conn.lock().await = None;

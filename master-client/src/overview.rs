@@ -71,7 +71,7 @@ pub struct TaskFailure {
 pub struct JobStatus {
     /// Name.
     pub job: String,
-    /// running, pending, succeeded, failed, stopped.
+    /// running, paused (etcd is full), pending, succeeded, failed, stopped.
     pub state: String,
     /// The model kind.
     pub model: Option<String>,
@@ -91,6 +91,8 @@ pub struct JobStatus {
     pub masters: Vec<MasterStatus>,
     /// The last (at most five) tasks failed for good.
     pub failures: Vec<TaskFailure>,
+    /// Why the job is paused (etcd is full), with what to do (state `paused`).
+    pub paused: Option<String>,
 }
 
 /// The jobs with a spec in etcd.
@@ -174,11 +176,17 @@ pub async fn job_status_with(
     let state = match (&recorded, &status) {
         (Some(s), _) => s.clone(),
         (None, Some(s)) if s.finished => "succeeded".into(),
+        (None, Some(s)) if !s.paused.is_empty() => "paused".into(),
         (None, Some(_)) => "running".into(),
         (None, None) => "pending".into(),
     };
+    let paused = status
+        .as_ref()
+        .map(|s| s.paused.clone())
+        .filter(|p| !p.is_empty());
     Ok(JobStatus {
         job: job.to_string(),
+        paused,
         state,
         model: spec.map(|s| s.model.as_ref().map_or("entry", |m| m.kind()).to_owned()),
         pass: status.as_ref().map(|s| PassProgress {

@@ -15,6 +15,10 @@ pub enum MasterError {
     /// The master cannot serve right now (etcd unreachable, state being rebuilt). Retry.
     #[error("master unavailable: {0}")]
     Unavailable(String),
+    /// etcd's database is full: the job is paused until it has space (the text says
+    /// what to do). Retry.
+    #[error("the job is paused: {0}")]
+    EtcdFull(String),
     /// The request is malformed.
     #[error("invalid request: {0}")]
     InvalidArgument(String),
@@ -38,7 +42,7 @@ impl MasterError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            MasterError::NotLeader { .. } | MasterError::Unavailable(_)
+            MasterError::NotLeader { .. } | MasterError::Unavailable(_) | MasterError::EtcdFull(_)
         )
     }
 }
@@ -47,6 +51,7 @@ impl From<edl_coord::Error> for MasterError {
     fn from(e: edl_coord::Error) -> Self {
         match e {
             edl_coord::Error::NotLeader => MasterError::NotLeader { leader: None },
+            e @ edl_coord::Error::NoSpace { .. } => MasterError::EtcdFull(e.to_string()),
             other => MasterError::Unavailable(other.to_string()),
         }
     }
@@ -65,6 +70,15 @@ impl From<MasterError> for tonic::Status {
                 s
             }
             MasterError::Unavailable(_) => tonic::Status::new(Code::Unavailable, msg),
+            MasterError::EtcdFull(_) => {
+                let mut s = tonic::Status::new(Code::Unavailable, msg);
+                edl_proto::headers::set_detail(
+                    &mut s,
+                    edl_proto::headers::ERROR_KIND,
+                    edl_proto::headers::KIND_PAUSED,
+                );
+                s
+            }
             MasterError::InvalidArgument(_) => tonic::Status::new(Code::InvalidArgument, msg),
             MasterError::Dataset(DatasetError::Conflict { .. }) => {
                 tonic::Status::new(Code::AlreadyExists, msg)

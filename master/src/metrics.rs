@@ -51,6 +51,12 @@ pub fn render(job: &str, report: Option<&StatusReport>) -> String {
         gauge(&mut reg, "passes", "Passes of the job", i64::from(s.passes));
         gauge(
             &mut reg,
+            "paused",
+            "1 while the job is paused because etcd is full (see `edl status`)",
+            i64::from(s.paused.is_some()),
+        );
+        gauge(
+            &mut reg,
             "finished",
             "1 when every pass is done",
             i64::from(s.finished),

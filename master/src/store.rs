@@ -438,6 +438,23 @@ impl Store {
         .await
     }
 
+    /// Whether etcd takes a write again: writes the space probe (fenced). The error of a
+    /// full etcd is [`MasterError::EtcdFull`].
+    pub async fn probe_space(&self) -> Result<(), MasterError> {
+        let stamp = format!("{:?}", std::time::SystemTime::now());
+        self.run(vec![vec![Op::put(
+            self.keys.space_probe(),
+            stamp.into_bytes(),
+        )]])
+        .await
+    }
+
+    /// Frees a full etcd's space where this master may (see
+    /// [`Backend::free_space`]).
+    pub async fn free_space(&self) -> Result<edl_coord::FreedSpace, edl_coord::Error> {
+        self.backend.free_space().await
+    }
+
     /// Runs each transaction in order, fenced.
     async fn run(&self, txns: Vec<Vec<Op>>) -> Result<(), MasterError> {
         for ops in txns {

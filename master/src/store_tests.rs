@@ -93,6 +93,9 @@ impl Backend for FailTxn {
     async fn compact(&self, revision: Revision) -> edl_coord::Result<()> {
         self.inner.compact(revision).await
     }
+    async fn free_space(&self) -> edl_coord::Result<edl_coord::FreedSpace> {
+        self.inner.free_space().await
+    }
     async fn lease_grant(&self, ttl: Duration) -> edl_coord::Result<LeaseGrant> {
         self.inner.lease_grant(ttl).await
     }

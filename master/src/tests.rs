@@ -133,6 +133,9 @@ impl Backend for FaultyWatchesUnder {
     async fn compact(&self, revision: edl_coord::Revision) -> edl_coord::Result<()> {
         self.inner.compact(revision).await
     }
+    async fn free_space(&self) -> edl_coord::Result<edl_coord::FreedSpace> {
+        self.inner.free_space().await
+    }
     async fn lease_grant(&self, ttl: Duration) -> edl_coord::Result<edl_coord::LeaseGrant> {
         self.inner.lease_grant(ttl).await
     }

@@ -25,6 +25,9 @@ pub const ERROR_KIND: &str = "x-edl-error";
 pub const NEXT_STEP: &str = "x-edl-next-step";
 /// Status key: the leading master's address, on a standby's refusal.
 pub const LEADER: &str = "x-edl-leader";
+/// The [`ERROR_KIND`] of a master's refusal while its job is paused (etcd is full):
+/// clients wait for as long as it lasts.
+pub const KIND_PAUSED: &str = "paused";
 
 /// Puts the job (and the token, if any) on a request's metadata. Values that cannot be
 /// metadata (control characters) are left out: the server then refuses the request.

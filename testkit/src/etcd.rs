@@ -5,7 +5,7 @@ use std::io;
 use std::ops::Deref;
 use std::time::Duration;
 
-use edl_coord::local_etcd::{HEALTH_DEADLINE, LocalEtcd};
+use edl_coord::local_etcd::{HEALTH_DEADLINE, LocalEtcd, Options};
 use edl_proto::etcd::etcdserverpb::{self as pb, maintenance_client::MaintenanceClient};
 use nix::sys::signal::Signal;
 use tonic::transport::{Channel, Endpoint};
@@ -35,6 +35,14 @@ impl EtcdCluster {
     pub async fn start(members: usize) -> io::Result<EtcdCluster> {
         Ok(EtcdCluster {
             local: LocalEtcd::start(members).await?,
+        })
+    }
+
+    /// [`start`](Self::start) with other options (see [`Options`]: a compaction window,
+    /// a space quota).
+    pub async fn start_with(members: usize, options: Options) -> io::Result<EtcdCluster> {
+        Ok(EtcdCluster {
+            local: LocalEtcd::start_with(members, options).await?,
         })
     }
 

@@ -175,6 +175,11 @@ impl Backend for FaultyBackend {
         self.inner.compact(revision).await
     }
 
+    async fn free_space(&self) -> Result<edl_coord::FreedSpace> {
+        self.check("free_space")?;
+        self.inner.free_space().await
+    }
+
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {
         self.check("lease_grant")?;
         self.inner.lease_grant(ttl).await

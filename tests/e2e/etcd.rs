@@ -15,7 +15,7 @@ use edl_testkit::EtcdCluster;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::run::{example, read_report};
+use crate::run::{edl_cmd, example, read_report};
 use crate::support::{Proc, World, wait_until};
 
 /// A master and a pserver started while the job's etcd is stopped keep retrying instead
@@ -124,7 +124,7 @@ async fn a_role_gives_up_after_its_etcd_wait_with_one_clear_error() {
 
 /// The state of the job in etcd that an outage must not change: the pserver's claim of
 /// shard 0 (its create revision and lease) and every trainer's registration (its lease).
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 struct Holders {
     shard0: Option<(i64, Option<edl_coord::LeaseId>)>,
     trainers: BTreeMap<String, Option<edl_coord::LeaseId>>,
@@ -367,5 +367,243 @@ async fn a_job_rides_out_an_etcd_leader_death_and_a_30s_quorum_loss() {
         "outage ridden out; job {:.1} s, test {:.1} s",
         r["wall_s"].as_f64().unwrap_or(0.0),
         test_started.elapsed().as_secs_f64()
+    );
+}
+
+/// Writes values of `size` bytes to etcd until it refuses one for lack of space: at
+/// distinct keys under `prefix` (live data), or all at `prefix` (older versions, which
+/// compaction frees). How many fit.
+async fn fill_etcd(backend: &Arc<dyn Backend>, prefix: &str, size: usize, distinct: bool) -> usize {
+    for n in 0..10_000 {
+        let key = if distinct {
+            format!("{prefix}{n}")
+        } else {
+            prefix.to_owned()
+        };
+        match backend.put(&key, vec![n as u8; size], None).await {
+            Ok(_) => {}
+            Err(e) if e.is_no_space() => return n,
+            Err(e) => panic!("filling etcd: {e}"),
+        }
+    }
+    panic!("etcd never filled: is its quota set?");
+}
+
+/// A job under `edl run` on an etcd with a small space quota (`--quota-backend-bytes`)
+/// lives through etcd filling up twice, losing nothing:
+/// - full of old versions (one key overwritten): the master compacts and defragments
+///   etcd itself, ends the alarm, and the job goes on;
+/// - full of live data (within a minute of that, when the master does not free space
+///   again): the job pauses, and says so — `edl status` (state `paused`, what to do), the
+///   master's `edl_master_paused` metric, one error line in its log; no process exits,
+///   every lease lives on; once the data is deleted and the space freed (as an operator
+///   would), training goes on.
+///
+/// The job then succeeds with every record trained once per pass, no restart, no
+/// restore, and `edl run`'s end-of-job ledger check passing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_etcd_pauses_the_job_and_it_goes_on_once_etcd_has_space() {
+    const QUOTA: u64 = 48 << 20;
+    const VALUE: usize = 1 << 20;
+    const PASSES: u64 = 60;
+    let options = edl_coord::local_etcd::Options {
+        quota_bytes: Some(QUOTA),
+        ..Default::default()
+    };
+    let etcd = EtcdCluster::start_with(1, options)
+        .await
+        .expect("start etcd with a small quota");
+    let backend = etcd.connect().await.expect("connect to etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
+        for line in ["passes = 30", "batch_size = 20", "lease_ttl = \"10s\""] {
+            assert!(s.contains(line), "the example changed: {line}");
+        }
+        s.replace("passes = 30", &format!("passes = {PASSES}"))
+            .replace("batch_size = 20", "batch_size = 4")
+            .replace("lease_ttl = \"10s\"", "lease_ttl = \"5s\"")
+    });
+    let report = dir.path().join("report.json");
+    let mut run = Proc::spawn(
+        dir.path(),
+        "run",
+        &[
+            "run".to_owned(),
+            spec.display().to_string(),
+            "--etcd".to_owned(),
+            etcd.endpoints().join(","),
+            "--report".to_owned(),
+            report.display().to_string(),
+            "--quiet".to_owned(),
+        ],
+    );
+    let job = JobName::new("fit-a-line").expect("a valid job name");
+    let keys = JobKeys::new(&job);
+    let total = PASSES * 405;
+    let trained = |s: &StatusResponse| s.counters.as_ref().map_or(0, |c| c.records_trained);
+    wait_status(
+        &backend,
+        &job,
+        &run,
+        Duration::from_secs(60),
+        "training",
+        |s| trained(s) > 0,
+    )
+    .await;
+
+    // Full of old versions: the master frees them itself.
+    assert!(fill_etcd(&backend, "/other/overwritten", VALUE, false).await >= 8);
+    let at_full = trained(
+        &wait_status(
+            &backend,
+            &job,
+            &run,
+            Duration::from_secs(10),
+            "status",
+            |_| true,
+        )
+        .await,
+    );
+    wait_status(
+        &backend,
+        &job,
+        &run,
+        Duration::from_secs(60),
+        "progress after the master freed etcd's space",
+        |s| s.paused.is_empty() && trained(s) > at_full,
+    )
+    .await;
+    let before = wait_status(
+        &backend,
+        &job,
+        &run,
+        Duration::from_secs(10),
+        "status",
+        |_| true,
+    )
+    .await;
+    assert!(
+        !before.finished && trained(&before) <= total / 2,
+        "training too fast for this test ({} of {total} records): raise PASSES",
+        trained(&before)
+    );
+    let held = holders(&backend, &keys).await.expect("the job's holders");
+    assert!(
+        held.shard0.is_some() && held.trainers.len() == 2,
+        "{held:?}"
+    );
+
+    // Full of live data: paused until it is deleted and the space freed.
+    assert!(fill_etcd(&backend, "/other/data/", VALUE, true).await >= 1);
+    let paused = wait_status(
+        &backend,
+        &job,
+        &run,
+        Duration::from_secs(60),
+        "the job paused",
+        |s| !s.paused.is_empty(),
+    )
+    .await;
+    assert!(
+        paused.paused.contains("--quota-backend-bytes"),
+        "{}",
+        paused.paused
+    );
+    let (ok, out, err) = edl_cmd(&[
+        "status",
+        "--etcd",
+        &etcd.endpoints().join(","),
+        job.as_str(),
+    ]);
+    assert!(ok, "edl status failed: {err}");
+    assert!(
+        out.contains("[paused]") && out.contains("paused: ") && out.contains("alarm disarm"),
+        "edl status:\n{out}"
+    );
+    let master = edl_master_client::overview::job_status(&backend, &job)
+        .await
+        .expect("the job's status");
+    let leader = master
+        .masters
+        .iter()
+        .find(|m| m.leader)
+        .expect("a leading master");
+    let metrics = crate::master::get_metrics(&leader.address).await;
+    assert!(
+        metrics.contains("edl_master_paused{job=\"fit-a-line\"} 1"),
+        "{metrics}"
+    );
+    // Paused, not dead: every process and lease lives through it.
+    let during = wait_status(
+        &backend,
+        &job,
+        &run,
+        Duration::from_secs(10),
+        "status",
+        |_| true,
+    )
+    .await;
+    assert!(!during.paused.is_empty(), "{during:?}");
+    assert!(run.running(), "edl run exited:\n{}", run.log());
+    assert_eq!(
+        holders(&backend, &keys).await,
+        Some(held.clone()),
+        "a lease was lost"
+    );
+
+    // The operator's fix: delete, compact, defragment, end the alarm.
+    backend
+        .delete_prefix("/other/")
+        .await
+        .expect("delete the data");
+    let freed = backend.free_space().await.expect("free etcd's space");
+    assert!(
+        freed.disarmed && freed.size_after < freed.size_before,
+        "{freed:?}"
+    );
+    wait_status(
+        &backend,
+        &job,
+        &run,
+        Duration::from_secs(30),
+        "progress after the space was freed",
+        |s| s.paused.is_empty() && trained(s) > trained(&during),
+    )
+    .await;
+    assert_eq!(
+        holders(&backend, &keys).await,
+        Some(held),
+        "a lease was lost"
+    );
+
+    let status = run.wait_exit(Duration::from_secs(180)).await;
+    let r = read_report(&report);
+    let log = run.log();
+    assert!(status.success(), "edl run failed: {r}\n{log}");
+    assert_eq!(r["succeeded"], true, "{r}");
+    assert_eq!(r["restarts"], 0, "no process crashed: {r}");
+    assert_eq!(r["recoveries"], serde_json::json!([]), "{r}");
+    assert_eq!(r["lost_records"], 0, "{r}");
+    assert_eq!(r["passes"], PASSES, "{r}");
+    assert_eq!(r["records_trained"], total, "{r}");
+    let logs = PathBuf::from(r["run_dir"].as_str().expect("run dir")).join("logs");
+    let master_log = std::fs::read_to_string(logs.join("master-0.log")).unwrap_or_default();
+    assert!(
+        master_log.contains("compacted and defragmented etcd"),
+        "{master_log}"
+    );
+    assert_eq!(
+        master_log
+            .matches("the job is paused until etcd has space again")
+            .count(),
+        2,
+        "one line per pause:\n{master_log}"
+    );
+    assert_eq!(
+        master_log
+            .matches("etcd has space again; the job goes on")
+            .count(),
+        2,
+        "{master_log}"
     );
 }

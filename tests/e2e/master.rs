@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::support::{World, wait_until};
 
 /// `GET /metrics` from a master over plain HTTP/1.1.
-async fn get_metrics(addr: &str) -> String {
+pub(crate) async fn get_metrics(addr: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
@@ -261,7 +261,7 @@ fn transitions() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_million_task_transitions_leave_the_etcd_database_bounded() {
     use edl_coord::Fence;
-    use edl_coord::local_etcd::{Compaction, LocalEtcd};
+    use edl_coord::local_etcd::{Compaction, LocalEtcd, Options};
     use edl_job::{JobKeys, JobName};
     use edl_master::dataset::{Dataset, DatasetSpec};
     use edl_master::queue::{GetTask, Queue, QueueConfig, TaskSpec};
@@ -272,9 +272,11 @@ async fn a_million_task_transitions_leave_the_etcd_database_bounded() {
     const BATCH: usize = 100;
     const MIB: i64 = 1 << 20;
     let target = transitions();
-    let etcd = LocalEtcd::start_with(1, Compaction { retention: WINDOW })
-        .await
-        .expect("start etcd");
+    let options = Options {
+        compaction: Compaction { retention: WINDOW },
+        ..Options::default()
+    };
+    let etcd = LocalEtcd::start_with(1, options).await.expect("start etcd");
     let backend = etcd.connect().await.expect("connect");
     let keys = JobKeys::new(&JobName::new("million").unwrap());
     let key = format!("{}master/election/test", keys.root());

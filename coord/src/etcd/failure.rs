@@ -67,6 +67,10 @@ pub(super) fn status_failure(s: &tonic::Status) -> Failure {
         Code::ResourceExhausted if msg.contains("larger than max") => {
             Error::InvalidArgument(format!("etcdserver: request is too large ({msg})"))
         }
+        // etcd's ErrGRPCNoSpace: its NOSPACE alarm is raised (the same on every member).
+        Code::ResourceExhausted if msg.contains("database space exceeded") => {
+            Error::NoSpace { msg }
+        }
         Code::Unavailable
         | Code::ResourceExhausted
         | Code::Unknown

@@ -30,7 +30,7 @@
 //! Layout: [`config`](EtcdConfig) (how to reach etcd), `conn` (one endpoint's
 //! connection, auth and TLS), `failure` (errors and whether a request may be re-sent),
 //! `codec` (edl's types to etcd's messages), `ops` (the [`Backend`](crate::Backend) operations),
-//! `watch` (watch streams); this file holds the backend, its pinned endpoint and the
+//! `watch` (watch streams), `space` (freeing a full etcd); this file holds the backend, its pinned endpoint and the
 //! call loop.
 
 mod admin;
@@ -39,6 +39,7 @@ mod config;
 mod conn;
 mod failure;
 mod ops;
+mod space;
 mod watch;
 
 use std::fmt;
@@ -302,7 +303,8 @@ impl EtcdBackend {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(failure)) => {
                     let error = with_endpoint(failure.error, endpoint);
-                    if !error.is_retryable() {
+                    // A full etcd is full on every member: trying another is no use.
+                    if !error.is_retryable() || error.is_no_space() {
                         return Err(error);
                     }
                     tracing::debug!(op, endpoint = %endpoint, error = %error, "etcd request failed");

@@ -16,7 +16,7 @@ use super::watch::{EtcdWatch, decode_watch_response};
 use super::{EtcdBackend, RANGE_PAGE_SIZE, Resend};
 use crate::backend::{Backend, WatchStream};
 use crate::error::{Error, Result};
-use crate::types::{KeyValue, LeaseGrant, LeaseId, Revision, Txn, TxnResponse};
+use crate::types::{FreedSpace, KeyValue, LeaseGrant, LeaseId, Revision, Txn, TxnResponse};
 
 #[async_trait]
 impl Backend for EtcdBackend {
@@ -160,6 +160,10 @@ impl Backend for EtcdBackend {
             Ok(())
         })
         .await
+    }
+
+    async fn free_space(&self) -> Result<FreedSpace> {
+        self.free_space_now().await
     }
 
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {

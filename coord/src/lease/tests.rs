@@ -70,6 +70,9 @@ impl Backend for Scripted {
     async fn compact(&self, revision: Revision) -> Result<()> {
         self.inner.compact(revision).await
     }
+    async fn free_space(&self) -> Result<crate::FreedSpace> {
+        self.inner.free_space().await
+    }
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {
         let mut g = self.inner.lease_grant(ttl).await?;
         let secs = self.script.grant_ttl_secs.load(Ordering::SeqCst);

@@ -29,6 +29,7 @@
 //! - `txn`: transactions: compares, etcd's size and duplicate-key rules, branches
 //!   decided up front, then applied.
 //! - `watches`: watch streams read from the shared history.
+//! - `space`: the space quota and its alarm.
 //! - `requests`: the [`Backend`](crate::Backend) implementation over those parts.
 //! - `tests`: unit tests and the property test of the history.
 
@@ -48,6 +49,7 @@ use lease::MAX_LEASE_TTL_SECS;
 
 mod lease;
 mod requests;
+mod space;
 mod store;
 mod txn;
 mod watches;
@@ -98,6 +100,11 @@ struct State {
     compact_revision: Revision,
     /// Granted TTLs are raised to this many seconds (etcd's minimum TTL).
     min_ttl_secs: u64,
+    /// The space quota in bytes (etcd's `--quota-backend-bytes`), if any.
+    quota: Option<u64>,
+    /// The space alarm: raised by a write that does not fit the quota, ended only by
+    /// [`Backend::free_space`](crate::Backend::free_space) (as etcd's `NOSPACE`).
+    no_space: bool,
 }
 
 impl fmt::Debug for MemBackend {
@@ -138,6 +145,8 @@ impl MemBackend {
                     history_limit: limit.max(1),
                     compact_revision: 0,
                     min_ttl_secs: 1,
+                    quota: None,
+                    no_space: false,
                 }),
                 revision_tx,
                 lease_granted: Arc::new(Notify::new()),
@@ -154,6 +163,15 @@ impl MemBackend {
     pub fn with_min_ttl(self, min: Duration) -> Self {
         let secs = min.as_secs() + u64::from(min.subsec_nanos() > 0);
         self.inner.lock().min_ttl_secs = secs.clamp(1, MAX_LEASE_TTL_SECS);
+        self
+    }
+
+    /// Gives the store a space quota of `bytes`, as etcd's `--quota-backend-bytes`:
+    /// the store's size is the bytes of the keys and values of every version it keeps,
+    /// live or in the history (compaction frees the older ones). A write that would pass the quota raises the
+    /// space alarm; see [`Error::NoSpace`](crate::Error::NoSpace).
+    pub fn with_quota(self, bytes: u64) -> Self {
+        self.inner.lock().quota = Some(bytes);
         self
     }
 

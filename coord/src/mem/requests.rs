@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::lease::lease_ttl_secs;
+use super::space::{LEASE_COST, txn_cost};
 use super::store::{Writer, check_key, range_prefix};
 use super::txn::{
     apply_txn, check_leases, check_request_size, decide_path, txn_size, validate_txn,
@@ -18,7 +19,7 @@ use super::watches::MemWatch;
 use super::{MemBackend, MemLease};
 use crate::backend::{Backend, WatchStream};
 use crate::error::{Error, Result};
-use crate::types::{KeyValue, LeaseGrant, LeaseId, Revision, Txn, TxnResponse};
+use crate::types::{FreedSpace, KeyValue, LeaseGrant, LeaseId, Revision, Txn, TxnResponse};
 
 #[async_trait]
 impl Backend for MemBackend {
@@ -41,6 +42,7 @@ impl Backend for MemBackend {
         {
             return Err(Error::LeaseLost);
         }
+        st.check_space((key.len() + value.len()) as u64)?;
         let mut w = Writer::new(&mut st);
         w.put(key, value, lease);
         Ok(self.inner.commit(w))
@@ -70,6 +72,7 @@ impl Backend for MemBackend {
         let mut path = Vec::new();
         decide_path(&st.kvs, &txn, &mut path);
         check_leases(&st.leases, &txn, &path, &mut 0)?;
+        st.check_space(txn_cost(&txn))?;
         let mut w = Writer::new(&mut st);
         let mut resp = apply_txn(&mut w, &txn, &path, &mut 0);
         let rev = self.inner.commit(w);
@@ -96,10 +99,15 @@ impl Backend for MemBackend {
         Ok(())
     }
 
+    async fn free_space(&self) -> Result<FreedSpace> {
+        Ok(self.inner.locked_now().free_space())
+    }
+
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {
         let secs = lease_ttl_secs(ttl)?;
         let id_ttl = {
             let mut st = self.inner.locked_now();
+            st.check_space(LEASE_COST)?;
             let ttl = Duration::from_secs(secs.max(st.min_ttl_secs));
             st.next_lease_id += 1;
             let id = LeaseId(st.next_lease_id);

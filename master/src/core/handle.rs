@@ -37,6 +37,8 @@ pub struct StatusReport {
     pub failed: Vec<FailedTask>,
     /// The current lease timeout.
     pub timeout_ms: u64,
+    /// Why the job is paused (etcd is full), with what to do; `None` while it runs.
+    pub paused: Option<String>,
 }
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, MasterError>>;
@@ -92,6 +94,22 @@ pub(crate) enum Cmd {
     Restored {
         records: Vec<RestoreRecord>,
     },
+}
+
+impl Cmd {
+    /// Refuses the request with `err` (a notification without a reply is dropped: the
+    /// queue rebuilt from etcd and the periodic reconciliation make up for it).
+    pub(super) fn refuse(self, err: impl Fn() -> MasterError) {
+        match self {
+            Cmd::SetDataset { reply, .. } => drop(reply.send(Err(err()))),
+            Cmd::GetTask { reply, .. } => drop(reply.send(Err(err()))),
+            Cmd::Finished { reply, .. }
+            | Cmd::Failed { reply, .. }
+            | Cmd::Release { reply, .. } => drop(reply.send(Err(err()))),
+            Cmd::Status { reply } => drop(reply.send(Err(err()))),
+            Cmd::TrainersLost { .. } | Cmd::Reconcile { .. } | Cmd::Restored { .. } => {}
+        }
+    }
 }
 
 /// A handle to the actor.

@@ -5,7 +5,9 @@
 //!
 //! If a commit fails the in-memory queue may be ahead of etcd: the batch's callers get
 //! `Unavailable` (they retry idempotently) and the actor rebuilds the queue from etcd
-//! before serving again. If its fence is broken (another master leads) it stops.
+//! before serving again. If its fence is broken (another master leads) it stops. If etcd
+//! is full the job pauses (`space`): requests are refused with `EtcdFull` until a write
+//! fits again, then the queue is rebuilt and served.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +24,7 @@ use crate::store::Store;
 use edl_master_client::task::{Answer, LeasedTask};
 
 mod handle;
+mod space;
 #[cfg(test)]
 mod tests;
 
@@ -65,6 +68,11 @@ pub(crate) struct Core {
     queue: Option<Queue>,
     parked: Vec<Parked>,
     epoch: Instant,
+    /// etcd refused a write for lack of space (why, and what to do): the actor waits
+    /// for space before it serves again, and its status says the job is paused.
+    full: Option<String>,
+    /// When this master last freed etcd's space (compaction and defragmentation).
+    freed_at: Option<Instant>,
     rx: mpsc::Receiver<Cmd>,
 }
 
@@ -94,9 +102,16 @@ impl Core {
             queue: None,
             parked: Vec::new(),
             epoch: Instant::now(),
+            full: None,
+            freed_at: None,
             rx,
         };
-        core.reload().await?;
+        match core.reload().await {
+            Ok(()) => {}
+            // Started on a full etcd: the run loop waits for space before serving.
+            Err(MasterError::EtcdFull(why)) => core.full = Some(why),
+            Err(e) => return Err(e),
+        }
         Ok((
             core,
             CoreHandle {
@@ -114,54 +129,61 @@ impl Core {
         self.epoch + Duration::from_millis(ms)
     }
 
-    /// Rebuilds the queue from etcd.
+    /// Rebuilds the queue from etcd and writes what the rebuild changed (re-armed
+    /// leases, reset tasks, rewinds).
     async fn reload(&mut self) -> Result<(), MasterError> {
-        let loaded = self.store.load().await?;
-        let now = self.now();
-        match loaded {
-            None => {
-                self.dataset = None;
-                self.queue = None;
-            }
-            Some(l) => {
-                let mut cfg = self.cfg.clone();
-                cfg.passes = l.dataset.spec.passes;
-                let mut q = Queue::restore(cfg, l.meta, l.tasks, l.failed, now);
-                let missing = (q.tasks().len() as u64) < l.dataset.tasks;
-                if missing {
-                    return Err(MasterError::Unavailable(format!(
-                        "etcd holds {} task records, the dataset has {}",
-                        q.tasks().len(),
-                        l.dataset.tasks
-                    )));
-                }
-                // Every restore record, not only those that change from now on: a restore
-                // applied before a failed commit or a failover is applied again (once per
-                // incarnation, as always), and later acknowledgements are checked
-                // against every one.
-                for r in self.store.restores().await? {
-                    q.rewind(&r);
-                }
-                // Re-armed leases, reset tasks and rewinds are written now.
-                let changes = q.take_changes();
-                self.store.commit(&changes).await?;
-                tracing::info!(
-                    pass = q.pass(),
-                    tasks = q.tasks().len(),
-                    pending = q.counts().pending,
-                    "queue restored from etcd"
-                );
-                self.dataset = Some(l.dataset);
-                self.queue = Some(q);
-            }
+        let mut loaded = self.load_queue().await?;
+        if let Some((_, q)) = loaded.as_mut() {
+            let changes = q.take_changes();
+            self.store.commit(&changes).await?;
+            tracing::info!(
+                pass = q.pass(),
+                tasks = q.tasks().len(),
+                pending = q.counts().pending,
+                "queue restored from etcd"
+            );
         }
+        (self.dataset, self.queue) = loaded.unzip();
         Ok(())
+    }
+
+    /// The dataset and the queue as etcd holds them (`None` before a dataset is
+    /// defined); what the rebuild changed is not written yet.
+    async fn load_queue(&mut self) -> Result<Option<(Dataset, Queue)>, MasterError> {
+        let Some(l) = self.store.load().await? else {
+            return Ok(None);
+        };
+        let now = self.now();
+        let mut cfg = self.cfg.clone();
+        cfg.passes = l.dataset.spec.passes;
+        let mut q = Queue::restore(cfg, l.meta, l.tasks, l.failed, now);
+        if (q.tasks().len() as u64) < l.dataset.tasks {
+            return Err(MasterError::Unavailable(format!(
+                "etcd holds {} task records, the dataset has {}",
+                q.tasks().len(),
+                l.dataset.tasks
+            )));
+        }
+        // Every restore record, not only those that change from now on: a restore
+        // applied before a failed commit or a failover is applied again (once per
+        // incarnation, as always), and later acknowledgements are checked against
+        // every one.
+        for r in self.store.restores().await? {
+            q.rewind(&r);
+        }
+        Ok(Some((l.dataset, q)))
     }
 
     /// Runs until `cancel` fires, the handles are dropped or the fence breaks.
     pub(crate) async fn run(mut self, cancel: CancellationToken) -> Result<(), MasterError> {
         let mut batch: Vec<Cmd> = Vec::new();
         loop {
+            if let Some(why) = self.full.clone() {
+                self.wait_for_space(why, &cancel).await?;
+                if self.full.is_some() {
+                    break;
+                }
+            }
             let wake = self.next_wake();
             tokio::select! {
                 biased;
@@ -197,13 +219,15 @@ impl Core {
             if !changes.is_empty()
                 && let Err(e) = self.store.commit(&changes).await
             {
-                let fenced = matches!(e, MasterError::NotLeader { .. });
-                tracing::warn!(error = %e, "queue commit failed; rebuilding from etcd");
                 fail_all(replies, &e);
-                if fenced {
-                    return Err(e);
+                match e {
+                    MasterError::NotLeader { .. } => return Err(e),
+                    MasterError::EtcdFull(why) => self.full = Some(why),
+                    e => {
+                        tracing::warn!(error = %e, "queue commit failed; rebuilding from etcd");
+                        self.recover(&cancel).await?;
+                    }
                 }
-                self.recover(&cancel).await?;
                 continue;
             }
             for r in replies {
@@ -218,7 +242,8 @@ impl Core {
         Ok(())
     }
 
-    /// Retries `reload` until it works, the fence breaks or we are cancelled.
+    /// Retries `reload` until it works, etcd is found full (then the run loop waits
+    /// for space), the fence breaks or we are cancelled.
     async fn recover(&mut self, cancel: &CancellationToken) -> Result<(), MasterError> {
         let mut backoff = Backoff::new(
             RetryPolicy::forever().with_delays(Duration::from_millis(50), Duration::from_secs(2)),
@@ -232,6 +257,10 @@ impl Core {
             match self.reload().await {
                 Ok(()) => return Ok(()),
                 Err(e @ MasterError::NotLeader { .. }) => return Err(e),
+                Err(MasterError::EtcdFull(why)) => {
+                    self.full = Some(why);
+                    return Ok(());
+                }
                 Err(e) => tracing::warn!(error = %e, "rebuilding the queue failed; retrying"),
             }
             if !backoff.wait(cancel).await {
@@ -479,7 +508,10 @@ impl Core {
     /// The status report.
     fn status(&self) -> StatusReport {
         let Some(q) = &self.queue else {
-            return StatusReport::default();
+            return StatusReport {
+                paused: self.full.clone(),
+                ..StatusReport::default()
+            };
         };
         StatusReport {
             dataset_set: true,
@@ -492,6 +524,7 @@ impl Core {
             counters: q.meta().counters.clone(),
             failed: q.meta().failed.clone(),
             timeout_ms: q.timeout(),
+            paused: self.full.clone(),
         }
     }
 }
@@ -521,6 +554,7 @@ fn fail_all(replies: Vec<Pending>, e: &MasterError) {
         MasterError::NotLeader { leader } => MasterError::NotLeader {
             leader: leader.clone(),
         },
+        MasterError::EtcdFull(why) => MasterError::EtcdFull(why.clone()),
         other => MasterError::Unavailable(other.to_string()),
     };
     for r in replies {

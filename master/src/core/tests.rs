@@ -92,3 +92,174 @@ async fn a_restore_is_applied_before_any_acknowledgement_through_its_incarnation
     assert_eq!(st.pass, 2, "not taken back: {st:?}");
     assert_eq!(st.counters.recomputed, 0, "{st:?}");
 }
+
+/// Fills `backend` until it refuses a write for lack of space, with values of `size`
+/// bytes at distinct keys under `prefix` (live data), or at one key (older versions,
+/// which compaction frees). How many fit.
+async fn fill(backend: &Arc<dyn Backend>, prefix: &str, size: usize, distinct: bool) -> usize {
+    for n in 0..100_000 {
+        let key = if distinct {
+            format!("{prefix}{n}")
+        } else {
+            prefix.to_owned()
+        };
+        match backend.put(&key, vec![n as u8; size], None).await {
+            Ok(_) => {}
+            Err(e) if e.is_no_space() => return n,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("the store never filled");
+}
+
+/// Fills `backend` with live data to the last few bytes: values of 64 KiB, then 1 KiB,
+/// then 8 bytes, the space freed before each (so no older version is left to free).
+async fn fill_live(backend: &Arc<dyn Backend>, prefix: &str) {
+    for (stage, size) in [64 << 10, 1 << 10, 8].into_iter().enumerate() {
+        backend.free_space().await.unwrap();
+        let n = fill(backend, &format!("{prefix}{stage}/"), size, true).await;
+        assert!(size < 64 << 10 || n >= 4, "only {n} values fit");
+    }
+}
+
+/// Takes one task of the current pass (the pass advances as needed).
+async fn lease_one(handle: &super::CoreHandle, request: &mut u64) -> edl_master_client::LeasedTask {
+    loop {
+        let pass = handle.status().await.unwrap().pass;
+        *request += 1;
+        match handle
+            .get_task("t".into(), pass, *request, Duration::ZERO)
+            .await
+            .unwrap()
+        {
+            Answer::Task(t) => return t,
+            Answer::PassFinished(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+/// A full etcd pauses the queue, and training goes on once it has space, losing
+/// nothing. When the store is full of history, the master frees it itself (compaction)
+/// and goes on at once; when it is full of live data, every call but `Status` is refused
+/// with `EtcdFull`, the status says the job is paused and what to do, and the queue is
+/// served again once the data is deleted and the space freed (as an operator would).
+/// Every record is trained exactly once per pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_etcd_pauses_the_queue_and_training_goes_on_once_it_has_space() {
+    use crate::error::MasterError;
+    const PASSES: u32 = 2;
+    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new().with_quota(2_000_000));
+    let keys = JobKeys::new(&JobName::new("full").unwrap());
+    let key = format!("{}master/election/x", keys.root());
+    let revision = backend.put(&key, b"x".to_vec(), None).await.unwrap();
+    let store = Store::new(backend.clone(), keys.clone(), Fence { key, revision });
+    let (core, handle) = Core::start(store, QueueConfig::default(), 10)
+        .await
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let _stop = cancel.clone().drop_guard();
+    tokio::spawn(core.run(cancel));
+    let dir = tempfile::tempdir().unwrap();
+    handle
+        .set_dataset(DatasetSpec {
+            globs: vec![dataset(dir.path(), 2, 20)],
+            chunks_per_task: 1,
+            passes: PASSES,
+        })
+        .await
+        .unwrap();
+    let mut request = 0;
+
+    // Full of history: the acknowledgement is refused once, then the master has freed
+    // the space itself.
+    let t = lease_one(&handle, &mut request).await;
+    assert!(fill(&backend, "/other/history", 64 << 10, false).await >= 4);
+    let ack = || handle.finished(t.id.clone(), t.generation, t.records, vec![]);
+    assert!(matches!(ack().await, Err(MasterError::EtcdFull(_))));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let applied = loop {
+        match ack().await {
+            Ok(applied) => break applied,
+            Err(MasterError::EtcdFull(_)) => {}
+            Err(e) => panic!("{e}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still paused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(applied);
+
+    // Full of live data: paused until it is deleted and the space freed.
+    let t = lease_one(&handle, &mut request).await;
+    let before = handle.status().await.unwrap();
+    fill_live(&backend, "/other/data/").await;
+    let ack = || handle.finished(t.id.clone(), t.generation, t.records, vec![]);
+    match ack().await {
+        Err(MasterError::EtcdFull(why)) => assert!(why.contains("--quota-backend-bytes"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let st = handle.status().await.unwrap();
+    let why = st
+        .paused
+        .clone()
+        .expect("the status says the job is paused");
+    assert!(why.contains("alarm disarm"), "{why}");
+    assert_eq!(
+        st.counts.done, before.counts.done,
+        "the refused ack is not applied"
+    );
+    assert!(matches!(
+        handle
+            .get_task("u".into(), st.pass, 1, Duration::ZERO)
+            .await,
+        Err(MasterError::EtcdFull(_))
+    ));
+    // Still paused after the master's own attempts (it frees etcd's space at once, and
+    // writes its probe every second): compaction cannot free live data.
+    let since = tokio::time::Instant::now();
+    while since.elapsed() < 3 * super::space::PROBE_EVERY {
+        assert!(handle.status().await.unwrap().paused.is_some());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    backend.delete_prefix("/other/").await.unwrap();
+    backend.free_space().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while handle.status().await.unwrap().paused.is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "still paused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ack().await.unwrap());
+
+    // The rest of the job: every record once per pass.
+    loop {
+        let st = handle.status().await.unwrap();
+        if st.finished {
+            assert_eq!(
+                st.counters.records_trained,
+                u64::from(PASSES) * 40,
+                "{st:?}"
+            );
+            assert_eq!(st.counters.duplicate_records, 0, "{st:?}");
+            assert_eq!(st.counters.lost_records, 0, "{st:?}");
+            assert_eq!(st.counters.passes_completed, u64::from(PASSES), "{st:?}");
+            break;
+        }
+        request += 1;
+        match handle
+            .get_task("t".into(), st.pass, request, Duration::ZERO)
+            .await
+            .unwrap()
+        {
+            Answer::Task(t) => {
+                assert!(
+                    handle
+                        .finished(t.id, t.generation, t.records, vec![])
+                        .await
+                        .unwrap()
+                );
+            }
+            Answer::PassFinished(_) | Answer::JobFinished => {}
+            Answer::Wait => panic!("a task is held: {st:?}"),
+        }
+    }
+}

@@ -271,5 +271,6 @@ fn status_to_pb(job: &str, leader: String, s: StatusReport) -> pb::StatusRespons
             .collect(),
         timeout_ms: s.timeout_ms,
         total_records: s.total_records,
+        paused: s.paused.unwrap_or_default(),
     }
 }

@@ -26,12 +26,16 @@ pub(super) async fn lead_loop(
     shutdown: &CancellationToken,
 ) -> Result<(), MasterError> {
     let mut backoff = Backoff::new(retry_forever(Duration::from_millis(100)));
+    let mut said_full = false;
     while !shutdown.is_cancelled() {
         let lease = match Lease::grant(backend.clone(), cfg.lease_ttl, shutdown.child_token()).await
         {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot get an etcd lease; retrying");
+                // A full etcd refuses lease grants until space is freed: said once.
+                if !e.is_no_space() || !std::mem::replace(&mut said_full, true) {
+                    tracing::warn!(error = %e, "cannot get an etcd lease; retrying");
+                }
                 backoff.wait(shutdown).await;
                 continue;
             }

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use edl_coord::{Backend, Backoff, Fence, RetryPolicy, follow_prefix};
@@ -35,6 +36,9 @@ pub(super) struct Checkpointer {
     pub(super) shard: Arc<Shard>,
     pub(super) dir: CheckpointDir,
     pub(super) cfg: CheckpointConfig,
+    /// etcd refused a record for lack of space, and the log said so (once until a
+    /// record fits again).
+    pub(super) said_full: std::sync::atomic::AtomicBool,
 }
 
 impl Checkpointer {
@@ -232,7 +236,24 @@ impl Checkpointer {
                 Ok::<_, PsError>(())
             };
             match commit.await {
-                Ok(()) => return,
+                Ok(()) => {
+                    if self.said_full.swap(false, Ordering::Relaxed) {
+                        tracing::info!(
+                            shard,
+                            step,
+                            "etcd has space again: checkpoints are recorded"
+                        );
+                    }
+                    return;
+                }
+                // A full etcd: the next checkpoint tries again (the files are on disk;
+                // the last recorded checkpoint stays the one to restore).
+                Err(PsError::Coord(e)) if e.is_no_space() => {
+                    if !self.said_full.swap(true, Ordering::Relaxed) {
+                        tracing::error!(shard, step, error = %e, "checkpoints are not recorded until etcd has space");
+                    }
+                    return;
+                }
                 Err(e) if e.is_retryable() && attempt < COMMIT_ATTEMPTS => {
                     tracing::warn!(shard, step, attempt, error = %e, "checkpoint part not recorded in etcd; retrying");
                     if !backoff.wait(stop).await {

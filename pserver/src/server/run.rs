@@ -294,6 +294,7 @@ pub async fn run(
                 shard: shard.clone(),
                 dir,
                 cfg: c,
+                said_full: Default::default(),
             }
             .run(stop.clone())
             .in_current_span(),
