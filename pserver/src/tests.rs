@@ -426,6 +426,26 @@ async fn wait_participants(ps: &PsClient, who: &[&str]) {
     );
 }
 
+/// Waits until every shard's next step is `step`, holding exactly `who`'s pushes.
+async fn wait_contributed(ps: &PsClient, step: u64, who: &[&str]) {
+    let ok = edl_testkit::wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || async {
+            ps.status().await.iter().all(|s| {
+                s.as_ref()
+                    .is_ok_and(|s| s.next_step == step && s.contributed == who)
+            })
+        },
+    )
+    .await;
+    assert!(
+        ok,
+        "step {step} never held the pushes of {who:?}: {:?}",
+        ps.status().await
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_steps_average_the_live_trainers_through_deaths_and_joins() {
     let h = Harness::new("sync", 2);
@@ -463,7 +483,7 @@ async fn sync_steps_average_the_live_trainers_through_deaths_and_joins() {
         let a = a.clone();
         tokio::spawn(async move { a.push("a", 3, &[("w", &vec![5.0; N])], &[]).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_contributed(&ps, 3, &["a"]).await;
     assert!(!pa.is_finished(), "the step waits for b");
     drop(lb); // no more keep-alives: the registration ends with the lease
     assert_eq!(pa.await.unwrap().unwrap().step, 3);
@@ -476,12 +496,14 @@ async fn sync_steps_average_the_live_trainers_through_deaths_and_joins() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), Some(ErrorKind::NotRegistered), "{err}");
-    // Step 4 is open (a pushed) when c registers: c enters at step 5.
+    // Step 4: a pushes, alone (the only participant: the step closes at once); c
+    // registers after it: c enters at step 5.
     let pa = {
         let a = a.clone();
         tokio::spawn(async move { a.push("a", 4, &[("w", &vec![2.0; N])], &[]).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // (a is the only participant: its push closes step 4 before c registers.)
+    wait_contributed(&ps, 5, &[]).await;
     let _lc = h.register("c").await;
     assert_eq!(
         pa.await.unwrap().unwrap().step,

@@ -58,6 +58,53 @@ async fn wait_participants(ps: &PsClient, who: &[&str]) {
     assert!(ok, "participants never became {who:?}");
 }
 
+/// Waits until every shard's next step is `step`, holding exactly `who`'s pushes.
+async fn wait_contributed(ps: &PsClient, step: u64, who: &[&str]) {
+    let ok = wait_until(Duration::from_secs(10), || async {
+        ps.status().await.iter().all(|s| {
+            s.as_ref()
+                .is_ok_and(|s| s.next_step == step && s.contributed == who)
+        })
+    })
+    .await;
+    assert!(
+        ok,
+        "step {step} never held the pushes of {who:?}: {:?}",
+        ps.status().await
+    );
+}
+
+/// Bytes received and not yet read on the connections accepted at loopback `port` (the
+/// kernel's receive queues, from `/proc/net/tcp` and `/proc/net/tcp6`): what a stopped
+/// process has been sent.
+fn queued_at(port: u16) -> u64 {
+    let mut total = 0;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            // sl local_address rem_address st tx_queue:rx_queue ...
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let local = cols
+                .get(1)
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            let established = cols.get(3) == Some(&"01");
+            let rx = cols
+                .get(4)
+                .and_then(|q| q.split(':').nth(1))
+                .and_then(|h| u64::from_str_radix(h, 16).ok());
+            if let (Some(p), true, Some(rx)) = (local, established, rx)
+                && p == port
+            {
+                total += rx;
+            }
+        }
+    }
+    total
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_async_pushes_to_two_pserver_processes_apply_the_exact_sum() {
     let w = World::new("ps-async").await;
@@ -216,7 +263,7 @@ async fn sync_steps_average_live_trainer_processes_through_a_kill_and_a_join() {
             (ra.unwrap().step, rb.unwrap().step)
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_contributed(&ps, 3, &["a", "b"]).await;
     assert!(!pushes.is_finished(), "step 3 waits for the silent trainer");
     c.kill().await.unwrap();
     let killed = Instant::now();
@@ -378,11 +425,26 @@ async fn a_pserver_paused_past_its_ttl_and_replaced_never_serves_again() {
     // A call sent while the old pserver is still stopped waits in its socket; it is the
     // first thing the process sees when it resumes, with its lease long expired. It must
     // be refused (and so must anything later, until the process exits).
+    let port: u16 = old_addr
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the old pserver's port");
+    let queued = queued_at(port);
     let early = {
         let (addr, job) = (old_addr.clone(), w.job.clone());
         tokio::spawn(async move { probe(&addr, &job, None, None, Duration::from_secs(10)).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The call is in the stopped process's socket (the kernel accepts the connection
+    // and queues the request: more than 100 bytes) before it resumes.
+    let sent = wait_until(Duration::from_secs(10), || async {
+        queued_at(port) >= queued + 100
+    })
+    .await;
+    assert!(
+        sent,
+        "the early call never reached the stopped pserver's socket"
+    );
     old.signal("CONT");
     for r in [
         early.await.unwrap(),
