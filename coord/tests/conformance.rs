@@ -1078,8 +1078,10 @@ async fn full_store_refuses_writes_until_space_is_freed(backend: Arc<dyn Backend
         .unwrap();
     let mut filled = 0u64;
     let full = loop {
+        // etcd measures its database file, which grows in steps and is measured at its
+        // commits (every 100 ms): a burst of puts passes the quota by some way.
         assert!(
-            filled * VALUE as u64 <= 2 * QUOTA,
+            filled * VALUE as u64 <= 10 * QUOTA,
             "{filled} values of {VALUE} bytes and the store is not full"
         );
         let value: Vec<u8> = (0..VALUE).map(|_| rand::random::<u8>()).collect();

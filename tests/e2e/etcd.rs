@@ -374,7 +374,7 @@ async fn a_job_rides_out_an_etcd_leader_death_and_a_30s_quorum_loss() {
 /// distinct keys under `prefix` (live data), or all at `prefix` (older versions, which
 /// compaction frees). How many fit.
 async fn fill_etcd(backend: &Arc<dyn Backend>, prefix: &str, size: usize, distinct: bool) -> usize {
-    for n in 0..10_000 {
+    for n in 0..1000 {
         let key = if distinct {
             format!("{prefix}{n}")
         } else {
