@@ -86,3 +86,28 @@ pub async fn register_trainer(
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+/// Writes values of `size` bytes until `backend` refuses one for lack of space
+/// ([`edl_coord::Error::NoSpace`]): at distinct keys under `prefix` (live data), or all at
+/// `prefix` (older versions, which compaction frees); how many fit. Panics on any other
+/// error, or when 1000 values fit (the store has no quota that small).
+pub async fn fill_until_full(
+    backend: &std::sync::Arc<dyn edl_coord::Backend>,
+    prefix: &str,
+    size: usize,
+    distinct: bool,
+) -> usize {
+    for n in 0..1000 {
+        let key = if distinct {
+            format!("{prefix}{n}")
+        } else {
+            prefix.to_owned()
+        };
+        match backend.put(&key, vec![n as u8; size], None).await {
+            Ok(_) => {}
+            Err(e) if e.is_no_space() => return n,
+            Err(e) => panic!("filling the store: {e}"),
+        }
+    }
+    panic!("1000 values of {size} bytes and the store is not full: is its quota set?");
+}

@@ -201,6 +201,36 @@ async fn wait_status(
     }
 }
 
+/// Starts the example under `edl run` on `etcd` in `dir` for `passes` passes, with
+/// small batches (many sync steps per pass keep the job training across the faults) and
+/// a 5 s lease TTL (well within an outage, so every process's lease goes unconfirmed);
+/// the run and the path of its report.
+fn run_example(dir: &std::path::Path, etcd: &EtcdCluster, passes: u64) -> (Proc, PathBuf) {
+    let spec = example(dir, "fit_a_line", "job.toml", |s| {
+        for line in ["passes = 30", "batch_size = 20", "lease_ttl = \"10s\""] {
+            assert!(s.contains(line), "the example changed: {line}");
+        }
+        s.replace("passes = 30", &format!("passes = {passes}"))
+            .replace("batch_size = 20", "batch_size = 4")
+            .replace("lease_ttl = \"10s\"", "lease_ttl = \"5s\"")
+    });
+    let report = dir.join("report.json");
+    let run = Proc::spawn(
+        dir,
+        "run",
+        &[
+            "run".to_owned(),
+            spec.display().to_string(),
+            "--etcd".to_owned(),
+            etcd.endpoints().join(","),
+            "--report".to_owned(),
+            report.display().to_string(),
+            "--quiet".to_owned(),
+        ],
+    );
+    (run, report)
+}
+
 /// A job under `edl run` on a three-member etcd rides out the death of the etcd leader
 /// and then 30 s without an etcd quorum: no process exits, nothing restarts or rolls
 /// back, every record is trained, the job succeeds.
@@ -214,30 +244,7 @@ async fn a_job_rides_out_an_etcd_leader_death_and_a_30s_quorum_loss() {
         .expect("start a three-member etcd");
     let backend = etcd.connect().await.expect("connect to etcd");
     let dir = tempfile::tempdir().expect("tempdir");
-    // Small batches (many sync steps per pass) keep the job training across the faults;
-    // a lease TTL well within the outage makes every process's lease unconfirmed.
-    let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
-        for line in ["passes = 30", "batch_size = 20", "lease_ttl = \"10s\""] {
-            assert!(s.contains(line), "the example changed: {line}");
-        }
-        s.replace("passes = 30", &format!("passes = {PASSES}"))
-            .replace("batch_size = 20", "batch_size = 4")
-            .replace("lease_ttl = \"10s\"", "lease_ttl = \"5s\"")
-    });
-    let report = dir.path().join("report.json");
-    let mut run = Proc::spawn(
-        dir.path(),
-        "run",
-        &[
-            "run".to_owned(),
-            spec.display().to_string(),
-            "--etcd".to_owned(),
-            etcd.endpoints().join(","),
-            "--report".to_owned(),
-            report.display().to_string(),
-            "--quiet".to_owned(),
-        ],
-    );
+    let (mut run, report) = run_example(dir.path(), &etcd, PASSES);
     let job = JobName::new("fit-a-line").expect("a valid job name");
     let keys = JobKeys::new(&job);
     let total = PASSES * 405;
@@ -370,25 +377,6 @@ async fn a_job_rides_out_an_etcd_leader_death_and_a_30s_quorum_loss() {
     );
 }
 
-/// Writes values of `size` bytes to etcd until it refuses one for lack of space: at
-/// distinct keys under `prefix` (live data), or all at `prefix` (older versions, which
-/// compaction frees). How many fit.
-async fn fill_etcd(backend: &Arc<dyn Backend>, prefix: &str, size: usize, distinct: bool) -> usize {
-    for n in 0..1000 {
-        let key = if distinct {
-            format!("{prefix}{n}")
-        } else {
-            prefix.to_owned()
-        };
-        match backend.put(&key, vec![n as u8; size], None).await {
-            Ok(_) => {}
-            Err(e) if e.is_no_space() => return n,
-            Err(e) => panic!("filling etcd: {e}"),
-        }
-    }
-    panic!("etcd never filled: is its quota set?");
-}
-
 /// A job under `edl run` on an etcd with a small space quota (`--quota-backend-bytes`)
 /// lives through etcd filling up twice, losing nothing:
 /// - full of old versions (one key overwritten): the master compacts and defragments
@@ -415,28 +403,7 @@ async fn a_full_etcd_pauses_the_job_and_it_goes_on_once_etcd_has_space() {
         .expect("start etcd with a small quota");
     let backend = etcd.connect().await.expect("connect to etcd");
     let dir = tempfile::tempdir().expect("tempdir");
-    let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
-        for line in ["passes = 30", "batch_size = 20", "lease_ttl = \"10s\""] {
-            assert!(s.contains(line), "the example changed: {line}");
-        }
-        s.replace("passes = 30", &format!("passes = {PASSES}"))
-            .replace("batch_size = 20", "batch_size = 4")
-            .replace("lease_ttl = \"10s\"", "lease_ttl = \"5s\"")
-    });
-    let report = dir.path().join("report.json");
-    let mut run = Proc::spawn(
-        dir.path(),
-        "run",
-        &[
-            "run".to_owned(),
-            spec.display().to_string(),
-            "--etcd".to_owned(),
-            etcd.endpoints().join(","),
-            "--report".to_owned(),
-            report.display().to_string(),
-            "--quiet".to_owned(),
-        ],
-    );
+    let (mut run, report) = run_example(dir.path(), &etcd, PASSES);
     let job = JobName::new("fit-a-line").expect("a valid job name");
     let keys = JobKeys::new(&job);
     let total = PASSES * 405;
@@ -452,7 +419,7 @@ async fn a_full_etcd_pauses_the_job_and_it_goes_on_once_etcd_has_space() {
     .await;
 
     // Full of old versions: the master frees them itself.
-    assert!(fill_etcd(&backend, "/other/overwritten", VALUE, false).await >= 8);
+    assert!(edl_testkit::fill_until_full(&backend, "/other/overwritten", VALUE, false).await >= 8);
     let at_full = trained(
         &wait_status(
             &backend,
@@ -494,7 +461,7 @@ async fn a_full_etcd_pauses_the_job_and_it_goes_on_once_etcd_has_space() {
     );
 
     // Full of live data: paused until it is deleted and the space freed.
-    assert!(fill_etcd(&backend, "/other/data/", VALUE, true).await >= 1);
+    assert!(edl_testkit::fill_until_full(&backend, "/other/data/", VALUE, true).await >= 1);
     let paused = wait_status(
         &backend,
         &job,

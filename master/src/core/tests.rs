@@ -93,31 +93,13 @@ async fn a_restore_is_applied_before_any_acknowledgement_through_its_incarnation
     assert_eq!(st.counters.recomputed, 0, "{st:?}");
 }
 
-/// Fills `backend` until it refuses a write for lack of space, with values of `size`
-/// bytes at distinct keys under `prefix` (live data), or at one key (older versions,
-/// which compaction frees). How many fit.
-async fn fill(backend: &Arc<dyn Backend>, prefix: &str, size: usize, distinct: bool) -> usize {
-    for n in 0..100_000 {
-        let key = if distinct {
-            format!("{prefix}{n}")
-        } else {
-            prefix.to_owned()
-        };
-        match backend.put(&key, vec![n as u8; size], None).await {
-            Ok(_) => {}
-            Err(e) if e.is_no_space() => return n,
-            Err(e) => panic!("{e}"),
-        }
-    }
-    panic!("the store never filled");
-}
-
 /// Fills `backend` with live data to the last few bytes: values of 64 KiB, then 1 KiB,
 /// then 8 bytes, the space freed before each (so no older version is left to free).
 async fn fill_live(backend: &Arc<dyn Backend>, prefix: &str) {
     for (stage, size) in [64 << 10, 1 << 10, 8].into_iter().enumerate() {
         backend.free_space().await.unwrap();
-        let n = fill(backend, &format!("{prefix}{stage}/"), size, true).await;
+        let n =
+            edl_testkit::fill_until_full(backend, &format!("{prefix}{stage}/"), size, true).await;
         assert!(size < 64 << 10 || n >= 4, "only {n} values fit");
     }
 }
@@ -174,7 +156,7 @@ async fn a_full_etcd_pauses_the_queue_and_training_goes_on_once_it_has_space() {
     // Full of history: the acknowledgement is refused once, then the master has freed
     // the space itself.
     let t = lease_one(&handle, &mut request).await;
-    assert!(fill(&backend, "/other/history", 64 << 10, false).await >= 4);
+    assert!(edl_testkit::fill_until_full(&backend, "/other/history", 64 << 10, false).await >= 4);
     let ack = || handle.finished(t.id.clone(), t.generation, t.records, vec![]);
     assert!(matches!(ack().await, Err(MasterError::EtcdFull(_))));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
