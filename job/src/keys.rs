@@ -10,6 +10,7 @@
 //! /edl/<job>/job/state                 the job's final state (edl run)
 //! /edl/<job>/job/control               a request to the job (edl kill)
 //! /edl/<job>/job/dataset, job/queue    the master's dataset and queue records
+//! /edl/<job>/job/files/<n>             the dataset's file list, in parts
 //! /edl/<job>/job/journal[/<id>/<n>]    a queue commit too large for one transaction
 //! /edl/<job>/scale/trainers            the desired trainer count (edl scale)
 //! /edl/<job>/master/election/<lease>   master candidates; the oldest leads
@@ -96,9 +97,20 @@ impl JobKeys {
         self.key("master/space-probe")
     }
 
-    /// The indexed dataset, written once after all its tasks.
+    /// The indexed dataset, written once after all its tasks and file lists.
     pub fn dataset(&self) -> String {
         self.key("job/dataset")
+    }
+
+    /// The prefix of the dataset's file lists `job/files/<n>` (a dataset of many files
+    /// does not fit one record).
+    pub fn dataset_files(&self) -> String {
+        self.key("job/files/")
+    }
+
+    /// Part `n` of the dataset's file list.
+    pub fn dataset_files_part(&self, n: u32) -> String {
+        self.key(&format!("job/files/{n:06}"))
     }
 
     /// The queue record: current pass, finished flag, counters, failed tasks.

@@ -36,7 +36,8 @@ pub struct DatasetFile {
     pub bytes: u64,
 }
 
-/// The indexed dataset: the value stored under `job/dataset`, written after every task.
+/// The indexed dataset: stored as `job/dataset` (without the file list) and the file
+/// list's parts `job/files/<n>`, written after every task.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dataset {
     /// What the dataset was defined with.

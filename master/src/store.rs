@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use edl_coord::{Backend, Fence, Op, Txn, fenced_txn};
 use serde::{Deserialize, Serialize};
 
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, DatasetFile};
 use crate::error::MasterError;
 use crate::queue::{Changes, Meta, Task};
 use edl_job::{FailedRecord, JobKeys, Record, RestoreRecord};
@@ -48,6 +48,46 @@ pub const OP_OVERHEAD: usize = 64;
 
 /// Target size of one journal entry (several puts packed together).
 const JOURNAL_ENTRY_BYTES: usize = MAX_BYTES_PER_TXN / 4;
+
+/// Bytes of file entries per part of the dataset's file list (`job/files/<n>`): a
+/// quarter of a transaction, so a part always fits one.
+const FILES_PART_BYTES: usize = MAX_BYTES_PER_TXN / 4;
+
+/// The record `job/dataset`: the dataset without its file list, which is in
+/// `file_parts` records `job/files/<n>` (written before it). Records written before the
+/// parts existed hold the list in `files`.
+#[derive(Debug, Serialize, Deserialize)]
+struct DatasetHeader {
+    spec: crate::dataset::DatasetSpec,
+    tasks: u64,
+    records: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    files: Vec<DatasetFile>,
+    #[serde(default)]
+    file_parts: u32,
+}
+
+/// Cuts a file list into parts of about [`FILES_PART_BYTES`] (encoded).
+fn file_parts(files: &[DatasetFile]) -> Result<Vec<Vec<u8>>, MasterError> {
+    let mut parts = Vec::new();
+    let mut cur: Vec<&DatasetFile> = Vec::new();
+    let mut bytes = 0;
+    for f in files {
+        // An entry's JSON: its path and a few numbers.
+        let n = f.path.len() + 96;
+        if !cur.is_empty() && bytes + n > FILES_PART_BYTES {
+            parts.push(encode(&cur)?);
+            cur.clear();
+            bytes = 0;
+        }
+        bytes += n;
+        cur.push(f);
+    }
+    if !cur.is_empty() {
+        parts.push(encode(&cur)?);
+    }
+    Ok(parts)
+}
 
 /// What a new leader loads.
 #[derive(Debug, Clone)]
@@ -270,7 +310,7 @@ impl Store {
         let Some(ds) = self.backend.get(&self.keys.dataset()).await? else {
             return Ok(None);
         };
-        let dataset: Dataset = decode(&ds.key, &ds.value)?;
+        let dataset = self.load_dataset(&ds.key, &ds.value).await?;
         let meta = match self.backend.get(&self.keys.queue()).await? {
             Some(kv) => decode(&kv.key, &kv.value)?,
             None => Meta::default(),
@@ -298,15 +338,42 @@ impl Store {
         }))
     }
 
+    /// The dataset from its header and its file list's parts.
+    async fn load_dataset(&self, key: &str, value: &[u8]) -> Result<Dataset, MasterError> {
+        let h: DatasetHeader = decode(key, value)?;
+        let mut files = h.files;
+        if h.file_parts > 0 {
+            let (kvs, _) = self.backend.range(&self.keys.dataset_files()).await?;
+            if kvs.len() != h.file_parts as usize {
+                return Err(MasterError::Unavailable(format!(
+                    "corrupt dataset: {} of its {} file lists are under {}",
+                    kvs.len(),
+                    h.file_parts,
+                    self.keys.dataset_files()
+                )));
+            }
+            for kv in &kvs {
+                files.extend(decode::<Vec<DatasetFile>>(&kv.key, &kv.value)?);
+            }
+        }
+        Ok(Dataset {
+            spec: h.spec,
+            files,
+            tasks: h.tasks,
+            records: h.records,
+        })
+    }
+
     /// The pserver shards' restore records (`restores/`) as etcd holds them now.
     pub async fn restores(&self) -> Result<Vec<RestoreRecord>, MasterError> {
         let (kvs, _) = self.backend.range(&self.keys.restores()).await?;
         Ok(edl_job::records::decode_readable(&kvs))
     }
 
-    /// Writes a new dataset: its tasks first (in as many transactions as needed), then
-    /// the dataset and queue records, which make it visible. A crash part-way leaves no
-    /// dataset record, and the next `SetDataset` rewrites the same deterministic tasks.
+    /// Writes a new dataset: its tasks and its file list's parts first (in as many
+    /// transactions as needed), then the dataset and queue records, which make it
+    /// visible. A crash part-way leaves no dataset record, and the next `SetDataset`
+    /// rewrites the same deterministic tasks and parts.
     pub async fn create_dataset(
         &self,
         dataset: &Dataset,
@@ -316,12 +383,30 @@ impl Store {
         for t in &changes.tasks {
             ops.push(Op::put(self.keys.task(&t.spec.id), encode(t)?));
         }
-        let mut last = vec![Op::put(self.keys.dataset(), encode(dataset)?)];
+        let parts = file_parts(&dataset.files)?;
+        let header = DatasetHeader {
+            spec: dataset.spec.clone(),
+            tasks: dataset.tasks,
+            records: dataset.records,
+            files: Vec::new(),
+            file_parts: u32::try_from(parts.len())
+                .map_err(|_| MasterError::TooLarge("more than 2^32 file lists".into()))?,
+        };
+        let mut files = Vec::with_capacity(parts.len());
+        for (n, part) in parts.into_iter().enumerate() {
+            files.push(Op::put(self.keys.dataset_files_part(n as u32), part));
+        }
+        let mut last = vec![Op::put(self.keys.dataset(), encode(&header)?)];
         if let Some(meta) = &changes.meta {
             last.push(Op::put(self.keys.queue(), encode(meta)?));
         }
-        let (tasks, last) = (split(ops)?, split(last)?);
+        let (tasks, files, last) = (split(ops)?, split(files)?, split(last)?);
         self.run(tasks).await?;
+        // The parts of an attempt that stopped before its header go first (etcd takes
+        // no transaction that deletes a prefix and puts under it).
+        self.run(vec![vec![Op::delete_prefix(self.keys.dataset_files())]])
+            .await?;
+        self.run(files).await?;
         self.run(last).await
     }
 

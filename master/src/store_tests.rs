@@ -450,3 +450,67 @@ async fn hostile_queue_records_load_as_an_error_or_a_queue_that_serves() {
         "loaded {loaded}, refused {refused}"
     );
 }
+
+/// A dataset of 100,000 files (some 13 MB of file list, far over one etcd request) is
+/// stored in parts and loads whole, in order; the record `job/dataset` stays small.
+#[tokio::test]
+async fn a_dataset_of_100_000_files_is_stored_in_parts_and_loads_whole() {
+    let backend = FailTxn::new();
+    let store = leader(&backend, "one").await;
+    let mut ds = dataset(3);
+    ds.files = (0..100_000u64)
+        .map(|i| crate::dataset::DatasetFile {
+            path: format!("/mnt/datasets/imagenet-shards/train/part-{i:08}.recordio"),
+            chunks: 10,
+            records: 1000 + i,
+            bytes: 1 << 20,
+        })
+        .collect();
+    let mut q = Queue::new(cfg(2, 3), specs(3));
+    store.create_dataset(&ds, &q.take_changes()).await.unwrap();
+    let header = backend.inner.get(&keys().dataset()).await.unwrap().unwrap();
+    assert!(
+        header.value.len() < 1024,
+        "job/dataset is {} bytes",
+        header.value.len()
+    );
+    let (parts, _) = backend.inner.range(&keys().dataset_files()).await.unwrap();
+    assert!(parts.len() > 13, "{} parts", parts.len());
+    assert!(
+        parts
+            .iter()
+            .all(|kv| kv.value.len() <= MAX_BYTES_PER_TXN / 2)
+    );
+    let loaded = store.load().await.unwrap().expect("a dataset");
+    assert_eq!(loaded.dataset, ds);
+}
+
+/// A `job/dataset` written before file lists had parts holds them inline: it loads.
+#[tokio::test]
+async fn a_dataset_record_with_its_files_inline_still_loads() {
+    let backend = FailTxn::new();
+    let store = leader(&backend, "one").await;
+    let mut ds = dataset(3);
+    ds.files = vec![crate::dataset::DatasetFile {
+        path: "/data/a.recordio".into(),
+        chunks: 3,
+        records: 30,
+        bytes: 999,
+    }];
+    let mut q = Queue::new(cfg(2, 3), specs(3));
+    store.create_dataset(&ds, &q.take_changes()).await.unwrap();
+    let old = serde_json::json!({
+        "spec": ds.spec, "files": ds.files, "tasks": 3, "records": 0,
+    });
+    backend
+        .inner
+        .put(&keys().dataset(), serde_json::to_vec(&old).unwrap(), None)
+        .await
+        .unwrap();
+    backend
+        .inner
+        .delete_prefix(&keys().dataset_files())
+        .await
+        .unwrap();
+    assert_eq!(store.load().await.unwrap().expect("a dataset").dataset, ds);
+}

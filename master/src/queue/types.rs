@@ -62,7 +62,9 @@ pub struct TaskSpec {
 }
 
 impl TaskSpec {
-    /// The id of the task over chunks `begin..end` of file `file`: sorts in dataset order.
+    /// The id of the task over chunks `begin..end` of file `file`: unique, and sorts in
+    /// dataset order up to 100,000 files (past that, files from 100,000 on sort among the
+    /// others; a task's index is its position in id order, the same for every master).
     pub fn make_id(file: u32, begin: u32, end: u32) -> String {
         format!("{file:05}-{begin:07}-{end:07}")
     }
