@@ -145,15 +145,17 @@ pub struct RoleArgs {
 }
 
 impl RoleArgs {
-    /// Runs a role as every role starts: on a runtime of its own, SIGTERM and SIGINT
-    /// cancel the token `body` gets (a second signal exits at once), etcd connected first
-    /// (waiting out an outage for up to `--etcd-wait`). Stopped before etcd answered,
-    /// the role does nothing and succeeds.
+    /// Runs a role as every role starts: its open-file limit raised
+    /// ([`raise_open_files`]), on a runtime of its own, SIGTERM and SIGINT cancel the
+    /// token `body` gets (a second signal exits at once), etcd connected first (waiting
+    /// out an outage for up to `--etcd-wait`). Stopped before etcd answered, the role
+    /// does nothing and succeeds.
     pub fn run<F, Fut>(&self, body: F) -> anyhow::Result<()>
     where
         F: FnOnce(Arc<dyn Backend>, CancellationToken) -> Fut,
         Fut: Future<Output = anyhow::Result<()>>,
     {
+        raise_open_files();
         runtime()?.block_on(async move {
             let shutdown = shutdown_on_signals()?;
             match self
@@ -166,6 +168,22 @@ impl RoleArgs {
             }
         })
     }
+}
+
+/// Raises this process's soft limit on open files to its hard limit, and returns the
+/// soft limit now in force (`u64::MAX`: unlimited, or unknown). A master or pserver of
+/// a thousand trainers holds a few thousand connections, over the soft limit of 1,024
+/// that many systems start processes with; the hard limit is what an administrator
+/// allows.
+pub fn raise_open_files() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return u64::MAX;
+    };
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return hard;
+    }
+    soft
 }
 
 /// Where a serving role (master, pserver) listens.

@@ -41,6 +41,11 @@ pub struct PserverArgs {
     /// Largest gRPC message in MiB (a push or pull of one shard).
     #[arg(long, default_value_t = 1024)]
     pub max_message_mib: usize,
+    /// Bulk-path connections served at once. A new one over the bound takes the slot of
+    /// the connection idle longest; it is closed only while every slot is in the middle
+    /// of a request. A trainer uses about two at a time.
+    #[arg(long, default_value_t = edl_pserver::server::DEFAULT_MAX_BULK_CONNECTIONS)]
+    pub max_bulk_connections: usize,
 }
 
 fn parse_index(s: &str) -> Result<IndexChoice, String> {
@@ -73,6 +78,19 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
     cfg.index = args.index;
     cfg.shards = args.shards;
     cfg.max_message_bytes = args.max_message_mib.saturating_mul(1 << 20);
+    cfg.max_bulk_connections = args.max_bulk_connections;
+    // The bulk slots, and room beside them for gRPC, etcd and checkpoint files.
+    let open_files = crate::common::raise_open_files();
+    let needed = (args.max_bulk_connections as u64).saturating_add(1024);
+    if open_files < needed {
+        tracing::warn!(
+            open_files,
+            max_bulk_connections = args.max_bulk_connections,
+            "the open-file limit is below --max-bulk-connections plus 1024: with many \
+             trainers connections will be refused (raise `ulimit -n`, or lower \
+             --max-bulk-connections)"
+        );
+    }
     cfg.checkpoint = Some(CheckpointConfig {
         keep: args.keep_checkpoints,
         ..CheckpointConfig::new(&args.checkpoint_dir, args.checkpoint_every)

@@ -1,11 +1,13 @@
 //! The pserver's side of the bulk path (its framing, shared with the client, is
 //! `edl_pserver_client::bulk`, re-exported here): [`accept`] tells bulk connections from gRPC ones
-//! by their first byte, bounds how many are served at once, and serves each: a hello
-//! (job and token, checked like gRPC's headers), then push and pull frames handed to the
-//! service, which converts them as it does gRPC requests.
+//! by their first byte, bounds how many are served at once ([`BulkSlots`]), and serves
+//! each: a hello (job and token, checked like gRPC's headers), then push and pull frames
+//! handed to the service, which converts them as it does gRPC requests.
 
+use std::collections::BTreeMap;
 use std::io;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -14,7 +16,7 @@ use edl_proto::tls::{ALPN_BULK, ServerConn};
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tracing::Instrument as _;
@@ -27,9 +29,81 @@ pub use edl_pserver_client::bulk::{
 };
 use edl_pserver_client::bulk::{read_header, read_into, status_to_pb, u32_at, write_all_within};
 
+/// How long a new connection waits for the slot of the idle connection it closed.
+const EVICT_WAIT: Duration = Duration::from_secs(2);
+
+/// The bulk path's connection slots: at most `max` connections are served at once. A
+/// new connection over the bound takes the slot of the connection idle longest (between
+/// requests: its client reconnects when it next needs one, so a thousand trainers share
+/// the slots by turns); it is closed at once only when every slot is in the middle of a
+/// request (its client retries).
+pub(crate) struct BulkSlots {
+    permits: Arc<Semaphore>,
+    /// Connections waiting for their next request, oldest first.
+    idle: Mutex<BTreeMap<u64, CancellationToken>>,
+    seq: AtomicU64,
+}
+
+impl BulkSlots {
+    pub(crate) fn new(max: usize) -> Arc<BulkSlots> {
+        Arc::new(BulkSlots {
+            permits: Arc::new(Semaphore::new(max.max(1))),
+            idle: Mutex::new(BTreeMap::new()),
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    /// A slot for a new connection: a free one, or the longest-idle connection's.
+    /// `None`: every slot is busy.
+    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(p) = self.permits.clone().try_acquire_owned() {
+            return Some(p);
+        }
+        let oldest = lock(&self.idle).pop_first();
+        let (_, evict) = oldest?;
+        evict.cancel();
+        tracing::debug!("a new bulk connection takes the slot of the one idle longest");
+        tokio::time::timeout(EVICT_WAIT, self.permits.clone().acquire_owned())
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Marks a connection idle until the guard drops; the guard's token fires when a
+    /// new connection takes its slot.
+    fn idle(self: &Arc<Self>) -> IdleGuard {
+        let id = self.seq.fetch_add(1, Ordering::Relaxed);
+        let token = CancellationToken::new();
+        lock(&self.idle).insert(id, token.clone());
+        IdleGuard {
+            slots: self.clone(),
+            id,
+            token,
+        }
+    }
+}
+
+/// An idle connection's place in [`BulkSlots`].
+struct IdleGuard {
+    slots: Arc<BulkSlots>,
+    id: u64,
+    token: CancellationToken,
+}
+
+impl Drop for IdleGuard {
+    fn drop(&mut self) {
+        lock(&self.slots.idle).remove(&self.id);
+    }
+}
+
+/// Locks `m`, going on past a panic of another holder (the map only names tokens).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Accepts connections on the pserver's port until `stop` fires: bulk connections are
-/// served here, at most as many at once as `bulk_slots` has permits (more are closed at
-/// once; their clients retry), the others go to the gRPC server through `grpc`.
+/// served here, within `bulk_slots` (see [`BulkSlots`]), the others go to the gRPC
+/// server through `grpc`.
 ///
 /// With `tls`, every connection must be TLS (anything else is closed unread); the
 /// handshake's ALPN says bulk ([`ALPN_BULK`]) or gRPC. Without it, the first byte says
@@ -38,7 +112,7 @@ pub(crate) async fn accept(
     listener: TcpListener,
     svc: Arc<Service>,
     grpc: mpsc::Sender<io::Result<ServerConn>>,
-    bulk_slots: Arc<Semaphore>,
+    bulk_slots: Arc<BulkSlots>,
     tls: Option<edl_proto::tls::TlsAcceptor>,
     stop: CancellationToken,
 ) {
@@ -89,11 +163,16 @@ pub(crate) async fn accept(
                     let _ = grpc.send(Ok(conn)).await;
                     return;
                 }
-                let Ok(_slot) = slots.try_acquire_owned() else {
-                    tracing::warn!(%peer, "too many bulk connections; closing a new one");
+                let Some(_slot) = slots.acquire().await else {
+                    tracing::warn!(
+                        %peer,
+                        "every bulk connection is in the middle of a request; closing a new one \
+                         (its client retries; `edl pserver --max-bulk-connections` raises the \
+                         bound)"
+                    );
                     return;
                 };
-                if let Err(e) = serve(conn, svc).await {
+                if let Err(e) = serve(conn, svc, &slots).await {
                     tracing::debug!(%peer, error = %e, "bulk connection ended");
                 }
             }
@@ -158,6 +237,7 @@ async fn read_hello<S: AsyncRead + Unpin>(
 async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     svc: Arc<Service>,
+    slots: &Arc<BulkSlots>,
 ) -> io::Result<()> {
     let hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream))
         .await
@@ -176,8 +256,11 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut buf = BytesMut::new();
     loop {
         let mut hdr = [0u8; 8];
+        let idle = slots.idle();
         tokio::select! {
             _ = svc.stopped().cancelled() => return Ok(()),
+            // A new connection took this slot: the client reconnects for its next request.
+            _ = idle.token.cancelled() => return Ok(()),
             r = tokio::time::timeout(IDLE_TIMEOUT, stream.read_exact(&mut hdr)) => match r {
                 Err(_) => return Ok(()),
                 Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
@@ -185,6 +268,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 Ok(Ok(_)) => {}
             },
         }
+        drop(idle);
         let header = read_header(
             &mut stream,
             u32_at(&hdr[4..8]) as usize,

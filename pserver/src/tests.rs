@@ -1324,17 +1324,28 @@ async fn bulk_connect(addr: &str, job: &str) -> (tokio::net::TcpStream, Option<u
     (s, status)
 }
 
+/// Whether the pserver closed `s` (EOF or an error within 5 s).
+async fn closed_by_pserver(s: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read(&mut byte)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bulk_path_bounds_hellos_stalls_and_connections() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let h = Harness::new("bulk-limits", 1);
     let _p0 = h
         .pserver_with(h.backend.clone(), 0, None, |c| {
-            c.io_timeout = Duration::from_millis(300);
+            c.io_timeout = Duration::from_secs(3);
             c.max_bulk_connections = 2;
         })
         .await;
     let addr = ps_addr(&h, 0).await;
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
     // A hello longer than a job name and a token is refused before it is read.
     let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
     s.write_all(&bulk_head(1 << 20)).await.unwrap();
@@ -1345,22 +1356,43 @@ async fn the_bulk_path_bounds_hellos_stalls_and_connections() {
         .unwrap();
     assert_eq!(u32::from_le_bytes(status), crate::bulk::STATUS_ERR);
     drop(s);
-    // Two connections are served; a third is closed at once.
+    // Two connections are served; a third takes the slot of the one idle longest.
     let (mut a, st) = bulk_connect(&addr, h.job.as_str()).await;
     assert_eq!(st, Some(crate::bulk::STATUS_OK));
-    let (_b, st) = bulk_connect(&addr, h.job.as_str()).await;
+    let (mut b, st) = bulk_connect(&addr, h.job.as_str()).await;
     assert_eq!(st, Some(crate::bulk::STATUS_OK));
-    let (_c, st) = bulk_connect(&addr, h.job.as_str()).await;
-    assert_eq!(st, None, "a connection beyond the bound is closed");
-    // A peer that stalls in the middle of a frame loses its connection, and its slot.
+    let (mut c, st) = bulk_connect(&addr, h.job.as_str()).await;
+    assert_eq!(
+        st,
+        Some(crate::bulk::STATUS_OK),
+        "an idle slot is taken over"
+    );
+    assert!(
+        closed_by_pserver(&mut a).await,
+        "the longest-idle connection is closed"
+    );
+    // Both slots in the middle of a request (a frame started, the pserver has read its
+    // bytes): a fourth connection is closed at once.
     let mut frame = crate::bulk::KIND_PULL.to_le_bytes().to_vec();
     frame.extend_from_slice(&100u32.to_le_bytes());
-    a.write_all(&frame).await.unwrap();
-    let mut byte = [0u8; 1];
-    let r = tokio::time::timeout(Duration::from_secs(5), a.read(&mut byte))
-        .await
-        .expect("a stalled connection is closed");
-    assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    b.write_all(&frame).await.unwrap();
+    c.write_all(&frame).await.unwrap();
+    let read =
+        edl_testkit::wait_until(Duration::from_secs(5), Duration::from_millis(5), || async {
+            edl_testkit::unread_at(port) == 0
+        })
+        .await;
+    assert!(read, "the pserver never read the frames' first bytes");
+    let (_d, st) = bulk_connect(&addr, h.job.as_str()).await;
+    assert_eq!(
+        st, None,
+        "a connection beyond the bound, none idle, is closed"
+    );
+    // A peer that stalls in the middle of a frame loses its connection, and its slot.
+    assert!(
+        closed_by_pserver(&mut b).await,
+        "a stalled connection is closed"
+    );
     let ok = edl_testkit::wait_until(
         Duration::from_secs(5),
         Duration::from_millis(20),
@@ -1368,6 +1400,52 @@ async fn the_bulk_path_bounds_hellos_stalls_and_connections() {
     )
     .await;
     assert!(ok, "the stalled connection's slot was never freed");
+}
+
+/// More clients than bulk slots: each request of one client finds the other's
+/// connection idle in the only slot and takes it over; its pool's connection was closed
+/// since its last request, and the request goes out again on a fresh one. Every push
+/// and pull succeeds, and each push is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_beyond_the_bulk_bound_take_turns_on_its_slots() {
+    let h = Harness::new("bulk-share", 1);
+    let _p0 = h
+        .pserver_with(h.backend.clone(), 0, None, |c| c.max_bulk_connections = 1)
+        .await;
+    // Retries for 1 s: a slot held by the other client's idle connection (for its
+    // 600 s idle timeout) would fail the request.
+    let one = h
+        .client_with(|c| c.retry_for = Duration::from_secs(1))
+        .await;
+    let two = h
+        .client_with(|c| c.retry_for = Duration::from_secs(1))
+        .await;
+    init(
+        &one,
+        "a",
+        &vec![0.0; N],
+        cfg(Mode::Async, OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    init(
+        &two,
+        "b",
+        &vec![0.0; N],
+        cfg(Mode::Async, OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let g = vec![-1.0f32; N];
+    for step in 1..=20u64 {
+        for (ps, who) in [(&one, "a"), (&two, "b")] {
+            ps.push(who, step, &[("w", &g), ("b", &[0.0])], &[])
+                .await
+                .unwrap_or_else(|e| panic!("push {step} of {who}: {e}"));
+        }
+    }
+    let mut cache = DenseCache::new();
+    two.pull_dense(&mut cache).await.unwrap();
+    let w = cache.get("w").unwrap();
+    assert!(w.iter().all(|&x| x == 40.0), "{:?}", &w[..4]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -111,3 +111,34 @@ pub async fn fill_until_full(
     }
     panic!("1000 values of {size} bytes and the store is not full: is its quota set?");
 }
+
+/// Bytes received and not yet read on the connections accepted at loopback `port` (the
+/// kernel's receive queues, from `/proc/net/tcp` and `/proc/net/tcp6`): what a stopped
+/// process has been sent.
+pub fn unread_at(port: u16) -> u64 {
+    let mut total = 0;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            // sl local_address rem_address st tx_queue:rx_queue ...
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let local = cols
+                .get(1)
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            let established = cols.get(3) == Some(&"01");
+            let rx = cols
+                .get(4)
+                .and_then(|q| q.split(':').nth(1))
+                .and_then(|h| u64::from_str_radix(h, 16).ok());
+            if let (Some(p), true, Some(rx)) = (local, established, rx)
+                && p == port
+            {
+                total += rx;
+            }
+        }
+    }
+    total
+}

@@ -74,37 +74,6 @@ async fn wait_contributed(ps: &PsClient, step: u64, who: &[&str]) {
     );
 }
 
-/// Bytes received and not yet read on the connections accepted at loopback `port` (the
-/// kernel's receive queues, from `/proc/net/tcp` and `/proc/net/tcp6`): what a stopped
-/// process has been sent.
-fn queued_at(port: u16) -> u64 {
-    let mut total = 0;
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            // sl local_address rem_address st tx_queue:rx_queue ...
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let local = cols
-                .get(1)
-                .and_then(|a| a.rsplit(':').next())
-                .and_then(|p| u16::from_str_radix(p, 16).ok());
-            let established = cols.get(3) == Some(&"01");
-            let rx = cols
-                .get(4)
-                .and_then(|q| q.split(':').nth(1))
-                .and_then(|h| u64::from_str_radix(h, 16).ok());
-            if let (Some(p), true, Some(rx)) = (local, established, rx)
-                && p == port
-            {
-                total += rx;
-            }
-        }
-    }
-    total
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_async_pushes_to_two_pserver_processes_apply_the_exact_sum() {
     let w = World::new("ps-async").await;
@@ -430,7 +399,7 @@ async fn a_pserver_paused_past_its_ttl_and_replaced_never_serves_again() {
         .next()
         .and_then(|p| p.parse().ok())
         .expect("the old pserver's port");
-    let queued = queued_at(port);
+    let queued = edl_testkit::unread_at(port);
     let early = {
         let (addr, job) = (old_addr.clone(), w.job.clone());
         tokio::spawn(async move { probe(&addr, &job, None, None, Duration::from_secs(10)).await })
@@ -438,7 +407,7 @@ async fn a_pserver_paused_past_its_ttl_and_replaced_never_serves_again() {
     // The call is in the stopped process's socket (the kernel accepts the connection
     // and queues the request: more than 100 bytes) before it resumes.
     let sent = wait_until(Duration::from_secs(10), || async {
-        queued_at(port) >= queued + 100
+        edl_testkit::unread_at(port) >= queued + 100
     })
     .await;
     assert!(

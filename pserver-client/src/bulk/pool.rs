@@ -2,6 +2,12 @@
 //! hello and kept in a small pool between requests; a pushed request's floats are written
 //! straight from its buffers, a pull's read into a buffer reused from pull to pull. A
 //! refusal leaves the connection usable; any other failure drops it.
+//!
+//! A pserver closes an idle connection when a new one needs its slot (or after
+//! `IDLE_TIMEOUT`): a request that breaks on a pooled connection is sent once more on a
+//! fresh one, within the same timeout. That is safe: the pserver read none of it, or (it
+//! died in the middle) a push is answered from its ledger as already applied and a pull
+//! reads.
 
 use std::io;
 use std::sync::Mutex;
@@ -202,10 +208,15 @@ impl Pool {
         }
     }
 
-    async fn take(&self) -> Result<Conn, Status> {
+    /// A pooled connection (`true`) or a new one.
+    async fn take(&self) -> Result<(Conn, bool), Status> {
         if let Some(c) = lock(&self.idle).pop() {
-            return Ok(c);
+            return Ok((c, true));
         }
+        self.connect().await.map(|c| (c, false))
+    }
+
+    async fn connect(&self) -> Result<Conn, Status> {
         let connect = Conn::connect(
             &self.addr,
             &self.job,
@@ -264,8 +275,13 @@ impl Pool {
         req: pb::PushRequest,
         timeout: Duration,
     ) -> Result<pb::PushResponse, Status> {
-        let mut c = self.take().await?;
-        let r = tokio::time::timeout(timeout, c.push(&req)).await;
+        let until = tokio::time::Instant::now() + timeout;
+        let (mut c, pooled) = self.take().await?;
+        let mut r = tokio::time::timeout_at(until, c.push(&req)).await;
+        if pooled && matches!(r, Ok(Err(Fail::Broken(_)))) {
+            c = self.connect().await?;
+            r = tokio::time::timeout_at(until, c.push(&req)).await;
+        }
         self.finish(c, r)
     }
 
@@ -275,9 +291,14 @@ impl Pool {
         req: pb::PullRequest,
         timeout: Duration,
     ) -> Result<pb::PullResponse, Status> {
-        let mut c = self.take().await?;
+        let until = tokio::time::Instant::now() + timeout;
         let max = self.max_message_bytes;
-        let r = tokio::time::timeout(timeout, c.pull(&req, max)).await;
+        let (mut c, pooled) = self.take().await?;
+        let mut r = tokio::time::timeout_at(until, c.pull(&req, max)).await;
+        if pooled && matches!(r, Ok(Err(Fail::Broken(_)))) {
+            c = self.connect().await?;
+            r = tokio::time::timeout_at(until, c.pull(&req, max)).await;
+        }
         self.finish(c, r)
     }
 }

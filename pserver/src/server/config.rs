@@ -13,8 +13,9 @@ pub use edl_pserver_client::{
 
 /// Longest a sync push waits for its step in one call.
 pub const MAX_PUSH_WAIT: Duration = Duration::from_secs(30);
-/// Default bound on bulk-path connections served at once.
-pub const DEFAULT_MAX_BULK_CONNECTIONS: usize = 1024;
+/// Default bound on bulk-path connections served at once: about two per trainer for a
+/// thousand trainers, with room (an idle one gives its slot to a new one beyond it).
+pub const DEFAULT_MAX_BULK_CONNECTIONS: usize = 4096;
 /// Default longest stall of a peer in the middle of a bulk request or response.
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -53,8 +54,9 @@ pub struct PsConfig {
     pub max_message_bytes: usize,
     /// Pushes and pulls processed at once (CPU-bound work on blocking threads).
     pub workers: usize,
-    /// Bulk-path connections served at once; more are closed at once (the clients
-    /// retry).
+    /// Bulk-path connections served at once; a new one beyond takes the slot of the
+    /// connection idle longest, and is closed at once (its client retries) only while
+    /// every slot is in the middle of a request.
     pub max_bulk_connections: usize,
     /// Longest a bulk-path peer may stall in the middle of a request (between the bytes
     /// of one frame) or of reading a response, before its connection is closed.

@@ -240,7 +240,7 @@ pub async fn run(
             listener,
             svc.clone(),
             conns_tx,
-            Arc::new(Semaphore::new(cfg.max_bulk_connections.max(1))),
+            crate::bulk::BulkSlots::new(cfg.max_bulk_connections),
             acceptor,
             stop.clone(),
         )
