@@ -15,6 +15,7 @@
 //!   the `kubernetes` cargo feature, on by default).
 //! - [`sim_cmd`]: `edl sim`, the autoscaling policies side by side in the cluster
 //!   simulator (the `edl-autoscaler` crate).
+//! - [`bench`]: `edl bench scale`, a job at scale through the real servers, measured.
 //! - [`paddle`]: PaddlePaddle's environment variables as a role.
 //! - the job spec, keys and records are the `edl-job` crate; the trainer process is
 //!   `edl_trainer::process`.
@@ -30,6 +31,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod bench;
 pub mod common;
 pub mod consume_cmd;
 pub mod data;
@@ -100,6 +102,10 @@ pub enum Command {
     /// Simulate a cluster under no autoscaling, EDL's autoscaler and edl's, side by side:
     /// EDL's published experiment and a synthetic day (tables, goals, plots).
     Sim(sim_cmd::SimArgs),
+    /// Load commands that measure a whole job's machinery (`edl bench scale`: a million
+    /// tasks, a thousand trainers, real etcd, masters and pservers).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 /// Sets up `tracing` for this command line (see [`logging`]): queries, data tools
@@ -116,6 +122,7 @@ pub fn init_logging(cli: &Cli) {
             | Command::Submit(_)
             | Command::Jobs(_)
             | Command::Sim(_)
+            | Command::Bench(_)
             | Command::Operator(
                 kubernetes::OperatorCommand::Crd | kubernetes::OperatorCommand::Render(_),
             ),
@@ -163,6 +170,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Jobs(args) => kubernetes::jobs(args).map(|()| ExitCode::SUCCESS),
         Command::Operator(cmd) => kubernetes::operator(cmd),
         Command::Sim(args) => sim_cmd::run(args),
+        Command::Bench(cmd) => bench::run(cmd).map(|()| ExitCode::SUCCESS),
     }
 }
 

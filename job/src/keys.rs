@@ -11,6 +11,7 @@
 //! /edl/<job>/job/control               a request to the job (edl kill)
 //! /edl/<job>/job/dataset, job/queue    the master's dataset and queue records
 //! /edl/<job>/job/files/<n>             the dataset's file list, in parts
+//! /edl/<job>/job/failures              the tasks failed for good, with reasons
 //! /edl/<job>/job/journal[/<id>/<n>]    a queue commit too large for one transaction
 //! /edl/<job>/scale/trainers            the desired trainer count (edl scale)
 //! /edl/<job>/master/election/<lease>   master candidates; the oldest leads
@@ -127,6 +128,12 @@ impl JobKeys {
     /// The prefix of every journal entry (`journal/<id>/<n>`).
     pub fn journal_entries(&self) -> String {
         self.key("job/journal/")
+    }
+
+    /// The list of tasks failed for good, with their reasons (for status; written only
+    /// when a task fails for good, apart from the queue record every batch rewrites).
+    pub fn failures(&self) -> String {
+        self.key("job/failures")
     }
 
     /// The prefix of the failed-task records `job/failed/<pass>`.

@@ -311,10 +311,13 @@ impl Store {
             return Ok(None);
         };
         let dataset = self.load_dataset(&ds.key, &ds.value).await?;
-        let meta = match self.backend.get(&self.keys.queue()).await? {
+        let mut meta: Meta = match self.backend.get(&self.keys.queue()).await? {
             Some(kv) => decode(&kv.key, &kv.value)?,
             None => Meta::default(),
         };
+        if let Some(kv) = self.backend.get(&self.keys.failures()).await? {
+            meta.failed = decode(&kv.key, &kv.value)?;
+        }
         let (kvs, _) = self.backend.range(&self.keys.tasks()).await?;
         let tasks = kvs
             .iter()
@@ -424,6 +427,9 @@ impl Store {
         }
         if let Some(meta) = &changes.meta {
             puts.push((self.keys.queue(), encode(meta)?));
+        }
+        if let Some(f) = &changes.failures {
+            puts.push((self.keys.failures(), encode(f)?));
         }
         let ops = puts
             .iter()

@@ -315,26 +315,111 @@ async fn a_record_too_large_for_a_transaction_is_refused_before_any_write() {
     store.commit(&changes).await.unwrap();
 }
 
-/// The largest queue record the bounds allow still fits one transaction.
+/// The largest list of failed tasks the bounds allow still fits one transaction.
 #[test]
-fn the_largest_queue_record_fits_one_transaction() {
-    let meta = Meta {
-        failed: (0..MAX_FAILED_REPORTED)
-            .map(|i| FailedTask {
-                pass: u32::MAX,
-                id: TaskSpec::make_id(u32::MAX, u32::MAX - 1, u32::MAX),
-                records: u64::MAX - i as u64,
-                // `"` is escaped (2 bytes): the worst a bounded reason can do.
-                reason: "\"".repeat(MAX_REASON_BYTES),
-            })
-            .collect(),
-        ..Meta::default()
-    };
-    let bytes = serde_json::to_vec(&meta).unwrap().len();
+fn the_largest_failure_list_fits_one_transaction() {
+    let failed: Vec<FailedTask> = (0..MAX_FAILED_REPORTED)
+        .map(|i| FailedTask {
+            pass: u32::MAX,
+            id: TaskSpec::make_id(u32::MAX, u32::MAX - 1, u32::MAX),
+            records: u64::MAX - i as u64,
+            // `"` is escaped (2 bytes): the worst a bounded reason can do.
+            reason: "\"".repeat(MAX_REASON_BYTES),
+        })
+        .collect();
+    let bytes = serde_json::to_vec(&failed).unwrap().len();
     assert!(
-        bytes + keys().queue().len() + OP_OVERHEAD <= MAX_BYTES_PER_TXN,
+        bytes + keys().failures().len() + OP_OVERHEAD <= MAX_BYTES_PER_TXN,
         "{bytes} bytes"
     );
+}
+
+/// With a thousand tasks failed for good, the queue record that every batch rewrites
+/// stays a few hundred bytes: the list of failures is its own record, written only by
+/// a batch that adds to it, and a new leader loads it back.
+#[tokio::test]
+async fn failures_are_written_apart_from_the_queue_record_and_only_when_they_change() {
+    let backend = FailTxn::new();
+    let store = leader(&backend, "l").await;
+    let n = MAX_FAILED_REPORTED as u32 + 5;
+    let mut q = Queue::new(cfg(1, 0), specs(n + 1));
+    store
+        .create_dataset(&dataset(u64::from(n + 1)), &q.take_changes())
+        .await
+        .unwrap();
+    let reason = "\"".repeat(MAX_REASON_BYTES);
+    for i in 0..n {
+        let t = take(&mut q, "a", u64::from(i));
+        q.failed(&t.spec.id, t.generation, &reason, 0).unwrap();
+        let c = q.take_changes();
+        assert!(
+            c.failures.is_some(),
+            "a task failed for good: the list changed"
+        );
+        store.commit(&c).await.unwrap();
+    }
+    let queue_bytes = |b: &Arc<FailTxn>| {
+        let b = b.inner.clone();
+        async move { b.get(&keys().queue()).await.unwrap().unwrap().value.len() }
+    };
+    assert!(
+        queue_bytes(&backend).await < 1024,
+        "{}",
+        queue_bytes(&backend).await
+    );
+    let list = backend
+        .inner
+        .get(&keys().failures())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(list.value.len() > 256 * MAX_FAILED_REPORTED);
+    // A batch that fails nothing leaves the list as it is.
+    let t = take(&mut q, "a", 10_000);
+    let c = q.take_changes();
+    assert!(c.meta.is_some() && c.failures.is_none());
+    store.commit(&c).await.unwrap();
+    let again = backend
+        .inner
+        .get(&keys().failures())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        again.mod_revision, list.mod_revision,
+        "the list was rewritten"
+    );
+    let loaded = store.load().await.unwrap().expect("a dataset");
+    assert_eq!(loaded.meta.failed, q.meta().failed);
+    assert_eq!(loaded.meta.failed.len(), MAX_FAILED_REPORTED);
+    drop(t);
+}
+
+/// A queue record written before the list of failures was its own record holds it
+/// inline: it loads.
+#[tokio::test]
+async fn a_queue_record_with_its_failures_inline_still_loads() {
+    let backend = FailTxn::new();
+    let store = leader(&backend, "l").await;
+    let mut q = Queue::new(cfg(1, 3), specs(2));
+    store
+        .create_dataset(&dataset(2), &q.take_changes())
+        .await
+        .unwrap();
+    let failed = vec![FailedTask {
+        pass: 0,
+        id: "00000-0000000-0000001".into(),
+        records: 10,
+        reason: "bad chunk".into(),
+    }];
+    let mut old = serde_json::to_value(Meta::default()).unwrap();
+    old["failed"] = serde_json::to_value(&failed).unwrap();
+    backend
+        .inner
+        .put(&keys().queue(), serde_json::to_vec(&old).unwrap(), None)
+        .await
+        .unwrap();
+    assert_eq!(store.load().await.unwrap().unwrap().meta.failed, failed);
 }
 
 /// Replaces a random number in JSON text with a hostile one, or flips bytes.

@@ -12,6 +12,7 @@
 //! - [`master`]: the master's task queue across trainer and master failures.
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
 //! - [`run`]: `edl run` of the examples, operator commands, bad input.
+//! - [`scale`]: `edl bench scale`, short: every record once through a master failover.
 //! - [`secure`]: `edl run --secure` over mutual TLS as a job user; jobs isolated by
 //!   etcd; a pserver's memory under an unauthenticated flood.
 //! - [`soak`]: a seeded soak with faults in every role and in etcd (`scripts/soak`).
@@ -25,6 +26,7 @@ mod kubernetes;
 mod master;
 mod pserver;
 mod run;
+mod scale;
 mod secure;
 mod soak;
 mod support;

@@ -87,6 +87,7 @@ impl Queue {
                 if self.meta.failed.len() > MAX_FAILED_REPORTED {
                     self.meta.failed.remove(0);
                 }
+                self.failures_dirty = true;
                 self.bump(|c| {
                     c.failed_tasks += 1;
                     c.lost_records += records;

@@ -69,6 +69,8 @@ pub struct Queue {
     durations: VecDeque<Millis>,
     dirty: BTreeSet<usize>,
     meta_dirty: bool,
+    /// The list of tasks failed for good (`Meta::failed`) changed.
+    failures_dirty: bool,
     /// The newest restore of each pserver shard (for acknowledgements; see `rewind`).
     restores: BTreeMap<u32, RestoreRecord>,
     /// Per pserver shard, the newest incarnation whose restore record, if it has one, the
@@ -184,6 +186,7 @@ impl Queue {
             durations: VecDeque::new(),
             dirty: BTreeSet::new(),
             meta_dirty: false,
+            failures_dirty: false,
             restores: BTreeMap::new(),
             restores_checked: BTreeMap::new(),
             failed: BTreeMap::new(),
@@ -313,6 +316,7 @@ impl Queue {
             .map(|i| self.tasks[i].clone())
             .collect();
         let meta = std::mem::take(&mut self.meta_dirty).then(|| self.meta.clone());
+        let failures = std::mem::take(&mut self.failures_dirty).then(|| self.meta.failed.clone());
         let failed = std::mem::take(&mut self.failed_dirty)
             .into_iter()
             .filter_map(|p| self.failed.get(&p).cloned())
@@ -320,6 +324,7 @@ impl Queue {
         Changes {
             tasks,
             meta,
+            failures,
             failed,
         }
     }

@@ -192,7 +192,10 @@ pub struct Meta {
     pub finished: bool,
     /// Life counters.
     pub counters: QueueCounters,
-    /// Tasks failed for good, oldest first, at most [`MAX_FAILED_REPORTED`].
+    /// Tasks failed for good, oldest first, at most [`MAX_FAILED_REPORTED`]. Stored
+    /// apart (`job/failures`, written only when it changes), not in the queue record,
+    /// which every batch rewrites; a queue record written before that holds it inline.
+    #[serde(default, skip_serializing)]
     pub failed: Vec<FailedTask>,
     /// Per pserver shard, the incarnation whose restore was applied (see
     /// [`Queue::rewind`](super::Queue::rewind)).
@@ -323,6 +326,8 @@ pub struct Changes {
     pub tasks: Vec<Task>,
     /// The queue record, when it changed.
     pub meta: Option<Meta>,
+    /// The list of tasks failed for good (`Meta::failed`), when it changed.
+    pub failures: Option<Vec<FailedTask>>,
     /// The failed-task records that changed (`job/failed/<pass>`).
     pub failed: Vec<edl_job::FailedRecord>,
 }
@@ -330,7 +335,10 @@ pub struct Changes {
 impl Changes {
     /// Nothing to persist.
     pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty() && self.meta.is_none() && self.failed.is_empty()
+        self.tasks.is_empty()
+            && self.meta.is_none()
+            && self.failures.is_none()
+            && self.failed.is_empty()
     }
 }
 

@@ -1,0 +1,217 @@
+//! The load's servers: a local etcd, and `edl master` and `edl pserver` processes of
+//! this binary (children that die with this process), with their addresses.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use edl_coord::Backend;
+use edl_coord::local_etcd::{Compaction, LocalEtcd, Options, spawn_tied_to_process};
+use edl_job::{JobKeys, JobName};
+
+/// One `edl` child.
+pub struct Proc {
+    /// `master-0`, `pserver-3`, ...
+    pub name: String,
+    child: Child,
+    addr_file: PathBuf,
+}
+
+impl Proc {
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The address it listens at, once it wrote it.
+    pub fn addr(&self) -> Option<String> {
+        std::fs::read_to_string(&self.addr_file)
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// Its resident memory now and at its peak, in bytes (`/proc/<pid>/status`).
+    pub fn memory(&self) -> Option<(u64, u64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        let kib = |field: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|k| k * 1024)
+        };
+        Some((kib("VmRSS:")?, kib("VmHWM:")?))
+    }
+
+    /// Whether it has exited (and with what).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// SIGKILLs it and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// etcd and the job's servers.
+pub struct Cluster {
+    /// The etcd.
+    pub etcd: LocalEtcd,
+    /// A client of it.
+    pub backend: Arc<dyn Backend>,
+    /// The masters, then the pservers.
+    pub masters: Vec<Proc>,
+    /// The pservers (shard `i` is `pservers[i]`).
+    pub pservers: Vec<Proc>,
+    keys: JobKeys,
+}
+
+/// What the cluster is started with.
+pub struct Setup<'a> {
+    /// The job.
+    pub job: &'a JobName,
+    /// Where logs, addresses and checkpoints go.
+    pub dir: &'a Path,
+    /// Masters.
+    pub masters: usize,
+    /// Pservers (one shard each).
+    pub pservers: u32,
+    /// etcd's history kept (periodic compaction).
+    pub compaction: Duration,
+}
+
+impl Cluster {
+    /// Starts etcd, then the masters and pservers, and waits until every one listens.
+    pub async fn start(s: Setup<'_>) -> anyhow::Result<Cluster> {
+        let etcd = LocalEtcd::start_with(
+            1,
+            Options {
+                compaction: Compaction {
+                    retention: s.compaction,
+                },
+                quota_bytes: None,
+            },
+        )
+        .await
+        .context("start etcd")?;
+        let backend = etcd.connect().await.context("connect to etcd")?;
+        let endpoints = etcd.endpoints().join(",");
+        let spawn = |name: String, args: Vec<String>| -> anyhow::Result<Proc> {
+            let addr_file = s.dir.join(format!("{name}.addr"));
+            let log = std::fs::File::create(s.dir.join(format!("{name}.log")))?;
+            let exe = std::env::current_exe().context("this program's path")?;
+            let mut cmd = Command::new(exe);
+            cmd.args(&args)
+                .args(["--etcd", &endpoints, "--job", s.job.as_str()])
+                .arg("--addr-file")
+                .arg(&addr_file)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            let child = spawn_tied_to_process(cmd).with_context(|| format!("start {name}"))?;
+            Ok(Proc {
+                name,
+                child,
+                addr_file,
+            })
+        };
+        let mut masters = Vec::new();
+        for i in 0..s.masters {
+            masters.push(spawn(format!("master-{i}"), vec!["master".into()])?);
+        }
+        let mut pservers = Vec::new();
+        for i in 0..s.pservers {
+            let ckpt = s.dir.join(format!("checkpoints-{i}"));
+            pservers.push(spawn(
+                format!("pserver-{i}"),
+                vec![
+                    "pserver".into(),
+                    "--index".into(),
+                    i.to_string(),
+                    "--shards".into(),
+                    s.pservers.to_string(),
+                    "--checkpoint-dir".into(),
+                    ckpt.display().to_string(),
+                    "--checkpoint-every".into(),
+                    "30s".into(),
+                ],
+            )?);
+        }
+        let mut c = Cluster {
+            etcd,
+            backend,
+            masters,
+            pservers,
+            keys: JobKeys::new(s.job),
+        };
+        c.wait_listening(Duration::from_secs(60)).await?;
+        Ok(c)
+    }
+
+    async fn wait_listening(&mut self, within: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let mut waiting = Vec::new();
+            for p in self.masters.iter_mut().chain(self.pservers.iter_mut()) {
+                if let Some(status) = p.exited() {
+                    anyhow::bail!("{} exited at start ({status}); see its log", p.name);
+                }
+                if p.addr().is_none() {
+                    waiting.push(p.name.clone());
+                }
+            }
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{waiting:?} did not listen within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The index in `masters` of the leading master (the oldest election key's
+    /// address), if one leads.
+    pub async fn leader(&self) -> Option<usize> {
+        let (kvs, _) = self
+            .backend
+            .range(&self.keys.master_election())
+            .await
+            .ok()?;
+        let lead = kvs.into_iter().min_by_key(|kv| kv.create_revision)?;
+        let addr = String::from_utf8_lossy(&lead.value).into_owned();
+        self.masters
+            .iter()
+            .position(|m| m.addr().as_deref() == Some(addr.as_str()))
+    }
+
+    /// A master that died (a crash would hide in the figures).
+    pub fn check_alive(&mut self, killed: Option<usize>) -> anyhow::Result<()> {
+        for (i, p) in self.masters.iter_mut().enumerate() {
+            if Some(i) != killed
+                && let Some(s) = p.exited()
+            {
+                anyhow::bail!("{} exited ({s}); see its log", p.name);
+            }
+        }
+        for p in &mut self.pservers {
+            if let Some(s) = p.exited() {
+                anyhow::bail!("{} exited ({s}); see its log", p.name);
+            }
+        }
+        Ok(())
+    }
+}
