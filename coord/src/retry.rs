@@ -267,9 +267,10 @@ pub enum Attempt<R, E> {
     Fail(E),
     /// It failed in a way another attempt may cure (reconnect, failover); why.
     Retry(String),
-    /// The service answered that it is paused (a job waiting for etcd to have space):
-    /// another attempt is made every [`PAUSED_POLL`] however long that lasts, and
-    /// `retry_for` counts again from the end of the pause; why.
+    /// The service answered that it is paused (a job waiting for etcd to have space, a
+    /// new leading master loading its queue): another attempt is made every
+    /// [`PAUSED_POLL`] however long that lasts, and `retry_for` counts again from the
+    /// end of the pause; why.
     Paused(String),
 }
 

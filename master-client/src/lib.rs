@@ -206,9 +206,13 @@ impl MasterClient {
                 match self.client(until).await {
                     Ok(c) => match op(c, self.request(msg.clone(), timeout)).await {
                         Ok(resp) => Attempt::Done(resp.into_inner()),
+                        // Paused (etcd full) or loading the queue: a master leads and
+                        // says so; wait for as long as it lasts.
                         Err(s)
-                            if headers::detail(&s, headers::ERROR_KIND)
-                                == Some(headers::KIND_PAUSED) =>
+                            if matches!(
+                                headers::detail(&s, headers::ERROR_KIND),
+                                Some(headers::KIND_PAUSED | headers::KIND_LOADING)
+                            ) =>
                         {
                             Attempt::Paused(s.message().to_owned())
                         }

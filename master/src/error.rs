@@ -19,6 +19,10 @@ pub enum MasterError {
     /// what to do). Retry.
     #[error("the job is paused: {0}")]
     EtcdFull(String),
+    /// This master leads and is loading the queue from etcd (the text says for how
+    /// long so far). Retry: clients wait for as long as it lasts.
+    #[error("the leading master is loading the queue: {0}")]
+    Loading(String),
     /// The request is malformed.
     #[error("invalid request: {0}")]
     InvalidArgument(String),
@@ -42,7 +46,10 @@ impl MasterError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            MasterError::NotLeader { .. } | MasterError::Unavailable(_) | MasterError::EtcdFull(_)
+            MasterError::NotLeader { .. }
+                | MasterError::Unavailable(_)
+                | MasterError::EtcdFull(_)
+                | MasterError::Loading(_)
         )
     }
 }
@@ -76,6 +83,15 @@ impl From<MasterError> for tonic::Status {
                     &mut s,
                     edl_proto::headers::ERROR_KIND,
                     edl_proto::headers::KIND_PAUSED,
+                );
+                s
+            }
+            MasterError::Loading(_) => {
+                let mut s = tonic::Status::new(Code::Unavailable, msg);
+                edl_proto::headers::set_detail(
+                    &mut s,
+                    edl_proto::headers::ERROR_KIND,
+                    edl_proto::headers::KIND_LOADING,
                 );
                 s
             }

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use crate::server::{MasterConfig, run};
 use crate::testing::{Harness, dataset};
 use edl_job::{JobKeys, JobName};
-use edl_master_client::{Answer, LeasedTask, MasterClient};
+use edl_master_client::{Answer, LeasedTask, MasterClient, MasterClientConfig};
 
 /// Job and token are checked from the headers before the body is decoded: a 5 MiB
 /// request (over the master's 4 MiB) without the token is `Unauthenticated`; with the
@@ -93,17 +93,17 @@ async fn credentials_are_checked_before_the_body_is_decoded() {
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
 }
 
-/// A backend whose watches under `prefix` go through `faulty` (so faults hit only them)
-/// and everything else straight to `inner`.
+/// A backend whose watches and ranges under `prefix` go through `faulty` (so faults hit
+/// only them) and everything else straight to `inner`.
 #[derive(Debug)]
-struct FaultyWatchesUnder {
+struct FaultyUnder {
     inner: Arc<dyn Backend>,
     faulty: Arc<FaultyBackend>,
     prefix: String,
 }
 
 #[async_trait::async_trait]
-impl Backend for FaultyWatchesUnder {
+impl Backend for FaultyUnder {
     async fn get(&self, key: &str) -> edl_coord::Result<Option<edl_coord::KeyValue>> {
         self.inner.get(key).await
     }
@@ -111,7 +111,11 @@ impl Backend for FaultyWatchesUnder {
         &self,
         prefix: &str,
     ) -> edl_coord::Result<(Vec<edl_coord::KeyValue>, edl_coord::Revision)> {
-        self.inner.range(prefix).await
+        if prefix.starts_with(&self.prefix) {
+            self.faulty.range(prefix).await
+        } else {
+            self.inner.range(prefix).await
+        }
     }
     async fn put(
         &self,
@@ -175,7 +179,7 @@ async fn a_trainer_lost_after_the_trainer_watch_ended_gets_its_task_requeued() {
     let mut h = Harness::new("rewatch");
     let faulty = FaultyBackend::new(h.backend.clone());
     // Only the trainer watch is faulty (the election's is not: the master stays leader).
-    let backend = Arc::new(FaultyWatchesUnder {
+    let backend = Arc::new(FaultyUnder {
         inner: h.backend.clone(),
         faulty: faulty.clone(),
         prefix: JobKeys::new(&h.job).trainers(),
@@ -212,6 +216,66 @@ async fn a_trainer_lost_after_the_trainer_watch_ended_gets_its_task_requeued() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     faulty.clear_failures();
+}
+
+/// A new leader loading its queue (a million task records take tens of seconds; here
+/// they cannot be read for a while) answers calls as loading, and a client waits for as
+/// long as that lasts, past its `retry_for`, then is answered. (Before, the client gave
+/// up after `retry_for`, and at a million tasks every trainer exited.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_wait_while_a_new_leader_loads_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let glob = dataset(dir.path(), 1, 20);
+    let mut h = Harness::new("loading");
+    h.start_master().await;
+    let client = h.client();
+    client.set_dataset(vec![glob], 0, 0).await.unwrap();
+    let _lease = h.register("t").await;
+    let Answer::Task(held) = client.get_task("t", 0, 1, Duration::ZERO).await.unwrap() else {
+        panic!("expected a task")
+    };
+    let (stop, first) = h.masters.remove(0);
+    stop.cancel();
+    first.await.unwrap();
+    // The next leader cannot read the task records until the failures are cleared.
+    let faulty = FaultyBackend::new(h.backend.clone());
+    faulty.fail(&["range"], || {
+        edl_coord::Error::unavailable("test", "injected")
+    });
+    let backend = Arc::new(FaultyUnder {
+        inner: h.backend.clone(),
+        faulty: faulty.clone(),
+        prefix: JobKeys::new(&h.job).tasks(),
+    });
+    h.start_master_on(backend, Duration::from_millis(200)).await;
+    let mut cfg = MasterClientConfig::new(h.job.clone());
+    cfg.retry_for = Duration::from_millis(500);
+    let impatient = MasterClient::new(h.backend.clone(), cfg, h.stop.child_token());
+    let ack = tokio::spawn({
+        let (c, held) = (impatient.clone(), held.clone());
+        async move { c.task_finished("t", &held, held.records, &[]).await }
+    });
+    // The new leader tried to load, and failed, for four times the client's patience.
+    let started = tokio::time::Instant::now();
+    let deadline = started + Duration::from_secs(20);
+    while faulty.injected() < 3 || started.elapsed() < Duration::from_secs(2) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new leader never tried to load"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !ack.is_finished(),
+        "the acknowledgement did not wait: {:?}",
+        ack.await
+    );
+    faulty.clear_failures();
+    let acked = tokio::time::timeout(Duration::from_secs(20), ack)
+        .await
+        .expect("answered once the queue loaded")
+        .unwrap();
+    assert!(acked.unwrap(), "the held task is acknowledged");
 }
 
 /// Publishes a restore of pserver shard 0 at `incarnation` from a state holding nothing

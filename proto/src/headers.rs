@@ -28,6 +28,10 @@ pub const LEADER: &str = "x-edl-leader";
 /// The [`ERROR_KIND`] of a master's refusal while its job is paused (etcd is full):
 /// clients wait for as long as it lasts.
 pub const KIND_PAUSED: &str = "paused";
+/// The [`ERROR_KIND`] of the elected master's refusal while it loads the queue from etcd
+/// (a failover of a job of a million tasks takes tens of seconds): clients wait for as
+/// long as it lasts, as for [`KIND_PAUSED`].
+pub const KIND_LOADING: &str = "loading";
 
 /// Puts the job (and the token, if any) on a request's metadata. Values that cannot be
 /// metadata (control characters) are left out: the server then refuses the request.

@@ -10,8 +10,9 @@ use crate::support::{Proc, World, wait_until};
 
 /// The example in async mode with gradients pushed in groups of 3 batches
 /// (`batches_per_push`) under kills of every role and a stopped trainer: nothing lost,
-/// and a task trained again after a fault pushes the same groups, so each counts once
-/// (the sync mode under the same faults: the soak).
+/// and a task trained again after a fault pushes the same groups, so each counts once:
+/// every shard's final state has applied exactly as many pushes as in a run without
+/// faults (the sync mode under the same faults: the soak).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_with_trainer_pserver_and_master_kills_loses_no_records() {
     const PASSES: u64 = 300;
@@ -29,6 +30,14 @@ async fn chaos_with_trainer_pserver_and_master_kills_loses_no_records() {
             .replace("lease_ttl = \"10s\"", "lease_ttl = \"2s\"")
             .replace("checkpoint_every = \"10s\"", "checkpoint_every = \"2s\"")
     });
+    let (ok, calm, log) = edl_run(
+        dir.path(),
+        "calm",
+        &[&spec.display().to_string()],
+        Duration::from_secs(600),
+    )
+    .await;
+    assert!(ok, "edl run without faults failed: {calm}\n{log}");
     let (ok, r, log) = edl_run(
         dir.path(),
         "chaos",
@@ -41,6 +50,12 @@ async fn chaos_with_trainer_pserver_and_master_kills_loses_no_records() {
     )
     .await;
     assert!(ok, "edl run --chaos failed: {r}\n{log}");
+    // Each push counted once: the pushes every shard's final state applied (restored
+    // with it from checkpoints, so a push applied again after a restore counts once) are
+    // those of the run without faults.
+    let applied = final_updates(&calm);
+    assert!(applied.iter().all(|&u| u > 0), "{applied:?}");
+    assert_eq!(final_updates(&r), applied, "pushes applied per shard: {r}");
     assert_eq!(r["lost_records"], 0, "{r}");
     assert_eq!(r["passes"], PASSES);
     // A killed pserver's restored shard lacks some acknowledged training: trained
@@ -78,6 +93,36 @@ async fn chaos_with_trainer_pserver_and_master_kills_loses_no_records() {
         recoveries.len(),
         r["wall_s"]
     );
+}
+
+/// Per pserver shard of the run of `report`, the pushes its final state applied: from
+/// the final checkpoint each shard wrote when the job ended.
+fn final_updates(report: &serde_json::Value) -> Vec<u64> {
+    let run_dir = std::path::PathBuf::from(report["run_dir"].as_str().expect("run_dir"));
+    let job = JobName::new(report["job"].as_str().expect("job")).expect("job name");
+    (0u32..)
+        .map(|shard| {
+            edl_pserver::checkpoint::CheckpointDir::new(run_dir.join("checkpoints"), &job, shard)
+        })
+        .map(|dir| dir.files().expect("list checkpoints"))
+        .take_while(|files| !files.is_empty())
+        .map(|files| {
+            let finals: Vec<_> = files
+                .iter()
+                .filter_map(|(_, path)| {
+                    let bytes = std::fs::read(path).expect("read a checkpoint");
+                    let (snap, _) = edl_pserver::checkpoint::format::decode(&bytes)
+                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                    (snap.final_of != 0).then_some((snap.final_of, snap.updates))
+                })
+                .collect();
+            let newest = finals
+                .iter()
+                .max()
+                .unwrap_or_else(|| panic!("no final checkpoint among {files:?}: {report}"));
+            newest.1
+        })
+        .collect()
 }
 
 /// Damages the payload of chunk `chunk` of `file` (its header stays readable: the master

@@ -98,6 +98,9 @@ pub struct Outcome {
     pub trainers: usize,
     /// Seconds to write the dataset files.
     pub write_secs: f64,
+    /// Seconds until every trainer joined (lease, registration, pserver connections,
+    /// parameters).
+    pub join_secs: f64,
     /// Seconds of `SetDataset` (indexing every file, writing every task record).
     pub define_secs: f64,
     /// etcd bytes written by `SetDataset`.
@@ -130,7 +133,7 @@ pub struct Outcome {
 pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
     check(&args)?;
     crate::common::raise_open_files();
-    let (dir, _temp) = match &args.dir {
+    let (dir, temp) = match &args.dir {
         Some(d) => (d.clone(), None),
         None => {
             let base = if std::path::Path::new("/dev/shm").is_dir() {
@@ -146,7 +149,17 @@ pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
         }
     };
     std::fs::create_dir_all(&dir)?;
-    let out = crate::common::runtime()?.block_on(measure(&args, &dir))?;
+    let out = match crate::common::runtime()?.block_on(measure(&args, &dir)) {
+        Ok(o) => o,
+        Err(e) => {
+            // Keep the logs of what failed.
+            if let Some(t) = temp {
+                let kept = t.keep();
+                eprintln!("the work directory is kept: {}", kept.display());
+            }
+            return Err(e);
+        }
+    };
     print(&out);
     if let Some(p) = &args.json {
         std::fs::write(p, serde_json::to_vec_pretty(&out)?)
@@ -161,7 +174,7 @@ fn check(a: &ScaleArgs) -> anyhow::Result<()> {
         "--files and --tasks must be at least 1"
     );
     anyhow::ensure!(
-        a.tasks % a.files == 0,
+        a.tasks.is_multiple_of(a.files),
         "--tasks ({}) must be a multiple of --files ({})",
         a.tasks,
         a.files
@@ -180,6 +193,35 @@ fn check(a: &ScaleArgs) -> anyhow::Result<()> {
         a.tasks * u64::from(a.passes) <= 1 << 24,
         "--tasks times --passes must be at most 16,777,216 (the parameter check is exact in f32 up to there)"
     );
+    Ok(())
+}
+
+/// Waits until `n` trainers joined (a trainer that fails to join ends the run).
+async fn wait_joined(
+    counts: &Counts,
+    n: usize,
+    workers: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut last = Instant::now();
+    while counts.joined.load(Ordering::Relaxed) < n as u64 {
+        if let Some(r) = workers.try_join_next() {
+            r.context("a trainer panicked")??;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} of {n} trainers joined within 10 minutes",
+            counts.joined.load(Ordering::Relaxed)
+        );
+        if last.elapsed() >= Duration::from_secs(5) {
+            last = Instant::now();
+            println!(
+                "{}/{n} trainers joined",
+                counts.joined.load(Ordering::Relaxed)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     Ok(())
 }
 
@@ -227,6 +269,23 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
     let mut mcfg = MasterClientConfig::new(job.clone());
     mcfg.retry_for = Duration::from_secs(120);
     let master = MasterClient::new(cluster.backend.clone(), mcfg, stop.child_token());
+    let seen = Arc::new(Seen::new(shape.records(), a.passes));
+    let counts = Arc::new(Counts::default());
+    let shared = Shared {
+        backend: cluster.backend.clone(),
+        job: job.clone(),
+        seen: seen.clone(),
+        counts: counts.clone(),
+        go: CancellationToken::new(),
+    };
+    let t = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for n in 0..a.trainers {
+        workers.spawn(trainers::run(n, shared.clone(), stop.child_token()));
+    }
+    wait_joined(&counts, a.trainers, &mut workers).await?;
+    out.join_secs = t.elapsed().as_secs_f64();
+    println!("{} trainers joined in {:.1} s", a.trainers, out.join_secs);
     let wal0 = probe::etcd_wal_bytes(&endpoint).await?;
     let t = Instant::now();
     let ds = master
@@ -247,19 +306,8 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
         out.define_secs,
         out.define_etcd_bytes as f64 / 1e6
     );
-    let seen = Arc::new(Seen::new(shape.records(), a.passes));
-    let counts = Arc::new(Counts::default());
-    let shared = Shared {
-        backend: cluster.backend.clone(),
-        job: job.clone(),
-        seen: seen.clone(),
-        counts: counts.clone(),
-    };
+    shared.go.cancel();
     let t = Instant::now();
-    let mut workers = tokio::task::JoinSet::new();
-    for n in 0..a.trainers {
-        workers.spawn(trainers::run(n, shared.clone(), stop.child_token()));
-    }
     let watch = Watch {
         master: &master,
         total: a.tasks * u64::from(a.passes),
@@ -334,10 +382,8 @@ impl Watch<'_> {
                         killed = Some((l, Instant::now(), None));
                     }
                 }
-                Some((who, at, None)) => {
-                    if cluster.leader().await.is_some_and(|l| l != who) {
-                        killed = Some((who, at, Some(done)));
-                    }
+                Some((who, at, None)) if cluster.leader().await.is_some_and(|l| l != who) => {
+                    killed = Some((who, at, Some(done)));
                 }
                 Some((_, at, Some(then))) if out.failover_secs.is_none() && done > then => {
                     out.failover_secs = Some(at.elapsed().as_secs_f64());
@@ -444,6 +490,7 @@ fn print(o: &Outcome) {
         "{} tasks over {} files, {} passes, {} trainers",
         o.tasks, o.files, o.passes, o.trainers
     );
+    println!("  join: {:.1} s for every trainer", o.join_secs);
     println!(
         "  define: {:.1} s, {:.2} etcd bytes per task",
         o.define_secs,

@@ -100,6 +100,9 @@ pub struct Shared {
     pub seen: Arc<Seen>,
     /// Counts.
     pub counts: Arc<Counts>,
+    /// Fires when every trainer joined and the dataset is defined: the trainers then
+    /// start reading, so the job runs with all of them.
+    pub go: CancellationToken,
 }
 
 /// The parameters every trainer initialises (the first one wins, the others find
@@ -154,6 +157,10 @@ pub async fn run(n: usize, s: Shared, stop: CancellationToken) -> anyhow::Result
         .await
         .with_context(|| format!("{id} initialises the parameters"))?;
     s.counts.joined.fetch_add(1, Ordering::Relaxed);
+    tokio::select! {
+        _ = s.go.cancelled() => {}
+        _ = stop.cancelled() => return Ok(()),
+    }
     let mut reader = session.reader(Some(1));
     let acks = reader.acks();
     let grad = [1.0f32; DIM];

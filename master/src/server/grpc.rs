@@ -26,6 +26,10 @@ impl MasterGrpc {
         if let Some(h) = self.shared.core.read().await.clone() {
             return Ok(h);
         }
+        if let Some(since) = *self.shared.loading.read().await {
+            let s = since.elapsed().as_secs();
+            return Err(MasterError::Loading(format!("for {s} s so far")).into());
+        }
         let leader = self.shared.leader.read().await.clone();
         Err(MasterError::NotLeader { leader }.into())
     }

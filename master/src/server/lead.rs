@@ -11,7 +11,7 @@ use tracing::Instrument as _;
 
 use super::follow::{follow_restores, follow_trainers};
 use super::{MasterConfig, Shared};
-use crate::core::Core;
+use crate::core::{Core, CoreHandle};
 use crate::error::MasterError;
 use crate::store::Store;
 
@@ -101,17 +101,13 @@ async fn lead(
     term: &CancellationToken,
 ) -> Result<(), MasterError> {
     let mut backoff = Backoff::new(retry_forever(Duration::from_millis(50)));
-    let (core, handle) = loop {
-        match Core::start(store.clone(), cfg.queue.clone(), cfg.max_batch).await {
-            Ok(x) => break x,
-            Err(e @ MasterError::NotLeader { .. }) => return Err(e),
-            Err(e) => {
-                tracing::warn!(error = %e, "loading the queue failed; retrying");
-                backoff.wait(term).await;
-                if term.is_cancelled() {
-                    return Ok(());
-                }
-            }
+    let started = std::time::Instant::now();
+    *shared.loading.write().await = Some(started);
+    let (core, handle) = match load(store, cfg, term, &mut backoff).await {
+        Ok(Some(x)) => x,
+        other => {
+            *shared.loading.write().await = None;
+            return other.map(|_| ());
         }
     };
     let registry = Registry::new(backend.clone(), keys.trainers());
@@ -130,11 +126,39 @@ async fn lead(
             .in_current_span(),
     );
     *shared.core.write().await = Some(handle);
+    *shared.loading.write().await = None;
+    tracing::info!(
+        seconds = started.elapsed().as_secs_f64(),
+        "serving the queue"
+    );
     let result = core.run(term.clone()).await;
     term.cancel();
     let _ = follower.await;
     let _ = restores.await;
     result
+}
+
+/// Loads the queue (retrying until it loads or the term ends: `None`). Meanwhile calls
+/// are refused as `Loading`, and clients wait.
+async fn load(
+    store: Store,
+    cfg: &MasterConfig,
+    term: &CancellationToken,
+    backoff: &mut Backoff,
+) -> Result<Option<(Core, CoreHandle)>, MasterError> {
+    loop {
+        match Core::start(store.clone(), cfg.queue.clone(), cfg.max_batch).await {
+            Ok(x) => return Ok(Some(x)),
+            Err(e @ MasterError::NotLeader { .. }) => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "loading the queue failed; retrying");
+                backoff.wait(term).await;
+                if term.is_cancelled() {
+                    return Ok(None);
+                }
+            }
+        }
+    }
 }
 
 /// Retries until cancelled, from `initial` up to 2 s between attempts.

@@ -84,6 +84,8 @@ impl MasterConfig {
 struct Shared {
     core: RwLock<Option<CoreHandle>>,
     leader: RwLock<Option<String>>,
+    /// Since when this master, elected, has been loading the queue.
+    loading: RwLock<Option<std::time::Instant>>,
 }
 
 /// Runs a master on `listener` until `shutdown` fires.
