@@ -47,6 +47,18 @@ impl Proc {
         Some((kib("VmRSS:")?, kib("VmHWM:")?))
     }
 
+    /// The seconds of each leader term's load of the queue, from its log ("serving the
+    /// queue seconds=...").
+    pub fn loads(&self, dir: &Path) -> Vec<f64> {
+        let log =
+            std::fs::read_to_string(dir.join(format!("{}.log", self.name))).unwrap_or_default();
+        log.lines()
+            .filter(|l| l.contains("serving the queue"))
+            .filter_map(|l| l.split("seconds=").nth(1))
+            .filter_map(|v| v.split_whitespace().next()?.parse().ok())
+            .collect()
+    }
+
     /// Whether it has exited (and with what).
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()

@@ -123,6 +123,9 @@ pub struct Outcome {
     pub master_rss_per_task: f64,
     /// Seconds from the leader's SIGKILL to the queue moving again (`--failover`).
     pub failover_secs: Option<f64>,
+    /// Seconds each leader term took to load the queue (the first leader's, of an empty
+    /// job, then the one after the failover).
+    pub loads_secs: Vec<f64>,
     /// Acknowledgements refused as stale.
     pub stale_acks: u64,
     /// The largest record of each kind in etcd.
@@ -149,8 +152,17 @@ pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
         }
     };
     std::fs::create_dir_all(&dir)?;
-    let out = match crate::common::runtime()?.block_on(measure(&args, &dir)) {
-        Ok(o) => o,
+    let result = crate::common::runtime()?.block_on(async {
+        let shutdown = crate::common::shutdown_on_signals()?;
+        tokio::select! {
+            r = measure(&args, &dir) => r.map(Some),
+            // Everything stops and is removed (etcd's directory too) as it drops.
+            _ = shutdown.cancelled() => Ok(None),
+        }
+    });
+    let out = match result {
+        Ok(Some(o)) => o,
+        Ok(None) => anyhow::bail!("interrupted"),
         Err(e) => {
             // Keep the logs of what failed.
             if let Some(t) = temp {
@@ -327,6 +339,7 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
     while let Some(r) = workers.join_next().await {
         r.context("a trainer panicked")??;
     }
+    out.loads_secs = cluster.masters.iter().flat_map(|m| m.loads(dir)).collect();
     verify(&cluster, &job, &seen, a, &stop).await?;
     out.records = record_sizes(&cluster, &job).await?;
     Ok(out)
@@ -510,6 +523,7 @@ fn print(o: &Outcome) {
     if let Some(f) = o.failover_secs {
         println!("  failover: the queue moved again {f:.1} s after the leader's SIGKILL");
     }
+    println!("  leader terms loaded the queue in {:?} s", o.loads_secs);
     println!("  largest record of each kind (margin: times it fits the 1 MiB transaction bound):");
     for r in &o.records {
         println!(

@@ -86,8 +86,19 @@ struct Slot {
 /// paginated anyway; this leaves room for large values and watch batches.
 pub const MAX_DECODING_MESSAGE_SIZE: usize = 64 << 20;
 
-/// Keys per page of [`Backend::range`](crate::Backend::range) on etcd.
+/// Keys of the first page of [`Backend::range`](crate::Backend::range) on etcd.
 pub const RANGE_PAGE_SIZE: i64 = 1000;
+
+/// Most keys per page of [`Backend::range`](crate::Backend::range): later pages grow to
+/// about [`RANGE_PAGE_BYTES`], up to this many keys. etcd (3.4) collects every revision
+/// from a page's first key to the range's end before it applies the limit, so reading N
+/// keys in pages of P costs it about N²/2P: a million task records in pages of 1,000
+/// took minutes, in pages of 100,000 a second or two.
+pub const MAX_RANGE_PAGE_KEYS: i64 = 100_000;
+
+/// Bytes of keys and values a page of [`Backend::range`](crate::Backend::range) aims
+/// at (well under [`MAX_DECODING_MESSAGE_SIZE`]).
+pub const RANGE_PAGE_BYTES: usize = 8 << 20;
 
 /// Shortest time a re-sendable request waits on one endpoint before moving on.
 const MIN_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);

@@ -13,10 +13,11 @@ use super::codec::{
 };
 use super::failure::status_failure;
 use super::watch::{EtcdWatch, decode_watch_response};
-use super::{EtcdBackend, RANGE_PAGE_SIZE, Resend};
+use super::{EtcdBackend, MAX_RANGE_PAGE_KEYS, RANGE_PAGE_BYTES, RANGE_PAGE_SIZE, Resend};
 use crate::backend::{Backend, WatchStream};
 use crate::error::{Error, Result};
 use crate::types::{FreedSpace, KeyValue, LeaseGrant, LeaseId, Revision, Txn, TxnResponse};
+use edl_proto::etcd::mvccpb;
 
 #[async_trait]
 impl Backend for EtcdBackend {
@@ -32,8 +33,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
-        // Pages of RANGE_PAGE_SIZE keys; the later pages read at the revision of the
-        // first, so the result is one snapshot. If that revision is compacted away
+        // Pages of RANGE_PAGE_SIZE keys at first, then of about RANGE_PAGE_BYTES (up to
+        // MAX_RANGE_PAGE_KEYS keys); the later pages read at the revision of the first,
+        // so the result is one snapshot. If that revision is compacted away
         // meanwhile, start over (a few times).
         let (start, end) = prefix_range(prefix);
         let mut restarts = 0;
@@ -64,6 +66,7 @@ impl Backend for EtcdBackend {
                         if revision == 0 {
                             revision = rev;
                         }
+                        limit = next_page_keys(&page, limit);
                         let next = page.last().map(|kv| {
                             let mut k = kv.key.clone();
                             k.push(0);
@@ -298,4 +301,19 @@ impl Backend for EtcdBackend {
             EtcdWatch::next_item,
         )))
     }
+}
+
+/// Keys to ask for in the next page: about [`RANGE_PAGE_BYTES`] at the mean size of the
+/// keys and values of `page`, between [`RANGE_PAGE_SIZE`] and [`MAX_RANGE_PAGE_KEYS`],
+/// and never more than four times `limit` (a page of small values may be followed by
+/// large ones; a page too large is shrunk on etcd's refusal).
+fn next_page_keys(page: &[mvccpb::KeyValue], limit: i64) -> i64 {
+    if page.is_empty() {
+        return limit;
+    }
+    let bytes: usize = page.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+    let mean = (bytes / page.len()).max(1);
+    let fit = (RANGE_PAGE_BYTES / mean) as i64;
+    fit.min(limit.saturating_mul(4))
+        .clamp(RANGE_PAGE_SIZE.min(limit), MAX_RANGE_PAGE_KEYS)
 }
