@@ -15,7 +15,7 @@
 //!   the `kubernetes` cargo feature, on by default).
 //! - [`sim_cmd`]: `edl sim`, the autoscaling policies side by side in the cluster
 //!   simulator (the `edl-autoscaler` crate).
-//! - [`bench`]: `edl bench scale`, a job at scale through the real servers, measured.
+//! - [`bench`](mod@bench): `edl bench scale`, a job at scale through the real servers, measured.
 //! - [`paddle`]: PaddlePaddle's environment variables as a role.
 //! - the job spec, keys and records are the `edl-job` crate; the trainer process is
 //!   `edl_trainer::process`.
