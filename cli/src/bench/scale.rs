@@ -250,22 +250,8 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
         trainers: a.trainers,
         ..Outcome::default()
     };
-    let started = Instant::now();
     let data = dir.join("data");
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    tokio::task::spawn_blocking({
-        let data = data.clone();
-        move || dataset::write(&data, shape, threads)
-    })
-    .await??;
-    out.write_secs = started.elapsed().as_secs_f64();
-    println!(
-        "wrote {} files, {} tasks, {} records in {:.1} s",
-        a.files,
-        a.tasks,
-        shape.records(),
-        out.write_secs
-    );
+    out.write_secs = write_dataset(&data, shape, a).await?;
     let job = JobName::new("scale").expect("a valid job name");
     let mut cluster = Cluster::start(Setup {
         job: &job,
@@ -281,13 +267,11 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
     let mut mcfg = MasterClientConfig::new(job.clone());
     mcfg.retry_for = Duration::from_secs(120);
     let master = MasterClient::new(cluster.backend.clone(), mcfg, stop.child_token());
-    let seen = Arc::new(Seen::new(shape.records(), a.passes));
-    let counts = Arc::new(Counts::default());
     let shared = Shared {
         backend: cluster.backend.clone(),
         job: job.clone(),
-        seen: seen.clone(),
-        counts: counts.clone(),
+        seen: Arc::new(Seen::new(shape.records(), a.passes)),
+        counts: Arc::new(Counts::default()),
         go: CancellationToken::new(),
     };
     let t = Instant::now();
@@ -295,17 +279,73 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
     for n in 0..a.trainers {
         workers.spawn(trainers::run(n, shared.clone(), stop.child_token()));
     }
-    wait_joined(&counts, a.trainers, &mut workers).await?;
+    wait_joined(&shared.counts, a.trainers, &mut workers).await?;
     out.join_secs = t.elapsed().as_secs_f64();
     println!("{} trainers joined in {:.1} s", a.trainers, out.join_secs);
-    let wal0 = probe::etcd_wal_bytes(&endpoint).await?;
+    let wal1 = define(&master, &data, a, &endpoint, &mut out).await?;
+    shared.go.cancel();
+    let t = Instant::now();
+    let watch = Watch {
+        master: &master,
+        total: a.tasks * u64::from(a.passes),
+        failover: a.failover,
+        timeout: a.timeout,
+    };
+    watch
+        .run(&mut cluster, &shared.counts, &mut workers, &mut out)
+        .await?;
+    out.train_secs = t.elapsed().as_secs_f64();
+    let wal2 = probe::etcd_wal_bytes(&endpoint).await?;
+    out.transitions = 2 * a.tasks * u64::from(a.passes);
+    out.transitions_per_sec = out.transitions as f64 / out.train_secs;
+    out.etcd_bytes_per_transition = (wal2 - wal1) as f64 / out.transitions as f64;
+    out.master_rss_per_task = out.master_peak_rss as f64 / a.tasks as f64;
+    out.stale_acks = shared.counts.stale.load(Ordering::Relaxed);
+    while let Some(r) = workers.join_next().await {
+        r.context("a trainer panicked")??;
+    }
+    out.loads_secs = cluster.masters.iter().flat_map(|m| m.loads(dir)).collect();
+    verify(&cluster, &job, &shared.seen, a, &stop).await?;
+    out.records = record_sizes(&cluster, &job).await?;
+    Ok(out)
+}
+
+/// Writes the dataset (off the runtime); returns the seconds it took.
+async fn write_dataset(data: &std::path::Path, shape: Shape, a: &ScaleArgs) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    tokio::task::spawn_blocking({
+        let data = data.to_owned();
+        move || dataset::write(&data, shape, threads)
+    })
+    .await??;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "wrote {} files, {} tasks, {} records in {secs:.1} s",
+        a.files,
+        a.tasks,
+        shape.records()
+    );
+    Ok(secs)
+}
+
+/// Defines the dataset, timed, with the etcd bytes it wrote; returns etcd's WAL bytes
+/// after it.
+async fn define(
+    master: &MasterClient,
+    data: &std::path::Path,
+    a: &ScaleArgs,
+    endpoint: &str,
+    out: &mut Outcome,
+) -> anyhow::Result<u64> {
+    let wal0 = probe::etcd_wal_bytes(endpoint).await?;
     let t = Instant::now();
     let ds = master
-        .set_dataset(vec![dataset::glob(&data)], 1, a.passes)
+        .set_dataset(vec![dataset::glob(data)], 1, a.passes)
         .await
         .context("define the dataset")?;
     out.define_secs = t.elapsed().as_secs_f64();
-    let wal1 = probe::etcd_wal_bytes(&endpoint).await?;
+    let wal1 = probe::etcd_wal_bytes(endpoint).await?;
     out.define_etcd_bytes = wal1 - wal0;
     anyhow::ensure!(
         ds.tasks == a.tasks,
@@ -318,31 +358,7 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
         out.define_secs,
         out.define_etcd_bytes as f64 / 1e6
     );
-    shared.go.cancel();
-    let t = Instant::now();
-    let watch = Watch {
-        master: &master,
-        total: a.tasks * u64::from(a.passes),
-        failover: a.failover,
-        timeout: a.timeout,
-    };
-    watch
-        .run(&mut cluster, &counts, &mut workers, &mut out)
-        .await?;
-    out.train_secs = t.elapsed().as_secs_f64();
-    let wal2 = probe::etcd_wal_bytes(&endpoint).await?;
-    out.transitions = 2 * a.tasks * u64::from(a.passes);
-    out.transitions_per_sec = out.transitions as f64 / out.train_secs;
-    out.etcd_bytes_per_transition = (wal2 - wal1) as f64 / out.transitions as f64;
-    out.master_rss_per_task = out.master_peak_rss as f64 / a.tasks as f64;
-    out.stale_acks = counts.stale.load(Ordering::Relaxed);
-    while let Some(r) = workers.join_next().await {
-        r.context("a trainer panicked")??;
-    }
-    out.loads_secs = cluster.masters.iter().flat_map(|m| m.loads(dir)).collect();
-    verify(&cluster, &job, &seen, a, &stop).await?;
-    out.records = record_sizes(&cluster, &job).await?;
-    Ok(out)
+    Ok(wal1)
 }
 
 /// The sampling loop while the job trains.
