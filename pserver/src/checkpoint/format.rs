@@ -193,6 +193,18 @@ pub(super) fn encode_to<W: Write>(
         final_of: snap.final_of,
     };
     let header = serde_json::to_vec(&header).map_err(io::Error::other)?;
+    // A file whose header its reader refuses would be a checkpoint that cannot be
+    // restored: refuse to write it (the previous checkpoint stays the newest).
+    if header.len() > MAX_HEADER {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the checkpoint header (parameter spec and ledger) is {} bytes, over the \
+                 {MAX_HEADER} a restore reads; the checkpoint is not written",
+                header.len()
+            ),
+        ));
+    }
     w.write_all(MAGIC)?;
     w.write_all(&(header.len() as u32).to_le_bytes())?;
     w.write_all(&header)?;
@@ -484,6 +496,25 @@ pub(super) mod tests {
         out.extend_from_slice(&crc.to_le_bytes());
         out.extend_from_slice(END_MAGIC);
         out
+    }
+
+    /// A header over the bound the reader takes is refused when writing, before any
+    /// byte is written: a checkpoint that could not be restored is never made.
+    #[test]
+    fn a_header_over_the_readers_bound_is_not_written() {
+        let mut snap = sample(1, 1, 0);
+        snap.spec.dense[0].name = "w".repeat(MAX_HEADER);
+        let mut buf = Vec::new();
+        let err = encode_to(&snap, "u", &mut buf, None).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("not written"), "{err}");
+        assert!(buf.is_empty(), "{} bytes written", buf.len());
+        // Just under it, the file is written.
+        snap.spec.dense[0].name = "w".repeat(MAX_HEADER - 4096);
+        let written = encode_to(&snap, "u", &mut buf, None).map_err(|e| e.kind());
+        assert!(written.is_ok(), "{written:?}");
+        let hlen = u32::from_le_bytes(buf[8..12].try_into().unwrap()) as usize;
+        assert!(hlen > MAX_HEADER - 4096 && hlen <= MAX_HEADER, "{hlen}");
     }
 
     #[test]
