@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use edl_job::{RECORD_VERSION, TrainerRecord};
+use edl_job::TrainerRecord;
 use edl_trainer::process::{Session, SessionConfig};
 use edl_trainer::tasks::Next;
 use tokio_util::sync::CancellationToken;
@@ -67,13 +67,7 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
                 etcd_wait,
                 token,
                 tls,
-                record: TrainerRecord {
-                    version: RECORD_VERSION,
-                    pid: std::process::id(),
-                    device: None,
-                    started_ms: edl_job::records::now_ms(),
-                    metrics: None,
-                },
+                record: TrainerRecord::model_less(),
             },
             life.clone(),
         );

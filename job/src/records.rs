@@ -277,6 +277,20 @@ pub struct TrainerRecord {
 }
 record!(TrainerRecord, "trainers/<id>");
 
+impl TrainerRecord {
+    /// The record of this process started now, with no device or metrics (`edl
+    /// consume`, the lightweight trainers of `edl bench scale`).
+    pub fn model_less() -> TrainerRecord {
+        TrainerRecord {
+            version: RECORD_VERSION,
+            pid: std::process::id(),
+            device: None,
+            started_ms: crate::records::now_ms(),
+            metrics: None,
+        }
+    }
+}
+
 /// `ps/<index>`: the claim of a shard by the pserver serving it, under its lease.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PserverRecord {

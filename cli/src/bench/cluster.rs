@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use edl_coord::Backend;
 use edl_coord::local_etcd::{Compaction, LocalEtcd, Options, spawn_tied_to_process};
+use edl_coord::{Backend, Election};
 use edl_job::{JobKeys, JobName};
 
 /// One `edl` child.
@@ -198,12 +198,10 @@ impl Cluster {
     /// The index in `masters` of the leading master (the oldest election key's
     /// address), if one leads.
     pub async fn leader(&self) -> Option<usize> {
-        let (kvs, _) = self
-            .backend
-            .range(&self.keys.master_election())
+        let lead = Election::new(self.backend.clone(), self.keys.master_election())
+            .leader()
             .await
-            .ok()?;
-        let lead = kvs.into_iter().min_by_key(|kv| kv.create_revision)?;
+            .ok()??;
         let addr = String::from_utf8_lossy(&lead.value).into_owned();
         self.masters
             .iter()

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use edl_coord::Backend;
-use edl_job::{JobName, RECORD_VERSION, TrainerRecord};
+use edl_job::{JobName, TrainerRecord};
 use edl_pserver_client::{
     DenseInit, Mode, OptimizerConfig, Origin, ParamConfig, PsClient, PsClientConfig,
 };
@@ -127,13 +127,7 @@ pub async fn run(n: usize, s: Shared, stop: CancellationToken) -> anyhow::Result
             lease_ttl: Duration::from_secs(10),
             token: None,
             tls: None,
-            record: TrainerRecord {
-                version: RECORD_VERSION,
-                pid: std::process::id(),
-                device: None,
-                started_ms: edl_job::records::now_ms(),
-                metrics: None,
-            },
+            record: TrainerRecord::model_less(),
             etcd_wait: Duration::from_secs(120),
         },
         life.clone(),

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use edl_coord::Backend;
+use edl_coord::{Backend, Election};
 use edl_job::{JobKeys, JobName, PserverRecord, Record};
 use edl_master_client::MasterClient;
 use edl_proto::master::StatusResponse;
@@ -131,7 +131,7 @@ impl Faults {
         let pick = match role {
             Role::Master => {
                 // The leader first (the others keep their order).
-                let leader = leader(self.backend.as_ref(), &self.keys)
+                let leader = leader(&self.backend, &self.keys)
                     .await
                     .map(|(_, v)| String::from_utf8_lossy(&v).into_owned());
                 if let Some(leader) = leader {
@@ -204,7 +204,7 @@ impl Faults {
             }
             (Role::Master, _) => {
                 let addr = std::fs::read_to_string(launch.addr_file(name)).ok();
-                let led = leader(self.backend.as_ref(), &self.keys)
+                let led = leader(&self.backend, &self.keys)
                     .await
                     .filter(|(_, v)| addr.is_some_and(|a| a.trim().as_bytes() == v.as_slice()));
                 Check::Master {
@@ -273,7 +273,7 @@ impl Faults {
                 }
             }
             Check::Master { old_leader } => {
-                let now = leader(self.backend.as_ref(), &self.keys)
+                let now = leader(&self.backend, &self.keys)
                     .await
                     .map(|(k, _)| k.into_bytes());
                 now.is_some() && now != *old_leader && self.quick_status().await.is_some()
@@ -315,9 +315,10 @@ impl Faults {
 
 /// The leading master's election key and value (its address): the oldest key under
 /// the election prefix, as `edl status` reads it.
-async fn leader(backend: &dyn Backend, keys: &JobKeys) -> Option<(String, Vec<u8>)> {
-    let (kvs, _) = backend.range(&keys.master_election()).await.ok()?;
-    kvs.into_iter()
-        .min_by_key(|kv| kv.create_revision)
-        .map(|kv| (kv.key, kv.value))
+async fn leader(backend: &Arc<dyn Backend>, keys: &JobKeys) -> Option<(String, Vec<u8>)> {
+    let l = Election::new(backend.clone(), keys.master_election())
+        .leader()
+        .await
+        .ok()??;
+    Some((l.key, l.value))
 }
