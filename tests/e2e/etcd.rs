@@ -343,17 +343,8 @@ async fn a_job_rides_out_an_etcd_leader_death_and_a_30s_quorum_loss() {
         Some(held),
         "a lease was lost"
     );
-    let status = run.wait_exit(Duration::from_secs(120)).await;
-    let r = read_report(&report);
-    let log = run.log();
-    assert!(status.success(), "edl run failed: {r}\n{log}");
-    assert_eq!(r["succeeded"], true, "{r}");
-    assert_eq!(r["restarts"], 0, "no process crashed: {r}");
-    assert_eq!(r["recoveries"], serde_json::json!([]), "{r}");
-    assert_eq!(r["lost_records"], 0, "{r}");
+    let r = finished_whole(&mut run, &report, Duration::from_secs(120), PASSES).await;
     assert_eq!(r["cutoff_records"], 0, "no trainer was lost: {r}");
-    assert_eq!(r["passes"], PASSES, "{r}");
-    assert_eq!(r["records_trained"], total, "{r}");
     // Every process lived through the outage: it saw its lease unconfirmed, then
     // confirmed again, and never lost it (the pserver restored nothing).
     let logs = PathBuf::from(r["run_dir"].as_str().expect("run dir")).join("logs");
@@ -543,16 +534,7 @@ async fn a_full_etcd_pauses_the_job_and_it_goes_on_once_etcd_has_space() {
         "a lease was lost"
     );
 
-    let status = run.wait_exit(Duration::from_secs(180)).await;
-    let r = read_report(&report);
-    let log = run.log();
-    assert!(status.success(), "edl run failed: {r}\n{log}");
-    assert_eq!(r["succeeded"], true, "{r}");
-    assert_eq!(r["restarts"], 0, "no process crashed: {r}");
-    assert_eq!(r["recoveries"], serde_json::json!([]), "{r}");
-    assert_eq!(r["lost_records"], 0, "{r}");
-    assert_eq!(r["passes"], PASSES, "{r}");
-    assert_eq!(r["records_trained"], total, "{r}");
+    let r = finished_whole(&mut run, &report, Duration::from_secs(180), PASSES).await;
     let logs = PathBuf::from(r["run_dir"].as_str().expect("run dir")).join("logs");
     let master_log = std::fs::read_to_string(logs.join("master-0.log")).unwrap_or_default();
     assert!(
@@ -573,4 +555,26 @@ async fn a_full_etcd_pauses_the_job_and_it_goes_on_once_etcd_has_space() {
         2,
         "{master_log}"
     );
+}
+
+/// Waits for `run` (an `edl run` of the example writing `report`) to exit within
+/// `within`, and checks that it succeeded whole: no process crashed or was recovered,
+/// nothing lost, `passes` passes done, every record once in each. Returns the report.
+async fn finished_whole(
+    run: &mut Proc,
+    report: &std::path::Path,
+    within: Duration,
+    passes: u64,
+) -> serde_json::Value {
+    let status = run.wait_exit(within).await;
+    let r = read_report(report);
+    let log = run.log();
+    assert!(status.success(), "edl run failed: {r}\n{log}");
+    assert_eq!(r["succeeded"], true, "{r}");
+    assert_eq!(r["restarts"], 0, "no process crashed: {r}");
+    assert_eq!(r["recoveries"], serde_json::json!([]), "{r}");
+    assert_eq!(r["lost_records"], 0, "{r}");
+    assert_eq!(r["passes"], passes, "{r}");
+    assert_eq!(r["records_trained"], passes * 405, "{r}");
+    r
 }
