@@ -20,6 +20,8 @@
 //!   I/O), one concern per file: `storage`, `push` (validation), `dedup` (the async
 //!   window), `async_apply`, `sync_apply`, `pull`, `snapshot`, `lifecycle` (`Init`), `ledger` and `tasks` (the exactly-once
 //!   ledger of acknowledged tasks).
+//! - [`replica`]: a shard's replica group (primary, in-sync backups, joiners, the
+//!   epoch that fences them) as a pure state machine (docs/replication.md).
 //! - [`checkpoint`]: [`checkpoint::format`] (a checkpoint file's bytes),
 //!   [`checkpoint::dir`] (a shard's files: durable writes, verified reads) and
 //!   [`checkpoint::protocol`] (triggers, parts, manifests, retention and restore through
@@ -38,6 +40,7 @@
 mod bulk;
 pub mod checkpoint;
 pub mod error;
+pub mod replica;
 pub mod server;
 pub mod shard;
 pub mod sync;
