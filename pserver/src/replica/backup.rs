@@ -47,6 +47,7 @@ impl Replica {
             msg: Msg::Need {
                 epoch: r.epoch,
                 have,
+                version: r.version,
             },
         });
     }

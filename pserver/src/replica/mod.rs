@@ -264,7 +264,11 @@ impl Replica {
             Msg::Op { epoch, seq } => self.on_op(now, from, epoch, seq, &mut out),
             Msg::Snapshot { epoch, seq } => self.on_snapshot(now, from, epoch, seq, &mut out),
             Msg::Confirm { epoch, seq } => self.on_confirm(now, from, epoch, seq, &mut out),
-            Msg::Need { epoch, have } => self.on_need(now, from, epoch, have, &mut out),
+            Msg::Need {
+                epoch,
+                have,
+                version,
+            } => self.on_need(now, from, epoch, have, version, &mut out),
             Msg::Fenced { epoch } => self.learn_epoch(epoch, &mut out),
         }
         out

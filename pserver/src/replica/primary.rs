@@ -40,17 +40,21 @@ struct Peer {
     streaming: bool,
     /// When it became a peer of this primary.
     added: Millis,
+    /// The version of the record that gave it its place: its requests of older versions
+    /// are stale.
+    since: u64,
     /// When it was last heard from.
     heard: Millis,
 }
 
 impl Peer {
-    fn new(now: Millis) -> Peer {
+    fn new(now: Millis, since: u64) -> Peer {
         Peer {
             sent: 0,
             confirmed: 0,
             streaming: false,
             added: now,
+            since,
             heard: now,
         }
     }
@@ -134,7 +138,7 @@ impl Replica {
             .backups
             .iter()
             .chain(&r.joining)
-            .map(|m| (m.clone(), Peer::new(now)))
+            .map(|m| (m.clone(), Peer::new(now, r.version)))
             .collect();
         self.primary = Some(PrimaryState {
             epoch: r.epoch,
@@ -156,7 +160,9 @@ impl Replica {
         p.peers
             .retain(|m, _| r.backups.contains(m) || r.joining.contains(m));
         for m in r.backups.iter().chain(&r.joining) {
-            p.peers.entry(m.clone()).or_insert_with(|| Peer::new(now));
+            p.peers
+                .entry(m.clone())
+                .or_insert_with(|| Peer::new(now, r.version));
         }
         self.primary_tick(now, out);
     }
@@ -187,7 +193,9 @@ impl Replica {
         if epoch != p.epoch {
             return;
         }
-        let Some(peer) = p.peers.get_mut(from) else {
+        // Confirmations count only after the peer said where it stands under its current
+        // place (a confirmation from before it was removed and added again is stale).
+        let Some(peer) = p.peers.get_mut(from).filter(|q| q.streaming) else {
             return;
         };
         peer.confirmed = peer.confirmed.max(seq);
@@ -215,6 +223,7 @@ impl Replica {
         from: &str,
         epoch: u64,
         have: Option<Seq>,
+        version: u64,
         out: &mut Vec<Effect>,
     ) {
         self.learn_epoch(epoch, out);
@@ -225,7 +234,7 @@ impl Replica {
         if epoch != p.epoch {
             return;
         }
-        let Some(peer) = p.peers.get_mut(from) else {
+        let Some(peer) = p.peers.get_mut(from).filter(|q| version >= q.since) else {
             return;
         };
         peer.heard = now;

@@ -120,6 +120,9 @@ pub enum Msg {
         epoch: u64,
         /// Its last applied op, when its state is a prefix of the primary's.
         have: Option<Seq>,
+        /// The version of the record it asks under: a request older than the record
+        /// that last gave it its place is stale (it may predate a discarded state).
+        version: u64,
     },
     /// Answer to an op of an old epoch: the sender is fenced by `epoch`.
     Fenced {

@@ -5,10 +5,7 @@
 //! all.
 
 use std::cell::RefCell;
-use std::sync::atomic::Ordering;
 
-use super::dedup::{DEDUP_WINDOW, Mark};
-use super::ledger::Mark as LedgerMark;
 use super::push::{Push, PushReply};
 use super::{ShardCore, bump, lock};
 use crate::error::PsError;
@@ -31,44 +28,19 @@ fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 }
 
 impl ShardCore {
-    /// Async mode: applies `push` unless it was applied before. A push more than
-    /// [`DEDUP_WINDOW`] steps behind its session's newest is refused
+    /// Async mode: applies `push` unless it was applied before (not replicated: see
+    /// [`ShardCore::apply_async_ordered`]). A push more than
+    /// [`DEDUP_WINDOW`](super::DEDUP_WINDOW) steps behind its session's newest is refused
     /// ([`PsError::StepTooOld`]): whether it was applied can no longer be told.
     pub fn apply_async(&self, push: &Push) -> Result<PushReply, PsError> {
-        let _gate = self
-            .step_lock
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mark = match push.origin {
-            Some(o) => match lock(&self.ledger)
-                .mark(o)
-                .map_err(|e| self.invalid(e.to_string()))?
-            {
-                LedgerMark::Fresh => Mark::Fresh,
-                LedgerMark::Repeat => Mark::Repeat,
-            },
-            None => lock(&self.dedup).mark(&push.trainer, push.session, push.step),
-        };
-        match mark {
-            Mark::Fresh => {}
-            Mark::Repeat => {
-                bump(&self.counters.duplicate_pushes);
-                return Ok(PushReply {
-                    applied: false,
-                    step: self.updates(),
-                });
-            }
-            Mark::TooOld { newest } => {
-                bump(&self.counters.invalid_rejected);
-                return Err(PsError::StepTooOld {
-                    step: push.step,
-                    newest,
-                    window: DEDUP_WINDOW,
-                });
-            }
-        }
-        let u = self.updates.fetch_add(1, Ordering::AcqRel);
-        let lr = self.optimizer.lr(u);
+        self.apply_async_ordered(push, |_| Ok(()))
+    }
+
+    /// Applies the values of `push` as update number `update` (its learning rate), block
+    /// by block under each block's lock (the caller holds the step lock for reading and
+    /// marked the push).
+    pub(super) fn apply_push_values(&self, push: &Push, update: u64) {
+        let lr = self.optimizer.lr(update);
         for (local, bytes) in &push.dense {
             let mut b = lock(&self.blocks[*local]);
             let b = &mut *b;
@@ -92,16 +64,13 @@ impl ShardCore {
                 "repeated sparse rows summed past f32's range; those rows left as they were"
             );
         }
-        bump(&self.counters.pushes_applied);
-        Ok(PushReply {
-            applied: true,
-            step: u + 1,
-        })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
     use crate::layout::Mode;
     use crate::shard::testutil::{all, core, push};

@@ -33,7 +33,7 @@ pub(super) enum Mark {
 
 /// Sliding window of the last [`DEDUP_WINDOW`] steps of one push session, with those
 /// applied marked.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Window {
     max: u64,
     seen: u64,
@@ -73,6 +73,28 @@ pub(super) struct Dedup {
 }
 
 impl Dedup {
+    /// The windows of every session, in order (for comparing replicas).
+    #[cfg(test)]
+    pub(super) fn entries(&self) -> Vec<(String, u64, u64, u64)> {
+        let mut v: Vec<_> = self
+            .sessions
+            .iter()
+            .map(|((t, s), w)| (t.clone(), *s, w.max, w.seen))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// What [`Dedup::mark`] would say of `step`, changing nothing.
+    pub(super) fn peek(&self, trainer: &str, session: u64, step: u64) -> Mark {
+        let mut w = self
+            .sessions
+            .get(&(trainer.to_owned(), session))
+            .copied()
+            .unwrap_or_default();
+        w.mark(step)
+    }
+
     /// Marks `step` of `trainer`'s `session`.
     pub(super) fn mark(&mut self, trainer: &str, session: u64, step: u64) -> Mark {
         self.clock += 1;

@@ -24,6 +24,8 @@
 //! - `sync_apply`: sync mode: pushes summed into steps, the mean applied when a step
 //!   closes.
 //! - `tasks`: `TaskDone` (a task recorded as contained) and the ledger's summary.
+//! - `replicate`: the shard's changes as ops in the order its primary decided them, what
+//!   a backup applies, and their bytes on the replication stream.
 //! - `pull`: the dense blocks that changed, and sparse rows.
 //! - `snapshot`: copies for checkpoints, restore from one, and where sync-mode
 //!   snapshots go.
@@ -46,6 +48,7 @@ mod ledger;
 mod lifecycle;
 mod pull;
 mod push;
+mod replicate;
 mod snapshot;
 mod storage;
 mod sync_apply;
@@ -58,6 +61,7 @@ pub use ledger::{Ledger, LedgerError, Mark, Origin};
 pub use lifecycle::{InitBlocks, Shard};
 pub use pull::{PullReply, VersionedBlock};
 pub use push::{BlockValues, Push, PushReply, RawPush, SparseUpdate, TableRows};
+pub use replicate::ShardOp;
 pub use snapshot::{CheckpointHooks, SnapshotSlot};
 pub(crate) use sync_apply::out_of_range;
 
@@ -122,6 +126,10 @@ pub struct ShardCore {
     tables: Vec<Table>,
     /// Updates applied (drives the learning-rate schedule).
     updates: AtomicU64,
+    /// Held while a change is decided and given its place in the replication stream
+    /// (`replicate`): the marks of the ledger and the deduplication table, the update
+    /// number, the op.
+    order: Mutex<()>,
     /// Async mode: the steps applied per push session (pushes without an origin).
     dedup: Mutex<Dedup>,
     /// The task batches the parameters contain. Async: marked under `step_lock` held for

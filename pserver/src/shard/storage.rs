@@ -128,6 +128,7 @@ impl ShardCore {
             blocks: blocks.into_iter().map(Mutex::new).collect(),
             tables,
             updates: AtomicU64::new(updates),
+            order: Mutex::new(()),
             dedup: Mutex::new(Dedup::default()),
             ledger: Mutex::new(ledger),
             open_origins: Mutex::new(Vec::new()),

@@ -25,6 +25,17 @@ impl ShardCore {
         tasks: u32,
         pushed_to: u64,
     ) -> Result<(), PsError> {
+        self.task_done_ordered(pass, task, tasks, pushed_to, |_| Ok(()))
+    }
+
+    /// Whether a `TaskDone` whose pushes went to incarnation `pushed_to` may be recorded
+    /// here.
+    pub(super) fn check_task_done(
+        &self,
+        pass: u32,
+        task: u32,
+        pushed_to: u64,
+    ) -> Result<(), PsError> {
         // 0: no push of the task reached this shard (every batch skipped): nothing to
         // hold, so nothing was lost either.
         if pushed_to != 0 && pushed_to != self.incarnation && pushed_to != self.holds_all_of {
@@ -37,6 +48,11 @@ impl ShardCore {
                 now: self.incarnation,
             });
         }
+        Ok(())
+    }
+
+    /// Records task `task` of pass `pass` as contained.
+    pub(super) fn complete_task(&self, pass: u32, task: u32, tasks: u32) -> Result<(), PsError> {
         lock(&self.ledger)
             .complete(pass, task, tasks)
             .map_err(|e| self.invalid(e.to_string()))?;

@@ -1,0 +1,625 @@
+//! A shard's changes as ops, for its replicas (docs/replication.md): what the primary
+//! changed, in the order it decided, so that a backup applying the same ops in the same
+//! order holds the same shard.
+//!
+//! Invariants (checked by the property test below):
+//! - an op is made only of a change: a repeated push, a refused one, or a `TaskDone`
+//!   refused as rewound makes none;
+//! - everything that decides a change (the ledger's and the deduplication table's marks,
+//!   the update counter that sets a push's learning rate) is taken under the shard's
+//!   order lock together with the op's place in the stream, and a refusal by the stream
+//!   (no longer primary) leaves the shard unchanged; so a backup applying the ops in
+//!   order takes the same decisions: every mark is fresh there too, and each push gets
+//!   the same learning rate and update number;
+//! - applied one at a time on the primary, ops leave the backup bitwise equal to it
+//!   (values, optimizer slots, block versions, ledger, deduplication table, update
+//!   count). Concurrent async pushes are applied to the primary's blocks in parallel: two
+//!   of them may reach one block in either order there, in op order on the backup, and
+//!   the values then differ by float rounding only (as between any two async runs);
+//!   the rest is equal;
+//! - an op decoded from bytes is validated as a push from a trainer is (layout, lengths,
+//!   finite values): a damaged stream is an error, never a panic or a wrong update.
+
+use std::sync::atomic::Ordering;
+
+use bytes::{Buf, BufMut, Bytes};
+use edl_job::FailedRecord;
+
+use super::dedup::Mark as DedupMark;
+use super::ledger::{Mark as LedgerMark, Origin};
+use super::push::{BlockValues, Push, PushReply, RawPush, TableRows};
+use super::{ShardCore, bump, lock};
+use crate::error::PsError;
+
+/// One change of a shard, as its primary made it.
+#[derive(Debug, Clone)]
+pub enum ShardOp {
+    /// Async mode: `push` applied as update number `update` (its learning rate).
+    Push {
+        /// The push, validated.
+        push: Push,
+        /// Its update number.
+        update: u64,
+    },
+    /// A task recorded as contained (`TaskDone`).
+    TaskDone {
+        /// The pass.
+        pass: u32,
+        /// The task.
+        task: u32,
+        /// The dataset's task count.
+        tasks: u32,
+    },
+    /// Tasks failed for good, settled in the ledger.
+    Settle(FailedRecord),
+}
+
+const KIND_PUSH: u8 = 1;
+const KIND_TASK_DONE: u8 = 2;
+const KIND_SETTLE: u8 = 3;
+
+impl ShardCore {
+    /// Async mode, on a primary: applies `push` unless it was applied before, as
+    /// [`ShardCore::apply_async`] does, handing the op to `order` first, under the order
+    /// lock: `order` gives the op its place in the stream (and logs it). If `order`
+    /// refuses, nothing changed.
+    pub fn apply_async_ordered(
+        &self,
+        push: &Push,
+        order: impl FnOnce(&ShardOp) -> Result<(), PsError>,
+    ) -> Result<PushReply, PsError> {
+        let _gate = self
+            .step_lock
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let update = {
+            let _order = lock(&self.order);
+            match self.peek(push)? {
+                DedupMark::Fresh => {}
+                DedupMark::Repeat => {
+                    bump(&self.counters.duplicate_pushes);
+                    return Ok(PushReply {
+                        applied: false,
+                        step: self.updates(),
+                    });
+                }
+                DedupMark::TooOld { newest } => {
+                    bump(&self.counters.invalid_rejected);
+                    return Err(PsError::StepTooOld {
+                        step: push.step,
+                        newest,
+                        window: super::DEDUP_WINDOW,
+                    });
+                }
+            }
+            let update = self.updates.load(Ordering::Acquire);
+            order(&ShardOp::Push {
+                push: push.clone(),
+                update,
+            })?;
+            self.mark_fresh(push)?;
+            self.updates.store(update + 1, Ordering::Release);
+            update
+        };
+        self.apply_push_values(push, update);
+        bump(&self.counters.pushes_applied);
+        Ok(PushReply {
+            applied: true,
+            step: update + 1,
+        })
+    }
+
+    /// What the ledger or the deduplication table says of `push`, changing nothing.
+    fn peek(&self, push: &Push) -> Result<DedupMark, PsError> {
+        Ok(match push.origin {
+            Some(o) => {
+                super::ledger::Ledger::check(o).map_err(|e| self.invalid(e.to_string()))?;
+                if lock(&self.ledger).applied(o) {
+                    DedupMark::Repeat
+                } else {
+                    DedupMark::Fresh
+                }
+            }
+            None => lock(&self.dedup).peek(&push.trainer, push.session, push.step),
+        })
+    }
+
+    /// Marks `push` applied; an error if it was (a backup whose stream diverged).
+    fn mark_fresh(&self, push: &Push) -> Result<(), PsError> {
+        let fresh = match push.origin {
+            Some(o) => {
+                lock(&self.ledger)
+                    .mark(o)
+                    .map_err(|e| self.invalid(e.to_string()))?
+                    == LedgerMark::Fresh
+            }
+            None => {
+                lock(&self.dedup).mark(&push.trainer, push.session, push.step) == DedupMark::Fresh
+            }
+        };
+        if fresh {
+            Ok(())
+        } else {
+            Err(PsError::Internal(format!(
+                "shard {}: a replicated push of trainer {} step {} was applied here before \
+                 (the replica diverged)",
+                self.index, push.trainer, push.step
+            )))
+        }
+    }
+
+    /// A `TaskDone` on a primary: [`ShardCore::task_done`], with the op handed to
+    /// `order` under the order lock once the task is accepted.
+    pub fn task_done_ordered(
+        &self,
+        pass: u32,
+        task: u32,
+        tasks: u32,
+        pushed_to: u64,
+        order: impl FnOnce(&ShardOp) -> Result<(), PsError>,
+    ) -> Result<(), PsError> {
+        let _order = lock(&self.order);
+        self.check_task_done(pass, task, pushed_to)?;
+        order(&ShardOp::TaskDone { pass, task, tasks })?;
+        self.complete_task(pass, task, tasks)
+    }
+
+    /// Settles tasks failed for good on a primary, with the op handed to `order`.
+    pub fn settle_ordered(
+        &self,
+        r: &FailedRecord,
+        order: impl FnOnce(&ShardOp) -> Result<(), PsError>,
+    ) -> Result<(), PsError> {
+        let _order = lock(&self.order);
+        order(&ShardOp::Settle(r.clone()))?;
+        self.settle(r)
+    }
+
+    /// On a backup: applies `op`, made by the primary, in stream order.
+    pub fn replay(&self, op: &ShardOp) -> Result<(), PsError> {
+        match op {
+            ShardOp::Push { push, update } => {
+                let _gate = self
+                    .step_lock
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                {
+                    let _order = lock(&self.order);
+                    self.mark_fresh(push)?;
+                    self.updates.fetch_max(update + 1, Ordering::AcqRel);
+                }
+                self.apply_push_values(push, *update);
+                bump(&self.counters.pushes_applied);
+                Ok(())
+            }
+            ShardOp::TaskDone { pass, task, tasks } => {
+                let _order = lock(&self.order);
+                self.complete_task(*pass, *task, *tasks)
+            }
+            ShardOp::Settle(r) => {
+                let _order = lock(&self.order);
+                self.settle(r)
+            }
+        }
+    }
+
+    /// The bytes of `op` on the replication stream.
+    pub fn encode_op(&self, op: &ShardOp) -> Bytes {
+        let mut b = Vec::new();
+        match op {
+            ShardOp::Push { push, update } => {
+                b.put_u8(KIND_PUSH);
+                b.put_u64_le(*update);
+                put_str(&mut b, &push.trainer);
+                b.put_u64_le(push.session);
+                b.put_u64_le(push.step);
+                match push.origin {
+                    Some(o) => {
+                        b.put_u8(1);
+                        b.put_u32_le(o.pass);
+                        b.put_u32_le(o.task);
+                        b.put_u32_le(o.seq);
+                    }
+                    None => b.put_u8(0),
+                }
+                let ids = self.layout.shard_blocks(self.index);
+                b.put_u32_le(push.dense.len() as u32);
+                for (local, values) in &push.dense {
+                    b.put_u32_le(ids[*local]);
+                    put_bytes(&mut b, values);
+                }
+                b.put_u32_le(push.sparse.len() as u32);
+                for s in &push.sparse {
+                    b.put_u32_le(s.table as u32);
+                    b.put_u32_le(s.rows.len() as u32);
+                    for r in &s.rows {
+                        b.put_u64_le(*r);
+                    }
+                    put_bytes(&mut b, &s.values);
+                }
+            }
+            ShardOp::TaskDone { pass, task, tasks } => {
+                b.put_u8(KIND_TASK_DONE);
+                b.put_u32_le(*pass);
+                b.put_u32_le(*task);
+                b.put_u32_le(*tasks);
+            }
+            ShardOp::Settle(r) => {
+                b.put_u8(KIND_SETTLE);
+                b.put_u32_le(r.pass);
+                b.put_u32_le(r.tasks);
+                b.put_u32_le(r.failed.len() as u32);
+                for t in &r.failed {
+                    b.put_u32_le(*t);
+                }
+            }
+        }
+        Bytes::from(b)
+    }
+
+    /// An op read from the replication stream, validated against this shard.
+    pub fn decode_op(&self, bytes: Bytes) -> Result<ShardOp, PsError> {
+        let bad = |what: &str| PsError::InvalidArgument(format!("replicated op: {what}"));
+        let mut c = OpReader { buf: bytes };
+        let op = match c.u8()? {
+            KIND_PUSH => {
+                let update = c.u64()?;
+                let trainer = c.string()?;
+                let session = c.u64()?;
+                let step = c.u64()?;
+                let origin = match c.u8()? {
+                    0 => None,
+                    1 => Some(Origin {
+                        pass: c.u32()?,
+                        task: c.u32()?,
+                        seq: c.u32()?,
+                    }),
+                    _ => return Err(bad("bad origin flag")),
+                };
+                let n = c.count(8)?;
+                let mut dense = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let id = c.u32()?;
+                    dense.push(BlockValues {
+                        id,
+                        values: c.bytes()?,
+                    });
+                }
+                let n = c.count(12)?;
+                let mut sparse = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let table = c.u32()?;
+                    let rows = (0..c.count(8)?)
+                        .map(|_| c.u64())
+                        .collect::<Result<_, _>>()?;
+                    sparse.push(TableRows {
+                        table,
+                        rows,
+                        values: c.bytes()?,
+                    });
+                }
+                let push = self.validate_push(RawPush {
+                    trainer,
+                    session,
+                    step,
+                    dense,
+                    sparse,
+                    origin,
+                })?;
+                ShardOp::Push { push, update }
+            }
+            KIND_TASK_DONE => ShardOp::TaskDone {
+                pass: c.u32()?,
+                task: c.u32()?,
+                tasks: c.u32()?,
+            },
+            KIND_SETTLE => {
+                let pass = c.u32()?;
+                let tasks = c.u32()?;
+                let failed = (0..c.count(4)?)
+                    .map(|_| c.u32())
+                    .collect::<Result<_, _>>()?;
+                ShardOp::Settle(FailedRecord {
+                    version: edl_job::RECORD_VERSION,
+                    pass,
+                    tasks,
+                    failed,
+                })
+            }
+            k => return Err(bad(&format!("unknown kind {k}"))),
+        };
+        if c.buf.has_remaining() {
+            return Err(bad("trailing bytes"));
+        }
+        Ok(op)
+    }
+}
+
+fn put_str(b: &mut Vec<u8>, s: &str) {
+    put_bytes(b, s.as_bytes());
+}
+
+fn put_bytes(b: &mut Vec<u8>, v: &[u8]) {
+    b.put_u32_le(v.len() as u32);
+    b.put_slice(v);
+}
+
+/// A bounds-checked reader of an op's bytes.
+struct OpReader {
+    buf: Bytes,
+}
+
+impl OpReader {
+    fn need(&self, n: usize) -> Result<(), PsError> {
+        if self.buf.remaining() < n {
+            return Err(PsError::InvalidArgument(format!(
+                "replicated op: truncated ({} bytes left, {n} needed)",
+                self.buf.remaining()
+            )));
+        }
+        Ok(())
+    }
+
+    fn u8(&mut self) -> Result<u8, PsError> {
+        self.need(1)?;
+        Ok(self.buf.get_u8())
+    }
+
+    fn u32(&mut self) -> Result<u32, PsError> {
+        self.need(4)?;
+        Ok(self.buf.get_u32_le())
+    }
+
+    fn u64(&mut self) -> Result<u64, PsError> {
+        self.need(8)?;
+        Ok(self.buf.get_u64_le())
+    }
+
+    /// A count of items of at least `min_bytes` each: bounded by the bytes left, so that
+    /// a damaged count allocates nothing.
+    fn count(&mut self, min_bytes: usize) -> Result<usize, PsError> {
+        let n = self.u32()? as usize;
+        self.need(n.saturating_mul(min_bytes))?;
+        Ok(n)
+    }
+
+    fn bytes(&mut self) -> Result<Bytes, PsError> {
+        let n = self.u32()? as usize;
+        self.need(n)?;
+        Ok(self.buf.split_to(n))
+    }
+
+    fn string(&mut self) -> Result<String, PsError> {
+        String::from_utf8(self.bytes()?.to_vec())
+            .map_err(|_| PsError::InvalidArgument("replicated op: trainer id not UTF-8".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::layout::Mode;
+    use crate::shard::testutil::{core, push};
+
+    /// What a replica holds, for comparison: the snapshot (values, slots, versions,
+    /// ledger, update count) and the deduplication table.
+    fn state(c: &ShardCore) -> (crate::checkpoint::Snapshot, Vec<(String, u64, u64, u64)>) {
+        (c.snapshot(0), lock(&c.dedup).entries())
+    }
+
+    /// A change a trainer or the master asks of a primary.
+    #[derive(Debug, Clone)]
+    enum Ask {
+        /// (trainer, session, step, gradient, rows, origin (pass, task, seq))
+        Push(u8, u8, u8, i8, Vec<u8>, Option<(u8, u8, u8)>),
+        TaskDone(u8, u8),
+        Settle(u8, u8),
+    }
+
+    fn ask() -> impl Strategy<Value = Ask> {
+        prop_oneof![
+            8 => (0u8..3, 0u8..2, 0u8..80, -3i8..4, prop::collection::vec(0u8..6, 0..4),
+                  prop::option::of((0u8..2, 0u8..4, 0u8..3)))
+                .prop_map(|(t, s, st, g, r, o)| Ask::Push(t, s, st, g, r, o)),
+            1 => (0u8..2, 0u8..4).prop_map(|(p, t)| Ask::TaskDone(p, t)),
+            1 => (0u8..2, 0u8..4).prop_map(|(p, t)| Ask::Settle(p, t)),
+        ]
+    }
+
+    /// Applies `a` on the primary; the ops it makes go to `log`, as bytes.
+    fn run(c: &ShardCore, a: &Ask, log: &Mutex<Vec<Bytes>>) {
+        let order = |op: &ShardOp| {
+            log.lock().unwrap().push(c.encode_op(op));
+            Ok(())
+        };
+        match a {
+            Ask::Push(t, s, st, g, rows, origin) => {
+                let rows: Vec<u64> = rows.iter().map(|&r| u64::from(r)).collect();
+                let mut raw = push(
+                    c,
+                    &format!("t{t}"),
+                    u64::from(*s),
+                    u64::from(*st),
+                    f32::from(*g),
+                    &rows,
+                );
+                raw.origin = origin.map(|(pass, task, seq)| Origin {
+                    pass: u32::from(pass),
+                    task: u32::from(task),
+                    seq: u32::from(seq),
+                });
+                let p = c.validate_push(raw).unwrap();
+                let _ = c.apply_async_ordered(&p, order);
+            }
+            Ask::TaskDone(pass, task) => {
+                let _ = c.task_done_ordered(u32::from(*pass), u32::from(*task), 4, 0, order);
+            }
+            Ask::Settle(pass, task) => {
+                let r = FailedRecord {
+                    version: edl_job::RECORD_VERSION,
+                    pass: u32::from(*pass),
+                    tasks: 4,
+                    failed: [u32::from(*task)].into(),
+                };
+                let _ = c.settle_ordered(&r, order);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// A backup replaying the primary's ops, through their bytes, holds the
+        /// primary's state bitwise, after every op.
+        #[test]
+        fn a_backup_replaying_the_ops_holds_the_primarys_state(
+            asks in prop::collection::vec(ask(), 0..120),
+        ) {
+            let primary = core(Mode::Async, 0, 1);
+            let backup = core(Mode::Async, 0, 1);
+            let log = Mutex::new(Vec::new());
+            let mut replayed = 0;
+            for a in &asks {
+                let before = state(&primary);
+                let made = log.lock().unwrap().len();
+                run(&primary, a, &log);
+                let ops: Vec<Bytes> = log.lock().unwrap()[replayed..].to_vec();
+                prop_assert!(ops.len() <= 1);
+                if ops.is_empty() {
+                    // No op, no change (a repeat, or refused).
+                    prop_assert_eq!(&state(&primary), &before);
+                    prop_assert_eq!(log.lock().unwrap().len(), made);
+                }
+                for bytes in ops {
+                    let op = backup.decode_op(bytes).unwrap();
+                    backup.replay(&op).unwrap();
+                    replayed += 1;
+                }
+                prop_assert_eq!(state(&backup), state(&primary));
+            }
+        }
+    }
+
+    #[test]
+    fn an_op_refused_by_the_stream_changes_nothing() {
+        let c = core(Mode::Async, 0, 1);
+        let mut raw = push(&c, "t", 1, 1, 1.0, &[3]);
+        raw.origin = Some(Origin {
+            pass: 0,
+            task: 1,
+            seq: 0,
+        });
+        let p = c.validate_push(raw).unwrap();
+        let before = state(&c);
+        let refused = c.apply_async_ordered(&p, |_| Err(PsError::NotServing("not primary".into())));
+        assert!(matches!(refused, Err(PsError::NotServing(_))));
+        assert_eq!(state(&c), before);
+        // Witness: the same push is applied once the stream takes it.
+        assert!(c.apply_async_ordered(&p, |_| Ok(())).unwrap().applied);
+        assert_ne!(state(&c), before);
+        let refused = c.task_done_ordered(0, 1, 4, 0, |_| Err(PsError::NotServing("no".into())));
+        assert!(refused.is_err());
+        assert!(!c.contains().contains(0, 1));
+    }
+
+    /// Two trainers push at once: the ops are in the order the primary decided, and a
+    /// backup replaying them holds the same ledger, table and update count, and (the
+    /// gradients being small integers, exact in any order) the same values.
+    #[test]
+    fn concurrent_pushes_replay_to_the_same_shard() {
+        let primary = Arc::new(core(Mode::Async, 0, 1));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let threads: Vec<_> = (0..2)
+            .map(|t| {
+                let (c, log) = (primary.clone(), log.clone());
+                std::thread::spawn(move || {
+                    for step in 1..=200u64 {
+                        let mut raw =
+                            push(&c, &format!("t{t}"), 1, step, (t + 1) as f32, &[step % 5]);
+                        raw.origin = (step % 2 == 0).then_some(Origin {
+                            pass: 0,
+                            task: t,
+                            seq: step as u32,
+                        });
+                        let p = c.validate_push(raw).unwrap();
+                        c.apply_async_ordered(&p, |op| {
+                            log.lock().unwrap().push(c.encode_op(op));
+                            Ok(())
+                        })
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let backup = core(Mode::Async, 0, 1);
+        let ops = log.lock().unwrap().clone();
+        assert_eq!(ops.len(), 400);
+        for bytes in ops {
+            backup.replay(&backup.decode_op(bytes).unwrap()).unwrap();
+        }
+        assert_eq!(state(&backup), state(&primary));
+        // A replayed op applied again is a divergence, said as such.
+        let again = push(&backup, "t0", 1, 199, 1.0, &[]);
+        let p = backup.validate_push(again).unwrap();
+        let err = backup
+            .replay(&ShardOp::Push {
+                push: p,
+                update: 400,
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("diverged"), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_op_is_an_error_not_a_panic() {
+        let c = core(Mode::Async, 0, 1);
+        let mut raw = push(&c, "t", 1, 1, 1.0, &[3, 4]);
+        raw.origin = Some(Origin {
+            pass: 0,
+            task: 1,
+            seq: 0,
+        });
+        let p = c.validate_push(raw).unwrap();
+        let ops = [
+            ShardOp::Push { push: p, update: 7 },
+            ShardOp::TaskDone {
+                pass: 1,
+                task: 2,
+                tasks: 4,
+            },
+            ShardOp::Settle(FailedRecord {
+                version: edl_job::RECORD_VERSION,
+                pass: 0,
+                tasks: 4,
+                failed: [1, 3].into(),
+            }),
+        ];
+        for op in &ops {
+            let bytes = c.encode_op(op);
+            // Witness: the whole op decodes.
+            assert!(c.decode_op(bytes.clone()).is_ok());
+            for cut in 0..bytes.len() {
+                assert!(c.decode_op(bytes.slice(..cut)).is_err(), "cut at {cut}");
+            }
+            let mut longer = bytes.to_vec();
+            longer.push(0);
+            assert!(c.decode_op(Bytes::from(longer)).is_err());
+            let mut kind = bytes.to_vec();
+            kind[0] = 99;
+            assert!(c.decode_op(Bytes::from(kind)).is_err());
+        }
+        // A gradient made infinite in transit is refused as from a trainer.
+        let bytes = c.encode_op(&ops[0]).to_vec();
+        let at = bytes.len() - 4;
+        let mut bad = bytes.clone();
+        bad[at..].copy_from_slice(&f32::INFINITY.to_le_bytes());
+        assert!(c.decode_op(Bytes::from(bad)).is_err());
+    }
+}
