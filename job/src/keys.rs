@@ -198,6 +198,32 @@ impl JobKeys {
         (i.to_string() == rest).then_some(i)
     }
 
+    /// The prefix of the replica groups `ps-group/<index>`.
+    pub fn ps_groups(&self) -> String {
+        self.key("ps-group/")
+    }
+
+    /// The replica group of shard `index` (no lease; see `docs/replication.md`).
+    pub fn ps_group(&self, index: u32) -> String {
+        self.key(&format!("ps-group/{index}"))
+    }
+
+    /// The prefix of the pserver processes `ps-member/<id>`.
+    pub fn ps_members(&self) -> String {
+        self.key("ps-member/")
+    }
+
+    /// The registration of pserver process `id` (under its lease).
+    pub fn ps_member(&self, id: &str) -> String {
+        self.key(&format!("ps-member/{id}"))
+    }
+
+    /// The process id of a member key, if it is one.
+    pub fn ps_member_id<'a>(&self, key: &'a str) -> Option<&'a str> {
+        let id = key.strip_prefix(&self.root)?.strip_prefix("ps-member/")?;
+        (!id.is_empty()).then_some(id)
+    }
+
     /// The prefix of the restore records `restores/<index>`.
     pub fn restores(&self) -> String {
         self.key("restores/")
@@ -309,6 +335,12 @@ mod tests {
         assert_eq!(k.ps_index("/edl/j/ps/3"), Some(3));
         assert_eq!(k.ps_index("/edl/j/ps/desired"), None);
         assert_eq!(k.ps_index("/edl/j/ps/03"), None);
+        // The replica records are outside the claims' prefix.
+        assert_eq!(k.ps_group(3), "/edl/j/ps-group/3");
+        assert!(!k.ps_group(3).starts_with(&k.ps_prefix()));
+        assert!(!k.ps_member("m").starts_with(&k.ps_prefix()));
+        assert_eq!(k.ps_member_id(&k.ps_member("p-12")), Some("p-12"));
+        assert_eq!(k.ps_member_id(&k.ps_groups()), None);
         assert_eq!(k.manifest(12), "/edl/j/checkpoints/12");
         assert_eq!(k.manifest_step("/edl/j/checkpoints/12"), Some(12));
         assert_eq!(k.manifest_step("/edl/j/checkpoints/latest"), None);

@@ -35,7 +35,8 @@ pub mod spec;
 pub use keys::JobKeys;
 pub use name::{InvalidJobName, JobName, valid_member_id};
 pub use records::{
-    Control, ControlRecord, FailedRecord, FinalState, JobStateRecord, PserverRecord,
-    RECORD_VERSION, Record, RecordError, RestoreRecord, RunRecord, ScaleRecord, TrainerRecord,
+    Control, ControlRecord, FailedRecord, FinalState, GroupRecord, JobStateRecord, MemberRecord,
+    PserverRecord, RECORD_VERSION, Record, RecordError, RestoreRecord, RunRecord, ScaleRecord,
+    TrainerRecord,
 };
 pub use spec::{JobSpec, SpecError};

@@ -328,6 +328,89 @@ impl PserverRecord {
     }
 }
 
+/// `ps-group/<index>`: shard `index`'s replica group (docs/replication.md): its primary,
+/// its in-sync backups and joiners, and the epoch that fences them. No lease; changed
+/// only by a compare-and-swap on `change`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// Raised by every change of the record (the compare-and-swap's guard).
+    pub change: u64,
+    /// Raised whenever the primary changes (a promotion or a restore): the fence every
+    /// replica checks. A replica applies and answers nothing of an older epoch than the
+    /// newest it has seen.
+    pub epoch: u64,
+    /// Raised when the shard is restored from a checkpoint: the acknowledged ops of an
+    /// older incarnation are guaranteed only as far as the checkpoint holds them.
+    pub incarnation: u64,
+    /// The member (`ps-member/<id>`) that orders, applies and acknowledges the shard's
+    /// ops.
+    pub primary: String,
+    /// The backups in sync: each holds every op acknowledged (the primary not included).
+    #[serde(default)]
+    pub backups: std::collections::BTreeSet<String>,
+    /// Members catching up (a snapshot, then the ops since): not waited for, not
+    /// promotable.
+    #[serde(default)]
+    pub joining: std::collections::BTreeSet<String>,
+    /// The primary's last applied op when its epoch began.
+    pub seq_base: u64,
+    /// The epoch whose stream the primary's state was a prefix of when its epoch began
+    /// (0 after a restore). A backup whose state is a prefix of the same stream and
+    /// holds no op past `seq_base` follows the new primary from where it is; any other
+    /// is sent a snapshot.
+    pub base_epoch: u64,
+}
+record!(GroupRecord, "ps-group/<index>");
+
+impl GroupRecord {
+    /// The record of a shard restored (or first created) by `primary`: a new epoch and
+    /// incarnation, no backups, its stream starting afresh.
+    pub fn restored(prev: Option<&GroupRecord>, primary: String) -> GroupRecord {
+        GroupRecord {
+            version: RECORD_VERSION,
+            change: prev.map_or(1, |p| p.change + 1),
+            epoch: prev.map_or(1, |p| p.epoch + 1),
+            incarnation: prev.map_or(1, |p| p.incarnation + 1),
+            primary,
+            backups: Default::default(),
+            joining: Default::default(),
+            seq_base: 0,
+            base_epoch: 0,
+        }
+    }
+
+    /// Whether `m` is the primary or an in-sync backup.
+    pub fn in_sync(&self, m: &str) -> bool {
+        self.primary == m || self.backups.contains(m)
+    }
+
+    /// Whether `m` has any place in the group.
+    pub fn has(&self, m: &str) -> bool {
+        self.in_sync(m) || self.joining.contains(m)
+    }
+}
+
+/// `ps-member/<id>`: a pserver process that can hold replicas, under its lease (the id
+/// is new at every process start).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// The address its replicas are reached at (gRPC and the bulk path).
+    pub addr: String,
+    /// Process id.
+    #[serde(default)]
+    pub pid: u32,
+    /// Start time, ms since the Unix epoch.
+    #[serde(default)]
+    pub started_ms: u64,
+}
+record!(MemberRecord, "ps-member/<id>");
+
 /// `restores/<index>`: a pserver restored shard `index` (from a checkpoint, or with its
 /// initial values when there was none) and serves it from now on. Written, fenced by the
 /// claim, before the restored shard serves; the master trains again every acknowledged

@@ -47,7 +47,7 @@ impl Replica {
             msg: Msg::Need {
                 epoch: r.epoch,
                 have,
-                version: r.version,
+                change: r.change,
             },
         });
     }
@@ -172,7 +172,8 @@ impl Replica {
             .cloned()
             .collect();
         let record = GroupRecord {
-            version: r.version + 1,
+            version: edl_job::RECORD_VERSION,
+            change: r.change + 1,
             epoch: r.epoch + 1,
             incarnation: r.incarnation,
             primary: self.me.clone(),

@@ -49,7 +49,9 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-pub use types::{Effect, GroupRecord, Guard, MemberId, Millis, Msg, ReplicaConfig, Role, Seq};
+pub use types::{
+    Effect, GroupRecord, Guard, MemberId, Millis, Msg, ReplicaConfig, Role, Seq, restore_guard,
+};
 
 use primary::PrimaryState;
 
@@ -89,7 +91,7 @@ pub struct Replica {
     /// This process's lease is held until then by its own clock.
     lease_deadline: Millis,
     /// A record this replica wrote (or tried to) and has not yet seen settled: until a
-    /// record of its version or later is observed it may have landed.
+    /// record of its change or later is observed it may have landed.
     proposal: Option<GroupRecord>,
     /// Set while this replica is primary.
     primary: Option<PrimaryState>,
@@ -169,7 +171,7 @@ impl Replica {
         self.log_start = self.log_start.max(first_kept);
     }
 
-    /// The live members changed (the shell's view of `ps/members/`), listed in the
+    /// The live members changed (the shell's view of `ps-member/`), listed in the
     /// order the shell prefers new backups.
     pub fn members(&mut self, now: Millis, live: Vec<MemberId>) -> Vec<Effect> {
         self.live = live;
@@ -188,13 +190,13 @@ impl Replica {
     }
 
     /// A group record read from etcd (the watch, or the read after a proposal). Older
-    /// versions than the newest seen are ignored.
+    /// changes than the newest seen are ignored.
     pub fn observe(&mut self, now: Millis, record: GroupRecord) -> Vec<Effect> {
         let mut out = Vec::new();
         if self
             .record
             .as_ref()
-            .is_some_and(|r| r.version >= record.version)
+            .is_some_and(|r| r.change >= record.change)
         {
             return out;
         }
@@ -202,7 +204,7 @@ impl Replica {
         if self
             .proposal
             .as_ref()
-            .is_some_and(|p| p.version <= record.version)
+            .is_some_and(|p| p.change <= record.change)
         {
             self.proposal = None;
         }
@@ -267,8 +269,8 @@ impl Replica {
             Msg::Need {
                 epoch,
                 have,
-                version,
-            } => self.on_need(now, from, epoch, have, version, &mut out),
+                change,
+            } => self.on_need(now, from, epoch, have, change, &mut out),
             Msg::Fenced { epoch } => self.learn_epoch(epoch, &mut out),
         }
         out
@@ -293,7 +295,7 @@ impl Replica {
         }
         let record = GroupRecord::restored(self.record.as_ref(), self.me.clone());
         let guard = match &self.record {
-            Some(r) => r.restore_guard(&self.me),
+            Some(r) => restore_guard(r, &self.me),
             None => Guard {
                 alive: self.me.clone(),
                 absent: BTreeSet::new(),
@@ -302,7 +304,7 @@ impl Replica {
         self.forget();
         self.proposal = Some(record.clone());
         vec![Effect::Propose {
-            expect_version: self.record.as_ref().map_or(0, |r| r.version),
+            expect_change: self.record.as_ref().map_or(0, |r| r.change),
             record,
             guard,
         }]
@@ -310,11 +312,11 @@ impl Replica {
 
     /// Records a proposal and returns its effect.
     fn propose(&mut self, record: GroupRecord, guard: Guard, out: &mut Vec<Effect>) {
-        let expect_version = self.record.as_ref().map_or(0, |r| r.version);
-        debug_assert_eq!(record.version, expect_version + 1);
+        let expect_change = self.record.as_ref().map_or(0, |r| r.change);
+        debug_assert_eq!(record.change, expect_change + 1);
         self.proposal = Some(record.clone());
         out.push(Effect::Propose {
-            expect_version,
+            expect_change,
             record,
             guard,
         });

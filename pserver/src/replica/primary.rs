@@ -40,7 +40,7 @@ struct Peer {
     streaming: bool,
     /// When it became a peer of this primary.
     added: Millis,
-    /// The version of the record that gave it its place: its requests of older versions
+    /// The change of the record that gave it its place: its requests of older changes
     /// are stale.
     since: u64,
     /// When it was last heard from.
@@ -138,7 +138,7 @@ impl Replica {
             .backups
             .iter()
             .chain(&r.joining)
-            .map(|m| (m.clone(), Peer::new(now, r.version)))
+            .map(|m| (m.clone(), Peer::new(now, r.change)))
             .collect();
         self.primary = Some(PrimaryState {
             epoch: r.epoch,
@@ -162,7 +162,7 @@ impl Replica {
         for m in r.backups.iter().chain(&r.joining) {
             p.peers
                 .entry(m.clone())
-                .or_insert_with(|| Peer::new(now, r.version));
+                .or_insert_with(|| Peer::new(now, r.change));
         }
         self.primary_tick(now, out);
     }
@@ -223,7 +223,7 @@ impl Replica {
         from: &str,
         epoch: u64,
         have: Option<Seq>,
-        version: u64,
+        change: u64,
         out: &mut Vec<Effect>,
     ) {
         self.learn_epoch(epoch, out);
@@ -234,7 +234,7 @@ impl Replica {
         if epoch != p.epoch {
             return;
         }
-        let Some(peer) = p.peers.get_mut(from).filter(|q| version >= q.since) else {
+        let Some(peer) = p.peers.get_mut(from).filter(|q| change >= q.since) else {
             return;
         };
         peer.heard = now;
@@ -356,7 +356,7 @@ impl Replica {
         if want == *r {
             return;
         }
-        want.version = r.version + 1;
+        want.change = r.change + 1;
         tracing::debug!(member = %self.me, epoch = want.epoch, backups = ?want.backups, joining = ?want.joining, "group change proposed");
         let guard = Guard {
             alive: self.me.clone(),

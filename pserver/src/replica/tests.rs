@@ -38,7 +38,7 @@ struct Node {
     log: BTreeMap<Seq, u64>,
     stopped: bool,
     etcd_cut: bool,
-    /// The next record version its watch delivers.
+    /// The next record change its watch delivers.
     watched: usize,
     /// Ops it assigned as primary, not yet answered: seq -> op id.
     pending: BTreeMap<Seq, u64>,
@@ -55,7 +55,7 @@ struct World {
     now: Millis,
     cfg: ReplicaConfig,
     nodes: BTreeMap<MemberId, Node>,
-    /// Every version of the group record (index = version - 1).
+    /// Every change of the group record (index = change - 1).
     history: Vec<GroupRecord>,
     /// Member keys and when etcd expires them.
     members: BTreeMap<MemberId, Millis>,
@@ -387,23 +387,23 @@ impl World {
                     self.installs += 1;
                 }
                 Effect::Propose {
-                    expect_version,
+                    expect_change,
                     record,
                     guard,
                 } => {
                     if self.nodes[id].etcd_cut {
                         // The outcome is not known: the shell sends it again later.
                         self.nodes.get_mut(id).unwrap().unsent = Some(Effect::Propose {
-                            expect_version,
+                            expect_change,
                             record,
                             guard,
                         });
                         continue;
                     }
-                    let current = self.record().map_or(0, |r| r.version);
+                    let current = self.record().map_or(0, |r| r.change);
                     let holds =
                         self.is_live(&guard.alive) && guard.absent.iter().all(|m| !self.is_live(m));
-                    if current == expect_version && holds {
+                    if current == expect_change && holds {
                         let prev = self.record().cloned();
                         if let Some(p) = &prev {
                             assert!(record.epoch >= p.epoch, "the epoch went back");
@@ -517,8 +517,8 @@ impl World {
                 for op in acked.into_iter().flatten() {
                     assert!(
                         held.contains(op),
-                        "{m}, in sync in version {}, lacks acknowledged op {op}",
-                        r.version
+                        "{m}, in sync in change {}, lacks acknowledged op {op}",
+                        r.change
                     );
                 }
             }

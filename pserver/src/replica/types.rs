@@ -1,4 +1,5 @@
-//! The replica group's vocabulary: the group record kept in etcd, the messages replicas
+//! The replica group's vocabulary: the group record kept in etcd (`ps-group/<shard>`,
+//! [`GroupRecord`], shared with the clients through `edl_job`), the messages replicas
 //! exchange, the effects the state machine asks its shell to carry out, and its
 //! configuration.
 
@@ -9,74 +10,20 @@ pub type Millis = u64;
 /// The position of an op in a shard's replication stream (1 is the first op of an
 /// incarnation; 0: nothing applied).
 pub type Seq = u64;
-/// A pserver process, as registered under `ps/members/<id>` (unique per process start:
+/// A pserver process, as registered under `ps-member/<id>` (unique per process start:
 /// a restarted process is a new member).
 pub type MemberId = String;
 
-/// A shard's group, as one etcd record (`ps/group/<shard>`), changed only by a
-/// compare-and-swap on `version`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupRecord {
-    /// Raised by every change of the record (the compare-and-swap's guard).
-    pub version: u64,
-    /// Raised whenever the primary changes (a promotion or a restore): the fence every
-    /// replica checks. A replica applies and answers nothing of an older epoch than the
-    /// newest it has seen.
-    pub epoch: u64,
-    /// Raised when the shard is restored from a checkpoint: the acknowledged ops of an
-    /// older incarnation are guaranteed only as far as the checkpoint holds them.
-    pub incarnation: u64,
-    /// The member that orders, applies and acknowledges the shard's ops.
-    pub primary: MemberId,
-    /// The backups in sync: each holds every op acknowledged (the primary not included).
-    pub backups: BTreeSet<MemberId>,
-    /// Members catching up (a snapshot, then the ops since): not waited for, not
-    /// promotable.
-    pub joining: BTreeSet<MemberId>,
-    /// The primary's last applied op when its epoch began.
-    pub seq_base: Seq,
-    /// The epoch whose stream the primary's state was a prefix of when its epoch began
-    /// (0 after a restore). A backup whose state is a prefix of the same stream and
-    /// holds no op past `seq_base` follows the new primary from where it is; any other
-    /// is sent a snapshot.
-    pub base_epoch: u64,
-}
+pub use edl_job::GroupRecord;
 
-impl GroupRecord {
-    /// The record of a shard restored (or first created) by `primary`: a new epoch and
-    /// incarnation, no backups, its stream starting afresh.
-    pub fn restored(prev: Option<&GroupRecord>, primary: MemberId) -> GroupRecord {
-        GroupRecord {
-            version: prev.map_or(1, |p| p.version + 1),
-            epoch: prev.map_or(1, |p| p.epoch + 1),
-            incarnation: prev.map_or(1, |p| p.incarnation + 1),
-            primary,
-            backups: BTreeSet::new(),
-            joining: BTreeSet::new(),
-            seq_base: 0,
-            base_epoch: 0,
-        }
-    }
-
-    /// The guard under which a restore may be written over `self`: no replica that may
-    /// hold an acknowledged op is alive (the primary and every in-sync backup absent).
-    pub fn restore_guard(&self, restorer: &MemberId) -> Guard {
-        let mut absent: BTreeSet<MemberId> = self.backups.clone();
-        absent.insert(self.primary.clone());
-        Guard {
-            alive: restorer.clone(),
-            absent,
-        }
-    }
-
-    /// Whether `m` is the primary or an in-sync backup.
-    pub fn in_sync(&self, m: &str) -> bool {
-        self.primary == m || self.backups.contains(m)
-    }
-
-    /// Whether `m` has any place in the group.
-    pub fn has(&self, m: &str) -> bool {
-        self.in_sync(m) || self.joining.contains(m)
+/// The guard under which a restore may be written over `r`: no replica that may hold an
+/// acknowledged op is alive (the primary and every in-sync backup absent).
+pub fn restore_guard(r: &GroupRecord, restorer: &MemberId) -> Guard {
+    let mut absent: BTreeSet<MemberId> = r.backups.clone();
+    absent.insert(r.primary.clone());
+    Guard {
+        alive: restorer.clone(),
+        absent,
     }
 }
 
@@ -120,9 +67,9 @@ pub enum Msg {
         epoch: u64,
         /// Its last applied op, when its state is a prefix of the primary's.
         have: Option<Seq>,
-        /// The version of the record it asks under: a request older than the record
+        /// The change of the record it asks under: a request older than the record
         /// that last gave it its place is stale (it may predate a discarded state).
-        version: u64,
+        change: u64,
     },
     /// Answer to an op of an old epoch: the sender is fenced by `epoch`.
     Fenced {
@@ -160,12 +107,12 @@ pub enum Effect {
         /// The last op it holds.
         seq: Seq,
     },
-    /// Write `record` to etcd if the record's version is still `expect_version` and the
+    /// Write `record` to etcd if the record's change is still `expect_change` and the
     /// guard holds; then pass the record read back to
     /// [`Replica::observe`](super::Replica::observe) whatever the outcome.
     Propose {
-        /// The version the proposal replaces.
-        expect_version: u64,
+        /// The change the proposal replaces.
+        expect_change: u64,
         /// The new record.
         record: GroupRecord,
         /// What etcd must also find.
