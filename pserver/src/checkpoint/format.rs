@@ -154,6 +154,14 @@ fn write_f32s<W: Write>(w: &mut W, values: &[f32], scratch: &mut Vec<u8>) -> io:
     Ok(())
 }
 
+/// `snap` in the file format, in memory (a replica's snapshot travels so).
+/// Fails only on a header over the reader's bound.
+pub(crate) fn encode(snap: &Snapshot) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    encode_to(snap, "replica", &mut buf, None)?;
+    Ok(buf)
+}
+
 /// Writes `snap` in the file format; returns (size, crc32c).
 pub(super) fn encode_to<W: Write>(
     snap: &Snapshot,

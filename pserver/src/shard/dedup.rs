@@ -85,6 +85,47 @@ impl Dedup {
         v
     }
 
+    /// The table's bytes (in a replica's snapshot).
+    pub(super) fn encode(&self, b: &mut Vec<u8>) {
+        use bytes::BufMut;
+        b.put_u64_le(self.clock);
+        b.put_u32_le(self.sessions.len() as u32);
+        for ((trainer, session), w) in &self.sessions {
+            b.put_u32_le(trainer.len() as u32);
+            b.put_slice(trainer.as_bytes());
+            b.put_u64_le(*session);
+            b.put_u64_le(w.max);
+            b.put_u64_le(w.seen);
+            b.put_u64_le(w.used);
+        }
+    }
+
+    /// A table read back from [`Dedup::encode`]'s bytes; `None` if they are damaged.
+    pub(super) fn decode(b: &mut bytes::Bytes) -> Option<Dedup> {
+        use bytes::Buf;
+        let clock = b.try_get_u64_le().ok()?;
+        let n = b.try_get_u32_le().ok()? as usize;
+        if n > MAX_SESSIONS + 1 {
+            return None;
+        }
+        let mut sessions = HashMap::with_capacity(n);
+        for _ in 0..n {
+            let len = b.try_get_u32_le().ok()? as usize;
+            if b.remaining() < len {
+                return None;
+            }
+            let trainer = String::from_utf8(b.split_to(len).to_vec()).ok()?;
+            let session = b.try_get_u64_le().ok()?;
+            let w = Window {
+                max: b.try_get_u64_le().ok()?,
+                seen: b.try_get_u64_le().ok()?,
+                used: b.try_get_u64_le().ok()?,
+            };
+            sessions.insert((trainer, session), w);
+        }
+        Some(Dedup { sessions, clock })
+    }
+
     /// What [`Dedup::mark`] would say of `step`, changing nothing.
     pub(super) fn peek(&self, trainer: &str, session: u64, step: u64) -> Mark {
         let mut w = self

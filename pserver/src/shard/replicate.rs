@@ -335,6 +335,60 @@ impl ShardCore {
     }
 }
 
+impl ShardCore {
+    /// A copy of the whole shard for a joining replica, with the deduplication table
+    /// (which checkpoints do not hold), taken between two ops: no op is being decided or
+    /// applied meanwhile. `at` runs at that moment and tells the last op the copy holds.
+    pub fn replica_snapshot<T>(&self, at: impl FnOnce() -> T) -> Result<(Bytes, T), PsError> {
+        let (snap, dedup, t) = {
+            let _cut = self
+                .step_lock
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _order = lock(&self.order);
+            let mut dedup = Vec::new();
+            lock(&self.dedup).encode(&mut dedup);
+            let t = at();
+            // What the shard was restored from travels too: a promoted joiner judges
+            // `TaskDone`s as its primary did.
+            let mut snap = self.snapshot_at(self.restored_from, self.last_closed());
+            snap.final_of = self.holds_all_of;
+            (snap, dedup, t)
+        };
+        let mut b = Vec::with_capacity(4 + dedup.len());
+        b.put_u32_le(dedup.len() as u32);
+        b.extend_from_slice(&dedup);
+        let file = crate::checkpoint::format::encode(&snap)
+            .map_err(|e| PsError::Internal(format!("replica snapshot not written: {e}")))?;
+        b.extend_from_slice(&file);
+        Ok((Bytes::from(b), t))
+    }
+
+    /// A shard built from a [`ShardCore::replica_snapshot`]'s bytes, verified as a
+    /// checkpoint file is.
+    pub fn from_replica_snapshot(
+        mut bytes: Bytes,
+        incarnation: u64,
+        checkpoints: std::sync::Arc<super::CheckpointHooks>,
+    ) -> Result<ShardCore, PsError> {
+        let bad = |what: String| PsError::InvalidArgument(format!("replica snapshot: {what}"));
+        let n = bytes
+            .try_get_u32_le()
+            .map_err(|_| bad("truncated".into()))? as usize;
+        if bytes.remaining() < n {
+            return Err(bad("truncated deduplication table".into()));
+        }
+        let mut dedup_bytes = bytes.split_to(n);
+        let dedup = super::dedup::Dedup::decode(&mut dedup_bytes)
+            .filter(|_| !dedup_bytes.has_remaining())
+            .ok_or_else(|| bad("damaged deduplication table".into()))?;
+        let (snap, _) = crate::checkpoint::format::decode(&bytes).map_err(bad)?;
+        let core = ShardCore::restore(snap, incarnation, checkpoints)?;
+        *lock(&core.dedup) = dedup;
+        Ok(core)
+    }
+}
+
 fn put_str(b: &mut Vec<u8>, s: &str) {
     put_bytes(b, s.as_bytes());
 }
@@ -501,6 +555,42 @@ mod tests {
                 }
                 prop_assert_eq!(state(&backup), state(&primary));
             }
+        }
+    }
+
+    /// A joiner built from a snapshot, then following the ops since, holds the
+    /// primary's state; a damaged snapshot is refused.
+    #[test]
+    fn a_joiner_from_a_snapshot_and_the_ops_since_holds_the_primarys_state() {
+        let primary = core(Mode::Async, 0, 1);
+        let log = Mutex::new(Vec::new());
+        let asks: Vec<Ask> = (0..40u8)
+            .map(|i| {
+                let origin = (i % 3 == 0).then_some((0, i % 4, i / 4));
+                Ask::Push(i % 3, 0, i, (i % 5) as i8 - 2, vec![i % 6], origin)
+            })
+            .collect();
+        for a in &asks[..20] {
+            run(&primary, a, &log);
+        }
+        let (bytes, ops_held) = primary
+            .replica_snapshot(|| log.lock().unwrap().len())
+            .unwrap();
+        for a in &asks[20..] {
+            run(&primary, a, &log);
+        }
+        let joiner = ShardCore::from_replica_snapshot(bytes.clone(), 9, Arc::default()).unwrap();
+        for op in log.lock().unwrap()[ops_held..].iter().cloned() {
+            joiner.replay(&joiner.decode_op(op).unwrap()).unwrap();
+        }
+        assert_eq!(state(&joiner), state(&primary));
+        // Witness: the deduplication table travelled (sessions without an origin).
+        assert!(!lock(&joiner.dedup).entries().is_empty());
+        for cut in [0, 3, 10, bytes.len() / 2, bytes.len() - 1] {
+            assert!(
+                ShardCore::from_replica_snapshot(bytes.slice(..cut), 9, Arc::default()).is_err(),
+                "cut at {cut}"
+            );
         }
     }
 
