@@ -348,6 +348,15 @@ impl SyncState {
     }
 
     /// The step of `job` was applied.
+    /// A backup applied step `step` as its primary closed it: it is the last closed, and
+    /// nothing is open here (the open step's pushes live on the primary only).
+    pub fn replayed(&mut self, step: u64) {
+        self.open = None;
+        self.applying = None;
+        self.last_closed = self.last_closed.max(step);
+        self.closed_any = true;
+    }
+
     pub fn closed(&mut self, job: CloseJob) {
         if self.applying != Some(job.step) {
             return;

@@ -28,12 +28,12 @@ fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 }
 
 impl ShardCore {
-    /// Async mode: applies `push` unless it was applied before (not replicated: see
-    /// [`ShardCore::apply_async_ordered`]). A push more than
+    /// Async mode: applies `push` unless it was applied before (handing the op to the
+    /// replication stream when there is one: [`ShardCore::apply_async_ordered`]). A push more than
     /// [`DEDUP_WINDOW`](super::DEDUP_WINDOW) steps behind its session's newest is refused
     /// ([`PsError::StepTooOld`]): whether it was applied can no longer be told.
     pub fn apply_async(&self, push: &Push) -> Result<PushReply, PsError> {
-        self.apply_async_ordered(push, |_| Ok(()))
+        self.apply_async_ordered(push, |op| self.to_stream(op))
     }
 
     /// Applies the values of `push` as update number `update` (its learning rate), block

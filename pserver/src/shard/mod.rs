@@ -61,7 +61,7 @@ pub use ledger::{Ledger, LedgerError, Mark, Origin};
 pub use lifecycle::{InitBlocks, Shard};
 pub use pull::{PullReply, VersionedBlock};
 pub use push::{BlockValues, Push, PushReply, RawPush, SparseUpdate, TableRows};
-pub use replicate::ShardOp;
+pub use replicate::{OpStream, ShardOp};
 pub use snapshot::{CheckpointHooks, SnapshotSlot};
 pub(crate) use sync_apply::out_of_range;
 
@@ -130,6 +130,8 @@ pub struct ShardCore {
     /// (`replicate`): the marks of the ledger and the deduplication table, the update
     /// number, the op.
     order: Mutex<()>,
+    /// Where a primary's ops go (the replication stream); unset: not replicated.
+    stream: std::sync::OnceLock<OpStream>,
     /// Async mode: the steps applied per push session (pushes without an origin).
     dedup: Mutex<Dedup>,
     /// The task batches the parameters contain. Async: marked under `step_lock` held for

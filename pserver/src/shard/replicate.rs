@@ -30,6 +30,7 @@ use super::ledger::{Mark as LedgerMark, Origin};
 use super::push::{BlockValues, Push, PushReply, RawPush, TableRows};
 use super::{ShardCore, bump, lock};
 use crate::error::PsError;
+use crate::sync::CloseJob;
 
 /// One change of a shard, as its primary made it.
 #[derive(Debug, Clone)]
@@ -52,13 +53,91 @@ pub enum ShardOp {
     },
     /// Tasks failed for good, settled in the ledger.
     Settle(FailedRecord),
+    /// Sync mode: a step closed: the gradients its contributors summed, applied as their
+    /// mean as update number `update` (or dropped, when the sum overflowed), and the
+    /// batches it contains.
+    Step {
+        /// The step, its contributors and the trainers it timed out.
+        job: CloseJob,
+        /// Its update number.
+        update: u64,
+        /// The sum overflowed f32's range: nothing applied.
+        dropped: bool,
+        /// Summed gradients of the dense blocks that have some (local index, values).
+        dense: Vec<(usize, Vec<f32>)>,
+        /// Summed gradients of sparse rows, per table (table, row, values).
+        sparse: Vec<(usize, u64, Vec<f32>)>,
+        /// The task batches the step contains.
+        origins: Vec<Origin>,
+    },
+}
+
+/// Where a primary's ops go: the replication stream gives each op its place (and logs
+/// it), or refuses it (this replica is no longer primary).
+#[derive(Clone)]
+pub struct OpStream(pub std::sync::Arc<OpFn>);
+
+/// What an [`OpStream`] calls with each op.
+pub type OpFn = dyn Fn(&ShardOp) -> Result<(), PsError> + Send + Sync;
+
+impl std::fmt::Debug for OpStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpStream")
+    }
 }
 
 const KIND_PUSH: u8 = 1;
 const KIND_TASK_DONE: u8 = 2;
 const KIND_SETTLE: u8 = 3;
+const KIND_STEP: u8 = 4;
 
 impl ShardCore {
+    /// Makes this shard a primary whose ops go to `stream`. Set once.
+    pub fn set_stream(&self, stream: OpStream) -> Result<(), PsError> {
+        self.stream
+            .set(stream)
+            .map_err(|_| PsError::Internal("the replication stream is set already".into()))
+    }
+
+    /// Hands `op` to the replication stream, if there is one.
+    pub(super) fn to_stream(&self, op: &ShardOp) -> Result<(), PsError> {
+        self.stream.get().map_or(Ok(()), |s| (s.0)(op))
+    }
+
+    /// Sync mode: the op of closing `job` (the caller holds the step lock for writing).
+    pub(super) fn step_op(&self, job: CloseJob, finite: bool) -> ShardOp {
+        let origins = lock(&self.open_origins)
+            .iter()
+            .filter(|(step, _)| *step <= job.step)
+            .map(|(_, o)| *o)
+            .collect();
+        let (mut dense, mut sparse) = (Vec::new(), Vec::new());
+        if finite {
+            for (local, b) in self.blocks.iter().enumerate() {
+                let b = lock(b);
+                if b.has_acc {
+                    dense.push((local, b.acc.clone()));
+                }
+            }
+            for (ti, t) in self.tables.iter().enumerate() {
+                for stripe in &t.stripes {
+                    for (r, v) in &lock(stripe).acc {
+                        sparse.push((ti, *r, v.clone()));
+                    }
+                }
+            }
+            sparse.sort_by_key(|(t, r, _)| (*t, *r));
+        }
+        ShardOp::Step {
+            job,
+            update: self.updates(),
+            dropped: !finite,
+            dense,
+            sparse,
+            origins,
+        }
+    }
+
     /// Async mode, on a primary: applies `push` unless it was applied before, as
     /// [`ShardCore::apply_async`] does, handing the op to `order` first, under the order
     /// lock: `order` gives the op its place in the stream (and logs it). If `order`
@@ -172,7 +251,7 @@ impl ShardCore {
     ) -> Result<(), PsError> {
         let _order = lock(&self.order);
         order(&ShardOp::Settle(r.clone()))?;
-        self.settle(r)
+        self.settle_ledger(r)
     }
 
     /// On a backup: applies `op`, made by the primary, in stream order.
@@ -198,9 +277,76 @@ impl ShardCore {
             }
             ShardOp::Settle(r) => {
                 let _order = lock(&self.order);
-                self.settle(r)
+                self.settle_ledger(r)
+            }
+            ShardOp::Step {
+                job,
+                update,
+                dropped,
+                dense,
+                sparse,
+                origins,
+            } => self.replay_step(*job, *update, *dropped, dense, sparse, origins),
+        }
+    }
+
+    /// On a backup: applies a step as its primary closed it.
+    fn replay_step(
+        &self,
+        job: CloseJob,
+        update: u64,
+        dropped: bool,
+        dense: &[(usize, Vec<f32>)],
+        sparse: &[(usize, u64, Vec<f32>)],
+        origins: &[Origin],
+    ) -> Result<(), PsError> {
+        let Some(sync) = &self.sync else {
+            return Err(PsError::Internal(format!(
+                "shard {}: a sync step replicated to an async shard",
+                self.index
+            )));
+        };
+        let _applying = self
+            .step_lock
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        {
+            let ledger = lock(&self.ledger);
+            if let Some(o) = origins.iter().find(|o| ledger.applied(**o)) {
+                return Err(PsError::Internal(format!(
+                    "shard {}: step {} holds batch {o:?}, applied here before (the replica \
+                     diverged)",
+                    self.index, job.step
+                )));
             }
         }
+        self.clear_accumulated();
+        if !dropped {
+            for (local, acc) in dense {
+                let mut b = lock(&self.blocks[*local]);
+                b.acc.clone_from(acc);
+                b.has_acc = true;
+            }
+            for (table, row, v) in sparse {
+                let t = &self.tables[*table];
+                lock(&t.stripes[super::storage::stripe_of(*row)])
+                    .acc
+                    .insert(*row, v.clone());
+            }
+            self.updates.store(update, Ordering::Release);
+            self.apply_accumulated(job);
+        }
+        {
+            let mut ledger = lock(&self.ledger);
+            for o in origins {
+                let _ = ledger.mark(*o);
+            }
+        }
+        lock(&self.open_origins).retain(|(step, _)| *step > job.step);
+        bump(&self.counters.steps_closed);
+        lock(sync).replayed(job.step);
+        self.closed_tx.send_replace(job.step);
+        Ok(())
     }
 
     /// The bytes of `op` on the replication stream.
@@ -243,6 +389,38 @@ impl ShardCore {
                 b.put_u32_le(*pass);
                 b.put_u32_le(*task);
                 b.put_u32_le(*tasks);
+            }
+            ShardOp::Step {
+                job,
+                update,
+                dropped,
+                dense,
+                sparse,
+                origins,
+            } => {
+                b.put_u8(KIND_STEP);
+                b.put_u64_le(job.step);
+                b.put_u32_le(job.contributors);
+                b.put_u32_le(job.timed_out);
+                b.put_u64_le(*update);
+                b.put_u8(u8::from(*dropped));
+                b.put_u32_le(origins.len() as u32);
+                for o in origins {
+                    b.put_u32_le(o.pass);
+                    b.put_u32_le(o.task);
+                    b.put_u32_le(o.seq);
+                }
+                b.put_u32_le(dense.len() as u32);
+                for (local, values) in dense {
+                    b.put_u32_le(*local as u32);
+                    put_bytes(&mut b, &crate::wire::encode(values));
+                }
+                b.put_u32_le(sparse.len() as u32);
+                for (table, row, values) in sparse {
+                    b.put_u32_le(*table as u32);
+                    b.put_u64_le(*row);
+                    put_bytes(&mut b, &crate::wire::encode(values));
+                }
             }
             ShardOp::Settle(r) => {
                 b.put_u8(KIND_SETTLE);
@@ -326,6 +504,7 @@ impl ShardCore {
                     failed,
                 })
             }
+            KIND_STEP => self.decode_step(&mut c)?,
             k => return Err(bad(&format!("unknown kind {k}"))),
         };
         if c.buf.has_remaining() {
@@ -336,6 +515,76 @@ impl ShardCore {
 }
 
 impl ShardCore {
+    /// A step's op, its values checked against this shard's layout.
+    fn decode_step(&self, c: &mut OpReader) -> Result<ShardOp, PsError> {
+        let bad = |what: String| PsError::InvalidArgument(format!("replicated step: {what}"));
+        let job = CloseJob {
+            step: c.u64()?,
+            contributors: c.u32()?,
+            timed_out: c.u32()?,
+        };
+        let update = c.u64()?;
+        let dropped = match c.u8()? {
+            0 => false,
+            1 => true,
+            f => return Err(bad(format!("bad flag {f}"))),
+        };
+        let origins = (0..c.count(12)?)
+            .map(|_| {
+                let o = Origin {
+                    pass: c.u32()?,
+                    task: c.u32()?,
+                    seq: c.u32()?,
+                };
+                super::ledger::Ledger::check(o).map_err(|e| bad(e.to_string()))?;
+                Ok(o)
+            })
+            .collect::<Result<Vec<_>, PsError>>()?;
+        let floats = |c: &mut OpReader, len: usize| -> Result<Vec<f32>, PsError> {
+            let bytes = c.bytes()?;
+            if bytes.len() != len * 4 {
+                return Err(bad(format!(
+                    "{} bytes where {len} floats belong",
+                    bytes.len()
+                )));
+            }
+            let v = crate::wire::decode(&bytes);
+            if v.iter().any(|x| !x.is_finite()) {
+                return Err(bad("a summed gradient is not finite".into()));
+            }
+            Ok(v)
+        };
+        let mut dense = Vec::new();
+        for _ in 0..c.count(8)? {
+            let local = c.u32()? as usize;
+            let b = self
+                .blocks
+                .get(local)
+                .ok_or_else(|| bad(format!("block {local} is not in this shard")))?;
+            let len = lock(b).values.len();
+            dense.push((local, floats(c, len)?));
+        }
+        let mut sparse = Vec::new();
+        for _ in 0..c.count(16)? {
+            let table = c.u32()? as usize;
+            let row = c.u64()?;
+            let dim = self
+                .tables
+                .get(table)
+                .ok_or_else(|| bad(format!("no table {table}")))?
+                .dim;
+            sparse.push((table, row, floats(c, dim)?));
+        }
+        Ok(ShardOp::Step {
+            job,
+            update,
+            dropped,
+            dense,
+            sparse,
+            origins,
+        })
+    }
+
     /// A copy of the whole shard for a joining replica, with the deduplication table
     /// (which checkpoints do not hold), taken between two ops: no op is being decided or
     /// applied meanwhile. `at` runs at that moment and tells the last op the copy holds.
@@ -594,6 +843,90 @@ mod tests {
         }
     }
 
+    /// Sync mode: a backup replaying the primary's steps (and tasks) holds its state
+    /// bitwise after every step, through overflowing steps, repeats and trainers that
+    /// leave; a stream that refuses leaves the step unapplied.
+    #[test]
+    fn a_backup_replaying_sync_steps_holds_the_primarys_state() {
+        let primary = core(Mode::sync(), 0, 1);
+        let backup = core(Mode::sync(), 0, 1);
+        let log: Arc<Mutex<Vec<Bytes>>> = Arc::default();
+        let (l, p) = (log.clone(), Arc::new(core(Mode::sync(), 0, 1)));
+        // The stream encodes with a shard of the same layout (encoding reads only it).
+        primary
+            .set_stream(OpStream(Arc::new(move |op| {
+                l.lock().unwrap().push(p.encode_op(op));
+                Ok(())
+            })))
+            .unwrap();
+        let now = tokio::time::Instant::now();
+        primary.sync_set_members(["a".to_string(), "b".to_string()].into());
+        let mut replayed = 0;
+        let mut steps_seen = 0;
+        for step in 1..=30u64 {
+            for (t, g) in [("a", 1.0), ("b", (step % 7) as f32 - 3.0)] {
+                let mut raw = push(&primary, t, 1, step, g, &[step % 4, 5]);
+                raw.origin = (step % 3 != 0).then_some(Origin {
+                    pass: 0,
+                    task: u32::from(t == "b"),
+                    seq: step as u32,
+                });
+                if step == 10 {
+                    // A sum that overflows: the step is dropped, on both.
+                    raw.dense[0].values = crate::wire::encode(&[f32::MAX; 4]);
+                }
+                let p = primary.validate_push(raw).unwrap();
+                primary.sync_push(&p, now).unwrap();
+            }
+            if step == 20 {
+                primary.task_done(0, 0, 4, 0).unwrap();
+            }
+            let ops: Vec<Bytes> = log.lock().unwrap()[replayed..].to_vec();
+            for bytes in ops {
+                let op = backup.decode_op(bytes).unwrap();
+                steps_seen += usize::from(matches!(op, ShardOp::Step { .. }));
+                backup.replay(&op).unwrap();
+                replayed += 1;
+            }
+            assert_eq!(backup.last_closed(), primary.last_closed());
+            assert_eq!(state(&backup), state(&primary), "after step {step}");
+        }
+        assert_eq!(steps_seen, 30);
+        // Witness: step 10 was dropped (counted as refused), the others applied.
+        assert_eq!(
+            primary.counters.nonfinite_rejected.load(Ordering::Relaxed),
+            1
+        );
+        assert_eq!(backup.updates(), primary.updates());
+        assert_eq!(primary.last_closed(), 30);
+        // A step applied again on the backup is a divergence (its batches are in).
+        let ops = log.lock().unwrap().clone();
+        let first_step = ops
+            .iter()
+            .map(|b| backup.decode_op(b.clone()).unwrap())
+            .find(|op| matches!(op, ShardOp::Step { origins, .. } if !origins.is_empty()))
+            .unwrap();
+        assert!(backup.replay(&first_step).is_err());
+    }
+
+    #[test]
+    fn a_sync_step_refused_by_the_stream_is_not_applied() {
+        let c = core(Mode::sync(), 0, 1);
+        c.set_stream(OpStream(Arc::new(|_| {
+            Err(PsError::NotServing("not primary".into()))
+        })))
+        .unwrap();
+        c.sync_set_members(["a".to_string()].into());
+        let before = state(&c);
+        let p = c.validate_push(push(&c, "a", 1, 1, 2.0, &[3])).unwrap();
+        assert_eq!(
+            c.sync_push(&p, tokio::time::Instant::now()).unwrap(),
+            crate::sync::Admit::Join { step: 1 }
+        );
+        assert_eq!(c.last_closed(), 0, "closed without the stream");
+        assert_eq!(state(&c).0.blocks, before.0.blocks);
+    }
+
     #[test]
     fn an_op_refused_by_the_stream_changes_nothing() {
         let c = core(Mode::Async, 0, 1);
@@ -690,6 +1023,22 @@ mod tests {
                 tasks: 4,
                 failed: [1, 3].into(),
             }),
+            ShardOp::Step {
+                job: CloseJob {
+                    step: 3,
+                    contributors: 2,
+                    timed_out: 0,
+                },
+                update: 2,
+                dropped: false,
+                dense: vec![(0, vec![1.0; 4])],
+                sparse: vec![(0, 7, vec![2.0, 3.0])],
+                origins: vec![Origin {
+                    pass: 0,
+                    task: 2,
+                    seq: 1,
+                }],
+            },
         ];
         for op in &ops {
             let bytes = c.encode_op(op);

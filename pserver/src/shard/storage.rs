@@ -129,6 +129,7 @@ impl ShardCore {
             tables,
             updates: AtomicU64::new(updates),
             order: Mutex::new(()),
+            stream: std::sync::OnceLock::new(),
             dedup: Mutex::new(Dedup::default()),
             ledger: Mutex::new(ledger),
             open_origins: Mutex::new(Vec::new()),

@@ -180,7 +180,18 @@ impl ShardCore {
             .step_lock
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        if self.accumulated_finite() {
+        let finite = self.accumulated_finite();
+        if let Some(stream) = self.stream.get() {
+            let op = self.step_op(job, finite);
+            if let Err(e) = (stream.0)(&op) {
+                // No longer primary: the step is not applied here; its trainers' pushes
+                // time out and go to the new primary, where the step opens again.
+                tracing::warn!(shard = self.index, step = job.step, error = %e, "step not closed: the replication stream refused it");
+                self.clear_accumulated();
+                return;
+            }
+        }
+        if finite {
             self.apply_accumulated(job);
         } else {
             // Finite gradients may sum past f32's range: such a step changes nothing.
@@ -262,7 +273,7 @@ impl ShardCore {
     }
 
     /// Forgets the accumulated gradients.
-    fn clear_accumulated(&self) {
+    pub(super) fn clear_accumulated(&self) {
         for b in &self.blocks {
             let mut b = lock(b);
             if b.has_acc {
@@ -278,7 +289,7 @@ impl ShardCore {
     }
 
     /// Applies the mean of the accumulated gradients of `job`'s step.
-    fn apply_accumulated(&self, job: CloseJob) {
+    pub(super) fn apply_accumulated(&self, job: CloseJob) {
         let scale = 1.0 / job.contributors.max(1) as f32;
         let u = self.updates.fetch_add(1, Ordering::AcqRel);
         let lr = self.optimizer.lr(u);

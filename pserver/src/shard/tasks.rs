@@ -25,7 +25,7 @@ impl ShardCore {
         tasks: u32,
         pushed_to: u64,
     ) -> Result<(), PsError> {
-        self.task_done_ordered(pass, task, tasks, pushed_to, |_| Ok(()))
+        self.task_done_ordered(pass, task, tasks, pushed_to, |op| self.to_stream(op))
     }
 
     /// Whether a `TaskDone` whose pushes went to incarnation `pushed_to` may be recorded
@@ -64,6 +64,11 @@ impl ShardCore {
     /// the ledger, as no more of their pushes will come (those applied count), so that
     /// their pass seals and no restore from this ledger asks for them again.
     pub fn settle(&self, r: &FailedRecord) -> Result<(), PsError> {
+        self.settle_ordered(r, |op| self.to_stream(op))
+    }
+
+    /// [`ShardCore::settle`]'s change of the ledger.
+    pub(super) fn settle_ledger(&self, r: &FailedRecord) -> Result<(), PsError> {
         let mut ledger = lock(&self.ledger);
         for &task in &r.failed {
             ledger
