@@ -17,6 +17,8 @@
 //! - `grpc`: the gRPC adapter ([`PsGrpc`]).
 //! - `membership`: the trainer registry followed (the trainers a sync step expects).
 //! - `failed`: the tasks the master failed for good, followed and settled in the shard.
+//! - [`group`]: the etcd side of a shard's replica group (member key, group record,
+//!   guarded compare-and-swaps).
 //! - `checkpointer`: the background checkpoint writer, and the coordinator on shard 0.
 //! - `run`: startup, serving and shutdown ([`run`](fn@run)).
 
@@ -25,6 +27,7 @@ mod claim;
 mod config;
 mod convert;
 mod failed;
+pub mod group;
 mod grpc;
 mod membership;
 mod run;
