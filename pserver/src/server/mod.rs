@@ -19,6 +19,7 @@
 //! - `failed`: the tasks the master failed for good, followed and settled in the shard.
 //! - [`group`]: the etcd side of a shard's replica group (member key, group record,
 //!   guarded compare-and-swaps).
+//! - [`stream`]: the replication stream's framing (a replica's messages and payloads).
 //! - `checkpointer`: the background checkpoint writer, and the coordinator on shard 0.
 //! - `run`: startup, serving and shutdown ([`run`](fn@run)).
 
@@ -32,6 +33,7 @@ mod grpc;
 mod membership;
 mod run;
 mod service;
+pub mod stream;
 
 pub use config::{
     CONNECTION_WINDOW, DEFAULT_IO_TIMEOUT, DEFAULT_MAX_BULK_CONNECTIONS, DEFAULT_MAX_MESSAGE_BYTES,
