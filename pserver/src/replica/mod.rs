@@ -253,6 +253,16 @@ impl Replica {
         out
     }
 
+    /// A backup's or joiner's connection to its primary was (re)opened: what was in
+    /// flight may be lost, so it says where it stands.
+    pub fn reconnected(&mut self, now: Millis) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if matches!(self.role(), Role::Backup | Role::Joining) && !self.promoting() {
+            self.ask(now, &mut out);
+        }
+        out
+    }
+
     /// A message from another replica of the shard.
     pub fn on_message(&mut self, now: Millis, from: &str, msg: Msg) -> Vec<Effect> {
         let mut out = Vec::new();

@@ -182,26 +182,35 @@ impl GroupStore {
         rx
     }
 
-    /// Follows the live members (their keys present) until `cancel` fires, as ids.
-    pub fn members(&self, cancel: CancellationToken) -> watch::Receiver<Vec<String>> {
+    /// Follows the live members (their keys present) until `cancel` fires: each id
+    /// with its record.
+    pub fn members(
+        &self,
+        cancel: CancellationToken,
+    ) -> watch::Receiver<std::collections::BTreeMap<String, MemberRecord>> {
         let prefix = self.keys.ps_members();
         let mut view = follow_prefix(self.backend.clone(), prefix.clone(), cancel.clone());
-        let (tx, rx) = watch::channel(Vec::new());
+        let (tx, rx) = watch::channel(Default::default());
         tokio::spawn(async move {
             loop {
-                let ids: Vec<String> = view
+                let ids: std::collections::BTreeMap<String, MemberRecord> = view
                     .borrow_and_update()
                     .kvs
-                    .keys()
-                    .filter_map(|k| k.strip_prefix(&prefix).map(str::to_string))
+                    .iter()
+                    .filter_map(|(k, kv)| {
+                        let id = k.strip_prefix(&prefix)?;
+                        Some((id.to_string(), MemberRecord::decode(&kv.value).ok()?))
+                    })
                     .collect();
-                tx.send_if_modified(|cur| {
-                    let changed = *cur != ids;
-                    if changed {
-                        cur.clone_from(&ids);
-                    }
-                    changed
-                });
+                tx.send_if_modified(
+                    |cur: &mut std::collections::BTreeMap<String, MemberRecord>| {
+                        let changed = *cur != ids;
+                        if changed {
+                            cur.clone_from(&ids);
+                        }
+                        changed
+                    },
+                );
                 tokio::select! {
                     _ = cancel.cancelled() => break,
                     changed = view.changed() => if changed.is_err() { break },
@@ -267,6 +276,7 @@ mod tests {
         let mut followed = store.follow(cancel.clone());
         let mut live = store.members(cancel.clone());
         until(&mut live, |m| m.len() == 3).await;
+        assert_eq!(live.borrow()["b"].addr, "b:1");
 
         // a creates the group, then adds b.
         let first = GroupRecord::restored(None, "a".into());
@@ -312,7 +322,7 @@ mod tests {
         ));
         // a's lease ends: the promotion is written.
         la.revoke_shared().await.unwrap();
-        until(&mut live, |m| !m.contains(&"a".to_string())).await;
+        until(&mut live, |m| !m.contains_key("a")).await;
         assert!(matches!(
             store.propose(2, &promoted, &guard).await,
             Proposed::Written(_)

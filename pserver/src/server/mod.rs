@@ -19,6 +19,8 @@
 //! - `failed`: the tasks the master failed for good, followed and settled in the shard.
 //! - [`group`]: the etcd side of a shard's replica group (member key, group record,
 //!   guarded compare-and-swaps).
+//! - [`replication`]: a process's replica of one shard, driven (the state machine fed
+//!   by etcd, the peers' connections and time; its effects carried out).
 //! - [`stream`]: the replication stream's framing (a replica's messages and payloads).
 //! - `checkpointer`: the background checkpoint writer, and the coordinator on shard 0.
 //! - `run`: startup, serving and shutdown ([`run`](fn@run)).
@@ -31,6 +33,7 @@ mod failed;
 pub mod group;
 mod grpc;
 mod membership;
+pub mod replication;
 mod run;
 mod service;
 pub mod stream;

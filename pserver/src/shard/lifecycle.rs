@@ -102,6 +102,12 @@ impl Shard {
     }
 
     /// Installs a restored shard.
+    /// Drops the shard's copy (a replica no longer in its group, or one that must start
+    /// over from a snapshot).
+    pub fn uninstall(&self) {
+        *self.state.write().unwrap_or_else(PoisonError::into_inner) = ShardState::Empty;
+    }
+
     pub fn install(&self, core: ShardCore) {
         self.settle_in(&core);
         *self.state.write().unwrap_or_else(PoisonError::into_inner) =

@@ -54,7 +54,7 @@ mod storage;
 mod sync_apply;
 mod tasks;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 pub use dedup::DEDUP_WINDOW;
 pub use ledger::{Ledger, LedgerError, Mark, Origin};

@@ -99,6 +99,11 @@ impl ShardCore {
             .map_err(|_| PsError::Internal("the replication stream is set already".into()))
     }
 
+    /// Whether this shard's ops go to a replication stream.
+    pub fn has_stream(&self) -> bool {
+        self.stream.get().is_some()
+    }
+
     /// Hands `op` to the replication stream, if there is one.
     pub(super) fn to_stream(&self, op: &ShardOp) -> Result<(), PsError> {
         self.stream.get().map_or(Ok(()), |s| (s.0)(op))

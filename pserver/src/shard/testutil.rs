@@ -8,7 +8,7 @@ use crate::layout::{DenseSpec, Layout, Mode, ParamConfig, ParamSpec, RowInit, Sp
 use crate::optim::OptimizerConfig;
 use crate::wire;
 
-pub(super) fn spec(mode: Mode, opt: OptimizerConfig) -> ParamSpec {
+pub(crate) fn spec(mode: Mode, opt: OptimizerConfig) -> ParamSpec {
     ParamSpec {
         dense: vec![
             DenseSpec {
@@ -32,7 +32,7 @@ pub(super) fn spec(mode: Mode, opt: OptimizerConfig) -> ParamSpec {
     }
 }
 
-pub(super) fn core(mode: Mode, index: u32, shards: u32) -> ShardCore {
+pub(crate) fn core(mode: Mode, index: u32, shards: u32) -> ShardCore {
     let layout = Arc::new(Layout::new(spec(mode, OptimizerConfig::sgd(1.0)), shards).unwrap());
     let values = layout
         .shard_blocks(index)
@@ -42,7 +42,7 @@ pub(super) fn core(mode: Mode, index: u32, shards: u32) -> ShardCore {
     ShardCore::new(layout, index, 9, values, Arc::default()).unwrap()
 }
 
-pub(super) fn push(
+pub(crate) fn push(
     c: &ShardCore,
     trainer: &str,
     session: u64,
@@ -72,7 +72,7 @@ pub(super) fn push(
     }
 }
 
-pub(super) fn all(c: &ShardCore) -> Vec<f32> {
+pub(crate) fn all(c: &ShardCore) -> Vec<f32> {
     let mut v = c
         .dense_values("w")
         .into_iter()
