@@ -342,8 +342,10 @@ pub struct GroupRecord {
     /// replica checks. A replica applies and answers nothing of an older epoch than the
     /// newest it has seen.
     pub epoch: u64,
-    /// Raised when the shard is restored from a checkpoint: the acknowledged ops of an
-    /// older incarnation are guaranteed only as far as the checkpoint holds them.
+    /// Changed when the shard is restored from a checkpoint (the restorer's claim
+    /// revision, as `restores/<index>` names it): the acknowledged ops of an older
+    /// incarnation are guaranteed only as far as the checkpoint holds them. A promotion
+    /// keeps it.
     pub incarnation: u64,
     /// The member (`ps-member/<id>`) that orders, applies and acknowledges the shard's
     /// ops.
@@ -366,14 +368,15 @@ pub struct GroupRecord {
 record!(GroupRecord, "ps-group/<index>");
 
 impl GroupRecord {
-    /// The record of a shard restored (or first created) by `primary`: a new epoch and
-    /// incarnation, no backups, its stream starting afresh.
-    pub fn restored(prev: Option<&GroupRecord>, primary: String) -> GroupRecord {
+    /// The record of a shard restored (or first created) by `primary` as `incarnation`
+    /// (its claim's revision: what pushes and restores name): a new epoch, no backups,
+    /// its stream starting afresh.
+    pub fn restored(prev: Option<&GroupRecord>, primary: String, incarnation: u64) -> GroupRecord {
         GroupRecord {
             version: RECORD_VERSION,
             change: prev.map_or(1, |p| p.change + 1),
             epoch: prev.map_or(1, |p| p.epoch + 1),
-            incarnation: prev.map_or(1, |p| p.incarnation + 1),
+            incarnation,
             primary,
             backups: Default::default(),
             joining: Default::default(),

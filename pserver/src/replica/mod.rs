@@ -296,14 +296,15 @@ impl Replica {
     }
 
     /// Proposes a restore: the shard's state in the shell is a checkpoint's (or the
-    /// initial values), op 0 of a new incarnation. Refused (no effect) while a proposal
+    /// initial values), op 0 of a new `incarnation` (higher than any before: the
+    /// restorer's claim revision). Refused (no effect) while a proposal
     /// is unsettled or when this replica has a place in the group. The compare-and-swap's
     /// guard requires every replica that may hold an acknowledged op to be gone.
-    pub fn restore(&mut self, _now: Millis) -> Vec<Effect> {
+    pub fn restore(&mut self, _now: Millis, incarnation: u64) -> Vec<Effect> {
         if self.proposal.is_some() || self.role() != Role::Outside {
             return Vec::new();
         }
-        let record = GroupRecord::restored(self.record.as_ref(), self.me.clone());
+        let record = GroupRecord::restored(self.record.as_ref(), self.me.clone(), incarnation);
         let guard = match &self.record {
             Some(r) => restore_guard(r, &self.me),
             None => Guard {

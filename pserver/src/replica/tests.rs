@@ -320,7 +320,10 @@ impl World {
         if n.stopped || n.etcd_cut || n.rep.role() != Role::Outside {
             return;
         }
-        let fx = n.rep.restore(now);
+        // The claim revision of the restorer: higher than any before.
+        let incarnation = self.record().map_or(1, |r| r.incarnation + 1);
+        let n = self.nodes.get_mut(id).unwrap();
+        let fx = n.rep.restore(now, incarnation);
         if !fx.is_empty() {
             n.data.clear();
             n.log.clear();

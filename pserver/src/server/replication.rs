@@ -161,11 +161,11 @@ impl Replication {
         lock(&self.machine).record().cloned()
     }
 
-    /// Proposes this replica as the restorer of the shard (its state is a checkpoint's
-    /// or the initial values).
-    pub fn restore(&self) {
+    /// Proposes this replica as the restorer of the shard as `incarnation` (its claim's
+    /// revision; its state is a checkpoint's or the initial values).
+    pub fn restore(&self, incarnation: u64) {
         let mut m = lock(&self.machine);
-        let fx = m.restore(self.now());
+        let fx = m.restore(self.now(), incarnation);
         self.run(&mut m, fx, None);
     }
 
@@ -771,7 +771,7 @@ mod tests {
             join_timeout: 20_000,
         };
         let a = node(&etcd, "a", true, &cfg).await;
-        a.rep.restore();
+        a.rep.restore(9);
         until("a primary", || a.rep.role() == Role::Primary).await;
         // Pushes before the backup exists are acknowledged by the primary alone.
         pushes(&a, 1..6).await;
@@ -793,7 +793,7 @@ mod tests {
         let r = b.rep.record().unwrap();
         assert_eq!(r.primary, "b");
         assert_eq!(r.epoch, 2);
-        assert_eq!(r.incarnation, 1, "a promotion is not a restore");
+        assert_eq!(r.incarnation, 9, "a promotion is not a restore");
         assert_eq!(b.shard.core().unwrap().updates(), 39);
         // It serves: a push is acknowledged (alone: no other member to recruit).
         pushes(&b, 40..45).await;
