@@ -99,6 +99,8 @@ pub struct Replication {
     outbox: Mutex<HashMap<String, mpsc::UnboundedSender<(Msg, Bytes)>>>,
     jobs: mpsc::UnboundedSender<Job>,
     acked: watch::Sender<Acked>,
+    /// The seq of each recent sync step's op (the pushes of a step wait for it).
+    step_seqs: Mutex<BTreeMap<u64, Seq>>,
     /// The members and their records, as last seen.
     members: Mutex<BTreeMap<String, MemberRecord>>,
     start: Instant,
@@ -138,6 +140,7 @@ impl Replication {
             jobs,
             acked: watch::channel(Acked::default()).0,
             members: Mutex::default(),
+            step_seqs: Mutex::default(),
             start: Instant::now(),
             stall,
             max_frame: usize::MAX >> 1,
@@ -207,7 +210,27 @@ impl Replication {
         }
         LAST_SEQ.with(|s| s.set(Some(seq)));
         self.run(&mut m, fx, None);
+        drop(m);
+        // An op other than an async push is applied by the caller right after this, with
+        // the locks that order it still held (nothing reads the shard in between): it
+        // counts as applied here now. A push is applied after the order lock is released,
+        // and its caller says when (`local_applied`).
+        if !matches!(op, ShardOp::Push { .. }) {
+            self.local_applied(seq);
+        }
+        if let ShardOp::Step { job, .. } = op {
+            let mut steps = lock(&self.step_seqs);
+            steps.insert(job.step, seq);
+            while steps.len() > 64 {
+                steps.pop_first();
+            }
+        }
         Ok(())
+    }
+
+    /// The seq of sync step `step`'s op, if this primary made it.
+    pub fn step_seq(&self, step: u64) -> Option<Seq> {
+        lock(&self.step_seqs).get(&step).copied()
     }
 
     /// The seq the stream gave the last op this thread handed it (taken).

@@ -218,6 +218,7 @@ pub async fn run(
         claim_revision: claim.fence.revision,
         max_message_bytes: cfg.max_message_bytes,
         io_timeout: cfg.io_timeout,
+        replication: None,
     });
     // Job and token are checked from the headers, before a request's body is read.
     let grpc = tonic::service::interceptor::InterceptedService::new(

@@ -22,7 +22,9 @@ use tokio_util::sync::CancellationToken;
 use super::config::MAX_PUSH_WAIT;
 use super::convert::{counters, init_blocks, pull_response, raw_push};
 use super::membership::Members;
+use super::replication::Replication;
 use crate::error::PsError;
+use crate::replica::Seq;
 use crate::shard::{Shard, ShardCore};
 use crate::sync::Admit;
 use edl_job::{JobKeys, valid_member_id};
@@ -69,6 +71,10 @@ pub(crate) struct Service {
     pub(super) claim_revision: i64,
     pub(super) max_message_bytes: usize,
     pub(super) io_timeout: Duration,
+    /// This process's replica of the shard, when the shard is replicated: trainers are
+    /// served by the primary only, and answered once every in-sync replica holds what
+    /// they changed.
+    pub(super) replication: Option<Arc<Replication>>,
 }
 
 impl Service {
@@ -124,7 +130,50 @@ impl Service {
 
     fn core(&self, shard: u32, shards: u32) -> Result<Arc<ShardCore>, PsError> {
         self.shard.check_target(shard, shards)?;
-        self.shard.core()
+        let core = self.shard.core()?;
+        if let Some(rep) = &self.replication {
+            if rep.role() != crate::replica::Role::Primary {
+                return Err(PsError::NotServing(format!(
+                    "this pserver holds a backup of shard {}, not its primary",
+                    self.shard.index()
+                )));
+            }
+            // Every change of a replicated primary goes to the stream, from the first.
+            if !core.has_stream() {
+                let _ = core.set_stream(rep.op_stream());
+            }
+        }
+        Ok(core)
+    }
+
+    /// Replicated: waits until every in-sync replica holds op `seq` (or, with no op,
+    /// everything applied so far: a retry found applied may wait on its op).
+    async fn replicated(&self, seq: Option<Seq>) -> Result<(), PsError> {
+        let Some(rep) = &self.replication else {
+            return Ok(());
+        };
+        let seq = seq.unwrap_or_else(|| rep.applied());
+        rep.wait_acked(seq, MAX_PUSH_WAIT).await
+    }
+
+    /// Runs `f` (a change of the shard) on a blocking thread and returns its result with
+    /// the seq the replication stream gave its op, if it made one.
+    async fn changing<T, F>(&self, f: F) -> Result<(T, Option<Seq>), PsError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let rep = self.replication.clone();
+        self.blocking(move || {
+            Replication::take_last_seq();
+            let t = f();
+            let seq = Replication::take_last_seq();
+            if let (Some(rep), Some(seq)) = (&rep, seq) {
+                rep.local_applied(seq);
+            }
+            (t, seq)
+        })
+        .await
     }
 
     async fn is_registered(&self, trainer: &str) -> Result<bool, PsError> {
@@ -195,20 +244,23 @@ impl Service {
         }
         let gate = self.gate.clone();
         let raw = raw_push(r);
-        let reply = self
-            .blocking(move || {
-                let push = core.validate_push(raw)?;
+        let c = core.clone();
+        let (reply, seq) = self
+            .changing(move || {
+                let push = c.validate_push(raw)?;
                 gate.check()?;
-                core.apply_async(&push)
+                c.apply_async(&push)
             })
-            .await??;
+            .await?;
+        let reply = reply?;
+        self.replicated(seq).await?;
         self.gate.check()?;
         Ok(pb::PushResponse {
             applied: reply.applied,
             step: reply.step,
             done: true,
             next_step: 0,
-            incarnation: self.shard.incarnation(),
+            incarnation: core.incarnation(),
         })
     }
 
@@ -289,6 +341,14 @@ impl Service {
                 r = closed.wait_for(|c| *c >= step) => Some(r.is_ok()),
             };
             let done = reached.unwrap_or_else(|| *closed.borrow() >= step);
+            if done && let Some(rep) = &self.replication {
+                // The step's op, or (closed before this primary's epoch) all applied.
+                rep.wait_acked(
+                    rep.step_seq(step).unwrap_or_else(|| rep.applied()),
+                    MAX_PUSH_WAIT,
+                )
+                .await?;
+            }
             self.gate.check()?;
             return Ok(pb::PushResponse {
                 applied,
@@ -346,8 +406,11 @@ impl Service {
         }
         let core = self.core(r.shard, r.shards)?;
         let c = core.clone();
-        self.blocking(move || c.task_done(r.pass, r.task, r.tasks, r.incarnation))
-            .await??;
+        let (done, seq) = self
+            .changing(move || c.task_done(r.pass, r.task, r.tasks, r.incarnation))
+            .await?;
+        done?;
+        self.replicated(seq).await?;
         self.gate.check()?;
         Ok(pb::TaskDoneResponse {
             incarnation: core.incarnation(),
