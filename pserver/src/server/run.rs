@@ -201,72 +201,24 @@ pub async fn run(
         .extend(listed.into_iter().map(|m| m.id));
 
     let stop = shutdown.child_token();
-    let gate = Arc::new(Gate {
-        lease: lease.clone(),
-        stop: stop.clone(),
-        index,
-    });
-    let svc = Arc::new(Service {
-        shard: shard.clone(),
-        gate,
-        job: cfg.job.to_string(),
-        token: cfg.token.clone(),
-        members: members.clone(),
-        backend: backend.clone(),
-        keys: keys.clone(),
-        permits: Arc::new(Semaphore::new(cfg.workers.max(1))),
-        claim_revision: claim.fence.revision,
-        max_message_bytes: cfg.max_message_bytes,
-        io_timeout: cfg.io_timeout,
-        replication: None,
-    });
-    // Job and token are checked from the headers, before a request's body is read.
-    let grpc = tonic::service::interceptor::InterceptedService::new(
-        pb::parameter_server_server::ParameterServerServer::new(PsGrpc { svc: svc.clone() })
-            .max_decoding_message_size(cfg.max_message_bytes)
-            .max_encoding_message_size(cfg.max_message_bytes),
-        edl_proto::headers::Credentials::new("pserver", cfg.job.as_str(), cfg.token.clone()),
-    );
-    let acceptor = cfg
-        .tls
-        .as_ref()
-        .map(|t| t.acceptor())
-        .transpose()
-        .map_err(|e| PsError::Config(e.to_string()))?;
-    // One port: bulk connections are told apart from HTTP/2 by their first byte, or
-    // under TLS by the handshake's ALPN.
-    let (conns_tx, conns_rx) = tokio::sync::mpsc::channel(64);
-    let acceptor = tokio::spawn(
-        crate::bulk::accept(
-            listener,
-            svc.clone(),
-            conns_tx,
-            crate::bulk::BulkSlots::new(cfg.max_bulk_connections),
-            acceptor,
-            stop.clone(),
-        )
-        .in_current_span(),
-    );
-    let server_stop = stop.clone();
-    let mut server = tokio::spawn(
-        async move {
-            tonic::transport::Server::builder()
-                .initial_stream_window_size(Some(STREAM_WINDOW))
-                .initial_connection_window_size(Some(CONNECTION_WINDOW))
-                .max_frame_size(Some(MAX_FRAME))
-                // Bounds on what one peer may open before any request is authenticated.
-                .max_concurrent_streams(edl_proto::headers::MAX_CONCURRENT_STREAMS)
-                .http2_max_header_list_size(edl_proto::headers::MAX_HEADER_LIST_BYTES)
-                .tcp_nodelay(true)
-                .add_service(grpc)
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::ReceiverStream::new(conns_rx),
-                    server_stop.cancelled_owned(),
-                )
-                .await
-        }
-        .in_current_span(),
-    );
+    let serving = start_serving(
+        Serving {
+            backend: backend.clone(),
+            cfg: &cfg,
+            keys: keys.clone(),
+            lease: lease.clone(),
+            shard: shard.clone(),
+            members: members.clone(),
+            claim_revision: claim.fence.revision,
+            replication: None,
+        },
+        listener,
+        stop.clone(),
+    )?;
+    let Started {
+        acceptor,
+        mut server,
+    } = serving;
     tracing::info!(job = %cfg.job, shard = index, addr = %advertise, "pserver serving");
 
     let mut tasks = vec![
@@ -345,6 +297,100 @@ pub async fn run(
         tracing::info!(shard = index, "pserver stopped");
     }
     result
+}
+
+/// What serving a shard needs, however the shard came to this process.
+pub(super) struct Serving<'a> {
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) cfg: &'a PsConfig,
+    pub(super) keys: JobKeys,
+    pub(super) lease: Arc<Lease>,
+    pub(super) shard: Arc<Shard>,
+    pub(super) members: Arc<Members>,
+    pub(super) claim_revision: i64,
+    pub(super) replication: Option<Arc<super::replication::Replication>>,
+}
+
+/// The tasks serving the port: the acceptor (bulk path, replication connections) and
+/// the gRPC server.
+pub(super) struct Started {
+    pub(super) acceptor: tokio::task::JoinHandle<()>,
+    pub(super) server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+/// Serves gRPC and the bulk path on `listener` until `stop` fires.
+pub(super) fn start_serving(
+    s: Serving<'_>,
+    listener: TcpListener,
+    stop: CancellationToken,
+) -> Result<Started, PsError> {
+    let cfg = s.cfg;
+    let gate = Arc::new(Gate {
+        lease: s.lease.clone(),
+        stop: stop.clone(),
+        index: s.shard.index(),
+    });
+    let svc = Arc::new(Service {
+        shard: s.shard.clone(),
+        gate,
+        job: cfg.job.to_string(),
+        token: cfg.token.clone(),
+        members: s.members.clone(),
+        backend: s.backend.clone(),
+        keys: s.keys.clone(),
+        permits: Arc::new(Semaphore::new(cfg.workers.max(1))),
+        claim_revision: s.claim_revision,
+        max_message_bytes: cfg.max_message_bytes,
+        io_timeout: cfg.io_timeout,
+        replication: s.replication,
+    });
+    // Job and token are checked from the headers, before a request's body is read.
+    let grpc = tonic::service::interceptor::InterceptedService::new(
+        pb::parameter_server_server::ParameterServerServer::new(PsGrpc { svc: svc.clone() })
+            .max_decoding_message_size(cfg.max_message_bytes)
+            .max_encoding_message_size(cfg.max_message_bytes),
+        edl_proto::headers::Credentials::new("pserver", cfg.job.as_str(), cfg.token.clone()),
+    );
+    let acceptor = cfg
+        .tls
+        .as_ref()
+        .map(|t| t.acceptor())
+        .transpose()
+        .map_err(|e| PsError::Config(e.to_string()))?;
+    // One port: bulk connections are told apart from HTTP/2 by their first byte, or
+    // under TLS by the handshake's ALPN.
+    let (conns_tx, conns_rx) = tokio::sync::mpsc::channel(64);
+    let acceptor = tokio::spawn(
+        crate::bulk::accept(
+            listener,
+            svc.clone(),
+            conns_tx,
+            crate::bulk::BulkSlots::new(cfg.max_bulk_connections),
+            acceptor,
+            stop.clone(),
+        )
+        .in_current_span(),
+    );
+    let server = tokio::spawn(
+        async move {
+            tonic::transport::Server::builder()
+                .initial_stream_window_size(Some(STREAM_WINDOW))
+                .initial_connection_window_size(Some(CONNECTION_WINDOW))
+                .max_frame_size(Some(MAX_FRAME))
+                // Bounds on what one peer may open before any request is authenticated.
+                .max_concurrent_streams(edl_proto::headers::MAX_CONCURRENT_STREAMS)
+                .http2_max_header_list_size(edl_proto::headers::MAX_HEADER_LIST_BYTES)
+                .tcp_nodelay(true)
+                .add_service(grpc)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::ReceiverStream::new(conns_rx),
+                    stop.cancelled_owned(),
+                )
+                .await
+        }
+        .in_current_span(),
+    );
+    Ok(Started { acceptor, server })
 }
 
 /// Writes the shard's final checkpoint and commits it alone (bounded in time: a pserver
