@@ -24,8 +24,8 @@ use tracing::Instrument as _;
 use crate::error::PsError;
 use crate::server::Service;
 pub use edl_pserver_client::bulk::{
-    HELLO_TIMEOUT, IDLE_TIMEOUT, KIND_PULL, KIND_PUSH, MAGIC, MAX_HEADER, MAX_HELLO, STATUS_ERR,
-    STATUS_OK, VERSION,
+    HELLO_TIMEOUT, IDLE_TIMEOUT, KIND_PULL, KIND_PUSH, KIND_REPLICATE, MAGIC, MAX_HEADER,
+    MAX_HELLO, STATUS_ERR, STATUS_OK, VERSION,
 };
 use edl_pserver_client::bulk::{read_header, read_into, status_to_pb, u32_at, write_all_within};
 
@@ -234,7 +234,7 @@ async fn read_hello<S: AsyncRead + Unpin>(
 }
 
 /// Serves one bulk connection.
-async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     mut stream: S,
     svc: Arc<Service>,
     slots: &Arc<BulkSlots>,
@@ -353,6 +353,29 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                     Err(e) => write_error(&mut stream, e).await?,
                 }
+            }
+            KIND_REPLICATE => {
+                let Some(rep) = svc.replication() else {
+                    return write_error(
+                        &mut stream,
+                        invalid("this pserver's shard is not replicated"),
+                    )
+                    .await;
+                };
+                let (shard, peer) = match crate::server::replication::replicate_header(&header) {
+                    Ok(x) => x,
+                    Err(e) => return write_error(&mut stream, e).await,
+                };
+                if shard != svc.shard_index() {
+                    let e = invalid(format!(
+                        "a replica of shard {shard} at a pserver of shard {}",
+                        svc.shard_index()
+                    ));
+                    return write_error(&mut stream, e).await;
+                }
+                // The connection is the replication stream from now on.
+                rep.serve_peer(stream, peer).await;
+                return Ok(());
             }
             other => {
                 return write_error(

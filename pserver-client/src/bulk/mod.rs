@@ -40,6 +40,7 @@ use edl_proto::headers;
 mod pool;
 
 pub(crate) use pool::Pool;
+pub use pool::open;
 
 /// The bulk protocol version served.
 pub const VERSION: u32 = 1;
@@ -50,6 +51,10 @@ pub const MAGIC: &[u8; 4] = b"EDLB";
 pub const KIND_PUSH: u32 = 1;
 /// A frame's kind: a pull.
 pub const KIND_PULL: u32 = 2;
+/// A frame's kind: the connection becomes a replication stream between two replicas of
+/// a shard (its header: the shard as a little-endian `u32`, then the opening member's
+/// id); the pserver's replication framing follows.
+pub const KIND_REPLICATE: u32 = 3;
 /// A response's status: served.
 pub const STATUS_OK: u32 = 0;
 /// A response's status: refused (a [`pb::BulkError`] follows).

@@ -47,6 +47,25 @@ struct Conn {
     buf: BytesMut,
 }
 
+/// Opens a bulk connection to `addr` and says hello (the job and token, over TLS when
+/// `tls` is given); a refusal is an error of kind `PermissionDenied` with the pserver's
+/// message. The pserver's replication stream is opened so too.
+pub async fn open(
+    addr: &str,
+    job: &str,
+    token: Option<&str>,
+    tls: Option<&Tls>,
+) -> io::Result<ClientConn> {
+    match Conn::connect(addr, job, token, tls).await {
+        Ok(c) => Ok(c.stream),
+        Err(Fail::Broken(e)) => Err(io::Error::other(e)),
+        Err(Fail::Refused(s)) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            s.message().to_string(),
+        )),
+    }
+}
+
 impl Conn {
     async fn connect(
         addr: &str,

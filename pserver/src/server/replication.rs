@@ -25,8 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use edl_coord::Lease;
 use edl_job::{GroupRecord, MemberRecord};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -38,8 +37,6 @@ use crate::error::PsError;
 use crate::replica::{Effect, Guard, Millis, Msg, NotPrimary, Replica, ReplicaConfig, Role, Seq};
 use crate::shard::{OpStream, Shard, ShardCore, ShardOp, lock};
 
-/// First bytes of a replication connection's hello.
-const HELLO_MAGIC: &[u8; 4] = b"EDLR";
 /// Bytes of ops kept for backups that fall behind (older ones go by snapshot).
 const LOG_BYTES: usize = 256 << 20;
 /// How often the machine's timers run.
@@ -106,6 +103,7 @@ pub struct Replication {
     start: Instant,
     stall: Duration,
     max_frame: usize,
+    upstream: Upstream,
     stop: CancellationToken,
 }
 
@@ -122,10 +120,14 @@ impl Replication {
         shard: Arc<Shard>,
         store: Arc<GroupStore>,
         lease: Arc<Lease>,
-        cfg: ReplicaConfig,
-        stall: Duration,
+        links: Links,
         stop: CancellationToken,
     ) -> Arc<Replication> {
+        let Links {
+            replica: cfg,
+            upstream,
+            stall,
+        } = links;
         let (jobs, jobs_rx) = mpsc::unbounded_channel();
         let r = Arc::new(Replication {
             index: shard.index(),
@@ -144,6 +146,7 @@ impl Replication {
             start: Instant::now(),
             stall,
             max_frame: usize::MAX >> 1,
+            upstream,
             stop,
         });
         tokio::spawn(r.clone().drive(jobs_rx).in_current_span());
@@ -481,10 +484,18 @@ impl Replication {
         while !stop.is_cancelled() {
             let addr = lock(&self.members).get(&primary).map(|r| r.addr.clone());
             if let Some(addr) = addr {
-                match TcpStream::connect(&addr).await {
+                let up = &self.upstream;
+                let opened = edl_pserver_client::bulk::open(
+                    &addr,
+                    &up.job,
+                    up.token.as_deref(),
+                    up.tls.as_ref(),
+                )
+                .await;
+                match opened {
                     Ok(mut conn) => {
-                        let _ = conn.set_nodelay(true);
-                        if write_hello(&mut conn, self.index, &self.me).await.is_ok() {
+                        let frame = replicate_frame(self.index, &self.me);
+                        if conn.write_all(&frame).await.is_ok() && conn.flush().await.is_ok() {
                             delay = Duration::from_millis(50);
                             self.clone()
                                 .peer(conn, primary.clone(), stop.clone(), true)
@@ -639,44 +650,59 @@ impl Replication {
     }
 }
 
-/// Writes a replication connection's hello: the shard and this member.
-pub async fn write_hello<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    shard: u32,
-    me: &str,
-) -> std::io::Result<()> {
-    let mut b = Vec::with_capacity(12 + me.len());
-    b.extend_from_slice(HELLO_MAGIC);
-    b.extend_from_slice(&shard.to_le_bytes());
-    b.extend_from_slice(&(me.len() as u32).to_le_bytes());
-    b.extend_from_slice(me.as_bytes());
-    w.write_all(&b).await?;
-    w.flush().await
+/// A replica's settings and how it reaches the other replicas.
+#[derive(Debug, Clone)]
+pub struct Links {
+    /// The group's settings.
+    pub replica: ReplicaConfig,
+    /// How a backup reaches its primary.
+    pub upstream: Upstream,
+    /// Longest stall within a frame of the replication stream.
+    pub stall: Duration,
 }
 
-/// Reads a replication connection's hello: the shard and the member.
-pub async fn read_hello<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<(u32, String)> {
-    let mut head = [0u8; 12];
-    r.read_exact(&mut head).await?;
-    let bad = |w: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, w.to_string());
-    if &head[..4] != HELLO_MAGIC {
-        return Err(bad("not a replication hello"));
+/// How a backup reaches its primary: the job and token of the bulk path's hello, and TLS
+/// when the job's pservers use it.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// The job.
+    pub job: String,
+    /// The job's token.
+    pub token: Option<String>,
+    /// TLS (the client side), when pservers serve TLS.
+    pub tls: Option<edl_proto::tls::Tls>,
+}
+
+/// The header of a [`KIND_REPLICATE`](edl_pserver_client::bulk::KIND_REPLICATE) frame:
+/// the shard and the opening member.
+pub fn replicate_frame(shard: u32, me: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(12 + me.len());
+    b.extend_from_slice(&edl_pserver_client::bulk::KIND_REPLICATE.to_le_bytes());
+    b.extend_from_slice(&(4 + me.len() as u32).to_le_bytes());
+    b.extend_from_slice(&shard.to_le_bytes());
+    b.extend_from_slice(me.as_bytes());
+    b
+}
+
+/// Reads a [`replicate_frame`]'s header: the shard and the member.
+pub fn replicate_header(header: &[u8]) -> Result<(u32, String), PsError> {
+    let bad = |w: &str| PsError::InvalidArgument(format!("replication header: {w}"));
+    if header.len() < 4 || header.len() > 4 + 256 {
+        return Err(bad("bad length"));
     }
-    let shard = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-    let len = u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize;
-    if len > 256 {
-        return Err(bad("member id too long"));
+    let shard = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let id = std::str::from_utf8(&header[4..]).map_err(|_| bad("member id not UTF-8"))?;
+    if id.is_empty() {
+        return Err(bad("no member id"));
     }
-    let mut id = vec![0u8; len];
-    r.read_exact(&mut id).await?;
-    let id = String::from_utf8(id).map_err(|_| bad("member id not UTF-8"))?;
-    Ok((shard, id))
+    Ok((shard, id.to_string()))
 }
 
 #[cfg(test)]
 mod tests {
     use edl_job::{JobKeys, JobName, RECORD_VERSION};
     use edl_testkit::etcd::EtcdCluster;
+    use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
     use super::*;
@@ -717,8 +743,15 @@ mod tests {
             shard.clone(),
             store,
             lease,
-            cfg.clone(),
-            Duration::from_secs(5),
+            Links {
+                replica: cfg.clone(),
+                upstream: Upstream {
+                    job: "r".into(),
+                    token: None,
+                    tls: None,
+                },
+                stall: Duration::from_secs(5),
+            },
             stop.clone(),
         );
         let (r, s) = (rep.clone(), stop.clone());
@@ -730,13 +763,35 @@ mod tests {
                 };
                 let r = r.clone();
                 tokio::spawn(async move {
-                    if let Ok((0, peer)) = read_hello(&mut conn).await {
+                    if let Ok((0, peer)) = accept_replica(&mut conn).await {
                         r.serve_peer(conn, peer).await;
                     }
                 });
             }
         });
         Node { shard, rep, stop }
+    }
+
+    /// The pserver's side of opening a replication connection, as `bulk` does it (the
+    /// hello taken as is: this test has no token).
+    async fn accept_replica(conn: &mut tokio::net::TcpStream) -> std::io::Result<(u32, String)> {
+        let mut head = [0u8; 12];
+        conn.read_exact(&mut head).await?;
+        let len = u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize;
+        let mut hello = vec![0u8; len];
+        conn.read_exact(&mut hello).await?;
+        conn.write_all(&edl_pserver_client::bulk::STATUS_OK.to_le_bytes())
+            .await?;
+        let mut frame = [0u8; 8];
+        conn.read_exact(&mut frame).await?;
+        assert_eq!(
+            frame[..4],
+            edl_pserver_client::bulk::KIND_REPLICATE.to_le_bytes()
+        );
+        let len = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]) as usize;
+        let mut header = vec![0u8; len];
+        conn.read_exact(&mut header).await?;
+        replicate_header(&header).map_err(std::io::Error::other)
     }
 
     async fn until(what: &str, mut f: impl FnMut() -> bool) {

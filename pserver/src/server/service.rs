@@ -91,6 +91,16 @@ impl Service {
         self.gate.check()
     }
 
+    /// This process's replica of the shard, when it is replicated.
+    pub(crate) fn replication(&self) -> Option<Arc<Replication>> {
+        self.replication.clone()
+    }
+
+    /// The shard's index.
+    pub(crate) fn shard_index(&self) -> u32 {
+        self.shard.index()
+    }
+
     /// Fires when the pserver stops serving.
     pub(crate) fn stopped(&self) -> &CancellationToken {
         &self.gate.stop
