@@ -46,6 +46,12 @@ pub struct PserverArgs {
     /// of a request. A trainer uses about two at a time.
     #[arg(long, default_value_t = edl_pserver::server::DEFAULT_MAX_BULK_CONNECTIONS)]
     pub max_bulk_connections: usize,
+    /// Replicas of the shard, the primary included (docs/replication.md): start this
+    /// many `edl pserver --index <i> --replicas <n>` processes for each shard; a lost
+    /// process then costs no checkpoint restore while another replica is in sync. 1: a
+    /// lost pserver is restored from its checkpoint.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub replicas: u32,
 }
 
 fn parse_index(s: &str) -> Result<IndexChoice, String> {
@@ -79,6 +85,14 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
     cfg.shards = args.shards;
     cfg.max_message_bytes = args.max_message_mib.saturating_mul(1 << 20);
     cfg.max_bulk_connections = args.max_bulk_connections;
+    cfg.replicas = args.replicas as usize;
+    // A backup reaches its primary as a client does.
+    cfg.peer_tls = cfg.tls.clone();
+    anyhow::ensure!(
+        cfg.replicas == 1 || matches!(cfg.index, IndexChoice::Fixed(_)),
+        "--replicas {} needs --index: each replica names the shard it holds",
+        cfg.replicas
+    );
     // The bulk slots, and room beside them for gRPC, etcd and checkpoint files.
     let open_files = crate::common::raise_open_files();
     let needed = (args.max_bulk_connections as u64).saturating_add(1024);

@@ -208,7 +208,8 @@ impl Replica {
         {
             self.proposal = None;
         }
-        let had_place = self.role() != Role::Outside;
+        let role_before = self.role();
+        let had_place = role_before != Role::Outside;
         self.fence = self.fence.max(record.epoch);
         self.record = Some(record.clone());
         if record.primary == self.me {
@@ -227,23 +228,35 @@ impl Replica {
         if !record.has(&self.me) {
             return out;
         }
-        self.follow(now, !had_place || was_promoting, &mut out);
+        // A new place (the watch may have skipped the record that removed it), or its own
+        // promotion lost: it says where it stands.
+        let resume = was_promoting || self.role() != role_before;
+        self.follow(now, resume, &mut out);
         out
     }
 
     /// This replica's state no longer belongs to the group.
     fn forget(&mut self) {
+        self.log_start = 1;
         self.applied = 0;
         self.synced = None;
         self.asked = None;
     }
 
-    /// The proposal of the last [`Effect::Propose`] was refused by etcd (the record's
-    /// version moved, or the guard failed): it did not land. (An outcome not known, such
-    /// as a timeout, is not a refusal: the shell sends the same compare-and-swap again
-    /// until etcd answers it.)
-    pub fn refused(&mut self, now: Millis) -> Vec<Effect> {
+    /// The proposal `record` was refused by etcd with the group record still at the
+    /// change it expected (its guard failed): it did not land. A refusal because the
+    /// record moved on is not this: the record may be this very proposal, landed by an
+    /// earlier attempt whose answer was lost; the shell observes the record read back
+    /// instead, which settles the proposal. (An outcome not known, such as a timeout, is
+    /// no refusal either: the shell sends the same compare-and-swap again until etcd
+    /// answers it.)
+    pub fn refused(&mut self, now: Millis, record: &GroupRecord) -> Vec<Effect> {
         let mut out = Vec::new();
+        // Only the proposal refused is settled (a resend of an older one may be refused
+        // after a newer one was made).
+        if self.proposal.as_ref() != Some(record) {
+            return out;
+        }
         let was_promoting = self.promoting();
         self.proposal = None;
         if was_promoting && self.synced() {
@@ -251,6 +264,18 @@ impl Replica {
             self.ask(now, &mut out);
         }
         out
+    }
+
+    /// The proposal not yet settled, if any (a shell sending a proposal again checks it
+    /// is still the one).
+    pub fn proposal(&self) -> Option<&GroupRecord> {
+        self.proposal.as_ref()
+    }
+
+    /// The last op this primary gave a place (what a retry found applied waits for, and
+    /// what a snapshot taken between two ops holds).
+    pub fn last_assigned(&self) -> Option<Seq> {
+        self.primary.as_ref().map(|p| p.next())
     }
 
     /// A backup's or joiner's connection to its primary was (re)opened: what was in

@@ -45,6 +45,9 @@ struct Peer {
     since: u64,
     /// When it was last heard from.
     heard: Millis,
+    /// When a snapshot was last sent to it, until it confirms one: one at a time, timed
+    /// out by the join timeout rather than the replication timeout.
+    snapshot_at: Option<Millis>,
 }
 
 impl Peer {
@@ -56,7 +59,15 @@ impl Peer {
             added: now,
             since,
             heard: now,
+            snapshot_at: None,
         }
+    }
+}
+
+impl PrimaryState {
+    /// The last op assigned.
+    pub(super) fn next(&self) -> Seq {
+        self.next
     }
 }
 
@@ -131,6 +142,9 @@ impl Replica {
         };
         debug_assert_eq!(self.applied, r.seq_base, "a primary starts from seq_base");
         self.applied = r.seq_base;
+        // Its log holds none of the ops up to its base (a backup replays, it does not
+        // log): those go by snapshot.
+        self.log_start = r.seq_base + 1;
         self.synced = Some(r.epoch);
         self.incarnation = r.incarnation;
         self.asked = None;
@@ -200,6 +214,7 @@ impl Replica {
         };
         peer.confirmed = peer.confirmed.max(seq);
         peer.heard = now;
+        peer.snapshot_at = None;
         let floor = p
             .peers
             .values()
@@ -247,7 +262,16 @@ impl Replica {
                 self.maybe_ack(now, out);
             }
             _ => {
+                // One snapshot at a time: a request while one is on its way is the
+                // joiner asking again.
+                if peer
+                    .snapshot_at
+                    .is_some_and(|t| now < t + self.cfg.join_timeout)
+                {
+                    return;
+                }
                 peer.streaming = false;
+                peer.snapshot_at = Some(now);
                 out.push(Effect::SendSnapshot {
                     to: from.to_string(),
                     epoch: p.epoch,
@@ -302,6 +326,10 @@ impl Replica {
         };
         if peer.confirmed >= p.next {
             return false;
+        }
+        if let Some(t) = peer.snapshot_at {
+            // A snapshot on its way: the join timeout.
+            return now >= t + self.cfg.join_timeout;
         }
         let since = p
             .assigned_at

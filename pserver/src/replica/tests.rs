@@ -48,6 +48,8 @@ struct Node {
     primary_of: Option<u64>,
     /// A compare-and-swap whose outcome it did not learn (etcd unreachable): sent again.
     unsent: Option<Effect>,
+    /// Its next compare-and-swap is carried out but its answer is lost.
+    answer_lost: bool,
 }
 
 #[derive(Debug)]
@@ -133,6 +135,7 @@ impl World {
                 retries: Vec::new(),
                 primary_of: None,
                 unsent: None,
+                answer_lost: false,
             },
         );
         id
@@ -213,6 +216,23 @@ impl World {
                 break;
             }
         }
+        self.run(id, fx, Payload::None);
+    }
+
+    /// The watch of `id` jumps to the newest record, skipping those between (a watch
+    /// that only keeps the newest value).
+    fn watch_newest(&mut self, id: &str) {
+        let live = self.live();
+        let now = self.now;
+        let Some(n) = self.nodes.get_mut(id) else {
+            return;
+        };
+        if n.stopped || n.etcd_cut || self.history.is_empty() {
+            return;
+        }
+        let mut fx = n.rep.members(now, live);
+        n.watched = self.history.len();
+        fx.extend(n.rep.observe(now, self.history.last().unwrap().clone()));
         self.run(id, fx, Payload::None);
     }
 
@@ -406,6 +426,16 @@ impl World {
                     let current = self.record().map_or(0, |r| r.change);
                     let holds =
                         self.is_live(&guard.alive) && guard.absent.iter().all(|m| !self.is_live(m));
+                    let silent = std::mem::take(&mut self.nodes.get_mut(id).unwrap().answer_lost);
+                    if silent {
+                        // Written (or not) in etcd, but the answer is lost: the shell
+                        // sends the same compare-and-swap again later.
+                        self.nodes.get_mut(id).unwrap().unsent = Some(Effect::Propose {
+                            expect_change,
+                            record: record.clone(),
+                            guard: guard.clone(),
+                        });
+                    }
                     if current == expect_change && holds {
                         let prev = self.record().cloned();
                         if let Some(p) = &prev {
@@ -422,8 +452,16 @@ impl World {
                             }
                         }
                         self.history.push(record);
-                    } else {
-                        queue.extend(self.nodes.get_mut(id).unwrap().rep.refused(now));
+                        if silent {
+                            continue;
+                        }
+                    } else if silent {
+                        continue;
+                    } else if current == expect_change {
+                        // Refused by the guard: it did not land. (A record that moved on
+                        // may be this very proposal, landed by an earlier attempt whose
+                        // answer was lost: the read below settles it.)
+                        queue.extend(self.nodes.get_mut(id).unwrap().rep.refused(now, &record));
                     }
                     // The shell reads the record back, whatever the outcome.
                     let live = self.live();
@@ -876,6 +914,8 @@ enum Ev {
     Retry(u8),
     Deliver(u8),
     Watch(u8),
+    WatchNewest(u8),
+    AnswerLost(u8),
     Advance(u16),
     Kill(u8),
     KillPrimary,
@@ -895,6 +935,8 @@ fn ev() -> impl Strategy<Value = Ev> {
         2 => any::<u8>().prop_map(Ev::Retry),
         40 => any::<u8>().prop_map(Ev::Deliver),
         6 => any::<u8>().prop_map(Ev::Watch),
+        2 => any::<u8>().prop_map(Ev::WatchNewest),
+        1 => any::<u8>().prop_map(Ev::AnswerLost),
         6 => (0u16..1500).prop_map(Ev::Advance),
         1 => any::<u8>().prop_map(Ev::Kill),
         1 => Just(Ev::KillPrimary),
@@ -948,6 +990,16 @@ fn play(replicas: usize, events: &[Ev]) -> World {
             Ev::Watch(k) => {
                 if let Some(id) = pick(&w, *k) {
                     w.watch(&id, false);
+                }
+            }
+            Ev::WatchNewest(k) => {
+                if let Some(id) = pick(&w, *k) {
+                    w.watch_newest(&id);
+                }
+            }
+            Ev::AnswerLost(k) => {
+                if let Some(id) = pick(&w, *k) {
+                    w.nodes.get_mut(&id).unwrap().answer_lost = true;
                 }
             }
             Ev::Advance(ms) => w.advance(u64::from(*ms)),
@@ -1084,6 +1136,44 @@ fn shrunk_regressions_hold() {
             Submit,
             Watch(40),
             Kill(215),
+        ],
+    );
+    // A compare-and-swap landed but its answer was lost; its resend, refused because the
+    // record moved on, must not settle the proposal as not landed (the primary then
+    // acknowledged without the joiner it had just put in sync).
+    play(
+        3,
+        &[
+            Kill(0),
+            Kill(0),
+            CutEtcd(65),
+            Advance(785),
+            Heal,
+            Submit,
+            Submit,
+            Start,
+            Kill(15),
+            Start,
+            Start,
+            Start,
+            Advance(306),
+            WatchNewest(12),
+            Start,
+            Advance(1461),
+            Advance(570),
+            Advance(663),
+            Restore(128),
+            Advance(889),
+            Advance(1424),
+            Advance(976),
+            Advance(711),
+            Restore(33),
+            Submit,
+            AnswerLost(68),
+            Deliver(0),
+            Deliver(0),
+            Deliver(0),
+            Submit,
         ],
     );
     // A confirmation sent before a backup was removed (and its copy discarded) arrived

@@ -64,6 +64,12 @@ pub struct PsConfig {
     /// Serve gRPC and the bulk path over TLS (needs a certificate and key); `None`:
     /// plain.
     pub tls: Option<edl_proto::tls::Tls>,
+    /// Replicas per shard, the primary included (docs/replication.md). 1: a shard lives
+    /// in one process and a lost process is restored from its checkpoint.
+    pub replicas: usize,
+    /// TLS for the replication stream's client side (a backup connecting to its
+    /// primary), when the pservers serve TLS.
+    pub peer_tls: Option<edl_proto::tls::Tls>,
 }
 
 impl PsConfig {
@@ -84,6 +90,8 @@ impl PsConfig {
             max_bulk_connections: DEFAULT_MAX_BULK_CONNECTIONS,
             io_timeout: DEFAULT_IO_TIMEOUT,
             tls: None,
+            replicas: 1,
+            peer_tls: None,
         }
     }
 }

@@ -19,6 +19,8 @@
 //! - `failed`: the tasks the master failed for good, followed and settled in the shard.
 //! - [`group`]: the etcd side of a shard's replica group (member key, group record,
 //!   guarded compare-and-swaps).
+//! - `replicated`: a pserver process holding a replica (startup, restore or join, the
+//!   primary's duties).
 //! - [`replication`]: a process's replica of one shard, driven (the state machine fed
 //!   by etcd, the peers' connections and time; its effects carried out).
 //! - [`stream`]: the replication stream's framing (a replica's messages and payloads).
@@ -33,6 +35,7 @@ mod failed;
 pub mod group;
 mod grpc;
 mod membership;
+mod replicated;
 pub mod replication;
 mod run;
 mod service;

@@ -157,6 +157,16 @@ impl Replication {
         self.start.elapsed().as_millis() as Millis
     }
 
+    /// This replica's member id.
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// The live members (their keys present in etcd), as last seen.
+    pub fn live_members(&self) -> BTreeSet<String> {
+        lock(&self.members).keys().cloned().collect()
+    }
+
     /// This replica's role.
     pub fn role(&self) -> Role {
         lock(&self.machine).role()
@@ -602,7 +612,15 @@ impl Replication {
                 let fx = match outcome {
                     Proposed::Written(r) => m.observe(now, r),
                     Proposed::Refused(r) => {
-                        let mut fx = m.refused(now);
+                        // Refused at the change it expected: the guard failed, it did not
+                        // land. Past it: the record read back settles the proposal (it
+                        // may be this one, landed by an attempt whose answer was lost).
+                        let moved_on = r.as_ref().is_some_and(|r| r.change > expect_change);
+                        let mut fx = if moved_on {
+                            Vec::new()
+                        } else {
+                            m.refused(now, &record)
+                        };
                         if let Some(r) = r {
                             fx.extend(m.observe(now, r));
                         }

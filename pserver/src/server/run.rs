@@ -71,6 +71,23 @@ pub async fn run(
         })
         .await?,
     );
+    if cfg.replicas > 1 {
+        let IndexChoice::Fixed(index) = cfg.index else {
+            return Err(PsError::Config(
+                "a replicated shard needs its index (--index) with --replicas".into(),
+            ));
+        };
+        return super::replicated::run_replicated(
+            backend,
+            cfg,
+            listener,
+            shutdown,
+            lease,
+            (index, shards),
+            advertise,
+        )
+        .await;
+    }
     let mut record = PserverRecord {
         bulk: crate::bulk::VERSION,
         pid: std::process::id(),
@@ -127,67 +144,18 @@ pub async fn run(
         .checkpoint
         .as_ref()
         .map(|c| CheckpointDir::new(&c.dir, &cfg.job, index));
-    if let Some(dir) = &dir {
-        let d = dir.clone();
-        let _ = tokio::task::spawn_blocking(move || d.remove_temporaries()).await;
-        let incarnation = claim.fence.revision as u64;
-        let build = |snap| ShardCore::restore(snap, incarnation, checkpoints.clone());
-        let restored = retry_startup("restore the checkpoint", wait, &shutdown, || async {
-            match protocol::restore_latest(&*backend, &keys, dir, index, shards, build).await {
-                Ok(r) => Ok(Ok(r)),
-                Err(PsError::Coord(e)) => Err(e),
-                Err(e) => Ok(Err(e)),
-            }
-        })
-        .await??;
-        match restored {
-            Some((manifest, core)) => {
-                let step = core.restored_from();
-                checkpoints
-                    .last_written
-                    .store(step, std::sync::atomic::Ordering::Relaxed);
-                shard.install(core);
-                tracing::info!(
-                    shard = index,
-                    step,
-                    manifest_step = manifest.step,
-                    "restored from checkpoint"
-                );
-            }
-            None => tracing::info!(
-                shard = index,
-                "no checkpoint to restore; waiting for a trainer to initialise the parameters"
-            ),
-        }
-    }
-    // The tasks failed for good are settled in what it holds (the checkpoint may predate
-    // some of their records).
-    let failed_prefix = keys.failed();
-    let (failed, _) = retry_startup("read the failed tasks", wait, &shutdown, || {
-        backend.range(&failed_prefix)
+    restore_into(Restore {
+        backend: &backend,
+        keys: &keys,
+        dir: dir.as_ref(),
+        shard: &shard,
+        checkpoints: &checkpoints,
+        fence: &claim.fence,
+        shards,
+        wait,
+        shutdown: &shutdown,
     })
     .await?;
-    shard.settle(edl_job::records::decode_readable(&failed));
-    // What this incarnation holds, for the master: the restored ledger, or nothing (a
-    // trainer initialises the shard from the initial values). On a job's first start
-    // nothing was trained, and the record changes nothing.
-    let restored = shard.core().ok();
-    let record = RestoreRecord {
-        version: edl_job::RECORD_VERSION,
-        shard: index,
-        incarnation: claim.fence.revision as u64,
-        step: restored.as_ref().map_or(0, |c| c.restored_from()),
-        contains: restored.map(|c| c.contains()).unwrap_or_default(),
-        at_ms: protocol::now_ms(),
-    };
-    retry_startup("publish the restore", wait, &shutdown, || async {
-        match protocol::publish_restore(&*backend, &keys, &claim.fence, &record).await {
-            Ok(()) => Ok(Ok(())),
-            Err(PsError::Coord(e)) => Err(e),
-            Err(e) => Ok(Err(e)),
-        }
-    })
-    .await??;
 
     // The registered trainers, before any sync step can open.
     let members = Arc::new(Members::default());
@@ -299,6 +267,101 @@ pub async fn run(
     result
 }
 
+/// What a restore needs.
+pub(super) struct Restore<'a> {
+    pub(super) backend: &'a Arc<dyn Backend>,
+    pub(super) keys: &'a JobKeys,
+    pub(super) dir: Option<&'a CheckpointDir>,
+    pub(super) shard: &'a Arc<Shard>,
+    pub(super) checkpoints: &'a Arc<CheckpointHooks>,
+    /// The claim the shard is restored under: its revision is the new incarnation.
+    pub(super) fence: &'a Fence,
+    pub(super) shards: u32,
+    pub(super) wait: std::time::Duration,
+    pub(super) shutdown: &'a CancellationToken,
+}
+
+/// Restores the shard's latest checkpoint into `shard` (or leaves it for a trainer to
+/// initialise), settles the tasks failed for good in it, and publishes what it holds
+/// (`restores/<index>`) for the master, fenced by the claim.
+pub(super) async fn restore_into(r: Restore<'_>) -> Result<(), PsError> {
+    let Restore {
+        backend,
+        keys,
+        dir,
+        shard,
+        checkpoints,
+        fence,
+        shards,
+        wait,
+        shutdown,
+    } = r;
+    let index = shard.index();
+    if let Some(dir) = dir {
+        let d = dir.clone();
+        let _ = tokio::task::spawn_blocking(move || d.remove_temporaries()).await;
+        let incarnation = fence.revision as u64;
+        let build = |snap| ShardCore::restore(snap, incarnation, (*checkpoints).clone());
+        let restored = retry_startup("restore the checkpoint", wait, shutdown, || async {
+            match protocol::restore_latest(&**backend, keys, dir, index, shards, build).await {
+                Ok(r) => Ok(Ok(r)),
+                Err(PsError::Coord(e)) => Err(e),
+                Err(e) => Ok(Err(e)),
+            }
+        })
+        .await??;
+        match restored {
+            Some((manifest, core)) => {
+                let step = core.restored_from();
+                checkpoints
+                    .last_written
+                    .store(step, std::sync::atomic::Ordering::Relaxed);
+                shard.install(core);
+                tracing::info!(
+                    shard = index,
+                    step,
+                    manifest_step = manifest.step,
+                    "restored from checkpoint"
+                );
+            }
+            None => tracing::info!(
+                shard = index,
+                "no checkpoint to restore; waiting for a trainer to initialise the parameters"
+            ),
+        }
+    }
+    // The tasks failed for good are settled in what it holds (the checkpoint may predate
+    // some of their records).
+    let failed_prefix = keys.failed();
+    let (failed, _) = retry_startup("read the failed tasks", wait, shutdown, || {
+        backend.range(&failed_prefix)
+    })
+    .await?;
+    shard.settle(edl_job::records::decode_readable(&failed));
+    // What this incarnation holds, for the master: the restored ledger, or nothing (a
+    // trainer initialises the shard from the initial values). On a job's first start
+    // nothing was trained, and the record changes nothing.
+    let restored = shard.core().ok();
+    let record = RestoreRecord {
+        version: edl_job::RECORD_VERSION,
+        shard: index,
+        incarnation: fence.revision as u64,
+        step: restored.as_ref().map_or(0, |c| c.restored_from()),
+        contains: restored.map(|c| c.contains()).unwrap_or_default(),
+        at_ms: protocol::now_ms(),
+    };
+    retry_startup("publish the restore", wait, shutdown, || async {
+        match protocol::publish_restore(&**backend, keys, fence, &record).await {
+            Ok(()) => Ok(Ok(())),
+            Err(PsError::Coord(e)) => Err(e),
+            Err(e) => Ok(Err(e)),
+        }
+    })
+    .await??;
+
+    Ok(())
+}
+
 /// What serving a shard needs, however the shard came to this process.
 pub(super) struct Serving<'a> {
     pub(super) backend: Arc<dyn Backend>,
@@ -396,7 +459,7 @@ pub(super) fn start_serving(
 /// Writes the shard's final checkpoint and commits it alone (bounded in time: a pserver
 /// asked to stop must stop). A failure is logged: the previous checkpoint stays, and the
 /// master trains again what it lacks when the shard is restored.
-async fn final_checkpoint(
+pub(super) async fn final_checkpoint(
     backend: &dyn Backend,
     keys: &JobKeys,
     fence: &Fence,

@@ -38,7 +38,7 @@ pub struct InitBlocks {
 pub struct Shard {
     index: u32,
     shards: u32,
-    incarnation: u64,
+    incarnation: std::sync::atomic::AtomicU64,
     state: RwLock<ShardState>,
     checkpoints: Arc<CheckpointHooks>,
     /// The tasks failed for good, as the master last recorded them.
@@ -66,7 +66,7 @@ impl Shard {
         Shard {
             index,
             shards,
-            incarnation,
+            incarnation: std::sync::atomic::AtomicU64::new(incarnation),
             state: RwLock::new(ShardState::Empty),
             checkpoints,
             failed: Mutex::new(Vec::new()),
@@ -85,7 +85,14 @@ impl Shard {
 
     /// The incarnation (claim revision).
     pub fn incarnation(&self) -> u64 {
+        self.incarnation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A replica restoring the shard under a new claim: the cores it builds (`Init`)
+    /// are of that incarnation.
+    pub fn set_incarnation(&self, incarnation: u64) {
         self.incarnation
+            .store(incarnation, std::sync::atomic::Ordering::Release);
     }
 
     /// Where sync snapshots go, and when.
@@ -233,7 +240,7 @@ impl Shard {
         let core = ShardCore::new(
             layout,
             self.index,
-            self.incarnation,
+            self.incarnation(),
             values,
             self.checkpoints.clone(),
         )?;
