@@ -173,9 +173,14 @@ pub(super) async fn run_replicated(
         tokio::spawn(duties(ctx.clone(), claim.clone(), stop.clone()).in_current_span()),
     ];
     let lost = lease.lost();
+    let broken = ctx.rep.failed().clone();
     let result = tokio::select! {
         biased;
         _ = shutdown.cancelled() => Ok(()),
+        _ = broken.cancelled() => Err(PsError::Internal(format!(
+            "shard {index}: this replica's copy broke (see the log); restart the process: \
+             it joins again as a new member"
+        ))),
         _ = lost.cancelled() => {
             tracing::error!(job = %cfg.job, shard = index, "etcd lease lost; stopped serving (another replica may be primary now)");
             Err(PsError::LeaseLost(index))

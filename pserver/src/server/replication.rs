@@ -45,6 +45,8 @@ const TICK: Duration = Duration::from_millis(100);
 /// What the service waits on: the primary's acknowledgements.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Acked {
+    /// The epoch this replica was primary of when these were said.
+    epoch: Option<u64>,
     /// Every op up to this one is held by every in-sync replica.
     upto: Seq,
     /// The ops from this one on will not be acknowledged here (stepped down).
@@ -105,6 +107,8 @@ pub struct Replication {
     max_frame: usize,
     upstream: Upstream,
     stop: CancellationToken,
+    /// Fires when this replica's copy broke.
+    failed: CancellationToken,
 }
 
 thread_local! {
@@ -148,6 +152,7 @@ impl Replication {
             max_frame: usize::MAX >> 1,
             upstream,
             stop,
+            failed: CancellationToken::new(),
         });
         tokio::spawn(r.clone().drive(jobs_rx).in_current_span());
         r
@@ -279,25 +284,36 @@ impl Replication {
         self.run(&mut m, fx, None);
     }
 
-    /// The last op applied here (what a retry found already applied waits for).
-    pub fn applied(&self) -> Seq {
-        lock(&self.machine).applied()
+    /// The last op given a place by this primary (what a retry found already applied
+    /// waits for: the op that applied it may not be confirmed yet).
+    pub fn last_assigned(&self) -> Seq {
+        let m = lock(&self.machine);
+        m.last_assigned().unwrap_or(m.applied())
     }
 
     /// Waits until every in-sync replica holds op `seq`; an error when this replica
     /// stepped down first, or after `timeout`.
     pub async fn wait_acked(&self, seq: Seq, timeout: Duration) -> Result<(), PsError> {
         let mut rx = self.acked.subscribe();
+        let Some(epoch) = lock(&self.machine).primary_epoch() else {
+            return Err(PsError::NotServing(format!(
+                "shard {} is not primary here",
+                self.index
+            )));
+        };
         let wait = async {
             loop {
                 let a = *rx.borrow_and_update();
-                if a.failed_from.is_some_and(|f| f <= seq) {
+                let said_here = a.epoch.is_none_or(|e| e == epoch);
+                if a.epoch.is_some_and(|e| e > epoch)
+                    || (said_here && a.failed_from.is_some_and(|f| f <= seq))
+                {
                     return Err(PsError::NotServing(format!(
                         "shard {} is no longer primary here",
                         self.index
                     )));
                 }
-                if a.upto >= seq {
+                if a.epoch == Some(epoch) && a.upto >= seq {
                     return Ok(());
                 }
                 if rx.changed().await.is_err() {
@@ -343,12 +359,8 @@ impl Replication {
                             core.replay(&core.decode_op(b.clone())?)
                         });
                     if let Err(e) = applied {
-                        // This copy cannot follow the stream: drop it and start over
-                        // from a snapshot (the primary removes it meanwhile).
-                        tracing::error!(shard = self.index, seq, error = %e, "a replicated op failed; this replica starts over from a snapshot");
-                        self.shard.uninstall();
-                        queue.clear();
-                        queue.extend(m.reconnected(self.now()));
+                        self.broken(&format!("replicated op {seq} failed: {e}"));
+                        return;
                     }
                 }
                 Effect::Install { seq } => {
@@ -368,8 +380,8 @@ impl Replication {
                             tracing::info!(shard = self.index, seq, "snapshot installed");
                         }
                         Err(e) => {
-                            tracing::error!(shard = self.index, error = %e, "a snapshot failed to install");
-                            queue.clear();
+                            self.broken(&format!("a snapshot failed to install: {e}"));
+                            return;
                         }
                     }
                 }
@@ -385,7 +397,17 @@ impl Replication {
                     });
                 }
                 Effect::Ack { upto } => {
-                    self.acked.send_modify(|a| a.upto = a.upto.max(upto));
+                    let epoch = m.primary_epoch();
+                    self.acked.send_modify(|a| {
+                        if a.epoch != epoch {
+                            // A new epoch as primary: its own acknowledgements.
+                            *a = Acked {
+                                epoch,
+                                ..Acked::default()
+                            };
+                        }
+                        a.upto = a.upto.max(upto);
+                    });
                 }
                 Effect::Fail { from } => {
                     self.acked.send_modify(|a| a.failed_from = Some(from));
@@ -396,6 +418,25 @@ impl Replication {
                 }
             }
         }
+    }
+
+    /// This replica's copy can no longer follow the stream: it must not confirm anything
+    /// more, nor be promoted with what it holds. The process leaves (its lease ends; a
+    /// supervisor starts a fresh member), which takes it out of the group.
+    fn broken(&self, why: &str) {
+        tracing::error!(
+            shard = self.index,
+            reason = why,
+            "this replica's copy is broken; the process leaves its group"
+        );
+        self.shard.uninstall();
+        self.failed.cancel();
+        self.stop.cancel();
+    }
+
+    /// Fires when this replica's copy broke (the process should exit).
+    pub fn failed(&self) -> &CancellationToken {
+        &self.failed
     }
 
     /// The driver: timers, the group record, the members, compare-and-swaps and
@@ -439,7 +480,11 @@ impl Replication {
                     let fx = m.members(self.now(), live);
                     self.run(&mut m, fx, None);
                 }
-                Some(job) = jobs.recv() => self.job(job).await,
+                Some(job) = jobs.recv() => {
+                    // Off the loop: a slow etcd or a large snapshot must not hold the
+                    // timers (and the lease deadline the machine acknowledges by).
+                    tokio::spawn(self.clone().job(job).in_current_span());
+                }
             }
             self.follow_primary(&mut upstream);
             self.stream_when_primary();
@@ -599,7 +644,7 @@ impl Replication {
     }
 
     /// Carries out a job of the driver.
-    async fn job(self: &Arc<Self>, job: Job) {
+    async fn job(self: Arc<Self>, job: Job) {
         match job {
             Job::Propose {
                 expect_change,
@@ -628,14 +673,17 @@ impl Replication {
                     }
                     Proposed::Unknown(e) => {
                         tracing::warn!(shard = self.index, error = %e, "group record write not confirmed; sending it again");
-                        let jobs = self.jobs.clone();
+                        let me = self.clone();
                         tokio::spawn(async move {
                             tokio::time::sleep(Duration::from_millis(200)).await;
-                            let _ = jobs.send(Job::Propose {
-                                expect_change,
-                                record,
-                                guard,
-                            });
+                            // Only while it is still the proposal not settled.
+                            if lock(&me.machine).proposal() == Some(&record) {
+                                let _ = me.jobs.send(Job::Propose {
+                                    expect_change,
+                                    record,
+                                    guard,
+                                });
+                            }
                         });
                         Vec::new()
                     }
@@ -646,7 +694,8 @@ impl Replication {
                 let me = self.clone();
                 let taken = tokio::task::spawn_blocking(move || {
                     let core = me.shard.core()?;
-                    core.replica_snapshot(|| lock(&me.machine).applied())
+                    // Taken between two ops: every op given a place is applied.
+                    core.replica_snapshot(|| lock(&me.machine).last_assigned().unwrap_or(0))
                 })
                 .await;
                 let (bytes, seq) = match taken {

@@ -162,7 +162,7 @@ impl Service {
         let Some(rep) = &self.replication else {
             return Ok(());
         };
-        let seq = seq.unwrap_or_else(|| rep.applied());
+        let seq = seq.unwrap_or_else(|| rep.last_assigned());
         rep.wait_acked(seq, MAX_PUSH_WAIT).await
     }
 
@@ -354,7 +354,7 @@ impl Service {
             if done && let Some(rep) = &self.replication {
                 // The step's op, or (closed before this primary's epoch) all applied.
                 rep.wait_acked(
-                    rep.step_seq(step).unwrap_or_else(|| rep.applied()),
+                    rep.step_seq(step).unwrap_or_else(|| rep.last_assigned()),
                     MAX_PUSH_WAIT,
                 )
                 .await?;

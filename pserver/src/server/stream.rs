@@ -3,7 +3,7 @@
 //! ordered connection per backup, opened by the backup to its primary on the pserver's
 //! own port (the bulk path's hello authenticates it).
 //!
-//! A frame is `kind: u8`, `len: u32` and `len` bytes: the message's numbers, then its
+//! A frame is `kind: u8`, `len: u64` and `len` bytes (a snapshot may pass 4 GiB): the message's numbers, then its
 //! payload. Lengths are bounded before anything is allocated, and a frame's bytes must
 //! keep coming (`stall` between reads): a damaged or hostile stream is an error, never a
 //! panic or an allocation it announces.
@@ -35,7 +35,7 @@ fn fixed(kind: u8) -> Option<usize> {
 
 /// The frame of `msg` with `payload` (empty for messages without one).
 pub fn encode(msg: &Msg, payload: &[u8]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(5 + 25 + payload.len());
+    let mut b = Vec::with_capacity(9 + 25 + payload.len());
     let (kind, nums): (u8, Vec<u64>) = match *msg {
         Msg::Op { epoch, seq } => (OP, vec![epoch, seq]),
         Msg::Snapshot { epoch, seq } => (SNAPSHOT, vec![epoch, seq]),
@@ -49,7 +49,7 @@ pub fn encode(msg: &Msg, payload: &[u8]) -> Vec<u8> {
     };
     let len = 8 * nums.len() + usize::from(kind == NEED) + payload.len();
     b.put_u8(kind);
-    b.put_u32_le(len as u32);
+    b.put_u64_le(len as u64);
     for (i, n) in nums.iter().enumerate() {
         b.put_u64_le(*n);
         if i == 0
@@ -74,7 +74,7 @@ pub async fn read<R: AsyncRead + Unpin>(
     max: usize,
     stall: Duration,
 ) -> io::Result<Option<(Msg, Bytes)>> {
-    let mut head = [0u8; 5];
+    let mut head = [0u8; 9];
     match r.read_exact(&mut head[..1]).await {
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
@@ -84,7 +84,9 @@ pub async fn read<R: AsyncRead + Unpin>(
         .await
         .map_err(|_| bad("a frame stalled"))??;
     let kind = head[0];
-    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut n = [0u8; 8];
+    n.copy_from_slice(&head[1..]);
+    let len = usize::try_from(u64::from_le_bytes(n)).unwrap_or(usize::MAX);
     let fixed = fixed(kind).ok_or_else(|| bad(format!("unknown frame kind {kind}")))?;
     if len < fixed || len > max {
         return Err(bad(format!(
@@ -212,10 +214,10 @@ mod tests {
             // A frame over the bound is refused before its bytes are read.
             if !p.is_empty() {
                 let mut r = &frame[..];
-                assert!(read(&mut r, frame.len() - 6, STALL).await.is_err());
+                assert!(read(&mut r, frame.len() - 10, STALL).await.is_err());
             }
         }
-        let mut unknown: &[u8] = &[99, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let mut unknown: &[u8] = &[99, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
         assert!(read(&mut unknown, 1 << 20, STALL).await.is_err());
         // A fixed-size frame announcing more bytes than it has is refused.
         let mut long = encode(&Msg::Fenced { epoch: 1 }, &[]);
@@ -230,7 +232,7 @@ mod tests {
             },
             &[],
         );
-        need[13] = 7;
+        need[17] = 7;
         assert!(read(&mut &need[..], 1 << 20, STALL).await.is_err());
     }
 
