@@ -512,3 +512,80 @@ async fn a_corrupt_checkpoint_file_falls_back_to_the_previous_checkpoint() {
     let err = ps.push("a", 6, &[("w", &vec![0.0; N])], &[]).await.unwrap();
     assert!(!err.applied, "a retried step is not applied twice");
 }
+
+/// The group record of shard 0 of `w`'s job, if written.
+async fn group(w: &World) -> Option<edl_job::GroupRecord> {
+    use edl_job::Record;
+    let keys = JobKeys::new(&JobName::new(w.job.as_str()).expect("a valid job name"));
+    let kv = w.backend.get(&keys.ps_group(0)).await.expect("read the group")?;
+    edl_job::GroupRecord::decode(&kv.value).ok()
+}
+
+/// Replicated shards (docs/replication.md): two `edl pserver --replicas 2` processes hold
+/// shard 0. The primary is SIGKILLed after 30 acknowledged pushes; its in-sync backup
+/// takes over with every one of them (nothing read from a checkpoint, the same
+/// incarnation), and the trainer's pushes go on to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_primary_is_replaced_by_its_backup_with_every_acknowledged_push() {
+    let w = World::new("ps-repl").await;
+    let args = ["--shards", "1", "--index", "0", "--replicas", "2"];
+    let (mut a, _) = w.pserver("psa", &args).await;
+    let ps = w.ps_client().await;
+    init(
+        &ps,
+        &vec![0.0; N],
+        config(Mode::Async, OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let (b, _) = w.pserver("psb", &args).await;
+    let synced = wait_until(Duration::from_secs(30), || async {
+        group(&w).await.is_some_and(|g| g.backups.len() == 1)
+    })
+    .await;
+    assert!(
+        synced,
+        "the second replica never got in sync: {:?}\nprimary:\n{}\nbackup:\n{}",
+        group(&w).await,
+        a.log(),
+        b.log()
+    );
+    let before = group(&w).await.unwrap();
+    assert!(
+        before.primary.starts_with(&format!("0-{}-", a.pid())),
+        "{before:?}"
+    );
+    let g = vec![1.0f32; N];
+    for k in 1..=30u64 {
+        let out = ps.push("t", k, &[("w", &g)], &[]).await.unwrap();
+        assert!(out.applied);
+    }
+    a.kill();
+    let killed = Instant::now();
+    // The pushes wait out the failover (the client retries) and reach the new primary.
+    for k in 31..=40u64 {
+        let out = ps.push("t", k, &[("w", &g)], &[]).await.unwrap();
+        assert!(out.applied, "push {k}");
+    }
+    eprintln!(
+        "pushes served again {:?} after the SIGKILL",
+        killed.elapsed()
+    );
+    let after = group(&w).await.unwrap();
+    assert!(
+        after.primary.starts_with(&format!("0-{}-", b.pid())),
+        "{after:?}"
+    );
+    assert_eq!(after.epoch, before.epoch + 1);
+    assert_eq!(
+        after.incarnation, before.incarnation,
+        "a promotion, not a restore"
+    );
+    // Every acknowledged push is in: 40 pushes of 1.0 at learning rate 1.
+    let got = pull(&ps).await;
+    assert!(got.iter().all(|v| *v == -40.0), "{:?}", &got[..4]);
+    assert!(!b.log().contains("restored from checkpoint"));
+    b.wait_log("primary: shard claimed", Duration::from_secs(5))
+        .await;
+    let st = ps.shard_status(0).await.unwrap();
+    assert_eq!(st.counters.unwrap().pushes_applied, 40);
+}

@@ -285,7 +285,12 @@ impl World {
         .await;
         assert!(ok, "pserver {name} did not start; log:\n{}", p.log());
         let addr = std::fs::read_to_string(&addr_file).expect("addr file");
-        let prefix = format!("/edl/{}/ps/", self.job);
+        // A replica that joins an existing group claims nothing: it registers.
+        let prefix = if extra.contains(&"--replicas") {
+            format!("/edl/{}/ps-member/", self.job)
+        } else {
+            format!("/edl/{}/ps/", self.job)
+        };
         let backend = self.backend.clone();
         let claimed = wait_until(Duration::from_secs(30), || async {
             backend.range(&prefix).await.is_ok_and(|(kvs, _)| {

@@ -123,6 +123,14 @@ impl Replica {
         out
     }
 
+    /// The shell could not send `to` the snapshot asked for (the shard is not
+    /// initialised yet): it may ask again.
+    pub fn snapshot_failed(&mut self, to: &str) {
+        if let Some(peer) = self.primary.as_mut().and_then(|p| p.peers.get_mut(to)) {
+            peer.snapshot_at = None;
+        }
+    }
+
     /// Sends `peer` every op after its `sent` one.
     fn stream_from(epoch: u64, next: Seq, to: &str, peer: &mut Peer, out: &mut Vec<Effect>) {
         for seq in peer.sent + 1..=next {

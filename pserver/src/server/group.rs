@@ -193,8 +193,16 @@ impl GroupStore {
         let (tx, rx) = watch::channel(Default::default());
         tokio::spawn(async move {
             loop {
-                let ids: std::collections::BTreeMap<String, MemberRecord> = view
-                    .borrow_and_update()
+                let v = view.borrow_and_update().clone();
+                if v.revision == 0 {
+                    // Not listed yet: no member is known to be gone.
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        changed = view.changed() => if changed.is_err() { break },
+                    }
+                    continue;
+                }
+                let ids: std::collections::BTreeMap<String, MemberRecord> = v
                     .kvs
                     .iter()
                     .filter_map(|(k, kv)| {

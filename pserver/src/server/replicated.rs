@@ -265,7 +265,11 @@ async fn group_gone(ctx: &Ctx) -> bool {
     let Some(r) = record else {
         return true;
     };
-    let live = ctx.rep.live_members();
+    // Until the members are listed, nobody is known to be gone. (This process's own key
+    // is among them: a listing is never empty.)
+    let Some(live) = ctx.rep.live_members() else {
+        return false;
+    };
     !live.contains(&r.primary) && r.backups.iter().all(|b| !live.contains(b))
 }
 
@@ -381,7 +385,6 @@ async fn restore(
     let Some(fence) = fence else {
         return;
     };
-    ctx.shard.uninstall();
     ctx.shard.set_incarnation(fence.revision as u64);
     let restored = restore_into(Restore {
         backend: &ctx.backend,

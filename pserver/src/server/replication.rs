@@ -98,6 +98,8 @@ pub struct Replication {
     outbox: Mutex<HashMap<String, mpsc::UnboundedSender<(Msg, Bytes)>>>,
     jobs: mpsc::UnboundedSender<Job>,
     acked: watch::Sender<Acked>,
+    /// The epoch whose primary's shard has this replica's stream.
+    streamed: Mutex<Option<u64>>,
     /// The seq of each recent sync step's op (the pushes of a step wait for it).
     step_seqs: Mutex<BTreeMap<u64, Seq>>,
     /// The members and their records, as last seen.
@@ -147,6 +149,7 @@ impl Replication {
             acked: watch::channel(Acked::default()).0,
             members: Mutex::default(),
             step_seqs: Mutex::default(),
+            streamed: Mutex::default(),
             start: Instant::now(),
             stall,
             max_frame: usize::MAX >> 1,
@@ -167,9 +170,11 @@ impl Replication {
         &self.me
     }
 
-    /// The live members (their keys present in etcd), as last seen.
-    pub fn live_members(&self) -> BTreeSet<String> {
-        lock(&self.members).keys().cloned().collect()
+    /// The live members (their keys present in etcd), as last seen; `None` until they
+    /// were listed once.
+    pub fn live_members(&self) -> Option<BTreeSet<String>> {
+        let known = lock(&self.members);
+        (!known.is_empty()).then(|| known.keys().cloned().collect())
     }
 
     /// This replica's role.
@@ -496,13 +501,13 @@ impl Replication {
 
     /// A primary's shard hands its ops to the stream.
     fn stream_when_primary(self: &Arc<Self>) {
-        if lock(&self.machine).primary_epoch().is_none() {
-            return;
-        }
-        if let Ok(core) = self.shard.core()
-            && !core.has_stream()
-        {
-            let _ = core.set_stream(self.op_stream());
+        let primary = lock(&self.machine).primary_epoch();
+        let mut streamed = lock(&self.streamed);
+        if primary.is_some() && *streamed != primary {
+            self.shard.set_stream(self.op_stream());
+            *streamed = primary;
+        } else if primary.is_none() {
+            *streamed = None;
         }
     }
 
@@ -701,7 +706,8 @@ impl Replication {
                 let (bytes, seq) = match taken {
                     Ok(Ok(x)) => x,
                     Ok(Err(e)) => {
-                        tracing::warn!(shard = self.index, %to, error = %e, "no snapshot for a joiner");
+                        tracing::debug!(shard = self.index, %to, error = %e, "no snapshot for a joiner yet");
+                        lock(&self.machine).snapshot_failed(&to);
                         return;
                     }
                     Err(_) => return,

@@ -141,17 +141,13 @@ impl Service {
     fn core(&self, shard: u32, shards: u32) -> Result<Arc<ShardCore>, PsError> {
         self.shard.check_target(shard, shards)?;
         let core = self.shard.core()?;
-        if let Some(rep) = &self.replication {
-            if rep.role() != crate::replica::Role::Primary {
-                return Err(PsError::NotServing(format!(
-                    "this pserver holds a backup of shard {}, not its primary",
-                    self.shard.index()
-                )));
-            }
+        self.primary_only()?;
+        if self.replication.is_some() && !core.has_stream() {
             // Every change of a replicated primary goes to the stream, from the first.
-            if !core.has_stream() {
-                let _ = core.set_stream(rep.op_stream());
-            }
+            return Err(PsError::NotServing(format!(
+                "shard {} is becoming primary here",
+                self.shard.index()
+            )));
         }
         Ok(core)
     }
@@ -203,7 +199,21 @@ impl Service {
         Ok(false)
     }
 
+    /// Replicated: only the primary takes changes (`Init` included).
+    fn primary_only(&self) -> Result<(), PsError> {
+        match &self.replication {
+            Some(rep) if rep.role() != crate::replica::Role::Primary => {
+                Err(PsError::NotServing(format!(
+                    "this pserver holds a backup of shard {}, not its primary",
+                    self.shard.index()
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub(crate) async fn init(&self, r: pb::InitRequest) -> Result<pb::InitResponse, PsError> {
+        self.primary_only()?;
         if !valid_member_id(&r.trainer) {
             return Err(PsError::InvalidArgument(format!(
                 "bad trainer id {:?}",
@@ -233,6 +243,7 @@ impl Service {
         r: pb::FinishInitRequest,
     ) -> Result<pb::FinishInitResponse, PsError> {
         self.shard.check_target(r.shard, r.shards)?;
+        self.primary_only()?;
         let shard = self.shard.clone();
         let already = self.blocking(move || shard.finish_init()).await??;
         if !already {

@@ -43,6 +43,8 @@ pub struct Shard {
     checkpoints: Arc<CheckpointHooks>,
     /// The tasks failed for good, as the master last recorded them.
     failed: Mutex<Vec<FailedRecord>>,
+    /// A replicated primary's op stream, given to every core made ready here.
+    stream: Mutex<Option<super::OpStream>>,
 }
 
 #[derive(Debug)]
@@ -70,6 +72,7 @@ impl Shard {
             state: RwLock::new(ShardState::Empty),
             checkpoints,
             failed: Mutex::new(Vec::new()),
+            stream: Mutex::new(None),
         }
     }
 
@@ -112,10 +115,31 @@ impl Shard {
     /// Drops the shard's copy (a replica no longer in its group, or one that must start
     /// over from a snapshot).
     pub fn uninstall(&self) {
+        *super::lock(&self.stream) = None;
         *self.state.write().unwrap_or_else(PoisonError::into_inner) = ShardState::Empty;
     }
 
+    /// A replicated primary: every change of the shard, of the core ready now and of any
+    /// made ready later, goes to `stream` (set once per core: a primary that steps down
+    /// drops its copy).
+    pub fn set_stream(&self, stream: super::OpStream) {
+        *super::lock(&self.stream) = Some(stream.clone());
+        if let Ok(core) = self.core()
+            && !core.has_stream()
+        {
+            let _ = core.set_stream(stream);
+        }
+    }
+
+    /// Gives a core made ready here the stream, if there is one.
+    fn with_stream(&self, core: &ShardCore) {
+        if let Some(s) = super::lock(&self.stream).clone() {
+            let _ = core.set_stream(s);
+        }
+    }
+
     pub fn install(&self, core: ShardCore) {
+        self.with_stream(&core);
         self.settle_in(&core);
         *self.state.write().unwrap_or_else(PoisonError::into_inner) =
             ShardState::Ready(Arc::new(core));
@@ -244,6 +268,7 @@ impl Shard {
             values,
             self.checkpoints.clone(),
         )?;
+        self.with_stream(&core);
         self.settle_in(&core);
         *state = ShardState::Ready(Arc::new(core));
         Ok(false)
