@@ -517,7 +517,11 @@ async fn a_corrupt_checkpoint_file_falls_back_to_the_previous_checkpoint() {
 async fn group(w: &World) -> Option<edl_job::GroupRecord> {
     use edl_job::Record;
     let keys = JobKeys::new(&JobName::new(w.job.as_str()).expect("a valid job name"));
-    let kv = w.backend.get(&keys.ps_group(0)).await.expect("read the group")?;
+    let kv = w
+        .backend
+        .get(&keys.ps_group(0))
+        .await
+        .expect("read the group")?;
     edl_job::GroupRecord::decode(&kv.value).ok()
 }
 
@@ -588,4 +592,89 @@ async fn a_sigkilled_primary_is_replaced_by_its_backup_with_every_acknowledged_p
         .await;
     let st = ps.shard_status(0).await.unwrap();
     assert_eq!(st.counters.unwrap().pushes_applied, 40);
+}
+
+/// Replicated shards: a SIGSTOPped primary is replaced once its lease ends. A push that
+/// reached it while it was stopped is never acknowledged by it: when it resumes, its
+/// lease is gone, it refuses and exits, and the client's retry is applied once, at the
+/// new primary. The new primary holds every push, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigstopped_primary_is_replaced_and_acknowledges_nothing_after() {
+    let w = World::new("ps-repl-stop").await;
+    let args = ["--shards", "1", "--index", "0", "--replicas", "2"];
+    let (mut a, a_addr) = w.pserver("psa", &args).await;
+    let ps = w.ps_client().await;
+    init(
+        &ps,
+        &vec![0.0; N],
+        config(Mode::Async, OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let (b, _) = w.pserver("psb", &args).await;
+    let synced = wait_until(Duration::from_secs(30), || async {
+        group(&w).await.is_some_and(|g| g.backups.len() == 1)
+    })
+    .await;
+    assert!(synced, "the second replica never got in sync");
+    let a_port: u16 = a_addr
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the primary's port");
+    let before = group(&w).await.unwrap();
+    let g = vec![1.0f32; N];
+    for k in 1..=20u64 {
+        ps.push("t", k, &[("w", &g)], &[]).await.unwrap();
+    }
+    a.signal("STOP");
+    // A push sent to the stopped primary: it waits in its socket, then is retried.
+    let queued = edl_testkit::unread_at(a_port);
+    let late = {
+        let ps = ps.clone();
+        let g = g.clone();
+        tokio::spawn(async move { ps.push("t", 21, &[("w", &g)], &[]).await })
+    };
+    let reached = wait_until(Duration::from_secs(10), || async {
+        edl_testkit::unread_at(a_port) >= queued + 1000
+    })
+    .await;
+    assert!(
+        reached,
+        "the push never reached the stopped primary's socket"
+    );
+    let promoted = wait_until(Duration::from_secs(20), || async {
+        group(&w).await.is_some_and(|r| r.epoch == before.epoch + 1)
+    })
+    .await;
+    assert!(
+        promoted,
+        "the backup was never promoted: {:?}",
+        group(&w).await
+    );
+    let after = group(&w).await.unwrap();
+    assert!(
+        after.primary.starts_with(&format!("0-{}-", b.pid())),
+        "{after:?}"
+    );
+    a.signal("CONT");
+    let status = a.wait_exit(Duration::from_secs(10)).await;
+    assert!(
+        !status.success(),
+        "the replaced primary exits with an error"
+    );
+    a.wait_log("etcd lease lost", Duration::from_secs(1)).await;
+    late.await
+        .unwrap()
+        .expect("the push sent during the stop is served by the new primary");
+    for k in 22..=30u64 {
+        ps.push("t", k, &[("w", &g)], &[]).await.unwrap();
+    }
+    let got = pull(&ps).await;
+    assert!(got.iter().all(|v| *v == -30.0), "{:?}", &got[..4]);
+    let st = ps.shard_status(0).await.unwrap();
+    assert_eq!(
+        st.counters.unwrap().pushes_applied,
+        30,
+        "each push applied once"
+    );
 }
