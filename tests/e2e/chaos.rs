@@ -300,3 +300,97 @@ async fn a_damaged_chunk_is_settled_once_per_pass_through_pserver_restarts_and_k
         );
     }
 }
+
+/// Replicated shards (docs/replication.md) under `edl run`: a pserver SIGKILLed every 3 s
+/// (primaries and backups alike), in async and in sync mode. An in-sync backup takes
+/// over or a fresh process joins by snapshot: nothing is read from a checkpoint, nothing
+/// is trained again, nothing is lost, and (async) every shard's final state applied
+/// exactly the pushes of the run without faults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pserver_kills_with_a_replica_in_sync_recompute_and_restore_nothing() {
+    for (mode, passes) in [("async", 150u64), ("sync", 40)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
+            assert!(
+                s.contains("lease_ttl = \"10s\"") && s.contains("mode = \"sync\""),
+                "the example's lease TTL or mode moved"
+            );
+            let mode_line = if mode == "async" {
+                "mode = \"async\"\nbatches_per_push = 3"
+            } else {
+                "mode = \"sync\""
+            };
+            s.replace("mode = \"sync\"", mode_line)
+                .replace("passes = 30", &format!("passes = {passes}"))
+                .replace("pservers = 1", "pservers = 1\npserver_replicas = 2")
+                .replace("lease_ttl = \"10s\"", "lease_ttl = \"2s\"")
+                .replace("checkpoint_every = \"10s\"", "checkpoint_every = \"2s\"")
+        });
+        let calm = if mode == "async" {
+            let (ok, calm, log) = edl_run(
+                dir.path(),
+                "calm",
+                &[&spec.display().to_string()],
+                Duration::from_secs(600),
+            )
+            .await;
+            assert!(ok, "{mode}: edl run without faults failed: {calm}\n{log}");
+            Some(calm)
+        } else {
+            None
+        };
+        let (ok, r, log) = edl_run(
+            dir.path(),
+            "chaos",
+            &[
+                &spec.display().to_string(),
+                "--chaos",
+                "kill-pserver=3s,seed=5",
+            ],
+            Duration::from_secs(600),
+        )
+        .await;
+        assert!(ok, "{mode}: edl run --chaos failed: {r}\n{log}");
+        assert_eq!(r["passes"], passes, "{mode}: {r}");
+        assert_eq!(r["lost_records"], 0, "{mode}: {r}");
+        assert_eq!(
+            r["recomputed_records"], 0,
+            "{mode}: nothing trained again: {r}"
+        );
+        assert_eq!(r["records_trained"], passes * 405, "{mode}: {r}");
+        // Witness: pserver kills happened and the groups were whole again after them.
+        let recovered = r["recoveries"]
+            .as_array()
+            .expect("recoveries")
+            .iter()
+            .filter(|x| x["role"] == "pserver" && x["fault"] == "sigkill")
+            .count();
+        assert!(
+            recovered >= 3,
+            "{mode}: {recovered} pserver kills recovered: {r}"
+        );
+        // No replica ever restored a checkpoint (the first one started from none).
+        let logs = std::path::PathBuf::from(r["run_dir"].as_str().expect("run_dir")).join("logs");
+        for entry in std::fs::read_dir(&logs).expect("logs") {
+            let path = entry.expect("log").path();
+            if path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pserver"))
+            {
+                let text = std::fs::read_to_string(&path).expect("read a pserver log");
+                assert!(
+                    !text.contains("restored from checkpoint"),
+                    "{mode}: {} restored a checkpoint",
+                    path.display()
+                );
+            }
+        }
+        if let Some(calm) = calm {
+            assert_eq!(
+                final_updates(&r),
+                final_updates(&calm),
+                "{mode}: pushes applied per shard: {r}"
+            );
+        }
+    }
+}

@@ -48,6 +48,14 @@ enum Check {
     /// A master leads (a leader key other than the one of the master hit, when that
     /// master led) and answers.
     Master { old_leader: Option<Vec<u8>> },
+    /// A replicated shard's group changed since the fault and is whole again (its
+    /// primary and `replicas - 1` in-sync backups, nobody joining), and its primary
+    /// answers: a backup was promoted or a lost replica replaced, with nothing restored.
+    Replicated {
+        shard: u32,
+        old_change: u64,
+        replicas: u32,
+    },
 }
 
 /// A fault or crash whose recovery has not been seen yet.
@@ -191,6 +199,14 @@ impl Faults {
                 generation,
             },
             (Role::Trainer, _) => Check::TrainerGone { key },
+            (Role::Pserver, _) if launch.replicas > 1 => {
+                let shard = slot % launch.pservers.max(1);
+                Check::Replicated {
+                    shard,
+                    old_change: self.group(shard).await.map_or(0, |g| g.change),
+                    replicas: launch.replicas,
+                }
+            }
             (Role::Pserver, _) => {
                 let key = self.keys.ps(slot);
                 let old_create = self
@@ -254,23 +270,18 @@ impl Faults {
                     }))
             }
             Check::TrainerGone { key } => self.backend.get(key).await.is_ok_and(|kv| kv.is_none()),
-            Check::Pserver { key, old_create } => {
-                let claim = self.backend.get(key).await.ok().flatten();
-                match claim.filter(|kv| kv.create_revision != *old_create) {
-                    Some(kv) => match PserverRecord::decode(&kv.value) {
-                        Ok(r) => edl_pserver_client::probe(
-                            &r.addr,
-                            self.job.as_str(),
-                            self.access.token.as_deref(),
-                            self.access.tls(),
-                            Duration::from_millis(500),
-                        )
-                        .await
-                        .is_ok(),
-                        Err(_) => true,
-                    },
-                    None => false,
-                }
+            Check::Pserver { key, old_create } => self.claim_serves(key, *old_create).await,
+            Check::Replicated {
+                shard,
+                old_change,
+                replicas,
+            } => {
+                let whole = self.group(*shard).await.is_some_and(|g| {
+                    g.change > *old_change
+                        && g.joining.is_empty()
+                        && g.backups.len() + 1 == *replicas as usize
+                });
+                whole && self.claim_serves(&self.keys.ps(*shard), -1).await
             }
             Check::Master { old_leader } => {
                 let now = leader(&self.backend, &self.keys)
@@ -279,6 +290,33 @@ impl Faults {
                 now.is_some() && now != *old_leader && self.quick_status().await.is_some()
             }
         }
+    }
+
+    /// Whether `key` is claimed by a claim other than `old_create`'s and its pserver
+    /// answers.
+    async fn claim_serves(&self, key: &str, old_create: i64) -> bool {
+        let claim = self.backend.get(key).await.ok().flatten();
+        match claim.filter(|kv| kv.create_revision != old_create) {
+            Some(kv) => match PserverRecord::decode(&kv.value) {
+                Ok(r) => edl_pserver_client::probe(
+                    &r.addr,
+                    self.job.as_str(),
+                    self.access.token.as_deref(),
+                    self.access.tls(),
+                    Duration::from_millis(500),
+                )
+                .await
+                .is_ok(),
+                Err(_) => true,
+            },
+            None => false,
+        }
+    }
+
+    /// Shard `shard`'s replica group, as etcd holds it.
+    async fn group(&self, shard: u32) -> Option<edl_job::GroupRecord> {
+        let kv = self.backend.get(&self.keys.ps_group(shard)).await.ok()??;
+        edl_job::GroupRecord::decode(&kv.value).ok()
     }
 
     /// The faults and crashes whose recovery was not seen, as `FAULT of ROLE PROCESS`.

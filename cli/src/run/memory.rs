@@ -47,11 +47,13 @@ pub(crate) async fn run(
             }
         });
     }
-    for i in 0..spec.cluster.pservers {
+    // Every replica of every shard (slot `i` holds shard `i % pservers`).
+    for i in 0..spec.cluster.pservers * spec.cluster.pserver_replicas {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let mut cfg = edl_pserver::PsConfig::new(spec.name.clone());
         cfg.lease_ttl = ttl;
-        cfg.index = edl_pserver::IndexChoice::Fixed(i);
+        cfg.index = edl_pserver::IndexChoice::Fixed(i % spec.cluster.pservers);
+        cfg.replicas = spec.cluster.pserver_replicas as usize;
         cfg.shards = Some(spec.cluster.pservers);
         let ckpt = run_dir.join("checkpoints");
         std::fs::create_dir_all(&ckpt)?;

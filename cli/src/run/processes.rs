@@ -74,7 +74,8 @@ pub(crate) async fn run(
     let c = &job.spec.cluster;
     let limits = Limits {
         masters: c.masters,
-        pservers: c.pservers,
+        // Every replica of every shard is a process slot.
+        pservers: c.pservers * c.pserver_replicas,
         trainers: c.trainers,
         min_trainers: c.min_trainers,
         max_trainers: c.max_trainers(),
@@ -454,7 +455,7 @@ impl Shell {
             desired,
             alive: desired,
             registered: u32::try_from(registered).unwrap_or(u32::MAX),
-            pservers: c.pservers,
+            pservers: c.pservers * c.pserver_replicas,
             progress: status.and_then(progress),
         };
         let Some(to) = a.decide(now, &job) else {

@@ -117,6 +117,8 @@ pub(crate) struct Launch {
     pub etcd: String,
     pub lease_ttl: Duration,
     pub pservers: u32,
+    /// Replicas per shard (`--replicas`; pserver slot `s` holds shard `s % pservers`).
+    pub replicas: u32,
     pub checkpoint_every: Duration,
     pub checkpoint_keep: usize,
     pub run_dir: PathBuf,
@@ -141,6 +143,7 @@ impl Launch {
             etcd: etcd.join(","),
             lease_ttl: spec.cluster.lease_ttl,
             pservers: spec.cluster.pservers,
+            replicas: spec.cluster.pserver_replicas,
             checkpoint_every: spec.cluster.checkpoint_every,
             checkpoint_keep: spec.cluster.checkpoint_keep,
             run_dir: run_dir.to_path_buf(),
@@ -184,9 +187,11 @@ impl Launch {
             Role::Pserver => {
                 args.extend([
                     "--index".into(),
-                    slot.to_string(),
+                    (slot % self.pservers.max(1)).to_string(),
                     "--shards".into(),
                     self.pservers.to_string(),
+                    "--replicas".into(),
+                    self.replicas.to_string(),
                     "--checkpoint-dir".into(),
                     self.run_dir.join("checkpoints").display().to_string(),
                     "--checkpoint-every".into(),
@@ -466,6 +471,7 @@ mod tests {
             etcd: "http://a:1,http://b:2".into(),
             lease_ttl: Duration::from_secs(3),
             pservers: 2,
+            replicas: 1,
             checkpoint_every: Duration::from_secs(30),
             checkpoint_keep: 3,
             run_dir: PathBuf::from("/r"),

@@ -362,6 +362,12 @@ pub struct ClusterSpec {
     /// Parameter server shards (default 1).
     #[serde(default = "one")]
     pub pservers: u32,
+    /// Replicas of each shard, the primary included: `edl run` starts `pservers *
+    /// pserver_replicas` pserver processes, and with 2 or more a lost pserver costs no
+    /// checkpoint restore while another replica of its shard is in sync
+    /// (docs/replication.md). Default 1 (a lost pserver is restored from its checkpoint).
+    #[serde(default = "one")]
+    pub pserver_replicas: u32,
     /// Initial trainers (default 2).
     #[serde(default = "d_trainers")]
     pub trainers: u32,

@@ -163,6 +163,11 @@ impl JobSpec {
             "must be 1..=256",
         )?;
         ensure(
+            (1..=8).contains(&c.pserver_replicas),
+            "cluster.pserver_replicas",
+            "must be 1..=8",
+        )?;
+        ensure(
             c.min_trainers >= 1,
             "cluster.min_trainers",
             "must be at least 1",
