@@ -4,7 +4,9 @@
 //! run of the same job with the same seed.
 //!
 //! The README's test command runs a one-minute version; `scripts/soak` runs the long one
-//! (`EDL_SOAK_SECS`, default here 60; `EDL_SOAK_SEED`, default 1). Faults are injected
+//! (`EDL_SOAK_SECS`, default here 60; `EDL_SOAK_SEED`, default 1; `EDL_SOAK_REPLICAS`,
+//! default 1: with 2 or more, every pserver shard has that many replicas, a pserver is
+//! SIGKILLed every 5 s, and nothing may be trained again). Faults are injected
 //! during the soak's first `EDL_SOAK_SECS` (`--chaos ...,until=`), then the job finishes
 //! in peace; its passes are chosen from a short fault-free pilot so that, fault-free, it
 //! would take the soak's time (faults slow it down: it runs longer).
@@ -74,6 +76,12 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// The example job with `passes`, named `name`, seeded: two masters, two pservers,
 /// three trainers (one to four); every other setting the example's (the defaults).
+/// Replicas per pserver shard (`EDL_SOAK_REPLICAS`, default 1). With 2 or more, a
+/// pserver is SIGKILLed every 5 s of the soak, and nothing may be trained again.
+fn replicas() -> u64 {
+    env_u64("EDL_SOAK_REPLICAS", 1)
+}
+
 fn spec(root: &Path, name: &str, passes: u64, seed: u64) -> PathBuf {
     example(root, "fit_a_line", "job.toml", |s| {
         for line in [
@@ -88,7 +96,10 @@ fn spec(root: &Path, name: &str, passes: u64, seed: u64) -> PathBuf {
         s.replace("name = \"fit-a-line\"", &format!("name = \"{name}\""))
             .replace("passes = 30", &format!("passes = {passes}\nseed = {seed}"))
             .replace("masters = 1", "masters = 2")
-            .replace("pservers = 1", "pservers = 2")
+            .replace(
+                "pservers = 1",
+                &format!("pservers = 2\npserver_replicas = {}", replicas()),
+            )
             .replace("trainers = 2", "trainers = 3")
     })
 }
@@ -262,7 +273,12 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
         .iter()
         .enumerate()
         .map(|(k, (kind, n))| {
-            let n = ((f64::from(*n) * secs / 300.0).round() as u32).max(1);
+            let n = if *kind == "kill-pserver" && replicas() > 1 {
+                // Faster than the checkpoints: every 5 s.
+                ((secs / 5.0) as u32).max(1)
+            } else {
+                ((f64::from(*n) * secs / 300.0).round() as u32).max(1)
+            };
             format!("{kind}={}s", (secs / f64::from(n + 1)).round() as usize + k)
         })
         .chain([format!("until={}s", soak.as_secs()), format!("seed={seed}")])
@@ -368,6 +384,12 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
     assert_eq!(r["lost_records"], 0, "{r}");
     assert_eq!(r["passes"], passes, "{r}");
     let recomputed = r["recomputed_records"].as_u64().expect("recomputed");
+    if replicas() > 1 {
+        assert_eq!(
+            recomputed, 0,
+            "a replica in sync: nothing trained again: {r}"
+        );
+    }
     assert_eq!(
         r["records_trained"],
         passes * RECORDS + recomputed,

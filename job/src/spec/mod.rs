@@ -24,6 +24,7 @@
 //! [cluster]
 //! masters = 1
 //! pservers = 1
+//! # pserver_replicas = 2  # replicas per shard (docs/replication.md)
 //! trainers = 2
 //! min_trainers = 1
 //! max_trainers = 4
