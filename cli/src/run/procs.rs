@@ -526,8 +526,16 @@ mod tests {
         assert_eq!(
             l.args(Role::Pserver, 1, "pserver-1").join(" "),
             "pserver --etcd http://a:1,http://b:2 --job j --lease-ttl 3s --index 1 --shards 2 \
-             --checkpoint-dir /r/checkpoints --checkpoint-every 30s --keep-checkpoints 3"
+             --replicas 1 --checkpoint-dir /r/checkpoints --checkpoint-every 30s \
+             --keep-checkpoints 3"
         );
+        // With replicas, slot s holds shard s % pservers.
+        let r = Launch {
+            replicas: 2,
+            ..launch()
+        };
+        let a = r.args(Role::Pserver, 3, "pserver-3").join(" ");
+        assert!(a.contains("--index 1 --shards 2 --replicas 2"), "{a}");
         let env: BTreeMap<String, String> =
             l.trainer_env(2, "trainer-2.1", 3).into_iter().collect();
         for (k, v) in [
