@@ -65,7 +65,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn txn(&self, txn: Txn) -> Result<TxnResponse>;
 
     /// Discards the history before `revision`: watches starting earlier then fail
-    /// with [`Error::Compacted`](crate::Error::Compacted).
+    /// with [`Error::Compacted`](crate::Error::Compacted). Returns once the old
+    /// versions are gone from the database itself (etcd: a physical compaction), so a
+    /// defragmentation after it frees their space.
     async fn compact(&self, revision: Revision) -> Result<()>;
 
     /// Frees the space of a full store, as an operator would after

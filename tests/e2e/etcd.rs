@@ -195,7 +195,7 @@ async fn wait_status(
         assert!(
             Instant::now() < deadline,
             "{what} not seen within {within:?}; edl run's log:\n{}",
-            run.log()
+            run.log_with_roles(40)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -70,6 +70,48 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The log so far, then the last `lines` lines of every role's log that an `edl run`
+    /// started under this process's directory keeps (`**/edl-runs/*/logs/*.log`): what a
+    /// failed wait on a whole run shows.
+    pub fn log_with_roles(&self, lines: usize) -> String {
+        let mut out = self.log();
+        let mut logs = Vec::new();
+        let mut dirs: Vec<PathBuf> = self
+            .log
+            .parent()
+            .map(Path::to_path_buf)
+            .into_iter()
+            .collect();
+        while let Some(d) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "log")
+                    && p.parent().is_some_and(|l| l.ends_with("logs"))
+                {
+                    logs.push(p);
+                }
+            }
+        }
+        logs.sort();
+        for p in logs {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let tail = &all[all.len().saturating_sub(lines)..];
+            out.push_str(&format!(
+                "\n--- {} (last {} lines)\n{}\n",
+                p.display(),
+                tail.len(),
+                tail.join("\n")
+            ));
+        }
+        out
+    }
+
     /// Whether the process is still running (not exited).
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -157,7 +157,9 @@ impl Backend for EtcdBackend {
         self.call("compact", Resend::Always, |mut c| async move {
             c.kv.compact(pb::CompactionRequest {
                 revision,
-                physical: false,
+                // Returns once the history is gone from the database, not only from
+                // the index: a defragmentation right after then frees its pages.
+                physical: true,
             })
             .await?;
             Ok(())
