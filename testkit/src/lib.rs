@@ -18,6 +18,8 @@
 //!   subresources, optimistic concurrency, finalizers, owner references) for the
 //!   operator's tests; [`kubelet`]: [`Kubelet`](kubelet::Kubelet) runs its pods as real
 //!   processes.
+//! - [`proxy`]: [`Proxy`](proxy::Proxy), a TCP proxy on loopback that partitions (holds
+//!   every byte) and heals, to cut one process off from one address.
 //! - [`wait_until`]: polls a condition until a deadline.
 //! - [`register_trainer`]: registers a trainer under a job's `trainers/` with its own
 //!   lease, as trainers do.
@@ -38,6 +40,7 @@ pub mod etcd;
 pub mod faulty;
 pub mod kube_api;
 pub mod kubelet;
+pub mod proxy;
 
 pub use child::{CHILD_ROLE_ENV, ChildProcess, child_role, signal};
 pub use etcd::EtcdCluster;

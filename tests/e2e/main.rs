@@ -11,6 +11,8 @@
 //!   pods run as real `edl` processes, scaled, with pods deleted, to Succeeded.
 //! - [`master`]: the master's task queue across trainer and master failures.
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
+//! - [`replicas`]: replicated shards: a primary SIGKILLed, SIGSTOPped, or partitioned
+//!   from etcd, and its backup promoted with every acknowledged push.
 //! - [`run`]: `edl run` of the examples, operator commands, bad input.
 //! - [`scale`]: `edl bench scale`, short: every record once through a master failover.
 //! - [`secure`]: `edl run --secure` over mutual TLS as a job user; jobs isolated by
@@ -25,6 +27,7 @@ mod etcd;
 mod kubernetes;
 mod master;
 mod pserver;
+mod replicas;
 mod run;
 mod scale;
 mod secure;

@@ -16,16 +16,16 @@ use tokio::time::Instant;
 
 use crate::support::{World, wait_until};
 
-const N: usize = 10_000;
+pub(crate) const N: usize = 10_000;
 
-fn config(mode: Mode, opt: OptimizerConfig) -> ParamConfig {
+pub(crate) fn config(mode: Mode, opt: OptimizerConfig) -> ParamConfig {
     ParamConfig {
         block_size: 256,
         ..ParamConfig::new(mode, opt)
     }
 }
 
-async fn init(ps: &PsClient, w: &[f32], cfg: ParamConfig) {
+pub(crate) async fn init(ps: &PsClient, w: &[f32], cfg: ParamConfig) {
     ps.init(
         "init",
         &[DenseInit {
@@ -40,7 +40,7 @@ async fn init(ps: &PsClient, w: &[f32], cfg: ParamConfig) {
     .expect("init");
 }
 
-async fn pull(ps: &PsClient) -> Vec<f32> {
+pub(crate) async fn pull(ps: &PsClient) -> Vec<f32> {
     let mut cache = DenseCache::new();
     ps.pull_dense(&mut cache).await.expect("pull");
     cache.get("w").expect("w").to_vec()
@@ -511,170 +511,4 @@ async fn a_corrupt_checkpoint_file_falls_back_to_the_previous_checkpoint() {
     train(&ps, 5, 6, &mut seen).await;
     let err = ps.push("a", 6, &[("w", &vec![0.0; N])], &[]).await.unwrap();
     assert!(!err.applied, "a retried step is not applied twice");
-}
-
-/// The group record of shard 0 of `w`'s job, if written.
-async fn group(w: &World) -> Option<edl_job::GroupRecord> {
-    use edl_job::Record;
-    let keys = JobKeys::new(&JobName::new(w.job.as_str()).expect("a valid job name"));
-    let kv = w
-        .backend
-        .get(&keys.ps_group(0))
-        .await
-        .expect("read the group")?;
-    edl_job::GroupRecord::decode(&kv.value).ok()
-}
-
-/// Replicated shards (docs/replication.md): two `edl pserver --replicas 2` processes hold
-/// shard 0. The primary is SIGKILLed after 30 acknowledged pushes; its in-sync backup
-/// takes over with every one of them (nothing read from a checkpoint, the same
-/// incarnation), and the trainer's pushes go on to it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sigkilled_primary_is_replaced_by_its_backup_with_every_acknowledged_push() {
-    let w = World::new("ps-repl").await;
-    let args = ["--shards", "1", "--index", "0", "--replicas", "2"];
-    let (mut a, _) = w.pserver("psa", &args).await;
-    let ps = w.ps_client().await;
-    init(
-        &ps,
-        &vec![0.0; N],
-        config(Mode::Async, OptimizerConfig::sgd(1.0)),
-    )
-    .await;
-    let (b, _) = w.pserver("psb", &args).await;
-    let synced = wait_until(Duration::from_secs(30), || async {
-        group(&w).await.is_some_and(|g| g.backups.len() == 1)
-    })
-    .await;
-    assert!(
-        synced,
-        "the second replica never got in sync: {:?}\nprimary:\n{}\nbackup:\n{}",
-        group(&w).await,
-        a.log(),
-        b.log()
-    );
-    let before = group(&w).await.unwrap();
-    assert!(
-        before.primary.starts_with(&format!("0-{}-", a.pid())),
-        "{before:?}"
-    );
-    let g = vec![1.0f32; N];
-    for k in 1..=30u64 {
-        let out = ps.push("t", k, &[("w", &g)], &[]).await.unwrap();
-        assert!(out.applied);
-    }
-    a.kill();
-    let killed = Instant::now();
-    // The pushes wait out the failover (the client retries) and reach the new primary.
-    for k in 31..=40u64 {
-        let out = ps.push("t", k, &[("w", &g)], &[]).await.unwrap();
-        assert!(out.applied, "push {k}");
-    }
-    eprintln!(
-        "pushes served again {:?} after the SIGKILL",
-        killed.elapsed()
-    );
-    let after = group(&w).await.unwrap();
-    assert!(
-        after.primary.starts_with(&format!("0-{}-", b.pid())),
-        "{after:?}"
-    );
-    assert_eq!(after.epoch, before.epoch + 1);
-    assert_eq!(
-        after.incarnation, before.incarnation,
-        "a promotion, not a restore"
-    );
-    // Every acknowledged push is in: 40 pushes of 1.0 at learning rate 1.
-    let got = pull(&ps).await;
-    assert!(got.iter().all(|v| *v == -40.0), "{:?}", &got[..4]);
-    assert!(!b.log().contains("restored from checkpoint"));
-    b.wait_log("primary: shard claimed", Duration::from_secs(5))
-        .await;
-    let st = ps.shard_status(0).await.unwrap();
-    assert_eq!(st.counters.unwrap().pushes_applied, 40);
-}
-
-/// Replicated shards: a SIGSTOPped primary is replaced once its lease ends. A push that
-/// reached it while it was stopped is never acknowledged by it: when it resumes, its
-/// lease is gone, it refuses and exits, and the client's retry is applied once, at the
-/// new primary. The new primary holds every push, each once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sigstopped_primary_is_replaced_and_acknowledges_nothing_after() {
-    let w = World::new("ps-repl-stop").await;
-    let args = ["--shards", "1", "--index", "0", "--replicas", "2"];
-    let (mut a, a_addr) = w.pserver("psa", &args).await;
-    let ps = w.ps_client().await;
-    init(
-        &ps,
-        &vec![0.0; N],
-        config(Mode::Async, OptimizerConfig::sgd(1.0)),
-    )
-    .await;
-    let (b, _) = w.pserver("psb", &args).await;
-    let synced = wait_until(Duration::from_secs(30), || async {
-        group(&w).await.is_some_and(|g| g.backups.len() == 1)
-    })
-    .await;
-    assert!(synced, "the second replica never got in sync");
-    let a_port: u16 = a_addr
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("the primary's port");
-    let before = group(&w).await.unwrap();
-    let g = vec![1.0f32; N];
-    for k in 1..=20u64 {
-        ps.push("t", k, &[("w", &g)], &[]).await.unwrap();
-    }
-    a.signal("STOP");
-    // A push sent to the stopped primary: it waits in its socket, then is retried.
-    let queued = edl_testkit::unread_at(a_port);
-    let late = {
-        let ps = ps.clone();
-        let g = g.clone();
-        tokio::spawn(async move { ps.push("t", 21, &[("w", &g)], &[]).await })
-    };
-    let reached = wait_until(Duration::from_secs(10), || async {
-        edl_testkit::unread_at(a_port) >= queued + 1000
-    })
-    .await;
-    assert!(
-        reached,
-        "the push never reached the stopped primary's socket"
-    );
-    let promoted = wait_until(Duration::from_secs(20), || async {
-        group(&w).await.is_some_and(|r| r.epoch == before.epoch + 1)
-    })
-    .await;
-    assert!(
-        promoted,
-        "the backup was never promoted: {:?}",
-        group(&w).await
-    );
-    let after = group(&w).await.unwrap();
-    assert!(
-        after.primary.starts_with(&format!("0-{}-", b.pid())),
-        "{after:?}"
-    );
-    a.signal("CONT");
-    let status = a.wait_exit(Duration::from_secs(10)).await;
-    assert!(
-        !status.success(),
-        "the replaced primary exits with an error"
-    );
-    a.wait_log("etcd lease lost", Duration::from_secs(1)).await;
-    late.await
-        .unwrap()
-        .expect("the push sent during the stop is served by the new primary");
-    for k in 22..=30u64 {
-        ps.push("t", k, &[("w", &g)], &[]).await.unwrap();
-    }
-    let got = pull(&ps).await;
-    assert!(got.iter().all(|v| *v == -30.0), "{:?}", &got[..4]);
-    let st = ps.shard_status(0).await.unwrap();
-    assert_eq!(
-        st.counters.unwrap().pushes_applied,
-        30,
-        "each push applied once"
-    );
 }

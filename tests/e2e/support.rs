@@ -304,12 +304,17 @@ impl World {
     /// [`checkpoint_dir`](Self::checkpoint_dir)) and waits until it holds a shard;
     /// returns the process and its address.
     pub async fn pserver(&self, name: &str, extra: &[&str]) -> (Proc, String) {
+        self.pserver_via(name, &self.etcd_arg(), extra).await
+    }
+
+    /// [`pserver`](Self::pserver) reaching etcd at `etcd` (a proxy, say).
+    pub async fn pserver_via(&self, name: &str, etcd: &str, extra: &[&str]) -> (Proc, String) {
         let addr_file = self.dir.path().join(format!("{name}.addr"));
         let _ = std::fs::remove_file(&addr_file);
         let mut args: Vec<String> = vec![
             "pserver".into(),
             "--etcd".into(),
-            self.etcd_arg(),
+            etcd.to_owned(),
             "--job".into(),
             self.job.clone(),
             "--lease-ttl".into(),
