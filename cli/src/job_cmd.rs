@@ -187,7 +187,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                 j.trainers.join(", ")
             );
             for p in &j.pservers {
-                println!("  pserver {}: {}", p.index, p.address);
+                print_pserver(p);
             }
             for m in &j.masters {
                 println!(
@@ -334,4 +334,37 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// A shard's line in `edl status`; with replicas, one more line per replica.
+fn print_pserver(p: &edl_master_client::overview::PserverStatus) {
+    let serving = if p.address.is_empty() {
+        "(no primary serving)"
+    } else {
+        &p.address
+    };
+    let Some(g) = &p.group else {
+        println!("  pserver {}: {serving}", p.index);
+        return;
+    };
+    let in_sync = g
+        .replicas
+        .iter()
+        .filter(|r| matches!(r.state, "primary" | "in sync") && r.address.is_some())
+        .count();
+    println!(
+        "  pserver {}: {serving}  replicas in sync {in_sync}/{}  epoch {}  incarnation {}",
+        p.index,
+        g.replicas.len(),
+        g.epoch,
+        g.incarnation
+    );
+    for r in &g.replicas {
+        println!(
+            "    {:<8} {}  {}",
+            r.state,
+            r.member,
+            r.address.as_deref().unwrap_or("(gone: its lease ended)")
+        );
+    }
 }

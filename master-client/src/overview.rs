@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::Backend;
-use edl_job::{JobKeys, JobName, JobSpec, JobStateRecord, PserverRecord, Record, ScaleRecord};
+use edl_job::{
+    GroupRecord, JobKeys, JobName, JobSpec, JobStateRecord, MemberRecord, PserverRecord, Record,
+    ScaleRecord,
+};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -44,8 +47,97 @@ pub struct TaskCounts {
 pub struct PserverStatus {
     /// Shard index.
     pub index: u32,
-    /// Its address.
+    /// The address of the pserver serving it (with replicas, its primary); empty while
+    /// none does (a replicated shard between a primary's loss and its successor's claim).
     pub address: String,
+    /// A replicated shard's group (`--replicas` or `pserver_replicas` above 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupStatus>,
+}
+
+/// A replicated shard's group (`ps-group/<index>`, docs/replication.md).
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupStatus {
+    /// Raised each time the primary changes: the fence on every replica's answers.
+    pub epoch: u64,
+    /// Changed only by a restore from a checkpoint (every replica was lost).
+    pub incarnation: u64,
+    /// The primary first, then the in-sync backups, the joining ones, and the spare
+    /// members registered for the shard but not in its group.
+    pub replicas: Vec<ReplicaStatus>,
+}
+
+/// One replica of a shard.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplicaStatus {
+    /// Its member id (`<shard>-<pid>-<random>`).
+    pub member: String,
+    /// `primary`, `in sync` (a backup holding every acknowledged push), `joining`
+    /// (catching up) or `spare` (registered, not in the group).
+    pub state: &'static str,
+    /// Its address; `None` when its process is gone (its lease ended) while the group
+    /// still names it.
+    pub address: Option<String>,
+}
+
+/// The replica groups of `keys`' job, by shard.
+async fn groups(
+    backend: &Arc<dyn Backend>,
+    keys: &JobKeys,
+) -> edl_coord::Result<std::collections::BTreeMap<u32, GroupStatus>> {
+    let (records, _) = backend.range(&keys.ps_groups()).await?;
+    let (members, _) = backend.range(&keys.ps_members()).await?;
+    let members: std::collections::BTreeMap<String, String> = members
+        .iter()
+        .filter_map(|kv| {
+            let id = keys.ps_member_id(&kv.key)?;
+            let addr = MemberRecord::decode(&kv.value)
+                .map_or_else(|e| format!("(unreadable member record: {e})"), |m| m.addr);
+            Some((id.to_owned(), addr))
+        })
+        .collect();
+    let mut out = std::collections::BTreeMap::new();
+    for kv in &records {
+        let Some(index) = kv
+            .key
+            .strip_prefix(&keys.ps_groups())
+            .and_then(|i| i.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(g) = GroupRecord::decode(&kv.value) else {
+            continue;
+        };
+        let named = std::iter::once((&g.primary, "primary"))
+            .chain(g.backups.iter().map(|m| (m, "in sync")))
+            .chain(g.joining.iter().map(|m| (m, "joining")));
+        let mut replicas: Vec<ReplicaStatus> = named
+            .map(|(m, state)| ReplicaStatus {
+                member: m.clone(),
+                state,
+                address: members.get(m).cloned(),
+            })
+            .collect();
+        let prefix = format!("{index}-");
+        for (m, addr) in &members {
+            if m.starts_with(&prefix) && !replicas.iter().any(|r| &r.member == m) {
+                replicas.push(ReplicaStatus {
+                    member: m.clone(),
+                    state: "spare",
+                    address: Some(addr.clone()),
+                });
+            }
+        }
+        out.insert(
+            index,
+            GroupStatus {
+                epoch: g.epoch,
+                incarnation: g.incarnation,
+                replicas,
+            },
+        );
+    }
+    Ok(out)
 }
 
 /// One master.
@@ -137,9 +229,25 @@ pub async fn job_status_with(
                 Ok(r) => r.addr,
                 Err(e) => format!("(unreadable claim: {e})"),
             };
-            Some(PserverStatus { index, address })
+            Some(PserverStatus {
+                index,
+                address,
+                group: None,
+            })
         })
         .collect();
+    let mut pservers = pservers;
+    for (index, group) in groups(backend, &keys).await? {
+        match pservers.iter_mut().find(|p| p.index == index) {
+            Some(p) => p.group = Some(group),
+            None => pservers.push(PserverStatus {
+                index,
+                address: String::new(),
+                group: Some(group),
+            }),
+        }
+    }
+    pservers.sort_by_key(|p| p.index);
     let (mut masters, _) = backend.range(&keys.master_election()).await?;
     masters.sort_by_key(|kv| kv.create_revision);
     let masters: Vec<MasterStatus> = masters

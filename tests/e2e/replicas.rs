@@ -56,6 +56,13 @@ async fn a_sigkilled_primary_is_replaced_by_its_backup_with_every_acknowledged_p
         before.primary.starts_with(&format!("0-{}-", a.pid())),
         "{before:?}"
     );
+    let shown = status(&w).await;
+    assert!(
+        shown.contains(&format!("replicas in sync 2/2  epoch {}", before.epoch))
+            && shown.contains(&format!("primary  0-{}-", a.pid()))
+            && shown.contains(&format!("in sync  0-{}-", b.pid())),
+        "edl status:\n{shown}"
+    );
     let g = vec![1.0f32; N];
     for k in 1..=30u64 {
         let out = ps.push("t", k, &[("w", &g)], &[]).await.unwrap();
@@ -90,6 +97,30 @@ async fn a_sigkilled_primary_is_replaced_by_its_backup_with_every_acknowledged_p
         .await;
     let st = ps.shard_status(0).await.unwrap();
     assert_eq!(st.counters.unwrap().pushes_applied, 40);
+    let shown = status(&w).await;
+    eprintln!("edl status after the failover:\n{shown}");
+    assert!(
+        shown.contains(&format!("epoch {}", after.epoch))
+            && shown.contains(&format!("primary  0-{}-", b.pid())),
+        "edl status:\n{shown}"
+    );
+}
+
+/// What `edl status` prints for `w`'s job (a spec is written first: `edl status` shows
+/// the jobs that have one).
+async fn status(w: &World) -> String {
+    let job = JobName::new(w.job.as_str()).expect("a valid job name");
+    let spec = edl_job::JobSpec::parse_toml(&format!(
+        "name = \"{job}\"\n[data]\ntrain = \"none-*.recordio\"\n[model]\nkind = \"fit_a_line\"\n"
+    ))
+    .expect("a minimal spec");
+    w.backend
+        .put(&JobKeys::new(&job).spec(), spec.to_stored(), None)
+        .await
+        .expect("write the spec");
+    let (ok, out, err) = crate::run::edl_cmd(&["status", "--etcd", &w.etcd_arg(), &w.job]);
+    assert!(ok, "edl status failed: {err}");
+    out
 }
 
 /// Replicated shards: a SIGSTOPped primary is replaced once its lease ends. A push that
