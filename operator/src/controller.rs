@@ -242,7 +242,9 @@ async fn progress(
             failed: t.failed,
         }),
         trainers: s.trainers.len() as u32,
-        pservers: s.pservers.len() as u32,
+        // Shards served (a replicated shard between a primary's loss and its
+        // successor's claim is listed without an address).
+        pservers: s.pservers.iter().filter(|p| !p.address.is_empty()).count() as u32,
         leader: s
             .masters
             .iter()

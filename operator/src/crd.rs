@@ -56,7 +56,6 @@ pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
     printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.cluster.trainers"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!has(self.spec.cluster) || self.spec.cluster.min_trainers <= self.spec.cluster.trainers").message("spec.cluster.trainers must be at least spec.cluster.min_trainers"),
-    validation = Rule::new("!has(self.spec.cluster) || !has(self.spec.cluster.pserver_replicas) || self.spec.cluster.pserver_replicas <= 1").message("spec.cluster.pserver_replicas above 1 is not run by the operator yet (edl run and edl pserver --replicas run it; see docs/replication.md)"),
     validation = Rule::new("!has(self.spec.cluster) || !has(self.spec.cluster.max_trainers) || self.spec.cluster.trainers <= self.spec.cluster.max_trainers").message("spec.cluster.trainers must be at most spec.cluster.max_trainers"),
     validation = Rule::new("size(self.metadata.name) <= 40").message("metadata.name: at most 40 characters (pod names add a role and an index)")
 )]

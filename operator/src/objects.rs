@@ -10,12 +10,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
+    Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
     HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
-    PodSecurityContext, PodSpec, Secret, SecretEnvSource, SecurityContext, Service, ServicePort,
-    ServiceSpec, Volume, VolumeMount,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, Secret, SecretEnvSource,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::Resource;
 
 use crate::crd::{CHECKPOINT_MOUNT, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSource};
@@ -26,6 +26,11 @@ pub const JOB_LABEL: &str = "edl.dev/job";
 pub const ROLE_LABEL: &str = "edl.dev/role";
 /// The label naming a pod's slot index in its role.
 pub const INDEX_LABEL: &str = "edl.dev/index";
+/// The label naming the shard a pserver pod holds a replica of (slot `s` holds shard
+/// `s % pservers`): the pods of one shard repel one another (anti-affinity).
+pub const SHARD_LABEL: &str = "edl.dev/shard";
+/// The node label that pserver anti-affinity spreads one shard's replicas over.
+pub const NODE_TOPOLOGY: &str = "kubernetes.io/hostname";
 
 /// The master's gRPC port.
 pub const MASTER_PORT: i32 = 7164;
@@ -336,29 +341,30 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
                 mount_path: CHECKPOINT_MOUNT.to_owned(),
                 ..VolumeMount::default()
             });
-            (
-                edl(&[
-                    "pserver",
-                    "--index",
-                    &slot.index.to_string(),
-                    "--shards",
-                    &c.pservers.to_string(),
-                    "--checkpoint-dir",
-                    &format!("{CHECKPOINT_MOUNT}/{job}"),
-                    "--checkpoint-every",
-                    &humantime::format_duration(c.checkpoint_every).to_string(),
-                    "--keep-checkpoints",
-                    &c.checkpoint_keep.to_string(),
-                    "--listen",
-                    &format!("0.0.0.0:{PSERVER_PORT}"),
-                    "--advertise",
-                    &format!("$(POD_IP):{PSERVER_PORT}"),
-                    "--lease-ttl",
-                    &ttl,
-                ]),
-                vec![PSERVER_PORT],
-                s.resources.pserver.clone(),
-            )
+            let shard = slot.index % c.pservers.max(1);
+            let mut command = edl(&[
+                "pserver",
+                "--index",
+                &shard.to_string(),
+                "--shards",
+                &c.pservers.to_string(),
+                "--checkpoint-dir",
+                &format!("{CHECKPOINT_MOUNT}/{job}"),
+                "--checkpoint-every",
+                &humantime::format_duration(c.checkpoint_every).to_string(),
+                "--keep-checkpoints",
+                &c.checkpoint_keep.to_string(),
+                "--listen",
+                &format!("0.0.0.0:{PSERVER_PORT}"),
+                "--advertise",
+                &format!("$(POD_IP):{PSERVER_PORT}"),
+                "--lease-ttl",
+                &ttl,
+            ]);
+            if c.pserver_replicas > 1 {
+                command.extend(["--replicas".to_owned(), c.pserver_replicas.to_string()]);
+            }
+            (command, vec![PSERVER_PORT], s.resources.pserver.clone())
         }
         Role::Trainer => {
             // One id per pod incarnation: a replacement pod (same name) must not meet
@@ -425,9 +431,18 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         // A pserver writes its final checkpoint; a master resigns.
         _ => 30,
     };
+    let mut metadata = meta(tj, name.clone(), Some(slot));
+    let affinity = (slot.role == Role::Pserver && c.pserver_replicas > 1).then(|| {
+        let shard = (slot.index % c.pservers.max(1)).to_string();
+        if let Some(labels) = metadata.labels.as_mut() {
+            labels.insert(SHARD_LABEL.to_owned(), shard.clone());
+        }
+        replicas_apart(&job, &shard)
+    });
     Pod {
-        metadata: meta(tj, name.clone(), Some(slot)),
+        metadata,
         spec: Some(PodSpec {
+            affinity,
             containers: vec![container],
             // The operator replaces failed pods (counting crash loops), so a pod's own
             // restarts do not hide a failure from it.
@@ -452,6 +467,32 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
             ..PodSpec::default()
         }),
         status: None,
+    }
+}
+
+/// Keeps the replicas of one shard on different nodes: a pserver pod of shard `shard`
+/// is never scheduled on a node that runs another of the same job and shard. Required,
+/// not preferred: two replicas on one node would be lost together, which is the loss
+/// replicas exist to survive. With fewer nodes than replicas, the extra pods stay
+/// Pending and the job runs with fewer replicas (its status says which are in sync).
+fn replicas_apart(job: &str, shard: &str) -> Affinity {
+    Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([
+                        (JOB_LABEL.to_owned(), job.to_owned()),
+                        (ROLE_LABEL.to_owned(), Role::Pserver.name().to_owned()),
+                        (SHARD_LABEL.to_owned(), shard.to_owned()),
+                    ])),
+                    match_expressions: None,
+                }),
+                topology_key: NODE_TOPOLOGY.to_owned(),
+                ..PodAffinityTerm::default()
+            }]),
+            preferred_during_scheduling_ignored_during_execution: None,
+        }),
+        ..Affinity::default()
     }
 }
 

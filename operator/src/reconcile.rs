@@ -6,7 +6,7 @@
 //!
 //! Invariants (checked by the property tests below):
 //! - a pod is created only for a slot the spec wants (masters `0..masters`, pservers
-//!   `0..pservers`, trainers `0..trainers` with `min_trainers <= trainers <=
+//!   `0..pservers * pserver_replicas` (slot `s` holds shard `s % pservers`), trainers `0..trainers` with `min_trainers <= trainers <=
 //!   max_trainers`, the etcd when managed) and only when no pod of that name exists,
 //!   terminating or not (a replacement waits until its predecessor is gone);
 //! - a pod is deleted only if it exists and is not already terminating;
@@ -274,7 +274,7 @@ pub fn desired_slots(tj: &TrainingJob) -> Vec<Slot> {
     }
     for (role, n) in [
         (Role::Master, c.masters),
-        (Role::Pserver, c.pservers),
+        (Role::Pserver, c.pservers * c.pserver_replicas.max(1)),
         (Role::Trainer, trainers),
     ] {
         out.extend((0..n).map(|index| Slot { role, index }));

@@ -11,6 +11,9 @@
 //!   `status.podIP` = `127.0.0.1`), which wins over `envFrom`; a pod waiting for its
 //!   Secret is tried again on every change and every second;
 //! - `$(VAR)` in the command is expanded from it, as Kubernetes does;
+//! - every pod runs on this one machine: node selection, affinity and anti-affinity are
+//!   not evaluated (a real scheduler keeps the replicas of a pserver shard on different
+//!   nodes; here they share the host);
 //! - `--listen ADDR` and `--advertise ADDR` are dropped, so every process binds
 //!   `127.0.0.1:0` and registers the address it got (pods share this host);
 //! - volume mounts become host directories: a `hostPath` is itself, a claim is the

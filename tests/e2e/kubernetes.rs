@@ -4,7 +4,8 @@
 //! submitted with `edl submit` trains MNIST to the end while it is scaled 2 -> 4 (`edl
 //! scale`) -> 1 (the scale subresource, as `kubectl scale` or an autoscaler does; surplus
 //! trainers drain), loses a trainer pod and a pserver pod to deletions, and reports
-//! Succeeded; `edl jobs`, `edl status` and `edl logs` show it on the way, and `edl kill`
+//! Succeeded (with two replicas of its pserver shard, the deleted pserver pod costs no
+//! restore); `edl jobs`, `edl status` and `edl logs` show it on the way, and `edl kill`
 //! removes it and, through the finalizer, its etcd keys. A second job runs on a shared
 //! etcd with authentication on, under an operator given admin credentials: its pods
 //! train as the job's own etcd user, with the job's token, from the Secret the operator
@@ -154,8 +155,8 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
              [model]\nkind = \"mnist_mlp\"\n\
              [train]\nmode = \"async\"\npasses = 12\nbatch_size = 32\noptimizer = \"adam\"\n\
              learning_rate = 0.001\nseed = 7\n\
-             [cluster]\npservers = 1\ntrainers = 2\nmin_trainers = 1\nmax_trainers = 4\n\
-             lease_ttl = \"3s\"\ncheckpoint_every = \"2s\"\n"
+             [cluster]\npservers = 1\npserver_replicas = 2\ntrainers = 2\nmin_trainers = 1\n\
+             max_trainers = 4\nlease_ttl = \"3s\"\ncheckpoint_every = \"2s\"\n"
         ),
     )
     .expect("write the job spec");
@@ -281,6 +282,28 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
         "edl logs: {out}"
     );
 
+    // The shard's two replicas (pods pserver-0 and pserver-1) are in sync.
+    let group = || {
+        let backend = w.backend.clone();
+        async move {
+            use edl_job::Record;
+            let keys = edl_job::JobKeys::new(&edl_job::JobName::new(JOB).expect("a job name"));
+            let kv = backend.get(&keys.ps_group(0)).await.ok()??;
+            edl_job::GroupRecord::decode(&kv.value).ok()
+        }
+    };
+    let synced = wait_until(within, || async {
+        group().await.is_some_and(|g| g.backups.len() == 1)
+    })
+    .await;
+    assert!(
+        synced,
+        "the replicas never got in sync: {:?}\n{}",
+        group().await,
+        logs()
+    );
+    let in_sync = group().await.expect("the group");
+
     // A deleted trainer pod and a deleted pserver pod come back.
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
     for pod in [format!("{JOB}-trainer-0"), format!("{JOB}-pserver-0")] {
@@ -311,6 +334,21 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
         );
     }
 
+    // The replacement pserver pod joined its shard and caught up: the group is whole
+    // again (a new record: the deleted replica left it, the new one came in).
+    let whole = wait_until(within, || async {
+        group()
+            .await
+            .is_some_and(|g| g.backups.len() == 1 && g.change > in_sync.change)
+    })
+    .await;
+    assert!(
+        whole,
+        "the group stayed short: {:?}\n{}",
+        group().await,
+        logs()
+    );
+
     // It trains to the end.
     let done = wait_until(Duration::from_secs(400), || async move {
         status().await.is_some_and(|s| s.phase.is_finished())
@@ -326,6 +364,9 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
         "{tasks:?}"
     );
     assert_eq!(s.pass, Some(11), "the 12th pass was the last");
+    // The pserver pod's loss cost no restore: the shard kept its incarnation.
+    let end = group().await.expect("the group");
+    assert_eq!(end.incarnation, in_sync.incarnation, "a restore: {end:?}");
     assert!(
         s.recoveries
             .iter()
