@@ -85,7 +85,8 @@ pub struct Cluster {
     pub backend: Arc<dyn Backend>,
     /// The masters, then the pservers.
     pub masters: Vec<Proc>,
-    /// The pservers (shard `i` is `pservers[i]`).
+    /// The pservers (shard `i` is held by `pservers[i]`, and with replicas by every
+    /// `pservers[i + k * shards]`).
     pub pservers: Vec<Proc>,
     keys: JobKeys,
 }
@@ -98,8 +99,10 @@ pub struct Setup<'a> {
     pub dir: &'a Path,
     /// Masters.
     pub masters: usize,
-    /// Pservers (one shard each).
+    /// Shards (one pserver process each, times `replicas`).
     pub pservers: u32,
+    /// Replicas of each shard (`edl pserver --replicas`; 1: none).
+    pub replicas: u32,
     /// etcd's history kept (periodic compaction).
     pub compaction: Duration,
 }
@@ -144,22 +147,24 @@ impl Cluster {
             masters.push(spawn(format!("master-{i}"), vec!["master".into()])?);
         }
         let mut pservers = Vec::new();
-        for i in 0..s.pservers {
+        for slot in 0..s.pservers * s.replicas.max(1) {
+            let i = slot % s.pservers;
             let ckpt = s.dir.join(format!("checkpoints-{i}"));
-            pservers.push(spawn(
-                format!("pserver-{i}"),
-                vec![
-                    "pserver".into(),
-                    "--index".into(),
-                    i.to_string(),
-                    "--shards".into(),
-                    s.pservers.to_string(),
-                    "--checkpoint-dir".into(),
-                    ckpt.display().to_string(),
-                    "--checkpoint-every".into(),
-                    "30s".into(),
-                ],
-            )?);
+            let mut args: Vec<String> = vec![
+                "pserver".into(),
+                "--index".into(),
+                i.to_string(),
+                "--shards".into(),
+                s.pservers.to_string(),
+                "--checkpoint-dir".into(),
+                ckpt.display().to_string(),
+                "--checkpoint-every".into(),
+                "30s".into(),
+            ];
+            if s.replicas > 1 {
+                args.extend(["--replicas".into(), s.replicas.to_string()]);
+            }
+            pservers.push(spawn(format!("pserver-{slot}"), args)?);
         }
         let mut c = Cluster {
             etcd,

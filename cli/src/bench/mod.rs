@@ -3,12 +3,15 @@
 //! - [`scale`]: `edl bench scale`, a job of up to a million tasks over a hundred thousand
 //!   files, read by up to a thousand lightweight trainers through the real masters,
 //!   pservers and etcd (docs/benchmarks.md, "Scale").
+//! - [`push`]: `edl bench push`, the latency, rate and memory of pushes to one shard
+//!   with 1 and with 2 replicas (docs/benchmarks.md, "Replicated pservers").
 
 use clap::Subcommand;
 
 mod cluster;
 mod dataset;
 mod probe;
+pub mod push;
 pub mod scale;
 mod trainers;
 
@@ -21,11 +24,16 @@ pub enum BenchCommand {
     /// pass and that every pserver ledger holds every task, and reports transitions per
     /// second, etcd bytes written per transition, etcd's size and the masters' memory.
     Scale(scale::ScaleArgs),
+    /// What a shard's replicas cost a push: etcd and `R` `edl pserver --replicas R`
+    /// processes per replica count asked, one client timing each push from send to
+    /// acknowledgement; prints latency p50/p99, pushes/s and the pservers' peak memory.
+    Push(push::PushArgs),
 }
 
 /// Runs `edl bench`.
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Scale(args) => scale::run(args),
+        BenchCommand::Push(args) => push::run(args),
     }
 }

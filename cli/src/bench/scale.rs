@@ -258,6 +258,7 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
         dir,
         masters: a.masters,
         pservers: a.pservers,
+        replicas: 1,
         compaction: a.compaction,
     })
     .await?;

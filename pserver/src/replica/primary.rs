@@ -123,6 +123,23 @@ impl Replica {
         out
     }
 
+    /// The first op a peer may still be sent from the shell's log: the oldest op a
+    /// streaming peer (or one a snapshot is on its way to) has not confirmed. The shell
+    /// may drop the ops before it; a peer that asks for a dropped op later is sent a
+    /// snapshot (as after any trim), so this bounds memory, never correctness. Not
+    /// primary: nothing is needed (`Seq::MAX`).
+    pub fn log_needed_from(&self) -> Seq {
+        let Some(p) = &self.primary else {
+            return Seq::MAX;
+        };
+        p.peers
+            .values()
+            .filter(|q| q.streaming || q.snapshot_at.is_some())
+            .map(|q| q.confirmed + 1)
+            .min()
+            .unwrap_or(p.next + 1)
+    }
+
     /// The shell could not send `to` the snapshot asked for (the shard is not
     /// initialised yet): it may ask again.
     pub fn snapshot_failed(&mut self, to: &str) {

@@ -323,7 +323,9 @@ impl World {
         );
         n.data.push(op);
         n.log.insert(seq, op);
-        while n.log.len() > LOG {
+        // As the shell does: at most LOG ops, and none every peer confirmed.
+        let needed = n.rep.log_needed_from().min(seq);
+        while n.log.len() > LOG || n.log.first_key_value().is_some_and(|(&s, _)| s < needed) {
             n.log.pop_first();
         }
         let first = *n.log.keys().next().unwrap();

@@ -35,7 +35,9 @@ use crate::error::PsError;
 use crate::replica::{Effect, Guard, Millis, Msg, NotPrimary, Replica, ReplicaConfig, Role, Seq};
 use crate::shard::{OpStream, Shard, ShardCore, ShardOp, lock};
 
-/// Bytes of ops kept for backups that fall behind (older ones go by snapshot).
+/// Most bytes of ops kept for backups that fall behind (older ones go by snapshot). Ops
+/// every peer confirmed are dropped sooner ([`Replica::log_needed_from`]): in steady state
+/// the log holds only the ops in flight.
 const LOG_BYTES: usize = 256 << 20;
 /// How often the machine's timers run.
 const TICK: Duration = Duration::from_millis(100);
@@ -220,7 +222,11 @@ impl Replication {
             let mut log = lock(&self.log);
             log.bytes += bytes.len();
             log.ops.insert(seq, bytes);
-            while log.bytes > LOG_BYTES && log.ops.len() > 1 {
+            let needed = m.log_needed_from().min(seq);
+            while log.ops.len() > 1
+                && (log.bytes > LOG_BYTES
+                    || log.ops.first_key_value().is_some_and(|(&s, _)| s < needed))
+            {
                 if let Some((_, b)) = log.ops.pop_first() {
                     log.bytes -= b.len();
                 }
