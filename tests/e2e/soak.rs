@@ -6,7 +6,9 @@
 //! The README's test command runs a one-minute version; `scripts/soak` runs the long one
 //! (`EDL_SOAK_SECS`, default here 60; `EDL_SOAK_SEED`, default 1; `EDL_SOAK_REPLICAS`,
 //! default 1: with 2 or more, every pserver shard has that many replicas, a pserver is
-//! SIGKILLed every 5 s, and nothing may be trained again). Faults are injected
+//! SIGKILLed every 5 s (one at a time: the next once the last is back in sync), and
+//! nothing may be trained again or restored; `EDL_SOAK_MODE`, `sync` (default) or
+//! `async`). Faults are injected
 //! during the soak's first `EDL_SOAK_SECS` (`--chaos ...,until=`), then the job finishes
 //! in peace; its passes are chosen from a short fault-free pilot so that, fault-free, it
 //! would take the soak's time (faults slow it down: it runs longer).
@@ -82,6 +84,17 @@ fn replicas() -> u64 {
     env_u64("EDL_SOAK_REPLICAS", 1)
 }
 
+/// The training mode (`EDL_SOAK_MODE`: `sync`, the example's and the default, or
+/// `async`).
+fn mode() -> String {
+    let m = std::env::var("EDL_SOAK_MODE").unwrap_or_else(|_| "sync".to_owned());
+    assert!(
+        m == "sync" || m == "async",
+        "EDL_SOAK_MODE must be sync or async, not {m:?}"
+    );
+    m
+}
+
 fn spec(root: &Path, name: &str, passes: u64, seed: u64) -> PathBuf {
     example(root, "fit_a_line", "job.toml", |s| {
         for line in [
@@ -90,10 +103,12 @@ fn spec(root: &Path, name: &str, passes: u64, seed: u64) -> PathBuf {
             "masters = 1",
             "pservers = 1",
             "trainers = 2",
+            "mode = \"sync\"",
         ] {
             assert!(s.contains(line), "the example changed: {line}");
         }
         s.replace("name = \"fit-a-line\"", &format!("name = \"{name}\""))
+            .replace("mode = \"sync\"", &format!("mode = \"{}\"", mode()))
             .replace("passes = 30", &format!("passes = {passes}\nseed = {seed}"))
             .replace("masters = 1", "masters = 2")
             .replace(
@@ -297,7 +312,9 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
     );
     let started = Instant::now();
     eprintln!(
-        "soak: {secs} s, seed {seed}, {passes} passes (fault-free {:.1} s), --chaos {chaos}",
+        "soak: {secs} s, seed {seed}, {} mode, {} replica(s), {passes} passes (fault-free {:.1} s), --chaos {chaos}",
+        mode(),
+        replicas(),
         reference["wall_s"].as_f64().unwrap_or(0.0)
     );
     let running = |s: &StatusResponse| !s.finished;
@@ -459,7 +476,7 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
     // etcd): each restore is counted by its shard's `restores/<i>` incarnation changes,
     // so compare with the pserver faults and crashes seen.
     let logs = PathBuf::from(r["run_dir"].as_str().expect("run dir")).join("logs");
-    let restores = (0..shards)
+    let restores = (0..shards * replicas() as u32)
         .map(|i| {
             count_in(
                 &logs.join(format!("pserver-{i}.log")),
@@ -472,6 +489,11 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
         restores <= pserver_hits,
         "{restores} restores, but only {pserver_hits} pserver faults and crashes"
     );
+    if replicas() > 1 {
+        // One pserver lost at a time, each time with a replica in sync: none restored.
+        assert!(pserver_hits >= 3, "too few pserver faults: {pserver_hits}");
+        assert_eq!(restores, 0, "a replica was in sync: nothing restored: {r}");
+    }
 
     eprintln!(
         "soak figures ({:.0} s job, test {:.0} s):",
