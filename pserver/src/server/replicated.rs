@@ -65,11 +65,7 @@ pub(super) async fn run_replicated(
 ) -> Result<(), PsError> {
     let keys = JobKeys::new(&cfg.job);
     let wait = cfg.etcd_wait;
-    let me = format!(
-        "{index}-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    );
+    let me = super::replication::member_id(index);
     let store = Arc::new(GroupStore::new(backend.clone(), keys.clone(), index));
     let member = MemberRecord {
         version: edl_job::RECORD_VERSION,

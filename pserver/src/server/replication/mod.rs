@@ -483,7 +483,13 @@ impl Replication {
                 changed = members.changed() => {
                     if changed.is_err() { break; }
                     let all = members.borrow_and_update().clone();
-                    let live: Vec<String> = all.keys().cloned().collect();
+                    // Only this shard's members can be its replicas: a process holds one
+                    // replica of one shard (its id names the shard).
+                    let live: Vec<String> = all
+                        .keys()
+                        .filter(|id| shard_of_member(id) == Some(self.index))
+                        .cloned()
+                        .collect();
                     *lock(&self.members) = all;
                     let mut m = lock(&self.machine);
                     let fx = m.members(self.now(), live);
@@ -614,6 +620,21 @@ impl Replication {
             }
         }
     }
+}
+
+/// A member id for a process holding a replica of shard `index`: `<index>-<pid>-<random>`
+/// (a new one at every start).
+pub fn member_id(index: u32) -> String {
+    format!(
+        "{index}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+/// The shard a member id names ([`member_id`]).
+pub fn shard_of_member(id: &str) -> Option<u32> {
+    id.split('-').next()?.parse().ok()
 }
 
 /// A replica's settings and how it reaches the other replicas.

@@ -139,7 +139,8 @@ fn state(
 
 /// A fresh member joins the primary's group by snapshot, follows its pushes (each
 /// answered only once it holds it), and takes over with all of them when the
-/// primary's lease ends; nothing is read from a checkpoint.
+/// primary's lease ends; nothing is read from a checkpoint. A live member of another
+/// shard (registered first, so listed first) is never recruited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_joins_follows_every_acknowledged_push_and_takes_over() {
     let etcd = EtcdCluster::start(1).await.unwrap();
@@ -148,16 +149,22 @@ async fn a_backup_joins_follows_every_acknowledged_push_and_takes_over() {
         timeout: 2_000,
         join_timeout: 20_000,
     };
-    let a = node(&etcd, "a", true, &cfg).await;
+    let other = node(&etcd, "1-x", false, &cfg).await;
+    let a = node(&etcd, "0-a", true, &cfg).await;
     a.rep.restore(9);
     until("a primary", || a.rep.role() == Role::Primary).await;
     // Pushes before the backup exists are acknowledged by the primary alone.
     pushes(&a, 1..6).await;
-    let b = node(&etcd, "b", false, &cfg).await;
+    let b = node(&etcd, "0-b", false, &cfg).await;
     until("b in sync", || {
-        a.rep.record().is_some_and(|r| r.backups.contains("b"))
+        a.rep.record().is_some_and(|r| r.backups.contains("0-b"))
     })
     .await;
+    let r = a.rep.record().unwrap();
+    assert!(
+        !r.backups.contains("1-x") && !r.joining.contains("1-x"),
+        "{r:?}"
+    );
     pushes(&a, 6..40).await;
     // Every acknowledged push is in the backup (it confirmed each before the answer).
     until("b caught up", || {
@@ -169,12 +176,25 @@ async fn a_backup_joins_follows_every_acknowledged_push_and_takes_over() {
     a.stop.cancel();
     until("b primary", || b.rep.role() == Role::Primary).await;
     let r = b.rep.record().unwrap();
-    assert_eq!(r.primary, "b");
+    assert_eq!(r.primary, "0-b");
     assert_eq!(r.epoch, 2);
     assert_eq!(r.incarnation, 9, "a promotion is not a restore");
     assert_eq!(b.shard.core().unwrap().updates(), 39);
     // It serves: a push is acknowledged (alone: no other member to recruit).
     pushes(&b, 40..45).await;
     assert_eq!(b.shard.core().unwrap().updates(), 44);
+    let r = b.rep.record().unwrap();
+    assert!(r.backups.is_empty() && r.joining.is_empty(), "{r:?}");
     b.stop.cancel();
+    other.stop.cancel();
+}
+
+#[test]
+fn a_member_id_names_its_shard() {
+    let id = member_id(12);
+    assert_eq!(shard_of_member(&id), Some(12));
+    assert!(id.starts_with("12-"), "{id}");
+    assert_ne!(member_id(12), id, "a new id at every start");
+    assert_eq!(shard_of_member("x-1-2"), None);
+    assert_eq!(shard_of_member(""), None);
 }
