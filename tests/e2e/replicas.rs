@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use edl_job::{JobKeys, JobName};
-use edl_pserver_client::{Mode, OptimizerConfig};
+use edl_pserver_client::{Mode, OptimizerConfig, PsClient};
 use tokio::time::Instant;
 
 use crate::pserver::{N, config, init, pull};
-use crate::support::{World, wait_until};
+use crate::support::{Proc, World, wait_until};
 
 /// The group record of shard 0 of `w`'s job, if written.
 async fn group(w: &World) -> Option<edl_job::GroupRecord> {
@@ -23,6 +23,41 @@ async fn group(w: &World) -> Option<edl_job::GroupRecord> {
     edl_job::GroupRecord::decode(&kv.value).ok()
 }
 
+/// The pserver arguments of a replica of shard 0 of 1, with two replicas.
+const REPLICA: [&str; 6] = ["--shards", "1", "--index", "0", "--replicas", "2"];
+
+/// Starts shard 0's primary (`psa`, reaching etcd at `etcd`), connects a client with
+/// `connect` and initialises the shard through it (async SGD, learning rate 1), starts
+/// the backup (`psb`) and waits until it is in sync; the two processes, the primary's
+/// address and the client.
+async fn pair(
+    w: &World,
+    etcd: &str,
+    connect: impl AsyncFnOnce() -> PsClient,
+) -> (Proc, Proc, String, PsClient) {
+    let (a, a_addr) = w.pserver_via("psa", etcd, &REPLICA).await;
+    let ps = connect().await;
+    init(
+        &ps,
+        &vec![0.0; N],
+        config(Mode::Async, OptimizerConfig::sgd(1.0)),
+    )
+    .await;
+    let (b, _) = w.pserver("psb", &REPLICA).await;
+    let synced = wait_until(Duration::from_secs(30), || async {
+        group(w).await.is_some_and(|g| g.backups.len() == 1)
+    })
+    .await;
+    assert!(
+        synced,
+        "the second replica never got in sync: {:?}\nprimary:\n{}\nbackup:\n{}",
+        group(w).await,
+        a.log(),
+        b.log()
+    );
+    (a, b, a_addr, ps)
+}
+
 /// Replicated shards (docs/replication.md): two `edl pserver --replicas 2` processes hold
 /// shard 0. The primary is SIGKILLed after 30 acknowledged pushes; its in-sync backup
 /// takes over with every one of them (nothing read from a checkpoint, the same
@@ -30,27 +65,7 @@ async fn group(w: &World) -> Option<edl_job::GroupRecord> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_primary_is_replaced_by_its_backup_with_every_acknowledged_push() {
     let w = World::new("ps-repl").await;
-    let args = ["--shards", "1", "--index", "0", "--replicas", "2"];
-    let (mut a, _) = w.pserver("psa", &args).await;
-    let ps = w.ps_client().await;
-    init(
-        &ps,
-        &vec![0.0; N],
-        config(Mode::Async, OptimizerConfig::sgd(1.0)),
-    )
-    .await;
-    let (b, _) = w.pserver("psb", &args).await;
-    let synced = wait_until(Duration::from_secs(30), || async {
-        group(&w).await.is_some_and(|g| g.backups.len() == 1)
-    })
-    .await;
-    assert!(
-        synced,
-        "the second replica never got in sync: {:?}\nprimary:\n{}\nbackup:\n{}",
-        group(&w).await,
-        a.log(),
-        b.log()
-    );
+    let (mut a, b, _, ps) = pair(&w, &w.etcd_arg(), async || w.ps_client().await).await;
     let before = group(&w).await.unwrap();
     assert!(
         before.primary.starts_with(&format!("0-{}-", a.pid())),
@@ -130,21 +145,7 @@ async fn status(w: &World) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigstopped_primary_is_replaced_and_acknowledges_nothing_after() {
     let w = World::new("ps-repl-stop").await;
-    let args = ["--shards", "1", "--index", "0", "--replicas", "2"];
-    let (mut a, a_addr) = w.pserver("psa", &args).await;
-    let ps = w.ps_client().await;
-    init(
-        &ps,
-        &vec![0.0; N],
-        config(Mode::Async, OptimizerConfig::sgd(1.0)),
-    )
-    .await;
-    let (b, _) = w.pserver("psb", &args).await;
-    let synced = wait_until(Duration::from_secs(30), || async {
-        group(&w).await.is_some_and(|g| g.backups.len() == 1)
-    })
-    .await;
-    assert!(synced, "the second replica never got in sync");
+    let (mut a, b, a_addr, ps) = pair(&w, &w.etcd_arg(), async || w.ps_client().await).await;
     let a_port: u16 = a_addr
         .rsplit(':')
         .next()
@@ -232,9 +233,7 @@ async fn a_primary_partitioned_from_etcd_acknowledges_nothing_after_its_backup_t
     let t_etcd = Proxy::start(etcd_addr)
         .await
         .expect("a proxy for the trainer");
-    let args = ["--shards", "1", "--index", "0", "--replicas", "2"];
     let via = format!("http://{}", a_etcd.addr());
-    let (mut a, _) = w.pserver_via("psa", &via, &args).await;
     let cfg = edl_coord::EtcdConfig::new(vec![format!("http://{}", t_etcd.addr())])
         .with_dial_timeout(Duration::from_secs(2))
         .with_request_timeout(Duration::from_secs(2));
@@ -247,21 +246,12 @@ async fn a_primary_partitioned_from_etcd_acknowledges_nothing_after_its_backup_t
         JobName::new(w.job.as_str()).expect("a valid job name"),
     );
     ps_cfg.retry_for = Duration::from_secs(4);
-    let ps = edl_pserver_client::PsClient::connect(t_backend, ps_cfg, w.cancel.child_token())
-        .await
-        .expect("the trainer's pserver client");
-    init(
-        &ps,
-        &vec![0.0; N],
-        config(Mode::Async, OptimizerConfig::sgd(1.0)),
-    )
-    .await;
-    let (b, _) = w.pserver("psb", &args).await;
-    let synced = wait_until(Duration::from_secs(30), || async {
-        group(&w).await.is_some_and(|g| g.backups.len() == 1)
-    })
-    .await;
-    assert!(synced, "the second replica never got in sync");
+    let connect = async || {
+        edl_pserver_client::PsClient::connect(t_backend, ps_cfg, w.cancel.child_token())
+            .await
+            .expect("the trainer's pserver client")
+    };
+    let (mut a, b, _, ps) = pair(&w, &via, connect).await;
     let g = vec![1.0f32; N];
     for k in 1..=20u64 {
         assert!(ps.push("t", k, &[("w", &g)], &[]).await.unwrap().applied);

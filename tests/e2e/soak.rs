@@ -104,6 +104,7 @@ fn spec(root: &Path, name: &str, passes: u64, seed: u64) -> PathBuf {
             "pservers = 1",
             "trainers = 2",
             "mode = \"sync\"",
+            "lease_ttl = \"10s\"",
         ] {
             assert!(s.contains(line), "the example changed: {line}");
         }
@@ -116,6 +117,16 @@ fn spec(root: &Path, name: &str, passes: u64, seed: u64) -> PathBuf {
                 &format!("pservers = 2\npserver_replicas = {}", replicas()),
             )
             .replace("trainers = 2", "trainers = 3")
+            .replace(
+                "lease_ttl = \"10s\"",
+                // With replicas a killed primary is replaced once its lease ends: a 3 s
+                // lease lets the group be whole again before the next kill, 5 s later.
+                if replicas() > 1 {
+                    "lease_ttl = \"3s\""
+                } else {
+                    "lease_ttl = \"10s\""
+                },
+            )
     })
 }
 
@@ -288,12 +299,11 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
         .iter()
         .enumerate()
         .map(|(k, (kind, n))| {
-            let n = if *kind == "kill-pserver" && replicas() > 1 {
-                // Faster than the checkpoints: every 5 s.
-                ((secs / 5.0) as u32).max(1)
-            } else {
-                ((f64::from(*n) * secs / 300.0).round() as u32).max(1)
-            };
+            if *kind == "kill-pserver" && replicas() > 1 {
+                // Faster than the checkpoints: every 5 s (not staggered).
+                return format!("{kind}=5s");
+            }
+            let n = ((f64::from(*n) * secs / 300.0).round() as u32).max(1);
             format!("{kind}={}s", (secs / f64::from(n + 1)).round() as usize + k)
         })
         .chain([format!("until={}s", soak.as_secs()), format!("seed={seed}")])
@@ -514,6 +524,16 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
         "  final cost {got:.4} vs fault-free {want_cost:.4} ({:+.2}%); final checkpoints hold {held:?} of {passes} passes; {restores} restores",
         100.0 * (got - want_cost) / want_cost
     );
+    let stalls = push_stalls(&logs);
+    if stalls.is_empty() {
+        eprintln!("  trainers' pushes waiting 0.5 s or more: none");
+    } else {
+        let n = stalls.len();
+        let (median, max) = median_max(stalls);
+        eprintln!(
+            "  trainers' pushes waiting 0.5 s or more (every fault): {n}, median {median:.2} s, max {max:.2} s"
+        );
+    }
     eprintln!("  recovery (s)       count  median     max");
     for (kind, xs) in by_kind
         .into_iter()
@@ -523,6 +543,26 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
         let (median, max) = median_max(xs);
         eprintln!("  {kind:<18} {n:>5} {median:>7.1} {max:>7.1}");
     }
+}
+
+/// The waits of every push a trainer logged as waiting 0.5 s or more ("a push waited
+/// waited_s=..."), in the trainers' logs under `logs`.
+fn push_stalls(logs: &Path) -> Vec<f64> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(logs).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("trainer-") || !name.ends_with(".log") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        out.extend(
+            text.lines()
+                .filter(|l| l.contains("a push waited"))
+                .filter_map(|l| l.split("waited_s=").nth(1))
+                .filter_map(|v| v.split_whitespace().next()?.parse::<f64>().ok()),
+        );
+    }
+    out
 }
 
 fn count_in(path: &Path, needle: &str) -> usize {

@@ -42,6 +42,21 @@ use crate::store::{InitOutcome, ParamInit, ParamStore, StoreError, TaskRef};
 /// before its gradients are dropped.
 const STALE_RETRIES: usize = 10;
 
+/// A push that waits this long for its answer is logged ("a push waited"): what a
+/// pserver's loss costs a trainer (scripts/bench-replicas reads these lines).
+const STALL_LOGGED: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Logs a push that waited at least [`STALL_LOGGED`] since `sent`.
+fn note_stall(sent: std::time::Instant) {
+    let waited = sent.elapsed();
+    if waited >= STALL_LOGGED {
+        tracing::info!(
+            waited_s = format_args!("{:.3}", waited.as_secs_f64()),
+            "a push waited"
+        );
+    }
+}
+
 /// Counters of one [`PsStore`].
 #[derive(Debug, Default)]
 pub struct PsStoreStats {
@@ -291,10 +306,12 @@ impl PsStore {
                     failed: Some("the push was abandoned".into()),
                 };
                 let (dense, sparse) = push_views(&names, &grads);
-                let out = match client
+                let sent = std::time::Instant::now();
+                let pushed = client
                     .push_from(&trainer, step, origin, &dense, &sparse)
-                    .await
-                {
+                    .await;
+                note_stall(sent);
+                let out = match pushed {
                     Ok(out) => out,
                     Err(e) => {
                         let e = map_err(e);
@@ -325,13 +342,15 @@ impl PsStore {
         let names = self.names_for(grads)?;
         let (dense, sparse) = push_views(&names, grads);
         let mut global = self.cache.lock().await.next_step();
+        let sent = std::time::Instant::now();
         for _ in 0..=STALE_RETRIES {
-            match self
+            let pushed = self
                 .client
                 .push_from(trainer, global, origin, &dense, &sparse)
-                .await
-            {
+                .await;
+            match pushed {
                 Ok(out) => {
+                    note_stall(sent);
                     note_answered(&self.answered, origin, &out.incarnations);
                     self.stats.pushes.fetch_add(1, Ordering::Relaxed);
                     return Ok(());

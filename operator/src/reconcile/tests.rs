@@ -122,6 +122,19 @@ fn condition<'a>(s: &'a TrainingJobStatus, type_: &str) -> &'a Condition {
         .unwrap_or_else(|| panic!("no {type_} condition in {s:?}"))
 }
 
+/// The pserver pods a plan creates.
+fn pserver_pods(plan: &Plan) -> Vec<&Pod> {
+    plan.create_pods
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.contains("-pserver-"))
+        })
+        .collect()
+}
+
 /// `pserver_replicas = 2` with 2 shards: four pserver pods, slot `s` holding shard
 /// `s % 2` with `--replicas 2`, labelled with its shard, and kept off any node that runs
 /// another replica of the same shard (required anti-affinity on the node's hostname).
@@ -130,16 +143,7 @@ fn replicated_shards_get_a_pod_per_replica_each_kept_apart_from_its_shards_other
     let mut tj = training_job("pservers = 2\npserver_replicas = 2");
     tj.metadata.finalizers = None;
     let plan = reconcile(&observe(&tj, vec![], Ok(EtcdState::default())));
-    let pservers: Vec<&Pod> = plan
-        .create_pods
-        .iter()
-        .filter(|p| {
-            p.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.contains("-pserver-"))
-        })
-        .collect();
+    let pservers = pserver_pods(&plan);
     assert_eq!(pservers.len(), 4);
     for (slot, p) in pservers.iter().enumerate() {
         let shard = (slot % 2).to_string();
@@ -183,16 +187,7 @@ fn replicated_shards_get_a_pod_per_replica_each_kept_apart_from_its_shards_other
     // Without replicas: no shard label, no affinity, no --replicas.
     let tj = training_job("pservers = 2");
     let plan = reconcile(&observe(&tj, vec![], Ok(EtcdState::default())));
-    let pservers: Vec<&Pod> = plan
-        .create_pods
-        .iter()
-        .filter(|p| {
-            p.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.contains("-pserver-"))
-        })
-        .collect();
+    let pservers = pserver_pods(&plan);
     assert_eq!(pservers.len(), 2);
     for p in pservers {
         let spec = p.spec.as_ref().expect("a pod spec");

@@ -183,11 +183,7 @@ pub(super) async fn run_replicated(
         }
         r = &mut server => Err(PsError::Config(format!("grpc server ended: {r:?}"))),
     };
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
-    for t in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
-    }
+    super::run::wind_down(&stop, server, tasks).await;
     let held = crate::shard::lock(&claim).take();
     if result.is_ok()
         && let Some(held) = held
@@ -200,10 +196,7 @@ pub(super) async fn run_replicated(
     if result.is_ok() {
         // The member key and any claim go at once: a backup is promoted without waiting
         // out the TTL.
-        if let Err(e) = lease.revoke_shared().await {
-            tracing::warn!(error = %e, "lease revoke failed; the keys go when it expires");
-        }
-        tracing::info!(shard = index, "pserver stopped");
+        super::run::stopped(&lease, index).await;
     }
     result
 }

@@ -232,6 +232,32 @@ pub async fn run(
         }
         r = &mut server => Err(PsError::Config(format!("grpc server ended: {r:?}"))),
     };
+    wind_down(&stop, server, tasks).await;
+    if result.is_ok()
+        && cfg.checkpoint.as_ref().is_some_and(|c| c.final_on_stop)
+        && let Some(dir) = &dir
+        && let Ok(core) = shard.core()
+    {
+        // Asked to stop: nothing is served any more, so the shard is written once more,
+        // with every update it acknowledged.
+        final_checkpoint(&*backend, &keys, &claim.fence, dir, core).await;
+    }
+    if result.is_ok() {
+        // Free the index at once for a successor (the service still holds the lease:
+        // before, only an unshared lease was revoked, so a successor always waited out
+        // the TTL).
+        stopped(&lease, index).await;
+    }
+    result
+}
+
+/// Stops serving: `stop` fires, then the gRPC server and `tasks` get 5 s each to end
+/// (the server is aborted after that).
+pub(super) async fn wind_down(
+    stop: &CancellationToken,
+    mut server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+) {
     stop.cancel();
     if !server.is_finished() {
         match tokio::time::timeout(Duration::from_secs(5), &mut server).await {
@@ -246,25 +272,15 @@ pub async fn run(
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
     }
-    if result.is_ok()
-        && cfg.checkpoint.as_ref().is_some_and(|c| c.final_on_stop)
-        && let Some(dir) = &dir
-        && let Ok(core) = shard.core()
-    {
-        // Asked to stop: nothing is served any more, so the shard is written once more,
-        // with every update it acknowledged.
-        final_checkpoint(&*backend, &keys, &claim.fence, dir, core).await;
+}
+
+/// A clean stop's end: the lease is revoked, so that whatever it holds (the claim, a
+/// replica's member key) goes at once and a successor need not wait out the TTL.
+pub(super) async fn stopped(lease: &Lease, index: u32) {
+    if let Err(e) = lease.revoke_shared().await {
+        tracing::warn!(error = %e, "lease revoke failed; its keys go when it expires");
     }
-    if result.is_ok() {
-        // Free the index at once for a successor (the service still holds the lease:
-        // before, only an unshared lease was revoked, so a successor always waited out
-        // the TTL).
-        if let Err(e) = lease.revoke_shared().await {
-            tracing::warn!(error = %e, "lease revoke failed; the index frees when it expires");
-        }
-        tracing::info!(shard = index, "pserver stopped");
-    }
-    result
+    tracing::info!(shard = index, "pserver stopped");
 }
 
 /// What a restore needs.
