@@ -58,6 +58,26 @@ async fn pair(
     (a, b, a_addr, ps)
 }
 
+/// Waits until `backup` is promoted over the group `before`: the epoch raised by one and
+/// `backup` primary; the new record.
+async fn promoted(w: &World, before: &edl_job::GroupRecord, backup: &Proc) -> edl_job::GroupRecord {
+    let promoted = wait_until(Duration::from_secs(20), || async {
+        group(w).await.is_some_and(|r| r.epoch == before.epoch + 1)
+    })
+    .await;
+    assert!(
+        promoted,
+        "the backup was never promoted: {:?}",
+        group(w).await
+    );
+    let after = group(w).await.unwrap();
+    assert!(
+        after.primary.starts_with(&format!("0-{}-", backup.pid())),
+        "{after:?}"
+    );
+    after
+}
+
 /// Replicated shards (docs/replication.md): two `edl pserver --replicas 2` processes hold
 /// shard 0. The primary is SIGKILLed after 30 acknowledged pushes; its in-sync backup
 /// takes over with every one of them (nothing read from a checkpoint, the same
@@ -172,20 +192,7 @@ async fn a_sigstopped_primary_is_replaced_and_acknowledges_nothing_after() {
         reached,
         "the push never reached the stopped primary's socket"
     );
-    let promoted = wait_until(Duration::from_secs(20), || async {
-        group(&w).await.is_some_and(|r| r.epoch == before.epoch + 1)
-    })
-    .await;
-    assert!(
-        promoted,
-        "the backup was never promoted: {:?}",
-        group(&w).await
-    );
-    let after = group(&w).await.unwrap();
-    assert!(
-        after.primary.starts_with(&format!("0-{}-", b.pid())),
-        "{after:?}"
-    );
+    promoted(&w, &before, &b).await;
     a.signal("CONT");
     let status = a.wait_exit(Duration::from_secs(10)).await;
     assert!(
@@ -264,20 +271,7 @@ async fn a_primary_partitioned_from_etcd_acknowledges_nothing_after_its_backup_t
 
     a_etcd.cut();
     t_etcd.cut();
-    let promoted = wait_until(Duration::from_secs(20), || async {
-        group(&w).await.is_some_and(|r| r.epoch == before.epoch + 1)
-    })
-    .await;
-    assert!(
-        promoted,
-        "the backup was never promoted: {:?}",
-        group(&w).await
-    );
-    let after = group(&w).await.unwrap();
-    assert!(
-        after.primary.starts_with(&format!("0-{}-", b.pid())),
-        "{after:?}"
-    );
+    promoted(&w, &before, &b).await;
     // The old primary runs, and the trainer (cut from etcd) still sends to it.
     assert!(a.running(), "the old primary exited:\n{}", a.log());
     let refused = ps
