@@ -70,7 +70,7 @@ async fn promoted(w: &World, before: &edl_job::GroupRecord, backup: &Proc) -> ed
         "the backup was never promoted: {:?}",
         group(w).await
     );
-    let after = group(w).await.unwrap();
+    let after = group(w).await.expect("the group after the promotion");
     assert!(
         after.primary.starts_with(&format!("0-{}-", backup.pid())),
         "{after:?}"
