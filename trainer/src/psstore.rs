@@ -529,6 +529,50 @@ impl ParamStore for PsStore {
         }
     }
 
+    async fn push_applied(
+        &self,
+        trainer: &str,
+        step: u64,
+        origin: Option<Origin>,
+        grads: StepOutput,
+    ) -> Result<(), StoreError> {
+        if self.sync() {
+            return self.push_sync(trainer, origin, &grads).await;
+        }
+        let names = self.names_for(&grads)?;
+        let (dense, sparse) = push_views(&names, &grads);
+        let sent = std::time::Instant::now();
+        let out = self
+            .client
+            .push_from(trainer, step, origin, &dense, &sparse)
+            .await
+            .map_err(map_err)?;
+        note_stall(sent);
+        note_answered(&self.answered, origin, &out.incarnations);
+        self.stats.pushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn pull_current(&self, params: &mut Params) -> Result<(), StoreError> {
+        let mut cache = self.cache.lock().await;
+        let pulled = self.client.pull_dense(&mut cache).await.map_err(map_err)?;
+        self.stats.pulls.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .pull_bytes
+            .fetch_add(pulled.bytes as u64, Ordering::Relaxed);
+        let values = cache.params();
+        params.dense.resize_with(values.len(), Vec::new);
+        for (dst, p) in params.dense.iter_mut().zip(values) {
+            dst.clear();
+            dst.extend_from_slice(&p.values);
+        }
+        Ok(())
+    }
+
+    fn local_updates(&self) -> Option<edl_pserver_client::OptimizerConfig> {
+        (!self.sync()).then(|| self.config.optimizer.clone())
+    }
+
     async fn flush(&self) -> Result<(), StoreError> {
         self.wait_inflight().await?;
         // A prefetch may predate the pushes just applied: drop it, the next pull is fresh.

@@ -32,7 +32,10 @@ use crate::store::{InitOutcome, ParamInit, ParamStore, StoreError};
 use crate::tasks::{Next, Tasks, task_ref};
 
 mod group;
+mod pipeline;
+mod pipelined;
 use group::{batches_per_push, compute_group, prepare};
+pub use pipeline::PUSH_WINDOW;
 
 /// Runtime settings.
 #[derive(Clone, Debug)]
@@ -155,7 +158,7 @@ impl From<ReaderError> for RuntimeError {
 }
 
 /// How a task ended.
-enum TaskEnd {
+pub(crate) enum TaskEnd {
     Trained(u64),
     /// Drained mid-task after training this many records.
     Drained(u64),
@@ -212,6 +215,19 @@ pub async fn run(
         );
         tasks.progress_mut().initial_eval = Some((metric, value, eval.mean_loss()));
     }
+    if let Some(optimizer) = local_updates(store.as_ref(), model.as_ref())? {
+        let ctx = pipelined::Ctx {
+            model: &model,
+            store: &store,
+            cfg: &cfg,
+            shutdown: &shutdown,
+            progress: &progress,
+        };
+        pipelined::run(&ctx, &mut tasks, &mut params, optimizer).await?;
+        let state = tasks.close().await?;
+        progress.send_replace(state.clone());
+        return Ok(state);
+    }
     loop {
         match tasks.next(&shutdown).await? {
             Next::Task(TaskData { task, records }) => {
@@ -256,6 +272,21 @@ pub async fn run(
     let state = tasks.close().await?;
     progress.send_replace(state.clone());
     Ok(state)
+}
+
+/// The update rule the trainer runs locally on its own gradients, when it trains through
+/// the pipeline ([`pipeline`]): asynchronous stores that say so, and models without
+/// sparse tables (their rows are pulled per batch and pushed every batch).
+fn local_updates(
+    store: &dyn ParamStore,
+    model: &dyn Model,
+) -> Result<Option<crate::local_optim::LocalOptimizer>, RuntimeError> {
+    match store.local_updates() {
+        Some(cfg) if model.sparse_tables().is_empty() => {
+            Ok(Some(crate::local_optim::LocalOptimizer::with_config(cfg)?))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Evaluates the test split (if any) at the end of pass `ended`.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
-use edl_pserver_client::{OptimizerKind, Origin};
+use edl_pserver_client::{LrSchedule, OptimizerConfig, OptimizerKind, Origin};
 
 use crate::local_optim::LocalOptimizer;
 use crate::model::{DenseParam, Model, Params, SparseTable, StepOutput};
@@ -137,6 +137,33 @@ pub trait ParamStore: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Pushes like [`push`](Self::push) and returns once the push is applied (it may
+    /// keep the gradients). By default: `push`, then [`flush`](Self::flush).
+    async fn push_applied(
+        &self,
+        trainer: &str,
+        step: u64,
+        origin: Option<Origin>,
+        grads: StepOutput,
+    ) -> Result<(), StoreError> {
+        self.push(trainer, step, origin, &grads).await?;
+        self.flush().await
+    }
+
+    /// Refreshes `params.dense` with the current dense parameters, fetched now (no
+    /// prefetch is used or started). By default: [`pull_dense`](Self::pull_dense).
+    async fn pull_current(&self, params: &mut Params) -> Result<(), StoreError> {
+        self.pull_dense(params).await
+    }
+
+    /// The update rule a trainer may run locally on its own gradients between pulls
+    /// (an asynchronous store): the trainer then computes through its pipeline (see
+    /// `runtime`), never waiting on the store. `None` (the default): it may not (sync
+    /// mode: every trainer computes on the step's parameters).
+    fn local_updates(&self) -> Option<OptimizerConfig> {
+        None
+    }
+
     /// This trainer has no work for now (it waits for a task): in sync mode it stops
     /// taking part in steps until its next push, so the other trainers' steps do not wait
     /// for it. A no-op by default.
@@ -257,5 +284,13 @@ impl ParamStore for LocalStore {
         }
         s.optimizer.step(&mut s.params, grads)?;
         Ok(())
+    }
+
+    fn local_updates(&self) -> Option<OptimizerConfig> {
+        Some(OptimizerConfig {
+            kind: self.kind,
+            lr: LrSchedule::constant(self.lr),
+            clip: Default::default(),
+        })
     }
 }

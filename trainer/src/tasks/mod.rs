@@ -25,8 +25,11 @@
 //!   one at a time; it is settled before a pass end or the job's end is returned, before
 //!   a task is handed back or failed, and by [`Tasks::close`]. Its error is returned by
 //!   the call that settles it.
-//! - The next task starts from parameters that hold every push of the one before: the
-//!   store is flushed before the acknowledgement starts (its first pull is fresh).
+//! - With [`Tasks::trained`], the next task starts from parameters that hold every push
+//!   of the one before: the store is flushed before the acknowledgement starts (its
+//!   first pull is fresh). With [`Tasks::computed`] (the runtime's pipeline, which
+//!   applies its own gradients locally) nothing is flushed: the acknowledgement waits
+//!   for the task's pushes in the background.
 //! - While no task arrives for [`IDLE_AFTER`], the store is told the trainer is idle (sync
 //!   mode: the others' steps do not wait for it).
 
@@ -231,6 +234,26 @@ impl Tasks {
             records,
             started,
         )));
+        Ok(())
+    }
+
+    /// Task `task` was trained whole (`records`, since `started`) by a loop that pushes
+    /// in the background (the runtime's pipeline): it is acknowledged in the background
+    /// (after the one before) once `applied` says its pushes are applied. Nothing is
+    /// flushed: the loop's next task does not wait for them.
+    pub async fn computed(
+        &mut self,
+        task: LeasedTask,
+        records: u64,
+        started: Instant,
+        applied: impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static,
+    ) -> Result<(), RuntimeError> {
+        self.settle().await?;
+        let (store, acks, trainer) = (self.store.clone(), self.acks.clone(), self.trainer.clone());
+        self.acking = Some(tokio::spawn(async move {
+            applied.await?;
+            acknowledge(store, acks, trainer, task, records, started).await
+        }));
         Ok(())
     }
 

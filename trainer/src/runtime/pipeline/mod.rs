@@ -1,0 +1,167 @@
+//! The asynchronous trainer's pipeline: a compute thread that never waits on the
+//! network (see `docs/design.md`, "The trainer's pipeline").
+//!
+//! - The runtime prepares each task's groups of batches (a group: the batches summed
+//!   into one push) and sends them to the compute thread ([`Work`]), a few ahead.
+//! - The compute thread ([`compute`]) owns the working parameters: it computes a
+//!   batch, applies its gradients to its own copy at once (the pservers' update rule,
+//!   run locally), and at a group's end hands the group's sum over as a push. It waits
+//!   only when [`PUSH_WINDOW`] pushes are waiting to be applied (the staleness cap), or
+//!   for work.
+//! - The communication side ([`comm`]) sends the pushes in order, each waited for until
+//!   applied, and pulls after each applied push and at each task's start; a pull lands
+//!   in a spare buffer that the compute thread swaps in between batches, rebasing its
+//!   own batches not yet absorbed on it ([`working`]).
+//! - When the compute thread is done with a task it says so ([`Done`]) with the number
+//!   of its last push: the task is acknowledged once that push is applied, in the
+//!   background. Nothing waits at a task's boundary.
+//!
+//! Exactly-once is as before: a push's origin is its group's number in the task, the
+//! same in every attempt at it.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+mod comm;
+mod compute;
+mod working;
+
+pub(crate) use compute::{Done, EndHow, Fatal, Work};
+
+use crate::local_optim::LocalOptimizer;
+use crate::model::Model;
+use crate::runtime::RuntimeError;
+use crate::store::{ParamStore, StoreError};
+use compute::{Compute, ComputeStats};
+use working::Working;
+
+/// Pushes waiting to be applied (in flight or queued) before the compute thread waits:
+/// the parameters a batch computes on miss at most this many of this trainer's own
+/// pushes on the pservers' side, and none of its batches (applied locally).
+pub const PUSH_WINDOW: u64 = 2;
+
+/// Groups sent to the compute thread ahead of it.
+const WORK_AHEAD: usize = 2;
+
+/// The running pipeline (see the module docs).
+pub(crate) struct Pipeline {
+    work: Option<mpsc::Sender<Work>>,
+    done: mpsc::UnboundedReceiver<Done>,
+    shared: Arc<comm::Shared>,
+    thread: Option<std::thread::JoinHandle<ComputeStats>>,
+    comm: [tokio::task::JoinHandle<()>; 2],
+    /// Tasks ended on the runtime's side and not done on the compute thread's.
+    pub(crate) in_compute: usize,
+}
+
+impl Pipeline {
+    /// Starts the compute thread on `initial` (dense values just pulled) and the
+    /// communication tasks of trainer `trainer` over `store`; `step` is the trainer's
+    /// next step, `optimizer` the pservers' update rule.
+    pub(crate) fn start(
+        model: Arc<dyn Model>,
+        store: Arc<dyn ParamStore>,
+        trainer: &str,
+        initial: Vec<Vec<f32>>,
+        optimizer: LocalOptimizer,
+        step: u64,
+    ) -> Result<Pipeline, RuntimeError> {
+        let shared = comm::Shared::new();
+        let compute = Compute::new(
+            model,
+            shared.clone(),
+            Working::new(initial),
+            optimizer,
+            step,
+            PUSH_WINDOW,
+        );
+        let (work_tx, work_rx) = mpsc::channel(WORK_AHEAD);
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let span = tracing::Span::current();
+        let thread = std::thread::Builder::new()
+            .name("edl-compute".into())
+            .spawn(move || span.in_scope(|| compute.run(work_rx, done_tx)))
+            .map_err(|e| {
+                StoreError::Unavailable(format!("could not start the compute thread: {e}"))
+            })?;
+        let comm = comm::spawn(&shared, store, trainer.to_owned());
+        Ok(Pipeline {
+            work: Some(work_tx),
+            done: done_rx,
+            shared,
+            thread: Some(thread),
+            comm,
+            in_compute: 0,
+        })
+    }
+
+    /// Sends work to the compute thread (waits while it is [`WORK_AHEAD`] behind).
+    pub(crate) async fn send(&mut self, w: Work) -> Result<(), RuntimeError> {
+        if matches!(w, Work::End { .. }) {
+            self.in_compute += 1;
+        }
+        let gone = || StoreError::Unavailable("the compute thread stopped".into());
+        match &self.work {
+            Some(tx) => tx.send(w).await.map_err(|_| gone().into()),
+            None => Err(gone().into()),
+        }
+    }
+
+    /// A task the compute thread is done with, if one is ready.
+    pub(crate) fn try_done(&mut self) -> Option<Done> {
+        let d = self.done.try_recv().ok()?;
+        self.in_compute -= 1;
+        Some(d)
+    }
+
+    /// The next task the compute thread is done with (`None`: it stopped).
+    pub(crate) async fn next_done(&mut self) -> Option<Done> {
+        let d = self.done.recv().await?;
+        self.in_compute -= 1;
+        Some(d)
+    }
+
+    /// Waits until push `number` is applied (for a task's acknowledgement).
+    pub(crate) fn applied_through(
+        &self,
+        number: u64,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        async move { shared.applied_through(number).await }
+    }
+
+    /// Waits until every push handed over is applied.
+    pub(crate) async fn flush(&self) -> Result<(), StoreError> {
+        let handed = self.shared.lock().handed;
+        self.shared.applied_through(handed).await
+    }
+
+    /// Stops the compute thread and the communication tasks, after the pushes handed
+    /// over are applied; its counters.
+    pub(crate) async fn close(mut self) -> Result<ComputeStats, StoreError> {
+        let flushed = self.flush().await;
+        self.work = None;
+        self.done.close();
+        let stats = match self.thread.take() {
+            Some(t) => tokio::task::spawn_blocking(move || t.join())
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+                .unwrap_or_default(),
+            None => ComputeStats::default(),
+        };
+        self.shared.close();
+        for h in &mut self.comm {
+            let _ = h.await;
+        }
+        flushed.map(|()| stats)
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // On an early return: the tasks stop (the compute thread stops with its sender).
+        self.shared.close();
+    }
+}
