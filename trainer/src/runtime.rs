@@ -1,18 +1,26 @@
 //! The elastic trainer loop: tasks from the master's `cloud_reader`, parameters from a
 //! [`ParamStore`], gradients computed by a [`Model`].
 //!
-//! For each leased task, batch by batch: prepare the batch from the records
-//! ([`Model::prepare_records`]: decoded as samples, or the model's own decoding), pull the
-//! dense parameters and the sparse rows the batch touches, compute the gradients (on a
-//! blocking thread: the math is CPU- or GPU-bound), and push them. The task is
-//! acknowledged only after its last batch's push is applied and the store recorded it
-//! as done; that acknowledgement runs in the background while the next task trains (one
+//! Two loops compute a task's groups of batches (a group: the batches summed into one
+//! push):
+//! - **the pipeline** (`pipeline`, driven by `pipelined`), for an asynchronous store
+//!   ([`ParamStore::local_updates`]) and a model without sparse tables: a compute thread
+//!   applies its own gradients to its working copy as it computes them and never waits on
+//!   the network; pushes and pulls run beside it, and a task is acknowledged once its
+//!   last push is applied;
+//! - **the per-group loop** (here), for sync mode and sparse models: for each group,
+//!   pull the dense parameters and the sparse rows the batch touches, compute the
+//!   gradients (on a blocking thread: the math is CPU- or GPU-bound), and push them. The
+//!   task is acknowledged only after its last batch's push is applied and the store
+//!   recorded it as done.
+//!
+//! In both, the acknowledgement runs in the background while the next task trains (one
 //! at a time; it is settled before a pass ends, a task is handed back or failed, and
 //! before returning), so a task's round trips to the pservers and the master (an etcd
 //! commit) do not stall the math. The tasks and their acknowledgements are
-//! [`crate::Tasks`], which any training loop can drive (the Python package does). A task whose records cannot be
-//! decoded or do not fit the model is failed at the master with the reason (it is
-//! retried, then reported), so bad data never stops a job.
+//! [`crate::Tasks`], which any training loop can drive (the Python package does). A task
+//! whose records cannot be decoded or do not fit the model is failed at the master with
+//! the reason (it is retried, then reported), so bad data never stops a job.
 //!
 //! Draining: when `shutdown` fires the trainer stops taking tasks, hands the current one
 //! back (not a failure) with the count of records it trained, and returns; the caller
@@ -275,14 +283,24 @@ pub async fn run(
 }
 
 /// The update rule the trainer runs locally on its own gradients, when it trains through
-/// the pipeline ([`pipeline`]): asynchronous stores that say so, and models without
-/// sparse tables (their rows are pulled per batch and pushed every batch).
-fn local_updates(
+/// the pipeline ([`pipeline`]): asynchronous stores that say so, a stateless update rule
+/// (plain SGD: a push's update on the pservers is then exactly the sum of the local
+/// updates of its batches, whatever the other trainers push), and models without sparse
+/// tables (their rows are pulled per batch and pushed every batch).
+///
+/// A rule with state (momentum, Adam, Adagrad) would be estimated locally from this
+/// trainer's gradients only, while the pservers' state mixes every trainer's: on the
+/// MNIST example (asynchronous Adam, 2 trainers, debug builds) the pipeline's held-out
+/// accuracy was 0.907 against 0.919 for the per-group loop (5 runs each), and 0.908
+/// with a local Adam without momentum. Those rules keep the per-group loop, whose flush
+/// at every task boundary makes each task start from parameters holding all of its
+/// trainer's pushes.
+pub(crate) fn local_updates(
     store: &dyn ParamStore,
     model: &dyn Model,
 ) -> Result<Option<crate::local_optim::LocalOptimizer>, RuntimeError> {
     match store.local_updates() {
-        Some(cfg) if model.sparse_tables().is_empty() => {
+        Some(cfg) if cfg.kind.is_stateless() && model.sparse_tables().is_empty() => {
             Ok(Some(crate::local_optim::LocalOptimizer::with_config(cfg)?))
         }
         _ => Ok(None),

@@ -265,3 +265,136 @@ async fn a_draining_trainer_hands_its_task_back_and_another_finishes_the_pass() 
     stop.cancel();
     master.await.unwrap().unwrap();
 }
+
+/// A [`LocalStore`] that does not let trainers update locally: the runtime takes the
+/// per-group loop.
+#[derive(Debug)]
+struct PerGroup(LocalStore);
+
+#[async_trait::async_trait]
+impl crate::store::ParamStore for PerGroup {
+    async fn init(
+        &self,
+        trainer: &str,
+        params: &crate::store::ParamInit,
+    ) -> Result<crate::store::InitOutcome, crate::store::StoreError> {
+        self.0.init(trainer, params).await
+    }
+    async fn pull_dense(
+        &self,
+        params: &mut crate::model::Params,
+    ) -> Result<(), crate::store::StoreError> {
+        self.0.pull_dense(params).await
+    }
+    async fn pull_sparse(
+        &self,
+        rows: &[(String, Vec<u64>)],
+        params: &mut crate::model::Params,
+    ) -> Result<(), crate::store::StoreError> {
+        self.0.pull_sparse(rows, params).await
+    }
+    async fn push(
+        &self,
+        trainer: &str,
+        step: u64,
+        origin: Option<edl_pserver_client::Origin>,
+        grads: &crate::model::StepOutput,
+    ) -> Result<(), crate::store::StoreError> {
+        self.0.push(trainer, step, origin, grads).await
+    }
+}
+
+/// One trainer fits a line through a real master, with `store` (and `batches_per_push`);
+/// the final parameters.
+async fn one_trainer_fits_a_line(
+    store: Arc<dyn crate::store::ParamStore>,
+    local: &LocalStore,
+    per_push: usize,
+) -> Vec<Vec<f32>> {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = split_every(&boston(), 5);
+    let glob = write_shards(dir.path(), &train, 3);
+    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
+    let stop = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let master = tokio::spawn(run_master(
+        backend.clone(),
+        MasterConfig::new(JobName::new("one").unwrap()),
+        listener,
+        stop.child_token(),
+    ));
+    let client = MasterClient::new(
+        backend.clone(),
+        MasterClientConfig::new(JobName::new("one").unwrap()),
+        stop.child_token(),
+    );
+    client.set_dataset(vec![glob], 1, 5).await.unwrap();
+    let model = line_model(&train);
+    let _lease = register(&backend, "one", "only", &stop).await;
+    let mut cfg = RuntimeConfig::new("only");
+    cfg.batch_size = 8;
+    cfg.seed = 3;
+    cfg.batches_per_push = per_push;
+    let (tx, _rx) = watch::channel(Progress::default());
+    let reader = CloudReader::start(client.clone(), ReaderConfig::new("only"));
+    let p = tokio::time::timeout(
+        Duration::from_secs(120),
+        run(reader, model, store, cfg, stop.child_token(), tx),
+    )
+    .await
+    .expect("the trainer finishes")
+    .unwrap();
+    assert_eq!(p.records, 5 * train.len() as u64);
+    stop.cancel();
+    master.await.unwrap().unwrap();
+    local.snapshot().await.expect("initialised").dense
+}
+
+fn line_model(train: &[edl_proto::sample::Sample]) -> Arc<dyn crate::Model> {
+    let mut spec = ModelSpec::FitALine {
+        standardize: true,
+        stats: None,
+    };
+    spec.fit_stats(train).unwrap();
+    Arc::from(build(&spec).unwrap())
+}
+
+/// With plain SGD the pipeline's local updates are exact: one trainer through it, with a
+/// push per batch or per group of 3, ends where the per-group loop with a push per
+/// batch ends (every batch computed on parameters holding every earlier one: plain
+/// SGD), up to rounding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trainer_through_the_pipeline_ends_where_the_per_group_loop_ends() {
+    let (train, _) = split_every(&boston(), 5);
+    for per_push in [1, 3] {
+        let store = |seed| LocalStore::new(line_model(&train), OptimizerKind::sgd(), 0.01, seed);
+        let piped = store(3);
+        assert!(
+            crate::runtime::local_updates(&piped, line_model(&train).as_ref())
+                .unwrap()
+                .is_some(),
+            "witness: this store and model take the pipeline"
+        );
+        let inner = store(3);
+        let per_group = PerGroup(inner.clone());
+        assert!(
+            crate::runtime::local_updates(&per_group, line_model(&train).as_ref())
+                .unwrap()
+                .is_none()
+        );
+        let a = one_trainer_fits_a_line(Arc::new(piped.clone()), &piped, per_push).await;
+        // Per batch (the pipeline sums a group's batches after applying each locally).
+        let b = one_trainer_fits_a_line(Arc::new(per_group), &inner, 1).await;
+        assert_eq!(a.len(), b.len());
+        let mut moved = 0.0f32;
+        for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+            assert!(
+                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                "{per_push} per push: pipeline {x} against per-group {y}"
+            );
+            moved = moved.max(y.abs());
+        }
+        // Witness: training moved the parameters (fit_a_line starts from zeros).
+        assert!(moved > 0.1, "{b:?}");
+    }
+}

@@ -136,6 +136,14 @@ impl OptimizerKind {
         }
     }
 
+    /// Whether the rule keeps no state: plain SGD (weight decay aside, no momentum), whose
+    /// update of a gradient is the same whoever applies it and in whatever order. A
+    /// trainer may then apply its own gradients locally and have the pservers' update
+    /// of them match exactly (see the trainer's pipeline).
+    pub fn is_stateless(&self) -> bool {
+        matches!(*self, OptimizerKind::Sgd { momentum, .. } if momentum == 0.0)
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         match *self {
             OptimizerKind::Sgd {

@@ -1,12 +1,19 @@
-//! The communication side of the pipeline: two tasks on the trainer's runtime, one
-//! sending the pushes the compute thread hands over (in order, each waited for until
-//! applied), one pulling the dense parameters whenever a push was applied or a task
-//! starts, into a buffer the compute thread swaps in between batches.
+//! The communication side of the pipeline: one task on the trainer's runtime that sends
+//! the pushes the compute thread hands over (in order, each waited for until applied)
+//! and pulls the dense parameters when a push was applied or a task starts, into a
+//! buffer the compute thread swaps in between batches.
 //!
-//! The compute thread and these tasks share one [`Shared`]: a lock over [`State`], a
-//! condition variable the compute thread waits on (a push slot, a landing), and a
-//! [`Notify`] per task. Pushes are numbered from 1 in the order they are handed over; a
-//! pull records the number of the last push applied when it was issued (`absorbed`).
+//! Pushes and pulls take turns, never overlap: a pull then holds exactly the pushes
+//! applied before it was sent, the number it records (`absorbed`). (When a push was
+//! applied while a pull was in flight, the pull might hold it or not; a working copy
+//! rebased on such a pull counted that push twice until the next landing, nearly
+//! always when the trainer was faster than the network, and the MNIST example's
+//! asynchronous Adam lost about a point of accuracy.) After an applied push the pull
+//! goes first, unless the last one landed has not been swapped in yet.
+//!
+//! The compute thread and the task share one [`Shared`]: a lock over [`State`], a
+//! condition variable the compute thread waits on (a push slot), and a [`Notify`] for
+//! the task. Pushes are numbered from 1 in the order they are handed over.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -55,10 +62,11 @@ pub(super) struct State {
 /// The pipeline's shared state.
 pub(super) struct Shared {
     state: Mutex<State>,
-    /// Wakes the compute thread: a push applied, a pull landed, a failure.
+    /// Wakes the compute thread: a push applied, a failure.
     changed: Condvar,
-    push_ready: Notify,
-    pull_ready: Notify,
+    /// Wakes the communication task: a push handed over, a pull wanted, a buffer
+    /// given back, closing.
+    ready: Notify,
     /// (pushes applied, failure) for the acknowledgements on the runtime.
     applied: watch::Sender<(u64, Option<String>)>,
 }
@@ -68,8 +76,7 @@ impl Shared {
         Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
-            push_ready: Notify::new(),
-            pull_ready: Notify::new(),
+            ready: Notify::new(),
             applied: watch::Sender::new((0, None)),
         })
     }
@@ -92,14 +99,14 @@ impl Shared {
         s.handed = out.number;
         s.queue.push_back(out);
         drop(s);
-        self.push_ready.notify_one();
+        self.ready.notify_one();
         Ok(start.elapsed())
     }
 
     /// Compute thread: asks for a pull (a task starts: other trainers moved on).
     pub(super) fn want_pull(&self) {
         self.lock().want_pull = true;
-        self.pull_ready.notify_one();
+        self.ready.notify_one();
     }
 
     /// Compute thread: the pull that landed, if any (the caller gives its buffer back
@@ -115,7 +122,7 @@ impl Shared {
             s.spare = Some(buf);
         }
         drop(s);
-        self.pull_ready.notify_one();
+        self.ready.notify_one();
     }
 
     /// Runtime: waits until push `number` is applied, or the store failed.
@@ -136,8 +143,7 @@ impl Shared {
     /// Stops the tasks once the queue is empty.
     pub(super) fn close(&self) {
         self.lock().closing = true;
-        self.push_ready.notify_one();
-        self.pull_ready.notify_one();
+        self.ready.notify_one();
     }
 
     fn fail(&self, e: &StoreError) {
@@ -147,84 +153,74 @@ impl Shared {
             a.1.get_or_insert(msg);
         });
         self.changed.notify_all();
-        self.pull_ready.notify_one();
+        self.ready.notify_one();
     }
 }
 
-/// Starts the pushing and pulling tasks of trainer `trainer` over `store`.
+/// Starts the communication task of trainer `trainer` over `store`.
 pub(super) fn spawn(
     shared: &Arc<Shared>,
     store: Arc<dyn ParamStore>,
     trainer: String,
-) -> [tokio::task::JoinHandle<()>; 2] {
-    let push = tokio::spawn(pusher(shared.clone(), store.clone(), trainer).in_current_span());
-    let pull = tokio::spawn(puller(shared.clone(), store).in_current_span());
-    [push, pull]
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(run(shared.clone(), store, trainer).in_current_span())
 }
 
-/// Sends the pushes in order, each waited for until applied.
-async fn pusher(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
+/// What the communication task does next.
+enum Next {
+    Push(Outgoing),
+    /// A pull into this buffer, absorbing the pushes through this number.
+    Pull(Values, u64),
+}
+
+/// Pushes and pulls, taking turns, until closed (with nothing left to send) or failed.
+async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
     loop {
         let next = {
             let mut s = shared.lock();
             if s.failed.is_some() {
                 return;
             }
-            match s.queue.pop_front() {
-                Some(out) => Some(out),
-                None if s.closing => return,
-                None => None,
-            }
-        };
-        let Some(out) = next else {
-            shared.push_ready.notified().await;
-            continue;
-        };
-        let pushed = store
-            .push_applied(&trainer, out.step, Some(out.origin), out.grads)
-            .await;
-        if let Err(e) = pushed {
-            shared.fail(&e);
-            return;
-        }
-        let mut s = shared.lock();
-        s.applied = out.number;
-        s.want_pull = true;
-        drop(s);
-        shared.applied.send_modify(|a| a.0 = out.number);
-        shared.changed.notify_all();
-        shared.pull_ready.notify_one();
-    }
-}
-
-/// Pulls whenever one is due and the last landing was swapped in.
-async fn puller(shared: Arc<Shared>, store: Arc<dyn ParamStore>) {
-    loop {
-        let due = {
-            let mut s = shared.lock();
-            if s.failed.is_some() || (s.closing && s.queue.is_empty()) {
-                return;
-            }
-            if s.want_pull && s.landed.is_none() {
+            if s.want_pull && s.landed.is_none() && !s.closing {
                 s.want_pull = false;
-                Some((s.spare.take().unwrap_or_default(), s.applied))
+                Some(Next::Pull(s.spare.take().unwrap_or_default(), s.applied))
+            } else if let Some(out) = s.queue.pop_front() {
+                Some(Next::Push(out))
+            } else if s.closing {
+                return;
             } else {
                 None
             }
         };
-        let Some((buf, absorbed)) = due else {
-            shared.pull_ready.notified().await;
-            continue;
-        };
-        let mut params = Params {
-            dense: buf,
-            sparse: Default::default(),
-        };
-        if let Err(e) = store.pull_current(&mut params).await {
-            shared.fail(&e);
-            return;
+        match next {
+            None => shared.ready.notified().await,
+            Some(Next::Push(out)) => {
+                let number = out.number;
+                let pushed = store
+                    .push_applied(&trainer, out.step, Some(out.origin), out.grads)
+                    .await;
+                if let Err(e) = pushed {
+                    shared.fail(&e);
+                    return;
+                }
+                let mut s = shared.lock();
+                s.applied = number;
+                s.want_pull = true;
+                drop(s);
+                shared.applied.send_modify(|a| a.0 = number);
+                shared.changed.notify_all();
+            }
+            Some(Next::Pull(buf, absorbed)) => {
+                let mut params = Params {
+                    dense: buf,
+                    sparse: Default::default(),
+                };
+                if let Err(e) = store.pull_current(&mut params).await {
+                    shared.fail(&e);
+                    return;
+                }
+                shared.lock().landed = Some((params.dense, absorbed));
+            }
         }
-        shared.lock().landed = Some((params.dense, absorbed));
-        shared.changed.notify_all();
     }
 }

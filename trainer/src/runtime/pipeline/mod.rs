@@ -9,7 +9,8 @@
 //!   only when [`PUSH_WINDOW`] pushes are waiting to be applied (the staleness cap), or
 //!   for work.
 //! - The communication side ([`comm`]) sends the pushes in order, each waited for until
-//!   applied, and pulls after each applied push and at each task's start; a pull lands
+//!   applied, and pulls after each applied push and at each task's start (pushes and
+//!   pulls take turns, so a pull holds exactly the pushes applied before it); a pull lands
 //!   in a spare buffer that the compute thread swaps in between batches, rebasing its
 //!   own batches not yet absorbed on it ([`working`]).
 //! - When the compute thread is done with a task it says so ([`Done`]) with the number
@@ -41,8 +42,10 @@ use working::Working;
 /// pushes on the pservers' side, and none of its batches (applied locally).
 pub const PUSH_WINDOW: u64 = 2;
 
-/// Groups sent to the compute thread ahead of it.
-const WORK_AHEAD: usize = 2;
+/// Groups sent to the compute thread ahead of it (the next group is being prepared
+/// meanwhile): enough to keep it busy, few, since a killed trainer's tasks in the
+/// pipeline are trained again.
+const WORK_AHEAD: usize = 1;
 
 /// The running pipeline (see the module docs).
 pub(crate) struct Pipeline {
@@ -50,7 +53,7 @@ pub(crate) struct Pipeline {
     done: mpsc::UnboundedReceiver<Done>,
     shared: Arc<comm::Shared>,
     thread: Option<std::thread::JoinHandle<ComputeStats>>,
-    comm: [tokio::task::JoinHandle<()>; 2],
+    comm: Option<tokio::task::JoinHandle<()>>,
     /// Tasks ended on the runtime's side and not done on the compute thread's.
     pub(crate) in_compute: usize,
 }
@@ -91,7 +94,7 @@ impl Pipeline {
             done: done_rx,
             shared,
             thread: Some(thread),
-            comm,
+            comm: Some(comm),
             in_compute: 0,
         })
     }
@@ -152,7 +155,7 @@ impl Pipeline {
             None => ComputeStats::default(),
         };
         self.shared.close();
-        for h in &mut self.comm {
+        if let Some(h) = self.comm.take() {
             let _ = h.await;
         }
         flushed.map(|()| stats)
