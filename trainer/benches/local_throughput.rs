@@ -1,8 +1,9 @@
 //! Local (single-process) training throughput: samples/s of forward + backward + update
 //! on mnist_5k, the baseline the distributed trainer is compared with.
 //!
-//! `cargo bench -p edl-trainer --bench local_throughput [-- MODEL [EPOCHS] [BATCH]]`
-//! with MODEL `mnist_mlp` (default) or `mnist_cnn`; batch 64 by default.
+//! `cargo bench -p edl-trainer --bench local_throughput [-- MODEL [EPOCHS] [BATCH] [OPTIMIZER]]`
+//! with MODEL `mnist_mlp` (default) or `mnist_cnn`; batch 64 by default; OPTIMIZER `adam`
+//! (default, lr 0.001) or `sgd` (lr 0.05, as `scripts/bench-peer`'s job: its ceiling).
 
 use std::time::{Duration, Instant};
 
@@ -29,20 +30,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "mnist_cnn" => ModelSpec::MnistCnn,
         other => return Err(format!("unknown model {other}; use mnist_mlp or mnist_cnn").into()),
     };
+    let (optimizer, lr) = match args.get(3).map_or("adam", String::as_str) {
+        "adam" => (OptimizerKind::adam(), 1e-3),
+        "sgd" => (OptimizerKind::sgd(), 0.05),
+        other => return Err(format!("unknown optimizer {other}; use adam or sgd").into()),
+    };
     let (train, test) = testdata::split_every(&testdata::mnist(), 5);
     let model = build(&spec)?;
     let cfg = LocalConfig {
         epochs,
         batch_size,
-        lr: 1e-3,
-        optimizer: OptimizerKind::adam(),
+        lr,
+        optimizer,
         seed: 1,
         eval_batch_size: 500,
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "local_throughput: {model_name}, batch {batch_size}, {epochs} epoch(s) of {} samples, adam, {threads} cpu(s)",
-        train.len()
+        "local_throughput: {model_name}, batch {batch_size}, {epochs} epoch(s) of {} samples, {}, {threads} cpu(s)",
+        train.len(),
+        args.get(3).map_or("adam", String::as_str)
     );
     let report = train_local(model.as_ref(), &train, &test, &cfg)?;
     let t = report.timing;
