@@ -22,9 +22,10 @@
 //!   incarnation that recorded it travels with the master's acknowledgement); a task a
 //!   restored shard lacks updates of is handed back to be trained again instead.
 //! - That acknowledgement runs in the background while the caller trains the next task,
-//!   one at a time; it is settled before a pass end or the job's end is returned, before
-//!   a task is handed back or failed, and by [`Tasks::close`]. Its error is returned by
-//!   the call that settles it.
+//!   one at a time ([`Tasks::trained`]) or up to [`ACKS_IN_FLIGHT`] at a time
+//!   ([`Tasks::computed`]); they are settled before a pass end or the job's end is
+//!   returned, before a task is handed back or failed, and by [`Tasks::close`]. An
+//!   error is returned by the call that settles it.
 //! - With [`Tasks::trained`], the next task starts from parameters that hold every push
 //!   of the one before: the store is flushed before the acknowledgement starts (its
 //!   first pull is fresh). With [`Tasks::computed`] (the runtime's pipeline, which
@@ -46,6 +47,12 @@ use crate::store::{ParamStore, StoreError, TaskRef};
 mod reader;
 
 pub use reader::{Acks, CloudReader, ReaderConfig, ReaderError, TaskData};
+
+/// Acknowledgements a loop that pushes in the background ([`Tasks::computed`]) keeps
+/// under way: a task's (a `TaskDone` on every shard, then an etcd commit at the master)
+/// then never holds up the next task's start. A killed trainer's tasks being
+/// acknowledged are trained again (the master cannot tell them from unread ones).
+pub const ACKS_IN_FLIGHT: usize = 2;
 
 /// How long a trainer waits for its next task before it tells the store it is idle.
 pub const IDLE_AFTER: Duration = Duration::from_millis(100);
@@ -79,7 +86,8 @@ pub struct Tasks {
     acks: Acks,
     store: Arc<dyn ParamStore>,
     trainer: String,
-    acking: Option<JoinHandle<Result<Acked, RuntimeError>>>,
+    /// Acknowledgements in flight, oldest first.
+    acking: std::collections::VecDeque<JoinHandle<Result<Acked, RuntimeError>>>,
     progress: Progress,
 }
 
@@ -118,7 +126,7 @@ impl Tasks {
             reader,
             store,
             trainer: trainer.into(),
-            acking: None,
+            acking: Default::default(),
             progress: Progress::default(),
         }
     }
@@ -226,7 +234,7 @@ impl Tasks {
         // accuracy.
         self.store.flush().await?;
         self.settle().await?;
-        self.acking = Some(tokio::spawn(acknowledge(
+        self.acking.push_back(tokio::spawn(acknowledge(
             self.store.clone(),
             self.acks.clone(),
             self.trainer.clone(),
@@ -239,8 +247,9 @@ impl Tasks {
 
     /// Task `task` was trained whole (`records`, since `started`) by a loop that pushes
     /// in the background (the runtime's pipeline): it is acknowledged in the background
-    /// (after the one before) once `applied` says its pushes are applied. Nothing is
-    /// flushed: the loop's next task does not wait for them.
+    /// once `applied` says its pushes are applied, with at most
+    /// [`ACKS_IN_FLIGHT`] acknowledgements under way (this call waits for the oldest
+    /// beyond that). Nothing is flushed: the loop's next task does not wait for them.
     pub async fn computed(
         &mut self,
         task: LeasedTask,
@@ -248,9 +257,15 @@ impl Tasks {
         started: Instant,
         applied: impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static,
     ) -> Result<(), RuntimeError> {
-        self.settle().await?;
+        while self
+            .acking
+            .front()
+            .is_some_and(|h| h.is_finished() || self.acking.len() >= ACKS_IN_FLIGHT)
+        {
+            self.settle_oldest().await?;
+        }
         let (store, acks, trainer) = (self.store.clone(), self.acks.clone(), self.trainer.clone());
-        self.acking = Some(tokio::spawn(async move {
+        self.acking.push_back(tokio::spawn(async move {
             applied.await?;
             acknowledge(store, acks, trainer, task, records, started).await
         }));
@@ -300,9 +315,17 @@ impl Tasks {
         }
     }
 
-    /// Waits for the acknowledgement in flight, if any, and counts it.
+    /// Waits for the acknowledgements in flight, if any, and counts them.
     pub async fn settle(&mut self) -> Result<(), RuntimeError> {
-        let Some(handle) = self.acking.take() else {
+        while !self.acking.is_empty() {
+            self.settle_oldest().await?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the oldest acknowledgement in flight, if any, and counts it.
+    async fn settle_oldest(&mut self) -> Result<(), RuntimeError> {
+        let Some(handle) = self.acking.pop_front() else {
             return Ok(());
         };
         let acked = handle.await.map_err(|e| {
