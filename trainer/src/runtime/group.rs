@@ -143,7 +143,7 @@ pub(super) fn batches_per_push(cfg: &RuntimeConfig, model: &dyn Model) -> usize 
 
 /// Adds the dense gradients of `out` into `sum` (a group of batches: their sum is
 /// pushed as one step).
-fn add_gradients(sum: &mut StepOutput, out: &StepOutput) {
+pub(super) fn add_gradients(sum: &mut StepOutput, out: &StepOutput) {
     sum.examples += out.examples;
     for (s, g) in sum.dense.iter_mut().zip(&out.dense) {
         for (a, b) in s.iter_mut().zip(g) {

@@ -14,6 +14,7 @@ use super::working::Working;
 use crate::local_optim::LocalOptimizer;
 use crate::model::{Batch, Model, StepOutput};
 use crate::runtime::TaskEnd;
+use crate::runtime::group::add_gradients;
 use crate::tasks::task_ref;
 
 /// What the runtime sends the compute thread.
@@ -289,17 +290,6 @@ impl Compute {
             last_loss: cur.last_loss,
             first_push_at: cur.first_push_at,
             last_push_at: cur.last_push_at,
-        }
-    }
-}
-
-/// Adds the dense gradients of `out` into `sum` (a group of batches: their sum is
-/// pushed as one step).
-pub(crate) fn add_gradients(sum: &mut StepOutput, out: &StepOutput) {
-    sum.examples += out.examples;
-    for (s, g) in sum.dense.iter_mut().zip(&out.dense) {
-        for (a, b) in s.iter_mut().zip(g) {
-            *a += b;
         }
     }
 }
