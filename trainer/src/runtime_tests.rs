@@ -398,3 +398,126 @@ async fn one_trainer_through_the_pipeline_ends_where_the_per_group_loop_ends() {
         assert!(moved > 0.1, "{b:?}");
     }
 }
+
+/// A [`LocalStore`] whose pushes fail from the `fail_from`th on, or whose pulls fail
+/// once `fail_pulls` is set (what a store that broke for good does).
+#[derive(Debug)]
+struct Breaking {
+    inner: LocalStore,
+    pushes: std::sync::atomic::AtomicU64,
+    fail_from: u64,
+    fail_pulls: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl crate::store::ParamStore for Breaking {
+    async fn init(
+        &self,
+        trainer: &str,
+        params: &crate::store::ParamInit,
+    ) -> Result<crate::store::InitOutcome, crate::store::StoreError> {
+        self.inner.init(trainer, params).await
+    }
+    async fn pull_dense(
+        &self,
+        params: &mut crate::model::Params,
+    ) -> Result<(), crate::store::StoreError> {
+        if self.fail_pulls.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(crate::store::StoreError::Unavailable(
+                "injected pull failure".into(),
+            ));
+        }
+        self.inner.pull_dense(params).await
+    }
+    async fn pull_sparse(
+        &self,
+        rows: &[(String, Vec<u64>)],
+        params: &mut crate::model::Params,
+    ) -> Result<(), crate::store::StoreError> {
+        self.inner.pull_sparse(rows, params).await
+    }
+    async fn push(
+        &self,
+        trainer: &str,
+        step: u64,
+        origin: Option<edl_pserver_client::Origin>,
+        grads: &crate::model::StepOutput,
+    ) -> Result<(), crate::store::StoreError> {
+        let n = self
+            .pushes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        if n >= self.fail_from {
+            // From here on the pulls fail too (a store that is gone).
+            self.fail_pulls
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            return Err(crate::store::StoreError::Unavailable(
+                "injected push failure".into(),
+            ));
+        }
+        self.inner.push(trainer, step, origin, grads).await
+    }
+    fn local_updates(&self) -> Option<edl_pserver_client::OptimizerConfig> {
+        self.inner.local_updates()
+    }
+}
+
+/// A store that breaks mid-job stops a trainer in the pipeline with the store's error,
+/// within seconds (no hang on a push slot, a landing or an acknowledgement), after the
+/// pushes before the failure were applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_breaks_stops_the_pipeline_with_its_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = split_every(&boston(), 5);
+    let glob = write_shards(dir.path(), &train, 3);
+    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
+    let stop = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let master = tokio::spawn(run_master(
+        backend.clone(),
+        MasterConfig::new(JobName::new("breaks").unwrap()),
+        listener,
+        stop.child_token(),
+    ));
+    let client = MasterClient::new(
+        backend.clone(),
+        MasterClientConfig::new(JobName::new("breaks").unwrap()),
+        stop.child_token(),
+    );
+    client.set_dataset(vec![glob], 1, 50).await.unwrap();
+    let model = line_model(&train);
+    let store = Arc::new(Breaking {
+        inner: LocalStore::new(model.clone(), OptimizerKind::sgd(), 0.01, 1),
+        pushes: Default::default(),
+        fail_from: 40,
+        fail_pulls: Default::default(),
+    });
+    assert!(
+        crate::runtime::local_updates(store.as_ref(), model.as_ref())
+            .unwrap()
+            .is_some(),
+        "witness: the trainer takes the pipeline"
+    );
+    let _lease = register(&backend, "breaks", "only", &stop).await;
+    let mut cfg = RuntimeConfig::new("only");
+    cfg.batch_size = 8;
+    let (tx, rx) = watch::channel(Progress::default());
+    let reader = CloudReader::start(client.clone(), ReaderConfig::new("only"));
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        run(reader, model, store.clone(), cfg, stop.child_token(), tx),
+    )
+    .await
+    .expect("the trainer stops instead of hanging");
+    match out {
+        Err(crate::runtime::RuntimeError::Store(e)) => {
+            assert!(e.to_string().contains("injected push failure"), "{e}")
+        }
+        other => panic!("expected the store's error, got {other:?}"),
+    }
+    // Witness: it trained (and had tasks acknowledged) before the store broke.
+    assert!(store.pushes.load(std::sync::atomic::Ordering::SeqCst) >= 40);
+    assert!(rx.borrow().tasks > 0, "{:?}", rx.borrow());
+    stop.cancel();
+    master.await.unwrap().unwrap();
+}
