@@ -521,3 +521,107 @@ async fn a_store_that_breaks_stops_the_pipeline_with_its_error() {
     stop.cancel();
     master.await.unwrap().unwrap();
 }
+
+/// A model whose `at`th forward/backward panics (a bug in a user's model).
+#[derive(Debug)]
+struct Panicking {
+    inner: Arc<dyn crate::Model>,
+    calls: std::sync::atomic::AtomicU64,
+    at: u64,
+}
+
+impl crate::Model for Panicking {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn dense_params(&self) -> Vec<crate::model::DenseParam> {
+        self.inner.dense_params()
+    }
+    fn sparse_tables(&self) -> Vec<crate::model::SparseTable> {
+        self.inner.sparse_tables()
+    }
+    fn init_dense(&self, seed: u64) -> Vec<Vec<f32>> {
+        self.inner.init_dense(seed)
+    }
+    fn init_sparse_row(&self, table: &str, row: u64, seed: u64) -> Vec<f32> {
+        self.inner.init_sparse_row(table, row, seed)
+    }
+    fn prepare_records(&self, records: &[Vec<u8>], seed: u64) -> crate::Result<crate::Batch> {
+        self.inner.prepare_records(records, seed)
+    }
+    fn sparse_rows(&self, batch: &crate::Batch) -> Vec<(String, Vec<u64>)> {
+        self.inner.sparse_rows(batch)
+    }
+    fn forward_backward(
+        &self,
+        params: &crate::model::Params,
+        batch: &crate::Batch,
+    ) -> crate::Result<crate::model::StepOutput> {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        assert!(n < self.at, "injected model panic at call {n}");
+        self.inner.forward_backward(params, batch)
+    }
+    fn evaluate(
+        &self,
+        params: &crate::model::Params,
+        batch: &crate::Batch,
+    ) -> crate::Result<crate::model::EvalOutput> {
+        self.inner.evaluate(params, batch)
+    }
+    fn metric(&self) -> MetricKind {
+        self.inner.metric()
+    }
+}
+
+/// A model that panics on the compute thread stops the trainer with an error within
+/// seconds (the thread's end is noticed: nothing waits for it forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_panics_stops_the_pipeline_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = split_every(&boston(), 5);
+    let glob = write_shards(dir.path(), &train, 3);
+    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
+    let stop = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let master = tokio::spawn(run_master(
+        backend.clone(),
+        MasterConfig::new(JobName::new("panics").unwrap()),
+        listener,
+        stop.child_token(),
+    ));
+    let client = MasterClient::new(
+        backend.clone(),
+        MasterClientConfig::new(JobName::new("panics").unwrap()),
+        stop.child_token(),
+    );
+    client.set_dataset(vec![glob], 1, 50).await.unwrap();
+    let inner = line_model(&train);
+    let store = Arc::new(LocalStore::new(
+        inner.clone(),
+        OptimizerKind::sgd(),
+        0.01,
+        1,
+    ));
+    let model = Arc::new(Panicking {
+        inner,
+        calls: Default::default(),
+        at: 30,
+    });
+    let _lease = register(&backend, "panics", "only", &stop).await;
+    let mut cfg = RuntimeConfig::new("only");
+    cfg.batch_size = 8;
+    let (tx, _rx) = watch::channel(Progress::default());
+    let reader = CloudReader::start(client.clone(), ReaderConfig::new("only"));
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        run(reader, model.clone(), store, cfg, stop.child_token(), tx),
+    )
+    .await
+    .expect("the trainer stops instead of hanging");
+    let err = out.expect_err("a panicking model is an error");
+    assert!(err.to_string().contains("compute thread"), "{err}");
+    // Witness: the panic was reached.
+    assert!(model.calls.load(std::sync::atomic::Ordering::SeqCst) >= 30);
+    stop.cancel();
+    master.await.unwrap().unwrap();
+}

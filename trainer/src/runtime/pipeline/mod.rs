@@ -146,12 +146,22 @@ impl Pipeline {
         let flushed = self.flush().await;
         self.work = None;
         self.done.close();
-        let stats = match self.thread.take() {
-            Some(t) => tokio::task::spawn_blocking(move || t.join())
-                .await
-                .ok()
-                .and_then(|r| r.ok())
-                .unwrap_or_default(),
+        let joined = match self.thread.take() {
+            Some(t) => tokio::task::spawn_blocking(move || t.join()).await.ok(),
+            None => None,
+        };
+        let stats = match joined {
+            Some(Ok(stats)) => stats,
+            Some(Err(panic)) => {
+                // The runtime saw "the compute thread stopped": say why, once.
+                let why = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("a panic without a message");
+                tracing::error!("the compute thread panicked: {why}");
+                ComputeStats::default()
+            }
             None => ComputeStats::default(),
         };
         self.shared.close();
