@@ -78,6 +78,47 @@ pub struct PsStoreStats {
     pub dropped_pushes: AtomicU64,
 }
 
+impl PsStoreStats {
+    /// A dense pull that received `bytes` of values.
+    fn count_pull(&self, bytes: usize) {
+        self.pulls.fetch_add(1, Ordering::Relaxed);
+        self.pull_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// What an async push is sent with: the background push of the per-group loop and the
+/// pipeline's waited-for push send it one way.
+struct AsyncPush<'a> {
+    client: &'a PsClient,
+    stats: &'a PsStoreStats,
+    answered: &'a Answered,
+}
+
+impl AsyncPush<'_> {
+    /// Sends a push and waits for its answer: a long wait is logged, the task's
+    /// answering incarnations noted, the push counted.
+    async fn send(
+        &self,
+        trainer: &str,
+        step: u64,
+        origin: Option<Origin>,
+        names: &[String],
+        grads: &StepOutput,
+    ) -> Result<(), StoreError> {
+        let (dense, sparse) = push_views(names, grads);
+        let sent = std::time::Instant::now();
+        let pushed = self
+            .client
+            .push_from(trainer, step, origin, &dense, &sparse)
+            .await;
+        note_stall(sent);
+        let out = pushed.map_err(map_err)?;
+        note_answered(self.answered, origin, &out.incarnations);
+        self.stats.pushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 /// The parameter servers as a [`ParamStore`].
 #[derive(Debug)]
 pub struct PsStore {
@@ -198,10 +239,7 @@ impl PsStore {
         let mut cache = self.cache.lock().await;
         if fresh {
             let stats = self.client.pull_dense(&mut cache).await.map_err(map_err)?;
-            self.stats.pulls.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .pull_bytes
-                .fetch_add(stats.bytes as u64, Ordering::Relaxed);
+            self.stats.count_pull(stats.bytes);
         }
         for (i, p) in cache.params().iter().enumerate() {
             visit(i, &p.values);
@@ -214,10 +252,7 @@ impl PsStore {
                 async move {
                     let mut cache = cache.lock().await;
                     let pulled = client.pull_dense(&mut cache).await.map_err(map_err)?;
-                    stats.pulls.fetch_add(1, Ordering::Relaxed);
-                    stats
-                        .pull_bytes
-                        .fetch_add(pulled.bytes as u64, Ordering::Relaxed);
+                    stats.count_pull(pulled.bytes);
                     Ok(pulled.bytes as u64)
                 }
                 .in_current_span(),
@@ -305,22 +340,15 @@ impl PsStore {
                     pushes,
                     failed: Some("the push was abandoned".into()),
                 };
-                let (dense, sparse) = push_views(&names, &grads);
-                let sent = std::time::Instant::now();
-                let pushed = client
-                    .push_from(&trainer, step, origin, &dense, &sparse)
-                    .await;
-                note_stall(sent);
-                let out = match pushed {
-                    Ok(out) => out,
-                    Err(e) => {
-                        let e = map_err(e);
-                        outcome.failed = Some(e.to_string());
-                        return Err(e);
-                    }
+                let push = AsyncPush {
+                    client: &client,
+                    stats: &stats,
+                    answered: &answered,
                 };
-                note_answered(&answered, origin, &out.incarnations);
-                stats.pushes.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = push.send(&trainer, step, origin, &names, &grads).await {
+                    outcome.failed = Some(e.to_string());
+                    return Err(e);
+                }
                 outcome.failed = None;
                 Ok(())
             }
@@ -540,26 +568,18 @@ impl ParamStore for PsStore {
             return self.push_sync(trainer, origin, &grads).await;
         }
         let names = self.names_for(&grads)?;
-        let (dense, sparse) = push_views(&names, &grads);
-        let sent = std::time::Instant::now();
-        let out = self
-            .client
-            .push_from(trainer, step, origin, &dense, &sparse)
-            .await
-            .map_err(map_err)?;
-        note_stall(sent);
-        note_answered(&self.answered, origin, &out.incarnations);
-        self.stats.pushes.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        let push = AsyncPush {
+            client: &self.client,
+            stats: &self.stats,
+            answered: &self.answered,
+        };
+        push.send(trainer, step, origin, &names, &grads).await
     }
 
     async fn pull_current(&self, params: &mut Params) -> Result<(), StoreError> {
         let mut cache = self.cache.lock().await;
         let pulled = self.client.pull_dense(&mut cache).await.map_err(map_err)?;
-        self.stats.pulls.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .pull_bytes
-            .fetch_add(pulled.bytes as u64, Ordering::Relaxed);
+        self.stats.count_pull(pulled.bytes);
         let values = cache.params();
         params.dense.resize_with(values.len(), Vec::new);
         for (dst, p) in params.dense.iter_mut().zip(values) {

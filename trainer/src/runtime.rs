@@ -42,7 +42,7 @@ use crate::tasks::{Next, Tasks, task_ref};
 mod group;
 mod pipeline;
 mod pipelined;
-use group::{batches_per_push, compute_group, prepare};
+use group::{Groups, compute_group};
 pub use pipeline::PUSH_WINDOW;
 
 /// Runtime settings.
@@ -357,41 +357,15 @@ async fn train_task(
     // Records of pushed groups (and of batches skipped in them).
     let mut trained = 0u64;
     let task_ref = task_ref(task);
-    let batch_size = cfg.batch_size.max(1);
-    let per_push = batches_per_push(cfg, model.as_ref());
-    let group_records = batch_size * per_push;
-    let groups = records.len().div_ceil(group_records);
-    let mut next = (groups > 0).then(|| prepare(model, &records, task, cfg, 0));
-    for g in 0..groups {
-        let prepared = next
-            .take()
-            .expect("a group is being prepared")
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("preparing batches panicked: {e}")))?;
-        if g + 1 < groups {
-            next = Some(prepare(model, &records, task, cfg, g + 1));
-        }
+    let mut groups = Groups::new(model, records, task, cfg);
+    while let Some((g, prepared)) = groups.next().await? {
         if shutdown.is_cancelled() {
             // A group not pushed yet is dropped with the task (handed back).
             return Ok(TaskEnd::Drained(trained));
         }
         let batches = match prepared {
             Ok(b) => b,
-            Err(bad) if bad.error.is_bad_data() => {
-                return Ok(TaskEnd::BadData(
-                    format!(
-                        "{} chunks {}..{}: records {}..{} of the task: {}",
-                        task.path,
-                        task.chunk_begin,
-                        task.chunk_end,
-                        bad.first,
-                        bad.first + bad.len,
-                        bad.error
-                    ),
-                    trained,
-                ));
-            }
-            Err(bad) => return Err(bad.error.into()),
+            Err(bad) => return Ok(TaskEnd::BadData(bad.reason(task)?, trained)),
         };
         let records_in_group: u64 = batches.iter().map(|b| b.len() as u64).sum();
         // A group computes on the parameters pulled before its first batch.
@@ -421,7 +395,7 @@ async fn train_task(
         }
         if let Some(sum) = out.sum {
             // The group's number is its origin: the same groups in every attempt.
-            let origin = task_ref.batch(g as u32);
+            let origin = task_ref.batch(g);
             store
                 .push(&cfg.trainer, state.steps, Some(origin), &sum)
                 .await?;

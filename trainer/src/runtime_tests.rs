@@ -266,6 +266,54 @@ async fn a_draining_trainer_hands_its_task_back_and_another_finishes_the_pass() 
     master.await.unwrap().unwrap();
 }
 
+/// A fit-a-line job on a real master over the in-memory backend: the training split in
+/// 3 files of small chunks, `passes` passes.
+struct LineJob {
+    _dir: tempfile::TempDir,
+    train: Vec<edl_proto::sample::Sample>,
+    backend: Arc<dyn Backend>,
+    stop: CancellationToken,
+    master: tokio::task::JoinHandle<Result<(), edl_master::MasterError>>,
+    client: MasterClient,
+}
+
+impl LineJob {
+    async fn start(name: &str, passes: u32) -> LineJob {
+        let dir = tempfile::tempdir().unwrap();
+        let (train, _) = split_every(&boston(), 5);
+        let glob = write_shards(dir.path(), &train, 3);
+        let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
+        let stop = CancellationToken::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let master = tokio::spawn(run_master(
+            backend.clone(),
+            MasterConfig::new(JobName::new(name).unwrap()),
+            listener,
+            stop.child_token(),
+        ));
+        let client = MasterClient::new(
+            backend.clone(),
+            MasterClientConfig::new(JobName::new(name).unwrap()),
+            stop.child_token(),
+        );
+        client.set_dataset(vec![glob], 1, passes).await.unwrap();
+        LineJob {
+            _dir: dir,
+            train,
+            backend,
+            stop,
+            master,
+            client,
+        }
+    }
+
+    /// Stops the master (it must end cleanly).
+    async fn finish(self) {
+        self.stop.cancel();
+        self.master.await.unwrap().unwrap();
+    }
+}
+
 /// A [`LocalStore`] that does not let trainers update locally: the runtime takes the
 /// per-group loop.
 #[derive(Debug)]
@@ -311,24 +359,13 @@ async fn one_trainer_fits_a_line(
     local: &LocalStore,
     per_push: usize,
 ) -> Vec<Vec<f32>> {
-    let dir = tempfile::tempdir().unwrap();
-    let (train, _) = split_every(&boston(), 5);
-    let glob = write_shards(dir.path(), &train, 3);
-    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
-    let stop = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let master = tokio::spawn(run_master(
-        backend.clone(),
-        MasterConfig::new(JobName::new("one").unwrap()),
-        listener,
-        stop.child_token(),
-    ));
-    let client = MasterClient::new(
-        backend.clone(),
-        MasterClientConfig::new(JobName::new("one").unwrap()),
-        stop.child_token(),
+    let job = LineJob::start("one", 5).await;
+    let (train, backend, stop, client) = (
+        job.train.clone(),
+        job.backend.clone(),
+        job.stop.clone(),
+        job.client.clone(),
     );
-    client.set_dataset(vec![glob], 1, 5).await.unwrap();
     let model = line_model(&train);
     let _lease = register(&backend, "one", "only", &stop).await;
     let mut cfg = RuntimeConfig::new("only");
@@ -345,8 +382,7 @@ async fn one_trainer_fits_a_line(
     .expect("the trainer finishes")
     .unwrap();
     assert_eq!(p.records, 5 * train.len() as u64);
-    stop.cancel();
-    master.await.unwrap().unwrap();
+    job.finish().await;
     local.snapshot().await.expect("initialised").dense
 }
 
@@ -467,24 +503,13 @@ impl crate::store::ParamStore for Breaking {
 /// pushes before the failure were applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_breaks_stops_the_pipeline_with_its_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let (train, _) = split_every(&boston(), 5);
-    let glob = write_shards(dir.path(), &train, 3);
-    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
-    let stop = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let master = tokio::spawn(run_master(
-        backend.clone(),
-        MasterConfig::new(JobName::new("breaks").unwrap()),
-        listener,
-        stop.child_token(),
-    ));
-    let client = MasterClient::new(
-        backend.clone(),
-        MasterClientConfig::new(JobName::new("breaks").unwrap()),
-        stop.child_token(),
+    let job = LineJob::start("breaks", 50).await;
+    let (train, backend, stop, client) = (
+        job.train.clone(),
+        job.backend.clone(),
+        job.stop.clone(),
+        job.client.clone(),
     );
-    client.set_dataset(vec![glob], 1, 50).await.unwrap();
     let model = line_model(&train);
     let store = Arc::new(Breaking {
         inner: LocalStore::new(model.clone(), OptimizerKind::sgd(), 0.01, 1),
@@ -518,8 +543,7 @@ async fn a_store_that_breaks_stops_the_pipeline_with_its_error() {
     // Witness: it trained (and had tasks acknowledged) before the store broke.
     assert!(store.pushes.load(std::sync::atomic::Ordering::SeqCst) >= 40);
     assert!(rx.borrow().tasks > 0, "{:?}", rx.borrow());
-    stop.cancel();
-    master.await.unwrap().unwrap();
+    job.finish().await;
 }
 
 /// A model whose `at`th forward/backward panics (a bug in a user's model).
@@ -577,24 +601,13 @@ impl crate::Model for Panicking {
 /// seconds (the thread's end is noticed: nothing waits for it forever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_panics_stops_the_pipeline_with_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let (train, _) = split_every(&boston(), 5);
-    let glob = write_shards(dir.path(), &train, 3);
-    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
-    let stop = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let master = tokio::spawn(run_master(
-        backend.clone(),
-        MasterConfig::new(JobName::new("panics").unwrap()),
-        listener,
-        stop.child_token(),
-    ));
-    let client = MasterClient::new(
-        backend.clone(),
-        MasterClientConfig::new(JobName::new("panics").unwrap()),
-        stop.child_token(),
+    let job = LineJob::start("panics", 50).await;
+    let (train, backend, stop, client) = (
+        job.train.clone(),
+        job.backend.clone(),
+        job.stop.clone(),
+        job.client.clone(),
     );
-    client.set_dataset(vec![glob], 1, 50).await.unwrap();
     let inner = line_model(&train);
     let store = Arc::new(LocalStore::new(
         inner.clone(),
@@ -622,6 +635,5 @@ async fn a_model_that_panics_stops_the_pipeline_with_an_error() {
     assert!(err.to_string().contains("compute thread"), "{err}");
     // Witness: the panic was reached.
     assert!(model.calls.load(std::sync::atomic::Ordering::SeqCst) >= 30);
-    stop.cancel();
-    master.await.unwrap().unwrap();
+    job.finish().await;
 }

@@ -7,14 +7,15 @@ use std::sync::Arc;
 use edl_master_client::task::LeasedTask;
 use tokio::task::JoinHandle;
 
-use super::{RuntimeConfig, batch_seed};
+use super::{RuntimeConfig, RuntimeError, batch_seed};
 use crate::model::{Model, Params, StepOutput};
+use crate::store::StoreError;
 
 /// The batches of a group being prepared on a blocking thread.
 pub(super) type Prepare = JoinHandle<Result<Vec<crate::model::Batch>, BadBatch>>;
 
 /// Starts preparing group `g` of a task's `records`.
-pub(super) fn prepare(
+fn prepare(
     model: &Arc<dyn Model>,
     records: &Arc<Vec<Vec<u8>>>,
     task: &LeasedTask,
@@ -35,6 +36,67 @@ pub(super) fn prepare(
             g,
         )
     })
+}
+
+/// A task's groups, each prepared on a blocking thread while the one before is used
+/// (decoding overlaps the math).
+pub(super) struct Groups<'a> {
+    model: &'a Arc<dyn Model>,
+    records: Arc<Vec<Vec<u8>>>,
+    task: &'a LeasedTask,
+    cfg: &'a RuntimeConfig,
+    next: Option<Prepare>,
+    /// The number of the group being prepared, and how many the task has.
+    g: usize,
+    groups: usize,
+}
+
+impl<'a> Groups<'a> {
+    /// Starts preparing the first group of `task`'s `records`.
+    pub(super) fn new(
+        model: &'a Arc<dyn Model>,
+        records: Arc<Vec<Vec<u8>>>,
+        task: &'a LeasedTask,
+        cfg: &'a RuntimeConfig,
+    ) -> Self {
+        let group_records = cfg.batch_size.max(1) * batches_per_push(cfg, model.as_ref());
+        let groups = records.len().div_ceil(group_records);
+        let next = (groups > 0).then(|| prepare(model, &records, task, cfg, 0));
+        Groups {
+            model,
+            records,
+            task,
+            cfg,
+            next,
+            g: 0,
+            groups,
+        }
+    }
+
+    /// The next group (its number, and its batches or why they could not be prepared),
+    /// once prepared; the one after it starts preparing. `None` after the last.
+    pub(super) async fn next(
+        &mut self,
+    ) -> Result<Option<(u32, Result<Vec<crate::model::Batch>, BadBatch>)>, RuntimeError> {
+        let Some(preparing) = self.next.take() else {
+            return Ok(None);
+        };
+        let g = self.g;
+        let prepared = preparing
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("preparing batches panicked: {e}")))?;
+        self.g += 1;
+        if self.g < self.groups {
+            self.next = Some(prepare(
+                self.model,
+                &self.records,
+                self.task,
+                self.cfg,
+                self.g,
+            ));
+        }
+        Ok(Some((g as u32, prepared)))
+    }
 }
 
 /// A batch that could not be prepared.
@@ -74,6 +136,25 @@ fn prepare_group(
                 })
         })
         .collect()
+}
+
+impl BadBatch {
+    /// Why `task` fails, when its data is bad (the file, chunks and records named); the
+    /// error itself otherwise.
+    pub(super) fn reason(self, task: &LeasedTask) -> Result<String, RuntimeError> {
+        if !self.error.is_bad_data() {
+            return Err(self.error.into());
+        }
+        Ok(format!(
+            "{} chunks {}..{}: records {}..{} of the task: {}",
+            task.path,
+            task.chunk_begin,
+            task.chunk_end,
+            self.first,
+            self.first + self.len,
+            self.error
+        ))
+    }
 }
 
 /// What computing a group gave.

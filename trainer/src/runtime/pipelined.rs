@@ -11,7 +11,7 @@ use edl_master_client::task::LeasedTask;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::group::{batches_per_push, prepare};
+use super::group::Groups;
 use super::pipeline::{Done, EndHow, Fatal, Pipeline, Work};
 use super::{Progress, RuntimeConfig, RuntimeError, TaskEnd, evaluate_pass};
 use crate::local_optim::LocalOptimizer;
@@ -181,19 +181,9 @@ async fn feed(
     let started = Instant::now();
     let task: Arc<LeasedTask> = Arc::new(task);
     let records = Arc::new(records);
-    let group_records = ctx.cfg.batch_size.max(1) * batches_per_push(ctx.cfg, ctx.model.as_ref());
-    let groups = records.len().div_ceil(group_records);
-    let mut next = (groups > 0).then(|| prepare(ctx.model, &records, &task, ctx.cfg, 0));
+    let mut groups = Groups::new(ctx.model, records, &task, ctx.cfg);
     let mut how = EndHow::Whole;
-    for g in 0..groups {
-        let prepared = next
-            .take()
-            .expect("a group is being prepared")
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("preparing batches panicked: {e}")))?;
-        if g + 1 < groups {
-            next = Some(prepare(ctx.model, &records, &task, ctx.cfg, g + 1));
-        }
+    while let Some((g, prepared)) = groups.next().await? {
         if ctx.shutdown.is_cancelled() {
             // A group not sent yet is dropped with the task (handed back).
             how = EndHow::Drained;
@@ -201,23 +191,13 @@ async fn feed(
         }
         match prepared {
             Ok(batches) => {
-                let g = g as u32;
                 let task = task.clone();
                 pipe.send(Work::Group { task, g, batches }).await?;
             }
-            Err(bad) if bad.error.is_bad_data() => {
-                how = EndHow::BadData(format!(
-                    "{} chunks {}..{}: records {}..{} of the task: {}",
-                    task.path,
-                    task.chunk_begin,
-                    task.chunk_end,
-                    bad.first,
-                    bad.first + bad.len,
-                    bad.error
-                ));
+            Err(bad) => {
+                how = EndHow::BadData(bad.reason(&task)?);
                 break;
             }
-            Err(bad) => return Err(bad.error.into()),
         }
     }
     let drained = matches!(how, EndHow::Drained);
