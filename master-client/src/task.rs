@@ -42,6 +42,18 @@ pub struct LeasedTask {
     pub index: u32,
     /// Tasks in the dataset.
     pub tasks: u32,
+    /// Dispatches of this task in this pass, this lease included (a rewind counts as
+    /// one); 0 when the master did not say. Only the first attempt (1) may group its
+    /// batches into pushes as it likes: see `TaskOrigin` in `master.proto`.
+    pub dispatches: u32,
+}
+
+impl LeasedTask {
+    /// Whether this is the first attempt at the task in its pass, with no part of an
+    /// earlier attempt possibly applied anywhere.
+    pub fn first_attempt(&self) -> bool {
+        self.dispatches == 1
+    }
 }
 
 /// The answer to `GetTask`.
@@ -72,6 +84,7 @@ impl From<LeasedTask> for pb::Task {
             offset_end: t.offset_end,
             index: t.index,
             tasks: t.tasks,
+            dispatches: t.dispatches,
         }
     }
 }
@@ -91,6 +104,7 @@ impl From<pb::Task> for LeasedTask {
             offset_end: t.offset_end,
             index: t.index,
             tasks: t.tasks,
+            dispatches: t.dispatches,
         }
     }
 }
@@ -141,6 +155,7 @@ mod tests {
             offset_end: 900,
             index: 5,
             tasks: 9,
+            dispatches: 2,
         };
         for n in [
             Answer::Task(t.clone()),

@@ -57,6 +57,15 @@ pub enum PsClientError {
         /// The pserver's explanation.
         msg: String,
     },
+    /// A shard refused a push whose batches another attempt at the task partly applied:
+    /// the task was taken away from this trainer (the other attempt trains the rest).
+    #[error("shard {shard}: {msg}")]
+    Overlap {
+        /// The shard.
+        shard: u32,
+        /// The pserver's explanation.
+        msg: String,
+    },
     /// A pserver probed directly refused or failed the call.
     #[error("the pserver at {addr} refused: {status}")]
     ProbeRefused {
@@ -145,6 +154,9 @@ pub enum ErrorKind {
     /// A task's pushes were applied by an earlier incarnation of the shard, restored
     /// since from a checkpoint: train the task again.
     Rewound,
+    /// The push's run of batches was partly applied by another attempt at its task (the
+    /// task was taken away from this trainer): nothing of it applied.
+    Overlap,
     /// Any other malformed request.
     Invalid,
 }
@@ -161,6 +173,7 @@ impl ErrorKind {
             ErrorKind::NonFinite => "non-finite",
             ErrorKind::TooOld => "too-old",
             ErrorKind::Rewound => "rewound",
+            ErrorKind::Overlap => "overlap",
             ErrorKind::Invalid => "invalid",
         }
     }
@@ -176,6 +189,7 @@ impl ErrorKind {
             "spec-mismatch" => ErrorKind::SpecMismatch,
             "non-finite" => ErrorKind::NonFinite,
             "too-old" => ErrorKind::TooOld,
+            "overlap" => ErrorKind::Overlap,
             "invalid" => ErrorKind::Invalid,
             _ => return None,
         })

@@ -105,6 +105,10 @@ pub(super) fn push_refusal<R>(s: &tonic::Status, shard: u32, step: u64) -> Optio
             step,
             next: next_step_of(s).unwrap_or(step + 1),
         })),
+        Some(ErrorKind::Overlap) => Some(Attempt::Fail(PsClientError::Overlap {
+            shard,
+            msg: s.message().to_owned(),
+        })),
         // Another trainer's pull initialises a shard that lost its parameters.
         Some(ErrorKind::Uninitialised) => Some(Attempt::Retry(format!(
             "shard {shard} has no parameters yet"

@@ -83,6 +83,23 @@ pub enum PsError {
         /// This incarnation.
         now: u64,
     },
+    /// A push's run of batches was partly applied by another attempt at its task.
+    #[error(
+        "batches {first}..{end} of task {task} of pass {pass} were partly applied by another \
+         attempt at the task (it was taken away from this trainer); nothing of this push was \
+         applied",
+        end = u64::from(*first) + u64::from(*count)
+    )]
+    Overlap {
+        /// The pass.
+        pass: u32,
+        /// The task's index.
+        task: u32,
+        /// The run's first batch.
+        first: u32,
+        /// Its batches.
+        count: u32,
+    },
     /// Sync mode: pushes must come from registered trainers.
     #[error(
         "trainer {0:?} is not registered under trainers/ (sync mode counts registered trainers)"
@@ -142,6 +159,7 @@ impl PsError {
             PsError::StaleStep { .. } => ErrorKind::StaleStep,
             PsError::StepTooOld { .. } => ErrorKind::TooOld,
             PsError::Rewound { .. } => ErrorKind::Rewound,
+            PsError::Overlap { .. } => ErrorKind::Overlap,
             PsError::NotRegistered(_) => ErrorKind::NotRegistered,
             _ => return None,
         })
@@ -168,7 +186,7 @@ impl From<PsError> for tonic::Status {
             PsError::InvalidArgument(_) | PsError::Spec(_) | PsError::NonFinite(_) => {
                 Code::InvalidArgument
             }
-            PsError::StaleStep { .. } => Code::Aborted,
+            PsError::StaleStep { .. } | PsError::Overlap { .. } => Code::Aborted,
             PsError::Unauthenticated(_) => Code::Unauthenticated,
             PsError::Checkpoint(_) | PsError::Config(_) | PsError::Internal(_) => Code::Internal,
         };

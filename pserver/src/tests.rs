@@ -574,6 +574,7 @@ async fn a_sync_push_asked_again_returns_only_once_its_step_is_applied() {
             pass: 0,
             task,
             seq: 0,
+            count: 1,
         })
     };
     let pa = {
@@ -1547,7 +1548,7 @@ async fn push_task(ps: &PsClient, task: u32, seqs: std::ops::Range<u32>) -> Vec<
             .push_from(
                 "a",
                 u64::from(task * 3 + seq + 1),
-                Some(crate::shard::Origin { pass: 0, task, seq }),
+                Some(crate::shard::Origin::batch(0, task, seq)),
                 &[("w", &dense)],
                 &[SparsePush {
                     table: "emb",

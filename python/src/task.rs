@@ -55,6 +55,7 @@ impl Task {
             pass: self.task.pass,
             task: self.task.index,
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            count: 1,
         })
     }
 

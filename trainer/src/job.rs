@@ -71,7 +71,7 @@ pub fn runtime_config(spec: &JobSpec, id: &str, test: Option<Arc<Vec<Vec<u8>>>>)
     cfg.seed = spec.train.seed;
     cfg.test = test;
     cfg.eval_batch_size = spec.train.eval_batch_size;
-    cfg.batches_per_push = spec.train.batches_per_push as usize;
+    cfg.batches_per_push = spec.train.batches_per_push;
     cfg
 }
 

@@ -437,6 +437,7 @@ fn map_err(e: PsClientError) -> StoreError {
         | PsClientError::NotInitialised(_)
         | PsClientError::Connect { .. }
         | PsClientError::Cancelled => StoreError::Unavailable(e.to_string()),
+        PsClientError::Overlap { .. } => StoreError::Superseded(e.to_string()),
         other => StoreError::Refused(other.to_string()),
     }
 }

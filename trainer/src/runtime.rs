@@ -42,7 +42,8 @@ use crate::tasks::{Next, Tasks, task_ref};
 mod group;
 mod pipeline;
 mod pipelined;
-use group::{Groups, compute_group};
+pub use edl_job::spec::PerPush;
+use group::{Groups, compute_group, fixed_per_push};
 pub use pipeline::PUSH_WINDOW;
 
 /// Runtime settings.
@@ -59,9 +60,9 @@ pub struct RuntimeConfig {
     pub test: Option<Arc<Vec<Vec<u8>>>>,
     /// Batch size of the evaluation.
     pub eval_batch_size: usize,
-    /// Consecutive batches of a task summed into one push (1: a push per batch); a
-    /// model with sparse tables pushes every batch.
-    pub batches_per_push: usize,
+    /// How many consecutive batches of a task are summed into one push (a model with
+    /// sparse tables pushes every batch; see [`PerPush`]).
+    pub batches_per_push: PerPush,
 }
 
 impl RuntimeConfig {
@@ -73,7 +74,7 @@ impl RuntimeConfig {
             seed: 0,
             test: None,
             eval_batch_size: 256,
-            batches_per_push: 1,
+            batches_per_push: PerPush::Adaptive,
         }
     }
 }
@@ -357,8 +358,14 @@ async fn train_task(
     // Records of pushed groups (and of batches skipped in them).
     let mut trained = 0u64;
     let task_ref = task_ref(task);
-    let mut groups = Groups::new(model, records, task, cfg);
-    while let Some((g, prepared)) = groups.next().await? {
+    let mut groups = Groups::new(
+        model,
+        records,
+        task,
+        cfg,
+        fixed_per_push(cfg, model.as_ref()),
+    );
+    while let Some((first, prepared)) = groups.next().await? {
         if shutdown.is_cancelled() {
             // A group not pushed yet is dropped with the task (handed back).
             return Ok(TaskEnd::Drained(trained));
@@ -368,6 +375,7 @@ async fn train_task(
             Err(bad) => return Ok(TaskEnd::BadData(bad.reason(task)?, trained)),
         };
         let records_in_group: u64 = batches.iter().map(|b| b.len() as u64).sum();
+        let origin = task_ref.run(first, batches.len() as u32);
         // A group computes on the parameters pulled before its first batch.
         store.pull_dense(params).await?;
         if let [batch] = batches.as_slice() {
@@ -394,8 +402,7 @@ async fn train_task(
             Some(e) => return Err(e.into()),
         }
         if let Some(sum) = out.sum {
-            // The group's number is its origin: the same groups in every attempt.
-            let origin = task_ref.batch(g);
+            // The same groups in every attempt at the task.
             store
                 .push(&cfg.trainer, state.steps, Some(origin), &sum)
                 .await?;

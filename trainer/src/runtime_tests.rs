@@ -14,10 +14,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::MetricKind;
-use crate::runtime::{Progress, RuntimeConfig, run};
+use crate::runtime::{PerPush, Progress, RuntimeConfig, run};
 use crate::store::LocalStore;
 use crate::testdata::{boston, split_every};
 use crate::{ModelSpec, OptimizerKind, build};
+
+mod taken_away;
 
 fn write_shards(
     dir: &std::path::Path,
@@ -69,7 +71,7 @@ async fn register(
 /// groups of 3 batches (`batches_per_push`): every record trained once, one trainer
 /// initialises, the test cost falls near the optimum. Returns the steps pushed and the
 /// tasks trained.
-async fn two_elastic_trainers_fit_a_line_through_the_master(per_push: usize) -> (u64, u64) {
+async fn two_elastic_trainers_fit_a_line_through_the_master(per_push: PerPush) -> (u64, u64) {
     let dir = tempfile::tempdir().unwrap();
     let (train, test) = split_every(&boston(), 5);
     let glob = write_shards(dir.path(), &train, 3);
@@ -167,8 +169,10 @@ async fn two_elastic_trainers_fit_a_line_through_the_master(per_push: usize) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_elastic_trainers_fit_a_line_through_the_master_pushing_every_batch_or_groups() {
-    let (batches, tasks) = two_elastic_trainers_fit_a_line_through_the_master(1).await;
-    let (groups, tasks_again) = two_elastic_trainers_fit_a_line_through_the_master(3).await;
+    let (batches, tasks) =
+        two_elastic_trainers_fit_a_line_through_the_master(PerPush::Fixed(1)).await;
+    let (groups, tasks_again) =
+        two_elastic_trainers_fit_a_line_through_the_master(PerPush::Fixed(3)).await;
     assert_eq!(tasks, tasks_again);
     // A push per group of 3 batches of a task: at least a third of the batches, and at
     // most one more per task (its last group may be short).
@@ -357,7 +361,7 @@ impl crate::store::ParamStore for PerGroup {
 async fn one_trainer_fits_a_line(
     store: Arc<dyn crate::store::ParamStore>,
     local: &LocalStore,
-    per_push: usize,
+    per_push: PerPush,
 ) -> Vec<Vec<f32>> {
     let job = LineJob::start("one", 5).await;
     let (train, backend, stop, client) = (
@@ -396,13 +400,13 @@ fn line_model(train: &[edl_proto::sample::Sample]) -> Arc<dyn crate::Model> {
 }
 
 /// With plain SGD the pipeline's local updates are exact: one trainer through it, with a
-/// push per batch or per group of 3, ends where the per-group loop with a push per
+/// push per batch, per group of 3 or adaptive, ends where the per-group loop with a push per
 /// batch ends (every batch computed on parameters holding every earlier one: plain
 /// SGD), up to rounding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trainer_through_the_pipeline_ends_where_the_per_group_loop_ends() {
     let (train, _) = split_every(&boston(), 5);
-    for per_push in [1, 3] {
+    for per_push in [PerPush::Fixed(1), PerPush::Fixed(3), PerPush::Adaptive] {
         let store = |seed| LocalStore::new(line_model(&train), OptimizerKind::sgd(), 0.01, seed);
         let piped = store(3);
         assert!(
@@ -420,7 +424,7 @@ async fn one_trainer_through_the_pipeline_ends_where_the_per_group_loop_ends() {
         );
         let a = one_trainer_fits_a_line(Arc::new(piped.clone()), &piped, per_push).await;
         // Per batch (the pipeline sums a group's batches after applying each locally).
-        let b = one_trainer_fits_a_line(Arc::new(per_group), &inner, 1).await;
+        let b = one_trainer_fits_a_line(Arc::new(per_group), &inner, PerPush::Fixed(1)).await;
         assert_eq!(a.len(), b.len());
         let mut moved = 0.0f32;
         for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {

@@ -32,6 +32,10 @@ pub enum StoreError {
     /// some of them: the task must be trained again.
     #[error("{0}")]
     Rewound(String),
+    /// A push's run of batches was partly applied by another attempt at its task: the
+    /// task was taken away from this trainer (the attempt holding it trains the rest).
+    #[error("{0}")]
+    Superseded(String),
 }
 
 /// A task as the store sees it: pushes name their batch within it, and it is recorded
@@ -49,10 +53,16 @@ pub struct TaskRef {
 impl TaskRef {
     /// The origin of batch `seq` of this task.
     pub fn batch(&self, seq: u32) -> Origin {
+        self.run(seq, 1)
+    }
+
+    /// The origin of the `count` batches of this task from batch `seq` on.
+    pub fn run(&self, seq: u32, count: u32) -> Origin {
         Origin {
             pass: self.pass,
             task: self.index,
             seq,
+            count,
         }
     }
 }

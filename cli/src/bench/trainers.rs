@@ -179,6 +179,7 @@ pub async fn run(n: usize, s: Shared, stop: CancellationToken) -> anyhow::Result
             pass: t.task.pass,
             task: t.task.index,
             seq: 0,
+            count: 1,
         };
         let pushed = ps
             .push_from(&id, step, Some(origin), &[("w", &grad)], &[])

@@ -52,6 +52,7 @@
 
 pub mod convert;
 pub mod parse;
+pub mod per_push;
 #[cfg(feature = "schema")]
 pub mod schema;
 pub mod store;
@@ -64,6 +65,7 @@ use serde::{Deserialize, Serialize};
 
 pub use store::{SPEC_VERSION, StoredSpec};
 
+pub use per_push::PerPush;
 pub use validate::SpecError;
 
 /// Most pserver shards of a job (`cluster.pservers`).
@@ -248,12 +250,6 @@ fn d_decay_steps() -> u64 {
 fn d_step_timeout() -> Duration {
     Duration::from_secs(60)
 }
-fn d_batches_per_push() -> u32 {
-    1
-}
-fn is_one(n: &u32) -> bool {
-    *n == 1
-}
 fn d_eval_batch() -> usize {
     256
 }
@@ -318,12 +314,12 @@ pub struct TrainSpec {
     /// Floats per dense parameter block on the pservers (default: the pserver's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_size: Option<usize>,
-    /// Async mode: consecutive batches of a task whose gradients a trainer sums into
-    /// one push, computed on the parameters pulled before the first of them (default
-    /// 1: a push and a pull per batch). Fewer pushes and pulls for staler parameters;
-    /// the groups are the same in every attempt at a task, so each counts once.
-    #[serde(default = "d_batches_per_push", skip_serializing_if = "is_one")]
-    pub batches_per_push: u32,
+    /// Async mode: how many consecutive batches of a task a trainer sums into one push
+    /// ([`PerPush`]): `"adaptive"` (the default; see [`PerPush::Adaptive`]) or a number
+    /// (fewer pushes and pulls for staler parameters). A push names its batches, so each
+    /// counts once whatever the grouping of another attempt at the task.
+    #[serde(default, skip_serializing_if = "PerPush::is_adaptive")]
+    pub batches_per_push: PerPush,
 }
 
 impl Default for TrainSpec {

@@ -13,13 +13,15 @@
 //!   structural schema cannot express; the operator checks them by parsing the spec and
 //!   names the field in the job's `Failed` condition.
 //!
+//! - [`PerPush`]: a number or `"adaptive"` (`x-kubernetes-int-or-string`).
+//!
 //! Durations are strings such as `"10s"` (`#[schemars(with = "String")]` on the fields).
 
 use std::borrow::Cow;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 
-use super::Globs;
+use super::{Globs, PerPush};
 use crate::model::ModelSpec;
 use crate::name::JobName;
 
@@ -84,6 +86,27 @@ impl JsonSchema for ModelSpec {
                 }
             },
             "x-kubernetes-preserve-unknown-fields": true
+        })
+    }
+}
+
+impl JsonSchema for PerPush {
+    fn schema_name() -> Cow<'static, str> {
+        "PerPush".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "Batches per push: a number (1 to 1024), or \"adaptive\" (the default).",
+            "x-kubernetes-int-or-string": true,
+            "anyOf": [
+                { "type": "integer", "minimum": 1, "maximum": 1024 },
+                { "type": "string", "enum": ["adaptive"] }
+            ]
         })
     }
 }

@@ -101,12 +101,27 @@ fn unknown_and_missing_keys_name_the_key_and_file() {
     );
     let bad = bad.replace("mode = \"sync\"", "mode = \"async\"");
     let ok = JobSpec::load(&write(dir.path(), &bad)).expect("async with groups");
-    assert_eq!(ok.train.batches_per_push, 4);
-    let bad = bad.replace("batches_per_push = 4", "batches_per_push = 0");
-    let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("zero");
+    assert_eq!(ok.train.batches_per_push, PerPush::Fixed(4));
+    let json = serde_json::to_string(&ok.train).expect("json");
+    assert!(json.contains("\"batches_per_push\":4"), "{json}");
+    let zero = bad.replace("batches_per_push = 4", "batches_per_push = 0");
+    let e = JobSpec::load(&write(dir.path(), &zero)).expect_err("zero");
     assert!(format!("{e:#}").contains("must be 1..=1024"), "{e:#}");
+    let word = bad.replace("batches_per_push = 4", "batches_per_push = \"lots\"");
+    let e = JobSpec::load(&write(dir.path(), &word)).expect_err("a word");
+    assert!(
+        format!("{e:#}").contains("a number of batches or \"adaptive\", not \"lots\""),
+        "{e:#}"
+    );
+    let adaptive = bad.replace("batches_per_push = 4", "batches_per_push = \"adaptive\"");
+    let ok = JobSpec::load(&write(dir.path(), &adaptive)).expect("adaptive");
+    assert_eq!(ok.train.batches_per_push, PerPush::Adaptive);
     let plain = JobSpec::load(&write(dir.path(), WINE)).expect("wine");
-    assert_eq!(plain.train.batches_per_push, 1);
+    assert_eq!(
+        plain.train.batches_per_push,
+        PerPush::Adaptive,
+        "the default"
+    );
     let json = serde_json::to_string(&plain.train).expect("json");
     assert!(!json.contains("batches_per_push"), "{json}");
 

@@ -137,13 +137,17 @@ impl JobSpec {
             "train.eval_batch_size",
             "must be at least 1",
         )?;
+        let fixed = match t.batches_per_push {
+            super::PerPush::Fixed(n) => n,
+            super::PerPush::Adaptive => 1,
+        };
         ensure(
-            (1..=MAX_BATCHES_PER_PUSH).contains(&t.batches_per_push),
+            (1..=MAX_BATCHES_PER_PUSH).contains(&fixed),
             "train.batches_per_push",
-            "must be 1..=1024",
+            "must be 1..=1024 or \"adaptive\"",
         )?;
         ensure(
-            t.batches_per_push == 1 || !t.mode().is_sync(),
+            fixed == 1 || !t.mode().is_sync(),
             "train.batches_per_push",
             "merges asynchronous pushes; sync mode steps one batch per trainer (set mode = \"async\" or remove it)",
         )?;

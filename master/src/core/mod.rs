@@ -305,6 +305,7 @@ impl Core {
             offset_end: task.spec.offset_end,
             index: index as u32,
             tasks: tasks as u32,
+            dispatches: task.dispatches,
         })
     }
 

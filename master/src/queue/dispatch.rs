@@ -2,8 +2,9 @@
 //! that its pass is over, or that the job is finished), and the lease indexes (`pending`,
 //! `by_trainer`) that a task enters on dispatch and leaves through `unlease`.
 //!
-//! A dispatch bumps the task's generation; a retried request (same trainer, same
-//! request number) gets the task already leased for it instead of a second one.
+//! A dispatch bumps the task's generation and counts the task's dispatches in its pass;
+//! a retried request (same trainer, same request number) gets the task already leased
+//! for it instead of a second one.
 
 use super::{GetTask, Millis, Queue, TaskState};
 
@@ -40,6 +41,7 @@ impl Queue {
         let deadline = now.saturating_add(self.timeout());
         let t = &mut self.tasks[i];
         t.generation += 1;
+        t.dispatches = t.dispatches.saturating_add(1);
         t.state = TaskState::Pending {
             trainer: trainer.to_owned(),
             since: now,

@@ -103,6 +103,7 @@ impl Queue {
                 generation: 0,
                 failures: 0,
                 losses: 0,
+                dispatches: 0,
                 last_error: None,
                 answered: Vec::new(),
             });
@@ -149,6 +150,7 @@ impl Queue {
                 };
                 t.failures = 0;
                 t.losses = 0;
+                t.dispatches = 0;
                 t.last_error = None;
                 q.dirty.insert(i);
             }

@@ -29,6 +29,7 @@ impl Queue {
             t.pass = pass;
             t.failures = 0;
             t.losses = 0;
+            t.dispatches = 0;
             t.last_error = None;
             if failed {
                 // As `restore` makes it from the stored record of an older pass.

@@ -114,6 +114,9 @@ impl Queue {
                     t.pass = pass;
                     t.failures = 0;
                     t.losses = 0;
+                    // The shards may hold part of an attempt at this pass from before:
+                    // no dispatch after a rewind is a first one.
+                    t.dispatches = 1;
                     t.last_error = None;
                     t.answered.clear();
                     t.state = if holds {
@@ -290,6 +293,8 @@ mod tests {
         // a task the restored state lacks (task 3) is not done either.
         let t = take(&mut q, "a", 10);
         assert_eq!(q.position(&t.spec.id), Some(1));
+        // Its pushes before may be partly in a shard: not a first dispatch.
+        assert_eq!(t.dispatches, 2);
         let t3 = take(&mut q, "b", 11);
         q.finished(&t3.spec.id, t3.generation, 1, &[5], 12).unwrap();
         assert!(
@@ -356,6 +361,12 @@ mod tests {
             q.get_task("b", 1, 0, 7),
             GetTask::PassFinished { next_pass: 0 }
         );
+        // Pass 0 again: no dispatch of it is a first one (the shards may hold part of
+        // an attempt from before), until the next pass starts afresh.
+        let again = take(&mut q, "a", 8);
+        assert_eq!((again.pass, again.dispatches), (0, 2));
+        q.finished(&again.spec.id, again.generation, 1, &[9], 8)
+            .unwrap();
         // Training goes on from there to the end.
         let mut now = 8;
         while !q.meta().finished {

@@ -331,6 +331,8 @@ proptest! {
         let mut now: Millis = 0;
         let mut leases: Vec<Task> = Vec::new();
         let mut generations: HashMap<String, u64> = HashMap::new();
+        // Per (task, pass): the generations of its leases seen.
+        let mut leased: HashMap<(String, u32), BTreeSet<u64>> = HashMap::new();
         let mut passes_seen = 0;
         // The service makes the fresh queue durable before it serves.
         let c = q.take_changes();
@@ -345,6 +347,14 @@ proptest! {
                 Ev::Get(tr, request) => {
                     let pass = q.pass();
                     if let GetTask::Task(t) = q.get_task(&format!("t{tr}"), pass, request, now) {
+                        // Only a task's first lease in its pass is a first dispatch (a
+                        // retried request gets the same lease again).
+                        let seen = leased.entry((t.spec.id.clone(), t.pass)).or_default();
+                        if !seen.contains(&t.generation) {
+                            prop_assert_eq!(t.dispatches == 1, seen.is_empty(), "{:?}", t);
+                            prop_assert_eq!(t.dispatches as usize, seen.len() + 1);
+                            seen.insert(t.generation);
+                        }
                         leases.push(t);
                     }
                 }

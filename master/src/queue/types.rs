@@ -114,6 +114,11 @@ pub struct Task {
     /// still stops a task that kills every trainer that takes it).
     #[serde(default)]
     pub losses: u32,
+    /// Dispatches in this pass (a rewind counts as one: the shards may hold part of an
+    /// attempt from before it). Only a first dispatch may group its batches into pushes
+    /// freely (`LeasedTask::first_attempt`).
+    #[serde(default)]
+    pub dispatches: u32,
     /// The reason of the last failure in this pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,

@@ -457,6 +457,7 @@ pub(super) mod tests {
                     pass: 1,
                     task: 4,
                     seq: 2,
+                    count: 1,
                 });
                 let _ = l.complete(0, 3, 8);
                 l

@@ -30,6 +30,7 @@ pub(super) fn raw_push(r: pb::PushRequest) -> RawPush {
             pass: o.pass,
             task: o.task,
             seq: o.seq,
+            count: o.count.max(1),
         }),
     }
 }
@@ -87,5 +88,6 @@ pub(super) fn counters(c: &ShardCounters) -> pb::Counters {
         checkpoints_failed: g(&c.checkpoints_failed),
         tasks_done: g(&c.tasks_done),
         tasks_rewound: g(&c.tasks_rewound),
+        overlap_refused: g(&c.overlap_refused),
     }
 }

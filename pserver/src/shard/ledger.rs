@@ -4,14 +4,19 @@
 //! which acknowledged tasks must be trained again.
 //!
 //! A push of a trainer's task carries its [`Origin`]: the pass, the task's index in the
-//! dataset, and the batch's sequence number within the task (the same in every attempt
-//! at the task: batching is deterministic). Once the trainer's last push of a task is
-//! applied it tells every shard the task is *complete* ([`Ledger::complete`]), then
-//! acknowledges it to the master.
+//! dataset, and the run of batches it sums, `[seq, seq + count)` by their sequence
+//! numbers within the task (the same batches in every attempt at the task: batching is
+//! deterministic; how they are grouped into pushes need not be). Once the trainer's last
+//! push of a task is applied it tells every shard the task is *complete*
+//! ([`Ledger::complete`]), then acknowledges it to the master.
 //!
 //! Invariants (checked by the property test below):
-//! - an origin is [`Mark::Fresh`] at most once: any later mark of it is
-//!   [`Mark::Repeat`], whether its task is still partial or complete;
+//! - a batch is applied at most once: a run is [`Mark::Fresh`] (and marked) only when
+//!   none of its batches was, [`Mark::Repeat`] when all were or its task is complete, and
+//!   [`Mark::Overlap`] (nothing marked, the push refused) when some were: another
+//!   attempt at the task grouped the same batches otherwise (only a task's first
+//!   attempt in a pass groups freely, later ones push batch by batch, so the attempt
+//!   refused is one whose task was taken away from it);
 //! - [`Ledger::contains`] of a task is true exactly when it was completed here (or its
 //!   pass was sealed), and stays true;
 //! - a pass is *sealed* (its per-task set dropped) only when every task of it is
@@ -40,11 +45,17 @@ pub use edl_pserver_client::Origin;
 /// What the ledger says of a push's origin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mark {
-    /// Not applied before: apply it.
+    /// None of its batches applied before: apply it.
     Fresh,
     /// Already applied (a retry, a stale step resent, or a task trained again).
     Repeat,
+    /// Some of its batches applied before, not all (by another attempt at the task):
+    /// refused, nothing marked.
+    Overlap,
 }
+
+/// Largest run of batches one push may sum.
+pub const MAX_COUNT: u32 = 1 << 16;
 
 /// The key of task `task` of pass `pass` in the partial map (a number, so that the
 /// ledger serialises as JSON).
@@ -76,10 +87,15 @@ pub struct Ledger {
 impl Ledger {
     /// Whether `origin` may be marked: in range.
     pub fn check(origin: Origin) -> Result<(), LedgerError> {
-        if origin.seq >= MAX_SEQ || origin.task >= MAX_TASKS {
+        let end = u64::from(origin.seq) + u64::from(origin.count);
+        if end > u64::from(MAX_SEQ)
+            || origin.task >= MAX_TASKS
+            || origin.count == 0
+            || origin.count > MAX_COUNT
+        {
             return Err(LedgerError::OutOfRange(format!(
-                "push origin {origin:?} out of range (at most {MAX_TASKS} tasks and {MAX_SEQ} \
-                 batches per task)"
+                "push origin {origin:?} out of range (at most {MAX_TASKS} tasks, {MAX_SEQ} \
+                 batches per task and 1 to {MAX_COUNT} batches per push)"
             )));
         }
         Ok(())
@@ -90,27 +106,37 @@ impl Ledger {
         pass < self.sealed || self.complete.get(&pass).is_some_and(|b| b.has(task))
     }
 
-    /// Whether `origin` was applied.
-    pub fn applied(&self, origin: Origin) -> bool {
-        self.contains(origin.pass, origin.task)
-            || self
-                .partial
-                .get(&key(origin.pass, origin.task))
-                .is_some_and(|b| b.has(origin.seq))
+    /// What marking `origin` would say, changing nothing.
+    pub fn peek(&self, origin: Origin) -> Mark {
+        if self.contains(origin.pass, origin.task) {
+            return Mark::Repeat;
+        }
+        let Some(bits) = self.partial.get(&key(origin.pass, origin.task)) else {
+            return Mark::Fresh;
+        };
+        let batches = origin.seq..origin.seq.saturating_add(origin.count);
+        let applied = batches.clone().filter(|&b| bits.has(b)).count();
+        match applied {
+            0 => Mark::Fresh,
+            n if n == batches.len() => Mark::Repeat,
+            _ => Mark::Overlap,
+        }
     }
 
-    /// Marks `origin` applied; [`Mark::Repeat`] when it was.
+    /// Marks `origin`'s batches applied when it is [`Mark::Fresh`]; says what it was.
     pub fn mark(&mut self, origin: Origin) -> Result<Mark, LedgerError> {
         Self::check(origin)?;
-        if self.contains(origin.pass, origin.task) {
-            return Ok(Mark::Repeat);
+        let m = self.peek(origin);
+        if m == Mark::Fresh {
+            let bits = self
+                .partial
+                .entry(key(origin.pass, origin.task))
+                .or_default();
+            for b in origin.seq..origin.seq + origin.count {
+                bits.insert(b);
+            }
         }
-        let fresh = self
-            .partial
-            .entry(key(origin.pass, origin.task))
-            .or_default()
-            .insert(origin.seq);
-        Ok(if fresh { Mark::Fresh } else { Mark::Repeat })
+        Ok(m)
     }
 
     /// Task `task` of pass `pass` (of a dataset of `tasks` tasks) is complete: every push
@@ -170,7 +196,42 @@ mod tests {
     use super::*;
 
     fn o(pass: u32, task: u32, seq: u32) -> Origin {
-        Origin { pass, task, seq }
+        Origin::batch(pass, task, seq)
+    }
+
+    fn run(pass: u32, task: u32, seq: u32, count: u32) -> Origin {
+        Origin {
+            pass,
+            task,
+            seq,
+            count,
+        }
+    }
+
+    #[test]
+    fn runs_of_batches_apply_whole_or_not_at_all() {
+        let mut l = Ledger::default();
+        assert_eq!(l.mark(run(0, 1, 0, 4)).unwrap(), Mark::Fresh);
+        assert_eq!(l.mark(run(0, 1, 0, 4)).unwrap(), Mark::Repeat, "a retry");
+        assert_eq!(l.mark(o(0, 1, 2)).unwrap(), Mark::Repeat, "inside the run");
+        assert_eq!(l.mark(run(0, 1, 1, 2)).unwrap(), Mark::Repeat);
+        // Another attempt grouped batches 2..6 together: 2 and 3 are in, 4 and 5 not.
+        assert_eq!(l.peek(run(0, 1, 2, 4)), Mark::Overlap);
+        assert_eq!(l.mark(run(0, 1, 2, 4)).unwrap(), Mark::Overlap);
+        assert_eq!(
+            l.mark(o(0, 1, 4)).unwrap(),
+            Mark::Fresh,
+            "the refused run marked nothing"
+        );
+        assert_eq!(l.mark(run(0, 1, 5, 3)).unwrap(), Mark::Fresh);
+        assert!(l.mark(run(0, 1, 9, 0)).is_err(), "an empty run");
+        assert!(
+            l.mark(run(0, 1, MAX_SEQ - 1, 2)).is_err(),
+            "past the last batch"
+        );
+        assert!(l.mark(run(0, 1, 0, MAX_COUNT + 1)).is_err(), "too long");
+        l.complete(0, 1, 2).unwrap();
+        assert_eq!(l.peek(run(0, 1, 7, 9)), Mark::Repeat, "complete");
     }
 
     #[test]
@@ -179,7 +240,8 @@ mod tests {
         assert_eq!(l.mark(o(0, 1, 0)).unwrap(), Mark::Fresh);
         assert_eq!(l.mark(o(0, 1, 1)).unwrap(), Mark::Fresh);
         assert_eq!(l.mark(o(0, 1, 1)).unwrap(), Mark::Repeat, "a retry");
-        assert!(l.applied(o(0, 1, 0)) && !l.applied(o(0, 1, 2)));
+        assert_eq!(l.peek(o(0, 1, 0)), Mark::Repeat);
+        assert_eq!(l.peek(o(0, 1, 2)), Mark::Fresh);
         assert!(!l.contains(0, 1));
         l.complete(0, 1, 2).unwrap();
         assert!(l.contains(0, 1));
@@ -221,32 +283,40 @@ mod tests {
         l.complete(3, 99, 200).unwrap();
         let back: Ledger = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
         assert_eq!(back, l);
-        assert!(back.applied(o(3, 100, 7)) && back.contains(3, 99));
+        assert_eq!(back.peek(o(3, 100, 7)), Mark::Repeat);
+        assert!(back.contains(3, 99));
     }
 
     proptest! {
-        /// Against a model (a set of applied origins and of complete tasks), in any
-        /// order of marks and completions: each origin is fresh once, containment
-        /// follows completion, and sealing drops nothing still needed.
+        /// Against a model (a set of applied batches and of complete tasks), in any
+        /// order of marks of runs and completions: each batch is applied once, a run
+        /// whole or not at all, containment follows completion, and sealing drops
+        /// nothing still needed.
         #[test]
         fn matches_a_set_model(ops in prop::collection::vec(
-            (any::<bool>(), 0u32..3, 0u32..4, 0u32..3), 1..200)
+            (any::<bool>(), 0u32..3, 0u32..4, 0u32..6, 1u32..4), 1..200)
         ) {
             const TASKS: u32 = 4;
             let mut l = Ledger::default();
-            let mut applied: HashSet<Origin> = HashSet::new();
+            let mut applied: HashSet<(u32, u32, u32)> = HashSet::new();
             let mut complete: BTreeSet<(u32, u32)> = BTreeSet::new();
-            for (is_mark, pass, task, seq) in ops {
+            for (is_mark, pass, task, seq, count) in ops {
                 if is_mark {
-                    let origin = o(pass, task, seq);
-                    let m = l.mark(origin).unwrap();
-                    let expect = if complete.contains(&(pass, task)) || applied.contains(&origin) {
+                    let m = l.mark(run(pass, task, seq, count)).unwrap();
+                    let done = (seq..seq + count)
+                        .filter(|&b| applied.contains(&(pass, task, b)))
+                        .count() as u32;
+                    let expect = if complete.contains(&(pass, task)) || done == count {
                         Mark::Repeat
-                    } else {
+                    } else if done == 0 {
                         Mark::Fresh
+                    } else {
+                        Mark::Overlap
                     };
                     prop_assert_eq!(m, expect);
-                    applied.insert(origin);
+                    if m == Mark::Fresh {
+                        applied.extend((seq..seq + count).map(|b| (pass, task, b)));
+                    }
                 } else {
                     l.complete(pass, task, TASKS).unwrap();
                     complete.insert((pass, task));
@@ -256,6 +326,10 @@ mod tests {
                     for t in 0..TASKS {
                         prop_assert_eq!(l.contains(p, t), complete.contains(&(p, t)));
                         prop_assert_eq!(s.contains(p, t), complete.contains(&(p, t)));
+                        for b in 0..9 {
+                            let want = complete.contains(&(p, t)) || applied.contains(&(p, t, b));
+                            prop_assert_eq!(l.peek(o(p, t, b)) == Mark::Repeat, want);
+                        }
                     }
                     let all = (0..TASKS).all(|t| complete.contains(&(p, t)));
                     let below = (0..p).all(|q| (0..TASKS).all(|t| complete.contains(&(q, t))));

@@ -79,6 +79,9 @@ pub struct ShardCounters {
     pub pushes_applied: AtomicU64,
     /// Retried pushes recognised and not applied again.
     pub duplicate_pushes: AtomicU64,
+    /// Pushes refused because another attempt at their task applied part of their
+    /// batches (`Overlap`).
+    pub overlap_refused: AtomicU64,
     /// Sync pushes of a closed step.
     pub stale_pushes: AtomicU64,
     /// Pushes refused for NaN or infinite values.

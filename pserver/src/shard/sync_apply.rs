@@ -4,8 +4,8 @@
 //! them.
 //!
 //! Invariants: a block's and a stripe's `acc` hold the gradients of the open step only;
-//! a push whose origin was applied, or joined the open step, does not join (the trainer
-//! sits the step out), unless it is the trainer's own retry of a step it took part in
+//! a push whose batches were all applied, or joined the open step, does not join (the
+//! trainer sits the step out), and one with some of them so is refused (`Overlap`), unless it is the trainer's own retry of a step it took part in
 //! (answered "in progress" while the step is open, "already applied" once it closed,
 //! and the trainer stays in the steps); the origins of a step enter the ledger when it is applied, under
 //! the step lock, so a snapshot's ledger matches its values;
@@ -21,6 +21,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::ledger::{Ledger, Mark, Origin};
 use super::push::{Push, SparseUpdate};
 use super::storage::stripe_of;
 use super::{ShardCore, bump, lock};
@@ -36,6 +37,31 @@ pub(crate) fn out_of_range(step: u64, next: u64) -> String {
         crate::sync::MAX_STEP_AHEAD,
         crate::sync::MAX_STEP
     )
+}
+
+/// What the ledger and the open step together say of `o`'s batches (see
+/// [`Ledger::peek`]).
+fn open_mark(open: &[(u64, Origin)], ledger: &Ledger, o: Origin) -> Mark {
+    if ledger.contains(o.pass, o.task) {
+        return Mark::Repeat;
+    }
+    let in_open = |b: u32| {
+        open.iter().any(|(_, x)| {
+            x.pass == o.pass
+                && x.task == o.task
+                && (x.seq..x.seq.saturating_add(x.count)).contains(&b)
+        })
+    };
+    let batches = o.seq..o.seq.saturating_add(o.count);
+    let taken = batches
+        .clone()
+        .filter(|&b| in_open(b) || ledger.peek(Origin::batch(o.pass, o.task, b)) == Mark::Repeat)
+        .count();
+    match taken {
+        0 => Mark::Fresh,
+        n if n == batches.len() => Mark::Repeat,
+        _ => Mark::Overlap,
+    }
 }
 
 impl ShardCore {
@@ -94,10 +120,20 @@ impl ShardCore {
             // machine: in progress, or applied. Any other push of a batch already in a
             // step is a repeat.
             let own_retry = lock(self.sync_state()).took_part(&push.trainer, push.step);
-            let repeat = !own_retry
-                && push.origin.is_some_and(|o| {
-                    open.iter().any(|&(_, x)| x == o) || lock(&self.ledger).applied(o)
+            let mark = match push.origin {
+                Some(o) if !own_retry => open_mark(&open, &lock(&self.ledger), o),
+                _ => Mark::Fresh,
+            };
+            if let (Mark::Overlap, Some(o)) = (mark, push.origin) {
+                bump(&self.counters.overlap_refused);
+                return Err(PsError::Overlap {
+                    pass: o.pass,
+                    task: o.task,
+                    first: o.seq,
+                    count: o.count,
                 });
+            }
+            let repeat = mark == Mark::Repeat;
             if repeat {
                 // Already applied (its stale step resent, a task trained again): this
                 // trainer takes no part in the step; its next push brings it back.
@@ -473,8 +509,54 @@ mod tests {
             pass: 0,
             task: 0,
             seq,
+            count: 1,
         });
         c.validate_push(p).unwrap()
+    }
+
+    /// A run of batches partly in the open step, or partly applied, is refused whole.
+    #[test]
+    fn a_run_partly_taken_by_another_attempt_does_not_join() {
+        let c = core(Mode::sync(), 0, 1);
+        let now = Instant::now();
+        c.sync_set_members(["a".to_string(), "b".to_string()].into());
+        let run = |trainer: &str, step: u64, seq: u32, count: u32| {
+            let mut p = from(&c, trainer, step, 1.0, seq);
+            p.origin = p.origin.map(|o| crate::shard::Origin { count, ..o });
+            p
+        };
+        assert_eq!(
+            c.sync_push(&run("a", 1, 0, 2), now).unwrap(),
+            Admit::Join { step: 1 }
+        );
+        // Batches 1..3: batch 1 is in the open step.
+        assert!(matches!(
+            c.sync_push(&run("b", 1, 1, 2), now),
+            Err(PsError::Overlap {
+                first: 1,
+                count: 2,
+                ..
+            })
+        ));
+        assert_eq!(c.last_closed(), 0, "b's refused push closed nothing");
+        assert_eq!(
+            c.sync_push(&run("b", 1, 2, 1), now).unwrap(),
+            Admit::Join { step: 1 }
+        );
+        assert_eq!(c.last_closed(), 1);
+        // Applied now: batches 1..3 still overlap, 0..3 too; 0..2 is a repeat.
+        assert!(matches!(
+            c.sync_push(&run("a", 2, 0, 4), now),
+            Err(PsError::Overlap { .. })
+        ));
+        assert_eq!(
+            c.sync_push(&run("b", 2, 0, 2), now).unwrap(),
+            Admit::AlreadyApplied { step: 2 }
+        );
+        assert!(
+            all(&c).iter().all(|&v| v == -1.0),
+            "one step of two pushes, its mean"
+        );
     }
 
     #[test]

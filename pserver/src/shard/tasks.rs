@@ -109,6 +109,7 @@ mod tests {
                 pass: 0,
                 task: 3,
                 seq,
+                count: 1,
             })
         };
         let mut p = push(&c, "a", 1, 1, 1.0, &[]);
@@ -132,6 +133,59 @@ mod tests {
         r.task_done(0, 3, 10, 99).unwrap();
         assert!(r.contains().contains(0, 3));
         assert!(!r.contains().contains(0, 2));
+    }
+
+    /// A push summing a run of batches is applied whole or not at all: a run that
+    /// another attempt at the task partly applied is refused (nothing of it applied,
+    /// counted, an `overlap` status), and the batches it held that were not applied stay
+    /// open to the attempt that holds the task.
+    #[test]
+    fn a_run_of_batches_partly_applied_by_another_attempt_is_refused_whole() {
+        use std::sync::atomic::Ordering;
+
+        let c = core(Mode::Async, 0, 1);
+        let at = |trainer: &str, step: u64, seq: u32, count: u32| {
+            let mut p = push(&c, trainer, 1, step, 1.0, &[]);
+            p.origin = Some(Origin {
+                pass: 0,
+                task: 3,
+                seq,
+                count,
+            });
+            c.validate_push(p).unwrap()
+        };
+        // The first attempt pushed batches 0..4 as one run; a later attempt pushes batch
+        // by batch: batch 4 is new, batch 2 is not.
+        assert!(c.apply_async(&at("a", 1, 0, 4)).unwrap().applied);
+        assert!(c.apply_async(&at("b", 1, 4, 1)).unwrap().applied);
+        assert!(!c.apply_async(&at("b", 2, 2, 1)).unwrap().applied);
+        assert!(all(&c).iter().all(|&v| v == -2.0), "two pushes applied");
+        // The first attempt, its task taken away, pushes batches 4..8: refused whole.
+        let err = c.apply_async(&at("a", 2, 4, 4)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PsError::Overlap {
+                    task: 3,
+                    first: 4,
+                    count: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(all(&c).iter().all(|&v| v == -2.0), "nothing of it applied");
+        assert_eq!(c.counters.overlap_refused.load(Ordering::Relaxed), 1);
+        let status: tonic::Status = err.into();
+        assert_eq!(
+            edl_pserver_client::error::ErrorKind::of(&status),
+            Some(edl_pserver_client::error::ErrorKind::Overlap)
+        );
+        // Its batches 5..8 were not marked: the holder's pushes of them apply.
+        for (step, seq) in [(3, 5), (4, 6), (5, 7)] {
+            assert!(c.apply_async(&at("b", step, seq, 1)).unwrap().applied);
+        }
+        assert!(all(&c).iter().all(|&v| v == -5.0));
     }
 
     /// A task the master failed for good is settled: its pass seals (the ledger stays
@@ -174,6 +228,7 @@ mod tests {
             pass: 0,
             task: 3,
             seq: 0,
+            count: 1,
         });
         let p = c.validate_push(p).unwrap();
         assert!(c.apply_async(&p).unwrap().applied);

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use edl_master_client::task::LeasedTask;
 use tokio::task::JoinHandle;
 
+use edl_job::spec::PerPush;
+
 use super::{RuntimeConfig, RuntimeError, batch_seed};
 use crate::model::{Model, Params, StepOutput};
 use crate::store::StoreError;
@@ -14,17 +16,17 @@ use crate::store::StoreError;
 /// The batches of a group being prepared on a blocking thread.
 pub(super) type Prepare = JoinHandle<Result<Vec<crate::model::Batch>, BadBatch>>;
 
-/// Starts preparing group `g` of a task's `records`.
+/// Starts preparing group `g` (of `per_push` batches) of a task's `records`.
 fn prepare(
     model: &Arc<dyn Model>,
     records: &Arc<Vec<Vec<u8>>>,
     task: &LeasedTask,
     cfg: &RuntimeConfig,
+    per_push: usize,
     g: usize,
 ) -> Prepare {
     let (model, records, task) = (model.clone(), records.clone(), task.clone());
     let (seed, batch_size) = (cfg.seed, cfg.batch_size.max(1));
-    let per_push = batches_per_push(cfg, model.as_ref());
     tokio::task::spawn_blocking(move || {
         prepare_group(
             model.as_ref(),
@@ -46,35 +48,40 @@ pub(super) struct Groups<'a> {
     task: &'a LeasedTask,
     cfg: &'a RuntimeConfig,
     next: Option<Prepare>,
+    /// Batches per group.
+    per_push: usize,
     /// The number of the group being prepared, and how many the task has.
     g: usize,
     groups: usize,
 }
 
 impl<'a> Groups<'a> {
-    /// Starts preparing the first group of `task`'s `records`.
+    /// Starts preparing the first group (of `per_push` batches) of `task`'s `records`.
     pub(super) fn new(
         model: &'a Arc<dyn Model>,
         records: Arc<Vec<Vec<u8>>>,
         task: &'a LeasedTask,
         cfg: &'a RuntimeConfig,
+        per_push: usize,
     ) -> Self {
-        let group_records = cfg.batch_size.max(1) * batches_per_push(cfg, model.as_ref());
-        let groups = records.len().div_ceil(group_records);
-        let next = (groups > 0).then(|| prepare(model, &records, task, cfg, 0));
+        let per_push = per_push.max(1);
+        let groups = records.len().div_ceil(cfg.batch_size.max(1) * per_push);
+        let next = (groups > 0).then(|| prepare(model, &records, task, cfg, per_push, 0));
         Groups {
             model,
             records,
             task,
             cfg,
             next,
+            per_push,
             g: 0,
             groups,
         }
     }
 
-    /// The next group (its number, and its batches or why they could not be prepared),
-    /// once prepared; the one after it starts preparing. `None` after the last.
+    /// The next group (the number of its first batch in the task, and its batches or why
+    /// they could not be prepared), once prepared; the one after it starts preparing.
+    /// `None` after the last.
     pub(super) async fn next(
         &mut self,
     ) -> Result<Option<(u32, Result<Vec<crate::model::Batch>, BadBatch>)>, RuntimeError> {
@@ -92,10 +99,11 @@ impl<'a> Groups<'a> {
                 &self.records,
                 self.task,
                 self.cfg,
+                self.per_push,
                 self.g,
             ));
         }
-        Ok(Some((g as u32, prepared)))
+        Ok(Some(((g * self.per_push) as u32, prepared)))
     }
 }
 
@@ -212,13 +220,13 @@ pub(super) fn compute_group(
     out
 }
 
-/// Batches per push for `model`: the config's, but 1 for a model with sparse tables
+/// Batches per push for `model` in the per-group loop: the config's fixed number (1
+/// when adaptive: this loop waits for every push), but 1 for a model with sparse tables
 /// (its rows differ from batch to batch).
-pub(super) fn batches_per_push(cfg: &RuntimeConfig, model: &dyn Model) -> usize {
-    if model.sparse_tables().is_empty() {
-        cfg.batches_per_push.max(1)
-    } else {
-        1
+pub(super) fn fixed_per_push(cfg: &RuntimeConfig, model: &dyn Model) -> usize {
+    match cfg.batches_per_push {
+        PerPush::Fixed(n) if model.sparse_tables().is_empty() => (n as usize).max(1),
+        _ => 1,
     }
 }
 

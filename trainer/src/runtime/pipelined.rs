@@ -12,12 +12,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::group::Groups;
-use super::pipeline::{Done, EndHow, Fatal, Pipeline, Work};
+use super::pipeline::{Done, EndHow, Fatal, LeaseKey, Pipeline, Work};
 use super::{Progress, RuntimeConfig, RuntimeError, TaskEnd, evaluate_pass};
 use crate::local_optim::LocalOptimizer;
 use crate::model::{Model, Params};
 use crate::store::{ParamStore, StoreError};
 use crate::tasks::{Next, TaskData, Tasks};
+use edl_job::spec::PerPush;
 
 /// What the loop needs besides the tasks.
 pub(super) struct Ctx<'a> {
@@ -152,7 +153,7 @@ async fn settle_one(
         Err(Fatal::Model(e)) => return Err(e.into()),
         Err(Fatal::Store(e)) => return Err(StoreError::Unavailable(e).into()),
         Ok(TaskEnd::Trained(n)) => {
-            let applied = pipe.applied_through(done.last_push);
+            let applied = pipe.applied_through(done.last_push, LeaseKey::of(&task));
             tasks.computed(task, n, done.started, applied).await?;
             false
         }
@@ -171,6 +172,22 @@ async fn settle_one(
     Ok(drained)
 }
 
+/// Batches prepared per group when the compute thread cuts the pushes (adaptive): a
+/// few, so that preparing them costs one hand-off to a blocking thread per few batches.
+const PREPARED_PER_GROUP: usize = 4;
+
+/// How `task`'s batches are grouped: batches per group sent to the compute thread, and
+/// whether it may cut pushes anywhere (adaptive: only on a task's first attempt in its
+/// pass; a later one pushes batch by batch, so that no push of it partly overlaps a
+/// push of an earlier attempt, which shards refuse).
+fn grouping(per_push: PerPush, task: &LeasedTask) -> (usize, bool) {
+    match per_push {
+        PerPush::Fixed(n) => ((n as usize).max(1), false),
+        PerPush::Adaptive if task.first_attempt() => (PREPARED_PER_GROUP, true),
+        PerPush::Adaptive => (1, false),
+    }
+}
+
 /// Prepares a task's groups and sends them to the compute thread; `false` when the
 /// trainer was drained before its last group (the task ends there).
 async fn feed(
@@ -181,9 +198,10 @@ async fn feed(
     let started = Instant::now();
     let task: Arc<LeasedTask> = Arc::new(task);
     let records = Arc::new(records);
-    let mut groups = Groups::new(ctx.model, records, &task, ctx.cfg);
+    let (per_push, adaptive) = grouping(ctx.cfg.batches_per_push, &task);
+    let mut groups = Groups::new(ctx.model, records, &task, ctx.cfg, per_push);
     let mut how = EndHow::Whole;
-    while let Some((g, prepared)) = groups.next().await? {
+    while let Some((first, prepared)) = groups.next().await? {
         if ctx.shutdown.is_cancelled() {
             // A group not sent yet is dropped with the task (handed back).
             how = EndHow::Drained;
@@ -192,7 +210,13 @@ async fn feed(
         match prepared {
             Ok(batches) => {
                 let task = task.clone();
-                pipe.send(Work::Group { task, g, batches }).await?;
+                pipe.send(Work::Group {
+                    task,
+                    first,
+                    batches,
+                    adaptive,
+                })
+                .await?;
             }
             Err(bad) => {
                 how = EndHow::BadData(bad.reason(&task)?);

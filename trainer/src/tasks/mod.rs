@@ -105,6 +105,42 @@ enum Acked {
     Again,
 }
 
+/// How a task's pushes ended, for its acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pushes {
+    /// Every one applied (or already applied).
+    Applied,
+    /// A shard refused one because another attempt at the task applied part of its
+    /// batches: the task was taken away from this trainer (why).
+    TakenAway(String),
+}
+
+/// A task whose pushes were refused because another attempt at it holds it now: not
+/// acknowledged; handed back in case this trainer still holds the lease (a refusal
+/// says another attempt pushed, so normally it does not, and the master says stale).
+async fn taken_away(
+    acks: &Acks,
+    task: &LeasedTask,
+    records: u64,
+    started: Instant,
+    why: &str,
+) -> Acked {
+    match acks.release(task, records).await {
+        Ok(_) => tracing::warn!(task = %task.id, "handed the task back: {why}"),
+        Err(e) if e.is_stale() => {
+            tracing::info!(task = %task.id, "the task was taken away while training; the attempt holding it trains the rest")
+        }
+        Err(e) => {
+            tracing::warn!(task = %task.id, error = %e, "handing the task back failed; the master requeues it when its lease ends")
+        }
+    }
+    Acked::Finished {
+        records,
+        taken: false,
+        started,
+    }
+}
+
 /// The store's view of a leased task.
 pub fn task_ref(t: &LeasedTask) -> TaskRef {
     TaskRef {
@@ -247,7 +283,8 @@ impl Tasks {
 
     /// Task `task` was trained whole (`records`, since `started`) by a loop that pushes
     /// in the background (the runtime's pipeline): it is acknowledged in the background
-    /// once `applied` says its pushes are applied, with at most
+    /// once `applied` says its pushes are applied (or handed back, when it says the task
+    /// was taken away), with at most
     /// [`ACKS_IN_FLIGHT`] acknowledgements under way (this call waits for the oldest
     /// beyond that). Nothing is flushed: the loop's next task does not wait for them.
     pub async fn computed(
@@ -255,7 +292,7 @@ impl Tasks {
         task: LeasedTask,
         records: u64,
         started: Instant,
-        applied: impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static,
+        applied: impl std::future::Future<Output = Result<Pushes, StoreError>> + Send + 'static,
     ) -> Result<(), RuntimeError> {
         while self
             .acking
@@ -266,8 +303,12 @@ impl Tasks {
         }
         let (store, acks, trainer) = (self.store.clone(), self.acks.clone(), self.trainer.clone());
         self.acking.push_back(tokio::spawn(async move {
-            applied.await?;
-            acknowledge(store, acks, trainer, task, records, started).await
+            match applied.await? {
+                Pushes::Applied => acknowledge(store, acks, trainer, task, records, started).await,
+                Pushes::TakenAway(why) => {
+                    Ok(taken_away(&acks, &task, records, started, &why).await)
+                }
+            }
         }));
         Ok(())
     }

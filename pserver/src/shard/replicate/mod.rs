@@ -198,10 +198,18 @@ impl ShardCore {
         Ok(match push.origin {
             Some(o) => {
                 super::ledger::Ledger::check(o).map_err(|e| self.invalid(e.to_string()))?;
-                if lock(&self.ledger).applied(o) {
-                    DedupMark::Repeat
-                } else {
-                    DedupMark::Fresh
+                match lock(&self.ledger).peek(o) {
+                    LedgerMark::Fresh => DedupMark::Fresh,
+                    LedgerMark::Repeat => DedupMark::Repeat,
+                    LedgerMark::Overlap => {
+                        bump(&self.counters.overlap_refused);
+                        return Err(PsError::Overlap {
+                            pass: o.pass,
+                            task: o.task,
+                            first: o.seq,
+                            count: o.count,
+                        });
+                    }
                 }
             }
             None => lock(&self.dedup).peek(&push.trainer, push.session, push.step),
@@ -317,7 +325,10 @@ impl ShardCore {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         {
             let ledger = lock(&self.ledger);
-            if let Some(o) = origins.iter().find(|o| ledger.applied(**o)) {
+            if let Some(o) = origins
+                .iter()
+                .find(|o| ledger.peek(**o) != LedgerMark::Fresh)
+            {
                 return Err(PsError::Internal(format!(
                     "shard {}: step {} holds batch {o:?}, applied here before (the replica \
                      diverged)",

@@ -17,8 +17,8 @@ fn state(c: &ShardCore) -> (crate::checkpoint::Snapshot, Vec<(String, u64, u64, 
 /// A change a trainer or the master asks of a primary.
 #[derive(Debug, Clone)]
 enum Ask {
-    /// (trainer, session, step, gradient, rows, origin (pass, task, seq))
-    Push(u8, u8, u8, i8, Vec<u8>, Option<(u8, u8, u8)>),
+    /// (trainer, session, step, gradient, rows, origin (pass, task, seq, count))
+    Push(u8, u8, u8, i8, Vec<u8>, Option<(u8, u8, u8, u8)>),
     TaskDone(u8, u8),
     Settle(u8, u8),
 }
@@ -26,7 +26,7 @@ enum Ask {
 fn ask() -> impl Strategy<Value = Ask> {
     prop_oneof![
         8 => (0u8..3, 0u8..2, 0u8..80, -3i8..4, prop::collection::vec(0u8..6, 0..4),
-              prop::option::of((0u8..2, 0u8..4, 0u8..3)))
+              prop::option::of((0u8..2, 0u8..4, 0u8..3, 1u8..3)))
             .prop_map(|(t, s, st, g, r, o)| Ask::Push(t, s, st, g, r, o)),
         1 => (0u8..2, 0u8..4).prop_map(|(p, t)| Ask::TaskDone(p, t)),
         1 => (0u8..2, 0u8..4).prop_map(|(p, t)| Ask::Settle(p, t)),
@@ -50,10 +50,12 @@ fn run(c: &ShardCore, a: &Ask, log: &Mutex<Vec<Bytes>>) {
                 f32::from(*g),
                 &rows,
             );
-            raw.origin = origin.map(|(pass, task, seq)| Origin {
+            // Runs of 1 or 2 batches: some overlap others (refused, no op).
+            raw.origin = origin.map(|(pass, task, seq, count)| Origin {
                 pass: u32::from(pass),
                 task: u32::from(task),
                 seq: u32::from(seq),
+                count: u32::from(count),
             });
             let p = c.validate_push(raw).unwrap();
             let _ = c.apply_async_ordered(&p, order);
@@ -115,7 +117,7 @@ fn a_joiner_from_a_snapshot_and_the_ops_since_holds_the_primarys_state() {
     let log = Mutex::new(Vec::new());
     let asks: Vec<Ask> = (0..40u8)
         .map(|i| {
-            let origin = (i % 3 == 0).then_some((0, i % 4, i / 4));
+            let origin = (i % 3 == 0).then_some((0, i % 4, i / 4, 1 + i % 2));
             Ask::Push(i % 3, 0, i, (i % 5) as i8 - 2, vec![i % 6], origin)
         })
         .collect();
@@ -170,6 +172,7 @@ fn a_backup_replaying_sync_steps_holds_the_primarys_state() {
                 pass: 0,
                 task: u32::from(t == "b"),
                 seq: step as u32,
+                count: 1,
             });
             if step == 10 {
                 // A sum that overflows: the step is dropped, on both.
@@ -235,6 +238,7 @@ fn an_op_refused_by_the_stream_changes_nothing() {
         pass: 0,
         task: 1,
         seq: 0,
+        count: 1,
     });
     let p = c.validate_push(raw).unwrap();
     let before = state(&c);
@@ -266,6 +270,7 @@ fn concurrent_pushes_replay_to_the_same_shard() {
                         pass: 0,
                         task: t,
                         seq: step as u32,
+                        count: 1,
                     });
                     let p = c.validate_push(raw).unwrap();
                     c.apply_async_ordered(&p, |op| {
@@ -307,6 +312,7 @@ fn a_damaged_op_is_an_error_not_a_panic() {
         pass: 0,
         task: 1,
         seq: 0,
+        count: 1,
     });
     let p = c.validate_push(raw).unwrap();
     let ops = [
@@ -336,6 +342,7 @@ fn a_damaged_op_is_an_error_not_a_panic() {
                 pass: 0,
                 task: 2,
                 seq: 1,
+                count: 1,
             }],
         },
     ];

@@ -30,6 +30,7 @@ impl ShardCore {
                         b.put_u32_le(o.pass);
                         b.put_u32_le(o.task);
                         b.put_u32_le(o.seq);
+                        b.put_u32_le(o.count);
                     }
                     None => b.put_u8(0),
                 }
@@ -74,6 +75,7 @@ impl ShardCore {
                     b.put_u32_le(o.pass);
                     b.put_u32_le(o.task);
                     b.put_u32_le(o.seq);
+                    b.put_u32_le(o.count);
                 }
                 b.put_u32_le(dense.len() as u32);
                 for (local, values) in dense {
@@ -116,6 +118,7 @@ impl ShardCore {
                         pass: c.u32()?,
                         task: c.u32()?,
                         seq: c.u32()?,
+                        count: c.u32()?,
                     }),
                     _ => return Err(bad("bad origin flag")),
                 };
@@ -192,12 +195,13 @@ impl ShardCore {
             1 => true,
             f => return Err(bad(format!("bad flag {f}"))),
         };
-        let origins = (0..c.count(12)?)
+        let origins = (0..c.count(16)?)
             .map(|_| {
                 let o = Origin {
                     pass: c.u32()?,
                     task: c.u32()?,
                     seq: c.u32()?,
+                    count: c.u32()?,
                 };
                 super::super::ledger::Ledger::check(o).map_err(|e| bad(e.to_string()))?;
                 Ok(o)

@@ -14,8 +14,15 @@
 //! The compute thread and the task share one [`Shared`]: a lock over [`State`], a
 //! condition variable the compute thread waits on (a push slot), and a [`Notify`] for
 //! the task. Pushes are numbered from 1 in the order they are handed over.
+//!
+//! A push a shard refuses because another attempt at its task applied part of its
+//! batches ([`StoreError::Superseded`]) is not a failure: the task was taken away from
+//! this trainer. Its lease is recorded as taken away (the compute thread computes no
+//! more of it, its pushes not sent yet are dropped, and it is not acknowledged), and
+//! the push counts as settled: the next pull, which does not hold it, takes its local
+//! updates out of the working copy.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -27,14 +34,26 @@ use super::working::Values;
 use crate::model::{Params, StepOutput};
 use crate::store::{ParamStore, StoreError};
 
+/// A task's lease: (pass, index, generation), unique per dispatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct LeaseKey(u32, u32, u64);
+
+impl LeaseKey {
+    pub(crate) fn of(t: &edl_master_client::task::LeasedTask) -> Self {
+        LeaseKey(t.pass, t.index, t.generation)
+    }
+}
+
 /// A push handed over by the compute thread.
 pub(super) struct Outgoing {
     /// Its number (1, 2, ...).
     pub(super) number: u64,
     /// This trainer's step (its session's dedup key).
     pub(super) step: u64,
-    /// The task batch group it sums.
+    /// The run of task batches it sums.
     pub(super) origin: Origin,
+    /// The lease of its task.
+    pub(super) lease: LeaseKey,
     pub(super) grads: StepOutput,
 }
 
@@ -55,6 +74,8 @@ pub(super) struct State {
     spare: Option<Values>,
     /// The error that broke the store (nothing is sent after it).
     pub(super) failed: Option<String>,
+    /// Leases whose task was taken away (a push of it refused): why.
+    taken_away: HashMap<LeaseKey, String>,
     /// The pipeline is closing: the tasks stop once the queue is empty.
     closing: bool,
 }
@@ -103,6 +124,22 @@ impl Shared {
         Ok(start.elapsed())
     }
 
+    /// Compute thread: whether every push handed over was sent (none waits in the
+    /// queue): an adaptive run is handed over then.
+    pub(super) fn sent_all(&self) -> bool {
+        self.lock().queue.is_empty()
+    }
+
+    /// Whether `lease`'s task was taken away.
+    pub(super) fn taken_away(&self, lease: LeaseKey) -> bool {
+        self.lock().taken_away.contains_key(&lease)
+    }
+
+    /// Runtime: why `lease`'s task was taken away, if it was (forgotten then).
+    pub(super) fn take_taken_away(&self, lease: LeaseKey) -> Option<String> {
+        self.lock().taken_away.remove(&lease)
+    }
+
     /// Compute thread: asks for a pull (a task starts: other trainers moved on).
     pub(super) fn want_pull(&self) {
         self.lock().want_pull = true;
@@ -146,6 +183,17 @@ impl Shared {
         self.ready.notify_one();
     }
 
+    /// Push `number` was applied (or refused, or dropped): the next may go, and a pull
+    /// is due.
+    fn settled(&self, number: u64) {
+        let mut s = self.lock();
+        s.applied = number;
+        s.want_pull = true;
+        drop(s);
+        self.applied.send_modify(|a| a.0 = number);
+        self.changed.notify_all();
+    }
+
     fn fail(&self, e: &StoreError) {
         let msg = e.to_string();
         self.lock().failed.get_or_insert(msg.clone());
@@ -169,6 +217,8 @@ pub(super) fn spawn(
 /// What the communication task does next.
 enum Next {
     Push(Outgoing),
+    /// A push of a task taken away, dropped: settled without being sent.
+    Dropped(u64),
     /// A pull into this buffer, absorbing the pushes through this number.
     Pull(Values, u64),
 }
@@ -185,7 +235,11 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
                 s.want_pull = false;
                 Some(Next::Pull(s.spare.take().unwrap_or_default(), s.applied))
             } else if let Some(out) = s.queue.pop_front() {
-                Some(Next::Push(out))
+                if s.taken_away.contains_key(&out.lease) {
+                    Some(Next::Dropped(out.number))
+                } else {
+                    Some(Next::Push(out))
+                }
             } else if s.closing {
                 return;
             } else {
@@ -199,17 +253,24 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
                 let pushed = store
                     .push_applied(&trainer, out.step, Some(out.origin), out.grads)
                     .await;
-                if let Err(e) = pushed {
-                    shared.fail(&e);
-                    return;
+                match pushed {
+                    Ok(()) => {}
+                    Err(StoreError::Superseded(why)) => {
+                        tracing::warn!(
+                            pass = out.origin.pass,
+                            task = out.origin.task,
+                            "the task was taken away from this trainer: {why}"
+                        );
+                        shared.lock().taken_away.insert(out.lease, why);
+                    }
+                    Err(e) => {
+                        shared.fail(&e);
+                        return;
+                    }
                 }
-                let mut s = shared.lock();
-                s.applied = number;
-                s.want_pull = true;
-                drop(s);
-                shared.applied.send_modify(|a| a.0 = number);
-                shared.changed.notify_all();
+                shared.settled(number);
             }
+            Some(Next::Dropped(number)) => shared.settled(number),
             Some(Next::Pull(buf, absorbed)) => {
                 let mut params = Params {
                     dense: buf,

@@ -1,15 +1,28 @@
 //! The compute thread: it owns the working parameters ([`Working`]) and a local copy of
 //! the pservers' update rule, computes the groups the runtime sends it, applies each
-//! batch's gradients to its working copy at once, hands each group's sum over as a push,
-//! and swaps in pulls as they land, between batches. It waits only when
+//! batch's gradients to its working copy at once, sums them into the pending push, and
+//! swaps in pulls as they land, between batches. It waits only when
 //! [`super::PUSH_WINDOW`] pushes are waiting to be applied, or for work.
+//!
+//! When the pending push is handed over:
+//! - a fixed group (`adaptive` false): at the group's end, so that every attempt at the
+//!   task pushes the same runs of batches;
+//! - adaptive: after any batch, as soon as the communication side has sent every push
+//!   handed over before (the pending push then sums the batches computed while the one
+//!   before was on its way: fewer, larger pushes when the network is slow), or when it
+//!   holds [`ADAPTIVE_MAX_BATCHES`] batches (the staleness cap); and at the task's end.
+//!
+//! A push names the run of batches it sums (see `ledger` in the pserver), so a later
+//! attempt at the task, which pushes batch by batch, never double-counts one.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use edl_master_client::task::LeasedTask;
 
-use super::comm::{Outgoing, Shared};
+use edl_job::spec::per_push::ADAPTIVE_MAX_BATCHES;
+
+use super::comm::{LeaseKey, Outgoing, Shared};
 use super::working::Working;
 use crate::local_optim::LocalOptimizer;
 use crate::model::{Batch, Model, StepOutput};
@@ -19,11 +32,14 @@ use crate::tasks::task_ref;
 
 /// What the runtime sends the compute thread.
 pub(crate) enum Work {
-    /// Group `g` of a task's batches (its number is the push's origin).
+    /// Consecutive batches of a task, the first of them batch `first` of the task;
+    /// `adaptive`: push boundaries are the compute thread's choice, else the group is
+    /// one push.
     Group {
         task: Arc<LeasedTask>,
-        g: u32,
+        first: u32,
         batches: Vec<Batch>,
+        adaptive: bool,
     },
     /// No more groups of the task: how it ended on the runtime's side.
     End {
@@ -82,9 +98,21 @@ pub(crate) struct ComputeStats {
     pub(crate) waited_work: Duration,
 }
 
+/// The batches summed and not handed over yet: `first..first + count` of the task
+/// (their sum: `None` while every one was skipped).
+struct Pending {
+    first: u32,
+    count: u32,
+    records: u64,
+    sum: Option<StepOutput>,
+}
+
 /// The task being computed.
 struct Current {
     task: Arc<LeasedTask>,
+    pending: Option<Pending>,
+    /// Whether the pending run may be handed over part-way (adaptive).
+    adaptive: bool,
     trained: u64,
     stopped: Option<Result<String, Fatal>>,
     steps: u64,
@@ -144,7 +172,12 @@ impl Compute {
             };
             self.stats.waited_work += waiting.elapsed();
             match w {
-                Work::Group { task, g, batches } => self.group(task, g, &batches),
+                Work::Group {
+                    task,
+                    first,
+                    batches,
+                    adaptive,
+                } => self.group(task, first, &batches, adaptive),
                 Work::End { task, how, started } => {
                     if done.send(self.end(task, how, started)).is_err() {
                         break;
@@ -170,6 +203,8 @@ impl Compute {
             self.shared.want_pull();
             self.current = Some(Current {
                 task: task.clone(),
+                pending: None,
+                adaptive: false,
                 trained: 0,
                 stopped: None,
                 steps: 0,
@@ -182,43 +217,39 @@ impl Compute {
         self.current.as_mut().expect("set above")
     }
 
-    /// Computes group `g` of `task` and hands its sum over.
-    fn group(&mut self, task: Arc<LeasedTask>, g: u32, batches: &[Batch]) {
-        if self.current(&task).stopped.is_some() {
+    /// Computes a group of `task`'s batches (the first of them batch `first`), summing
+    /// them into the pending push, handed over as the module docs say.
+    fn group(&mut self, task: Arc<LeasedTask>, first: u32, batches: &[Batch], adaptive: bool) {
+        let cur = self.current(&task);
+        cur.adaptive = adaptive;
+        if cur.stopped.is_some() || self.shared.taken_away(LeaseKey::of(&task)) {
+            // Stopped, or another attempt holds the task now: nothing more is computed.
             return;
         }
-        let mut sum: Option<StepOutput> = None;
-        let mut records = 0u64;
-        for batch in batches {
+        for (seq, batch) in (first..).zip(batches) {
             self.land();
-            records += batch.len() as u64;
             let start = Instant::now();
             let out = self.model.forward_backward(self.working.params(), batch);
             let skip = match out {
-                Ok(o) if !o.loss.is_finite() => format!("a non-finite loss ({})", o.loss),
+                Ok(o) if !o.loss.is_finite() => Some(format!("a non-finite loss ({})", o.loss)),
                 Ok(o) if !o.gradients_finite() => {
-                    format!("non-finite gradients (loss {})", o.loss)
+                    Some(format!("non-finite gradients (loss {})", o.loss))
                 }
                 Ok(step) => {
                     let applied = self.optimizer.step(self.working.params(), &step);
                     self.stats.busy += start.elapsed();
                     self.stats.batches += 1;
-                    let cur = self.current.as_mut().expect("set by current()");
                     if let Err(e) = applied {
-                        cur.stopped = Some(Err(Fatal::Model(e)));
+                        self.stop(Err(Fatal::Model(e)));
                         return;
                     }
-                    cur.last_loss = Some(step.loss);
-                    match &mut sum {
-                        None => sum = Some(step),
-                        Some(s) => add_gradients(s, &step),
-                    }
-                    continue;
+                    self.add(seq, batch.len(), Some(step));
+                    None
                 }
-                Err(e @ crate::Error::NonFiniteLoss { .. }) => e.to_string(),
+                Err(e @ crate::Error::NonFiniteLoss { .. }) => Some(e.to_string()),
                 Err(e) => {
-                    let cur = self.current.as_mut().expect("set by current()");
-                    cur.stopped = Some(if e.is_bad_data() {
+                    self.stats.busy += start.elapsed();
+                    self.stop(if e.is_bad_data() {
                         Ok(format!("{}: {e}", task.path))
                     } else {
                         Err(Fatal::Model(e))
@@ -226,42 +257,118 @@ impl Compute {
                     return;
                 }
             };
-            self.stats.busy += start.elapsed();
-            tracing::warn!(task = %task.id, "skipping a batch: {skip}");
-            self.current.as_mut().expect("set by current()").skipped += 1;
-        }
-        if let Some(grads) = sum {
-            let number = self.handed + 1;
-            let out = Outgoing {
-                number,
-                step: self.step,
-                // The group's number is its origin: the same groups in every attempt.
-                origin: task_ref(&task).batch(g),
-                grads,
-            };
-            match self.shared.hand_over(out, self.window) {
-                Ok(waited) => self.stats.waited_push += waited,
-                Err(e) => {
-                    self.current.as_mut().expect("set by current()").stopped =
-                        Some(Err(Fatal::Store(e)));
-                    return;
-                }
+            if let Some(skip) = skip {
+                self.stats.busy += start.elapsed();
+                tracing::warn!(task = %task.id, "skipping a batch: {skip}");
+                self.add(seq, batch.len(), None);
+                self.current.as_mut().expect("set by current()").skipped += 1;
             }
-            self.working.mark(number);
-            self.handed = number;
-            self.step += 1;
-            self.stats.pushes += 1;
-            let now = SystemTime::now();
-            let cur = self.current.as_mut().expect("set by current()");
-            cur.steps += 1;
-            cur.first_push_at.get_or_insert(now);
-            cur.last_push_at = Some(now);
+            let count = self.pending_count();
+            if adaptive && (count >= ADAPTIVE_MAX_BATCHES || self.shared.sent_all()) {
+                self.hand_over();
+            }
         }
-        self.current.as_mut().expect("set by current()").trained += records;
+        if !adaptive {
+            self.hand_over();
+        }
+    }
+
+    /// Adds batch `seq` of `records` (its gradients, `None` when it was skipped) to the
+    /// pending run.
+    fn add(&mut self, seq: u32, records: usize, step: Option<StepOutput>) {
+        let cur = self.current.as_mut().expect("set by current()");
+        if let Some(s) = &step {
+            cur.last_loss = Some(s.loss);
+        }
+        let p = cur.pending.get_or_insert(Pending {
+            first: seq,
+            count: 0,
+            records: 0,
+            sum: None,
+        });
+        debug_assert_eq!(p.first + p.count, seq, "a run is consecutive batches");
+        p.count += 1;
+        p.records += records as u64;
+        match (&mut p.sum, step) {
+            (None, step) => p.sum = step,
+            (Some(sum), Some(step)) => add_gradients(sum, &step),
+            (Some(_), None) => {}
+        }
+    }
+
+    fn pending_count(&self) -> u32 {
+        self.current
+            .as_ref()
+            .and_then(|c| c.pending.as_ref())
+            .map_or(0, |p| p.count)
+    }
+
+    /// Stops the current task (`Ok`: its data is bad, why). An adaptive run's batches
+    /// computed so far are pushed (a later attempt pushes batch by batch); a fixed
+    /// group's are not (a later attempt pushes the whole group).
+    fn stop(&mut self, why: Result<String, Fatal>) {
+        if self.current.as_ref().is_some_and(|c| c.adaptive) {
+            self.hand_over();
+        }
+        let cur = self.current.as_mut().expect("set by current()");
+        cur.pending = None;
+        cur.stopped.get_or_insert(why);
+    }
+
+    /// Hands the pending run over as a push (waiting for a slot), if it has gradients;
+    /// its records count as trained (a skipped batch was seen).
+    fn hand_over(&mut self) {
+        let cur = self.current.as_mut().expect("set by current()");
+        let Some(Pending {
+            first,
+            count,
+            records,
+            sum,
+        }) = cur.pending.take()
+        else {
+            return;
+        };
+        cur.trained += records;
+        let Some(grads) = sum else {
+            return;
+        };
+        let number = self.handed + 1;
+        let out = Outgoing {
+            number,
+            step: self.step,
+            origin: task_ref(&cur.task).run(first, count),
+            lease: LeaseKey::of(&cur.task),
+            grads,
+        };
+        match self.shared.hand_over(out, self.window) {
+            Ok(waited) => self.stats.waited_push += waited,
+            Err(e) => {
+                cur.stopped.get_or_insert(Err(Fatal::Store(e)));
+                return;
+            }
+        }
+        self.working.mark(number);
+        self.handed = number;
+        self.step += 1;
+        self.stats.pushes += 1;
+        let now = SystemTime::now();
+        cur.steps += 1;
+        cur.first_push_at.get_or_insert(now);
+        cur.last_push_at = Some(now);
     }
 
     /// The runtime ended `task`: how it went.
     fn end(&mut self, task: Arc<LeasedTask>, how: EndHow, started: Instant) -> Done {
+        let taken_away = self.shared.taken_away(LeaseKey::of(&task));
+        if !taken_away
+            && self
+                .current
+                .as_ref()
+                .is_some_and(|c| c.task.id == task.id && c.stopped.is_none())
+        {
+            // An adaptive run's last batches (a fixed group was handed over whole).
+            self.hand_over();
+        }
         let cur = match self.current.take() {
             Some(c) if c.task.id == task.id => c,
             // No group of it was computed (a task of no records, or drained at once).

@@ -17,8 +17,10 @@
 //!   of its last push: the task is acknowledged once that push is applied, in the
 //!   background. Nothing waits at a task's boundary.
 //!
-//! Exactly-once is as before: a push's origin is its group's number in the task, the
-//! same in every attempt at it.
+//! Exactly-once: a push names the run of the task's batches it sums; a shard applies a
+//! run whole or not at all, and refuses one partly applied by another attempt at the
+//! task (which pushes batch by batch: only a task's first attempt in a pass groups
+//! adaptively); this trainer's task was then taken away from it (see [`comm`]).
 
 use std::sync::Arc;
 
@@ -28,12 +30,14 @@ mod comm;
 mod compute;
 mod working;
 
+pub(crate) use comm::LeaseKey;
 pub(crate) use compute::{Done, EndHow, Fatal, Work};
 
 use crate::local_optim::LocalOptimizer;
 use crate::model::Model;
 use crate::runtime::RuntimeError;
 use crate::store::{ParamStore, StoreError};
+use crate::tasks::Pushes;
 use compute::{Compute, ComputeStats};
 use working::Working;
 
@@ -125,13 +129,22 @@ impl Pipeline {
         Some(d)
     }
 
-    /// Waits until push `number` is applied (for a task's acknowledgement).
+    /// Waits until push `number` (the last of the task leased as `lease`) is settled,
+    /// then says whether the task's pushes were applied or it was taken away (for its
+    /// acknowledgement).
     pub(crate) fn applied_through(
         &self,
         number: u64,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
+        lease: LeaseKey,
+    ) -> impl std::future::Future<Output = Result<Pushes, StoreError>> + Send + 'static {
         let shared = self.shared.clone();
-        async move { shared.applied_through(number).await }
+        async move {
+            shared.applied_through(number).await?;
+            Ok(match shared.take_taken_away(lease) {
+                Some(why) => Pushes::TakenAway(why),
+                None => Pushes::Applied,
+            })
+        }
     }
 
     /// Waits until every push handed over is applied.
