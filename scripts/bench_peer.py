@@ -6,8 +6,9 @@ The job (the harness's "mlp"): 784-256-10 MLP, softmax cross-entropy, 60,000 syn
 samples (gen_data.py, seed 2024), plain SGD lr 0.05, batch 64, 3 epochs, one pserver on
 loopback. Paddle runs under the harness's launcher (bench_launch.py); edl runs `edl run`
 on a private etcd, with the same samples converted to RecordIO. The async edl rows run
-with the default (a push per batch) and with `batches_per_push = 4` and 13 (the summed
-gradients of N batches per push). Paddle 2.6.2's async mode (its `a_sync` DownpourLite
+with the default (`batches_per_push = "adaptive"`: as many batches per push as were
+computed while the previous push was on its way, up to 16), and with
+`batches_per_push = 1`, 4 and 13 (the summed gradients of N batches per push). Paddle 2.6.2's async mode (its `a_sync` DownpourLite
 communicator) merges up to 13 queued gradients per send
 (`FLAGS_pserver_push_dense_merge_limit = 12`, polled every 10 ms);
 `communicator_max_merge_var_num` is used only in its GEO and heter modes.
@@ -84,7 +85,7 @@ def prepare_data(a):
     return data, edl_dir
 
 
-def edl_spec(edl_dir, mode, trainers, per_push=1, replicas=1):
+def edl_spec(edl_dir, mode, trainers, per_push="adaptive", replicas=1):
     path = os.path.join(edl_dir, f"job-{mode}-{trainers}-{per_push}-r{replicas}.toml")
     with open(path, "w") as f:
         f.write(f"""# written by scripts/bench_peer.py: the harness's mlp job
@@ -105,7 +106,7 @@ passes = {EPOCHS}
 batch_size = 64
 optimizer = "sgd"
 learning_rate = 0.05
-batches_per_push = {per_push}
+batches_per_push = {json.dumps(per_push)}
 
 [cluster]
 masters = 1
@@ -122,7 +123,7 @@ def children_cpu():
     return r.ru_utime + r.ru_stime
 
 
-def run_edl(a, edl_dir, mode, trainers, tag, per_push=1, replicas=1):
+def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1):
     spec = edl_spec(edl_dir, mode, trainers, per_push, replicas)
     run_dir = os.path.join(a.work, "runs", tag)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -216,13 +217,17 @@ def main():
     # (name, system, mode, trainers, runner)
     rows = [
         ("p26-async", "Paddle 2.6.2", "async", 2, lambda t: run_paddle(a, a.paddle26, data, "async", t)),
-        ("edl-async-2", "edl", "async", 2, lambda t: run_edl(a, edl_dir, "async", 2, t)),
+        ("edl-async-2", "edl, adaptive (default)", "async", 2, lambda t: run_edl(a, edl_dir, "async", 2, t)),
+        ("edl-async-2-g1", "edl, 1 batch per push", "async", 2,
+         lambda t: run_edl(a, edl_dir, "async", 2, t, per_push=1)),
         ("edl-async-2-g4", "edl, 4 batches per push", "async", 2,
          lambda t: run_edl(a, edl_dir, "async", 2, t, per_push=4)),
         ("edl-async-2-g13", "edl, 13 batches per push", "async", 2,
          lambda t: run_edl(a, edl_dir, "async", 2, t, per_push=13)),
         ("p26-local", "Paddle 2.6.2", "local", 1, lambda t: run_paddle(a, a.paddle26, data, "local", t)),
-        ("edl-async-1", "edl", "async", 1, lambda t: run_edl(a, edl_dir, "async", 1, t)),
+        ("edl-async-1", "edl, adaptive (default)", "async", 1, lambda t: run_edl(a, edl_dir, "async", 1, t)),
+        ("edl-async-1-g1", "edl, 1 batch per push", "async", 1,
+         lambda t: run_edl(a, edl_dir, "async", 1, t, per_push=1)),
         ("edl-async-1-g4", "edl, 4 batches per push", "async", 1,
          lambda t: run_edl(a, edl_dir, "async", 1, t, per_push=4)),
         ("edl-sync-2", "edl", "sync", 2, lambda t: run_edl(a, edl_dir, "sync", 2, t)),
@@ -286,6 +291,7 @@ def main():
 
     targets = [
         ("edl async 2 / Paddle 2.6.2 async, steady samples/s", ratio("edl-async-2", "p26-async", "sps"), ">=", 1.5),
+        ("edl async 2, 1 per push / Paddle 2.6.2 async, steady samples/s", ratio("edl-async-2-g1", "p26-async", "sps"), None, None),
         ("edl async 2, 4 per push / Paddle 2.6.2 async, steady samples/s", ratio("edl-async-2-g4", "p26-async", "sps"), ">=", 1.5),
         ("edl async 2, 13 per push / Paddle 2.6.2 async (13 per send), steady samples/s", ratio("edl-async-2-g13", "p26-async", "sps"), ">=", 1.5),
         ("edl async 2 / Paddle 2.6.2 async, from-spawn samples/s", ratio("edl-async-2", "p26-async", "spawn_sps"), None, None),
@@ -293,6 +299,7 @@ def main():
         ("edl async 2, 4 per push / Paddle 2.6.2 async, CPU-s per 1k samples", ratio("edl-async-2-g4", "p26-async", "cpu_1k"), "<=", 0.7),
         ("edl async 1 / Paddle 2.6.2 local, CPU-s per 1k samples", ratio("edl-async-1", "p26-local", "cpu_1k"), "<=", 0.7),
         ("edl async 1 / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1", "p26-local", "sps"), ">=", 1.2),
+        ("edl async 1, 1 per push / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1-g1", "p26-local", "sps"), None, None),
         ("edl async 1, 4 per push / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1-g4", "p26-local", "sps"), ">=", 1.2),
         ("edl sync 2 / Paddle 1.8.5 sync, steady samples/s", ratio("edl-sync-2", "p18-sync", "sps"), ">=", 3.0),
         ("edl async 2 / Paddle 1.8.5 async, steady samples/s", ratio("edl-async-2", "p18-async", "sps"), None, None),

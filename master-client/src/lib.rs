@@ -83,6 +83,16 @@ impl ClientError {
     }
 }
 
+/// How a dataset is cut into tasks (the unit of work a trainer leases).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskSize {
+    /// Consecutive chunks of a file per task (0: the master's default).
+    Chunks(u32),
+    /// Sized by samples: the fewest consecutive chunks of a file holding this many
+    /// records, lowered so that a pass has at least 32 tasks.
+    Records(u64),
+}
+
 /// Client settings.
 #[derive(Clone, Debug)]
 pub struct MasterClientConfig {
@@ -239,17 +249,34 @@ impl MasterClient {
         })
     }
 
-    /// Defines the dataset (or checks it is the same).
+    /// Defines the dataset with tasks of `chunks_per_task` chunks (0: the master's
+    /// default), or checks it is the same.
     pub async fn set_dataset(
         &self,
         globs: Vec<String>,
         chunks_per_task: u32,
         passes: u32,
     ) -> Result<pb::SetDatasetResponse, ClientError> {
+        self.set_dataset_sized(globs, TaskSize::Chunks(chunks_per_task), passes)
+            .await
+    }
+
+    /// Defines the dataset with tasks of `size`, or checks it is the same.
+    pub async fn set_dataset_sized(
+        &self,
+        globs: Vec<String>,
+        size: TaskSize,
+        passes: u32,
+    ) -> Result<pb::SetDatasetResponse, ClientError> {
+        let (chunks_per_task, records_per_task) = match size {
+            TaskSize::Chunks(n) => (n, 0),
+            TaskSize::Records(n) => (0, n),
+        };
         let msg = pb::SetDatasetRequest {
             globs,
             chunks_per_task,
             passes,
+            records_per_task,
         };
         // Indexing a large dataset takes a while.
         let timeout = self.cfg.call_timeout.max(Duration::from_secs(120));

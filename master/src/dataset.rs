@@ -1,10 +1,15 @@
 //! The dataset: RecordIO files indexed into deterministic tasks.
 //!
-//! `SetDataset(globs, chunks_per_task, passes)` expands the globs, walks every file's chunk
-//! headers and cuts each file into tasks of `chunks_per_task` consecutive chunks (a task
-//! never spans files). Task ids come from the file's position in the sorted file list and
-//! the chunk range, so the same dataset always gives the same tasks.
+//! `SetDataset(globs, chunks_per_task | records_per_task, passes)` expands the globs,
+//! walks every file's chunk headers and cuts each file into tasks of consecutive chunks
+//! (a task never spans files): `chunks_per_task` chunks each, or, sized by samples, the
+//! fewest chunks holding `records_per_task` records, lowered (to at most a 32nd of the
+//! pass, then halved) until a pass has at least [`MIN_TASKS_PER_PASS`] tasks or every
+//! task is one chunk (work for every trainer of an elastic job to the end of a
+//! pass). Task ids come from the file's position in the sorted file list and the chunk
+//! range, so the same dataset always gives the same tasks.
 
+use std::ops::Range;
 use std::path::PathBuf;
 
 use edl_recordio::ChunkIndex;
@@ -12,13 +17,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::queue::TaskSpec;
 
+/// Tasks sized by records are made smaller than asked, down to a chunk, so that a pass
+/// has at least this many.
+pub const MIN_TASKS_PER_PASS: u64 = 32;
+
 /// What defines a dataset: the first `SetDataset` fixes it, later ones must match.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatasetSpec {
     /// RecordIO files or glob patterns.
     pub globs: Vec<String>,
-    /// Consecutive chunks of one file per task.
+    /// Consecutive chunks of one file per task (when `records_per_task` is 0).
     pub chunks_per_task: u32,
+    /// Records per task: tasks are the fewest consecutive chunks holding this many (see
+    /// the module docs); 0: `chunks_per_task` chunks.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub records_per_task: u64,
     /// Passes over the dataset.
     pub passes: u32,
 }
@@ -61,13 +74,13 @@ pub enum DatasetError {
     Index(edl_recordio::Error),
     /// A different dataset is already defined for this job.
     #[error(
-        "the job already has another dataset (globs {existing:?}, {chunks} chunks per task, {passes} passes)"
+        "the job already has another dataset (globs {existing:?}, {size} per task, {passes} passes)"
     )]
     Conflict {
         /// The existing globs.
         existing: Vec<String>,
-        /// The existing chunks per task.
-        chunks: u32,
+        /// The existing task size ("2 chunks", "4096 records").
+        size: String,
         /// The existing pass count.
         passes: u32,
     },
@@ -82,6 +95,31 @@ impl From<edl_recordio::Error> for DatasetError {
 }
 
 impl DatasetSpec {
+    /// Each file's task ranges of chunks (see the module docs).
+    fn task_ranges(&self, files: &[ChunkIndex]) -> Vec<Vec<Range<usize>>> {
+        let by_records = |target: u64| -> Vec<Vec<Range<usize>>> {
+            files.iter().map(|f| f.ranges_of_records(target)).collect()
+        };
+        if self.records_per_task == 0 {
+            let per = self.chunks_per_task as usize;
+            return files.iter().map(|f| f.ranges(per).collect()).collect();
+        }
+        // Halved until a pass has enough tasks (or every task is a chunk).
+        let records: u64 = files.iter().map(ChunkIndex::records).sum();
+        let mut target = self
+            .records_per_task
+            .min(records / MIN_TASKS_PER_PASS)
+            .max(1);
+        loop {
+            let ranges = by_records(target);
+            let tasks: usize = ranges.iter().map(Vec::len).sum();
+            if tasks as u64 >= MIN_TASKS_PER_PASS || target == 1 {
+                return ranges;
+            }
+            target /= 2;
+        }
+    }
+
     /// Checks the request's fields.
     pub fn validate(&self) -> Result<(), DatasetError> {
         if self.globs.is_empty() || self.globs.iter().any(|g| g.trim().is_empty()) {
@@ -105,11 +143,18 @@ impl DatasetSpec {
         } else {
             Err(DatasetError::Conflict {
                 existing: existing.globs.clone(),
-                chunks: existing.chunks_per_task,
+                size: match existing.records_per_task {
+                    0 => format!("{} chunks", existing.chunks_per_task),
+                    n => format!("{n} records"),
+                },
                 passes: existing.passes,
             })
         }
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Expands and indexes the dataset: blocking file I/O (run it off the async runtime).
@@ -118,15 +163,18 @@ pub fn index(spec: &DatasetSpec) -> Result<(Dataset, Vec<TaskSpec>), DatasetErro
     let paths: Vec<PathBuf> = edl_recordio::expand_globs(&spec.globs)?;
     let mut files = Vec::with_capacity(paths.len());
     let mut tasks = Vec::new();
-    let per = spec.chunks_per_task as usize;
-    for (fi, path) in paths.iter().enumerate() {
+    let indexes = paths
+        .iter()
+        .map(|p| ChunkIndex::build(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ranges = spec.task_ranges(&indexes);
+    for (fi, ((path, idx), ranges)) in paths.iter().zip(&indexes).zip(ranges).enumerate() {
         let file =
             u32::try_from(fi).map_err(|_| DatasetError::Invalid("more than 2^32 files".into()))?;
-        let idx = ChunkIndex::build(path)?;
         let chunks = u32::try_from(idx.chunks.len()).map_err(|_| {
             DatasetError::Invalid(format!("{} has too many chunks", path.display()))
         })?;
-        for range in idx.ranges(per) {
+        for range in ranges {
             let (begin, end) = (range.start as u32, range.end as u32);
             let first = &idx.chunks[range.start];
             let last = &idx.chunks[range.end - 1];
@@ -184,6 +232,7 @@ mod tests {
         let spec = DatasetSpec {
             globs: vec![format!("{}/*.recordio", dir.path().display())],
             chunks_per_task: 2,
+            records_per_task: 0,
             passes: 1,
         };
         let (ds, tasks) = index(&spec).unwrap();
@@ -205,17 +254,69 @@ mod tests {
         assert_eq!(tasks, again);
     }
 
+    /// Sized by records: each task the fewest chunks holding the records asked for (the
+    /// last of a file may hold fewer), lowered so that a pass has enough tasks.
+    #[test]
+    fn tasks_sized_by_records_hold_the_records_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        write_file(&dir.path().join("a.recordio"), 4000, 10);
+        write_file(&dir.path().join("b.recordio"), 1003, 10);
+        let spec = |records_per_task| DatasetSpec {
+            globs: vec![format!("{}/*.recordio", dir.path().display())],
+            chunks_per_task: 1,
+            records_per_task,
+            passes: 1,
+        };
+        let (ds, tasks) = index(&spec(95)).unwrap();
+        assert!(
+            ds.files[0].chunks >= 400,
+            "chunks of about 10: {:?}",
+            ds.files
+        );
+        assert_eq!(tasks.iter().map(|t| t.records).sum::<u64>(), 5003);
+        for (fi, f) in ds.files.iter().enumerate() {
+            let mine: Vec<_> = tasks.iter().filter(|t| t.file == fi as u32).collect();
+            assert_eq!(mine.last().unwrap().chunk_end, f.chunks);
+            assert!(mine.windows(2).all(|w| w[0].chunk_end == w[1].chunk_begin));
+            // Every task but a file's last holds at least 95 records, and one chunk
+            // less would not.
+            for t in &mine[..mine.len() - 1] {
+                assert!(t.records >= 95, "{t:?}");
+                assert!(t.records < 95 + 10 + 1, "{t:?}");
+            }
+        }
+        // Asked for 4,096 per task, 5,003 records still make at least
+        // MIN_TASKS_PER_PASS tasks, each at most a 32nd of them and a chunk.
+        let (ds, tasks) = index(&spec(4096)).unwrap();
+        assert!(ds.tasks >= MIN_TASKS_PER_PASS, "{} tasks", ds.tasks);
+        assert!(
+            tasks.iter().all(|t| t.records <= 5003 / 32 + 10),
+            "{tasks:?}"
+        );
+        // Fewer chunks than that: a task per chunk.
+        let dir2 = tempfile::tempdir().unwrap();
+        write_file(&dir2.path().join("c.recordio"), 200, 10);
+        let few = DatasetSpec {
+            globs: vec![format!("{}/*.recordio", dir2.path().display())],
+            ..spec(4096)
+        };
+        let (ds, _) = index(&few).unwrap();
+        assert_eq!(ds.tasks, u64::from(ds.files[0].chunks), "one chunk each");
+    }
+
     #[test]
     fn bad_specs_and_missing_files_are_clear_errors() {
         let bad = DatasetSpec {
             globs: vec![],
             chunks_per_task: 1,
+            records_per_task: 0,
             passes: 1,
         };
         assert!(matches!(index(&bad), Err(DatasetError::Invalid(_))));
         let missing = DatasetSpec {
             globs: vec!["/nonexistent/edl/*.recordio".into()],
             chunks_per_task: 1,
+            records_per_task: 0,
             passes: 1,
         };
         let err = index(&missing).unwrap_err().to_string();
@@ -223,6 +324,7 @@ mod tests {
         let a = DatasetSpec {
             globs: vec!["x".into()],
             chunks_per_task: 2,
+            records_per_task: 0,
             passes: 1,
         };
         let mut b = a.clone();

@@ -123,6 +123,25 @@ impl ChunkIndex {
             .map(move |start| start..(start.saturating_add(step)).min(self.chunks.len()))
     }
 
+    /// Consecutive ranges of chunks covering the whole file, each the fewest chunks that
+    /// hold at least `min_records` records (the last may hold fewer; a chunk holding
+    /// more is a range alone).
+    pub fn ranges_of_records(&self, min_records: u64) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        let (mut start, mut held) = (0, 0u64);
+        for (i, c) in self.chunks.iter().enumerate() {
+            held += u64::from(c.records);
+            if held >= min_records.max(1) {
+                out.push(start..i + 1);
+                (start, held) = (i + 1, 0);
+            }
+        }
+        if start < self.chunks.len() {
+            out.push(start..self.chunks.len());
+        }
+        out
+    }
+
     /// Number of records in the chunks `range` (chunks outside the index count nothing).
     pub fn records_in(&self, range: Range<usize>) -> u64 {
         self.chunks

@@ -91,8 +91,22 @@ async fn an_own_model_trained_by_entry_programs_survives_a_trainer_sigkill() {
             })
             .collect();
         if chaos.is_none() {
-            // 52 tasks a pass, each acknowledged by exactly one trainer.
-            assert_eq!(reports.iter().sum::<u64>(), 3 * 52, "{reports:?}");
+            // Every task of every pass acknowledged by exactly one trainer: the tasks the
+            // master cuts from the files (sized by records, the spec's default).
+            let spec = edl_job::JobSpec::load(Path::new(&spec)).expect("the example's spec");
+            let (_, tasks) = edl_master::dataset::index(&edl_master::dataset::DatasetSpec {
+                globs: spec.data.train.patterns(),
+                chunks_per_task: 1,
+                records_per_task: spec.data.records_per_task,
+                passes: 3,
+            })
+            .expect("index the example's data");
+            assert!(tasks.len() >= 32, "{} tasks a pass", tasks.len());
+            assert_eq!(
+                reports.iter().sum::<u64>(),
+                3 * tasks.len() as u64,
+                "{reports:?}"
+            );
         } else {
             // The killed trainer wrote none; its restart and the other one did.
             assert!(

@@ -302,6 +302,7 @@ async fn a_million_task_transitions_leave_the_etcd_database_bounded() {
         spec: DatasetSpec {
             globs: vec!["/data/part-*".into()],
             chunks_per_task: 1,
+            records_per_task: 0,
             passes: u32::MAX,
         },
         files: Vec::new(),

@@ -133,9 +133,16 @@ pub struct DataSpec {
     /// Held-out RecordIO files (globs) evaluated after every pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test: Option<Globs>,
-    /// Consecutive chunks per task (0: the master's default).
+    /// Consecutive chunks per task (0: sized by `records_per_task`).
     #[serde(default)]
     pub chunks_per_task: u32,
+    /// Records per task, when `chunks_per_task` is 0 (default 4096): each task the
+    /// fewest consecutive chunks of a file holding this many, fewer when a pass would
+    /// otherwise have under 32 tasks; 0: the master's chunks per task. Tasks large
+    /// enough make the per-task costs (two etcd commits and a `TaskDone` per task) a
+    /// small part of the time; a lost trainer's task is trained again whole.
+    #[serde(default = "d_records_per_task")]
+    pub records_per_task: u64,
     /// How `edl run` creates the RecordIO files from a raw file when they are missing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prepare: Option<PrepareSpec>,
@@ -249,6 +256,9 @@ fn d_decay_steps() -> u64 {
 }
 fn d_step_timeout() -> Duration {
     Duration::from_secs(60)
+}
+fn d_records_per_task() -> u64 {
+    4096
 }
 fn d_eval_batch() -> usize {
     256

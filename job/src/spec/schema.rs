@@ -102,11 +102,7 @@ impl JsonSchema for PerPush {
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
             "description": "Batches per push: a number (1 to 1024), or \"adaptive\" (the default).",
-            "x-kubernetes-int-or-string": true,
-            "anyOf": [
-                { "type": "integer", "minimum": 1, "maximum": 1024 },
-                { "type": "string", "enum": ["adaptive"] }
-            ]
+            "x-kubernetes-int-or-string": true
         })
     }
 }

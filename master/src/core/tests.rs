@@ -58,6 +58,7 @@ async fn a_restore_is_applied_before_any_acknowledgement_through_its_incarnation
         .set_dataset(DatasetSpec {
             globs: vec![glob],
             chunks_per_task: 1,
+            records_per_task: 0,
             passes: 3,
         })
         .await
@@ -147,6 +148,7 @@ async fn a_full_etcd_pauses_the_queue_and_training_goes_on_once_it_has_space() {
         .set_dataset(DatasetSpec {
             globs: vec![dataset(dir.path(), 2, 20)],
             chunks_per_task: 1,
+            records_per_task: 0,
             passes: PASSES,
         })
         .await

@@ -71,6 +71,7 @@ impl pb::master_server::Master for MasterGrpc {
                 0 => self.default_chunks_per_task,
                 n => n,
             },
+            records_per_task: r.records_per_task,
             passes: r.passes.max(1),
         };
         let (ds, created) = self.core().await?.set_dataset(spec).await?;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::tasks::CloudReader;
 use edl_coord::Backend;
 use edl_job::{JobSpec, RECORD_VERSION, TrainerRecord};
+use edl_master_client::TaskSize;
 use edl_pserver_client::{PsClient, PsClientConfig};
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -117,9 +118,12 @@ impl Member {
             }
         };
         let ds = tokio::select! {
-            r = session.master().set_dataset(
+            r = session.master().set_dataset_sized(
                 spec.data.train.patterns(),
-                spec.data.chunks_per_task,
+                match spec.data.chunks_per_task {
+                    0 => TaskSize::Records(spec.data.records_per_task),
+                    n => TaskSize::Chunks(n),
+                },
                 spec.train.passes,
             ) => match r {
                 Ok(ds) => ds,
