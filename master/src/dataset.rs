@@ -165,7 +165,7 @@ pub fn index(spec: &DatasetSpec) -> Result<(Dataset, Vec<TaskSpec>), DatasetErro
     let mut tasks = Vec::new();
     let indexes = paths
         .iter()
-        .map(|p| ChunkIndex::build(p))
+        .map(ChunkIndex::build)
         .collect::<Result<Vec<_>, _>>()?;
     let ranges = spec.task_ranges(&indexes);
     for (fi, ((path, idx), ranges)) in paths.iter().zip(&indexes).zip(ranges).enumerate() {
