@@ -85,14 +85,15 @@ def prepare_data(a):
     return data, edl_dir
 
 
-def edl_spec(edl_dir, mode, trainers, per_push="adaptive", replicas=1):
-    path = os.path.join(edl_dir, f"job-{mode}-{trainers}-{per_push}-r{replicas}.toml")
+def edl_spec(edl_dir, mode, trainers, per_push="adaptive", replicas=1, chunks=0):
+    path = os.path.join(edl_dir, f"job-{mode}-{trainers}-{per_push}-r{replicas}-c{chunks}.toml")
     with open(path, "w") as f:
         f.write(f"""# written by scripts/bench_peer.py: the harness's mlp job
 name = "peer-mlp-{mode}-{trainers}-{per_push}-r{replicas}"
 
 [data]
 train = "mlp-*.recordio"
+chunks_per_task = {chunks}
 
 [model]
 kind = "mlp"
@@ -123,8 +124,8 @@ def children_cpu():
     return r.ru_utime + r.ru_stime
 
 
-def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1):
-    spec = edl_spec(edl_dir, mode, trainers, per_push, replicas)
+def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1, chunks=0):
+    spec = edl_spec(edl_dir, mode, trainers, per_push, replicas, chunks)
     run_dir = os.path.join(a.work, "runs", tag)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
@@ -220,6 +221,9 @@ def main():
         ("edl-async-2", "edl, adaptive (default)", "async", 2, lambda t: run_edl(a, edl_dir, "async", 2, t)),
         ("edl-async-2-g1", "edl, 1 batch per push", "async", 2,
          lambda t: run_edl(a, edl_dir, "async", 2, t, per_push=1)),
+        # Tasks of one chunk (331 samples) instead of sized by samples (the default).
+        ("edl-async-2-g1-c1", "edl, 1 batch per push, tasks of a chunk", "async", 2,
+         lambda t: run_edl(a, edl_dir, "async", 2, t, per_push=1, chunks=1)),
         ("edl-async-2-g4", "edl, 4 batches per push", "async", 2,
          lambda t: run_edl(a, edl_dir, "async", 2, t, per_push=4)),
         ("edl-async-2-g13", "edl, 13 batches per push", "async", 2,
@@ -228,6 +232,10 @@ def main():
         ("edl-async-1", "edl, adaptive (default)", "async", 1, lambda t: run_edl(a, edl_dir, "async", 1, t)),
         ("edl-async-1-g1", "edl, 1 batch per push", "async", 1,
          lambda t: run_edl(a, edl_dir, "async", 1, t, per_push=1)),
+        # Tasks of a whole file (a few per pass: the per-task costs vanish), against the
+        # default sizing: what tasks cost.
+        ("edl-async-1-whole", "edl, tasks of a whole file", "async", 1,
+         lambda t: run_edl(a, edl_dir, "async", 1, t, chunks=100000)),
         ("edl-async-1-g4", "edl, 4 batches per push", "async", 1,
          lambda t: run_edl(a, edl_dir, "async", 1, t, per_push=4)),
         ("edl-sync-2", "edl", "sync", 2, lambda t: run_edl(a, edl_dir, "sync", 2, t)),
@@ -300,6 +308,7 @@ def main():
         ("edl async 1 / Paddle 2.6.2 local, CPU-s per 1k samples", ratio("edl-async-1", "p26-local", "cpu_1k"), "<=", 0.7),
         ("edl async 1 / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1", "p26-local", "sps"), ">=", 1.2),
         ("edl async 1, 1 per push / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1-g1", "p26-local", "sps"), None, None),
+        ("edl async 1 / the same with tasks of a whole file, steady samples/s", ratio("edl-async-1", "edl-async-1-whole", "sps"), ">=", 0.99),
         ("edl async 1, 4 per push / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1-g4", "p26-local", "sps"), ">=", 1.2),
         ("edl sync 2 / Paddle 1.8.5 sync, steady samples/s", ratio("edl-sync-2", "p18-sync", "sps"), ">=", 3.0),
         ("edl async 2 / Paddle 1.8.5 async, steady samples/s", ratio("edl-async-2", "p18-async", "sps"), None, None),
