@@ -35,6 +35,9 @@ use crate::model::{
 use crate::runtime::{Progress, RuntimeConfig, run};
 use crate::store::{ParamInit, ParamStore, TaskRef};
 
+#[path = "psstore_tests_takeover.rs"]
+mod takeover;
+
 /// Values of the one dense parameter: two blocks of 128, block 0 on shard 0, block 1 on
 /// shard 1.
 const N: usize = 256;

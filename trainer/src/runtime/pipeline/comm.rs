@@ -111,11 +111,15 @@ impl Shared {
     pub(super) fn hand_over(&self, out: Outgoing, cap: u64) -> Result<Duration, String> {
         let start = Instant::now();
         let mut s = self.lock();
-        while s.handed - s.applied >= cap && s.failed.is_none() {
+        while s.handed - s.applied >= cap && s.failed.is_none() && !s.closing {
             s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
         if let Some(e) = &s.failed {
             return Err(e.clone());
+        }
+        if s.closing {
+            // The pipeline was dropped (the runtime stopped early): nothing more is sent.
+            return Err("the pipeline was closed".into());
         }
         s.handed = out.number;
         s.queue.push_back(out);
@@ -177,10 +181,12 @@ impl Shared {
         }
     }
 
-    /// Stops the tasks once the queue is empty.
+    /// Stops the tasks once the queue is empty (and a compute thread waiting for a push
+    /// slot, at once).
     pub(super) fn close(&self) {
         self.lock().closing = true;
         self.ready.notify_one();
+        self.changed.notify_all();
     }
 
     /// Push `number` was applied (or refused, or dropped): the next may go, and a pull
