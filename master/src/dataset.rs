@@ -4,8 +4,8 @@
 //! walks every file's chunk headers and cuts each file into tasks of consecutive chunks
 //! (a task never spans files): `chunks_per_task` chunks each, or, sized by samples, the
 //! fewest chunks holding `records_per_task` records, lowered (to at most a 32nd of the
-//! pass, then halved) until a pass has at least [`MIN_TASKS_PER_PASS`] tasks or every
-//! task is one chunk (work for every trainer of an elastic job to the end of a
+//! pass, and then to the largest target that still makes them) so that a pass has at
+//! least [`MIN_TASKS_PER_PASS`] tasks, or every task is one chunk (work for every trainer of an elastic job to the end of a
 //! pass). Task ids come from the file's position in the sorted file list and the chunk
 //! range, so the same dataset always gives the same tasks.
 
@@ -104,20 +104,31 @@ impl DatasetSpec {
             let per = self.chunks_per_task as usize;
             return files.iter().map(|f| f.ranges(per).collect()).collect();
         }
-        // Halved until a pass has enough tasks (or every task is a chunk).
+        // The largest target at most the one asked for (and a 32nd of the pass) that
+        // still makes MIN_TASKS_PER_PASS tasks (or a task per chunk, at 1): the task
+        // count falls as the target grows, so a binary search finds it.
         let records: u64 = files.iter().map(ChunkIndex::records).sum();
-        let mut target = self
-            .records_per_task
-            .min(records / MIN_TASKS_PER_PASS)
-            .max(1);
-        loop {
-            let ranges = by_records(target);
-            let tasks: usize = ranges.iter().map(Vec::len).sum();
-            if tasks as u64 >= MIN_TASKS_PER_PASS || target == 1 {
-                return ranges;
+        let count = |t: u64| -> u64 {
+            files
+                .iter()
+                .map(|f| f.ranges_of_records(t).len() as u64)
+                .sum()
+        };
+        let (mut lo, mut hi) = (
+            1,
+            self.records_per_task
+                .min(records / MIN_TASKS_PER_PASS)
+                .max(1),
+        );
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if count(mid) >= MIN_TASKS_PER_PASS {
+                lo = mid;
+            } else {
+                hi = mid - 1;
             }
-            target /= 2;
         }
+        by_records(lo)
     }
 
     /// Checks the request's fields.
@@ -293,6 +304,9 @@ mod tests {
             tasks.iter().all(|t| t.records <= 5003 / 32 + 10),
             "{tasks:?}"
         );
+        // And as large as that allows: not cut finer than needed (about 32, plus a
+        // short last task per file).
+        assert!(ds.tasks <= MIN_TASKS_PER_PASS + 3, "{} tasks", ds.tasks);
         // Fewer chunks than that: a task per chunk.
         let dir2 = tempfile::tempdir().unwrap();
         write_file(&dir2.path().join("c.recordio"), 200, 10);
