@@ -8,19 +8,35 @@ use edl_pserver_client::Origin;
 use super::*;
 use crate::store::{InitOutcome, StoreError};
 
-/// Trainer a's store: pushes take a while (a network: the adaptive pipeline sums the
-/// batches computed meanwhile). Once a push of several batches is applied, every later
-/// push waits forever (the trainer is stopped, as by SIGSTOP, before it is lost).
+/// A trainer's store over [`PsStore`] that records every origin pushed. Trainer a's
+/// (`stalls`) also makes pushes take a while (a network: the adaptive pipeline sums the
+/// batches computed meanwhile) and, once a push of several batches is applied, makes
+/// every later push wait forever (the trainer is stopped, as by SIGSTOP, before it is
+/// lost).
 #[derive(Debug)]
-struct Stalling {
+struct Watched {
     inner: Arc<PsStore>,
-    /// The first run of several batches applied.
+    stalls: bool,
+    origins: Mutex<Vec<Origin>>,
+    /// The first run of several batches applied (trainer a).
     run: Mutex<Option<Origin>>,
     applied: watch::Sender<bool>,
 }
 
+impl Watched {
+    fn new(inner: Arc<PsStore>, stalls: bool) -> Self {
+        Watched {
+            inner,
+            stalls,
+            origins: Mutex::new(Vec::new()),
+            run: Mutex::new(None),
+            applied: watch::Sender::new(false),
+        }
+    }
+}
+
 #[async_trait::async_trait]
-impl ParamStore for Stalling {
+impl ParamStore for Watched {
     async fn init(&self, trainer: &str, init: &ParamInit) -> Result<InitOutcome, StoreError> {
         self.inner.init(trainer, init).await
     }
@@ -41,6 +57,7 @@ impl ParamStore for Stalling {
         origin: Option<Origin>,
         grads: &StepOutput,
     ) -> Result<(), StoreError> {
+        self.origins.lock().unwrap().extend(origin);
         self.inner.push(trainer, step, origin, grads).await
     }
     async fn push_applied(
@@ -50,77 +67,21 @@ impl ParamStore for Stalling {
         origin: Option<Origin>,
         grads: StepOutput,
     ) -> Result<(), StoreError> {
-        if *self.applied.borrow() {
-            std::future::pending::<()>().await;
+        if self.stalls {
+            if *self.applied.borrow() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        self.origins.lock().unwrap().extend(origin);
         self.inner
             .push_applied(trainer, step, origin, grads)
             .await?;
-        if let Some(o) = origin.filter(|o| o.count > 1) {
+        if let Some(o) = origin.filter(|o| self.stalls && o.count > 1) {
             self.run.lock().unwrap().get_or_insert(o);
             self.applied.send_replace(true);
         }
         Ok(())
-    }
-    async fn pull_current(&self, params: &mut Params) -> Result<(), StoreError> {
-        self.inner.pull_current(params).await
-    }
-    async fn task_done(&self, trainer: &str, task: TaskRef) -> Result<Vec<u64>, StoreError> {
-        self.inner.task_done(trainer, task).await
-    }
-    async fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush().await
-    }
-    fn local_updates(&self) -> Option<OptimizerConfig> {
-        self.inner.local_updates()
-    }
-    async fn idle(&self, trainer: &str) -> Result<(), StoreError> {
-        self.inner.idle(trainer).await
-    }
-}
-
-/// Trainer b's store: every origin it pushes, recorded.
-#[derive(Debug)]
-struct Recording {
-    inner: Arc<PsStore>,
-    origins: Mutex<Vec<Origin>>,
-}
-
-#[async_trait::async_trait]
-impl ParamStore for Recording {
-    async fn init(&self, trainer: &str, init: &ParamInit) -> Result<InitOutcome, StoreError> {
-        self.inner.init(trainer, init).await
-    }
-    async fn pull_dense(&self, params: &mut Params) -> Result<(), StoreError> {
-        self.inner.pull_dense(params).await
-    }
-    async fn pull_sparse(
-        &self,
-        rows: &[(String, Vec<u64>)],
-        params: &mut Params,
-    ) -> Result<(), StoreError> {
-        self.inner.pull_sparse(rows, params).await
-    }
-    async fn push(
-        &self,
-        trainer: &str,
-        step: u64,
-        origin: Option<Origin>,
-        grads: &StepOutput,
-    ) -> Result<(), StoreError> {
-        self.origins.lock().unwrap().extend(origin);
-        self.inner.push(trainer, step, origin, grads).await
-    }
-    async fn push_applied(
-        &self,
-        trainer: &str,
-        step: u64,
-        origin: Option<Origin>,
-        grads: StepOutput,
-    ) -> Result<(), StoreError> {
-        self.origins.lock().unwrap().extend(origin);
-        self.inner.push_applied(trainer, step, origin, grads).await
     }
     async fn pull_current(&self, params: &mut Params) -> Result<(), StoreError> {
         self.inner.pull_current(params).await
@@ -198,12 +159,8 @@ async fn an_adaptive_trainer_lost_mid_task_leaves_every_batch_counted_once() {
             tx,
         ))
     };
-    let (applied, mut applied_rx) = watch::channel(false);
-    let a_store = Arc::new(Stalling {
-        inner: job.store(&config).await,
-        run: Mutex::new(None),
-        applied,
-    });
+    let a_store = Arc::new(Watched::new(job.store(&config).await, true));
+    let mut applied_rx = a_store.applied.subscribe();
     let a_lease = job.register("a").await;
     let a = start("a", a_store.clone());
     tokio::time::timeout(Duration::from_secs(30), applied_rx.wait_for(|&x| x))
@@ -215,10 +172,7 @@ async fn an_adaptive_trainer_lost_mid_task_leaves_every_batch_counted_once() {
     a_lease.revoke().await.unwrap();
     let run_of_a = a_store.run.lock().unwrap().expect("set with the flag");
 
-    let b_store = Arc::new(Recording {
-        inner: job.store(&config).await,
-        origins: Mutex::new(Vec::new()),
-    });
+    let b_store = Arc::new(Watched::new(job.store(&config).await, false));
     let _b_lease = job.register("b").await;
     let p = tokio::time::timeout(Duration::from_secs(60), start("b", b_store.clone()))
         .await

@@ -92,6 +92,18 @@ impl ShardCore {
         PsError::InvalidArgument(msg)
     }
 
+    /// The refusal of a push whose run of batches `o` another attempt partly applied
+    /// (counted).
+    pub(super) fn overlap(&self, o: super::ledger::Origin) -> PsError {
+        bump(&self.counters.overlap_refused);
+        PsError::Overlap {
+            pass: o.pass,
+            task: o.task,
+            first: o.seq,
+            count: o.count,
+        }
+    }
+
     /// Validates a push request: blocks and rows of this shard, lengths, finiteness.
     /// Nothing is applied when this fails.
     pub fn validate_push(&self, req: RawPush) -> Result<Push, PsError> {

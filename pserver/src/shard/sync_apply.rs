@@ -125,13 +125,7 @@ impl ShardCore {
                 _ => Mark::Fresh,
             };
             if let (Mark::Overlap, Some(o)) = (mark, push.origin) {
-                bump(&self.counters.overlap_refused);
-                return Err(PsError::Overlap {
-                    pass: o.pass,
-                    task: o.task,
-                    first: o.seq,
-                    count: o.count,
-                });
+                return Err(self.overlap(o));
             }
             let repeat = mark == Mark::Repeat;
             if repeat {

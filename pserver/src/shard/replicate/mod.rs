@@ -201,15 +201,7 @@ impl ShardCore {
                 match lock(&self.ledger).peek(o) {
                     LedgerMark::Fresh => DedupMark::Fresh,
                     LedgerMark::Repeat => DedupMark::Repeat,
-                    LedgerMark::Overlap => {
-                        bump(&self.counters.overlap_refused);
-                        return Err(PsError::Overlap {
-                            pass: o.pass,
-                            task: o.task,
-                            first: o.seq,
-                            count: o.count,
-                        });
-                    }
+                    LedgerMark::Overlap => return Err(self.overlap(o)),
                 }
             }
             None => lock(&self.dedup).peek(&push.trainer, push.session, push.step),
