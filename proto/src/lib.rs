@@ -61,6 +61,9 @@ pub mod sample {
 
     use prost::Message;
 
+    mod view;
+    pub use view::{SampleView, view};
+
     /// The sample encoding version written by this build.
     pub const SAMPLE_VERSION: u32 = 1;
 

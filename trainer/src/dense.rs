@@ -3,7 +3,7 @@
 //! (convolutional).
 
 use candle_core::{D, DType, Device, Tensor, Var};
-use edl_proto::sample::{Sample, sample::Label};
+use edl_proto::sample::Sample;
 
 use crate::error::{Error, Result};
 use crate::fc_cpu;
@@ -13,6 +13,7 @@ use crate::model::{
 };
 use crate::rng::{SplitMix64, hash_str, mix};
 use edl_job::model::{ModelSpec, Stats};
+use rows::{Parsed, Row};
 
 /// MNIST images are 28x28 = 784 pixels.
 const MNIST_SIDE: usize = 28;
@@ -420,113 +421,20 @@ impl Model for DenseModel {
     }
 
     fn prepare(&self, samples: &[Sample]) -> Result<Batch> {
-        let model = self.kind;
-        if samples.is_empty() {
-            return Err(Error::EmptyBatch {
-                model,
-                reason: "no samples",
-            });
-        }
-        let n = samples.len();
-        let mut x = Vec::with_capacity(n * self.inputs);
-        for (index, s) in samples.iter().enumerate() {
-            if s.dense.len() != self.inputs {
-                return Err(Error::FeatureCount {
-                    model,
-                    index,
-                    found: s.dense.len(),
-                    expected: self.inputs,
-                });
-            }
-            if let Some(feature) = s.dense.iter().position(|v| !v.is_finite()) {
-                return Err(Error::NonFiniteFeature {
-                    model,
-                    index,
-                    feature,
-                    value: s.dense[feature],
-                });
-            }
-            match &self.standardize {
-                Some((mean, inv_std)) => x.extend(
-                    s.dense
-                        .iter()
-                        .zip(mean)
-                        .zip(inv_std)
-                        .map(|((v, m), r)| (v - m) * r),
-                ),
-                None => x.extend_from_slice(&s.dense),
-            }
-        }
-        let label_name = |label: &Option<Label>| match label {
-            None => "no label".to_string(),
-            Some(Label::Value(v)) => format!("a real-valued label ({v})"),
-            Some(Label::ClassId(c)) => format!("a class id ({c})"),
-        };
-        let target = match self.task {
-            Task::Regression => {
-                let mut y = Vec::with_capacity(n);
-                for (index, s) in samples.iter().enumerate() {
-                    match s.label {
-                        Some(Label::Value(v)) if v.is_finite() => y.push(v),
-                        _ => {
-                            return Err(Error::Label {
-                                model,
-                                index,
-                                found: label_name(&s.label),
-                                expected: "a finite real-valued label",
-                            });
-                        }
-                    }
-                }
-                Target::Values(Tensor::from_vec(y, n, &self.device)?.to_dtype(self.dtype)?)
-            }
-            Task::Classification { classes } => {
-                let mut ids = Vec::with_capacity(n);
-                for (index, s) in samples.iter().enumerate() {
-                    match s.label {
-                        Some(Label::ClassId(class)) if (class as usize) < classes => {
-                            ids.push(class)
-                        }
-                        Some(Label::ClassId(class)) => {
-                            return Err(Error::ClassOutOfRange {
-                                model,
-                                index,
-                                class,
-                                classes,
-                            });
-                        }
-                        _ => {
-                            return Err(Error::Label {
-                                model,
-                                index,
-                                found: label_name(&s.label),
-                                expected: "a class id",
-                            });
-                        }
-                    }
-                }
-                let tensor = Tensor::from_slice(&ids, n, &self.device)?;
-                Target::Classes { tensor, ids }
-            }
-        };
-        let x = match &self.arch {
-            Arch::Fc { .. } => Tensor::from_vec(x, (n, self.inputs), &self.device)?,
-            Arch::MnistCnn { conv0, .. } => {
-                // A 28x28 image with one channel is its own NHWC layout.
-                let rows = conv0.out_h * conv0.out_w;
-                let mut patches = Vec::with_capacity(n * rows * conv0.patch());
-                for image in x.chunks_exact(self.inputs) {
-                    conv0.im2col_host(image, &mut patches);
-                }
-                Tensor::from_vec(patches, (n * rows, conv0.patch()), &self.device)?
-            }
-        }
-        .to_dtype(self.dtype)?;
-        Ok(Batch {
-            model,
-            samples: n,
-            data: BatchData::Dense { x, target },
-        })
+        let rows: Vec<Row<'_>> = samples.iter().map(Row::of_sample).collect();
+        self.prepare_rows(&rows)
+    }
+
+    /// Dense samples are read in place from their records ([`edl_proto::sample::view`]),
+    /// their features copied once, into the batch; a record in another layout is decoded.
+    fn prepare_records(&self, records: &[Vec<u8>], _seed: u64) -> Result<Batch> {
+        let parsed = records
+            .iter()
+            .enumerate()
+            .map(|(index, r)| Parsed::read(index, r))
+            .collect::<Result<Vec<Parsed<'_>>>>()?;
+        let rows: Vec<Row<'_>> = parsed.iter().map(Parsed::row).collect();
+        self.prepare_rows(&rows)
     }
 
     fn sparse_rows(&self, _batch: &Batch) -> Vec<(String, Vec<u64>)> {
@@ -654,6 +562,8 @@ impl DenseModel {
         })
     }
 }
+
+mod rows;
 
 #[cfg(test)]
 #[path = "dense_tests.rs"]

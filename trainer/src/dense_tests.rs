@@ -152,3 +152,90 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .to_scalar::<f32>()
         .unwrap()
 }
+
+/// What a batch holds, on the host: the features, then the targets.
+fn batch_host(b: &Batch) -> (Vec<f32>, Vec<f32>) {
+    let BatchData::Dense { x, target } = &b.data else {
+        panic!("a dense batch");
+    };
+    let y = match target {
+        Target::Values(t) => t.to_vec1::<f32>().unwrap(),
+        Target::Classes { ids, .. } => ids.iter().map(|&c| c as f32).collect(),
+    };
+    (x.flatten_all().unwrap().to_vec1::<f32>().unwrap(), y)
+}
+
+/// Records read in place ([`edl_proto::sample::view`]) make the batch, and the errors,
+/// that the same samples decoded make: standardised or not, regression or classes, and
+/// with a record in a layout read by the full decoder among them.
+#[test]
+fn records_read_in_place_make_the_batch_decoded_samples_make() {
+    use edl_job::model::{ModelSpec, Stats};
+    use edl_proto::sample::{encode, view};
+    let fit = crate::spec::build(&ModelSpec::FitALine {
+        standardize: true,
+        stats: Some(Stats {
+            mean: (0..13).map(|i| i as f32 * 0.1).collect(),
+            std: (0..13).map(|i| 1.0 + i as f32).collect(),
+        }),
+    })
+    .unwrap();
+    let mlp = crate::spec::build(&ModelSpec::Mlp {
+        inputs: 4,
+        hidden: vec![3],
+        classes: 3,
+        standardize: false,
+        stats: None,
+    })
+    .unwrap();
+    let mut rng = SplitMix64::new(7);
+    let mut feats = |n: usize| (0..n).map(|_| rng.symmetric(5.0)).collect::<Vec<f32>>();
+    let lines: Vec<Sample> = (0..9)
+        .map(|i| Sample::regression(feats(13), i as f32))
+        .collect();
+    let classes: Vec<Sample> = (0..7)
+        .map(|i| Sample::classification(feats(4), i % 3))
+        .collect();
+    for (model, samples) in [(&fit, &lines), (&mlp, &classes)] {
+        let mut records: Vec<Vec<u8>> = samples.iter().map(encode).collect();
+        assert!(records.iter().all(|r| view(r).is_some()), "read in place");
+        // The second sample's features in two packed fields: decoded, not read in place.
+        let s = &samples[1];
+        let (a, b) = s.dense.split_at(2);
+        let mut split = encode(&Sample {
+            dense: a.to_vec(),
+            label: None,
+            ..s.clone()
+        });
+        split.extend_from_slice(&encode(&Sample {
+            dense: b.to_vec(),
+            ..s.clone()
+        }));
+        assert!(view(&split).is_none());
+        records[1] = split;
+        let want = batch_host(&model.prepare(samples).unwrap());
+        let got = batch_host(&model.prepare_records(&records, 0).unwrap());
+        assert_eq!(got, want);
+        assert_eq!(got.1.len(), samples.len());
+
+        // Each kind of bad sample: the same error either way.
+        let mut nan = samples.to_vec();
+        nan[2].dense[3] = f32::NAN;
+        let mut short = samples.to_vec();
+        short[3].dense.pop();
+        let mut unlabelled = samples.to_vec();
+        unlabelled[4].label = None;
+        for bad in [nan, short, unlabelled] {
+            let records: Vec<Vec<u8>> = bad.iter().map(encode).collect();
+            let want = model.prepare(&bad).unwrap_err().to_string();
+            let got = model.prepare_records(&records, 0).unwrap_err().to_string();
+            assert_eq!(got, want);
+        }
+        let mut garbage: Vec<Vec<u8>> = samples.iter().map(encode).collect();
+        garbage[5] = vec![0xff, 0xff, 0xff];
+        assert!(matches!(
+            model.prepare_records(&garbage, 0),
+            Err(Error::BadRecord { index: 5, .. })
+        ));
+    }
+}
