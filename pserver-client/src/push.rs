@@ -143,11 +143,6 @@ impl PsClient {
                 "trainer id {trainer:?} must be non-empty and contain no '/'"
             )));
         }
-        // A shard refuses a non-finite gradient whole, but another shard would apply its
-        // part: refuse the push here, before any shard is sent anything.
-        if let Some(what) = non_finite(dense, sparse) {
-            return Err(PsClientError::NonFinite(what));
-        }
         let layout = self.layout().await?;
         let spec = layout.spec();
         let sync = spec.config.mode.is_sync();
@@ -181,6 +176,7 @@ impl PsClient {
                 }),
             })
             .collect();
+        let mut finite = true;
         for (name, grad) in dense {
             let Some(p) = layout.param_index(name) else {
                 return Err(PsClientError::InvalidArgument(format!(
@@ -195,10 +191,12 @@ impl PsClient {
                 )));
             }
             for b in layout.param_blocks(p) {
+                let (values, ok) = wire::encode_clipped(&grad[b.offset..b.offset + b.len], &plan);
+                finite &= ok;
                 reqs[b.shard as usize].dense.push(pb::DenseBlock {
                     id: b.id,
                     version: 0,
-                    values: wire::encode_clipped(&grad[b.offset..b.offset + b.len], &plan),
+                    values,
                 });
             }
         }
@@ -227,13 +225,22 @@ impl PsClient {
             }
             for (s, (rows, vals)) in rows.into_iter().zip(vals).enumerate() {
                 if !rows.is_empty() {
+                    let (values, ok) = wire::encode_clipped(&vals, &plan);
+                    finite &= ok;
                     reqs[s].sparse.push(pb::SparseRows {
                         table: t as u32,
                         rows,
-                        values: wire::encode_clipped(&vals, &plan),
+                        values,
                     });
                 }
             }
+        }
+        // A shard refuses a non-finite gradient whole, but another shard would apply its
+        // part: refuse the push here, before any shard is sent anything. The encoding
+        // checked every value on its way; where one is not finite is found only then.
+        if !finite {
+            let what = non_finite(dense, sparse).unwrap_or_default();
+            return Err(PsClientError::NonFinite(what));
         }
         let timeout = self.inner.cfg.call_timeout + self.inner.cfg.sync_wait;
         let give_up = self.sync_push_budget(&spec.config.mode);

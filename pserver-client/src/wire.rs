@@ -1,7 +1,8 @@
 //! Floats on the wire: little-endian IEEE-754 `f32` packed in protobuf `bytes` fields.
 //!
-//! Converting element by element compiles to plain copies on little-endian machines; no
-//! `unsafe` reinterpretation is needed (and received buffers carry no alignment).
+//! Converting element by element compiles to plain copies on little-endian machines. A
+//! reader that only reads the floats takes them in place with [`floats`] when the bytes
+//! happen to be aligned (a checked, safe reinterpretation), and decodes them otherwise.
 
 use bytes::Bytes;
 
@@ -16,28 +17,36 @@ pub fn byte_len(n: usize) -> Option<usize> {
 /// without zero-filling it first).
 const CHUNK: usize = 1024;
 
-fn encode_with(values: &[f32], f: impl Fn(f32) -> f32) -> Bytes {
+/// Encodes `f` of each value, and says whether every value (before `f`) was finite: the
+/// check rides on the encoding's pass (no early exit: it vectorises).
+fn encode_with(values: &[f32], f: impl Fn(f32) -> f32) -> (Bytes, bool) {
     let mut out = Vec::with_capacity(values.len() * 4);
     let mut tmp = [0u8; CHUNK * 4];
+    let mut bad = 0u32;
     for chunk in values.chunks(CHUNK) {
         let n = chunk.len() * 4;
         for (c, v) in tmp[..n].chunks_exact_mut(4).zip(chunk) {
+            bad |= u32::from(v.to_bits() & 0x7f80_0000 == 0x7f80_0000);
             c.copy_from_slice(&f(*v).to_le_bytes());
         }
         out.extend_from_slice(&tmp[..n]);
     }
-    Bytes::from(out)
+    (Bytes::from(out), bad == 0)
 }
 
-/// Encodes `values` as little-endian bytes.
+/// Encodes `values` as little-endian bytes (on a little-endian machine, one copy).
 pub fn encode(values: &[f32]) -> Bytes {
-    encode_with(values, |v| v)
+    #[cfg(target_endian = "little")]
+    return Bytes::copy_from_slice(bytemuck::cast_slice(values));
+    #[cfg(not(target_endian = "little"))]
+    encode_with(values, |v| v).0
 }
 
-/// Encodes `values` transformed by a clipping plan.
-pub fn encode_clipped(values: &[f32], plan: &ClipPlan) -> Bytes {
+/// Encodes `values` transformed by a clipping plan, and says whether every value (before
+/// clipping) was finite, in the same pass.
+pub fn encode_clipped(values: &[f32], plan: &ClipPlan) -> (Bytes, bool) {
     if plan.is_identity() {
-        return encode(values);
+        return encode_with(values, |v| v);
     }
     encode_with(values, |v| plan.value(v))
 }
@@ -48,6 +57,20 @@ pub fn decode_into(src: &[u8], dst: &mut [f32]) {
     for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
         *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
     }
+}
+
+/// The floats of `src` (whole floats; a trailing partial one is ignored): `src` itself
+/// when it is 4-byte aligned on a little-endian machine, else decoded into `scratch`.
+pub fn floats<'a>(src: &'a [u8], scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    let whole = &src[..src.len() / 4 * 4];
+    #[cfg(target_endian = "little")]
+    if let Ok(f) = bytemuck::try_cast_slice::<u8, f32>(whole) {
+        return f;
+    }
+    scratch.clear();
+    scratch.resize(whole.len() / 4, 0.0);
+    decode_into(whole, scratch);
+    scratch
 }
 
 /// Decodes `src` into a new vector (a trailing partial float is ignored).
@@ -128,8 +151,36 @@ mod tests {
             norm: 0.0,
         };
         assert_eq!(
-            decode(&encode_clipped(&[4.0, -0.5], &plan)),
+            decode(&encode_clipped(&[4.0, -0.5], &plan).0),
             vec![0.5, -0.25]
         );
+        // The finiteness said is the values' before clipping: a clipped infinity is
+        // still refused.
+        assert!(encode_clipped(&[4.0, -0.5], &plan).1);
+        assert!(!encode_clipped(&[f32::INFINITY, 0.0], &plan).1);
+        assert!(!encode_clipped(&[0.0, f32::NAN], &ClipPlan::NONE).1);
+        assert!(encode_clipped(&[], &ClipPlan::NONE).1);
+    }
+
+    #[test]
+    fn floats_in_place_or_decoded_are_the_same() {
+        let v: Vec<f32> = (0..37).map(|i| i as f32 - 3.5).collect();
+        let bytes = encode(&v);
+        // The same bytes at every alignment, and with a partial float at the end.
+        let mut buf = vec![0u8; bytes.len() + 8];
+        for off in 0..4 {
+            buf[off..off + bytes.len()].copy_from_slice(&bytes);
+            let mut scratch = Vec::new();
+            assert_eq!(floats(&buf[off..off + bytes.len()], &mut scratch), &v[..]);
+            assert_eq!(
+                floats(&buf[off..off + bytes.len() + 3], &mut scratch),
+                &v[..]
+            );
+        }
+        let aligned: Vec<f32> = v.clone();
+        let mut scratch = Vec::new();
+        let read = floats(bytemuck::cast_slice(&aligned), &mut scratch);
+        assert_eq!(read, &v[..]);
+        assert!(scratch.is_empty(), "aligned floats are read in place");
     }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use edl_proto::pserver as pb;
 use edl_proto::tls::{ALPN_BULK, ServerConn};
 use prost::Message;
@@ -313,6 +313,14 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                     return write_error(&mut stream, e).await;
                 }
                 buf.clear();
+                // The payload starts 4-byte aligned (its blocks are whole floats), so
+                // that the shard reads the gradients in place (`wire::floats`). Memory for
+                // the rest is reserved as it arrives (a reservation that moves the buffer
+                // moves it to a fresh allocation's start, aligned too).
+                buf.reserve((total as usize).min(1 << 16) + 3);
+                let pad = buf.as_ptr().align_offset(4);
+                buf.put_bytes(0, pad);
+                drop(buf.split_to(pad));
                 read_into(&mut stream, &mut buf, total as usize, Some(stall)).await?;
                 let mut payload: Bytes = buf.split().freeze();
                 for (b, &n) in req.dense.iter_mut().zip(&bp.dense_bytes) {

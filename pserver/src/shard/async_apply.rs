@@ -15,18 +15,6 @@ thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with a thread-local scratch buffer of `n` floats (contents unspecified: the
-/// caller overwrites them).
-fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() < n {
-            s.resize(n, 0.0);
-        }
-        f(&mut s[..n])
-    })
-}
-
 impl ShardCore {
     /// Async mode: applies `push` unless it was applied before (handing the op to the
     /// replication stream when there is one: [`ShardCore::apply_async_ordered`]). A push more than
@@ -44,8 +32,10 @@ impl ShardCore {
         for (local, bytes) in &push.dense {
             let mut b = lock(&self.blocks[*local]);
             let b = &mut *b;
-            with_scratch(b.values.len(), |g| {
-                wire::decode_into(bytes, g);
+            // The gradient read in place where the bytes allow (one pass over them, the
+            // update's), else decoded into this thread's scratch.
+            SCRATCH.with_borrow_mut(|scratch| {
+                let g = wire::floats(bytes, scratch);
                 self.optimizer.step(lr, &mut b.values, g, 1.0, &mut b.state);
             });
             b.version += 1;

@@ -49,14 +49,24 @@ impl ShardCore {
         let ids = self.layout.shard_blocks(self.index);
         let mut blocks = Vec::new();
         for (i, (b, &id)) in self.blocks.iter().zip(ids).enumerate() {
-            let b = lock(b);
+            let mut b = lock(b);
             if known.get(i) == Some(&b.version) {
                 continue;
             }
+            // Encoded once per version; later pulls of it share the bytes.
+            let version = b.version;
+            let values = match &b.encoded {
+                Some((v, e)) if *v == version => e.clone(),
+                _ => {
+                    let e = wire::encode(&b.values);
+                    b.encoded = Some((version, e.clone()));
+                    e
+                }
+            };
             blocks.push(VersionedBlock {
                 id,
-                version: b.version,
-                values: wire::encode(&b.values),
+                version,
+                values,
             });
         }
         bump(&self.counters.pulls);
@@ -141,7 +151,7 @@ mod tests {
     use super::*;
     use crate::layout::{DenseSpec, Layout, Mode, ParamConfig, ParamSpec};
     use crate::optim::OptimizerConfig;
-    use crate::shard::testutil::push;
+    use crate::shard::testutil::{core, push};
     use crate::sync::Admit;
 
     struct DropFlag<'a>(&'a std::sync::atomic::AtomicBool);
@@ -214,5 +224,36 @@ mod tests {
             }
         });
         assert_eq!(c.last_closed(), STEPS);
+    }
+
+    #[test]
+    fn a_version_is_encoded_once_and_shared_by_its_pulls() {
+        let c = core(Mode::Async, 0, 1);
+        let first = c.pull(&[], 0);
+        let again = c.pull(&[], 0);
+        assert!(!first.blocks.is_empty());
+        for (a, b) in first.blocks.iter().zip(&again.blocks) {
+            assert_eq!(a.version, b.version);
+            assert_eq!(
+                a.values.as_ptr(),
+                b.values.as_ptr(),
+                "block {}: shared",
+                a.id
+            );
+        }
+        let p = c.validate_push(push(&c, "t", 1, 1, 1.0, &[])).unwrap();
+        assert!(c.apply_async(&p).unwrap().applied);
+        let after = c.pull(&[], 0);
+        for (a, b) in first.blocks.iter().zip(&after.blocks) {
+            assert!(b.version > a.version, "block {}", a.id);
+            assert_ne!(a.values.as_ptr(), b.values.as_ptr());
+            // The new encoding holds the new values (SGD at rate 1 of a gradient of 1).
+            let (old, new) = (wire::decode(&a.values), wire::decode(&b.values));
+            assert!(
+                old.iter().zip(&new).all(|(o, n)| *n == o - 1.0),
+                "block {}",
+                a.id
+            );
+        }
     }
 }

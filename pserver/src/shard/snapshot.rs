@@ -94,6 +94,7 @@ impl ShardCore {
                 values: b.values,
                 state: b.state,
                 version: b.version,
+                encoded: None,
                 acc: Vec::new(),
                 has_acc: false,
             });

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::dedup::Dedup;
@@ -36,6 +37,9 @@ pub(super) struct Block {
     pub(super) values: Vec<f32>,
     pub(super) state: SlotState,
     pub(super) version: u64,
+    /// `values` encoded at the version it names, shared by every pull of that version
+    /// (stale once `version` moves on: every change of `values` moves it).
+    pub(super) encoded: Option<(u64, Bytes)>,
     pub(super) acc: Vec<f32>,
     pub(super) has_acc: bool,
 }
@@ -175,6 +179,7 @@ impl ShardCore {
                 state: optimizer.state(len),
                 values,
                 version: 1,
+                encoded: None,
                 acc: Vec::new(),
                 has_acc: false,
             });
