@@ -4,7 +4,9 @@ scripts/bench-peer, which installs what it needs; see docs/benchmarks.md).
 
 The job (the harness's "mlp"): 784-256-10 MLP, softmax cross-entropy, 60,000 synthetic
 samples (gen_data.py, seed 2024), plain SGD lr 0.05, batch 64, 3 epochs, one pserver on
-loopback. Paddle runs under the harness's launcher (bench_launch.py); edl runs `edl run`
+loopback; weights start from Xavier's bound in both (Paddle's fc default; edl's
+`init = "xavier"`). The wide rows (`-16m`) train 784-3584-3584-10 (15.7M parameters,
+the most Paddle's pserver takes in one push) for one epoch. Paddle runs under the harness's launcher (bench_launch.py); edl runs `edl run`
 on a private etcd, with the same samples converted to RecordIO. The async edl rows run
 with the default (`batches_per_push = "adaptive"`: as many batches per push as were
 computed while the previous push was on its way, up to 16), and with
@@ -49,6 +51,9 @@ import time
 
 EPOCHS = 3
 SAMPLES = 60_000
+# The hidden widths of the wide dense rows: 15.7M parameters, the most Paddle 2.6.2's
+# pserver takes in one push (62.8 MB; brpc's 64 MiB limit, scripts/peer/ps_wide.py).
+WIDE = (3584, 3584)
 
 
 def log(msg):
@@ -85,11 +90,13 @@ def prepare_data(a):
     return data, edl_dir
 
 
-def edl_spec(edl_dir, mode, trainers, per_push="adaptive", replicas=1, chunks=0):
-    path = os.path.join(edl_dir, f"job-{mode}-{trainers}-{per_push}-r{replicas}-c{chunks}.toml")
+def edl_spec(edl_dir, mode, trainers, per_push="adaptive", replicas=1, chunks=0, hidden=(256,),
+             passes=EPOCHS):
+    wide = "" if list(hidden) == [256] else "-h" + "x".join(map(str, hidden))
+    path = os.path.join(edl_dir, f"job-{mode}-{trainers}-{per_push}-r{replicas}-c{chunks}{wide}.toml")
     with open(path, "w") as f:
         f.write(f"""# written by scripts/bench_peer.py: the harness's mlp job
-name = "peer-mlp-{mode}-{trainers}-{per_push}-r{replicas}"
+name = "peer-mlp-{mode}-{trainers}-{per_push}-r{replicas}{wide}"
 
 [data]
 train = "mlp-*.recordio"
@@ -98,12 +105,14 @@ chunks_per_task = {chunks}
 [model]
 kind = "mlp"
 inputs = 784
-hidden = [256]
+hidden = {json.dumps(list(hidden))}
 classes = 10
+# Paddle's fc starts every layer from Xavier's bound: the same here.
+init = "xavier"
 
 [train]
 mode = "{mode}"
-passes = {EPOCHS}
+passes = {passes}
 batch_size = 64
 optimizer = "sgd"
 learning_rate = 0.05
@@ -124,8 +133,9 @@ def children_cpu():
     return r.ru_utime + r.ru_stime
 
 
-def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1, chunks=0):
-    spec = edl_spec(edl_dir, mode, trainers, per_push, replicas, chunks)
+def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1, chunks=0,
+            hidden=(256,), passes=EPOCHS):
+    spec = edl_spec(edl_dir, mode, trainers, per_push, replicas, chunks, hidden, passes)
     run_dir = os.path.join(a.work, "runs", tag)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
@@ -158,19 +168,24 @@ def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1, ch
     }
 
 
-def run_paddle(a, py, data, mode, tag, fluid18=False):
+def run_paddle(a, py, data, mode, tag, fluid18=False, hidden=None, epochs=EPOCHS):
     logdir = os.path.join(a.work, "runs", tag)
     shutil.rmtree(logdir, ignore_errors=True)
     out = os.path.join(logdir, "result.json")
     cmd = [py, os.path.join(a.harness, "bench_launch.py"), "--python", py, "--model", "mlp",
-           "--epochs", str(EPOCHS), "--data-dir", data, "--logdir", logdir, "--out", out,
+           "--epochs", str(epochs), "--data-dir", data, "--logdir", logdir, "--out", out,
            "--timeout", str(a.timeout)]
+    env = dict(os.environ)
     if fluid18:
         cmd += ["--script", "ps_train_fluid18.py", "--with-gloo", "0"]
+    if hidden:
+        # The harness's trainer with a wider model (scripts/peer/ps_wide.py).
+        cmd += ["--script", os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer", "ps_wide.py")]
+        env.update(EDL_PEER_HARNESS=a.harness, EDL_PEER_HIDDEN=",".join(map(str, hidden)))
     cmd += ["--local"] if mode == "local" else ["--mode", mode]
     cpu0 = children_cpu()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=a.timeout + 120)
+                   timeout=a.timeout + 120, env=env)
     cpu = children_cpu() - cpu0
     try:
         r = json.load(open(out))
@@ -181,7 +196,7 @@ def run_paddle(a, py, data, mode, tag, fluid18=False):
     exits = [t for t, who, what in r["log"] if who.startswith("trainer") and what.startswith("exited")]
     dones = [e["rel"] for who, evs in r.get("events", {}).items() if who.startswith("trainer")
              for e in evs if e.get("ev") == "done"]
-    samples = r.get("samples_total") or SAMPLES * EPOCHS
+    samples = r.get("samples_total") or SAMPLES * epochs
     return {
         "sps": r["samples_per_s"],
         "spawn_sps": samples / max(dones) if dones else None,
@@ -239,6 +254,16 @@ def main():
         ("edl-async-1-g4", "edl, 4 batches per push", "async", 1,
          lambda t: run_edl(a, edl_dir, "async", 1, t, per_push=4)),
         ("edl-sync-2", "edl", "sync", 2, lambda t: run_edl(a, edl_dir, "sync", 2, t)),
+        # 15.7M dense parameters (784-3584-3584-10), one epoch: the parameter traffic
+        # dominates (63 MB a push and a pull).
+        ("p26-async-16m", "Paddle 2.6.2, 15.7M parameters", "async", 2,
+         lambda t: run_paddle(a, a.paddle26, data, "async", t, hidden=WIDE, epochs=1)),
+        ("edl-async-2-16m", "edl, 15.7M parameters", "async", 2,
+         lambda t: run_edl(a, edl_dir, "async", 2, t, hidden=WIDE, passes=1)),
+        ("p26-local-16m", "Paddle 2.6.2, 15.7M parameters", "local", 1,
+         lambda t: run_paddle(a, a.paddle26, data, "local", t, hidden=WIDE, epochs=1)),
+        ("edl-async-1-16m", "edl, 15.7M parameters", "async", 1,
+         lambda t: run_edl(a, edl_dir, "async", 1, t, hidden=WIDE, passes=1)),
         # Two replicas of the shard (docs/replication.md): what they cost a job.
         ("edl-async-2-r2", "edl, 2 replicas", "async", 2,
          lambda t: run_edl(a, edl_dir, "async", 2, t, replicas=2)),
@@ -310,6 +335,9 @@ def main():
         ("edl async 1, 1 per push / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1-g1", "p26-local", "sps"), None, None),
         ("edl async 1 / the same with tasks of a whole file, steady samples/s", ratio("edl-async-1", "edl-async-1-whole", "sps"), ">=", 0.99),
         ("edl async 1, 4 per push / Paddle 2.6.2 local, steady samples/s", ratio("edl-async-1-g4", "p26-local", "sps"), ">=", 1.2),
+        ("edl async 2 / Paddle 2.6.2 async, 15.7M parameters, steady samples/s", ratio("edl-async-2-16m", "p26-async-16m", "sps"), ">=", 1.5),
+        ("edl async 2 / Paddle 2.6.2 async, 15.7M parameters, CPU-s per 1k samples", ratio("edl-async-2-16m", "p26-async-16m", "cpu_1k"), "<=", 0.7),
+        ("edl async 1 / Paddle 2.6.2 local, 15.7M parameters, steady samples/s", ratio("edl-async-1-16m", "p26-local-16m", "sps"), ">=", 1.2),
         ("edl sync 2 / Paddle 1.8.5 sync, steady samples/s", ratio("edl-sync-2", "p18-sync", "sps"), ">=", 3.0),
         ("edl async 2 / Paddle 1.8.5 async, steady samples/s", ratio("edl-async-2", "p18-async", "sps"), None, None),
         ("edl async 2 / Paddle 2.6.2 async, end-to-end wall", ratio("edl-async-2", "p26-async", "wall"), "<=", 0.5),

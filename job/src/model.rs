@@ -59,6 +59,9 @@ pub enum ModelSpec {
         /// Feature statistics of the training split.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stats: Option<Stats>,
+        /// How the weights start (default `kaiming`).
+        #[serde(default, skip_serializing_if = "WeightInit::is_default")]
+        init: WeightInit,
     },
     /// MNIST MLP: 784-256-10, ReLU, softmax cross-entropy.
     #[serde(rename = "mnist_mlp")]
@@ -101,6 +104,25 @@ fn default_window() -> usize {
 
 fn default_negatives() -> usize {
     5
+}
+
+/// How a fully connected network's weights start (biases start at zero either way).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightInit {
+    /// He (Kaiming) uniform, `U(-a, a)` with `a = sqrt(6 / fan_in)`, for each layer a ReLU
+    /// follows; Xavier uniform for the output layer.
+    #[default]
+    Kaiming,
+    /// Xavier (Glorot) uniform, `a = sqrt(6 / (fan_in + fan_out))`, for every layer:
+    /// PaddlePaddle's `fc` default (what the side-by-side with Paddle uses).
+    Xavier,
+}
+
+impl WeightInit {
+    fn is_default(&self) -> bool {
+        *self == WeightInit::default()
+    }
 }
 
 /// How word2vec draws negative samples.

@@ -8,7 +8,8 @@
 //!     // Any `Model` works; here a built-in one, built on the trainer's device.
 //!     edl_trainer::main(|ctx| {
 //!         let spec = ModelSpec::Mlp { inputs: 13, hidden: vec![32], classes: 3,
-//!                                     standardize: false, stats: None };
+//!                                     standardize: false, stats: None,
+//!                                     init: Default::default() };
 //!         build_on(&spec, ctx.device(), candle_core::DType::F32)
 //!     })
 //! }

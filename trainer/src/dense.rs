@@ -12,7 +12,7 @@ use crate::model::{
     Target,
 };
 use crate::rng::{SplitMix64, hash_str, mix};
-use edl_job::model::{ModelSpec, Stats};
+use edl_job::model::{ModelSpec, Stats, WeightInit};
 use rows::{Parsed, Row};
 
 /// MNIST images are 28x28 = 784 pixels.
@@ -186,6 +186,10 @@ impl DenseModel {
             model: kind,
             reason,
         };
+        let weights = match spec {
+            ModelSpec::Mlp { init, .. } => *init,
+            _ => WeightInit::default(),
+        };
         let (inputs, hidden, task, arch): (usize, Vec<usize>, Task, Arch) = match spec {
             ModelSpec::FitALine { .. } => (13, vec![], Task::Regression, Arch::Fc { layers: 1 }),
             ModelSpec::Linear { inputs, .. } => {
@@ -268,7 +272,7 @@ impl DenseModel {
                 let last = widths.len() - 2;
                 for (i, pair) in widths.windows(2).enumerate() {
                     let (fan_in, fan_out) = (pair[0], pair[1]);
-                    let init = if i == last {
+                    let init = if i == last || weights == WeightInit::Xavier {
                         xavier(fan_in, fan_out)
                     } else {
                         kaiming(fan_in)

@@ -65,6 +65,7 @@ fn the_cpu_fully_connected_step_matches_candles_autograd() {
             classes: 3,
             standardize: false,
             stats: None,
+            init: Default::default(),
         },
         ModelSpec::Mlp {
             inputs: 7,
@@ -72,6 +73,7 @@ fn the_cpu_fully_connected_step_matches_candles_autograd() {
             classes: 4,
             standardize: false,
             stats: None,
+            init: Default::default(),
         },
         ModelSpec::Linear {
             inputs: 5,
@@ -186,6 +188,7 @@ fn records_read_in_place_make_the_batch_decoded_samples_make() {
         classes: 3,
         standardize: false,
         stats: None,
+        init: Default::default(),
     })
     .unwrap();
     let mut rng = SplitMix64::new(7);
@@ -238,4 +241,43 @@ fn records_read_in_place_make_the_batch_decoded_samples_make() {
             Err(Error::BadRecord { index: 5, .. })
         ));
     }
+}
+
+/// `init = "xavier"` starts every layer from Xavier's bound (Paddle's `fc` default); the
+/// default starts layers before a ReLU from He's, larger.
+#[test]
+fn weight_init_follows_the_spec() {
+    use edl_job::model::{ModelSpec, WeightInit};
+    let spec = |init| ModelSpec::Mlp {
+        inputs: 784,
+        hidden: vec![512],
+        classes: 10,
+        standardize: false,
+        stats: None,
+        init,
+    };
+    let bound = |init| {
+        let m = crate::spec::build(&spec(init)).unwrap();
+        let w = m.init_dense(5);
+        let max = |v: &Vec<f32>| v.iter().fold(0f32, |a, x| a.max(x.abs()));
+        (max(&w[0]), max(&w[2]))
+    };
+    let (he0, he1) = bound(WeightInit::Kaiming);
+    let (xa0, xa1) = bound(WeightInit::Xavier);
+    let (he, xa) = ((6.0f32 / 784.0).sqrt(), (6.0f32 / (784.0 + 512.0)).sqrt());
+    assert!(he0 <= he && he0 > 0.99 * he, "{he0} against {he}");
+    assert!(xa0 <= xa && xa0 > 0.99 * xa, "{xa0} against {xa}");
+    // The output layer is Xavier's either way.
+    assert_eq!(he1, xa1);
+    let parsed: ModelSpec = serde_json::from_str(
+        r#"{"kind": "mlp", "inputs": 2, "hidden": [3], "classes": 2, "init": "xavier"}"#,
+    )
+    .unwrap();
+    assert!(matches!(
+        parsed,
+        ModelSpec::Mlp {
+            init: WeightInit::Xavier,
+            ..
+        }
+    ));
 }

@@ -141,6 +141,7 @@ fn gradients_match_finite_differences_mlp() {
         classes: 3,
         standardize: false,
         stats: None,
+        init: Default::default(),
     };
     check_dense_gradients(&spec, &samples, 100);
 }
@@ -476,6 +477,7 @@ fn bad_input_is_a_typed_error() {
         classes: 3,
         standardize: false,
         stats: None,
+        init: Default::default(),
     })
     .unwrap();
     let e = mlp
@@ -619,6 +621,7 @@ fn local_training_is_deterministic_from_its_seed() {
         classes: 2,
         standardize: false,
         stats: None,
+        init: Default::default(),
     };
     let model = build(&spec).unwrap();
     let cfg = LocalConfig {
