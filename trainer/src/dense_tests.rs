@@ -281,3 +281,31 @@ fn weight_init_follows_the_spec() {
         }
     ));
 }
+
+/// A short batch's gradients weigh its part of a full batch; full batches, and the loss,
+/// are left as they are.
+#[test]
+fn a_short_batch_weighs_its_part_of_a_full_one() {
+    use crate::model::{SparseGrad, StepOutput};
+    let step = || StepOutput {
+        loss: 2.0,
+        examples: 16,
+        dense: vec![vec![4.0, -8.0], vec![1.0]],
+        sparse: vec![SparseGrad {
+            table: "t".into(),
+            rows: vec![3],
+            dim: 2,
+            values: vec![2.0, 6.0],
+        }],
+    };
+    let mut s = step();
+    s.weigh_partial(16, 64);
+    assert_eq!(s.dense, vec![vec![1.0, -2.0], vec![0.25]]);
+    assert_eq!(s.sparse[0].values, vec![0.5, 1.5]);
+    assert_eq!(s.loss, 2.0);
+    for (records, size) in [(64, 64), (70, 64), (0, 64)] {
+        let mut s = step();
+        s.weigh_partial(records, size);
+        assert_eq!(s.dense, step().dense);
+    }
+}

@@ -124,7 +124,8 @@ pub fn train_local(
             let t1 = Instant::now();
             ensure_rows(model, &mut params, &batch, cfg.seed);
             let t2 = Instant::now();
-            let out = model.forward_backward(&params, &batch)?;
+            let mut out = model.forward_backward(&params, &batch)?;
+            out.weigh_partial(chunk.len(), cfg.batch_size);
             let t3 = Instant::now();
             optimizer.step(&mut params, &out)?;
             let t4 = Instant::now();

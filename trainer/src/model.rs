@@ -136,6 +136,26 @@ pub struct StepOutput {
 }
 
 impl StepOutput {
+    /// Weighs a batch of `records` records, fewer than the job's `batch_size` (a task's
+    /// last batch, where the task's records do not fill it), as the part of a full batch
+    /// that it is: its gradients are scaled by `records / batch_size`. Every record then
+    /// weighs the same in the updates wherever the tasks' boundaries fall, so that how a
+    /// dataset is cut into tasks does not change the training (its mean loss is kept).
+    pub fn weigh_partial(&mut self, records: usize, batch_size: usize) {
+        if records == 0 || records >= batch_size {
+            return;
+        }
+        let w = records as f32 / batch_size as f32;
+        for v in self
+            .dense
+            .iter_mut()
+            .flatten()
+            .chain(self.sparse.iter_mut().flat_map(|s| s.values.iter_mut()))
+        {
+            *v *= w;
+        }
+    }
+
     /// Whether every gradient value is finite (a finite loss can still have infinite
     /// or NaN gradients, which the pservers refuse).
     pub fn gradients_finite(&self) -> bool {

@@ -386,8 +386,9 @@ async fn train_task(
             }
         }
         let id = task.id.clone();
+        let batch_size = cfg.batch_size.max(1);
         let out = off_runtime(model, params, move |m, p| {
-            compute_group(m, p, &batches, &id)
+            compute_group(m, p, &batches, &id, batch_size)
         })
         .await?;
         state.skipped_batches += out.skipped;

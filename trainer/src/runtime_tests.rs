@@ -157,8 +157,10 @@ async fn two_elastic_trainers_fit_a_line_through_the_master(per_push: PerPush) -
     let (first, last) = (evals[0].2, evals[evals.len() - 1].2);
     assert_eq!(evals[0].1, MetricKind::Cost);
     assert!(last < first, "test cost falls: {first} -> {last}");
-    // Within 15% of the least-squares optimum on this split (about 20.2).
-    assert!(last < 23.5, "test cost {last}");
+    // Near the least-squares optimum on this split (about 20.2): SGD at this rate settles
+    // within about 17% of it (23.6 from pass 20 on, short batches weighing their part of
+    // a full one; 23.4 when they weighed as much as a full one).
+    assert!(last < 24.0, "test cost {last}");
     let st = client.status().await.unwrap();
     assert!(st.finished);
     assert_eq!(st.counters.unwrap().records_trained, records);

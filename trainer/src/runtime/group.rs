@@ -186,6 +186,7 @@ pub(super) fn compute_group(
     params: &Params,
     batches: &[crate::model::Batch],
     task: &str,
+    batch_size: usize,
 ) -> GroupOut {
     let mut out = GroupOut {
         sum: None,
@@ -200,7 +201,8 @@ pub(super) fn compute_group(
             Ok(o) if !o.gradients_finite() => {
                 format!("non-finite gradients (loss {})", o.loss)
             }
-            Ok(step) => {
+            Ok(mut step) => {
+                step.weigh_partial(batch.len(), batch_size);
                 out.last_loss = Some(step.loss);
                 match &mut out.sum {
                     None => out.sum = Some(step),

@@ -45,6 +45,7 @@ pub(super) async fn run(
         params.dense.clone(),
         optimizer,
         tasks.progress().steps,
+        ctx.cfg.batch_size.max(1),
     )?;
     let driven = drive(ctx, tasks, params, &mut pipe).await;
     let closed = pipe.close().await;

@@ -133,6 +133,9 @@ pub(crate) struct Compute {
     /// This trainer's next step (the push's dedup key in its session).
     pub(crate) step: u64,
     pub(crate) window: u64,
+    /// The job's batch size: a shorter batch weighs its part of one
+    /// ([`StepOutput::weigh_partial`]).
+    batch_size: usize,
     pub(crate) stats: ComputeStats,
     current: Option<Current>,
 }
@@ -145,6 +148,7 @@ impl Compute {
         optimizer: LocalOptimizer,
         step: u64,
         window: u64,
+        batch_size: usize,
     ) -> Self {
         Compute {
             model,
@@ -154,6 +158,7 @@ impl Compute {
             handed: 0,
             step,
             window,
+            batch_size,
             stats: ComputeStats::default(),
             current: None,
         }
@@ -235,7 +240,8 @@ impl Compute {
                 Ok(o) if !o.gradients_finite() => {
                     Some(format!("non-finite gradients (loss {})", o.loss))
                 }
-                Ok(step) => {
+                Ok(mut step) => {
+                    step.weigh_partial(batch.len(), self.batch_size);
                     let applied = self.optimizer.step(self.working.params(), &step);
                     self.stats.busy += start.elapsed();
                     self.stats.batches += 1;

@@ -73,6 +73,7 @@ impl Pipeline {
         initial: Vec<Vec<f32>>,
         optimizer: LocalOptimizer,
         step: u64,
+        batch_size: usize,
     ) -> Result<Pipeline, RuntimeError> {
         let shared = comm::Shared::new();
         let compute = Compute::new(
@@ -82,6 +83,7 @@ impl Pipeline {
             optimizer,
             step,
             PUSH_WINDOW,
+            batch_size,
         );
         let (work_tx, work_rx) = mpsc::channel(WORK_AHEAD);
         let (done_tx, done_rx) = mpsc::unbounded_channel();
