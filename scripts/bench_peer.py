@@ -9,7 +9,7 @@ loopback; weights start from Xavier's bound in both (Paddle's fc default; edl's
 the most Paddle's pserver takes in one push) for one epoch. Paddle runs under the harness's launcher (bench_launch.py); edl runs `edl run`
 on a private etcd, with the same samples converted to RecordIO. The async edl rows run
 with the default (`batches_per_push = "adaptive"`: as many batches per push as were
-computed while the previous push was on its way, up to 16), and with
+computed during the previous push's round trip, up to 16), and with
 `batches_per_push = 1`, 4 and 13 (the summed gradients of N batches per push). Paddle 2.6.2's async mode (its `a_sync` DownpourLite
 communicator) merges up to 13 queued gradients per send
 (`FLAGS_pserver_push_dense_merge_limit = 12`, polled every 10 ms);

@@ -15,7 +15,8 @@ pub const ADAPTIVE_MAX_BATCHES: u32 = 16;
 #[serde(try_from = "Raw", into = "Raw")]
 pub enum PerPush {
     /// Asynchronous trainers with a stateless update rule (plain SGD: the pipeline) sum
-    /// the batches they computed while the previous push was on its way, up to
+    /// the batches they computed during the previous push's round trip (its push and the
+    /// pull after it), up to
     /// [`ADAPTIVE_MAX_BATCHES`], on a task's first attempt in a pass, and push batch by
     /// batch on a later attempt (so that no push of it partly overlaps the first
     /// attempt's). Every other trainer pushes batch by batch.

@@ -68,6 +68,8 @@ pub(super) struct State {
     pub(super) applied: u64,
     /// A pull is due (a push was applied, or a task started).
     want_pull: bool,
+    /// A pull is on its way.
+    pulling: bool,
     /// A pull that landed and was not swapped in yet: (values, pushes it absorbed).
     landed: Option<(Values, u64)>,
     /// A buffer to pull into, given back by the compute thread.
@@ -128,10 +130,15 @@ impl Shared {
         Ok(start.elapsed())
     }
 
-    /// Compute thread: whether every push handed over was sent (none waits in the
-    /// queue): an adaptive run is handed over then.
-    pub(super) fn sent_all(&self) -> bool {
-        self.lock().queue.is_empty()
+    /// Compute thread: whether the communication side is idle: every push handed over
+    /// was applied, and no pull is due or on its way. An adaptive run is handed over
+    /// then, so that a run sums the batches computed during the last push's round trip
+    /// (its push and the pull after it): where the parameter traffic is heavy, the
+    /// pushes are fewer and larger, and the cores the traffic takes go to the
+    /// computation meanwhile.
+    pub(super) fn comm_idle(&self) -> bool {
+        let s = self.lock();
+        s.queue.is_empty() && s.handed == s.applied && !s.want_pull && !s.pulling
     }
 
     /// Whether `lease`'s task was taken away.
@@ -239,6 +246,7 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
             }
             if s.want_pull && s.landed.is_none() && !s.closing {
                 s.want_pull = false;
+                s.pulling = true;
                 Some(Next::Pull(s.spare.take().unwrap_or_default(), s.applied))
             } else if let Some(out) = s.queue.pop_front() {
                 if s.taken_away.contains_key(&out.lease) {
@@ -286,7 +294,9 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
                     shared.fail(&e);
                     return;
                 }
-                shared.lock().landed = Some((params.dense, absorbed));
+                let mut s = shared.lock();
+                s.landed = Some((params.dense, absorbed));
+                s.pulling = false;
             }
         }
     }

@@ -7,10 +7,14 @@
 //! When the pending push is handed over:
 //! - a fixed group (`adaptive` false): at the group's end, so that every attempt at the
 //!   task pushes the same runs of batches;
-//! - adaptive: after any batch, as soon as the communication side has sent every push
-//!   handed over before (the pending push then sums the batches computed while the one
-//!   before was on its way: fewer, larger pushes when the network is slow), or when it
-//!   holds [`ADAPTIVE_MAX_BATCHES`] batches (the staleness cap); and at the task's end.
+//! - adaptive: after any batch, as soon as the communication side is idle (every push
+//!   handed over before applied, the pull after it landed: [`Shared::comm_idle`]; the
+//!   pending push then sums the batches computed during the last one's round trip:
+//!   fewer, larger pushes when the traffic is heavy), or when it holds
+//!   [`ADAPTIVE_MAX_BATCHES`] batches (the staleness cap); and at the task's end.
+//!
+//! A batch shorter than the job's batch size weighs its part of a full one
+//! ([`StepOutput::weigh_partial`]).
 //!
 //! A push names the run of batches it sums (see `ledger` in the pserver), so a later
 //! attempt at the task, which pushes batch by batch, never double-counts one.
@@ -270,7 +274,7 @@ impl Compute {
                 self.current.as_mut().expect("set by current()").skipped += 1;
             }
             let count = self.pending_count();
-            if adaptive && (count >= ADAPTIVE_MAX_BATCHES || self.shared.sent_all()) {
+            if adaptive && (count >= ADAPTIVE_MAX_BATCHES || self.shared.comm_idle()) {
                 self.hand_over();
             }
         }
