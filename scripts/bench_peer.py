@@ -49,6 +49,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer"))
+import w2v  # noqa: E402  (scripts/peer/w2v.py)
+
 EPOCHS = 3
 SAMPLES = 60_000
 # The hidden widths of the wide dense rows: 15.7M parameters, the most Paddle 2.6.2's
@@ -133,17 +136,45 @@ def children_cpu():
     return r.ru_utime + r.ru_stime
 
 
+def netns(a, cmd, net_file):
+    """`cmd` in a network namespace of its own (when --netns): the loopback device there
+    carries only this run's traffic, and its byte count is written to `net_file`."""
+    if os.path.exists(net_file):
+        os.remove(net_file)
+    if not a.netns:
+        return cmd
+    return ["unshare", "-n", "sh", "-c",
+            'ip link set lo up && "$@"; rc=$?; grep "lo:" /proc/net/dev > "$NET_FILE"; exit $rc',
+            "sh"] + cmd
+
+
+def net_bytes(net_file):
+    """Bytes the run sent over its loopback (the namespace's own), or None."""
+    try:
+        fields = open(net_file).read().split(":", 1)[1].split()
+        return int(fields[8])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1, chunks=0,
             hidden=(256,), passes=EPOCHS):
     spec = edl_spec(edl_dir, mode, trainers, per_push, replicas, chunks, hidden, passes)
+    return run_edl_spec(a, spec, tag)
+
+
+def run_edl_spec(a, spec, tag, per_record=1.0):
+    """`edl run SPEC`; samples are records times `per_record` (word2vec: pairs)."""
     run_dir = os.path.join(a.work, "runs", tag)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
     report = run_dir + ".report.json"
+    net_file = run_dir + ".net"
     t0, cpu0 = time.time(), children_cpu()
-    p = subprocess.run([a.edl, "run", spec, "--quiet", "--report", report, "--run-dir", run_dir],
+    p = subprocess.run(netns(a, [a.edl, "run", spec, "--quiet", "--report", report, "--run-dir", run_dir],
+                             net_file),
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                       timeout=a.timeout)
+                       timeout=a.timeout, env=dict(os.environ, NET_FILE=net_file))
     wall, cpu = time.time() - t0, children_cpu() - cpu0
     try:
         r = json.load(open(report))
@@ -157,10 +188,13 @@ def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1, ch
     if not firsts:
         return {"error": "no trainer report with steps"}
     m = r["final_metric"]
+    samples = r["records_trained"] * per_record
+    net = net_bytes(net_file)
     return {
-        "sps": r["records_trained"] / max(max(lasts) - min(firsts), 1e-9),
-        "spawn_sps": r["records_trained"] / max(max(lasts) - t0, 1e-9),
-        "cpu_1k": cpu / (r["records_trained"] / 1000),
+        "sps": samples / max(max(lasts) - min(firsts), 1e-9),
+        "spawn_sps": samples / max(max(lasts) - t0, 1e-9),
+        "cpu_1k": cpu / (samples / 1000),
+        "net": net / samples if net is not None else None,
         "wall": wall,
         "first": min(firsts) - t0,
         "loss": m.get("loss"),
@@ -168,14 +202,20 @@ def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1, ch
     }
 
 
-def run_paddle(a, py, data, mode, tag, fluid18=False, hidden=None, epochs=EPOCHS):
+def run_paddle(a, py, data, mode, tag, fluid18=False, hidden=None, epochs=EPOCHS, model="mlp",
+               script=None, batch=64):
     logdir = os.path.join(a.work, "runs", tag)
     shutil.rmtree(logdir, ignore_errors=True)
+    os.makedirs(logdir, exist_ok=True)
     out = os.path.join(logdir, "result.json")
-    cmd = [py, os.path.join(a.harness, "bench_launch.py"), "--python", py, "--model", "mlp",
+    net_file = logdir + ".net"
+    cmd = [py, os.path.join(a.harness, "bench_launch.py"), "--python", py, "--model", model,
            "--epochs", str(epochs), "--data-dir", data, "--logdir", logdir, "--out", out,
-           "--timeout", str(a.timeout)]
-    env = dict(os.environ)
+           "--timeout", str(a.timeout), "--batch", str(batch)]
+    env = dict(os.environ, NET_FILE=net_file)
+    if script:
+        cmd += ["--script", os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer", script)]
+        env.update(EDL_PEER_HARNESS=a.harness)
     if fluid18:
         cmd += ["--script", "ps_train_fluid18.py", "--with-gloo", "0"]
     if hidden:
@@ -184,7 +224,7 @@ def run_paddle(a, py, data, mode, tag, fluid18=False, hidden=None, epochs=EPOCHS
         env.update(EDL_PEER_HARNESS=a.harness, EDL_PEER_HIDDEN=",".join(map(str, hidden)))
     cmd += ["--local"] if mode == "local" else ["--mode", mode]
     cpu0 = children_cpu()
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    subprocess.run(netns(a, cmd, net_file), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=a.timeout + 120, env=env)
     cpu = children_cpu() - cpu0
     try:
@@ -197,10 +237,12 @@ def run_paddle(a, py, data, mode, tag, fluid18=False, hidden=None, epochs=EPOCHS
     dones = [e["rel"] for who, evs in r.get("events", {}).items() if who.startswith("trainer")
              for e in evs if e.get("ev") == "done"]
     samples = r.get("samples_total") or SAMPLES * epochs
+    net = net_bytes(net_file)
     return {
         "sps": r["samples_per_s"],
         "spawn_sps": samples / max(dones) if dones else None,
         "cpu_1k": cpu / (samples / 1000),
+        "net": net / samples if net is not None else None,
         "wall": max(exits) if exits else r["wall_s"],
         "first": r.get("startup_to_first_step_s"),
         "loss": r.get("final_loss"),
@@ -227,9 +269,16 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     ap.add_argument("--rows", default="", help="only these rows, comma-separated (e.g. p26-async,edl-async-2)")
+    ap.add_argument("--no-netns", dest="netns", action="store_false",
+                    help="run without a network namespace per run (no bytes-per-sample figures)")
     a = ap.parse_args()
+    if a.netns and subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        log("no network namespaces here (unshare -n failed): no bytes-per-sample figures")
+        a.netns = False
 
     data, edl_dir = prepare_data(a)
+    w2v_dir, w2v_meta = w2v.prepare(a, data)
+    per_sentence = w2v_meta["pairs_per_sentence"]
     # (name, system, mode, trainers, runner)
     rows = [
         ("p26-async", "Paddle 2.6.2", "async", 2, lambda t: run_paddle(a, a.paddle26, data, "async", t)),
@@ -264,6 +313,14 @@ def main():
          lambda t: run_paddle(a, a.paddle26, data, "local", t, hidden=WIDE, epochs=1)),
         ("edl-async-1-16m", "edl, 15.7M parameters", "async", 1,
          lambda t: run_edl(a, edl_dir, "async", 1, t, hidden=WIDE, passes=1)),
+        # Sparse: skip-gram word2vec on PTB (scripts/peer/w2v.py); samples are pairs.
+        ("p26-w2v", "Paddle 2.6.2, word2vec", "async", 2,
+         lambda t: run_paddle(a, a.paddle26, data, "async", t, model="w2v", script="ps_w2v.py",
+                              epochs=w2v.EPOCHS, batch=w2v_meta["batch_pairs"])),
+        ("edl-w2v", "edl, word2vec", "async", 2,
+         lambda t: run_edl_spec(a, w2v.edl_spec(w2v_dir, w2v_meta, 2, "adaptive"), t, per_sentence)),
+        ("edl-w2v-g1", "edl, word2vec, 1 batch per push", "async", 2,
+         lambda t: run_edl_spec(a, w2v.edl_spec(w2v_dir, w2v_meta, 2, 1), t, per_sentence)),
         # Two replicas of the shard (docs/replication.md): what they cost a job.
         ("edl-async-2-r2", "edl, 2 replicas", "async", 2,
          lambda t: run_edl(a, edl_dir, "async", 2, t, replicas=2)),
@@ -294,7 +351,7 @@ def main():
                 log(f"{name}: {r['sps']:,.0f} samples/s, wall {r['wall']:.1f} s")
             results[name].append(r)
 
-    med = {n: {k: median(rs, k) for k in ("sps", "spawn_sps", "cpu_1k", "wall", "first", "loss", "acc")}
+    med = {n: {k: median(rs, k) for k in ("sps", "spawn_sps", "cpu_1k", "net", "wall", "first", "loss", "acc")}
            for n, rs in results.items()}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -308,13 +365,13 @@ def main():
                f"medians of {a.reps}; `scripts/bench-peer --reps {a.reps}`")
     out.append("")
     out.append("| system | mode | trainers | steady samples/s | from-spawn samples/s | CPU-s per 1k samples "
-               "| end-to-end wall s | spawn -> 1st step s | final loss | accuracy | runs ok |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+               "| bytes sent per sample | end-to-end wall s | spawn -> 1st step s | final loss | accuracy | runs ok |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, system, mode, trainers, _ in rows:
         m = med[name]
         ok = sum("error" not in r for r in results[name])
         out.append(f"| {system} | {mode} | {trainers} | {fmt(m['sps'], ',.0f')} | {fmt(m['spawn_sps'], ',.0f')} "
-                   f"| {fmt(m['cpu_1k'], '.3f')} | {fmt(m['wall'], '.1f')} "
+                   f"| {fmt(m['cpu_1k'], '.3f')} | {fmt(m['net'], ',.0f')} | {fmt(m['wall'], '.1f')} "
                    f"| {fmt(m['first'], '.2f')} | {fmt(m['loss'], '.4f')} | {fmt(m['acc'], '.4f')} "
                    f"| {ok}/{len(results[name])} |")
 
@@ -338,6 +395,10 @@ def main():
         ("edl async 2 / Paddle 2.6.2 async, 15.7M parameters, steady samples/s", ratio("edl-async-2-16m", "p26-async-16m", "sps"), ">=", 1.5),
         ("edl async 2 / Paddle 2.6.2 async, 15.7M parameters, CPU-s per 1k samples", ratio("edl-async-2-16m", "p26-async-16m", "cpu_1k"), "<=", 0.7),
         ("edl async 1 / Paddle 2.6.2 local, 15.7M parameters, steady samples/s", ratio("edl-async-1-16m", "p26-local-16m", "sps"), ">=", 1.2),
+        ("edl / Paddle 2.6.2 async, word2vec, steady pairs/s", ratio("edl-w2v", "p26-w2v", "sps"), ">=", 1.0),
+        ("edl, 1 per push / Paddle 2.6.2 async, word2vec, steady pairs/s", ratio("edl-w2v-g1", "p26-w2v", "sps"), ">=", 1.0),
+        ("edl / Paddle 2.6.2 async, word2vec, CPU-s per 1k pairs", ratio("edl-w2v", "p26-w2v", "cpu_1k"), "<=", 0.7),
+        ("edl / Paddle 2.6.2 async, word2vec, bytes sent per pair", ratio("edl-w2v", "p26-w2v", "net"), None, None),
         ("edl sync 2 / Paddle 1.8.5 sync, steady samples/s", ratio("edl-sync-2", "p18-sync", "sps"), ">=", 3.0),
         ("edl async 2 / Paddle 1.8.5 async, steady samples/s", ratio("edl-async-2", "p18-async", "sps"), None, None),
         ("edl async 2 / Paddle 2.6.2 async, end-to-end wall", ratio("edl-async-2", "p26-async", "wall"), "<=", 0.5),
