@@ -169,6 +169,7 @@ pub mod spec;
 pub mod store;
 pub mod tasks;
 pub mod word2vec;
+mod word2vec_cpu;
 
 #[cfg(test)]
 mod runtime_tests;

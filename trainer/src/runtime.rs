@@ -60,8 +60,8 @@ pub struct RuntimeConfig {
     pub test: Option<Arc<Vec<Vec<u8>>>>,
     /// Batch size of the evaluation.
     pub eval_batch_size: usize,
-    /// How many consecutive batches of a task are summed into one push (a model with
-    /// sparse tables pushes every batch; see [`PerPush`]).
+    /// How many consecutive batches of a task are summed into one push (see
+    /// [`PerPush`]; a model with sparse tables merges its batches' rows).
     pub batches_per_push: PerPush,
 }
 
@@ -378,12 +378,10 @@ async fn train_task(
         let origin = task_ref.run(first, batches.len() as u32);
         // A group computes on the parameters pulled before its first batch.
         store.pull_dense(params).await?;
-        if let [batch] = batches.as_slice() {
-            // A model with sparse tables pushes every batch, with the rows it touches.
-            let rows = model.sparse_rows(batch);
-            if !rows.is_empty() {
-                store.pull_sparse(&rows, params).await?;
-            }
+        // A model with sparse tables: the rows the group's batches touch.
+        let rows = group::group_rows(model.as_ref(), &batches);
+        if !rows.is_empty() {
+            store.pull_sparse(&rows, params).await?;
         }
         let id = task.id.clone();
         let batch_size = cfg.batch_size.max(1);

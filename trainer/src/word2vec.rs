@@ -18,6 +18,10 @@
 //!
 //! Initial rows follow the reference implementation: input rows uniform in
 //! `[-0.5/dim, 0.5/dim)`, output rows zero.
+//!
+//! On the CPU in f32 a step runs [`crate::word2vec_cpu`] (one pass over the pairs, no
+//! autograd); elsewhere candle's autograd computes the same loss, and it is the
+//! reference the tests hold the CPU step to.
 
 use candle_core::{DType, Device, Tensor, Var};
 use edl_proto::sample::Sample;
@@ -54,6 +58,8 @@ pub(crate) struct Word2Vec {
     cfg: Word2VecConfig,
     device: Device,
     dtype: DType,
+    /// Steps run [`crate::word2vec_cpu`] (the CPU in f32) instead of candle's autograd.
+    cpu: bool,
 }
 
 /// A prepared skip-gram batch: pair indices into the batch's own row lists.
@@ -64,12 +70,23 @@ pub(crate) struct SkipGramBatch {
     rows_in: Vec<u64>,
     /// Sorted distinct context and negative ids (rows of `emb_out`).
     rows_out: Vec<u64>,
-    /// `[pairs]` u32: index into `rows_in` of each pair's center.
-    center: Tensor,
-    /// `[pairs]` u32: index into `rows_out` of each pair's context.
-    context: Tensor,
-    /// `[pairs * negatives]` u32: indices into `rows_out` of each pair's negatives.
-    negative: Tensor,
+    /// Index into `rows_in` of each pair's center.
+    center: Vec<u32>,
+    /// Index into `rows_out` of each pair's context.
+    context: Vec<u32>,
+    /// `negatives` indices into `rows_out` for each pair, pair after pair.
+    negative: Vec<u32>,
+}
+
+impl SkipGramBatch {
+    fn pairs(&self, dim: usize) -> crate::word2vec_cpu::Pairs<'_> {
+        crate::word2vec_cpu::Pairs {
+            dim,
+            center: &self.center,
+            context: &self.context,
+            negative: &self.negative,
+        }
+    }
 }
 
 /// Numerically stable `log(1 + exp(x))`.
@@ -104,6 +121,7 @@ impl Word2Vec {
             cfg,
             device: device.clone(),
             dtype,
+            cpu: device.is_cpu() && dtype == DType::F32,
         })
     }
 
@@ -165,13 +183,50 @@ impl Word2Vec {
         b: &SkipGramBatch,
     ) -> candle_core::Result<Tensor> {
         let (p, k, d) = (b.pairs, self.cfg.negatives, self.cfg.dim);
-        let v = e_in.index_select(&b.center, 0)?;
-        let u = e_out.index_select(&b.context, 0)?;
+        let index = |ids: &[u32]| Tensor::from_slice(ids, ids.len(), &self.device);
+        let v = e_in.index_select(&index(&b.center)?, 0)?;
+        let u = e_out.index_select(&index(&b.context)?, 0)?;
         let pos = (&v * &u)?.sum(1)?;
-        let neg = e_out.index_select(&b.negative, 0)?.reshape((p, k, d))?;
+        let neg = e_out
+            .index_select(&index(&b.negative)?, 0)?
+            .reshape((p, k, d))?;
         let neg_score = neg.broadcast_mul(&v.unsqueeze(1)?)?.sum(2)?;
         let total = (softplus(&pos.neg()?)?.sum_all()? + softplus(&neg_score)?.sum_all()?)?;
         total.affine(1.0 / p as f64, 0.0)
+    }
+
+    /// A step by [`crate::word2vec_cpu`]: the gradients are written once, straight
+    /// into the vectors pushed.
+    fn step_cpu(&self, params: &Params, b: &SkipGramBatch) -> Result<StepOutput> {
+        let d = self.cfg.dim;
+        let e_in = self.gather(params, INPUT_TABLE, &b.rows_in)?;
+        let e_out = self.gather(params, OUTPUT_TABLE, &b.rows_out)?;
+        let mut g_in = vec![0f32; e_in.len()];
+        let mut g_out = vec![0f32; e_out.len()];
+        let value = b
+            .pairs(d)
+            .loss(&e_in, &e_out, Some((&mut g_in, &mut g_out)));
+        if !value.is_finite() {
+            return Err(Error::NonFiniteLoss {
+                model: KIND,
+                loss: value,
+            });
+        }
+        let grad = |table: &str, rows: &[u64], values| SparseGrad {
+            table: table.to_string(),
+            rows: rows.to_vec(),
+            dim: d,
+            values,
+        };
+        Ok(StepOutput {
+            loss: value as f32,
+            examples: b.pairs,
+            dense: Vec::new(),
+            sparse: vec![
+                grad(INPUT_TABLE, &b.rows_in, g_in),
+                grad(OUTPUT_TABLE, &b.rows_out, g_out),
+            ],
+        })
     }
 
     fn tensors(
@@ -318,10 +373,9 @@ impl Model for Word2Vec {
         let index = |rows: &[u64], ids: &[u64]| -> Vec<u32> {
             ids.iter().map(|&id| position(rows, id)).collect()
         };
-        let center = Tensor::from_vec(index(&rows_in, &centers), pairs, &self.device)?;
-        let context = Tensor::from_vec(index(&rows_out, &contexts), pairs, &self.device)?;
-        let negative =
-            Tensor::from_vec(index(&rows_out, &negatives), negatives.len(), &self.device)?;
+        let center = index(&rows_in, &centers);
+        let context = index(&rows_out, &contexts);
+        let negative = index(&rows_out, &negatives);
         Ok(Batch {
             model: KIND,
             samples: samples.len(),
@@ -348,6 +402,9 @@ impl Model for Word2Vec {
 
     fn forward_backward(&self, params: &Params, batch: &Batch) -> Result<StepOutput> {
         let b = self.parts(batch)?;
+        if self.cpu {
+            return self.step_cpu(params, b);
+        }
         let (vars, e_in, e_out) = self.tensors(params, b, true)?;
         let loss = self.loss(&e_in, &e_out, b)?;
         let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
@@ -386,11 +443,16 @@ impl Model for Word2Vec {
 
     fn evaluate(&self, params: &Params, batch: &Batch) -> Result<EvalOutput> {
         let b = self.parts(batch)?;
-        let (_, e_in, e_out) = self.tensors(params, b, false)?;
-        let mean = self
-            .loss(&e_in, &e_out, b)?
-            .to_dtype(DType::F64)?
-            .to_scalar::<f64>()?;
+        let mean = if self.cpu {
+            let e_in = self.gather(params, INPUT_TABLE, &b.rows_in)?;
+            let e_out = self.gather(params, OUTPUT_TABLE, &b.rows_out)?;
+            b.pairs(self.cfg.dim).loss(&e_in, &e_out, None)
+        } else {
+            let (_, e_in, e_out) = self.tensors(params, b, false)?;
+            self.loss(&e_in, &e_out, b)?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?
+        };
         Ok(EvalOutput {
             loss_sum: mean * b.pairs as f64,
             count: b.pairs as u64,
@@ -400,5 +462,75 @@ impl Model for Word2Vec {
 
     fn metric(&self) -> MetricKind {
         MetricKind::Loss
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::testdata;
+
+    /// The CPU step and candle's autograd give the same loss and gradients on PTB
+    /// batches whose rows are trained (random, not the initial zeros of `emb_out`).
+    #[test]
+    fn the_cpu_step_matches_candles_autograd() {
+        let (sentences, vocab_size) = testdata::ptb_subset();
+        let cfg = Word2VecConfig {
+            vocab_size,
+            dim: 16,
+            window: 2,
+            negatives: 5,
+            sampler: NegativeSampler::Zipf,
+            seed: 3,
+        };
+        let cpu = Word2Vec::new(cfg, &Device::Cpu, DType::F32).unwrap();
+        let mut reference = Word2Vec::new(cfg, &Device::Cpu, DType::F32).unwrap();
+        assert!(cpu.cpu, "the CPU in f32 takes the CPU step");
+        reference.cpu = false;
+        let mut rng = SplitMix64::new(9);
+        for (i, chunk) in sentences.chunks(7).take(20).enumerate() {
+            let batch = cpu.prepare_seeded(chunk, i as u64).unwrap();
+            let mut params = Params::default();
+            for (table, rows) in cpu.sparse_rows(&batch) {
+                let t: HashMap<u64, Vec<f32>> = rows
+                    .iter()
+                    .map(|&r| (r, (0..cfg.dim).map(|_| rng.symmetric(0.5)).collect()))
+                    .collect();
+                params.sparse.insert(table, t);
+            }
+            let a = cpu.forward_backward(&params, &batch).unwrap();
+            let b = reference.forward_backward(&params, &batch).unwrap();
+            assert!(
+                (a.loss - b.loss).abs() < 1e-5 * b.loss.abs().max(1.0),
+                "batch {i}: loss {} against {}",
+                a.loss,
+                b.loss
+            );
+            assert_eq!(a.examples, b.examples);
+            for (ga, gb) in a.sparse.iter().zip(&b.sparse) {
+                assert_eq!((&ga.table, &ga.rows, ga.dim), (&gb.table, &gb.rows, gb.dim));
+                let worst = ga
+                    .values
+                    .iter()
+                    .zip(&gb.values)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst < 1e-6,
+                    "batch {i}, {}: gradients differ by {worst}",
+                    ga.table
+                );
+                assert!(
+                    gb.values.iter().any(|&v| v != 0.0),
+                    "a batch with gradients"
+                );
+            }
+            let ea = cpu.evaluate(&params, &batch).unwrap();
+            let eb = reference.evaluate(&params, &batch).unwrap();
+            assert_eq!(ea.count, eb.count);
+            assert!((ea.loss_sum - eb.loss_sum).abs() < 1e-4 * eb.loss_sum.abs().max(1.0));
+        }
     }
 }

@@ -223,22 +223,154 @@ pub(super) fn compute_group(
 }
 
 /// Batches per push for `model` in the per-group loop: the config's fixed number (1
-/// when adaptive: this loop waits for every push), but 1 for a model with sparse tables
-/// (its rows differ from batch to batch).
-pub(super) fn fixed_per_push(cfg: &RuntimeConfig, model: &dyn Model) -> usize {
+/// when adaptive: this loop waits for every push). A model with sparse tables pulls
+/// the rows of all of a group's batches before its first and pushes their gradients
+/// merged (a row touched by several batches is sent once).
+pub(super) fn fixed_per_push(cfg: &RuntimeConfig, _model: &dyn Model) -> usize {
     match cfg.batches_per_push {
-        PerPush::Fixed(n) if model.sparse_tables().is_empty() => (n as usize).max(1),
-        _ => 1,
+        PerPush::Fixed(n) => (n as usize).max(1),
+        PerPush::Adaptive => 1,
     }
 }
 
-/// Adds the dense gradients of `out` into `sum` (a group of batches: their sum is
-/// pushed as one step).
+/// The rows of every table that any of `batches` touches, sorted and distinct.
+pub(super) fn group_rows(
+    model: &dyn Model,
+    batches: &[crate::model::Batch],
+) -> Vec<(String, Vec<u64>)> {
+    let mut all: Vec<(String, Vec<u64>)> = Vec::new();
+    for batch in batches {
+        for (table, rows) in model.sparse_rows(batch) {
+            match all.iter_mut().find(|(t, _)| *t == table) {
+                Some((_, r)) => r.extend(rows),
+                None => all.push((table, rows)),
+            }
+        }
+    }
+    for (_, rows) in &mut all {
+        rows.sort_unstable();
+        rows.dedup();
+    }
+    all
+}
+
+/// Adds the gradients of `out` into `sum` (a group of batches: their sum is pushed as
+/// one step): dense ones element by element, sparse ones row by row (a row in both is
+/// summed, a row only in `out` is appended).
 pub(super) fn add_gradients(sum: &mut StepOutput, out: &StepOutput) {
     sum.examples += out.examples;
     for (s, g) in sum.dense.iter_mut().zip(&out.dense) {
         for (a, b) in s.iter_mut().zip(g) {
             *a += b;
         }
+    }
+    for g in &out.sparse {
+        match sum.sparse.iter_mut().find(|s| s.table == g.table) {
+            Some(s) => add_rows(s, g),
+            None => sum.sparse.push(g.clone()),
+        }
+    }
+}
+
+fn add_rows(sum: &mut crate::model::SparseGrad, g: &crate::model::SparseGrad) {
+    let dim = sum.dim;
+    let at: std::collections::HashMap<u64, usize> =
+        sum.rows.iter().enumerate().map(|(i, &r)| (r, i)).collect();
+    for (k, &row) in g.rows.iter().enumerate() {
+        let src = &g.values[k * dim..(k + 1) * dim];
+        match at.get(&row) {
+            Some(&i) => {
+                for (a, b) in sum.values[i * dim..(i + 1) * dim].iter_mut().zip(src) {
+                    *a += b;
+                }
+            }
+            None => {
+                sum.rows.push(row);
+                sum.values.extend_from_slice(src);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::SparseGrad;
+
+    fn grad(table: &str, rows: &[u64], values: &[f32]) -> SparseGrad {
+        SparseGrad {
+            table: table.into(),
+            rows: rows.to_vec(),
+            dim: 2,
+            values: values.to_vec(),
+        }
+    }
+
+    fn step(dense: Vec<Vec<f32>>, sparse: Vec<SparseGrad>) -> StepOutput {
+        StepOutput {
+            loss: 1.0,
+            examples: 3,
+            dense,
+            sparse,
+        }
+    }
+
+    /// A row two batches touch is summed and sent once; rows and tables only one batch
+    /// touches are kept; dense gradients add element by element.
+    #[test]
+    fn a_groups_sparse_gradients_merge_row_by_row() {
+        let mut sum = step(
+            vec![vec![1.0, 2.0]],
+            vec![grad("a", &[5, 1], &[1.0, 1.0, 2.0, 2.0])],
+        );
+        let other = step(
+            vec![vec![0.5, 0.5]],
+            vec![
+                grad("a", &[1, 9], &[10.0, 20.0, 3.0, 4.0]),
+                grad("b", &[0], &[7.0, 8.0]),
+            ],
+        );
+        add_gradients(&mut sum, &other);
+        assert_eq!(sum.examples, 6);
+        assert_eq!(sum.dense, vec![vec![1.5, 2.5]]);
+        assert_eq!(sum.sparse.len(), 2);
+        let a = &sum.sparse[0];
+        assert_eq!(a.rows, vec![5, 1, 9]);
+        assert_eq!(a.values, vec![1.0, 1.0, 12.0, 22.0, 3.0, 4.0]);
+        assert_eq!(sum.sparse[1], grad("b", &[0], &[7.0, 8.0]));
+    }
+
+    /// A group pulls the sorted union of its batches' rows, table by table.
+    #[test]
+    fn a_group_pulls_the_union_of_its_batches_rows() {
+        use edl_proto::sample::Sample;
+        let model = crate::build(&crate::ModelSpec::Word2vec {
+            vocab_size: 50,
+            dim: 4,
+            window: 1,
+            negatives: 2,
+            sampler: edl_job::model::NegativeSampler::Uniform,
+            seed: 1,
+        })
+        .unwrap();
+        let batches: Vec<_> = [vec![3u64, 7, 3], vec![7, 40, 2]]
+            .into_iter()
+            .enumerate()
+            .map(|(i, ids)| {
+                model
+                    .prepare_seeded(&[Sample::sparse(ids)], i as u64)
+                    .unwrap()
+            })
+            .collect();
+        let union = group_rows(model.as_ref(), &batches);
+        let each: Vec<_> = batches.iter().map(|b| model.sparse_rows(b)).collect();
+        assert_eq!(union.len(), 2, "both tables");
+        for (t, (table, rows)) in union.iter().enumerate() {
+            let mut want: Vec<u64> = each.iter().flat_map(|e| e[t].1.clone()).collect();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!((table, rows), (&each[0][t].0, &want));
+        }
+        assert_eq!(union[0].1, vec![2, 3, 7, 40], "the centres of both batches");
     }
 }
