@@ -92,6 +92,43 @@ pub enum ModelSpec {
         #[serde(default)]
         seed: u64,
     },
+    /// Click-through rate, in the shape of PaddleRec's CTR-DNN: `dense` real features and
+    /// one id in each of `slots` categorical slots (ids of every slot in one space), each
+    /// id's row of the sparse table `emb` looked up, the features and rows fed to ReLU
+    /// layers `hidden`, 2 logits, softmax cross-entropy; labels are class ids 0 and 1.
+    #[serde(rename = "ctr")]
+    Ctr {
+        /// Rows of the embedding table: the id space every slot shares.
+        vocab_size: u64,
+        /// Embedding width (default 9, CTR-DNN's).
+        #[serde(default = "default_ctr_dim")]
+        dim: usize,
+        /// Categorical slots: ids per sample (default 26, Criteo's).
+        #[serde(default = "default_ctr_slots")]
+        slots: usize,
+        /// Dense features per sample (default 13, Criteo's).
+        #[serde(default = "default_ctr_dense")]
+        dense: usize,
+        /// Hidden layer widths (default `[400, 400, 400]`, CTR-DNN's).
+        #[serde(default = "default_ctr_hidden")]
+        hidden: Vec<usize>,
+    },
+}
+
+fn default_ctr_dim() -> usize {
+    9
+}
+
+fn default_ctr_slots() -> usize {
+    26
+}
+
+fn default_ctr_dense() -> usize {
+    13
+}
+
+fn default_ctr_hidden() -> Vec<usize> {
+    vec![400, 400, 400]
 }
 
 fn default_true() -> bool {
@@ -141,13 +178,14 @@ pub enum NegativeSampler {
 
 impl ModelSpec {
     /// Every model kind, as written in a spec.
-    pub const KINDS: [&'static str; 6] = [
+    pub const KINDS: [&'static str; 7] = [
         "fit_a_line",
         "linear",
         "mlp",
         "mnist_mlp",
         "mnist_cnn",
         "word2vec",
+        "ctr",
     ];
 
     /// The model kind as written in the spec.
@@ -159,6 +197,7 @@ impl ModelSpec {
             ModelSpec::MnistMlp => "mnist_mlp",
             ModelSpec::MnistCnn => "mnist_cnn",
             ModelSpec::Word2vec { .. } => "word2vec",
+            ModelSpec::Ctr { .. } => "ctr",
         }
     }
 

@@ -1,5 +1,5 @@
 //! Pulls from every shard in parallel: the dense blocks that changed since the cache's
-//! copy (over the bulk path when the pserver offers it), and sparse rows. A shard that
+//! copy, and sparse rows (both over the bulk path when the pserver offers it). A shard that
 //! lost its parameters is initialised again from the cache's copy, when it has one.
 
 use edl_proto::pserver as pb;
@@ -150,7 +150,15 @@ impl PsClient {
                             s as u32,
                             msg,
                             self.inner.cfg.call_timeout,
-                            |t, r| async move { t.grpc.clone().pull_sparse(r).await },
+                            |t, r| async move {
+                                match &t.bulk {
+                                    Some(b) => b
+                                        .pull_sparse(r.into_inner(), self.inner.cfg.call_timeout)
+                                        .await
+                                        .map(tonic::Response::new),
+                                    None => t.grpc.clone().pull_sparse(r).await,
+                                }
+                            },
                             |st| uninitialised(st, s as u32),
                         )
                         .await?;

@@ -24,8 +24,8 @@ use tracing::Instrument as _;
 use crate::error::PsError;
 use crate::server::Service;
 pub use edl_pserver_client::bulk::{
-    HELLO_TIMEOUT, IDLE_TIMEOUT, KIND_PULL, KIND_PUSH, KIND_REPLICATE, MAGIC, MAX_HEADER,
-    MAX_HELLO, STATUS_ERR, STATUS_OK, VERSION,
+    HELLO_TIMEOUT, IDLE_TIMEOUT, KIND_PULL, KIND_PULL_SPARSE, KIND_PUSH, KIND_REPLICATE, MAGIC,
+    MAX_HEADER, MAX_HELLO, STATUS_ERR, STATUS_OK, VERSION,
 };
 use edl_pserver_client::bulk::{read_header, read_into, status_to_pb, u32_at, write_all_within};
 
@@ -358,6 +358,28 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                         for p in &payloads {
                             write_all_within(&mut stream, p, stall).await?;
                         }
+                    }
+                    Err(e) => write_error(&mut stream, e).await?,
+                }
+            }
+            KIND_PULL_SPARSE => {
+                let req = match pb::PullSparseRequest::decode(&header[..]) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        return write_error(
+                            &mut stream,
+                            invalid(format!("bad sparse pull header: {e}")),
+                        )
+                        .await;
+                    }
+                };
+                match svc.pull_sparse(req).await {
+                    Ok(resp) => {
+                        let bp = pb::BulkPullSparse {
+                            values_bytes: resp.values.len() as u64,
+                        };
+                        write_frame(&mut stream, STATUS_OK, &bp).await?;
+                        write_all_within(&mut stream, &resp.values, stall).await?;
                     }
                     Err(e) => write_error(&mut stream, e).await?,
                 }

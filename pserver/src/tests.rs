@@ -253,6 +253,12 @@ async fn exactly_one_trainer_initialises_and_concurrent_async_pushes_sum_exactly
     let mut init9 = [0f32; 3];
     emb().init.fill(9, &mut init9);
     let rows = ps.pull_sparse("emb", &[7, 9, 1_000_003]).await.unwrap();
+    // The bulk path (the client's default) and gRPC read the same rows.
+    let grpc = h.client_with(|c| c.bulk = false).await;
+    assert_eq!(
+        grpc.pull_sparse("emb", &[7, 9, 1_000_003]).await.unwrap(),
+        rows
+    );
     for d in 0..3 {
         assert!((rows[d] - (init7[d] - 200.0)).abs() < 1e-3, "{rows:?}");
         assert_eq!(

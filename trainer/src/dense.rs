@@ -228,8 +228,8 @@ impl DenseModel {
                     conv1: Conv::new(20, 50, 12, 12, 5, device)?,
                 },
             ),
-            ModelSpec::Word2vec { .. } => {
-                return Err(bad("word2vec is not a dense model".into()));
+            ModelSpec::Word2vec { .. } | ModelSpec::Ctr { .. } => {
+                return Err(bad(format!("{} is not a dense model", spec.kind())));
             }
         };
         if inputs == 0 {

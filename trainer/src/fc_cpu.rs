@@ -156,11 +156,36 @@ pub(crate) fn step(
     n: usize,
     target: &Loss<'_>,
 ) -> (f64, Vec<Vec<f32>>) {
+    let (value, grads, _) = backward(widths, params, x, n, target, false);
+    (value, grads)
+}
+
+/// [`step`], and the gradient with respect to the inputs `x` (`[n, widths[0]]`): for a
+/// network whose inputs are themselves trained (embeddings).
+pub(crate) fn step_with_input_grad(
+    widths: &[usize],
+    params: &[Vec<f32>],
+    x: &[f32],
+    n: usize,
+    target: &Loss<'_>,
+) -> (f64, Vec<Vec<f32>>, Vec<f32>) {
+    backward(widths, params, x, n, target, true)
+}
+
+fn backward(
+    widths: &[usize],
+    params: &[Vec<f32>],
+    x: &[f32],
+    n: usize,
+    target: &Loss<'_>,
+    input_grad: bool,
+) -> (f64, Vec<Vec<f32>>, Vec<f32>) {
     let layers = widths.len() - 1;
     let outs = forward(widths, params, x, n);
     let mut dz = vec![0f32; n * widths[layers]];
     let value = loss(&outs[layers - 1], n, target, Some(&mut dz));
     let mut grads: Vec<Vec<f32>> = vec![Vec::new(); 2 * layers];
+    let mut dx = Vec::new();
     for i in (0..layers).rev() {
         let (din, dout) = (widths[i], widths[i + 1]);
         let input = if i == 0 { x } else { &outs[i - 1] };
@@ -174,9 +199,9 @@ pub(crate) fn step(
         }
         grads[2 * i] = gw;
         grads[2 * i + 1] = gb;
-        if i > 0 {
+        if i > 0 || input_grad {
             // Through this layer's weights, then the previous layer's ReLU (its output
-            // is positive exactly where its input was).
+            // is positive exactly where its input was); the inputs have none.
             let mut da = vec![0f32; n * din];
             matmul(
                 n,
@@ -189,6 +214,10 @@ pub(crate) fn step(
                 &mut da,
                 false,
             );
+            if i == 0 {
+                dx = da;
+                break;
+            }
             for (d, &h) in da.iter_mut().zip(&outs[i - 1]) {
                 if h <= 0.0 {
                     *d = 0.0;
@@ -197,7 +226,7 @@ pub(crate) fn step(
             dz = da;
         }
     }
-    (value, grads)
+    (value, grads, dx)
 }
 
 /// [`step`] on a batch's tensors (f32 on the CPU).
@@ -242,7 +271,7 @@ pub(crate) fn evaluate_batch(
 }
 
 /// The index of the largest value (the first of ties, as candle's `argmax`).
-fn argmax(row: &[f32]) -> usize {
+pub(crate) fn argmax(row: &[f32]) -> usize {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
         if v > row[best] {

@@ -10,8 +10,9 @@
 //!
 //! Models (see [`ModelSpec`]): `fit_a_line` and `linear` (linear regression, squared
 //! error), `mlp` and `mnist_mlp` (ReLU MLP, softmax cross-entropy), `mnist_cnn`
-//! (PaddlePaddle's `recognize_digits` CNN) and `word2vec` (skip-gram with negative
-//! sampling over two sparse tables).
+//! (PaddlePaddle's `recognize_digits` CNN), `word2vec` (skip-gram with negative
+//! sampling over two sparse tables) and `ctr` (click-through rate: dense features and
+//! categorical ids through one sparse table into a ReLU network).
 //!
 //! # A model of your own
 //!
@@ -106,7 +107,9 @@
 //!   `edl_job::model`, re-exported here.
 //! - `dense.rs`: the dense models (fully connected and convolutional); `fc_cpu.rs`: the
 //!   fully connected networks' step in f32 straight on the parameter slices (`gemm`).
-//! - [`word2vec`]: skip-gram with negative sampling.
+//! - [`word2vec`]: skip-gram with negative sampling (`word2vec_cpu.rs`: its step on
+//!   the CPU without autograd).
+//! - [`ctr`]: the click-through-rate model (PaddleRec's CTR-DNN).
 //! - [`local_optim`]: the pservers' optimizers ([`OptimizerKind`]) applied in process.
 //! - [`local`]: [`train_local`], the single-process trainer.
 //! - [`data`]: [`load_samples`] from RecordIO files.
@@ -152,6 +155,7 @@
 #![warn(missing_docs)]
 
 pub mod app;
+pub mod ctr;
 pub mod data;
 mod dense;
 pub mod device;

@@ -68,6 +68,23 @@ pub fn build_on(spec: &ModelSpec, device: &Device, dtype: DType) -> Result<Box<d
             device,
             dtype,
         )?),
+        ModelSpec::Ctr {
+            vocab_size,
+            dim,
+            slots,
+            dense,
+            hidden,
+        } => Box::new(crate::ctr::Ctr::new(
+            crate::ctr::CtrConfig {
+                vocab_size: *vocab_size,
+                dim: *dim,
+                slots: *slots,
+                dense: *dense,
+                hidden: hidden.clone(),
+            },
+            device,
+            dtype,
+        )?),
         _ => Box::new(DenseModel::new(spec, device, dtype)?),
     })
 }

@@ -187,6 +187,7 @@ pub fn convert(args: &ConvertArgs) -> anyhow::Result<Vec<String>> {
     let written = match args.format {
         InputFormat::Csv | InputFormat::MnistCsv => convert_csv(args, opts, &bar)?,
         InputFormat::Text => convert_text(args, opts, &bar)?,
+        InputFormat::Multislot => convert_multislot(args, opts, &bar)?,
     };
     bar.finish_and_clear();
     Ok(written)
@@ -307,6 +308,30 @@ fn convert_csv(
                 fields.push(v);
             }
             let s = layout.sample(&fields, input, lineno)?;
+            buf.clear();
+            prost::Message::encode(&s, &mut buf).context("encode sample")?;
+            shards.write(&buf)
+        })?;
+    }
+    Ok(vec![shards.finish()?])
+}
+
+fn convert_multislot(
+    args: &ConvertArgs,
+    opts: WriterOptions,
+    bar: &ProgressBar,
+) -> anyhow::Result<Vec<String>> {
+    let slots = super::multislot::parse_slots(&args.slots)?;
+    let mut shards = ShardSet::create(&args.output, opts)?;
+    let mut buf = Vec::new();
+    for input in &args.inputs {
+        bar.set_message(input.display().to_string());
+        for_each_line(input, bar, |lineno, line| {
+            if line.trim().is_empty() {
+                return Ok(());
+            }
+            let s = super::multislot::sample(line, &slots, args.label)
+                .with_context(|| format!("{}:{lineno}", input.display()))?;
             buf.clear();
             prost::Message::encode(&s, &mut buf).context("encode sample")?;
             shards.write(&buf)

@@ -15,6 +15,7 @@ use edl_recordio::{Compressor, DEFAULT_MAX_CHUNK_BYTES, WriterOptions};
 
 mod convert;
 mod inspect;
+mod multislot;
 mod size;
 
 pub use convert::convert;
@@ -45,6 +46,9 @@ pub enum InputFormat {
     MnistCsv,
     /// Plain text, one sentence a line, tokenised on whitespace into word ids (word2vec).
     Text,
+    /// PaddlePaddle's MultiSlot text, one sample a line, each slot `n v1 .. vn`; what
+    /// each slot is comes from `--slots` (e.g. `dense,sparse*26,label`).
+    Multislot,
 }
 
 /// How `convert --format csv` stores the label column.
@@ -126,6 +130,11 @@ pub struct ConvertArgs {
     /// Skip the first line of each CSV input (a header row).
     #[arg(long)]
     pub header: bool,
+    /// For `--format multislot`: what each slot is, in order, comma-separated: `dense`
+    /// (features), `sparse` (ids), `label` (one value, see `--label`), `skip`;
+    /// `kind*N` repeats a kind (e.g. `dense,sparse*26,label`).
+    #[arg(long, default_value = "")]
+    pub slots: String,
     /// For `--format text`: words seen fewer times are mapped to `<unk>`.
     #[arg(long, default_value_t = 1)]
     pub min_word_freq: u64,

@@ -64,6 +64,7 @@ impl Conversion<'_> {
             label,
             delimiter: ',',
             header: prep.header,
+            slots: prep.slots.clone(),
             min_word_freq: 1,
             vocab: self.vocab.clone(),
             output: OutputArgs {

@@ -161,8 +161,12 @@ fn d_test_every() -> usize {
 pub struct PrepareSpec {
     /// The raw file (relative to the spec).
     pub from: String,
-    /// `csv`, `mnist-csv` or `text` (as `edl data convert --format`).
+    /// `csv`, `mnist-csv`, `text` or `multislot` (as `edl data convert --format`).
     pub format: String,
+    /// For multislot: what each slot is (as `edl data convert --slots`, e.g.
+    /// `"dense,sparse*26,label"`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub slots: String,
     /// Every this many lines one goes to the test split (0: no test split; default 5).
     #[serde(default = "d_test_every")]
     pub test_every: usize,
@@ -173,7 +177,7 @@ pub struct PrepareSpec {
     /// chunks, so smaller chunks give more tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk_size: Option<String>,
-    /// For csv: `value` (regression, default), `class` or `none`.
+    /// For csv and multislot: `value` (regression, default), `class` or `none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
     /// For csv: the first line is a header.

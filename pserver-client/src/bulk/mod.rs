@@ -1,5 +1,5 @@
-//! The bulk data path: dense pushes and pulls over a plain TCP connection to the
-//! pserver's own port, next to gRPC.
+//! The bulk data path: pushes, dense pulls and sparse pulls over a plain TCP connection
+//! to the pserver's own port, next to gRPC.
 //!
 //! gRPC moves a message through several buffers (the protobuf encoding, tonic's encode
 //! buffer, tonic's decode buffer, each freshly allocated per message), which caps a
@@ -55,6 +55,8 @@ pub const KIND_PULL: u32 = 2;
 /// a shard (its header: the shard as a little-endian `u32`, then the opening member's
 /// id); the pserver's replication framing follows.
 pub const KIND_REPLICATE: u32 = 3;
+/// A frame's kind: a sparse pull (rows of one table).
+pub const KIND_PULL_SPARSE: u32 = 4;
 /// A response's status: served.
 pub const STATUS_OK: u32 = 0;
 /// A response's status: refused (a [`pb::BulkError`] follows).

@@ -22,8 +22,8 @@ use tokio::net::TcpStream;
 use tonic::Status;
 
 use super::{
-    KIND_PULL, KIND_PUSH, MAGIC, MAX_HEADER, POOL, STATUS_OK, VERSION, pb_to_status, read_header,
-    read_into, u32_at,
+    KIND_PULL, KIND_PULL_SPARSE, KIND_PUSH, MAGIC, MAX_HEADER, POOL, STATUS_OK, VERSION,
+    pb_to_status, read_header, read_into, u32_at,
 };
 
 /// Why a client-side bulk request failed.
@@ -193,6 +193,39 @@ impl Conn {
         }
         Ok(resp)
     }
+
+    async fn pull_sparse(
+        &mut self,
+        req: &pb::PullSparseRequest,
+        max: usize,
+    ) -> Result<pb::PullSparseResponse, Fail> {
+        let body = req.encode_to_vec();
+        let mut head = Vec::with_capacity(8 + body.len());
+        head.extend_from_slice(&KIND_PULL_SPARSE.to_le_bytes());
+        head.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        head.extend_from_slice(&body);
+        self.stream.write_all(&head).await?;
+        self.stream.flush().await?;
+        let body = self.response().await?;
+        let bp = pb::BulkPullSparse::decode(&body[..]).map_err(|e| Fail::Broken(e.to_string()))?;
+        if bp.values_bytes > max as u64 {
+            return Err(Fail::Broken(format!(
+                "sparse pull of {} bytes exceeds the limit",
+                bp.values_bytes
+            )));
+        }
+        self.buf.clear();
+        read_into(
+            &mut self.stream,
+            &mut self.buf,
+            bp.values_bytes as usize,
+            None,
+        )
+        .await?;
+        Ok(pb::PullSparseResponse {
+            values: self.buf.split().freeze(),
+        })
+    }
 }
 
 /// Bulk connections to one pserver, reused across requests.
@@ -317,6 +350,23 @@ impl Pool {
         if pooled && matches!(r, Ok(Err(Fail::Broken(_)))) {
             c = self.connect().await?;
             r = tokio::time::timeout_at(until, c.pull(&req, max)).await;
+        }
+        self.finish(c, r)
+    }
+
+    /// Pulls sparse rows over a pooled connection.
+    pub(crate) async fn pull_sparse(
+        &self,
+        req: pb::PullSparseRequest,
+        timeout: Duration,
+    ) -> Result<pb::PullSparseResponse, Status> {
+        let until = tokio::time::Instant::now() + timeout;
+        let max = self.max_message_bytes;
+        let (mut c, pooled) = self.take().await?;
+        let mut r = tokio::time::timeout_at(until, c.pull_sparse(&req, max)).await;
+        if pooled && matches!(r, Ok(Err(Fail::Broken(_)))) {
+            c = self.connect().await?;
+            r = tokio::time::timeout_at(until, c.pull_sparse(&req, max)).await;
         }
         self.finish(c, r)
     }
