@@ -50,6 +50,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer"))
+import ctr  # noqa: E402  (scripts/peer/ctr.py)
 import w2v  # noqa: E402  (scripts/peer/w2v.py)
 
 EPOCHS = 3
@@ -238,6 +239,9 @@ def run_paddle(a, py, data, mode, tag, fluid18=False, hidden=None, epochs=EPOCHS
              for e in evs if e.get("ev") == "done"]
     samples = r.get("samples_total") or SAMPLES * epochs
     net = net_bytes(net_file)
+    # The held-out accuracy, where the trainer script computes one (ps_ctr.py).
+    accs = [e.get("eval_accuracy") for who, evs in r.get("events", {}).items() if who.startswith("trainer")
+            for e in evs if e.get("ev") == "epoch" and e.get("eval_accuracy") is not None]
     return {
         "sps": r["samples_per_s"],
         "spawn_sps": samples / max(dones) if dones else None,
@@ -246,7 +250,7 @@ def run_paddle(a, py, data, mode, tag, fluid18=False, hidden=None, epochs=EPOCHS
         "wall": max(exits) if exits else r["wall_s"],
         "first": r.get("startup_to_first_step_s"),
         "loss": r.get("final_loss"),
-        "acc": None,
+        "acc": accs[-1] if accs else None,
     }
 
 
@@ -279,6 +283,7 @@ def main():
     data, edl_dir = prepare_data(a)
     w2v_dir, w2v_meta = w2v.prepare(a, data)
     per_sentence = w2v_meta["pairs_per_sentence"]
+    ctr_dir, ctr_meta = ctr.prepare(a, data)
     # (name, system, mode, trainers, runner)
     rows = [
         ("p26-async", "Paddle 2.6.2", "async", 2, lambda t: run_paddle(a, a.paddle26, data, "async", t)),
@@ -323,6 +328,14 @@ def main():
          lambda t: run_edl_spec(a, w2v.edl_spec(w2v_dir, w2v_meta, 2, 1), t, per_sentence)),
         ("edl-w2v-g4", "edl, word2vec, 4 batches per push", "async", 2,
          lambda t: run_edl_spec(a, w2v.edl_spec(w2v_dir, w2v_meta, 2, 4), t, per_sentence)),
+        # Sparse and dense: CTR-DNN on synthetic clicks (scripts/peer/ctr.py).
+        ("p26-ctr", "Paddle 2.6.2, CTR-DNN", "async", 2,
+         lambda t: run_paddle(a, a.paddle26, data, "async", t, model="ctr", script="ps_ctr.py",
+                              epochs=ctr.EPOCHS, batch=ctr.BATCH)),
+        ("edl-ctr", "edl, CTR-DNN", "async", 2,
+         lambda t: run_edl_spec(a, ctr.edl_spec(ctr_dir, ctr_meta, 2, "adaptive"), t)),
+        ("edl-ctr-g4", "edl, CTR-DNN, 4 batches per push", "async", 2,
+         lambda t: run_edl_spec(a, ctr.edl_spec(ctr_dir, ctr_meta, 2, 4), t)),
         # Two replicas of the shard (docs/replication.md): what they cost a job.
         ("edl-async-2-r2", "edl, 2 replicas", "async", 2,
          lambda t: run_edl(a, edl_dir, "async", 2, t, replicas=2)),
@@ -403,6 +416,10 @@ def main():
         ("edl, 4 per push / Paddle 2.6.2 async, word2vec, bytes sent per pair", ratio("edl-w2v-g4", "p26-w2v", "net"), None, None),
         ("edl / Paddle 2.6.2 async, word2vec, CPU-s per 1k pairs", ratio("edl-w2v", "p26-w2v", "cpu_1k"), "<=", 0.7),
         ("edl / Paddle 2.6.2 async, word2vec, bytes sent per pair", ratio("edl-w2v", "p26-w2v", "net"), None, None),
+        ("edl / Paddle 2.6.2 async, CTR-DNN, steady samples/s", ratio("edl-ctr", "p26-ctr", "sps"), ">=", 1.0),
+        ("edl, 4 per push / Paddle 2.6.2 async, CTR-DNN, steady samples/s", ratio("edl-ctr-g4", "p26-ctr", "sps"), ">=", 1.0),
+        ("edl / Paddle 2.6.2 async, CTR-DNN, CPU-s per 1k samples", ratio("edl-ctr", "p26-ctr", "cpu_1k"), "<=", 0.7),
+        ("edl / Paddle 2.6.2 async, CTR-DNN, bytes sent per sample", ratio("edl-ctr", "p26-ctr", "net"), None, None),
         ("edl sync 2 / Paddle 1.8.5 sync, steady samples/s", ratio("edl-sync-2", "p18-sync", "sps"), ">=", 3.0),
         ("edl async 2 / Paddle 1.8.5 async, steady samples/s", ratio("edl-async-2", "p18-async", "sps"), None, None),
         ("edl async 2 / Paddle 2.6.2 async, end-to-end wall", ratio("edl-async-2", "p26-async", "wall"), "<=", 0.5),

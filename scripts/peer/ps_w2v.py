@@ -68,27 +68,36 @@ def heldout_loss(tables, data_dir):
     return float(np.mean(softplus(-pos) + softplus(neg).sum(axis=1)))
 
 
-def read_tables(save_dir, m):
-    """The sparse tables the pservers saved: gzip text under `<table id>/`, one row a
-    line, `key` then the accessor's fields, the embedding the last `dim` of them (table
-    0 is emb_in and 1 emb_out, in the order the pserver logs them). A row never touched
-    was never created: a zero row here (edl's emb_in starts it uniform; a held-out
-    centre that training never saw is rare)."""
+def read_sparse(save_dir, table_id, vocab, dim):
+    """One sparse table the pservers saved (fleet.save_persistables): gzip text under
+    `<table id>/`, one row a line, `key` then the accessor's fields, the embedding the
+    last `dim` of them. A row never touched was never created: a zero row here. Returns
+    the table and the rows found."""
     import gzip
 
-    V, D = m["vocab"], m["dim"]
-    tables = {name: np.zeros((V, D), dtype=np.float32) for name in ("emb_in", "emb_out")}
-    found = {}
-    for tid, name in (("000", "emb_in"), ("001", "emb_out")):
-        for f in glob.glob(os.path.join(save_dir, tid, "part-*")):
-            opener = gzip.open if f.endswith(".gz") else open
-            with opener(f, "rt") as fh:
-                for line in fh:
-                    fs = line.split()
-                    if len(fs) < D + 1:
-                        continue
-                    tables[name][int(fs[0])] = np.asarray(fs[-D:], dtype=np.float32)
-                    found[name] = found.get(name, 0) + 1
+    t = np.zeros((vocab, dim), dtype=np.float32)
+    found = 0
+    for f in glob.glob(os.path.join(save_dir, "%03d" % table_id, "part-*")):
+        opener = gzip.open if f.endswith(".gz") else open
+        with opener(f, "rt") as fh:
+            for line in fh:
+                fs = line.split()
+                if len(fs) < dim + 1:
+                    continue
+                t[int(fs[0])] = np.asarray(fs[-dim:], dtype=np.float32)
+                found += 1
+    return t, found
+
+
+def read_tables(save_dir, m):
+    """emb_in (table 0) and emb_out (table 1), in the order the pserver logs them (a
+    held-out centre that training never saw reads as zeros here, edl's as its uniform
+    initial row: rare)."""
+    tables, found = {}, {}
+    for tid, name in ((0, "emb_in"), (1, "emb_out")):
+        tables[name], n = read_sparse(save_dir, tid, m["vocab"], m["dim"])
+        if n:
+            found[name] = n
     return tables, found
 
 
