@@ -410,3 +410,60 @@ fn bad_input_is_one_clear_error_and_leaves_no_shards() {
         "{text}"
     );
 }
+
+/// Paddle's MultiSlot text (CTR-DNN's layout) becomes samples of features, ids and a
+/// class; a bad line is named by file, line and slot, and nothing is written.
+#[test]
+fn multislot_converts_paddles_ctr_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("ctr.txt");
+    std::fs::write(
+        &input,
+        "2 0.5 -1 1 7 1 1040000 1 1\n\n2 0 0.25 1 3 1 9 1 0\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let convert = |input: &std::path::Path, out: &std::path::Path| {
+        let mut c = edl();
+        c.args([
+            "data",
+            "convert",
+            "--format",
+            "multislot",
+            "--slots",
+            "dense,sparse*2,label",
+            "--label",
+            "class",
+            "--prefix",
+            "ctr",
+            "--out",
+        ])
+        .arg(out)
+        .arg(input);
+        c
+    };
+    ok(&mut convert(&input, &out));
+    let text = ok(edl()
+        .args(["data", "cat", "--decode"])
+        .arg(out.join("ctr-00000-of-00001.recordio")));
+    let samples: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(samples.len(), 2, "{text}");
+    assert_eq!(samples[0]["dense"], serde_json::json!([0.5, -1.0]));
+    assert_eq!(samples[0]["sparse_ids"], serde_json::json!([7, 1040000]));
+    assert_eq!(samples[1]["sparse_ids"], serde_json::json!([3, 9]));
+    assert_eq!(samples[0]["class_id"], serde_json::json!(1));
+    assert_eq!(samples[1]["class_id"], serde_json::json!(0));
+    let bad = dir.path().join("bad.txt");
+    std::fs::write(&bad, "2 0.5 -1 1 7 1 8 1 1\n2 0.5 -1 1 7 1 x 1 1\n").unwrap();
+    let out2 = dir.path().join("out2");
+    let err = fails(&mut convert(&bad, &out2));
+    assert!(
+        err.contains("bad.txt:2") && err.contains("slot 3: \"x\" is not a non-negative integer id"),
+        "{err}"
+    );
+    let left = std::fs::read_dir(&out2).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(left, 0, "a failed conversion leaves no shard behind");
+}

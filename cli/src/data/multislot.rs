@@ -109,11 +109,10 @@ pub(super) fn sample(line: &str, slots: &[Slot], label: LabelKind) -> anyhow::Re
 
 fn label_of(v: &str, kind: LabelKind) -> anyhow::Result<sample::sample::Label> {
     match kind {
-        LabelKind::Class => {
-            Ok(sample::sample::Label::ClassId(v.parse().with_context(|| {
-                format!("class label {v:?} is not a non-negative integer")
-            })?))
-        }
+        LabelKind::Class => Ok(sample::sample::Label::ClassId(
+            v.parse()
+                .with_context(|| format!("class label {v:?} is not a non-negative integer"))?,
+        )),
         LabelKind::Value => {
             let f: f32 = v
                 .parse()
