@@ -525,9 +525,13 @@ impl ParamStore for PsStore {
         rows: &[(String, Vec<u64>)],
         params: &mut Params,
     ) -> Result<(), StoreError> {
+        // The tables in parallel: one round trip, not one a table.
+        let pulled = futures::future::try_join_all(rows.iter().map(|(table, ids)| async move {
+            Ok::<_, StoreError>((table, ids, self.pull_rows(table, ids).await?))
+        }))
+        .await?;
         params.sparse.clear();
-        for (table, ids) in rows {
-            let values = self.pull_rows(table, ids).await?;
+        for (table, ids, values) in pulled {
             let dim = if ids.is_empty() {
                 0
             } else {
