@@ -10,7 +10,7 @@
 //! is pulled and pushed by row: a step touches only the rows of its batch's ids, and
 //! the gradient of a row several samples share is their sum.
 //!
-//! The step runs on the CPU in f32 ([`crate::fc_cpu`], with the gradient of the inputs
+//! The step runs on the CPU in f32 (`fc_cpu.rs`, with the gradient of the inputs
 //! carried back into the rows); other devices are refused when the model is built.
 //! Initial values: weights uniform within Xavier's bound (Paddle's `fc` default),
 //! biases zero, rows uniform in `[-0.01, 0.01)`.

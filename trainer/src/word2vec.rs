@@ -19,7 +19,7 @@
 //! Initial rows follow the reference implementation: input rows uniform in
 //! `[-0.5/dim, 0.5/dim)`, output rows zero.
 //!
-//! On the CPU in f32 a step runs [`crate::word2vec_cpu`] (one pass over the pairs, no
+//! On the CPU in f32 a step runs `word2vec_cpu.rs` (one pass over the pairs, no
 //! autograd); elsewhere candle's autograd computes the same loss, and it is the
 //! reference the tests hold the CPU step to.
 
@@ -58,7 +58,7 @@ pub(crate) struct Word2Vec {
     cfg: Word2VecConfig,
     device: Device,
     dtype: DType,
-    /// Steps run [`crate::word2vec_cpu`] (the CPU in f32) instead of candle's autograd.
+    /// Steps run `word2vec_cpu.rs` (the CPU in f32) instead of candle's autograd.
     cpu: bool,
 }
 
@@ -195,7 +195,7 @@ impl Word2Vec {
         total.affine(1.0 / p as f64, 0.0)
     }
 
-    /// A step by [`crate::word2vec_cpu`]: the gradients are written once, straight
+    /// A step by `word2vec_cpu.rs`: the gradients are written once, straight
     /// into the vectors pushed.
     fn step_cpu(&self, params: &Params, b: &SkipGramBatch) -> Result<StepOutput> {
         let d = self.cfg.dim;
