@@ -2,7 +2,8 @@
 //! on mnist_5k, the baseline the distributed trainer is compared with.
 //!
 //! `cargo bench -p edl-trainer --bench local_throughput [-- MODEL [EPOCHS] [BATCH] [OPTIMIZER]]`
-//! with MODEL `mnist_mlp` (default) or `mnist_cnn`; batch 64 by default; OPTIMIZER `adam`
+//! with MODEL `mnist_mlp` (default), `mnist_cnn` or `wide` (784-3584-3584-10, the wide
+//! dense job of `scripts/bench-peer`); batch 64 by default; OPTIMIZER `adam`
 //! (default, lr 0.001) or `sgd` (lr 0.05, as `scripts/bench-peer`'s job: its ceiling).
 
 use std::time::{Duration, Instant};
@@ -28,7 +29,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let spec = match model_name {
         "mnist_mlp" => ModelSpec::MnistMlp,
         "mnist_cnn" => ModelSpec::MnistCnn,
-        other => return Err(format!("unknown model {other}; use mnist_mlp or mnist_cnn").into()),
+        // bench-peer's wide dense job: 784-3584-3584-10, 15.7M parameters.
+        "wide" => ModelSpec::Mlp {
+            inputs: 784,
+            hidden: vec![3584, 3584],
+            classes: 10,
+            standardize: false,
+            stats: None,
+            init: Default::default(),
+        },
+        other => {
+            return Err(format!("unknown model {other}; use mnist_mlp, mnist_cnn or wide").into());
+        }
     };
     let (optimizer, lr) = match args.get(3).map_or("adam", String::as_str) {
         "adam" => (OptimizerKind::adam(), 1e-3),
