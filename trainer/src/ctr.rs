@@ -114,7 +114,7 @@ impl Ctr {
             .ok_or_else(|| missing(b.rows.first().copied().unwrap_or(0)))?;
         let mut rows: Vec<&[f32]> = Vec::with_capacity(b.rows.len());
         for &r in &b.rows {
-            let v = table.get(&r).ok_or_else(|| missing(r))?;
+            let v = table.get(r).ok_or_else(|| missing(r))?;
             if v.len() != d {
                 return Err(Error::SparseRowWidth {
                     table: TABLE.to_string(),
@@ -349,7 +349,6 @@ impl Model for Ctr {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use super::*;
 
@@ -381,7 +380,7 @@ mod tests {
             dense: m.init_dense(3),
             ..Default::default()
         };
-        let rows: HashMap<u64, Vec<f32>> = m.sparse_rows(batch)[0]
+        let rows: crate::model::SparseRows = m.sparse_rows(batch)[0]
             .1
             .iter()
             .map(|&r| {
@@ -426,8 +425,8 @@ mod tests {
         for (j, &row) in sg.rows.iter().enumerate() {
             for c in 0..3 {
                 let (mut a, mut b) = (p.clone(), p.clone());
-                a.sparse.get_mut(TABLE).unwrap().get_mut(&row).unwrap()[c] += h;
-                b.sparse.get_mut(TABLE).unwrap().get_mut(&row).unwrap()[c] -= h;
+                a.sparse.get_mut(TABLE).unwrap().get_mut(row).unwrap()[c] += h;
+                b.sparse.get_mut(TABLE).unwrap().get_mut(row).unwrap()[c] -= h;
                 check(
                     sg.values[j * 3 + c],
                     loss(&a),

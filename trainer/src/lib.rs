@@ -169,6 +169,7 @@ pub mod process;
 pub mod psstore;
 mod rng;
 pub mod runtime;
+mod sparse_rows;
 pub mod spec;
 pub mod store;
 pub mod tasks;
@@ -192,8 +193,8 @@ pub use error::{Error, Result};
 pub use local::{LocalConfig, LocalReport, StepTiming, evaluate_all, train_local};
 pub use local_optim::LocalOptimizer;
 pub use model::{
-    Batch, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseInit, SparseTable,
-    StepOutput,
+    Batch, DenseParam, EvalOutput, MetricKind, Model, Params, SparseGrad, SparseInit, SparseRows,
+    SparseTable, StepOutput,
 };
 pub use process::{ModelContext, ModelSource};
 pub use psstore::{PsStore, PsStoreStats};

@@ -186,9 +186,7 @@ fn ensure_rows(model: &dyn Model, params: &mut Params, batch: &Batch, seed: u64)
     for (table, rows) in model.sparse_rows(batch) {
         let values = params.sparse.entry(table.clone()).or_default();
         for row in rows {
-            values
-                .entry(row)
-                .or_insert_with(|| model.init_sparse_row(&table, row, seed));
+            values.get_or_insert_with(row, || model.init_sparse_row(&table, row, seed));
         }
     }
 }

@@ -72,7 +72,7 @@ impl LocalOptimizer {
             let states = self.sparse.entry(sg.table.clone()).or_default();
             if let Some(table) = params.sparse.get_mut(&sg.table) {
                 for (i, row) in sg.rows.iter().enumerate() {
-                    if let (Some(p), Some(g)) = (table.get_mut(row), sg.row(i)) {
+                    if let (Some(p), Some(g)) = (table.get_mut(*row), sg.row(i)) {
                         opt.step(lr, p, g, 1.0, states.entry(*row).or_default());
                     }
                 }
@@ -113,7 +113,7 @@ fn check(params: &Params, grads: &StepOutput) -> Result<()> {
         let table = params.sparse.get(&sg.table);
         for &row in &sg.rows {
             let p = table
-                .and_then(|t| t.get(&row))
+                .and_then(|t| t.get(row))
                 .ok_or_else(|| Error::MissingSparseRow {
                     table: sg.table.clone(),
                     row,

@@ -26,6 +26,7 @@ use candle_core::Tensor;
 use edl_proto::sample::Sample;
 
 use crate::error::{Error, Result};
+pub use crate::sparse_rows::SparseRows;
 
 /// A dense parameter: `f32` values in row-major order of `shape`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -79,9 +80,9 @@ pub enum SparseInit {
 pub struct Params {
     /// Dense values, in [`Model::dense_params`] order.
     pub dense: Vec<Vec<f32>>,
-    /// Pulled sparse rows: table name -> row id -> `dim` values. Must hold at least the
-    /// rows [`Model::sparse_rows`] names for the batch; other rows are ignored.
-    pub sparse: HashMap<String, HashMap<u64, Vec<f32>>>,
+    /// Pulled sparse rows by table name. Must hold at least the rows
+    /// [`Model::sparse_rows`] names for the batch; other rows are ignored.
+    pub sparse: HashMap<String, SparseRows>,
 }
 
 impl fmt::Debug for Params {

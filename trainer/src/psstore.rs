@@ -35,7 +35,7 @@ use edl_pserver_client::{
 use tokio::sync::Mutex;
 use tracing::Instrument as _;
 
-use crate::model::{Params, SparseInit, StepOutput};
+use crate::model::{Params, SparseInit, SparseRows, StepOutput};
 use crate::store::{InitOutcome, ParamInit, ParamStore, StoreError, TaskRef};
 
 /// How often a sync push that keeps finding its step closed is moved to the next step
@@ -537,11 +537,14 @@ impl ParamStore for PsStore {
             } else {
                 values.len() / ids.len()
             };
-            let out: HashMap<u64, Vec<f32>> = ids
-                .iter()
-                .enumerate()
-                .map(|(i, &id)| (id, values[i * dim..(i + 1) * dim].to_vec()))
-                .collect();
+            // The decoded buffer becomes the rows: no copy, no vector a row.
+            let n = values.len();
+            let out = SparseRows::from_values(dim, ids.clone(), values).ok_or_else(|| {
+                StoreError::Refused(format!(
+                    "a pull of {} rows of {table} gave {n} values",
+                    ids.len()
+                ))
+            })?;
             params.sparse.insert(table.clone(), out);
         }
         Ok(())

@@ -262,9 +262,8 @@ impl ParamStore for LocalStore {
             let out = params.sparse.entry(table.clone()).or_default();
             for &id in ids {
                 let row = stored
-                    .entry(id)
-                    .or_insert_with(|| self.model.init_sparse_row(table, id, self.seed));
-                out.insert(id, row.clone());
+                    .get_or_insert_with(id, || self.model.init_sparse_row(table, id, self.seed));
+                out.insert(id, row);
             }
         }
         Ok(())
@@ -288,8 +287,7 @@ impl ParamStore for LocalStore {
             let stored = s.params.sparse.entry(g.table.clone()).or_default();
             for &id in &g.rows {
                 stored
-                    .entry(id)
-                    .or_insert_with(|| self.model.init_sparse_row(&g.table, id, self.seed));
+                    .get_or_insert_with(id, || self.model.init_sparse_row(&g.table, id, self.seed));
             }
         }
         s.optimizer.step(&mut s.params, grads)?;

@@ -10,7 +10,7 @@ use edl_proto::sample::Sample;
 use crate::Error;
 use crate::OptimizerKind;
 use crate::local::{LocalConfig, train_local};
-use crate::model::{Model, Params};
+use crate::model::{Model, Params, SparseRows};
 use crate::rng::SplitMix64;
 use crate::testdata;
 use crate::word2vec::{INPUT_TABLE, OUTPUT_TABLE};
@@ -175,7 +175,7 @@ fn gradients_match_finite_differences_word2vec() {
     let mut rng = SplitMix64::new(9);
     let mut params = Params::default();
     for t in model.sparse_tables() {
-        let rows = (0..t.rows)
+        let rows: SparseRows = (0..t.rows)
             .map(|r| (r, (0..t.dim).map(|_| rng.symmetric(0.5)).collect()))
             .collect();
         params.sparse.insert(t.name, rows);
@@ -196,7 +196,7 @@ fn gradients_match_finite_differences_word2vec() {
                     model,
                     &mut params,
                     &samples,
-                    &|ps| &mut ps.sparse.get_mut(&table).unwrap().get_mut(&row).unwrap()[k],
+                    &|ps| &mut ps.sparse.get_mut(&table).unwrap().get_mut(row).unwrap()[k],
                     1.0 / 16384.0,
                 );
                 let a = match g.rows.binary_search(&row) {
@@ -409,7 +409,7 @@ fn word2vec_loss_falls_30_percent_in_two_passes_touching_few_rows() {
         }
     }
     let report = train_local(model.as_ref(), &sentences, &sentences, &cfg).unwrap();
-    let touched: usize = report.params.sparse.values().map(HashMap::len).sum();
+    let touched: usize = report.params.sparse.values().map(SparseRows::len).sum();
     eprintln!(
         "word2vec: vocab {vocab_size}, loss {:.4} -> {:.4} ({:.1}% lower), epoch losses {:?}; \
          widest batch touches {widest} rows; {touched} rows created of {}; {:.0} sentences/s; \

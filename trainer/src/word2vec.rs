@@ -161,7 +161,7 @@ impl Word2Vec {
             .ok_or_else(|| missing(rows.first().copied().unwrap_or(0)))?;
         let mut out = Vec::with_capacity(rows.len() * dim);
         for &row in rows {
-            let values = pulled.get(&row).ok_or_else(|| missing(row))?;
+            let values = pulled.get(row).ok_or_else(|| missing(row))?;
             if values.len() != dim {
                 return Err(Error::SparseRowWidth {
                     table: table.to_string(),
@@ -467,7 +467,6 @@ impl Model for Word2Vec {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use super::*;
     use crate::testdata;
@@ -494,7 +493,7 @@ mod tests {
             let batch = cpu.prepare_seeded(chunk, i as u64).unwrap();
             let mut params = Params::default();
             for (table, rows) in cpu.sparse_rows(&batch) {
-                let t: HashMap<u64, Vec<f32>> = rows
+                let t: crate::model::SparseRows = rows
                     .iter()
                     .map(|&r| (r, (0..cfg.dim).map(|_| rng.symmetric(0.5)).collect()))
                     .collect();
