@@ -17,8 +17,10 @@
 //! - `--listen ADDR` and `--advertise ADDR` are dropped, so every process binds
 //!   `127.0.0.1:0` and registers the address it got (pods share this host);
 //! - volume mounts become host directories: a `hostPath` is itself, a claim is the
-//!   directory given for it, an `emptyDir` is a fresh directory of the pod; arguments
-//!   under a mount path are rewritten to the host directory.
+//!   directory given for it, an `emptyDir` is a fresh directory of the pod
+//!   (`<dir>/emptydir/<pod uid>/<volume>`), deleted once the pod is gone, as a kubelet
+//!   deletes it: a pod made again under the same name starts with an empty one;
+//!   arguments under a mount path are rewritten to the host directory.
 //!
 //! A pod's output goes to `<dir>/<pod>.log`, which the API server serves as the pod's
 //! `log` subresource. It reports the pod `Running` (pod IP `127.0.0.1`), then `Succeeded` or `Failed` with
@@ -181,7 +183,8 @@ fn command_of(
                 .cloned()
                 .ok_or_else(|| format!("persistentvolumeclaim \"{claim}\" not found"))?
         } else {
-            let d = cfg.dir.join(format!("{name}-{vname}"));
+            let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+            let d = empty_dirs(cfg).join(uid).join(vname);
             std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
             d
         };
@@ -239,6 +242,28 @@ impl Kubelet {
     }
 }
 
+/// Where the pods' `emptyDir`s are, one folder per pod uid.
+fn empty_dirs(cfg: &KubeletConfig) -> PathBuf {
+    cfg.dir.join("emptydir")
+}
+
+/// Deletes the `emptyDir`s of pods that are gone (a pod being deleted keeps them until
+/// it is removed).
+fn remove_empty_dirs(cfg: &KubeletConfig, pods: &[Value]) {
+    let Ok(entries) = std::fs::read_dir(empty_dirs(cfg)) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let uid = e.file_name();
+        let live = pods
+            .iter()
+            .any(|p| p["metadata"]["uid"].as_str() == uid.to_str());
+        if !live {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 fn sync(
     api: &Arc<FakeApi>,
     cfg: &KubeletConfig,
@@ -258,6 +283,7 @@ fn sync(
         }
         alive
     });
+    remove_empty_dirs(cfg, &pods);
     for pod in pods {
         let name = pod["metadata"]["name"]
             .as_str()

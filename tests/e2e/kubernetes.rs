@@ -544,3 +544,87 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
     stop.cancel();
     operator.await.expect("operator");
 }
+
+/// The test kubelet keeps an `emptyDir` as long as its pod, as a kubelet does: a pod
+/// that writes into one, deleted and made again under the same name, finds a new empty
+/// directory, and the old one is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_dir_lives_as_long_as_its_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("words.txt");
+    std::fs::write(&input, "one two\nthree\n").expect("write input");
+    let pods_dir = dir.path().join("pods");
+    std::fs::create_dir_all(&pods_dir).expect("mkdir");
+    let api = Arc::new(
+        FakeApi::start(ResourceType::for_operator())
+            .await
+            .expect("fake API server"),
+    );
+    let _kubelet = Kubelet::start(
+        api.clone(),
+        KubeletConfig {
+            namespace: NS.to_owned(),
+            edl: edl_bin().into(),
+            dir: pods_dir.clone(),
+            claims: BTreeMap::new(),
+        },
+    );
+    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, NS);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "writer"},
+        "spec": {
+            "restartPolicy": "Never",
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+            "containers": [{
+                "name": "c",
+                "image": "edl",
+                "command": ["edl", "data", "convert", "--format", "text", "--prefix", "t",
+                            "--out", "/scratch", input.to_str().expect("utf-8 path")],
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+            }],
+        },
+    }))
+    .expect("pod");
+    // Written into the pod's emptyDir; returns its uid and the file's path.
+    let run = || async {
+        pods.create(&Default::default(), &pod)
+            .await
+            .expect("create pod");
+        let done = wait_until(Duration::from_secs(60), || async {
+            api.get("pods", NS, "writer")
+                .is_some_and(|p| p["status"]["phase"] == "Succeeded")
+        })
+        .await;
+        assert!(
+            done,
+            "the pod never succeeded: {:?}",
+            api.get("pods", NS, "writer")
+        );
+        let uid = uid(&api, "writer").expect("uid");
+        let file = pods_dir
+            .join("emptydir")
+            .join(&uid)
+            .join("scratch")
+            .join("t-00000-of-00001.recordio");
+        assert!(file.is_file(), "{} written", file.display());
+        (uid, file)
+    };
+    let (first, first_file) = run().await;
+    pods.delete("writer", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete pod");
+    let gone = wait_until(Duration::from_secs(30), || async {
+        api.get("pods", NS, "writer").is_none() && !first_file.exists()
+    })
+    .await;
+    assert!(
+        gone,
+        "the deleted pod's emptyDir is still there: {}",
+        first_file.display()
+    );
+    let (second, second_file) = run().await;
+    assert_ne!(first, second, "a new pod");
+    assert_ne!(first_file, second_file);
+    assert!(!first_file.exists(), "the first pod's emptyDir stays gone");
+}
