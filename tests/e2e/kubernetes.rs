@@ -615,7 +615,7 @@ async fn an_empty_dir_lives_as_long_as_its_pod() {
         .await
         .expect("delete pod");
     let gone = wait_until(Duration::from_secs(30), || async {
-        api.get("pods", NS, "writer").is_none() && !first_file.exists()
+        api.get("pods", NS, "writer").is_none() && !first_file.try_exists().expect("stat")
     })
     .await;
     assert!(
@@ -626,5 +626,8 @@ async fn an_empty_dir_lives_as_long_as_its_pod() {
     let (second, second_file) = run().await;
     assert_ne!(first, second, "a new pod");
     assert_ne!(first_file, second_file);
-    assert!(!first_file.exists(), "the first pod's emptyDir stays gone");
+    assert!(
+        !first_file.try_exists().expect("stat"),
+        "the first pod's emptyDir stays gone"
+    );
 }
