@@ -17,7 +17,11 @@
 //! - `--listen ADDR` and `--advertise ADDR` are dropped, so every process binds
 //!   `127.0.0.1:0` and registers the address it got (pods share this host);
 //! - volume mounts become host directories: a `hostPath` is itself, a claim is the
-//!   directory given for it, an `emptyDir` is a fresh directory of the pod
+//!   directory given for it or else, for a PersistentVolumeClaim object of the
+//!   namespace, a directory of its own (`<dir>/claims/<claim uid>`, provisioned when a
+//!   pod first mounts it and deleted once the claim is gone: a claim's lifetime, as a
+//!   dynamic provisioner with the `Delete` reclaim policy gives), an `emptyDir` is a
+//!   fresh directory of the pod
 //!   (`<dir>/emptydir/<pod uid>/<volume>`), deleted once the pod is gone, as a kubelet
 //!   deletes it: a pod made again under the same name starts with an empty one;
 //!   arguments under a mount path are rewritten to the host directory.
@@ -140,6 +144,7 @@ fn env_from(api: &FakeApi, pod: &Value, ns: &str) -> Result<BTreeMap<String, Str
 /// The command line of `pod` on this host, its environment (over `env`, the variables
 /// of its `envFrom`) and the host directories its mounts became.
 fn command_of(
+    api: &FakeApi,
     pod: &Value,
     cfg: &KubeletConfig,
     mut env: BTreeMap<String, String>,
@@ -178,10 +183,18 @@ fn command_of(
         let host = if let Some(p) = vol["hostPath"]["path"].as_str() {
             PathBuf::from(p)
         } else if let Some(claim) = vol["persistentVolumeClaim"]["claimName"].as_str() {
-            cfg.claims
-                .get(claim)
-                .cloned()
-                .ok_or_else(|| format!("persistentvolumeclaim \"{claim}\" not found"))?
+            match cfg.claims.get(claim) {
+                Some(d) => d.clone(),
+                None => {
+                    let pvc = api
+                        .get("persistentvolumeclaims", &cfg.namespace, claim)
+                        .ok_or_else(|| format!("persistentvolumeclaim \"{claim}\" not found"))?;
+                    let uid = pvc["metadata"]["uid"].as_str().unwrap_or_default();
+                    let d = claim_dirs(cfg).join(uid);
+                    std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
+                    d
+                }
+            }
         } else {
             let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
             let d = empty_dirs(cfg).join(uid).join(vname);
@@ -247,6 +260,28 @@ fn empty_dirs(cfg: &KubeletConfig) -> PathBuf {
     cfg.dir.join("emptydir")
 }
 
+/// Where the claims' directories are, one folder per claim uid.
+fn claim_dirs(cfg: &KubeletConfig) -> PathBuf {
+    cfg.dir.join("claims")
+}
+
+/// Deletes the directories of claims that are gone.
+fn remove_claim_dirs(api: &FakeApi, cfg: &KubeletConfig) {
+    let Ok(entries) = std::fs::read_dir(claim_dirs(cfg)) else {
+        return;
+    };
+    let claims = api.list("persistentvolumeclaims", &cfg.namespace);
+    for e in entries.flatten() {
+        let uid = e.file_name();
+        let live = claims
+            .iter()
+            .any(|c| c["metadata"]["uid"].as_str() == uid.to_str());
+        if !live {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// Deletes the `emptyDir`s of pods that are gone (a pod being deleted keeps them until
 /// it is removed).
 fn remove_empty_dirs(cfg: &KubeletConfig, pods: &[Value]) {
@@ -284,6 +319,9 @@ fn sync(
         alive
     });
     remove_empty_dirs(cfg, &pods);
+    if api.serves("persistentvolumeclaims") {
+        remove_claim_dirs(api, cfg);
+    }
     for pod in pods {
         let name = pod["metadata"]["name"]
             .as_str()
@@ -350,7 +388,7 @@ fn sync(
                 continue;
             }
         };
-        let (args, env) = match command_of(&pod, cfg, from) {
+        let (args, env) = match command_of(api, &pod, cfg, from) {
             Ok(c) => c,
             Err(e) => {
                 let _ = api.patch_status(

@@ -631,3 +631,130 @@ async fn an_empty_dir_lives_as_long_as_its_pod() {
         "the first pod's emptyDir stays gone"
     );
 }
+
+/// A PersistentVolumeClaim's directory outlives the pods that mount it and goes with the
+/// claim, as a dynamically provisioned volume with the `Delete` policy does: what a pod
+/// wrote is there for the next pod, and gone once the claim is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_outlives_its_pods_and_goes_with_the_claim() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("words.txt");
+    std::fs::write(&input, "one two\nthree\n").expect("write input");
+    let pods_dir = dir.path().join("pods");
+    std::fs::create_dir_all(&pods_dir).expect("mkdir");
+    let api = Arc::new(
+        FakeApi::start(ResourceType::for_operator())
+            .await
+            .expect("fake API server"),
+    );
+    let _kubelet = Kubelet::start(
+        api.clone(),
+        KubeletConfig {
+            namespace: NS.to_owned(),
+            edl: edl_bin().into(),
+            dir: pods_dir.clone(),
+            claims: BTreeMap::new(),
+        },
+    );
+    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), NS);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, NS);
+    let claim = serde_json::from_value(json!({
+        "metadata": {"name": "state"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .expect("claim");
+    claims
+        .create(&Default::default(), &claim)
+        .await
+        .expect("create claim");
+    let claim_uid = api
+        .get("persistentvolumeclaims", NS, "state")
+        .and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned))
+        .expect("claim uid");
+    let file = pods_dir
+        .join("claims")
+        .join(&claim_uid)
+        .join("t-00000-of-00001.recordio");
+    // The first pod writes into the claim; the second only lists it (`edl data stat`
+    // fails on a missing file), so it succeeds only if the first pod's file is there.
+    let pod = |name: &str, command: Vec<&str>| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "volumes": [{"name": "state", "persistentVolumeClaim": {"claimName": "state"}}],
+                "containers": [{
+                    "name": "c", "image": "edl", "command": command,
+                    "volumeMounts": [{"name": "state", "mountPath": "/state"}],
+                }],
+            },
+        }))
+        .expect("pod")
+    };
+    let succeeds = |name: &'static str| {
+        let api = api.clone();
+        async move {
+            let done = wait_until(Duration::from_secs(60), || async {
+                api.get("pods", NS, name)
+                    .is_some_and(|p| p["status"]["phase"] == "Succeeded")
+            })
+            .await;
+            assert!(
+                done,
+                "{name} never succeeded: {:?}",
+                api.get("pods", NS, name)
+            );
+        }
+    };
+    let input = input.to_str().expect("utf-8 path");
+    let write = pod(
+        "writer",
+        vec![
+            "edl", "data", "convert", "--format", "text", "--prefix", "t", "--out", "/state", input,
+        ],
+    );
+    pods.create(&Default::default(), &write)
+        .await
+        .expect("create writer");
+    succeeds("writer").await;
+    assert!(
+        file.try_exists().expect("stat"),
+        "{} written",
+        file.display()
+    );
+    pods.delete("writer", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete writer");
+    let gone = wait_until(Duration::from_secs(30), || async {
+        api.get("pods", NS, "writer").is_none()
+    })
+    .await;
+    assert!(gone, "the writer pod was never removed");
+    assert!(
+        file.try_exists().expect("stat"),
+        "the claim outlives its pod"
+    );
+    let read = pod(
+        "reader",
+        vec!["edl", "data", "stat", "/state/t-00000-of-00001.recordio"],
+    );
+    pods.create(&Default::default(), &read)
+        .await
+        .expect("create reader");
+    succeeds("reader").await;
+    claims
+        .delete("state", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    let deleted = wait_until(Duration::from_secs(30), || async {
+        !file.try_exists().expect("stat")
+    })
+    .await;
+    assert!(
+        deleted,
+        "the claim's directory outlived the claim: {}",
+        file.display()
+    );
+}

@@ -123,6 +123,12 @@ impl ResourceType {
         ResourceType::core("secrets", "Secret", false)
     }
 
+    /// Core `v1` PersistentVolumeClaims (status subresource). The test kubelet gives
+    /// each a directory that lives as long as the claim.
+    pub fn persistent_volume_claims() -> ResourceType {
+        ResourceType::core("persistentvolumeclaims", "PersistentVolumeClaim", true)
+    }
+
     /// Core `v1` events.
     pub fn events() -> ResourceType {
         ResourceType::core("events", "Event", false)
@@ -194,13 +200,14 @@ impl ResourceType {
     }
 
     /// Every type the edl operator uses: pods, services, secrets (the jobs' etcd
-    /// credentials), events, TrainingJobs, the leader election's leases, and the nodes
-    /// and PriorityClasses its autoscaler reads.
+    /// credentials), PersistentVolumeClaims, events, TrainingJobs, the leader
+    /// election's leases, and the nodes and PriorityClasses its autoscaler reads.
     pub fn for_operator() -> Vec<ResourceType> {
         vec![
             ResourceType::pods(),
             ResourceType::services(),
             ResourceType::secrets(),
+            ResourceType::persistent_volume_claims(),
             ResourceType::events_v1(),
             ResourceType::trainingjobs(),
             ResourceType::leases(),
