@@ -758,3 +758,89 @@ async fn a_claim_outlives_its_pods_and_goes_with_the_claim() {
         file.display()
     );
 }
+
+/// The real `kubectl` of this machine drives a TrainingJob on the fake API server, as a
+/// user of a real cluster would: apply, get (YAML and a JSONPath), scale through the
+/// scale subresource, a merge patch, delete. Each change is checked in the server's
+/// store. (No OpenAPI document is served, so `apply` runs with `--validate=false`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_drives_a_trainingjob_on_the_stand_in() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let api = Arc::new(
+        FakeApi::start(ResourceType::for_operator())
+            .await
+            .expect("fake API server"),
+    );
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
+             users: [{{name: test, user: {{}}}}]\n\
+             contexts: [{{name: fake, context: {{cluster: fake, user: test, namespace: {NS}}}}}]\n",
+            api.url()
+        ),
+    )
+    .expect("write kubeconfig");
+    let cache = dir.path().join("kube-cache");
+    let kubectl = |args: &[&str]| -> String {
+        let out = std::process::Command::new("kubectl")
+            .args(args)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .expect("run kubectl");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "kubectl {args:?}: {text}");
+        text
+    };
+    let trainers = || {
+        api.get("trainingjobs", NS, "mnist-mlp")
+            .map(|j| j["spec"]["cluster"]["trainers"].clone())
+    };
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/examples/mnist-mlp.yaml"
+    );
+    assert!(kubectl(&["get", "trainingjobs"]).contains("No resources found"));
+    assert!(kubectl(&["apply", "--validate=false", "-f", example]).contains("created"));
+    assert!(trainers().is_some(), "the job is in the server's store");
+    let yaml = kubectl(&["get", "trainingjobs", "-o", "yaml"]);
+    assert!(
+        yaml.contains("kind: TrainingJob") && yaml.contains("name: mnist-mlp"),
+        "{yaml}"
+    );
+    kubectl(&["scale", "trainingjob/mnist-mlp", "--replicas", "3"]);
+    assert_eq!(
+        trainers(),
+        Some(json!(3)),
+        "scaled through the scale subresource"
+    );
+    let path = "jsonpath={.spec.cluster.trainers}";
+    assert_eq!(
+        kubectl(&["get", "trainingjob/mnist-mlp", "-o", path]).trim(),
+        "3"
+    );
+    kubectl(&[
+        "patch",
+        "trainingjob/mnist-mlp",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"cluster":{"trainers":2}}}"#,
+    ]);
+    assert_eq!(trainers(), Some(json!(2)), "merge-patched");
+    assert!(kubectl(&["delete", "trainingjob/mnist-mlp"]).contains("deleted"));
+    assert_eq!(
+        trainers(),
+        None,
+        "deleted (no finalizer without an operator)"
+    );
+    kubectl(&["get", "pods"]);
+}

@@ -106,8 +106,94 @@ fn error_response(e: &ApiError) -> Response {
     json_response(e.code, &e.status())
 }
 
+/// The discovery documents a client such as `kubectl` reads before anything else:
+/// `/api`, `/apis`, and the resource list of each group version served.
+fn discovery(types: &[ResourceType], path: &str) -> Option<Value> {
+    let resources = |group: &str, version: &str| -> Value {
+        let mut list = Vec::new();
+        for t in types
+            .iter()
+            .filter(|t| t.group == group && t.version == version)
+        {
+            list.push(json!({
+                "name": t.plural,
+                "singularName": t.kind.to_lowercase(),
+                "namespaced": t.namespaced,
+                "kind": t.kind,
+                "verbs": ["create", "delete", "deletecollection", "get", "list", "patch",
+                          "update", "watch"],
+            }));
+            if t.status {
+                list.push(json!({"name": format!("{}/status", t.plural), "singularName": "",
+                    "namespaced": t.namespaced, "kind": t.kind, "verbs": ["get", "patch", "update"]}));
+            }
+            if t.scale.is_some() {
+                list.push(
+                    json!({"name": format!("{}/scale", t.plural), "singularName": "",
+                    "namespaced": t.namespaced, "group": "autoscaling", "version": "v1",
+                    "kind": "Scale", "verbs": ["get", "patch", "update"]}),
+                );
+            }
+            if t.group.is_empty() && t.plural == "pods" {
+                list.push(
+                    json!({"name": "pods/log", "singularName": "", "namespaced": true,
+                    "kind": "Pod", "verbs": ["get"]}),
+                );
+            }
+        }
+        let gv = if group.is_empty() {
+            version.to_owned()
+        } else {
+            format!("{group}/{version}")
+        };
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+               "resources": list})
+    };
+    let group_of = |g: &str| -> Option<Value> {
+        let versions: Vec<Value> = types
+            .iter()
+            .filter(|t| t.group == g)
+            .map(|t| t.version)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+            .collect();
+        let preferred = versions.first()?.clone();
+        Some(json!({"name": g, "versions": versions, "preferredVersion": preferred}))
+    };
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["api"] => Some(json!({"kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]})),
+        ["api", v] => Some(resources("", v)),
+        ["apis"] => {
+            let groups: std::collections::BTreeSet<&str> = types
+                .iter()
+                .map(|t| t.group)
+                .filter(|g| !g.is_empty())
+                .collect();
+            let groups: Vec<Value> = groups.into_iter().filter_map(group_of).collect();
+            Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
+        }
+        ["apis", g] => group_of(g).map(|mut v| {
+            v["kind"] = json!("APIGroup");
+            v["apiVersion"] = json!("v1");
+            v
+        }),
+        ["apis", g, v] if types.iter().any(|t| t.group == *g && t.version == *v) => {
+            Some(resources(g, v))
+        }
+        _ => None,
+    }
+}
+
 pub(super) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let types = shared.lock().types.clone();
+    if req.method() == Method::GET
+        && let Some(doc) = discovery(&types, req.uri().path())
+    {
+        return json_response(200, &doc);
+    }
     let Some(target) = parse_path(&types, req.uri().path()) else {
         return error_response(&ApiError::new(
             404,

@@ -5,6 +5,10 @@
 //!
 //! - **Resources**: the types given to [`FakeApi::start`], namespaced or cluster-wide,
 //!   at `/api/v1/...` (core) or `/apis/GROUP/VERSION/...`; objects are JSON, stored whole.
+//! - **Discovery**: `/api`, `/apis`, `/apis/GROUP` and each group version's
+//!   `APIResourceList` (with the status, scale and pod log subresources), what `kubectl`
+//!   reads before any request. No OpenAPI documents and no aggregated discovery (a
+//!   client falls back to the legacy documents).
 //! - **resourceVersion**: one counter for all objects (like etcd's revision), set on every
 //!   write; `metadata.uid`, `creationTimestamp` and `generation` (1 on create, +1 when
 //!   anything but `metadata` and `status` changes) are the server's.
