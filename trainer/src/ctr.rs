@@ -103,28 +103,8 @@ impl Ctr {
     /// The network's inputs `[n, dense + slots * dim]`: the features, then each slot's
     /// row.
     fn inputs(&self, params: &Params, b: &CtrBatch) -> Result<Vec<f32>> {
-        let (d, slots, nd) = (self.cfg.dim, self.cfg.slots, self.cfg.dense);
-        let missing = |row: u64| Error::MissingSparseRow {
-            table: TABLE.to_string(),
-            row,
-        };
-        let table = params
-            .sparse
-            .get(TABLE)
-            .ok_or_else(|| missing(b.rows.first().copied().unwrap_or(0)))?;
-        let mut rows: Vec<&[f32]> = Vec::with_capacity(b.rows.len());
-        for &r in &b.rows {
-            let v = table.get(r).ok_or_else(|| missing(r))?;
-            if v.len() != d {
-                return Err(Error::SparseRowWidth {
-                    table: TABLE.to_string(),
-                    row: r,
-                    found: v.len(),
-                    expected: d,
-                });
-            }
-            rows.push(v);
-        }
+        let (slots, nd) = (self.cfg.slots, self.cfg.dense);
+        let rows = params.rows(TABLE, &b.rows, self.cfg.dim)?;
         let mut x = Vec::with_capacity(b.n * self.widths[0]);
         for s in 0..b.n {
             x.extend_from_slice(&b.dense[s * nd..(s + 1) * nd]);

@@ -110,23 +110,7 @@ fn check(params: &Params, grads: &StepOutput) -> Result<()> {
                 sg.dim
             )));
         }
-        let table = params.sparse.get(&sg.table);
-        for &row in &sg.rows {
-            let p = table
-                .and_then(|t| t.get(row))
-                .ok_or_else(|| Error::MissingSparseRow {
-                    table: sg.table.clone(),
-                    row,
-                })?;
-            if p.len() != sg.dim {
-                return Err(Error::SparseRowWidth {
-                    table: sg.table.clone(),
-                    row,
-                    found: p.len(),
-                    expected: sg.dim,
-                });
-            }
-        }
+        params.rows(&sg.table, &sg.rows, sg.dim)?;
     }
     Ok(())
 }

@@ -85,6 +85,38 @@ pub struct Params {
     pub sparse: HashMap<String, SparseRows>,
 }
 
+impl Params {
+    /// The values of `ids` in sparse table `table`, each `dim` wide, in order; an error
+    /// names a row not pulled or of another width.
+    pub fn rows(&self, table: &str, ids: &[u64], dim: usize) -> Result<Vec<&[f32]>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let missing = |row: u64| Error::MissingSparseRow {
+            table: table.to_string(),
+            row,
+        };
+        let pulled = self
+            .sparse
+            .get(table)
+            .ok_or_else(|| missing(ids.first().copied().unwrap_or(0)))?;
+        ids.iter()
+            .map(|&row| {
+                let v = pulled.get(row).ok_or_else(|| missing(row))?;
+                if v.len() != dim {
+                    return Err(Error::SparseRowWidth {
+                        table: table.to_string(),
+                        row,
+                        found: v.len(),
+                        expected: dim,
+                    });
+                }
+                Ok(v)
+            })
+            .collect()
+    }
+}
+
 impl fmt::Debug for Params {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dense: Vec<usize> = self.dense.iter().map(Vec::len).collect();

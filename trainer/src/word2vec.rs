@@ -150,29 +150,7 @@ impl Word2Vec {
 
     /// The rows of `table` named by `rows`, concatenated.
     fn gather(&self, params: &Params, table: &str, rows: &[u64]) -> Result<Vec<f32>> {
-        let dim = self.cfg.dim;
-        let missing = |row: u64| Error::MissingSparseRow {
-            table: table.to_string(),
-            row,
-        };
-        let pulled = params
-            .sparse
-            .get(table)
-            .ok_or_else(|| missing(rows.first().copied().unwrap_or(0)))?;
-        let mut out = Vec::with_capacity(rows.len() * dim);
-        for &row in rows {
-            let values = pulled.get(row).ok_or_else(|| missing(row))?;
-            if values.len() != dim {
-                return Err(Error::SparseRowWidth {
-                    table: table.to_string(),
-                    row,
-                    found: values.len(),
-                    expected: dim,
-                });
-            }
-            out.extend_from_slice(values);
-        }
-        Ok(out)
+        Ok(params.rows(table, rows, self.cfg.dim)?.concat())
     }
 
     /// The mean loss over the batch's pairs, from the gathered rows.
