@@ -321,20 +321,33 @@ impl Pool {
         }
     }
 
+    /// `attempt` of `req` over a pooled connection, once more on a fresh one when the
+    /// pooled connection turns out closed, all within `timeout`.
+    async fn request<Q, R>(
+        &self,
+        timeout: Duration,
+        req: &Q,
+        mut attempt: impl for<'c> FnMut(&'c mut Conn, &'c Q, usize) -> Attempt<'c, R>,
+    ) -> Result<R, Status> {
+        let until = tokio::time::Instant::now() + timeout;
+        let max = self.max_message_bytes;
+        let (mut c, pooled) = self.take().await?;
+        let mut r = tokio::time::timeout_at(until, attempt(&mut c, req, max)).await;
+        if pooled && matches!(r, Ok(Err(Fail::Broken(_)))) {
+            c = self.connect().await?;
+            r = tokio::time::timeout_at(until, attempt(&mut c, req, max)).await;
+        }
+        self.finish(c, r)
+    }
+
     /// Pushes over a pooled connection.
     pub(crate) async fn push(
         &self,
         req: pb::PushRequest,
         timeout: Duration,
     ) -> Result<pb::PushResponse, Status> {
-        let until = tokio::time::Instant::now() + timeout;
-        let (mut c, pooled) = self.take().await?;
-        let mut r = tokio::time::timeout_at(until, c.push(&req)).await;
-        if pooled && matches!(r, Ok(Err(Fail::Broken(_)))) {
-            c = self.connect().await?;
-            r = tokio::time::timeout_at(until, c.push(&req)).await;
-        }
-        self.finish(c, r)
+        self.request(timeout, &req, |c, req, _| Box::pin(c.push(req)))
+            .await
     }
 
     /// Pulls over a pooled connection.
@@ -343,15 +356,8 @@ impl Pool {
         req: pb::PullRequest,
         timeout: Duration,
     ) -> Result<pb::PullResponse, Status> {
-        let until = tokio::time::Instant::now() + timeout;
-        let max = self.max_message_bytes;
-        let (mut c, pooled) = self.take().await?;
-        let mut r = tokio::time::timeout_at(until, c.pull(&req, max)).await;
-        if pooled && matches!(r, Ok(Err(Fail::Broken(_)))) {
-            c = self.connect().await?;
-            r = tokio::time::timeout_at(until, c.pull(&req, max)).await;
-        }
-        self.finish(c, r)
+        self.request(timeout, &req, |c, req, max| Box::pin(c.pull(req, max)))
+            .await
     }
 
     /// Pulls sparse rows over a pooled connection.
@@ -360,17 +366,16 @@ impl Pool {
         req: pb::PullSparseRequest,
         timeout: Duration,
     ) -> Result<pb::PullSparseResponse, Status> {
-        let until = tokio::time::Instant::now() + timeout;
-        let max = self.max_message_bytes;
-        let (mut c, pooled) = self.take().await?;
-        let mut r = tokio::time::timeout_at(until, c.pull_sparse(&req, max)).await;
-        if pooled && matches!(r, Ok(Err(Fail::Broken(_)))) {
-            c = self.connect().await?;
-            r = tokio::time::timeout_at(until, c.pull_sparse(&req, max)).await;
-        }
-        self.finish(c, r)
+        self.request(timeout, &req, |c, req, max| {
+            Box::pin(c.pull_sparse(req, max))
+        })
+        .await
     }
 }
+
+/// One attempt at a request on a connection (boxed: an allocation a request, next to
+/// its network round trip).
+type Attempt<'c, R> = std::pin::Pin<Box<dyn Future<Output = Result<R, Fail>> + Send + 'c>>;
 
 /// Locks `m`, going on past a panic of another holder (the pool holds only idle
 /// connections).
