@@ -32,6 +32,42 @@ use crate::trainer::mnist;
 const NS: &str = "ml";
 const JOB: &str = "mnist-k8s";
 
+/// A fake API server serving the operator's types, and a test kubelet running its pods
+/// (logs and volumes under `pods_dir`).
+async fn stand_in(pods_dir: &std::path::Path) -> (Arc<FakeApi>, Kubelet) {
+    std::fs::create_dir_all(pods_dir).expect("mkdir");
+    let api = Arc::new(
+        FakeApi::start(ResourceType::for_operator())
+            .await
+            .expect("fake API server"),
+    );
+    let kubelet = Kubelet::start(
+        api.clone(),
+        KubeletConfig {
+            namespace: NS.to_owned(),
+            edl: edl_bin().into(),
+            dir: pods_dir.to_path_buf(),
+            claims: BTreeMap::new(),
+        },
+    );
+    (api, kubelet)
+}
+
+/// Writes a kubeconfig whose context "fake" is `api`, namespace NS.
+fn write_kubeconfig(path: &std::path::Path, api: &FakeApi) {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
+             users: [{{name: test, user: {{}}}}]\n\
+             contexts: [{{name: fake, context: {{cluster: fake, user: test, namespace: {NS}}}}}]\n",
+            api.url()
+        ),
+    )
+    .expect("write kubeconfig");
+}
+
 /// Runs `edl ARGS --context fake` against the fake API server: (success, stdout + stderr).
 async fn edl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
     let out = tokio::process::Command::new(edl_bin())
@@ -76,23 +112,8 @@ impl OnOperator {
     ) -> OnOperator {
         let checkpoints = w.dir.path().join("checkpoints");
         let pods_dir = w.dir.path().join("pods");
-        for d in [&checkpoints, &pods_dir] {
-            std::fs::create_dir_all(d).expect("mkdir");
-        }
-        let api = Arc::new(
-            FakeApi::start(ResourceType::for_operator())
-                .await
-                .expect("fake API server"),
-        );
-        let kubelet = Kubelet::start(
-            api.clone(),
-            KubeletConfig {
-                namespace: NS.to_owned(),
-                edl: edl_bin().into(),
-                dir: pods_dir.clone(),
-                claims: BTreeMap::new(),
-            },
-        );
+        std::fs::create_dir_all(&checkpoints).expect("mkdir");
+        let (api, kubelet) = stand_in(&pods_dir).await;
         let client =
             Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
         let stop = CancellationToken::new();
@@ -136,17 +157,7 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
 
     // A kubeconfig whose context "fake" is the fake API server, namespace NS.
     let kubeconfig = w.dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
-             clusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
-             users: [{{name: test, user: {{}}}}]\n\
-             contexts: [{{name: fake, context: {{cluster: fake, user: test, namespace: {NS}}}}}]\n",
-            api.url()
-        ),
-    )
-    .expect("write kubeconfig");
+    write_kubeconfig(&kubeconfig, &api);
     let job_toml = w.dir.path().join("job.toml");
     std::fs::write(
         &job_toml,
@@ -554,21 +565,7 @@ async fn an_empty_dir_lives_as_long_as_its_pod() {
     let input = dir.path().join("words.txt");
     std::fs::write(&input, "one two\nthree\n").expect("write input");
     let pods_dir = dir.path().join("pods");
-    std::fs::create_dir_all(&pods_dir).expect("mkdir");
-    let api = Arc::new(
-        FakeApi::start(ResourceType::for_operator())
-            .await
-            .expect("fake API server"),
-    );
-    let _kubelet = Kubelet::start(
-        api.clone(),
-        KubeletConfig {
-            namespace: NS.to_owned(),
-            edl: edl_bin().into(),
-            dir: pods_dir.clone(),
-            claims: BTreeMap::new(),
-        },
-    );
+    let (api, _kubelet) = stand_in(&pods_dir).await;
     let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, NS);
     let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
@@ -641,21 +638,7 @@ async fn a_claim_outlives_its_pods_and_goes_with_the_claim() {
     let input = dir.path().join("words.txt");
     std::fs::write(&input, "one two\nthree\n").expect("write input");
     let pods_dir = dir.path().join("pods");
-    std::fs::create_dir_all(&pods_dir).expect("mkdir");
-    let api = Arc::new(
-        FakeApi::start(ResourceType::for_operator())
-            .await
-            .expect("fake API server"),
-    );
-    let _kubelet = Kubelet::start(
-        api.clone(),
-        KubeletConfig {
-            namespace: NS.to_owned(),
-            edl: edl_bin().into(),
-            dir: pods_dir.clone(),
-            claims: BTreeMap::new(),
-        },
-    );
+    let (api, _kubelet) = stand_in(&pods_dir).await;
     let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
     let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(client.clone(), NS);
@@ -772,17 +755,7 @@ async fn kubectl_drives_a_trainingjob_on_the_stand_in() {
             .expect("fake API server"),
     );
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
-             clusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
-             users: [{{name: test, user: {{}}}}]\n\
-             contexts: [{{name: fake, context: {{cluster: fake, user: test, namespace: {NS}}}}}]\n",
-            api.url()
-        ),
-    )
-    .expect("write kubeconfig");
+    write_kubeconfig(&kubeconfig, &api);
     let cache = dir.path().join("kube-cache");
     let kubectl = |args: &[&str]| -> String {
         let out = std::process::Command::new("kubectl")
