@@ -176,6 +176,12 @@ def test_every_object_the_operator_creates_is_valid(source: List[str], tmp_path:
     pods = [o for o in objs if o["kind"] == "Pod"]
     roles = sorted({p["metadata"]["labels"]["edl.dev/role"] for p in pods})
     assert {"master", "pserver", "trainer"} <= set(roles), roles
+    # With no checkpoint volume named, each pserver pod mounts a claim the operator makes.
+    claims = {o["metadata"]["name"] for o in objs if o["kind"] == "PersistentVolumeClaim"}
+    for p in pods:
+        if p["metadata"]["labels"]["edl.dev/role"] == "pserver":
+            mounted = {v["persistentVolumeClaim"]["claimName"] for v in p["spec"]["volumes"] if "persistentVolumeClaim" in v}
+            assert mounted & claims, (mounted, claims)
     for p in pods:
         (owner,) = p["metadata"]["ownerReferences"]
         assert owner["kind"] == "TrainingJob" and owner["controller"] is True

@@ -25,7 +25,7 @@ use edl_coord::{Backend, EtcdBackend, EtcdConfig};
 use edl_job::{JobKeys, JobName, Record, ScaleRecord};
 use edl_master_client::overview::job_status_with;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
@@ -383,6 +383,7 @@ struct JobApis {
     jobs: Api<TrainingJob>,
     pods: Api<Pod>,
     services: Api<Service>,
+    claims: Api<PersistentVolumeClaim>,
 }
 
 impl JobApis {
@@ -391,11 +392,12 @@ impl JobApis {
             jobs: Api::namespaced(client.clone(), ns),
             pods: Api::namespaced(client.clone(), ns),
             services: Api::namespaced(client.clone(), ns),
+            claims: Api::namespaced(client.clone(), ns),
         }
     }
 }
 
-/// What the decision looks at: the job's pods and services (by the job's label), its
+/// What the decision looks at: the job's pods, services and claims (by the job's label), its
 /// state in etcd and its credentials, and the time.
 async fn observe<'a>(
     ctx: &Ctx,
@@ -415,11 +417,17 @@ async fn observe<'a>(
         .list(&selector)
         .await
         .map_err(kube_err("list the job's services"))?;
+    let claims = apis
+        .claims
+        .list(&selector)
+        .await
+        .map_err(kube_err("list the job's claims"))?;
     let (etcd, credentials) = observe_etcd(ctx, tj, ns, job).await;
     Ok(Observed {
         job: tj,
         pods: pods.items.iter().filter_map(pod_view).collect(),
         services: services.items.iter().map(ResourceExt::name_any).collect(),
+        claims: claims.items.iter().map(ResourceExt::name_any).collect(),
         etcd,
         credentials,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
@@ -492,7 +500,7 @@ async fn apply(
         apply_etcd(ctx, tj, job, &plan.etcd).await?;
     }
     delete_pods(ctx, &apis.pods, &plan.delete).await?;
-    create_objects(ctx, apis, &plan.create_services, &plan.create_pods).await?;
+    create_objects(ctx, apis, plan).await?;
     if let Some(status) = &plan.status {
         // A 409 here means the job changed since it was read: the next round decides
         // again from the new version.
@@ -575,21 +583,24 @@ async fn delete_pods(ctx: &Ctx, pods: &Api<Pod>, deletions: &[Deletion]) -> Resu
     Ok(())
 }
 
-/// Creates the plan's services, then its pods (one that exists already is fine).
-async fn create_objects(
-    ctx: &Ctx,
-    apis: &JobApis,
-    services: &[Service],
-    pods: &[Pod],
-) -> Result<(), Error> {
-    for s in services {
+/// Creates the plan's services and claims, then its pods (one that exists already is
+/// fine).
+async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Error> {
+    for s in &plan.create_services {
         match apis.services.create(&PostParams::default(), s).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(kube_err("create a service")(e)),
         }
     }
-    for p in pods {
+    for c in &plan.create_claims {
+        match apis.claims.create(&PostParams::default(), c).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kube_err(format!("create claim {}", c.name_any()))(e)),
+        }
+    }
+    for p in &plan.create_pods {
         match apis.pods.create(&PostParams::default(), p).await {
             Ok(_) => {
                 ctx.metrics.pods_created.inc();

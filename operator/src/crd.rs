@@ -166,11 +166,55 @@ pub struct JobVolumes {
     /// globs are absolute paths inside the image).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<VolumeSource>,
-    /// The pservers' checkpoints, mounted at `/checkpoints` (default: an `emptyDir`, so
-    /// a replaced pserver starts from its shard's initial values; use a shared claim
-    /// (ReadWriteMany) to keep checkpoints across pod replacements).
+    /// The pservers' checkpoints, mounted at `/checkpoints`: one volume every pserver
+    /// pod mounts (a ReadWriteMany claim, a host path, or an `emptyDir`, which is lost
+    /// with its pod and is marked by the `CheckpointsDurable` condition). Default: a
+    /// PersistentVolumeClaim per pserver pod that the operator makes
+    /// (`checkpointClaims`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoints: Option<VolumeSource>,
+    /// The claims the operator makes for the pservers' checkpoints when `checkpoints`
+    /// is not set: `<job>-checkpoints-<slot>`, one per pserver pod (ReadWriteOnce, so
+    /// the replicas of a shard, on different nodes, each have their own).
+    #[serde(default, skip_serializing_if = "ClaimTemplate::is_default")]
+    pub checkpoint_claims: ClaimTemplate,
+}
+
+/// The PersistentVolumeClaims the operator makes for checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimTemplate {
+    /// The storage class (default: the cluster's default class).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// The size of each claim, a Kubernetes quantity (default `10Gi`).
+    #[serde(default = "d_claim_size")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"))]
+    pub size: String,
+    /// Keep the claims (and the checkpoints on them) when the job is deleted; by
+    /// default they are deleted with it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep: bool,
+}
+
+fn d_claim_size() -> String {
+    "10Gi".to_owned()
+}
+
+impl Default for ClaimTemplate {
+    fn default() -> Self {
+        ClaimTemplate {
+            storage_class_name: None,
+            size: d_claim_size(),
+            keep: false,
+        }
+    }
+}
+
+impl ClaimTemplate {
+    fn is_default(&self) -> bool {
+        self == &ClaimTemplate::default()
+    }
 }
 
 /// Where a volume comes from: exactly one of the fields.

@@ -1,6 +1,7 @@
 //! The objects the operator creates for a TrainingJob: pod names and labels, the pod of
-//! each process slot, the managed etcd's pod and service, and the Secret with the job's
-//! own etcd credentials and token ([`credentials_secret`]).
+//! each process slot, the managed etcd's pod and service, the pservers' checkpoint
+//! claims ([`checkpoint_claims`]), and the Secret with the job's own etcd credentials
+//! and token ([`credentials_secret`]).
 //!
 //! Every object carries the job's labels and an owner reference to the TrainingJob
 //! (`controller: true`), so deleting the job deletes them (Kubernetes' garbage
@@ -11,10 +12,12 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
-    HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
-    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, Secret, SecretEnvSource,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
+    PodSpec, Secret, SecretEnvSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount, VolumeResourceRequirements,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::Resource;
 
@@ -93,6 +96,54 @@ pub fn credentials_secret(tj: &TrainingJob, auth: &edl_coord::EtcdAuth, token: &
         ),
         ..Secret::default()
     }
+}
+
+/// The claim the operator makes for the checkpoints of pserver slot `slot` of `job`
+/// (when the job names no checkpoint volume): `<job>-checkpoints-<slot>`.
+pub fn checkpoint_claim_name(job: &str, slot: u32) -> String {
+    format!("{job}-checkpoints-{slot}")
+}
+
+/// The checkpoint claims `tj` wants: one per pserver slot, unless the job names its
+/// checkpoint volume (`volumes.checkpoints`).
+pub fn checkpoint_claims(tj: &TrainingJob) -> Vec<PersistentVolumeClaim> {
+    if tj.spec.volumes.checkpoints.is_some() {
+        return Vec::new();
+    }
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let c = &tj.spec.cluster;
+    let t = &tj.spec.volumes.checkpoint_claims;
+    (0..c.pservers * c.pserver_replicas.max(1))
+        .map(|index| {
+            let slot = Slot {
+                role: Role::Pserver,
+                index,
+            };
+            let mut metadata = meta(tj, checkpoint_claim_name(&job, index), Some(slot));
+            if t.keep {
+                // Not owned: the garbage collector leaves it when the job goes.
+                metadata.owner_references = None;
+            }
+            PersistentVolumeClaim {
+                metadata,
+                spec: Some(PersistentVolumeClaimSpec {
+                    // One pod mounts it at a time: a shard's replicas each have their
+                    // own, on their own nodes.
+                    access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+                    storage_class_name: t.storage_class_name.clone(),
+                    resources: Some(VolumeResourceRequirements {
+                        requests: Some(BTreeMap::from([(
+                            "storage".to_owned(),
+                            Quantity(t.size.clone()),
+                        )])),
+                        limits: None,
+                    }),
+                    ..PersistentVolumeClaimSpec::default()
+                }),
+                status: None,
+            }
+        })
+        .collect()
 }
 
 /// A process role of a job on the cluster.
@@ -331,10 +382,14 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
             s.resources.master.clone(),
         ),
         Role::Pserver => {
-            let ckpt = s.volumes.checkpoints.clone().unwrap_or(VolumeSource {
-                empty_dir: true,
-                ..VolumeSource::default()
-            });
+            let ckpt = s
+                .volumes
+                .checkpoints
+                .clone()
+                .unwrap_or_else(|| VolumeSource {
+                    claim_name: Some(checkpoint_claim_name(&job, slot.index)),
+                    ..VolumeSource::default()
+                });
             volumes.push(volume("checkpoints", &ckpt));
             mounts.push(VolumeMount {
                 name: "checkpoints".to_owned(),

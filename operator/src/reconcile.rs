@@ -13,6 +13,10 @@
 //! - a job being deleted gets no new pods; its finalizer goes only after its etcd keys;
 //! - a finished job (Succeeded or Failed) gets no new pods, and its pods still running
 //!   are deleted;
+//! - a pserver pod mounts a claim of its own (`<job>-checkpoints-<slot>`, made before
+//!   it) unless the job names its checkpoint volume; one that does not outlive its pod
+//!   (`emptyDir`) or its node (`hostPath`) is a `CheckpointsDurable=False` condition and
+//!   a warning Event;
 //! - a trainer beyond the desired count is deleted with its drain grace period (SIGTERM:
 //!   it hands its task back), never killed outright;
 //! - every scale and every replacement is an Event; every problem that keeps a pod from
@@ -31,7 +35,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use edl_job::JobSpec;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::crd::{TaskCounts, TrainingJob, TrainingJobStatus};
@@ -138,6 +142,8 @@ pub struct Observed<'a> {
     pub pods: Vec<PodView>,
     /// The names of its services.
     pub services: BTreeSet<String>,
+    /// The names of its PersistentVolumeClaims.
+    pub claims: BTreeSet<String>,
     /// Its state in etcd, or why etcd could not be read.
     pub etcd: Result<EtcdState, String>,
     /// Its etcd credentials.
@@ -200,6 +206,8 @@ pub struct Plan {
     pub create_pods: Vec<Pod>,
     /// Services to create.
     pub create_services: Vec<Service>,
+    /// PersistentVolumeClaims to create (before the pods that mount them).
+    pub create_claims: Vec<PersistentVolumeClaim>,
     /// The new status (`None`: leave it).
     pub status: Option<TrainingJobStatus>,
     /// Events.
@@ -305,7 +313,7 @@ fn stop_running(plan: &mut Plan, pods: &[PodView]) {
 /// The phases, in order (each ends the decision when it says the job is over): a job
 /// being deleted only loses its keys and finalizer; an invalid spec fails the job; a
 /// finished job only stops its pods; then the job's state in etcd (which may say it
-/// ended), its credentials, its services, its ended and surplus pods (a crash loop fails
+/// ended), its credentials, its services and checkpoint claims, its ended and surplus pods (a crash loop fails
 /// the job), its missing pods, its scale, and last its phase and conditions.
 pub fn reconcile(obs: &Observed<'_>) -> Plan {
     let tj = obs.job;
@@ -347,6 +355,7 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
     }
     let credentials_failed = d.credentials();
     d.services();
+    d.checkpoint_volumes();
     if let Some(why) = d.ended_and_surplus_pods(&desired) {
         return d.crash_loop(why);
     }

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::Backend;
+use edl_job::{JobKeys, JobName};
 use edl_master_client::{MasterClient, MasterClientConfig};
+use edl_pserver::checkpoint::{CheckpointDir, Manifest};
 use edl_recordio::{FileWriter, WriterOptions};
 use edl_testkit::EtcdCluster;
 use tokio::time::Instant;
@@ -377,4 +379,49 @@ impl World {
         )
         .await
     }
+}
+
+/// The passes every shard's newest checkpoint holds whole, from the files themselves.
+pub async fn checkpointed_passes(
+    backend: &Arc<dyn Backend>,
+    keys: &JobKeys,
+    shards: u32,
+) -> Vec<u32> {
+    let (kvs, _) = backend
+        .range(&keys.checkpoints())
+        .await
+        .expect("read the manifests");
+    let manifests: Vec<Manifest> = kvs
+        .iter()
+        .filter(|kv| keys.manifest_step(&kv.key).is_some())
+        .map(|kv| serde_json::from_slice(&kv.value).expect("a manifest"))
+        .collect();
+    (0..shards)
+        .map(|shard| {
+            let newest = manifests
+                .iter()
+                .filter_map(|m| m.entry(shard).map(|e| (m.step, e)))
+                .max_by_key(|(step, _)| *step)
+                .unwrap_or_else(|| panic!("no checkpoint of shard {shard}"));
+            // The file is <root>/<job>/ps-<shard>/<name>: read it as that shard's pserver does.
+            let path = Path::new(&newest.1.path);
+            let job_dir = path
+                .parent()
+                .and_then(Path::parent)
+                .expect("<root>/<job>/ps-<shard>/<file>");
+            let job = job_dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .expect("job dir");
+            let dir = CheckpointDir::new(
+                job_dir.parent().expect("root"),
+                &JobName::new(job).expect("job name"),
+                shard,
+            );
+            let snap = dir
+                .read(newest.1, shard, shards)
+                .expect("read the checkpoint");
+            snap.ledger.summary().sealed
+        })
+        .collect()
 }

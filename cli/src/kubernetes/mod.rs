@@ -170,7 +170,9 @@ pub struct JobSource {
     /// it): claim:NAME (a PersistentVolumeClaim), host:/PATH or empty.
     #[arg(long, value_name = "VOLUME")]
     pub data: Option<VolumeSource>,
-    /// The checkpoint volume, at /checkpoints: claim:NAME, host:/PATH or empty.
+    /// One checkpoint volume for every pserver, at /checkpoints: claim:NAME (shared:
+    /// ReadWriteMany), host:/PATH or empty (default: a claim per pserver pod, made by the
+    /// operator).
     #[arg(long, value_name = "VOLUME")]
     pub checkpoints: Option<VolumeSource>,
     /// Client URLs of an existing etcd for the job, comma-separated (default: the job

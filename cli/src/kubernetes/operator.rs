@@ -95,6 +95,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         job: &created,
         pods: Vec::new(),
         services: BTreeSet::new(),
+        claims: BTreeSet::new(),
         etcd: Ok(EtcdState::default()),
         // What an operator without admin credentials for the jobs' etcd creates: job pods
         // on a shared etcd take `<job>-edl-credentials` if it exists.
@@ -104,6 +105,9 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
     let mut docs = vec![serde_norway::to_string(&tj)?];
     for s in &plan.create_services {
         docs.push(serde_norway::to_string(s)?);
+    }
+    for c in &plan.create_claims {
+        docs.push(serde_norway::to_string(c)?);
     }
     for p in &plan.create_pods {
         docs.push(serde_norway::to_string(p)?);

@@ -30,7 +30,7 @@ fn training_job(extra_cluster: &str) -> TrainingJob {
             claim_name: Some("mnist-data".into()),
             ..VolumeSource::default()
         }),
-        checkpoints: None,
+        ..JobVolumes::default()
     };
     tj.metadata.uid = Some("uid-1".into());
     tj.metadata.generation = Some(1);
@@ -94,6 +94,10 @@ fn observe<'a>(
         job: tj,
         pods,
         services: BTreeSet::from([JOB.to_owned()]),
+        claims: crate::objects::checkpoint_claims(tj)
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect(),
         etcd,
         credentials: Credentials::NotIssued,
         now: at(100),
@@ -130,6 +134,7 @@ fn a_new_job_gets_its_finalizer_its_spec_in_etcd_and_every_pod() {
     tj.metadata.finalizers = None;
     let plan = reconcile(&Observed {
         services: BTreeSet::new(),
+        claims: BTreeSet::new(),
         ..observe(&tj, vec![], Ok(EtcdState::default()))
     });
     assert_eq!(plan.finalizer, Some(FinalizerChange::Add));
@@ -153,12 +158,121 @@ fn a_new_job_gets_its_finalizer_its_spec_in_etcd_and_every_pod() {
         ]
     );
     assert_eq!(plan.create_services.len(), 1, "the headless service");
+    // The pserver's checkpoints on a claim of its own, made with the job.
+    let claims: Vec<_> = plan
+        .create_claims
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(claims, ["mnist-checkpoints-0"]);
+    let claim = &plan.create_claims[0];
+    assert_eq!(
+        claim.metadata.owner_references.as_ref().map(|o| o.len()),
+        Some(1),
+        "deleted with the job"
+    );
+    let request = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone());
+    assert_eq!(request.as_deref(), Some("10Gi"));
+    let ps = &plan.create_pods[1];
+    let mounted: Vec<_> = ps
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| v.persistent_volume_claim.map(|c| c.claim_name))
+        .collect();
+    assert!(
+        mounted.contains(&"mnist-checkpoints-0".to_owned()),
+        "{mounted:?}"
+    );
     assert!(plan.delete.is_empty() && plan.events.is_empty(), "{plan:?}");
     let status = plan.status.expect("status");
     assert_eq!(status.phase, Phase::Pending);
     assert_eq!(status.trainers.desired, 2);
     assert_eq!(status.selector, "edl.dev/job=mnist,edl.dev/role=trainer");
     assert_eq!(condition(&status, "Running").reason, "PodsStarting");
+    assert_eq!(condition(&status, "CheckpointsDurable").status, "True");
+}
+
+#[test]
+fn replicas_get_a_claim_each_and_kept_claims_are_not_owned() {
+    let mut tj = training_job("pservers = 2\npserver_replicas = 2");
+    tj.spec.volumes.checkpoint_claims.keep = true;
+    tj.spec.volumes.checkpoint_claims.storage_class_name = Some("fast".into());
+    let plan = reconcile(&Observed {
+        claims: BTreeSet::from(["mnist-checkpoints-1".to_owned()]),
+        ..observe(&tj, vec![], Ok(progress(2)))
+    });
+    let claims: Vec<_> = plan
+        .create_claims
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        claims,
+        [
+            "mnist-checkpoints-0",
+            "mnist-checkpoints-2",
+            "mnist-checkpoints-3"
+        ],
+        "one per pserver pod, the existing one kept"
+    );
+    for c in &plan.create_claims {
+        assert!(c.metadata.owner_references.is_none(), "kept: {c:?}");
+        let spec = c.spec.as_ref().expect("spec");
+        assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
+        assert_eq!(
+            spec.access_modes.as_deref(),
+            Some(&["ReadWriteOnce".to_owned()][..])
+        );
+    }
+}
+
+#[test]
+fn ephemeral_checkpoints_are_a_condition_and_one_warning() {
+    for (source, reason) in [
+        (
+            VolumeSource {
+                empty_dir: true,
+                ..VolumeSource::default()
+            },
+            "EmptyDir",
+        ),
+        (
+            VolumeSource {
+                host_path: Some("/mnt/ckpt".into()),
+                ..VolumeSource::default()
+            },
+            "HostPath",
+        ),
+    ] {
+        let mut tj = training_job("");
+        tj.spec.volumes.checkpoints = Some(source);
+        let plan = reconcile(&observe(&tj, vec![], Ok(progress(2))));
+        assert!(plan.create_claims.is_empty(), "the job names its volume");
+        let status = plan.status.clone().expect("status");
+        let c = condition(&status, "CheckpointsDurable");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason));
+        assert!(c.message.contains("restores nothing"), "{c:?}");
+        let warned = |p: &Plan| {
+            p.events
+                .iter()
+                .filter(|e| e.warning && e.reason == "CheckpointsNotDurable")
+                .count()
+        };
+        assert_eq!(warned(&plan), 1, "{:?}", plan.events);
+        // Said once: the next round, with that status, says nothing more.
+        tj.status = Some(status);
+        let again = reconcile(&observe(&tj, vec![], Ok(progress(2))));
+        assert_eq!(warned(&again), 0, "{:?}", again.events);
+    }
 }
 
 #[test]

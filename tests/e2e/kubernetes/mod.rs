@@ -86,6 +86,20 @@ async fn edl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// The last lines of every pod's log in `pods_dir`, for a failed assertion.
+fn pod_logs(pods_dir: &std::path::Path) -> String {
+    let mut out = String::new();
+    for e in std::fs::read_dir(pods_dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "log") {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            out.push_str(&format!("== {}\n{}\n", p.display(), tail.join("\n")));
+        }
+    }
+    out
+}
+
 fn uid(api: &FakeApi, pod: &str) -> Option<String> {
     api.get("pods", NS, pod)
         .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
@@ -197,18 +211,7 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
         let jobs = jobs.clone();
         async move { jobs.get(JOB).await.ok().and_then(|j| j.status) }
     };
-    let logs = || {
-        let mut out = String::new();
-        for e in std::fs::read_dir(&pods_dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "log") {
-                let text = std::fs::read_to_string(&p).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(5).collect();
-                out.push_str(&format!("== {}\n{}\n", p.display(), tail.join("\n")));
-            }
-        }
-        out
-    };
+    let logs = || pod_logs(&pods_dir);
     // Running with `n` trainers, all registered, the job not over yet.
     let at = |n: u32| async move {
         status().await.is_some_and(|s: TrainingJobStatus| {
@@ -476,18 +479,7 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
     jobs.create(&kube::api::PostParams::default(), &tj)
         .await
         .expect("create the job");
-    let logs = || {
-        let mut out = String::new();
-        for e in std::fs::read_dir(&pods_dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "log") {
-                let text = std::fs::read_to_string(&p).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(5).collect();
-                out.push_str(&format!("== {}\n{}\n", p.display(), tail.join("\n")));
-            }
-        }
-        out
-    };
+    let logs = || pod_logs(&pods_dir);
     let status = || {
         let jobs = jobs.clone();
         async move { jobs.get(SECURE_JOB).await.ok().and_then(|j| j.status) }
@@ -556,264 +548,5 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
     operator.await.expect("operator");
 }
 
-/// The test kubelet keeps an `emptyDir` as long as its pod, as a kubelet does: a pod
-/// that writes into one, deleted and made again under the same name, finds a new empty
-/// directory, and the old one is gone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_empty_dir_lives_as_long_as_its_pod() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("words.txt");
-    std::fs::write(&input, "one two\nthree\n").expect("write input");
-    let pods_dir = dir.path().join("pods");
-    let (api, _kubelet) = stand_in(&pods_dir).await;
-    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, NS);
-    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
-        "metadata": {"name": "writer"},
-        "spec": {
-            "restartPolicy": "Never",
-            "volumes": [{"name": "scratch", "emptyDir": {}}],
-            "containers": [{
-                "name": "c",
-                "image": "edl",
-                "command": ["edl", "data", "convert", "--format", "text", "--prefix", "t",
-                            "--out", "/scratch", input.to_str().expect("utf-8 path")],
-                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
-            }],
-        },
-    }))
-    .expect("pod");
-    // Written into the pod's emptyDir; returns its uid and the file's path.
-    let run = || async {
-        pods.create(&Default::default(), &pod)
-            .await
-            .expect("create pod");
-        let done = wait_until(Duration::from_secs(60), || async {
-            api.get("pods", NS, "writer")
-                .is_some_and(|p| p["status"]["phase"] == "Succeeded")
-        })
-        .await;
-        assert!(
-            done,
-            "the pod never succeeded: {:?}",
-            api.get("pods", NS, "writer")
-        );
-        let uid = uid(&api, "writer").expect("uid");
-        let file = pods_dir
-            .join("emptydir")
-            .join(&uid)
-            .join("scratch")
-            .join("t-00000-of-00001.recordio");
-        assert!(file.is_file(), "{} written", file.display());
-        (uid, file)
-    };
-    let (first, first_file) = run().await;
-    pods.delete("writer", &DeleteParams::default().grace_period(0))
-        .await
-        .expect("delete pod");
-    let gone = wait_until(Duration::from_secs(30), || async {
-        api.get("pods", NS, "writer").is_none() && !first_file.try_exists().expect("stat")
-    })
-    .await;
-    assert!(
-        gone,
-        "the deleted pod's emptyDir is still there: {}",
-        first_file.display()
-    );
-    let (second, second_file) = run().await;
-    assert_ne!(first, second, "a new pod");
-    assert_ne!(first_file, second_file);
-    assert!(
-        !first_file.try_exists().expect("stat"),
-        "the first pod's emptyDir stays gone"
-    );
-}
-
-/// A PersistentVolumeClaim's directory outlives the pods that mount it and goes with the
-/// claim, as a dynamically provisioned volume with the `Delete` policy does: what a pod
-/// wrote is there for the next pod, and gone once the claim is deleted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_outlives_its_pods_and_goes_with_the_claim() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("words.txt");
-    std::fs::write(&input, "one two\nthree\n").expect("write input");
-    let pods_dir = dir.path().join("pods");
-    let (api, _kubelet) = stand_in(&pods_dir).await;
-    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
-    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), NS);
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, NS);
-    let claim = serde_json::from_value(json!({
-        "metadata": {"name": "state"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-    }))
-    .expect("claim");
-    claims
-        .create(&Default::default(), &claim)
-        .await
-        .expect("create claim");
-    let claim_uid = api
-        .get("persistentvolumeclaims", NS, "state")
-        .and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned))
-        .expect("claim uid");
-    let file = pods_dir
-        .join("claims")
-        .join(&claim_uid)
-        .join("t-00000-of-00001.recordio");
-    // The first pod writes into the claim; the second only lists it (`edl data stat`
-    // fails on a missing file), so it succeeds only if the first pod's file is there.
-    let pod = |name: &str, command: Vec<&str>| -> k8s_openapi::api::core::v1::Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "restartPolicy": "Never",
-                "volumes": [{"name": "state", "persistentVolumeClaim": {"claimName": "state"}}],
-                "containers": [{
-                    "name": "c", "image": "edl", "command": command,
-                    "volumeMounts": [{"name": "state", "mountPath": "/state"}],
-                }],
-            },
-        }))
-        .expect("pod")
-    };
-    let succeeds = |name: &'static str| {
-        let api = api.clone();
-        async move {
-            let done = wait_until(Duration::from_secs(60), || async {
-                api.get("pods", NS, name)
-                    .is_some_and(|p| p["status"]["phase"] == "Succeeded")
-            })
-            .await;
-            assert!(
-                done,
-                "{name} never succeeded: {:?}",
-                api.get("pods", NS, name)
-            );
-        }
-    };
-    let input = input.to_str().expect("utf-8 path");
-    let write = pod(
-        "writer",
-        vec![
-            "edl", "data", "convert", "--format", "text", "--prefix", "t", "--out", "/state", input,
-        ],
-    );
-    pods.create(&Default::default(), &write)
-        .await
-        .expect("create writer");
-    succeeds("writer").await;
-    assert!(
-        file.try_exists().expect("stat"),
-        "{} written",
-        file.display()
-    );
-    pods.delete("writer", &DeleteParams::default().grace_period(0))
-        .await
-        .expect("delete writer");
-    let gone = wait_until(Duration::from_secs(30), || async {
-        api.get("pods", NS, "writer").is_none()
-    })
-    .await;
-    assert!(gone, "the writer pod was never removed");
-    assert!(
-        file.try_exists().expect("stat"),
-        "the claim outlives its pod"
-    );
-    let read = pod(
-        "reader",
-        vec!["edl", "data", "stat", "/state/t-00000-of-00001.recordio"],
-    );
-    pods.create(&Default::default(), &read)
-        .await
-        .expect("create reader");
-    succeeds("reader").await;
-    claims
-        .delete("state", &DeleteParams::default())
-        .await
-        .expect("delete claim");
-    let deleted = wait_until(Duration::from_secs(30), || async {
-        !file.try_exists().expect("stat")
-    })
-    .await;
-    assert!(
-        deleted,
-        "the claim's directory outlived the claim: {}",
-        file.display()
-    );
-}
-
-/// The real `kubectl` of this machine drives a TrainingJob on the fake API server, as a
-/// user of a real cluster would: apply, get (YAML and a JSONPath), scale through the
-/// scale subresource, a merge patch, delete. Each change is checked in the server's
-/// store. (No OpenAPI document is served, so `apply` runs with `--validate=false`.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_drives_a_trainingjob_on_the_stand_in() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let api = Arc::new(
-        FakeApi::start(ResourceType::for_operator())
-            .await
-            .expect("fake API server"),
-    );
-    let kubeconfig = dir.path().join("kubeconfig");
-    write_kubeconfig(&kubeconfig, &api);
-    let cache = dir.path().join("kube-cache");
-    let kubectl = |args: &[&str]| -> String {
-        let out = std::process::Command::new("kubectl")
-            .args(args)
-            .arg("--cache-dir")
-            .arg(&cache)
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-            .expect("run kubectl");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "kubectl {args:?}: {text}");
-        text
-    };
-    let trainers = || {
-        api.get("trainingjobs", NS, "mnist-mlp")
-            .map(|j| j["spec"]["cluster"]["trainers"].clone())
-    };
-    let example = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/examples/mnist-mlp.yaml"
-    );
-    assert!(kubectl(&["get", "trainingjobs"]).contains("No resources found"));
-    assert!(kubectl(&["apply", "--validate=false", "-f", example]).contains("created"));
-    assert!(trainers().is_some(), "the job is in the server's store");
-    let yaml = kubectl(&["get", "trainingjobs", "-o", "yaml"]);
-    assert!(
-        yaml.contains("kind: TrainingJob") && yaml.contains("name: mnist-mlp"),
-        "{yaml}"
-    );
-    kubectl(&["scale", "trainingjob/mnist-mlp", "--replicas", "3"]);
-    assert_eq!(
-        trainers(),
-        Some(json!(3)),
-        "scaled through the scale subresource"
-    );
-    let path = "jsonpath={.spec.cluster.trainers}";
-    assert_eq!(
-        kubectl(&["get", "trainingjob/mnist-mlp", "-o", path]).trim(),
-        "3"
-    );
-    kubectl(&[
-        "patch",
-        "trainingjob/mnist-mlp",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"cluster":{"trainers":2}}}"#,
-    ]);
-    assert_eq!(trainers(), Some(json!(2)), "merge-patched");
-    assert!(kubectl(&["delete", "trainingjob/mnist-mlp"]).contains("deleted"));
-    assert_eq!(
-        trainers(),
-        None,
-        "deleted (no finalizer without an operator)"
-    );
-    kubectl(&["get", "pods"]);
-}
+mod durable;
+mod stand_in;
