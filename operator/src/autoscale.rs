@@ -286,6 +286,7 @@ fn progress(tj: &TrainingJob) -> Option<(f64, f64)> {
 
 fn active(tj: &TrainingJob) -> bool {
     tj.metadata.deletion_timestamp.is_none()
+        && !tj.spec.suspend
         && !tj.status.as_ref().is_some_and(|s| s.phase.is_finished())
 }
 

@@ -100,6 +100,14 @@ pub struct TrainingJobSpec {
     #[serde(default = "d_grace", skip_serializing_if = "is_d_grace")]
     #[schemars(range(min = 1, max = 3600))]
     pub drain_seconds: u32,
+    /// Suspended: the job's pods are stopped and none is made until this is false
+    /// again; its state (the task queue in etcd, the pservers' checkpoints) stays, and
+    /// it resumes where it stopped. A running job is drained: its trainers hand their
+    /// tasks back first, then its masters and pservers stop (each pserver writing a
+    /// final checkpoint). An admission queue (Kueue) creates jobs suspended and resumes
+    /// them once admitted; a person may suspend one by hand.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
 }
 
 fn d_grace() -> u32 {
@@ -277,6 +285,8 @@ pub enum Phase {
     Running,
     /// Running with fewer or more trainers than desired, while they start or drain.
     Scaling,
+    /// `spec.suspend`: its pods are stopped (or draining); it resumes where it stopped.
+    Suspended,
     /// Every pass done.
     Succeeded,
     /// Given up (the Failed condition says why).
@@ -516,6 +526,7 @@ impl TrainingJob {
                 volumes: JobVolumes::default(),
                 priority_class_name: None,
                 drain_seconds: d_grace(),
+                suspend: false,
             },
         );
         // Lists, always: the schema gives the globs one type.

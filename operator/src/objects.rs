@@ -32,6 +32,10 @@ pub const INDEX_LABEL: &str = "edl.dev/index";
 /// The label naming the shard a pserver pod holds a replica of (slot `s` holds shard
 /// `s % pservers`): the pods of one shard repel one another (anti-affinity).
 pub const SHARD_LABEL: &str = "edl.dev/shard";
+/// Kueue's label naming the LocalQueue a job is admitted through: copied from the
+/// TrainingJob to every object the operator makes for it, so the job's pods are
+/// accounted to that queue.
+pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// The node label that pserver anti-affinity spreads one shard's replicas over.
 pub const NODE_TOPOLOGY: &str = "kubernetes.io/hostname";
 
@@ -230,6 +234,9 @@ pub fn owner(tj: &TrainingJob) -> OwnerReference {
 fn meta(tj: &TrainingJob, name: String, slot: Option<Slot>) -> ObjectMeta {
     let job = tj.metadata.name.clone().unwrap_or_default();
     let mut labels = job_labels(&job);
+    if let Some(queue) = tj.metadata.labels.as_ref().and_then(|l| l.get(QUEUE_LABEL)) {
+        labels.insert(QUEUE_LABEL.to_owned(), queue.clone());
+    }
     if let Some(s) = slot {
         labels.insert(ROLE_LABEL.to_owned(), s.role.name().to_owned());
         labels.insert(INDEX_LABEL.to_owned(), s.index.to_string());

@@ -13,6 +13,10 @@
 //! - a job being deleted gets no new pods; its finalizer goes only after its etcd keys;
 //! - a finished job (Succeeded or Failed) gets no new pods, and its pods still running
 //!   are deleted;
+//! - a suspended job gets no new pods; its trainers are deleted with their drain grace
+//!   period, and its masters and pservers (graceful: a final checkpoint) only once no
+//!   trainer pod is left; its etcd pod (managed) stays, holding its state; a pod that
+//!   goes while it is suspended, or is made when it resumes, is no recovery;
 //! - a pserver pod mounts a claim of its own (`<job>-checkpoints-<slot>`, made before
 //!   it) unless the job names its checkpoint volume; one that does not outlive its pod
 //!   (`emptyDir`) or its node (`hostPath`) is a `CheckpointsDurable=False` condition and
@@ -313,7 +317,7 @@ fn stop_running(plan: &mut Plan, pods: &[PodView]) {
 /// The phases, in order (each ends the decision when it says the job is over): a job
 /// being deleted only loses its keys and finalizer; an invalid spec fails the job; a
 /// finished job only stops its pods; then the job's state in etcd (which may say it
-/// ended), its credentials, its services and checkpoint claims, its ended and surplus pods (a crash loop fails
+/// ended), its suspension, its credentials, its services and checkpoint claims, its ended and surplus pods (a crash loop fails
 /// the job), its missing pods, its scale, and last its phase and conditions.
 pub fn reconcile(obs: &Observed<'_>) -> Plan {
     let tj = obs.job;
@@ -353,6 +357,10 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
                 .push(EtcdAction::PublishSpec(Box::new(spec.clone())));
         }
     }
+    if tj.spec.suspend {
+        return d.suspended();
+    }
+    d.resumed();
     let credentials_failed = d.credentials();
     d.services();
     d.checkpoint_volumes();

@@ -124,6 +124,76 @@ impl<'a> Decision<'a> {
         self.plan_with_status()
     }
 
+    /// `spec.suspend`: the job drains and stays without pods. Its trainers go first
+    /// (their grace period: each hands its task back); once none is left, its masters
+    /// and pservers (each pserver writes a final checkpoint); a managed etcd stays, as
+    /// it holds the job's state. Pods that ended are removed, not replaced. The
+    /// `Suspended` condition (and one event) says so, and the pass and tasks the job
+    /// had stay in the status while no master reports them.
+    pub(super) fn suspended(mut self) -> Plan {
+        let live = |p: &&PodView| !p.terminating && !p.phase.ended();
+        let trainers_left = self
+            .obs
+            .pods
+            .iter()
+            .any(|p| p.slot.role == Role::Trainer && !p.phase.ended());
+        for p in self.obs.pods.iter().filter(|p| p.slot.role != Role::Etcd) {
+            // A master or pserver still running waits for the trainers to drain.
+            let waits = !p.phase.ended() && p.slot.role != Role::Trainer && trainers_left;
+            if !p.terminating && !waits {
+                self.plan.delete.push(Deletion {
+                    name: p.name.clone(),
+                    grace: None,
+                });
+            }
+        }
+        self.status.replacing.clear();
+        if self.status.pass.is_none() {
+            self.status.pass = self.old.pass;
+        }
+        if self.status.tasks.is_none() {
+            self.status.tasks = self.old.tasks.clone();
+        }
+        let running = self.obs.pods.iter().filter(live).count();
+        self.status.trainers.running = self
+            .obs
+            .pods
+            .iter()
+            .filter(live)
+            .filter(|p| p.slot.role == Role::Trainer)
+            .count() as u32;
+        self.status.phase = Phase::Suspended;
+        let message = if running == 0 {
+            "spec.suspend is true: the job has no pods running; it resumes where it stopped \
+             when spec.suspend is false"
+                .to_owned()
+        } else {
+            format!(
+                "spec.suspend is true: stopping the job's pods ({running} still running; \
+                 trainers drain first, then masters and pservers, which write a final \
+                 checkpoint)"
+            )
+        };
+        if self.condition("Suspended", true, "Suspended", message.clone())
+            && self.old.phase != Phase::Suspended
+        {
+            self.plan.event(false, "Suspended", message.clone());
+        }
+        self.condition("Running", false, "Suspended", message);
+        self.condition("Scaling", false, "Suspended", String::new());
+        self.plan_if_changed()
+    }
+
+    /// A job that was suspended and no longer is: the `Suspended` condition turns
+    /// false, with one event.
+    pub(super) fn resumed(&mut self) {
+        if self.old.phase == Phase::Suspended {
+            let message = "spec.suspend is false: starting the job's pods again".to_owned();
+            self.condition("Suspended", false, "Resumed", message.clone());
+            self.plan.event(false, "Resumed", message);
+        }
+    }
+
     /// The job's credentials, when the operator makes them, into the
     /// `CredentialsReady` condition; why they could not be made, if so.
     pub(super) fn credentials(&mut self) -> Option<String> {
@@ -290,7 +360,8 @@ impl<'a> Decision<'a> {
         let tj = self.obs.job;
         let credentials = CredentialsRef::of(tj, self.obs.credentials != Credentials::NotIssued);
         let existing: BTreeSet<&str> = self.obs.pods.iter().map(|p| p.name.as_str()).collect();
-        let was_started = !matches!(self.old.phase, Phase::Created);
+        // A job resuming makes its pods as a new one does: none is a recovery.
+        let was_started = !matches!(self.old.phase, Phase::Created | Phase::Suspended);
         for slot in desired {
             let name = slot.pod_name(&self.job);
             if existing.contains(name.as_str()) {
@@ -391,7 +462,12 @@ impl<'a> Decision<'a> {
         self.status.phase = match (core_running && running_trainers > 0, scaling) {
             (true, false) => Phase::Running,
             (true, true) => Phase::Scaling,
-            (false, _) if matches!(self.old.phase, Phase::Created | Phase::Pending) => {
+            (false, _)
+                if matches!(
+                    self.old.phase,
+                    Phase::Created | Phase::Pending | Phase::Suspended
+                ) =>
+            {
                 Phase::Pending
             }
             (false, _) => Phase::Running,

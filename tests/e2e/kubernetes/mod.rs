@@ -86,6 +86,24 @@ async fn edl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Runs the machine's real `kubectl ARGS` with `kubeconfig` (its discovery cache under
+/// `cache`): (success, stdout + stderr).
+fn kubectl(kubeconfig: &std::path::Path, cache: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new("kubectl")
+        .args(args)
+        .arg("--cache-dir")
+        .arg(cache)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("run kubectl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 /// The last lines of every pod's log in `pods_dir`, for a failed assertion.
 fn pod_logs(pods_dir: &std::path::Path) -> String {
     let mut out = String::new();
@@ -550,3 +568,4 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
 
 mod durable;
 mod stand_in;
+mod suspend;

@@ -216,19 +216,8 @@ async fn kubectl_drives_a_trainingjob_on_the_stand_in() {
     write_kubeconfig(&kubeconfig, &api);
     let cache = dir.path().join("kube-cache");
     let kubectl = |args: &[&str]| -> String {
-        let out = std::process::Command::new("kubectl")
-            .args(args)
-            .arg("--cache-dir")
-            .arg(&cache)
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-            .expect("run kubectl");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "kubectl {args:?}: {text}");
+        let (ok, text) = super::kubectl(&kubeconfig, &cache, args);
+        assert!(ok, "kubectl {args:?}: {text}");
         text
     };
     let trainers = || {
