@@ -52,6 +52,9 @@ pub struct PserverArgs {
     /// lost pserver is restored from its checkpoint.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub replicas: u32,
+    /// Serve Prometheus metrics at http://ADDR/metrics (behind the job token, if any).
+    #[arg(long, env = edl_job::env::METRICS_ADDR)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn parse_index(s: &str) -> Result<IndexChoice, String> {
@@ -86,6 +89,7 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
     cfg.max_message_bytes = args.max_message_mib.saturating_mul(1 << 20);
     cfg.max_bulk_connections = args.max_bulk_connections;
     cfg.replicas = args.replicas as usize;
+    cfg.metrics_addr = args.metrics_addr;
     // A backup reaches its primary as a client does.
     cfg.peer_tls = cfg.tls.clone();
     anyhow::ensure!(

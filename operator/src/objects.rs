@@ -45,6 +45,9 @@ pub const MASTER_PORT: i32 = 7164;
 pub const PSERVER_PORT: i32 = 7165;
 /// etcd's client port.
 pub const ETCD_PORT: i32 = 2379;
+/// Where pservers and trainers serve `/metrics` (`EDL_METRICS_ADDR`); masters serve it
+/// on their gRPC port.
+pub const METRICS_PORT: i32 = 9090;
 
 /// The keys of a job's credentials Secret: the job's etcd user and password, and the
 /// job token (the variables every role reads).
@@ -404,6 +407,10 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
                 ..VolumeMount::default()
             });
             let shard = slot.index % c.pservers.max(1);
+            vars.push(env(
+                edl_job::env::METRICS_ADDR,
+                format!("0.0.0.0:{METRICS_PORT}"),
+            ));
             let mut command = edl(&[
                 "pserver",
                 "--index",
@@ -426,20 +433,28 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
             if c.pserver_replicas > 1 {
                 command.extend(["--replicas".to_owned(), c.pserver_replicas.to_string()]);
             }
-            (command, vec![PSERVER_PORT], s.resources.pserver.clone())
+            (
+                command,
+                vec![PSERVER_PORT, METRICS_PORT],
+                s.resources.pserver.clone(),
+            )
         }
         Role::Trainer => {
             // One id per pod incarnation: a replacement pod (same name) must not meet
             // the registration its predecessor left until its lease ends.
             vars.push(env(edl_job::env::TRAINER_ID, "$(POD_NAME).$(POD_UID)"));
             vars.push(env(edl_job::env::MODE, "train"));
+            vars.push(env(
+                edl_job::env::METRICS_ADDR,
+                format!("0.0.0.0:{METRICS_PORT}"),
+            ));
             vars.extend(s.trainer.env.iter().map(|(k, v)| env(k, v.clone())));
             let command = if s.trainer.entry.is_empty() {
                 edl(&["trainer"])
             } else {
                 s.trainer.entry.clone()
             };
-            (command, Vec::new(), s.resources.trainer.clone())
+            (command, vec![METRICS_PORT], s.resources.trainer.clone())
         }
     };
     let image = match slot.role {
@@ -478,6 +493,12 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
                 .into_iter()
                 .map(|p| ContainerPort {
                     container_port: p,
+                    // A PodMonitor selects them by name: `/metrics` is on both.
+                    name: match p {
+                        METRICS_PORT => Some("metrics".to_owned()),
+                        MASTER_PORT => Some("grpc".to_owned()),
+                        _ => None,
+                    },
                     ..ContainerPort::default()
                 })
                 .collect()

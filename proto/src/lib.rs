@@ -18,6 +18,7 @@
 
 pub mod codec;
 pub mod headers;
+pub mod metrics;
 pub mod tls;
 
 #[cfg(test)]

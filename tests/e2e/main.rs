@@ -10,6 +10,8 @@
 //! - [`kubernetes`]: the operator end to end: a TrainingJob on the fake API server, its
 //!   pods run as real `edl` processes, scaled, with pods deleted, to Succeeded.
 //! - [`master`]: the master's task queue across trainer and master failures.
+//! - [`monitoring`]: every metric `deploy/monitoring.yaml` names is served; `/metrics`
+//!   behind the job token.
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
 //! - [`replicas`]: replicated shards: a primary SIGKILLed, SIGSTOPped, or partitioned
 //!   from etcd, and its backup promoted with every acknowledged push.
@@ -26,6 +28,7 @@ mod etcd;
 #[cfg(feature = "kubernetes")]
 mod kubernetes;
 mod master;
+mod monitoring;
 mod pserver;
 mod replicas;
 mod run;

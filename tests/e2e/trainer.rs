@@ -204,7 +204,12 @@ impl World {
 
     /// `edl trainer --spec SPEC` writing its report to `<name>.json`.
     fn trainer(&self, name: &str, spec: &Path) -> Proc {
-        let args: Vec<String> = vec![
+        self.trainer_with(name, spec, &[])
+    }
+
+    /// [`trainer`](Self::trainer) with `extra` arguments.
+    pub(crate) fn trainer_with(&self, name: &str, spec: &Path, extra: &[&str]) -> Proc {
+        let mut args: Vec<String> = vec![
             "trainer".into(),
             "--etcd".into(),
             self.etcd_arg(),
@@ -219,6 +224,7 @@ impl World {
             "--report".into(),
             self.report_path(name).display().to_string(),
         ];
+        args.extend(extra.iter().map(|s| s.to_string()));
         Proc::spawn(self.dir.path(), name, &args)
     }
 
@@ -391,7 +397,7 @@ async fn fit_a_line_async_two_trainers_one_pserver() {
     fit_a_line("async").await;
 }
 
-fn mnist_spec(w: &World, passes: u32) -> PathBuf {
+pub(crate) fn mnist_spec(w: &World, passes: u32) -> PathBuf {
     let (train, test) = mnist(w.dir.path());
     w.spec(
         "job.toml",

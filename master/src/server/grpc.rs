@@ -197,19 +197,10 @@ pub(super) fn router(grpc: MasterGrpc, cfg: &MasterConfig, shared: Arc<Shared>) 
         axum::routing::get(move |headers: axum::http::HeaderMap| {
             let shared = metrics_shared.clone();
             let job = metrics_job.clone();
-            let allowed = credentials.check_bearer(
-                headers
-                    .get(axum::http::header::AUTHORIZATION)
-                    .map(|v| v.as_bytes()),
-            );
+            let allowed = edl_proto::metrics::authorized(&credentials, &headers);
             async move {
-                use axum::response::IntoResponse as _;
                 if !allowed {
-                    return (
-                        axum::http::StatusCode::UNAUTHORIZED,
-                        "the job has a token: scrape with `Authorization: Bearer <token>`\n",
-                    )
-                        .into_response();
+                    return edl_proto::metrics::denied();
                 }
                 let core = shared.core.read().await.clone();
                 // At most one report a second from the queue's actor, however often
@@ -218,14 +209,7 @@ pub(super) fn router(grpc: MasterGrpc, cfg: &MasterConfig, shared: Arc<Shared>) 
                     Some(h) => h.recent_status(Duration::from_secs(1)).await.ok(),
                     None => None,
                 };
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    crate::metrics::render(&job, report.as_ref()),
-                )
-                    .into_response()
+                edl_proto::metrics::answer(crate::metrics::render(&job, report.as_ref()))
             }
         }),
     )

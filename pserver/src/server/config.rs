@@ -70,6 +70,8 @@ pub struct PsConfig {
     /// TLS for the replication stream's client side (a backup connecting to its
     /// primary), when the pservers serve TLS.
     pub peer_tls: Option<edl_proto::tls::Tls>,
+    /// Where to serve `/metrics` (behind the job's token); `None`: nowhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl PsConfig {
@@ -92,6 +94,7 @@ impl PsConfig {
             tls: None,
             replicas: 1,
             peer_tls: None,
+            metrics_addr: None,
         }
     }
 }

@@ -35,6 +35,7 @@ mod failed;
 pub mod group;
 mod grpc;
 mod membership;
+mod metrics;
 mod replicated;
 pub mod replication;
 mod run;

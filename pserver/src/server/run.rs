@@ -409,9 +409,26 @@ pub(super) fn start_serving(
         stop: stop.clone(),
         index: s.shard.index(),
     });
+    let metrics = super::metrics::PsMetrics::new();
+    if let Some(addr) = cfg.metrics_addr {
+        let listener = edl_proto::metrics::bind(addr)
+            .map_err(|e| PsError::Config(format!("bind --metrics-addr {addr}: {e}")))?;
+        let local = listener.local_addr().map_or(addr, |a| a);
+        super::metrics::serve(
+            listener,
+            edl_proto::headers::Credentials::new("pserver", cfg.job.as_str(), cfg.token.clone()),
+            cfg.job.to_string(),
+            s.shard.clone(),
+            gate.clone(),
+            metrics.clone(),
+            stop.clone(),
+        );
+        tracing::info!(addr = %local, "serving /metrics");
+    }
     let svc = Arc::new(Service {
         shard: s.shard.clone(),
         gate,
+        metrics,
         job: cfg.job.to_string(),
         token: cfg.token.clone(),
         members: s.members.clone(),

@@ -62,6 +62,8 @@ impl Gate {
 pub(crate) struct Service {
     pub(super) shard: Arc<Shard>,
     pub(super) gate: Arc<Gate>,
+    /// The push latencies `/metrics` reports.
+    pub(super) metrics: super::metrics::PsMetrics,
     pub(super) job: String,
     pub(super) token: Option<String>,
     pub(super) members: Arc<Members>,
@@ -256,6 +258,15 @@ impl Service {
     }
 
     pub(crate) async fn push(&self, r: pb::PushRequest) -> Result<pb::PushResponse, PsError> {
+        let arrived = Instant::now();
+        let reply = self.push_now(r).await;
+        if reply.is_ok() {
+            self.metrics.push_answered(arrived.elapsed());
+        }
+        reply
+    }
+
+    async fn push_now(&self, r: pb::PushRequest) -> Result<pb::PushResponse, PsError> {
         // The request may have taken long to arrive (a large bulk push): check again that
         // we serve, and once more right before applying it.
         self.gate.check()?;

@@ -167,9 +167,16 @@ impl Member {
         if let Some(addr) = cfg.metrics_addr {
             let served = metrics::serve(
                 addr,
-                cfg.job.to_string(),
-                id.clone(),
-                dev_name.clone(),
+                edl_proto::headers::Credentials::new(
+                    "trainer",
+                    cfg.job.as_str(),
+                    cfg.token.clone(),
+                ),
+                metrics::Labels {
+                    job: cfg.job.to_string(),
+                    id: id.clone(),
+                    device: dev_name.clone(),
+                },
                 rx.clone(),
                 stats.clone(),
                 life.clone(),

@@ -99,37 +99,37 @@ pub(crate) fn render_metrics(
     out
 }
 
-/// Serves `GET /metrics` on `addr` until `stop`; returns the bound address.
+/// The labels of every metric of a trainer.
+pub(crate) struct Labels {
+    /// The job.
+    pub(crate) job: String,
+    /// The trainer's id.
+    pub(crate) id: String,
+    /// The device it trains on.
+    pub(crate) device: String,
+}
+
+/// Serves `GET /metrics` on `addr` until `stop`, behind the job's token
+/// ([`edl_proto::metrics`]); returns the bound address.
 pub(crate) async fn serve(
     addr: SocketAddr,
-    job: String,
-    id: String,
-    device: String,
+    credentials: edl_proto::headers::Credentials,
+    labels: Labels,
     progress: watch::Receiver<Progress>,
     stats: Arc<PsStoreStats>,
     stop: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
+    let render = move || {
+        render_metrics(
+            &labels.job,
+            &labels.id,
+            &labels.device,
+            &progress.borrow(),
+            &stats,
+        )
+    };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let body = render_metrics(&job, &id, &device, &progress.borrow(), &stats);
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    body,
-                )
-            }
-        }),
-    );
-    tokio::spawn(tracing::Instrument::in_current_span(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-    }));
+    edl_proto::metrics::serve(listener, credentials, Arc::new(render), stop);
     Ok(local)
 }
