@@ -38,12 +38,13 @@ use tokio_util::sync::CancellationToken;
 use crate::crd::{TaskCounts, TrainingJob};
 use crate::metrics::Metrics;
 use crate::objects::{
-    CREDENTIAL_KEYS, INDEX_LABEL, JOB_LABEL, ROLE_LABEL, Role, Slot, credentials_secret,
-    credentials_secret_name, etcd_endpoints, job_etcd_user,
+    CREDENTIAL_KEYS, INDEX_LABEL, JOB_LABEL, ROLE_LABEL, Role, Slot, TLS_KEYS, credentials_secret,
+    credentials_secret_name, etcd_endpoints, job_etcd_user, tls_domain, tls_secret,
+    tls_secret_name,
 };
 use crate::reconcile::{
     Credentials, Deletion, EtcdAction, EtcdState, Event, FINALIZER, FinalizerChange, Finished,
-    Observed, Plan, PodPhase, PodView, reconcile,
+    JobTls, Observed, Plan, PodPhase, PodView, reconcile,
 };
 
 /// How the controller runs.
@@ -206,11 +207,12 @@ pub fn pod_view(pod: &Pod) -> Option<PodView> {
 }
 
 /// The job's state in etcd (and its master's, asked with the job's `token` if it has
-/// one).
+/// one, over its `tls` if it has that).
 async fn progress(
     backend: &Arc<dyn Backend>,
     job: &JobName,
     token: Option<&str>,
+    tls: Option<&edl_proto::tls::Tls>,
 ) -> Result<EtcdState, String> {
     let keys = JobKeys::new(job);
     let spec_published = backend
@@ -221,7 +223,7 @@ async fn progress(
     if !spec_published {
         return Ok(EtcdState::default());
     }
-    let s = job_status_with(backend, job, token, None)
+    let s = job_status_with(backend, job, token, tls)
         .await
         .map_err(|e| e.to_string())?;
     let finished = match s.state.as_str() {
@@ -356,6 +358,70 @@ async fn ensure_credentials(
     }
 }
 
+/// Makes sure `tj`'s TLS Secret exists in `ns`: found, it is used as it is; missing (or
+/// left by an earlier job of the same name), a new CA and pod certificate are made into
+/// it. Returns the job's TLS setup as the operator uses it to ask the job's master.
+async fn ensure_tls(ctx: &Ctx, tj: &TrainingJob, ns: &str) -> Result<edl_proto::tls::Tls, String> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let job = tj.name_any();
+    let name = tls_secret_name(&job);
+    let found = secrets
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("read Secret {name}: {e}"))?;
+    let secret = match found {
+        Some(s) if !left_by_another_job(&s, tj) => s,
+        stale => {
+            if let Some(old) = stale {
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: old.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match secrets.delete(&name, &params).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(format!("delete Secret {name} of an earlier job: {e}")),
+                }
+            }
+            let ca =
+                edl_proto::tls::LocalCa::generate_for(&job, vec![tls_domain(&job, ns)], TLS_DAYS)
+                    .map_err(|e| e.to_string())?;
+            secrets
+                .create(&PostParams::default(), &tls_secret(tj, &ca))
+                .await
+                .map_err(|e| format!("create Secret {name}: {e}"))?
+        }
+    };
+    let value = |k: &str| -> Result<Vec<u8>, String> {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| b.0.clone())
+            .ok_or_else(|| format!("Secret {name} has no {k}: delete it for a new one"))
+    };
+    let identity = edl_proto::tls::PemIdentity {
+        cert: value(TLS_KEYS[1])?,
+        key: value(TLS_KEYS[2])?,
+        cert_name: format!("Secret {name} {}", TLS_KEYS[1]),
+        key_name: format!("Secret {name} {}", TLS_KEYS[2]),
+    };
+    edl_proto::tls::Tls::from_pem(
+        &value(TLS_KEYS[0])?,
+        &format!("Secret {name} {}", TLS_KEYS[0]),
+        Some(identity),
+        Some(tls_domain(&job, ns)),
+        true,
+    )
+    .map_err(|e| format!("{e} (delete Secret {name} for a new one)"))
+}
+
+/// How long the certificates of a job's TLS Secret are valid.
+const TLS_DAYS: i64 = 365;
+
 /// One round for one job: observe, decide ([`reconcile`]), apply.
 async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let name = cached.name_any();
@@ -422,7 +488,16 @@ async fn observe<'a>(
         .list(&selector)
         .await
         .map_err(kube_err("list the job's claims"))?;
-    let (etcd, credentials) = observe_etcd(ctx, tj, ns, job).await;
+    // A live job's TLS Secret (an ended or deleted one needs none any more).
+    let (tls, job_tls) = if tj.spec.plaintext || !live(tj) {
+        (JobTls::Plaintext, None)
+    } else {
+        match ensure_tls(ctx, tj, ns).await {
+            Ok(t) => (JobTls::Ready, Some(t)),
+            Err(why) => (JobTls::Failed(why), None),
+        }
+    };
+    let (etcd, credentials) = observe_etcd(ctx, tj, ns, job, job_tls.as_ref()).await;
     Ok(Observed {
         job: tj,
         pods: pods.items.iter().filter_map(pod_view).collect(),
@@ -430,26 +505,33 @@ async fn observe<'a>(
         claims: claims.items.iter().map(ResourceExt::name_any).collect(),
         etcd,
         credentials,
+        tls,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     })
 }
 
+/// Whether `tj` is live: not being deleted, not over, with a valid spec.
+fn live(tj: &TrainingJob) -> bool {
+    tj.metadata.deletion_timestamp.is_none()
+        && !tj.status.as_ref().is_some_and(|s| s.phase.is_finished())
+        && tj.job_spec().is_ok()
+}
+
 /// The job's own credentials, for a live, valid job on a shared etcd when the operator
-/// may make users; then the job's state, its master asked with the job's token.
+/// may make users; then the job's state, its master asked with the job's token (over
+/// the job's TLS, `tls`, when it has it).
 async fn observe_etcd(
     ctx: &Ctx,
     tj: &TrainingJob,
     ns: &str,
     job: Option<&JobName>,
+    tls: Option<&edl_proto::tls::Tls>,
 ) -> (Result<EtcdState, String>, Credentials) {
     let Some(job) = job else {
         // An invalid name fails the job in the decision; etcd is not needed.
         return (Ok(EtcdState::default()), Credentials::NotIssued);
     };
-    let live = tj.metadata.deletion_timestamp.is_none()
-        && !tj.status.as_ref().is_some_and(|s| s.phase.is_finished())
-        && tj.job_spec().is_ok();
-    let issues = ctx.config.etcd_auth.is_some() && !tj.spec.etcd.managed && live;
+    let issues = ctx.config.etcd_auth.is_some() && !tj.spec.etcd.managed && live(tj);
     let b = match ctx.backend(etcd_endpoints(tj)).await {
         Ok(b) => b,
         Err(e) => return (Err(e), Credentials::NotIssued),
@@ -463,7 +545,7 @@ async fn observe_etcd(
         (Credentials::NotIssued, None)
     };
     let b: Arc<dyn Backend> = b;
-    let etcd = progress(&b, job, token.as_deref()).await;
+    let etcd = progress(&b, job, token.as_deref(), tls).await;
     // An etcd that cannot be read is said once, by its own condition: no job process
     // starts then anyway.
     let credentials = match (&etcd, credentials) {

@@ -108,6 +108,11 @@ pub struct TrainingJobSpec {
     /// them once admitted; a person may suspend one by hand.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+    /// No TLS between the job's pods. By default they talk over mutual TLS with the
+    /// job's own CA (the Secret `<job>-edl-tls`, which the operator makes and the job
+    /// owns): a pod accepts only peers with a certificate of that CA.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plaintext: bool,
 }
 
 fn d_grace() -> u32 {
@@ -527,6 +532,7 @@ impl TrainingJob {
                 priority_class_name: None,
                 drain_seconds: d_grace(),
                 suspend: false,
+                plaintext: false,
             },
         );
         // Lists, always: the schema gives the globs one type.

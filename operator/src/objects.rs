@@ -12,10 +12,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
-    HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
-    PodSpec, Secret, SecretEnvSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
-    VolumeMount, VolumeResourceRequirements,
+    HostPathVolumeSource, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm,
+    PodAntiAffinity, PodSecurityContext, PodSpec, Secret, SecretEnvSource, SecretVolumeSource,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -56,6 +57,43 @@ pub const CREDENTIAL_KEYS: [&str; 3] = edl_job::env::CREDENTIALS;
 /// The Secret holding `job`'s own etcd credentials and token: `<job>-edl-credentials`.
 pub fn credentials_secret_name(job: &str) -> String {
     format!("{job}-edl-credentials")
+}
+
+/// The Secret holding `job`'s CA (certificate and key) and the certificate its pods
+/// present and accept: `<job>-edl-tls`.
+pub fn tls_secret_name(job: &str) -> String {
+    format!("{job}-edl-tls")
+}
+
+/// The name in `job`'s pod certificate, which every pod checks in its peers'
+/// (`EDL_TLS_DOMAIN`): pods dial one another by IP address.
+pub fn tls_domain(job: &str, namespace: &str) -> String {
+    format!("{job}.{namespace}.edl.internal")
+}
+
+/// Where a pod mounts its TLS files.
+pub const TLS_MOUNT: &str = "/etc/edl/tls";
+
+/// The keys of the TLS Secret: the CA's certificate, the pods' certificate and key, and
+/// the CA's key (never mounted in a pod).
+pub const TLS_KEYS: [&str; 4] = ["ca.crt", "tls.crt", "tls.key", "ca.key"];
+
+/// The TLS Secret of `tj`, with `ca`'s files, owned by `tj`.
+pub fn tls_secret(tj: &TrainingJob, ca: &edl_proto::tls::LocalCa) -> Secret {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let values = [&ca.ca_pem, &ca.cert_pem, &ca.key_pem, &ca.ca_key_pem];
+    Secret {
+        metadata: meta(tj, tls_secret_name(&job), None),
+        type_: Some("Opaque".to_owned()),
+        data: Some(
+            TLS_KEYS
+                .iter()
+                .zip(values)
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Secret::default()
+    }
 }
 
 /// The etcd user (and role) of `job` on a shared etcd: `edl-job-<job>`, as `edl run
@@ -457,6 +495,10 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
             (command, vec![METRICS_PORT], s.resources.trainer.clone())
         }
     };
+    if !s.plaintext && slot.role != Role::Etcd {
+        let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
+        mount_tls(&job, ns, &mut volumes, &mut mounts, &mut vars);
+    }
     let image = match slot.role {
         Role::Etcd => s
             .etcd
@@ -551,6 +593,52 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         }),
         status: None,
     }
+}
+
+/// The job's TLS Secret as a read-only volume at [`TLS_MOUNT`] (the CA's certificate and
+/// the pods' certificate and key, not the CA's key), and the variables that turn mutual
+/// TLS on in every edl role.
+fn mount_tls(
+    job: &str,
+    namespace: &str,
+    volumes: &mut Vec<Volume>,
+    mounts: &mut Vec<VolumeMount>,
+    vars: &mut Vec<EnvVar>,
+) {
+    use edl_proto::tls::env as tls;
+    volumes.push(Volume {
+        name: "tls".to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(tls_secret_name(job)),
+            items: Some(
+                TLS_KEYS[..3]
+                    .iter()
+                    .map(|k| KeyToPath {
+                        key: (*k).to_owned(),
+                        path: (*k).to_owned(),
+                        mode: None,
+                    })
+                    .collect(),
+            ),
+            // Readable by the pod's group (fsGroup), not by others.
+            default_mode: Some(0o440),
+            optional: None,
+        }),
+        ..Volume::default()
+    });
+    mounts.push(VolumeMount {
+        name: "tls".to_owned(),
+        mount_path: TLS_MOUNT.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    });
+    vars.extend([
+        env(tls::CA, format!("{TLS_MOUNT}/ca.crt")),
+        env(tls::CERT, format!("{TLS_MOUNT}/tls.crt")),
+        env(tls::KEY, format!("{TLS_MOUNT}/tls.key")),
+        env(tls::DOMAIN, tls_domain(job, namespace)),
+        env(tls::CLIENT_AUTH, "true"),
+    ]);
 }
 
 /// Keeps the replicas of one shard on different nodes: a pserver pod of shard `shard`

@@ -28,7 +28,8 @@
 //!   unreachable etcd, credentials the operator could not make) is a condition and an
 //!   Event, never a silent Pending;
 //! - when the operator makes a job's credentials, no job process is created before
-//!   they exist, and every one requires them.
+//!   they exist, and every one requires them; likewise its TLS Secret, unless the job
+//!   asked for `plaintext`.
 //!
 //! Layout: [`reconcile`] runs the decision's phases in order, each a method of a private
 //! `Decision` (`reconcile/decision.rs`) (the observation, the status the job had and the one being made, the plan
@@ -137,6 +138,18 @@ pub enum Credentials {
     Failed(String),
 }
 
+/// The job's TLS Secret (`<job>-edl-tls`), as the controller found or made it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum JobTls {
+    /// The job asked for none (`spec.plaintext`).
+    #[default]
+    Plaintext,
+    /// The Secret exists: every job pod mounts it.
+    Ready,
+    /// The operator could not make it: why. No job process starts without it.
+    Failed(String),
+}
+
 /// Everything the decision looks at.
 #[derive(Debug, Clone)]
 pub struct Observed<'a> {
@@ -152,6 +165,8 @@ pub struct Observed<'a> {
     pub etcd: Result<EtcdState, String>,
     /// Its etcd credentials.
     pub credentials: Credentials,
+    /// Its TLS Secret.
+    pub tls: JobTls,
     /// Now.
     pub now: Time,
 }
@@ -362,6 +377,8 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
     }
     d.resumed();
     let credentials_failed = d.credentials();
+    let tls_failed = d.tls();
+    let credentials_failed = credentials_failed.or(tls_failed);
     d.services();
     d.checkpoint_volumes();
     if let Some(why) = d.ended_and_surplus_pods(&desired) {

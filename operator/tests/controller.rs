@@ -137,6 +137,10 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
         endpoints: etcd.endpoints(),
         ..EtcdSpec::default()
     };
+    // deploy/rbac.yaml lets the operator at Secrets only in namespaces that bind
+    // edl-operator-credentials (default): a job here runs without TLS between its pods.
+    // The credentials test (namespace default) covers the job's TLS Secret.
+    tj.spec.plaintext = true;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)
         .await

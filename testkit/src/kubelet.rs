@@ -25,7 +25,10 @@
 //!   fresh directory of the pod
 //!   (`<dir>/emptydir/<pod uid>/<volume>`), deleted once the pod is gone, as a kubelet
 //!   deletes it: a pod made again under the same name starts with an empty one;
-//!   arguments under a mount path are rewritten to the host directory.
+//!   a Secret volume is its keys (`items`, or all) written as files into a directory of
+//!   the pod, deleted with it like an `emptyDir` (a missing Secret keeps the pod waiting,
+//!   tried again, as for `envFrom`); arguments and variables under a mount path are
+//!   rewritten to the host directory.
 //!
 //! A pod's output goes to `<dir>/<pod>.log`, which the API server serves as the pod's
 //! `log` subresource. It reports the pod `Running` (pod IP `127.0.0.1`), then `Succeeded` or `Failed` with
@@ -142,6 +145,66 @@ fn env_from(api: &FakeApi, pod: &Value, ns: &str) -> Result<BTreeMap<String, Str
     Ok(env)
 }
 
+/// Writes Secret `name`'s keys (its `items`, or every key) into `dir` as files, with
+/// the volume's `defaultMode` (or an item's `mode`), as a kubelet projects a Secret.
+fn write_secret_volume(
+    api: &FakeApi,
+    ns: &str,
+    name: &str,
+    source: &Value,
+    dir: &std::path::Path,
+) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let secret = api
+        .get("secrets", ns, name)
+        .ok_or_else(|| format!("secret \"{name}\" not found"))?;
+    let data = secret["data"].as_object().cloned().unwrap_or_default();
+    let items: Vec<(String, String, Option<u64>)> = match source["items"].as_array() {
+        Some(items) => items
+            .iter()
+            .map(|i| {
+                (
+                    i["key"].as_str().unwrap_or_default().to_owned(),
+                    i["path"].as_str().unwrap_or_default().to_owned(),
+                    i["mode"].as_u64(),
+                )
+            })
+            .collect(),
+        None => data.keys().map(|k| (k.clone(), k.clone(), None)).collect(),
+    };
+    let default_mode = source["defaultMode"].as_u64().unwrap_or(0o644);
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    for (key, path, mode) in items {
+        let bytes = data
+            .get(&key)
+            .and_then(Value::as_str)
+            .and_then(crate::kube_api::base64_decode)
+            .ok_or_else(|| format!("secret \"{name}\": no key {key:?}"))?;
+        let file = dir.join(&path);
+        std::fs::write(&file, bytes).map_err(|e| e.to_string())?;
+        // The process runs as this user here (no fsGroup): owner bits as the group's.
+        let mode = mode.unwrap_or(default_mode) as u32;
+        let mode = mode | ((mode & 0o070) << 3);
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// `Err` naming the first Secret a volume of `pod` needs that is not there (the pod
+/// waits for it, as a kubelet does).
+fn secret_volumes_exist(api: &FakeApi, pod: &Value, ns: &str) -> Result<(), String> {
+    for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+        if let Some(name) = v["secret"]["secretName"].as_str()
+            && v["secret"]["optional"] != json!(true)
+            && api.get("secrets", ns, name).is_none()
+        {
+            return Err(format!("secret \"{name}\" not found"));
+        }
+    }
+    Ok(())
+}
+
 /// The command line of `pod` on this host, its environment (over `env`, the variables
 /// of its `envFrom`) and the host directories its mounts became.
 fn command_of(
@@ -187,6 +250,11 @@ fn command_of(
             .ok_or_else(|| format!("mount {vname}: no such volume"))?;
         let host = if let Some(p) = vol["hostPath"]["path"].as_str() {
             PathBuf::from(p)
+        } else if let Some(secret) = vol["secret"]["secretName"].as_str() {
+            let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+            let d = empty_dirs(cfg).join(uid).join(vname);
+            write_secret_volume(api, &cfg.namespace, secret, &vol["secret"], &d)?;
+            d
         } else if let Some(claim) = vol["persistentVolumeClaim"]["claimName"].as_str() {
             match cfg.claims.get(claim) {
                 Some(d) => d.clone(),
@@ -208,6 +276,17 @@ fn command_of(
         };
         mounts.push((mount, host));
     }
+    let on_host = |a: String| -> String {
+        for (mount, host) in &mounts {
+            if let Some(rest) = a.strip_prefix(mount.as_str()) {
+                return format!("{}{rest}", host.display());
+            }
+        }
+        a
+    };
+    for value in env.values_mut() {
+        *value = on_host(std::mem::take(value));
+    }
     let mut args = Vec::new();
     let mut it = c["command"]
         .as_array()
@@ -220,13 +299,7 @@ fn command_of(
             it.next();
             continue;
         }
-        let mut a = expand(a, &env);
-        for (mount, host) in &mounts {
-            if let Some(rest) = a.strip_prefix(mount.as_str()) {
-                a = format!("{}{rest}", host.display());
-            }
-        }
-        args.push(a);
+        args.push(on_host(expand(a, &env)));
     }
     if args.first().is_some_and(|a| a == "edl") {
         args[0] = cfg.edl.display().to_string();
@@ -374,7 +447,10 @@ fn sync(
         if started {
             continue;
         }
-        let from = match env_from(api, &pod, ns) {
+        let from = match env_from(api, &pod, ns).and_then(|env| {
+            secret_volumes_exist(api, &pod, ns)?;
+            Ok(env)
+        }) {
             Ok(env) => env,
             Err(e) => {
                 // Said once (a write would wake this loop again).

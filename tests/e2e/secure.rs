@@ -433,9 +433,11 @@ async fn an_unauthenticated_peer_offering_900_mb_leaves_pserver_memory_flat() {
         );
         sent_total += sent;
     }
-    // The positive witness: the flood reached the pserver's sockets before they were
-    // closed (how much depends on how soon the pserver runs: 3 to 22 MiB here).
-    assert!(sent_total > 0, "no byte of the bulk flood was written");
+    // The positive witness is each refused hello above: the pserver read it and closed
+    // the connection. How much of the flood the kernel took before the close depends on
+    // how soon the pserver ran (0 to 22 MiB here: 0 when it ran at once, on a busy
+    // machine too), so it is reported, not bounded below.
+    eprintln!("bulk flood: {sent_total} bytes written before the pserver closed");
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let (sampled, samples) = sampler.await.expect("sampler");
     assert!(samples > 10, "the flood was sampled {samples} times");

@@ -17,7 +17,7 @@ use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::EtcdSpec;
 use edl_operator::leader::{self, LeaseElection};
 use edl_operator::metrics::Metrics;
-use edl_operator::reconcile::{Credentials, EtcdState, Observed, reconcile};
+use edl_operator::reconcile::{Credentials, EtcdState, JobTls, Observed, reconcile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{JobSource, OperatorCommand, RenderArgs, RunArgs};
@@ -100,6 +100,8 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         // What an operator without admin credentials for the jobs' etcd creates: job pods
         // on a shared etcd take `<job>-edl-credentials` if it exists.
         credentials: Credentials::NotIssued,
+        // The job's TLS Secret, which the operator makes before any pod.
+        tls: JobTls::Ready,
         now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     });
     let mut docs = vec![serde_norway::to_string(&tj)?];

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    Credentials, Deletion, EtcdAction, EtcdState, Finished, Observed, Plan, PodPhase, PodView,
-    describe_end, set_condition, stop_running,
+    Credentials, Deletion, EtcdAction, EtcdState, Finished, JobTls, Observed, Plan, PodPhase,
+    PodView, describe_end, set_condition, stop_running,
 };
 use crate::crd::{Phase, RECENT_RECOVERIES, Recovery, TrainerCounts, TrainingJobStatus};
 use crate::objects::{self, CredentialsRef, Role, Slot};
@@ -216,6 +216,32 @@ impl<'a> Decision<'a> {
                     message.clone(),
                 ) {
                     self.plan.event(true, "CredentialsFailed", message.clone());
+                }
+                Some(message)
+            }
+        }
+    }
+
+    /// The job's TLS Secret into the `TLSReady` condition; why it could not be made,
+    /// if so (one event).
+    pub(super) fn tls(&mut self) -> Option<String> {
+        match &self.obs.tls {
+            JobTls::Plaintext => None,
+            JobTls::Ready => {
+                let message = format!(
+                    "the job's pods talk over mutual TLS with the CA of Secret {}",
+                    objects::tls_secret_name(&self.job)
+                );
+                self.condition("TLSReady", true, "Issued", message);
+                None
+            }
+            JobTls::Failed(why) => {
+                let message = format!(
+                    "cannot make the job's TLS Secret: {why} (or set spec.plaintext to run \
+                     the job without TLS between its pods)"
+                );
+                if self.condition("TLSReady", false, "TLSFailed", message.clone()) {
+                    self.plan.event(true, "TLSFailed", message.clone());
                 }
                 Some(message)
             }

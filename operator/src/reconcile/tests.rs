@@ -100,6 +100,7 @@ fn observe<'a>(
             .collect(),
         etcd,
         credentials: Credentials::NotIssued,
+        tls: JobTls::Ready,
         now: at(100),
     }
 }

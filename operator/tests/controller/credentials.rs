@@ -6,6 +6,8 @@
 //!   uid) is replaced;
 //! - the Secret's user may write `/edl/<job>/` and etcd refuses it another job's keys;
 //! - every job pod takes the Secret (`envFrom`, required);
+//! - the job's TLS Secret (its CA and the pods' certificate) is made before its pods,
+//!   each of which mounts it (not the CA's key) with mutual TLS on, and goes with it;
 //! - later rounds reuse the Secret: same object, same password, which still works;
 //! - deleting the job takes the Secret with it (owner reference);
 //! - an operator whose etcd user may not manage users says so in a condition and an
@@ -22,6 +24,8 @@ use super::*;
 const CRED_NS: &str = "default";
 const ROOT_PASSWORD: &str = "pw";
 const SECRET: &str = "mnist-edl-credentials";
+/// The job's TLS Secret (its CA and the pods' certificate).
+const TLS_SECRET: &str = "mnist-edl-tls";
 
 /// An etcd with authentication on (user root, [`ROOT_PASSWORD`]), and a client as root.
 async fn etcd_with_auth() -> (EtcdCluster, Arc<EtcdBackend>) {
@@ -157,11 +161,45 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
             .expect("a resourceVersion")
     };
     let secret_rv = rv(&api.get("secrets", CRED_NS, SECRET).expect("the Secret"));
+    // The job's TLS Secret too: its CA (key and certificate) and the pods' certificate,
+    // owned by the job, made before the pods, each of which mounts all of it but the
+    // CA's key and turns mutual TLS on.
+    let tls = api
+        .get("secrets", CRED_NS, TLS_SECRET)
+        .expect("the TLS Secret");
+    let keys: Vec<&str> = tls["data"]
+        .as_object()
+        .map(|d| d.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(keys, ["ca.crt", "ca.key", "tls.crt", "tls.key"]);
+    assert_eq!(tls["metadata"]["ownerReferences"][0]["kind"], "TrainingJob");
     for p in job_pods(&api) {
         assert!(
-            secret_rv < rv(&p),
-            "the Secret after pod {}",
+            secret_rv < rv(&p) && rv(&tls) < rv(&p),
+            "a Secret after pod {}",
             p["metadata"]["name"]
+        );
+        let volume = p["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["secret"]["secretName"] == TLS_SECRET)
+            .unwrap_or_else(|| panic!("pod {} mounts no TLS Secret", p["metadata"]["name"]));
+        let mounted: Vec<&str> = volume["secret"]["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["key"].as_str())
+            .collect();
+        assert_eq!(
+            mounted,
+            ["ca.crt", "tls.crt", "tls.key"],
+            "never the CA's key"
+        );
+        let env = p["spec"]["containers"][0]["env"].to_string();
+        assert!(
+            env.contains("EDL_TLS_CLIENT_AUTH") && env.contains("mnist.default.edl.internal"),
+            "{env}"
         );
     }
 
@@ -243,6 +281,11 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
     })
     .await;
     assert!(gone, "secret {:?}", api.get("secrets", CRED_NS, SECRET));
+    let tls_gone = wait_until(within, every, || async {
+        api.get("secrets", CRED_NS, TLS_SECRET).is_none()
+    })
+    .await;
+    assert!(tls_gone, "the TLS Secret outlived its job");
 
     stop.cancel();
     operator.await.expect("operator");
@@ -252,9 +295,10 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
         .filter(|a| a.resource == "secrets")
         .collect();
     assert!(
-        secret_requests
-            .iter()
-            .all(|a| a.namespace == CRED_NS && a.name.as_deref().is_none_or(|n| n == SECRET)),
+        secret_requests.iter().all(|a| a.namespace == CRED_NS
+            && a.name
+                .as_deref()
+                .is_none_or(|n| n == SECRET || n == TLS_SECRET)),
         "{secret_requests:?}"
     );
     check_rbac(&accesses, &|r, _| !credentials_rule(r));

@@ -1,4 +1,5 @@
-//! [`LocalCa`]: a private CA and a job certificate, for `edl run --secure`.
+//! [`LocalCa`]: a private CA and a job certificate, for `edl run --secure` and for the
+//! operator's jobs.
 
 use std::fmt;
 use std::io;
@@ -15,6 +16,9 @@ pub struct LocalCa {
     pub cert_pem: String,
     /// The job certificate's private key (PEM, PKCS#8).
     pub key_pem: String,
+    /// The CA's private key (PEM, PKCS#8), for whoever keeps the CA (the operator keeps
+    /// it in the job's Secret); `edl run --secure` drops it.
+    pub ca_key_pem: String,
 }
 
 impl fmt::Debug for LocalCa {
@@ -24,8 +28,20 @@ impl fmt::Debug for LocalCa {
 }
 
 impl LocalCa {
-    /// A new CA (its key is not kept) and a certificate for `job`, valid for 30 days.
+    /// A new CA and a certificate for `job` on this machine (`localhost`, `127.0.0.1`,
+    /// `::1`), valid for 30 days.
     pub fn generate(job: &str) -> Result<LocalCa, TlsError> {
+        let names = vec![
+            "localhost".to_owned(),
+            "127.0.0.1".to_owned(),
+            "::1".to_owned(),
+        ];
+        LocalCa::generate_for(job, names, 30)
+    }
+
+    /// A new CA and one certificate for `job`, valid for `names` (DNS names or IP
+    /// addresses) as a server and as a client, for `days` days.
+    pub fn generate_for(job: &str, names: Vec<String>, days: i64) -> Result<LocalCa, TlsError> {
         use rcgen::{
             BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
             KeyUsagePurpose,
@@ -34,7 +50,7 @@ impl LocalCa {
         let now = time::OffsetDateTime::now_utc();
         let (not_before, not_after) = (
             now - time::Duration::minutes(5),
-            now + time::Duration::days(30),
+            now + time::Duration::days(days),
         );
         let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
         ca.distinguished_name
@@ -45,14 +61,10 @@ impl LocalCa {
         ca.not_after = not_after;
         let ca_key = KeyPair::generate().map_err(err)?;
         let ca_cert = ca.self_signed(&ca_key).map_err(err)?;
+        let ca_key_pem = ca_key.serialize_pem();
         let issuer = rcgen::Issuer::new(ca, ca_key);
 
-        let mut leaf = CertificateParams::new(vec![
-            "localhost".to_owned(),
-            "127.0.0.1".to_owned(),
-            "::1".to_owned(),
-        ])
-        .map_err(err)?;
+        let mut leaf = CertificateParams::new(names).map_err(err)?;
         leaf.distinguished_name
             .push(DnType::CommonName, format!("edl job {job}"));
         leaf.key_usages = vec![
@@ -71,6 +83,7 @@ impl LocalCa {
             ca_pem: ca_cert.pem(),
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
+            ca_key_pem,
         })
     }
 

@@ -89,16 +89,14 @@ pub struct TlsFiles {
 impl TlsFiles {
     /// Reads and checks the files.
     pub fn load(&self) -> Result<Tls, TlsError> {
-        let ca_pem = read_pem(&self.ca, "CA")?;
-        let mut roots = RootCertStore::empty();
-        let ca_certs = certs(&ca_pem, &self.ca)?;
-        for c in ca_certs {
-            roots.add(c).map_err(|e| {
-                TlsError::new(format!("CA {}: not a usable CA: {e}", self.ca.display()))
-            })?;
-        }
+        let ca = read_pem(&self.ca, "CA")?;
         let identity = match (&self.cert, &self.key) {
-            (Some(c), Some(k)) => Some((read_pem(c, "certificate")?, read_pem(k, "key")?, c, k)),
+            (Some(c), Some(k)) => Some(PemIdentity {
+                cert: read_pem(c, "certificate")?,
+                key: read_pem(k, "key")?,
+                cert_name: c.display().to_string(),
+                key_name: k.display().to_string(),
+            }),
             (None, None) => None,
             (Some(_), None) => {
                 return Err(TlsError::new(
@@ -111,25 +109,73 @@ impl TlsFiles {
                 ));
             }
         };
+        Tls::from_pem(
+            &ca,
+            &self.ca.display().to_string(),
+            identity,
+            self.domain.clone(),
+            self.client_auth,
+        )
+    }
+}
+
+/// A certificate and its key, as PEM, with the names errors give them (their files, or
+/// the Secret keys they came from).
+#[derive(Clone)]
+pub struct PemIdentity {
+    /// The certificate chain.
+    pub cert: Vec<u8>,
+    /// Its private key.
+    pub key: Vec<u8>,
+    /// Where the certificate came from.
+    pub cert_name: String,
+    /// Where the key came from.
+    pub key_name: String,
+}
+
+impl fmt::Debug for PemIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PemIdentity")
+            .field("cert_name", &self.cert_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    /// A TLS setup from PEM: the CA (`ca_name` names it in errors), this process's
+    /// identity, the name checked in servers' certificates, and whether servers require
+    /// client certificates. Both sides' configurations are built here, so a bad key or
+    /// certificate is said at once.
+    pub fn from_pem(
+        ca_pem: &[u8],
+        ca_name: &str,
+        identity: Option<PemIdentity>,
+        domain: Option<String>,
+        client_auth: bool,
+    ) -> Result<Tls, TlsError> {
+        let ca_pem = ca_pem.to_vec();
+        let mut roots = RootCertStore::empty();
+        for c in certs(&ca_pem, ca_name)? {
+            roots
+                .add(c)
+                .map_err(|e| TlsError::new(format!("CA {ca_name}: not a usable CA: {e}")))?;
+        }
         let identity = match identity {
-            Some((cert_pem, key_pem, cert_path, key_path)) => {
-                let chain = certs(&cert_pem, cert_path)?;
-                let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
-                    TlsError::new(format!(
-                        "key {}: no private key in PEM: {e}",
-                        key_path.display()
-                    ))
+            Some(id) => {
+                let chain = certs(&id.cert, &id.cert_name)?;
+                let key = PrivateKeyDer::from_pem_slice(&id.key).map_err(|e| {
+                    TlsError::new(format!("key {}: no private key in PEM: {e}", id.key_name))
                 })?;
                 Some(Ident {
-                    cert_pem,
-                    key_pem,
+                    cert_pem: id.cert,
+                    key_pem: id.key,
                     chain,
                     key: Arc::new(key),
                 })
             }
             None => None,
         };
-        if self.client_auth && identity.is_none() {
+        if client_auth && identity.is_none() {
             return Err(TlsError::new(
                 "client authentication needs this process's own certificate: give \
                  --tls-cert and --tls-key (EDL_TLS_CERT, EDL_TLS_KEY)",
@@ -140,12 +186,10 @@ impl TlsFiles {
                 ca_pem,
                 roots: Arc::new(roots),
                 identity,
-                domain: self.domain.clone(),
-                client_auth: self.client_auth,
+                domain,
+                client_auth,
             }),
         };
-        // Both sides' configurations are built once here, so a bad key or certificate
-        // is said at the start.
         tls.client_config(ALPN_BULK)?;
         if tls.inner.identity.is_some() {
             tls.server_config()?;
@@ -424,14 +468,13 @@ fn read_pem(path: &Path, what: &str) -> Result<Vec<u8>, TlsError> {
     Ok(buf)
 }
 
-fn certs(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+fn certs(pem: &[u8], name: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::new(format!("{}: bad PEM: {e}", path.display())))?;
+        .map_err(|e| TlsError::new(format!("{name}: bad PEM: {e}")))?;
     if certs.is_empty() {
         return Err(TlsError::new(format!(
-            "{}: no certificate in it (expected PEM \"BEGIN CERTIFICATE\")",
-            path.display()
+            "{name}: no certificate in it (expected PEM \"BEGIN CERTIFICATE\")"
         )));
     }
     Ok(certs)

@@ -23,6 +23,57 @@ async fn restore(backend: &Arc<dyn Backend>, keys: &JobKeys) -> Option<RestoreRe
     RestoreRecord::decode(&kv.value).ok()
 }
 
+/// Whether the job's leading master answers a status call made over `tls` (`None`:
+/// plain TCP).
+async fn master_answers(
+    backend: &Arc<dyn Backend>,
+    job: &JobName,
+    tls: Option<edl_proto::tls::Tls>,
+) -> bool {
+    let mut cfg = edl_master_client::MasterClientConfig::new(job.clone());
+    cfg.tls = tls;
+    cfg.retry_for = Duration::from_secs(2);
+    cfg.call_timeout = Duration::from_secs(2);
+    edl_master_client::MasterClient::new(
+        backend.clone(),
+        cfg,
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .status()
+    .await
+    .is_ok()
+}
+
+/// The TLS setup of the Secret `name` (its CA, certificate and key) as a pod of job
+/// `job` in [`NS`] uses it.
+fn tls_of(api: &edl_testkit::kube_api::FakeApi, name: &str, job: &str) -> edl_proto::tls::Tls {
+    let secret = api.get("secrets", NS, name).expect("the TLS Secret");
+    let value = |k: &str| {
+        secret["data"][k]
+            .as_str()
+            .and_then(edl_testkit::kube_api::base64_decode)
+            .unwrap_or_else(|| panic!("no {k} in {name}"))
+    };
+    tls_from(&value("ca.crt"), &value("tls.crt"), &value("tls.key"), job)
+}
+
+fn tls_from(ca: &[u8], cert: &[u8], key: &[u8], job: &str) -> edl_proto::tls::Tls {
+    let identity = edl_proto::tls::PemIdentity {
+        cert: cert.to_vec(),
+        key: key.to_vec(),
+        cert_name: "cert".into(),
+        key_name: "key".into(),
+    };
+    edl_proto::tls::Tls::from_pem(
+        ca,
+        "ca",
+        Some(identity),
+        Some(edl_operator::objects::tls_domain(job, NS)),
+        true,
+    )
+    .expect("a TLS setup")
+}
+
 /// The newest checkpoint step committed for the job.
 async fn newest_manifest(backend: &Arc<dyn Backend>, keys: &JobKeys) -> Option<u64> {
     let (kvs, _) = backend.range(&keys.checkpoints()).await.ok()?;
@@ -31,7 +82,9 @@ async fn newest_manifest(backend: &Arc<dyn Backend>, keys: &JobKeys) -> Option<u
         .max()
 }
 
-/// A job submitted with no checkpoint volume gets a claim per pserver; its pserver pod,
+/// A job submitted with no checkpoint volume and no `plaintext` gets mutual TLS between
+/// its pods (its master answers the job's own certificate, and refuses plain TCP and a
+/// certificate of another CA) and a claim per pserver; its pserver pod,
 /// deleted with no grace (SIGKILL, as when its node is lost), comes back on the same
 /// claim and restores the newest checkpoint from it (`restores/0` names a step, not 0);
 /// the job succeeds, its final checkpoint's ledger holds every pass, and deleting the job
@@ -115,6 +168,35 @@ async fn a_deleted_pserver_pod_restores_from_its_claim_on_the_defaults() {
     );
     let first = restore(&w.backend, &keys).await.expect("the first restore");
     assert_eq!(first.step, 0, "the first pserver started fresh: {first:?}");
+
+    // Mutual TLS by default: the master answers the job's own certificate, and refuses
+    // plain TCP and a certificate of another CA (made for the same name).
+    let job = JobName::new(DURABLE_JOB).expect("a job name");
+    let own = tls_of(&api, &format!("{DURABLE_JOB}-edl-tls"), DURABLE_JOB);
+    assert!(
+        master_answers(&w.backend, &job, Some(own)).await,
+        "the master refused the job's own certificate"
+    );
+    assert!(
+        !master_answers(&w.backend, &job, None).await,
+        "the master answered plain TCP"
+    );
+    let other = edl_proto::tls::LocalCa::generate_for(
+        "another-job",
+        vec![edl_operator::objects::tls_domain(DURABLE_JOB, NS)],
+        1,
+    )
+    .expect("another CA");
+    let foreign = tls_from(
+        other.ca_pem.as_bytes(),
+        other.cert_pem.as_bytes(),
+        other.key_pem.as_bytes(),
+        DURABLE_JOB,
+    );
+    assert!(
+        !master_answers(&w.backend, &job, Some(foreign)).await,
+        "the master answered another job's certificate"
+    );
 
     // The pserver pod goes without a grace period (its node lost).
     let before = uid(&api, &pserver);
