@@ -26,6 +26,7 @@ use edl_job::{JobKeys, JobName, Record, ScaleRecord};
 use edl_master_client::overview::job_status_with;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
@@ -62,6 +63,9 @@ pub struct ControllerConfig {
     pub etcd_timeout: Duration,
     /// The name events are reported under (`reportingInstance`).
     pub instance: String,
+    /// The operator's own namespace: each job's NetworkPolicy admits the operator's pods
+    /// from it.
+    pub operator_namespace: String,
 }
 
 impl Default for ControllerConfig {
@@ -72,6 +76,7 @@ impl Default for ControllerConfig {
             etcd_auth: None,
             etcd_timeout: Duration::from_secs(3),
             instance: "edl-operator".to_owned(),
+            operator_namespace: "edl-system".to_owned(),
         }
     }
 }
@@ -450,6 +455,7 @@ struct JobApis {
     pods: Api<Pod>,
     services: Api<Service>,
     claims: Api<PersistentVolumeClaim>,
+    network_policies: Api<NetworkPolicy>,
 }
 
 impl JobApis {
@@ -459,6 +465,7 @@ impl JobApis {
             pods: Api::namespaced(client.clone(), ns),
             services: Api::namespaced(client.clone(), ns),
             claims: Api::namespaced(client.clone(), ns),
+            network_policies: Api::namespaced(client.clone(), ns),
         }
     }
 }
@@ -488,6 +495,11 @@ async fn observe<'a>(
         .list(&selector)
         .await
         .map_err(kube_err("list the job's claims"))?;
+    let policies = apis
+        .network_policies
+        .list(&selector)
+        .await
+        .map_err(kube_err("list the job's NetworkPolicies"))?;
     // A live job's TLS Secret (an ended or deleted one needs none any more).
     let (tls, job_tls) = if tj.spec.plaintext || !live(tj) {
         (JobTls::Plaintext, None)
@@ -503,6 +515,8 @@ async fn observe<'a>(
         pods: pods.items.iter().filter_map(pod_view).collect(),
         services: services.items.iter().map(ResourceExt::name_any).collect(),
         claims: claims.items.iter().map(ResourceExt::name_any).collect(),
+        network_policies: policies.items.iter().map(ResourceExt::name_any).collect(),
+        operator_namespace: ctx.config.operator_namespace.clone(),
         etcd,
         credentials,
         tls,
@@ -665,7 +679,7 @@ async fn delete_pods(ctx: &Ctx, pods: &Api<Pod>, deletions: &[Deletion]) -> Resu
     Ok(())
 }
 
-/// Creates the plan's services and claims, then its pods (one that exists already is
+/// Creates the plan's services, NetworkPolicy and claims, then its pods (one that exists already is
 /// fine).
 async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Error> {
     for s in &plan.create_services {
@@ -673,6 +687,17 @@ async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Er
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(kube_err("create a service")(e)),
+        }
+    }
+    for n in &plan.create_network_policies {
+        match apis
+            .network_policies
+            .create(&PostParams::default(), n)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kube_err("create the job's NetworkPolicy")(e)),
         }
     }
     for c in &plan.create_claims {

@@ -17,6 +17,8 @@
 //!   period, and its masters and pservers (graceful: a final checkpoint) only once no
 //!   trainer pod is left; its etcd pod (managed) stays, holding its state; a pod that
 //!   goes while it is suspended, or is made when it resumes, is no recovery;
+//! - the job's NetworkPolicy (its pods admit only one another, the operator, and scrapes
+//!   of the metrics port) exists before its pods;
 //! - a pserver pod mounts a claim of its own (`<job>-checkpoints-<slot>`, made before
 //!   it) unless the job names its checkpoint volume; one that does not outlive its pod
 //!   (`emptyDir`) or its node (`hostPath`) is a `CheckpointsDurable=False` condition and
@@ -41,6 +43,7 @@ use std::time::Duration;
 
 use edl_job::JobSpec;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::crd::{TaskCounts, TrainingJob, TrainingJobStatus};
@@ -161,6 +164,10 @@ pub struct Observed<'a> {
     pub services: BTreeSet<String>,
     /// The names of its PersistentVolumeClaims.
     pub claims: BTreeSet<String>,
+    /// The names of its NetworkPolicies.
+    pub network_policies: BTreeSet<String>,
+    /// The operator's namespace (its NetworkPolicy admits the operator's pods from it).
+    pub operator_namespace: String,
     /// Its state in etcd, or why etcd could not be read.
     pub etcd: Result<EtcdState, String>,
     /// Its etcd credentials.
@@ -227,6 +234,8 @@ pub struct Plan {
     pub create_services: Vec<Service>,
     /// PersistentVolumeClaims to create (before the pods that mount them).
     pub create_claims: Vec<PersistentVolumeClaim>,
+    /// NetworkPolicies to create (before the pods).
+    pub create_network_policies: Vec<NetworkPolicy>,
     /// The new status (`None`: leave it).
     pub status: Option<TrainingJobStatus>,
     /// Events.

@@ -96,6 +96,8 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         pods: Vec::new(),
         services: BTreeSet::new(),
         claims: BTreeSet::new(),
+        network_policies: BTreeSet::new(),
+        operator_namespace: "edl-system".to_owned(),
         etcd: Ok(EtcdState::default()),
         // What an operator without admin credentials for the jobs' etcd creates: job pods
         // on a shared etcd take `<job>-edl-credentials` if it exists.
@@ -107,6 +109,9 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
     let mut docs = vec![serde_norway::to_string(&tj)?];
     for s in &plan.create_services {
         docs.push(serde_norway::to_string(s)?);
+    }
+    for n in &plan.create_network_policies {
+        docs.push(serde_norway::to_string(n)?);
     }
     for c in &plan.create_claims {
         docs.push(serde_norway::to_string(c)?);
@@ -162,6 +167,7 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
             resync: args.resync,
             etcd_auth,
             instance: identity.clone(),
+            operator_namespace: args.lease_namespace.clone(),
             ..ControllerConfig::default()
         };
         let election = LeaseElection {

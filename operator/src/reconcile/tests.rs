@@ -98,6 +98,8 @@ fn observe<'a>(
             .into_iter()
             .filter_map(|c| c.metadata.name)
             .collect(),
+        network_policies: BTreeSet::from([format!("{JOB}-edl")]),
+        operator_namespace: "edl-system".to_owned(),
         etcd,
         credentials: Credentials::NotIssued,
         tls: JobTls::Ready,
@@ -136,9 +138,40 @@ fn a_new_job_gets_its_finalizer_its_spec_in_etcd_and_every_pod() {
     let plan = reconcile(&Observed {
         services: BTreeSet::new(),
         claims: BTreeSet::new(),
+        network_policies: BTreeSet::new(),
         ..observe(&tj, vec![], Ok(EtcdState::default()))
     });
     assert_eq!(plan.finalizer, Some(FinalizerChange::Add));
+    // Its pods admit one another and the operator's pods (from its namespace), and
+    // anyone on the metrics port only.
+    let [policy] = &plan.create_network_policies[..] else {
+        panic!("one NetworkPolicy: {:?}", plan.create_network_policies);
+    };
+    let p = serde_json::to_value(policy).expect("json");
+    assert_eq!(p["metadata"]["name"], "mnist-edl");
+    assert_eq!(p["spec"]["podSelector"]["matchLabels"]["edl.dev/job"], JOB);
+    assert_eq!(p["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
+    let from = &p["spec"]["ingress"][0]["from"];
+    assert_eq!(from[0]["podSelector"]["matchLabels"]["edl.dev/job"], JOB);
+    assert_eq!(
+        from[1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "edl-system"
+    );
+    assert_eq!(
+        from[1]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "edl-operator"
+    );
+    assert!(
+        p["spec"]["ingress"][0]["ports"].is_null(),
+        "every port of its own"
+    );
+    assert!(p["spec"]["ingress"][1]["from"].is_null());
+    assert_eq!(p["spec"]["ingress"][1]["ports"][0]["port"], 9090);
+    assert_eq!(
+        p["spec"]["ingress"].as_array().map(Vec::len),
+        Some(2),
+        "nothing else"
+    );
     let spec = match &plan.etcd[..] {
         [EtcdAction::PublishSpec(spec), EtcdAction::WriteScale(2)] => spec,
         other => panic!("{other:?}"),

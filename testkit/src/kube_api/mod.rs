@@ -203,15 +203,31 @@ impl ResourceType {
         }
     }
 
-    /// Every type the edl operator uses: pods, services, secrets (the jobs' etcd
-    /// credentials), PersistentVolumeClaims, events, TrainingJobs, the leader
-    /// election's leases, and the nodes and PriorityClasses its autoscaler reads.
+    /// `networking.k8s.io/v1` NetworkPolicies (stored, not enforced: nothing here
+    /// filters connections).
+    pub fn network_policies() -> ResourceType {
+        ResourceType {
+            group: "networking.k8s.io",
+            version: "v1",
+            plural: "networkpolicies",
+            kind: "NetworkPolicy",
+            namespaced: true,
+            status: false,
+            scale: None,
+        }
+    }
+
+    /// Every type the edl operator uses: pods, services, secrets (the jobs' TLS and
+    /// etcd credentials), PersistentVolumeClaims, NetworkPolicies, events,
+    /// TrainingJobs, the leader election's leases, and the nodes and PriorityClasses its
+    /// autoscaler reads.
     pub fn for_operator() -> Vec<ResourceType> {
         vec![
             ResourceType::pods(),
             ResourceType::services(),
             ResourceType::secrets(),
             ResourceType::persistent_volume_claims(),
+            ResourceType::network_policies(),
             ResourceType::events_v1(),
             ResourceType::trainingjobs(),
             ResourceType::leases(),

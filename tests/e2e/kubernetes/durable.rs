@@ -166,6 +166,13 @@ async fn a_deleted_pserver_pod_restores_from_its_claim_on_the_defaults() {
         (durable.status.as_str(), durable.reason.as_str()),
         ("True", "Claims")
     );
+    let policy = api
+        .get("networkpolicies", NS, &format!("{DURABLE_JOB}-edl"))
+        .expect("the job's NetworkPolicy");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"]["edl.dev/job"],
+        DURABLE_JOB
+    );
     let first = restore(&w.backend, &keys).await.expect("the first restore");
     assert_eq!(first.step, 0, "the first pserver started fresh: {first:?}");
 
