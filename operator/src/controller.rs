@@ -634,6 +634,7 @@ async fn apply_etcd(
         })?;
     for action in actions {
         let keys = job.map(JobKeys::new);
+        let admin = backend.clone();
         let backend: Arc<dyn Backend> = backend.clone();
         let result = match (action, &keys) {
             (EtcdAction::PublishSpec(spec), _) => spec
@@ -650,6 +651,12 @@ async fn apply_etcd(
                 .delete_prefix(keys.root())
                 .await
                 .map(|_| ())
+                .map_err(|e| e.to_string()),
+            // Only an operator with admin credentials made the user.
+            (EtcdAction::RemoveJobUser, Some(_)) if ctx.config.etcd_auth.is_none() => Ok(()),
+            (EtcdAction::RemoveJobUser, Some(_)) => admin
+                .revoke_user(&job_etcd_user(tj.name_any().as_str()))
+                .await
                 .map_err(|e| e.to_string()),
             (_, None) => Ok(()),
         };

@@ -10,7 +10,8 @@
 //!   max_trainers`, the etcd when managed) and only when no pod of that name exists,
 //!   terminating or not (a replacement waits until its predecessor is gone);
 //! - a pod is deleted only if it exists and is not already terminating;
-//! - a job being deleted gets no new pods; its finalizer goes only after its etcd keys;
+//! - a job being deleted gets no new pods; its finalizer goes only after its etcd keys
+//!   and (when the operator made them) its etcd user and role;
 //! - a finished job (Succeeded or Failed) gets no new pods, and its pods still running
 //!   are deleted;
 //! - a suspended job gets no new pods; its trainers are deleted with their drain grace
@@ -187,6 +188,9 @@ pub enum EtcdAction {
     WriteScale(u32),
     /// Delete every key of the job (the finalizer's work).
     DeleteJob,
+    /// Delete the job's own etcd user and role (`edl-job-<job>`), if the operator made
+    /// them (the finalizer's work, after the keys).
+    RemoveJobUser,
 }
 
 /// A pod to delete.
@@ -414,6 +418,7 @@ fn being_deleted(tj: &TrainingJob) -> Plan {
     if has_finalizer(tj) {
         if !tj.spec.etcd.managed {
             plan.etcd.push(EtcdAction::DeleteJob);
+            plan.etcd.push(EtcdAction::RemoveJobUser);
         }
         plan.finalizer = Some(FinalizerChange::Remove);
     }

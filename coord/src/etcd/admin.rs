@@ -5,8 +5,9 @@
 //!   etcdctl auth enable`), for an etcd that a tool started itself (`edl run`'s private
 //!   etcd, tests).
 //! - [`EtcdBackend::grant_prefix`] creates (or resets) a user and a role of the same
-//!   name with read-write permission on one key prefix. It needs a backend connected as
-//!   a user that may manage users (`root`).
+//!   name with read-write permission on one key prefix; [`EtcdBackend::revoke_user`]
+//!   deletes them. Both need a backend connected as a user that may manage users
+//!   (`root`).
 //!
 //! etcd checks a permission on every request of an authenticated user: a key outside
 //! the prefix is refused with `PermissionDenied` ([`Error::PermissionDenied`]).
@@ -143,4 +144,48 @@ impl EtcdBackend {
             password,
         })
     }
+
+    /// Deletes user `user` and the role of the same name ([`grant_prefix`]'s), if they
+    /// exist. Needs a backend connected as a user that may manage users.
+    ///
+    /// [`grant_prefix`]: EtcdBackend::grant_prefix
+    pub async fn revoke_user(&self, user: &str) -> Result<()> {
+        if user.is_empty() || user == "root" {
+            return Err(Error::InvalidArgument(format!(
+                "{user:?}: not a job's user"
+            )));
+        }
+        let name = user.to_owned();
+        self.call("delete a user", Resend::IfNotSent, move |c| {
+            let user = name.clone();
+            async move {
+                let mut auth = AuthClient::with_interceptor(c.channel.clone(), c.meta.clone());
+                if let Err(s) = auth
+                    .user_delete(pb::AuthUserDeleteRequest { name: user.clone() })
+                    .await
+                {
+                    let f = Failure::from(s);
+                    if !missing(&f) {
+                        return Err(f);
+                    }
+                }
+                if let Err(s) = auth
+                    .role_delete(pb::AuthRoleDeleteRequest { role: user.clone() })
+                    .await
+                {
+                    let f = Failure::from(s);
+                    if !missing(&f) {
+                        return Err(f);
+                    }
+                }
+                Ok(())
+            }
+        })
+        .await
+    }
+}
+
+/// Whether etcd refused because the user or role is not there.
+fn missing(f: &Failure) -> bool {
+    f.error.to_string().contains("not found")
 }

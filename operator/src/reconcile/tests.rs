@@ -621,7 +621,11 @@ fn a_deleted_job_drops_its_keys_then_its_finalizer() {
     let mut tj = training_job("");
     tj.metadata.deletion_timestamp = Some(at(50));
     let plan = reconcile(&observe(&tj, running(2), Ok(progress(2))));
-    assert_eq!(plan.etcd, [EtcdAction::DeleteJob]);
+    assert_eq!(
+        plan.etcd,
+        [EtcdAction::DeleteJob, EtcdAction::RemoveJobUser],
+        "its keys, then its etcd user"
+    );
     assert_eq!(plan.finalizer, Some(FinalizerChange::Remove));
     assert!(plan.create_pods.is_empty() && plan.delete.is_empty() && plan.status.is_none());
 }

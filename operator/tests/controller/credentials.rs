@@ -9,7 +9,8 @@
 //! - the job's TLS Secret (its CA and the pods' certificate) is made before its pods,
 //!   each of which mounts it (not the CA's key) with mutual TLS on, and goes with it;
 //! - later rounds reuse the Secret: same object, same password, which still works;
-//! - deleting the job takes the Secret with it (owner reference);
+//! - deleting the job takes the Secret with it (owner reference), and its etcd user and
+//!   role (the finalizer);
 //! - an operator whose etcd user may not manage users says so in a condition and an
 //!   Event, and starts no job process;
 //! - every request is one `deploy/rbac.yaml` allows in the namespace where it binds
@@ -286,6 +287,17 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
     })
     .await;
     assert!(tls_gone, "the TLS Secret outlived its job");
+    // And its etcd user: the password that worked is refused (the finalizer deleted the
+    // user and its role before the job went).
+    let revoked = match EtcdBackend::connect(
+        EtcdConfig::new(etcd.endpoints()).with_auth("edl-job-mnist", password.clone()),
+    )
+    .await
+    {
+        Err(_) => true,
+        Ok(b) => b.get("/edl/mnist/x").await.is_err(),
+    };
+    assert!(revoked, "the deleted job's etcd user still works");
 
     stop.cancel();
     operator.await.expect("operator");
