@@ -236,6 +236,58 @@ impl ResourceType {
         ]
     }
 
+    /// The types of `deploy/`'s files besides the operator's own (namespaces, service
+    /// accounts, RBAC, the operator's Deployment, ConfigMaps, the CRD), so that
+    /// `kubectl apply -f deploy/` runs against the stand-in. They are stored, not acted
+    /// on: no controller runs the Deployment, RBAC is not enforced, and TrainingJobs are
+    /// served whether or not their CRD was applied.
+    pub fn for_deploy() -> Vec<ResourceType> {
+        let typ = |group, version, plural, kind, namespaced| ResourceType {
+            group,
+            version,
+            plural,
+            kind,
+            namespaced,
+            status: false,
+            scale: None,
+        };
+        vec![
+            typ("", "v1", "namespaces", "Namespace", false),
+            typ("", "v1", "serviceaccounts", "ServiceAccount", true),
+            typ("", "v1", "configmaps", "ConfigMap", true),
+            typ("apps", "v1", "deployments", "Deployment", true),
+            typ(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "clusterroles",
+                "ClusterRole",
+                false,
+            ),
+            typ(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "clusterrolebindings",
+                "ClusterRoleBinding",
+                false,
+            ),
+            typ("rbac.authorization.k8s.io", "v1", "roles", "Role", true),
+            typ(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "rolebindings",
+                "RoleBinding",
+                true,
+            ),
+            typ(
+                "apiextensions.k8s.io",
+                "v1",
+                "customresourcedefinitions",
+                "CustomResourceDefinition",
+                false,
+            ),
+        ]
+    }
+
     fn core(plural: &'static str, kind: &'static str, status: bool) -> ResourceType {
         ResourceType {
             group: "",

@@ -264,3 +264,75 @@ async fn kubectl_drives_a_trainingjob_on_the_stand_in() {
     );
     kubectl(&["get", "pods"]);
 }
+
+/// The real `kubectl apply -f deploy/` on the stand-in, as an administrator installs
+/// edl: every object of `deploy/`'s files is created (the CRD, the namespace, the RBAC,
+/// the operator's Deployment, the monitoring ConfigMaps), a second apply finds each
+/// unchanged, and a TrainingJob applied then is listed. (Client-side validation needs
+/// the server's OpenAPI document, which the stand-in does not serve: `--validate=false`;
+/// `scripts/test-deploy` validates the same files against the official schemas.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_the_deploy_directory_on_the_stand_in() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut types = ResourceType::for_operator();
+    types.extend(ResourceType::for_deploy());
+    let api = Arc::new(FakeApi::start(types).await.expect("fake API server"));
+    let kubeconfig = dir.path().join("kubeconfig");
+    write_kubeconfig(&kubeconfig, &api);
+    let cache = dir.path().join("kube-cache");
+    let kubectl = |args: &[&str]| -> String {
+        let (ok, text) = super::kubectl(&kubeconfig, &cache, args);
+        assert!(ok, "kubectl {args:?}: {text}");
+        text
+    };
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+    let out = kubectl(&["apply", "--validate=false", "-f", deploy]);
+    for (what, plural, ns, name) in [
+        (
+            "the CRD",
+            "customresourcedefinitions",
+            "",
+            "trainingjobs.edl.dev",
+        ),
+        ("the namespace", "namespaces", "", "edl-system"),
+        ("the operator", "deployments", "edl-system", "edl-operator"),
+        (
+            "the operator's account",
+            "serviceaccounts",
+            "edl-system",
+            "edl-operator",
+        ),
+        ("its role", "clusterroles", "", "edl-operator"),
+        ("its binding", "clusterrolebindings", "", "edl-operator"),
+        (
+            "the dashboard",
+            "configmaps",
+            "edl-system",
+            "edl-grafana-dashboard",
+        ),
+        (
+            "the alert rules",
+            "configmaps",
+            "edl-system",
+            "edl-prometheus-rules",
+        ),
+    ] {
+        assert!(
+            api.get(plural, ns, name).is_some(),
+            "{what} ({plural} {name}) was not created:\n{out}"
+        );
+    }
+    assert!(!out.contains("unchanged"), "{out}");
+    let again = kubectl(&["apply", "--validate=false", "-f", deploy]);
+    let lines: Vec<&str> = again.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        !lines.is_empty() && lines.iter().all(|l| l.ends_with("unchanged")),
+        "a second apply changed something:\n{again}"
+    );
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/examples/mnist-mlp.yaml"
+    );
+    kubectl(&["apply", "--validate=false", "-f", example]);
+    assert!(kubectl(&["get", "trainingjobs", "-n", NS]).contains("mnist-mlp"));
+}
