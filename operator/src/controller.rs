@@ -66,6 +66,26 @@ pub struct ControllerConfig {
     /// The operator's own namespace: each job's NetworkPolicy admits the operator's pods
     /// from it.
     pub operator_namespace: String,
+    /// How the operator reaches an address inside the cluster (a managed etcd member's
+    /// DNS name): as it is on a cluster; the stand-in's test kubelet maps pod addresses
+    /// to this host's ports.
+    pub resolve: Resolve,
+}
+
+/// A map of cluster addresses (in URLs) to the addresses the operator dials.
+#[derive(Clone)]
+pub struct Resolve(pub Arc<dyn Fn(&str) -> String + Send + Sync>);
+
+impl Default for Resolve {
+    fn default() -> Self {
+        Resolve(Arc::new(str::to_owned))
+    }
+}
+
+impl std::fmt::Debug for Resolve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Resolve")
+    }
 }
 
 impl Default for ControllerConfig {
@@ -77,6 +97,7 @@ impl Default for ControllerConfig {
             etcd_timeout: Duration::from_secs(3),
             instance: "edl-operator".to_owned(),
             operator_namespace: "edl-system".to_owned(),
+            resolve: Resolve::default(),
         }
     }
 }
@@ -118,7 +139,27 @@ struct Ctx {
 }
 
 impl Ctx {
-    async fn backend(&self, endpoints: Vec<String>) -> Result<Arc<EtcdBackend>, String> {
+    /// The client of `tj`'s etcd: at its endpoints as [`ControllerConfig::resolve`]
+    /// maps them, as the operator's admin user on a shared etcd (none on a managed one,
+    /// which runs without authentication).
+    async fn backend(&self, tj: &TrainingJob) -> Result<Arc<EtcdBackend>, String> {
+        let endpoints: Vec<String> = etcd_endpoints(tj)
+            .iter()
+            .map(|e| (self.config.resolve.0)(e))
+            .collect();
+        let auth = if tj.spec.etcd.managed {
+            None
+        } else {
+            self.config.etcd_auth.clone()
+        };
+        self.connect(endpoints, auth).await
+    }
+
+    async fn connect(
+        &self,
+        endpoints: Vec<String>,
+        auth: Option<edl_coord::EtcdAuth>,
+    ) -> Result<Arc<EtcdBackend>, String> {
         if let Some(b) = self
             .etcd
             .lock()
@@ -130,7 +171,7 @@ impl Ctx {
         let mut cfg = EtcdConfig::new(endpoints.iter().cloned());
         cfg.request_timeout = self.config.etcd_timeout;
         cfg.dial_timeout = self.config.etcd_timeout;
-        cfg.auth = self.config.etcd_auth.clone();
+        cfg.auth = auth;
         let backend = Arc::new(
             EtcdBackend::connect(cfg)
                 .await
@@ -320,7 +361,7 @@ async fn ensure_credentials(
         Some(s) => return Ok(token_of(&s)),
         None => {}
     }
-    let admin = ctx.backend(etcd_endpoints(tj)).await?;
+    let admin = ctx.backend(tj).await?;
     let user = job_etcd_user(job.as_str());
     let auth = admin
         .grant_prefix(&user, JobKeys::new(job).root())
@@ -546,7 +587,7 @@ async fn observe_etcd(
         return (Ok(EtcdState::default()), Credentials::NotIssued);
     };
     let issues = ctx.config.etcd_auth.is_some() && !tj.spec.etcd.managed && live(tj);
-    let b = match ctx.backend(etcd_endpoints(tj)).await {
+    let b = match ctx.backend(tj).await {
         Ok(b) => b,
         Err(e) => return (Err(e), Credentials::NotIssued),
     };
@@ -625,13 +666,10 @@ async fn apply_etcd(
     job: Option<&JobName>,
     actions: &[EtcdAction],
 ) -> Result<(), Error> {
-    let backend = ctx
-        .backend(etcd_endpoints(tj))
-        .await
-        .map_err(|message| Error::Etcd {
-            what: "connect to the job's etcd".into(),
-            message,
-        })?;
+    let backend = ctx.backend(tj).await.map_err(|message| Error::Etcd {
+        what: "connect to the job's etcd".into(),
+        message,
+    })?;
     for action in actions {
         let keys = job.map(JobKeys::new);
         let admin = backend.clone();

@@ -148,9 +148,9 @@ impl RoleResources {
 }
 
 /// Which etcd the job uses: an existing one (`endpoints`) or one the operator runs for
-/// the job (`managed`, a single member on an `emptyDir`: the job's coordination state
-/// lives as long as the job).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// the job (`managed`: `members` pods `<job>-etcd-<i>`, each with its data on a claim of
+/// its own, so that losing a member's pod loses nothing).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "(has(self.endpoints) && size(self.endpoints) > 0) != (has(self.managed) && self.managed)",
@@ -166,6 +166,34 @@ pub struct EtcdSpec {
     /// The image of the managed etcd (default `quay.io/coreos/etcd:v3.5.17`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Members of the managed etcd: 3 (default) keeps it available through the loss of
+    /// one; 1 for a small job; at most 7, odd.
+    #[serde(default = "d_members", skip_serializing_if = "is_d_members")]
+    #[schemars(range(min = 1, max = 7))]
+    pub members: u32,
+    /// The claims of the managed etcd's members (one each).
+    #[serde(default, skip_serializing_if = "ClaimTemplate::is_default")]
+    pub claims: ClaimTemplate,
+}
+
+fn d_members() -> u32 {
+    3
+}
+
+fn is_d_members(n: &u32) -> bool {
+    *n == d_members()
+}
+
+impl Default for EtcdSpec {
+    fn default() -> Self {
+        EtcdSpec {
+            endpoints: Vec::new(),
+            managed: false,
+            image: None,
+            members: d_members(),
+            claims: ClaimTemplate::default(),
+        }
+    }
 }
 
 /// The default image of a managed etcd.
@@ -452,6 +480,16 @@ impl TrainingJob {
                  data volume, and give its RecordIO globs in spec.data.train",
             ));
         }
+        if s.etcd.managed && (s.etcd.members.is_multiple_of(2) || s.etcd.members > 7) {
+            return Err(InvalidJob::new(
+                "spec.etcd.members",
+                format!(
+                    "{}: use 1, 3, 5 or 7 (an odd count: an even one tolerates no more \
+                     losses than the odd count below it)",
+                    s.etcd.members
+                ),
+            ));
+        }
         if s.etcd.endpoints.is_empty() != s.etcd.managed {
             return Err(InvalidJob::new(
                 "spec.etcd",
@@ -602,6 +640,25 @@ mod tests {
             true
         );
         assert_eq!(crd["spec"]["names"]["shortNames"][0], "tj");
+    }
+
+    #[test]
+    fn a_managed_etcd_has_an_odd_member_count() {
+        let spec = JobSpec::parse_toml(
+            "name = \"wine\"\n[data]\ntrain = \"/d/wine-*.recordio\"\n\
+             [model]\nkind = \"mlp\"\ninputs = 13\nhidden = [32]\nclasses = 3\n",
+        )
+        .expect("spec");
+        let mut tj = TrainingJob::from_job_spec(&spec, "edl:1", Some("ml"));
+        assert!(tj.spec.etcd.managed && tj.spec.etcd.members == 3);
+        assert!(tj.job_spec().is_ok());
+        for bad in [0, 2, 4, 9] {
+            tj.spec.etcd.members = bad;
+            let e = tj.job_spec().expect_err("refused");
+            assert_eq!(e.field, "spec.etcd.members", "{e}");
+        }
+        tj.spec.etcd.members = 1;
+        assert!(tj.job_spec().is_ok());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The objects the operator creates for a TrainingJob: pod names and labels, the pod of
-//! each process slot, the managed etcd's pod and service, the pservers' checkpoint
-//! claims ([`checkpoint_claims`]), and the Secret with the job's own etcd credentials
-//! and token ([`credentials_secret`]).
+//! each process slot (the managed etcd's members included), its services, its
+//! NetworkPolicy ([`network_policy`]), the claims of its pservers' checkpoints and its
+//! managed etcd's members ([`claims`]), its TLS Secret ([`tls_secret`]) and the Secret
+//! with its own etcd credentials and token ([`credentials_secret`]).
 //!
 //! Every object carries the job's labels and an owner reference to the TrainingJob
 //! (`controller: true`), so deleting the job deletes them (Kubernetes' garbage
@@ -27,7 +28,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use crate::crd::{CHECKPOINT_MOUNT, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSource};
+use crate::crd::{
+    CHECKPOINT_MOUNT, ClaimTemplate, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSource,
+};
 
 /// The label naming a pod's job.
 pub const JOB_LABEL: &str = "edl.dev/job";
@@ -51,6 +54,8 @@ pub const MASTER_PORT: i32 = 7164;
 pub const PSERVER_PORT: i32 = 7165;
 /// etcd's client port.
 pub const ETCD_PORT: i32 = 2379;
+/// etcd's peer port (between the members of a managed etcd).
+pub const ETCD_PEER_PORT: i32 = 2380;
 /// Where pservers and trainers serve `/metrics` (`EDL_METRICS_ADDR`); masters serve it
 /// on their gRPC port.
 pub const METRICS_PORT: i32 = 9090;
@@ -162,38 +167,68 @@ pub fn checkpoint_claims(tj: &TrainingJob) -> Vec<PersistentVolumeClaim> {
     }
     let job = tj.metadata.name.clone().unwrap_or_default();
     let c = &tj.spec.cluster;
-    let t = &tj.spec.volumes.checkpoint_claims;
     (0..c.pservers * c.pserver_replicas.max(1))
         .map(|index| {
             let slot = Slot {
                 role: Role::Pserver,
                 index,
             };
-            let mut metadata = meta(tj, checkpoint_claim_name(&job, index), Some(slot));
-            if t.keep {
-                // Not owned: the garbage collector leaves it when the job goes.
-                metadata.owner_references = None;
-            }
-            PersistentVolumeClaim {
-                metadata,
-                spec: Some(PersistentVolumeClaimSpec {
-                    // One pod mounts it at a time: a shard's replicas each have their
-                    // own, on their own nodes.
-                    access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-                    storage_class_name: t.storage_class_name.clone(),
-                    resources: Some(VolumeResourceRequirements {
-                        requests: Some(BTreeMap::from([(
-                            "storage".to_owned(),
-                            Quantity(t.size.clone()),
-                        )])),
-                        limits: None,
-                    }),
-                    ..PersistentVolumeClaimSpec::default()
-                }),
-                status: None,
-            }
+            let name = checkpoint_claim_name(&job, index);
+            claim(tj, name, slot, &tj.spec.volumes.checkpoint_claims)
         })
         .collect()
+}
+
+/// The claims of `tj`'s managed etcd, one per member (none for an etcd it does not
+/// run).
+pub fn etcd_claims(tj: &TrainingJob) -> Vec<PersistentVolumeClaim> {
+    if !tj.spec.etcd.managed {
+        return Vec::new();
+    }
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    (0..tj.spec.etcd.members.max(1))
+        .map(|index| {
+            let slot = Slot {
+                role: Role::Etcd,
+                index,
+            };
+            claim(tj, etcd_claim_name(&job, index), slot, &tj.spec.etcd.claims)
+        })
+        .collect()
+}
+
+/// Every claim the operator makes for `tj`: its pservers' checkpoints and its managed
+/// etcd's data.
+pub fn claims(tj: &TrainingJob) -> Vec<PersistentVolumeClaim> {
+    let mut out = checkpoint_claims(tj);
+    out.extend(etcd_claims(tj));
+    out
+}
+
+/// Claim `name` of `slot`'s pod, as `t` says (ReadWriteOnce: one pod mounts it at a
+/// time, and replicas on different nodes each have their own).
+fn claim(tj: &TrainingJob, name: String, slot: Slot, t: &ClaimTemplate) -> PersistentVolumeClaim {
+    let mut metadata = meta(tj, name, Some(slot));
+    if t.keep {
+        // Not owned: the garbage collector leaves it when the job goes.
+        metadata.owner_references = None;
+    }
+    PersistentVolumeClaim {
+        metadata,
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            storage_class_name: t.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(t.size.clone()),
+                )])),
+                limits: None,
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        status: None,
+    }
 }
 
 /// A process role of a job on the cluster.
@@ -239,12 +274,10 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// The pod's name in job `job`: `<job>-<role>-<index>` (`<job>-etcd` for the etcd).
+    /// The pod's name in job `job`: `<job>-<role>-<index>` (`<job>-etcd-<i>` for the
+    /// managed etcd's member `i`).
     pub fn pod_name(self, job: &str) -> String {
-        match self.role {
-            Role::Etcd => format!("{job}-etcd"),
-            r => format!("{job}-{}-{}", r.name(), self.index),
-        }
+        format!("{job}-{}-{}", self.role.name(), self.index)
     }
 }
 
@@ -323,10 +356,65 @@ pub fn etcd_endpoints(tj: &TrainingJob) -> Vec<String> {
     if tj.spec.etcd.managed {
         let job = tj.metadata.name.clone().unwrap_or_default();
         let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
-        vec![format!("http://{job}-etcd.{ns}.svc:{ETCD_PORT}")]
+        (0..tj.spec.etcd.members.max(1))
+            .map(|i| format!("{}:{ETCD_PORT}", member_host(&job, ns, i)))
+            .map(|h| format!("http://{h}"))
+            .collect()
     } else {
         tj.spec.etcd.endpoints.clone()
     }
+}
+
+/// The DNS name of member `i` of `job`'s managed etcd (its pod's name under the job's
+/// headless service).
+fn member_host(job: &str, ns: &str, i: u32) -> String {
+    let pod = Slot {
+        role: Role::Etcd,
+        index: i,
+    }
+    .pod_name(job);
+    format!("{pod}.{job}.{ns}.svc")
+}
+
+/// The claim holding the data of member `i` of `job`'s managed etcd:
+/// `<job>-etcd-data-<i>`.
+pub fn etcd_claim_name(job: &str, i: u32) -> String {
+    format!("{job}-etcd-data-{i}")
+}
+
+/// The command line of member `index` of `tj`'s managed etcd: named `etcd-<index>`, its
+/// data on its claim, the members found by their pods' DNS names, old revisions
+/// compacted every hour, a 2 GiB space quota (past it etcd raises its space alarm and
+/// refuses writes; the job's master then pauses the job and says so). A member that
+/// comes back on its claim rejoins with its data.
+fn etcd_member_args(tj: &TrainingJob, index: u32) -> Vec<String> {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
+    let members = tj.spec.etcd.members.max(1);
+    let cluster: Vec<String> = (0..members)
+        .map(|i| {
+            format!(
+                "etcd-{i}=http://{}:{ETCD_PEER_PORT}",
+                member_host(&job, ns, i)
+            )
+        })
+        .collect();
+    let me = member_host(&job, ns, index);
+    vec![
+        "etcd".to_owned(),
+        format!("--name=etcd-{index}"),
+        "--data-dir=/var/lib/etcd/data".to_owned(),
+        format!("--listen-client-urls=http://0.0.0.0:{ETCD_PORT}"),
+        format!("--advertise-client-urls=http://{me}:{ETCD_PORT}"),
+        format!("--listen-peer-urls=http://0.0.0.0:{ETCD_PEER_PORT}"),
+        format!("--initial-advertise-peer-urls=http://{me}:{ETCD_PEER_PORT}"),
+        format!("--initial-cluster={}", cluster.join(",")),
+        "--initial-cluster-state=new".to_owned(),
+        format!("--initial-cluster-token={job}"),
+        "--auto-compaction-mode=periodic".to_owned(),
+        "--auto-compaction-retention=1h".to_owned(),
+        format!("--quota-backend-bytes={}", 2u64 << 30),
+    ]
 }
 
 fn volume(name: &str, source: &VolumeSource) -> Volume {
@@ -396,17 +484,13 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     };
     let (command, ports, resources) = match slot.role {
         Role::Etcd => {
-            let args = vec![
-                "etcd".to_owned(),
-                "--name=etcd".to_owned(),
-                "--data-dir=/var/lib/etcd".to_owned(),
-                format!("--listen-client-urls=http://0.0.0.0:{ETCD_PORT}"),
-                format!("--advertise-client-urls=http://{job}-etcd:{ETCD_PORT}"),
-            ];
+            let args = etcd_member_args(tj, slot.index);
+            // The data volume is the job processes', not the etcd's.
+            volumes.retain(|v| v.name != "data");
             volumes.push(volume(
                 "etcd-data",
                 &VolumeSource {
-                    empty_dir: true,
+                    claim_name: Some(etcd_claim_name(&job, slot.index)),
                     ..VolumeSource::default()
                 },
             ));
@@ -417,7 +501,11 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
                 ..VolumeMount::default()
             });
             vars.clear();
-            (args, vec![ETCD_PORT], s.resources.etcd.clone())
+            (
+                args,
+                vec![ETCD_PORT, ETCD_PEER_PORT],
+                s.resources.etcd.clone(),
+            )
         }
         Role::Master => (
             edl(&[

@@ -13,7 +13,8 @@
 //! - a job being deleted gets no new pods; its finalizer goes only after its etcd keys
 //!   and (when the operator made them) its etcd user and role;
 //! - a finished job (Succeeded or Failed) gets no new pods, and its pods still running
-//!   are deleted;
+//!   are deleted, but for a managed etcd's, which hold its final state until the job
+//!   is deleted;
 //! - a suspended job gets no new pods; its trainers are deleted with their drain grace
 //!   period, and its masters and pservers (graceful: a final checkpoint) only once no
 //!   trainer pod is left; its etcd pod (managed) stays, holding its state; a pod that
@@ -307,10 +308,10 @@ pub fn desired_slots(tj: &TrainingJob) -> Vec<Slot> {
     let trainers = c.trainers.clamp(c.min_trainers, c.max_trainers());
     let mut out = Vec::new();
     if tj.spec.etcd.managed {
-        out.push(Slot {
+        out.extend((0..tj.spec.etcd.members.max(1)).map(|index| Slot {
             role: Role::Etcd,
-            index: 0,
-        });
+            index,
+        }));
     }
     for (role, n) in [
         (Role::Master, c.masters),
@@ -330,9 +331,14 @@ fn describe_end(p: &PodView) -> String {
     }
 }
 
-/// Deletes (gracefully) every pod of `pods` that still runs: the job is over.
+/// Deletes (gracefully) every pod of `pods` that still runs but the managed etcd's: the
+/// job is over. The etcd keeps the job's final state (its status, its checkpoints'
+/// manifests, the pservers' final commits) until the job is deleted.
 fn stop_running(plan: &mut Plan, pods: &[PodView]) {
-    for p in pods.iter().filter(|p| !p.terminating && !p.phase.ended()) {
+    for p in pods
+        .iter()
+        .filter(|p| !p.terminating && !p.phase.ended() && p.slot.role != Role::Etcd)
+    {
         plan.delete.push(Deletion {
             name: p.name.clone(),
             grace: None,

@@ -72,6 +72,8 @@ struct Running {
 pub struct Kubelet {
     stop: CancellationToken,
     procs: Arc<Mutex<BTreeMap<String, Running>>>,
+    ports: Ports,
+    namespace: String,
 }
 
 impl Drop for Kubelet {
@@ -145,6 +147,71 @@ fn env_from(api: &FakeApi, pod: &Value, ns: &str) -> Result<BTreeMap<String, Str
     Ok(env)
 }
 
+/// The loopback port standing in for each pod's container port: pods share this host,
+/// so `<pod>.<subdomain>.<namespace>.svc[.cluster.local]:<port>` (a pod's DNS name, as a
+/// headless service gives it) becomes `127.0.0.1:<its port>`, and a pod's own
+/// `0.0.0.0:<port>` the same port, chosen the first time either is met (a free port
+/// then) and kept for the pod's name, as a pod's DNS name outlives its incarnations.
+#[derive(Debug, Clone, Default)]
+struct Ports(Arc<Mutex<BTreeMap<(String, u16), u16>>>);
+
+impl Ports {
+    /// The loopback port of `pod`'s `port`.
+    fn of(&self, pod: &str, port: u16) -> u16 {
+        let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *table.entry((pod.to_owned(), port)).or_insert_with(|| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_or(port, |a| a.port())
+        })
+    }
+
+    /// `text` with the pod addresses in it on this host (`own`: the pod it is for).
+    fn resolve(&self, text: &str, own: &str, ns: &str) -> String {
+        let mut out = String::new();
+        let mut rest = text;
+        let host_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.';
+        while let Some(colon) = rest.find(':') {
+            let (before, after) = rest.split_at(colon);
+            let digits: String = after[1..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            let host_start = before
+                .char_indices()
+                .rev()
+                .take_while(|(_, c)| host_char(*c))
+                .last()
+                .map_or(before.len(), |(i, _)| i);
+            let host = &before[host_start..];
+            let port = digits.parse::<u16>().ok();
+            let pod = match host {
+                "0.0.0.0" => Some(own),
+                h => [".svc.cluster.local", ".svc"]
+                    .iter()
+                    .find_map(|s| h.strip_suffix(s))
+                    .and_then(|h| h.strip_suffix(&format!(".{ns}")))
+                    .and_then(|h| h.split_once('.'))
+                    .map(|(pod, _subdomain)| pod),
+            };
+            match (pod, port) {
+                (Some(pod), Some(port)) => {
+                    out.push_str(&before[..host_start]);
+                    out.push_str(&format!("127.0.0.1:{}", self.of(pod, port)));
+                    rest = &after[1 + digits.len()..];
+                }
+                _ => {
+                    out.push_str(before);
+                    out.push(':');
+                    rest = &after[1..];
+                }
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
 /// Writes Secret `name`'s keys (its `items`, or every key) into `dir` as files, with
 /// the volume's `defaultMode` (or an item's `mode`), as a kubelet projects a Secret.
 fn write_secret_volume(
@@ -212,6 +279,7 @@ fn command_of(
     pod: &Value,
     cfg: &KubeletConfig,
     mut env: BTreeMap<String, String>,
+    ports: &Ports,
 ) -> Result<(Vec<String>, BTreeMap<String, String>), String> {
     let name = pod["metadata"]["name"].as_str().unwrap_or_default();
     let c = &pod["spec"]["containers"][0];
@@ -276,10 +344,16 @@ fn command_of(
         };
         mounts.push((mount, host));
     }
+    // A path under a mount, alone or as a `--flag=PATH` value, on the host.
     let on_host = |a: String| -> String {
+        let a = ports.resolve(&a, name, &cfg.namespace);
+        let (flag, value) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (format!("{f}="), v.to_owned()),
+            _ => (String::new(), a.clone()),
+        };
         for (mount, host) in &mounts {
-            if let Some(rest) = a.strip_prefix(mount.as_str()) {
-                return format!("{}{rest}", host.display());
+            if let Some(rest) = value.strip_prefix(mount.as_str()) {
+                return format!("{flag}{}{rest}", host.display());
             }
         }
         a
@@ -317,10 +391,12 @@ impl Kubelet {
         let procs: Arc<Mutex<BTreeMap<String, Running>>> = Arc::default();
         api.serve_pod_logs(&cfg.namespace, cfg.dir.clone());
         let (s, p) = (stop.clone(), procs.clone());
+        let ports = Ports::default();
+        let (own_ports, namespace) = (ports.clone(), cfg.namespace.clone());
         tokio::spawn(async move {
             let mut changes = api.subscribe("pods").boxed();
             loop {
-                sync(&api, &cfg, &p, &s);
+                sync(&api, &cfg, &p, &ports, &s);
                 tokio::select! {
                     _ = s.cancelled() => return,
                     // Changes, or a second: a process may have ended meanwhile.
@@ -329,7 +405,19 @@ impl Kubelet {
                 }
             }
         });
-        Kubelet { stop, procs }
+        Kubelet {
+            stop,
+            procs,
+            ports: own_ports,
+            namespace,
+        }
+    }
+
+    /// Maps the pod addresses in a text (`<pod>.<subdomain>.<ns>.svc:<port>`) to the
+    /// loopback ports their pods use here, for a client outside the pods (an operator).
+    pub fn resolver(&self) -> Arc<dyn Fn(&str) -> String + Send + Sync> {
+        let (ports, ns) = (self.ports.clone(), self.namespace.clone());
+        Arc::new(move |text: &str| ports.resolve(text, "", &ns))
     }
 }
 
@@ -381,6 +469,7 @@ fn sync(
     api: &Arc<FakeApi>,
     cfg: &KubeletConfig,
     procs: &Arc<Mutex<BTreeMap<String, Running>>>,
+    ports: &Ports,
     stop: &CancellationToken,
 ) {
     let ns = cfg.namespace.as_str();
@@ -469,7 +558,7 @@ fn sync(
                 continue;
             }
         };
-        let (args, env) = match command_of(api, &pod, cfg, from) {
+        let (args, env) = match command_of(api, &pod, cfg, from, ports) {
             Ok(c) => c,
             Err(e) => {
                 let _ = api.patch_status(
@@ -570,5 +659,39 @@ fn sync(
                 let _ = api.delete("pods", &ns, &name, Some(0));
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ports;
+
+    #[test]
+    fn pod_addresses_become_loopback_ports_kept_per_pod() {
+        let ports = Ports::default();
+        let cluster = "etcd-0=http://j-etcd-0.j.ml.svc:2380,etcd-1=http://j-etcd-1.j.ml.svc.cluster.local:2380";
+        let got = ports.resolve(cluster, "j-etcd-0", "ml");
+        let (p0, p1) = (ports.of("j-etcd-0", 2380), ports.of("j-etcd-1", 2380));
+        assert_ne!(p0, p1);
+        assert_eq!(
+            got,
+            format!("etcd-0=http://127.0.0.1:{p0},etcd-1=http://127.0.0.1:{p1}")
+        );
+        // A pod's own 0.0.0.0 is its port; the same again later.
+        assert_eq!(
+            ports.resolve("--listen-peer-urls=http://0.0.0.0:2380", "j-etcd-0", "ml"),
+            format!("--listen-peer-urls=http://127.0.0.1:{p0}")
+        );
+        assert_eq!(ports.of("j-etcd-1", 2380), p1, "kept for the name");
+        // Anything else stays as it is.
+        for text in [
+            "http://example.com:80",
+            "a:b",
+            "x.other.svc:1",
+            "j-etcd-0.j.other-ns.svc:2380",
+            "ends with:",
+        ] {
+            assert_eq!(ports.resolve(text, "j-etcd-0", "ml"), text);
+        }
     }
 }

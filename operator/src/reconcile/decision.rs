@@ -268,7 +268,7 @@ impl<'a> Decision<'a> {
     /// is replaced finds its checkpoints.
     pub(super) fn checkpoint_volumes(&mut self) {
         let tj = self.obs.job;
-        for c in objects::checkpoint_claims(tj) {
+        for c in objects::claims(tj) {
             let name = c.metadata.name.clone().unwrap_or_default();
             if !self.obs.claims.contains(&name) {
                 self.plan.create_claims.push(c);

@@ -94,7 +94,7 @@ fn observe<'a>(
         job: tj,
         pods,
         services: BTreeSet::from([JOB.to_owned()]),
-        claims: crate::objects::checkpoint_claims(tj)
+        claims: crate::objects::claims(tj)
             .into_iter()
             .filter_map(|c| c.metadata.name)
             .collect(),
@@ -316,12 +316,52 @@ fn a_managed_etcd_comes_first_and_an_unreachable_one_is_a_condition_and_one_even
         managed: true,
         ..EtcdSpec::default()
     };
-    let obs = observe(&tj, vec![], Err("connection refused".into()));
+    let obs = Observed {
+        claims: BTreeSet::new(),
+        ..observe(&tj, vec![], Err("connection refused".into()))
+    };
     let plan = reconcile(&obs);
     assert_eq!(
         names(&plan.create_pods),
-        ["mnist-etcd"],
+        ["mnist-etcd-0", "mnist-etcd-1", "mnist-etcd-2"],
         "only the etcd before it runs"
+    );
+    // Each member on a claim of its own, found by its peers by its pod's DNS name, and
+    // the job's processes given every member.
+    let claims: Vec<String> = plan
+        .create_claims
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .filter(|n| n.contains("-etcd-"))
+        .collect();
+    assert_eq!(
+        claims,
+        [
+            "mnist-etcd-data-0",
+            "mnist-etcd-data-1",
+            "mnist-etcd-data-2"
+        ]
+    );
+    let member = serde_json::to_value(&plan.create_pods[1]).expect("json");
+    let args = member["spec"]["containers"][0]["command"].to_string();
+    for want in [
+        "--name=etcd-1",
+        "--initial-cluster=etcd-0=http://mnist-etcd-0.mnist.ml.svc:2380,etcd-1=http://mnist-etcd-1.mnist.ml.svc:2380,etcd-2=http://mnist-etcd-2.mnist.ml.svc:2380",
+        "--advertise-client-urls=http://mnist-etcd-1.mnist.ml.svc:2379",
+        "--auto-compaction-retention=1h",
+        "--quota-backend-bytes=2147483648",
+    ] {
+        assert!(args.contains(want), "{want} in {args}");
+    }
+    assert_eq!(
+        member["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "mnist-etcd-data-1"
+    );
+    assert_eq!(
+        crate::objects::etcd_endpoints(&tj),
+        (0..3)
+            .map(|i| format!("http://mnist-etcd-{i}.mnist.ml.svc:2379"))
+            .collect::<Vec<_>>()
     );
     assert!(plan.etcd.is_empty());
     assert_eq!(
@@ -347,15 +387,10 @@ fn a_managed_etcd_comes_first_and_an_unreachable_one_is_a_condition_and_one_even
     );
     // The same observation again: the condition stands, no second event.
     tj.status = Some(status);
-    let etcd_pod = PodView {
-        name: "mnist-etcd".into(),
-        ..pod(Role::Etcd, 0, PodPhase::Running)
-    };
-    let again = reconcile(&observe(
-        &tj,
-        vec![etcd_pod],
-        Err("connection refused".into()),
-    ));
+    let members = (0..3)
+        .map(|i| pod(Role::Etcd, i, PodPhase::Running))
+        .collect();
+    let again = reconcile(&observe(&tj, members, Err("connection refused".into())));
     assert!(again.events.is_empty(), "{:?}", again.events);
     assert!(again.create_pods.is_empty());
 }
@@ -684,7 +719,11 @@ fn job_processes_require_the_credentials_the_operator_made_and_take_hand_made_on
         ..EtcdSpec::default()
     };
     let plan = reconcile(&observe(&managed, vec![], Ok(EtcdState::default())));
-    assert_eq!(plan.create_pods.len(), 5, "the etcd and the processes");
+    assert_eq!(
+        plan.create_pods.len(),
+        7,
+        "the etcd's 3 members and the processes"
+    );
     assert!(
         plan.create_pods
             .iter()
@@ -1018,7 +1057,9 @@ fn a_job_created_suspended_makes_no_pods_and_a_managed_etcd_stays() {
     pods.push(pod(Role::Etcd, 0, PodPhase::Running));
     let plan = reconcile(&observe(&managed, pods, Ok(progress(1))));
     assert!(
-        plan.delete.iter().all(|d| d.name != "mnist-etcd"),
+        plan.delete
+            .iter()
+            .all(|d| !d.name.starts_with("mnist-etcd")),
         "{:?}",
         plan.delete
     );

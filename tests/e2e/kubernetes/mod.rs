@@ -155,6 +155,8 @@ impl OnOperator {
                 namespace: Some(NS.to_owned()),
                 resync: Duration::from_millis(500),
                 etcd_auth,
+                // A managed etcd's members by the loopback ports the kubelet gave them.
+                resolve: controller::Resolve(kubelet.resolver()),
                 ..ControllerConfig::default()
             },
             metrics,
@@ -567,5 +569,6 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
 }
 
 mod durable;
+mod managed_etcd;
 mod stand_in;
 mod suspend;

@@ -1,0 +1,180 @@
+//! A job on the etcd the operator runs for it (`etcd.managed`, three members, each on a
+//! claim of its own), run by the test kubelet as real etcd processes that find one
+//! another by their pods' DNS names: losing one member's pod changes nothing for the job.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use edl_coord::{Backend, EtcdBackend, EtcdConfig};
+use edl_job::{JobKeys, JobName, Record, RestoreRecord};
+use edl_operator::TrainingJob;
+use edl_operator::crd::{EtcdSpec, Phase};
+use edl_operator::metrics::Metrics;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+
+use super::{NS, OnOperator, pod_logs, uid};
+use crate::support::{World, checkpointed_passes, wait_until};
+use crate::trainer::mnist;
+
+/// The job trains with its managed etcd's three members; member 0's pod is deleted with
+/// no grace period (SIGKILL, as when its node is lost) after its data is on its claim;
+/// the pod comes back on the same claim and rejoins, the job goes on (a later pass),
+/// its pserver keeps its shard (no restore: the same incarnation), and it succeeds with
+/// every pass in its final checkpoint's ledger, read from the managed etcd, which stays
+/// up after the job ended (it holds the job's final state) until the job is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
+    const MANAGED_JOB: &str = "mnist-managed";
+    const PASSES: u32 = 8;
+    let w = World::new("unused").await;
+    let (train, test) = mnist(w.dir.path());
+    let OnOperator {
+        pods_dir,
+        api,
+        client,
+        _kubelet,
+        stop,
+        operator,
+        ..
+    } = OnOperator::start(&w, None, Arc::new(Metrics::default())).await;
+    let spec = edl_job::JobSpec::parse_toml(&format!(
+        "name = \"{MANAGED_JOB}\"\n[data]\ntrain = [\"{train}\"]\ntest = [\"{test}\"]\n\
+         [model]\nkind = \"mnist_mlp\"\n\
+         [train]\nmode = \"async\"\npasses = {PASSES}\nbatch_size = 32\noptimizer = \"adam\"\n\
+         learning_rate = 0.001\nseed = 7\n\
+         [cluster]\npservers = 1\ntrainers = 2\nlease_ttl = \"5s\"\ncheckpoint_every = \"1s\"\n"
+    ))
+    .expect("spec");
+    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
+    tj.spec.etcd = EtcdSpec {
+        managed: true,
+        ..EtcdSpec::default()
+    };
+    assert_eq!(tj.spec.etcd.members, 3, "the default");
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
+    jobs.create(&PostParams::default(), &tj)
+        .await
+        .expect("create the job");
+    let status = || {
+        let jobs = jobs.clone();
+        async move { jobs.get(MANAGED_JOB).await.ok().and_then(|j| j.status) }
+    };
+    let within = Duration::from_secs(120);
+    let training = wait_until(within, || async {
+        status()
+            .await
+            .is_some_and(|s| s.pass >= Some(1) && s.phase == Phase::Running)
+    })
+    .await;
+    assert!(training, "{:?}\n{}", status().await, pod_logs(&pods_dir));
+    // The managed etcd, as the operator reaches it.
+    let resolve = _kubelet.resolver();
+    let endpoints: Vec<String> = edl_operator::objects::etcd_endpoints(&tj)
+        .iter()
+        .map(|e| resolve(e))
+        .collect();
+    let etcd: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(EtcdConfig::new(endpoints))
+            .await
+            .expect("connect to the managed etcd"),
+    );
+    let keys = JobKeys::new(&JobName::new(MANAGED_JOB).expect("a job name"));
+    let restore = || async {
+        let kv = etcd.get(&keys.restore(0)).await.ok()??;
+        RestoreRecord::decode(&kv.value).ok()
+    };
+    let before = restore().await.expect("the pserver's restore record");
+
+    // Member 0 on its claim, then its pod lost.
+    let member = format!("{MANAGED_JOB}-etcd-0");
+    let claim = api
+        .get(
+            "persistentvolumeclaims",
+            NS,
+            &format!("{MANAGED_JOB}-etcd-data-0"),
+        )
+        .expect("member 0's claim");
+    let claim_dir = pods_dir
+        .join("claims")
+        .join(claim["metadata"]["uid"].as_str().expect("uid"));
+    assert!(
+        claim_dir
+            .join("data")
+            .join("member")
+            .try_exists()
+            .expect("stat"),
+        "member 0's data is not on its claim: {}",
+        claim_dir.display()
+    );
+    let pass_at_loss = status().await.and_then(|s| s.pass).expect("a pass");
+    let old = uid(&api, &member);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    pods.delete(&member, &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete member 0's pod");
+    let back = wait_until(within, || async {
+        api.get("pods", NS, &member).is_some_and(|p| {
+            p["metadata"]["uid"].as_str() != old.as_deref() && p["status"]["phase"] == "Running"
+        })
+    })
+    .await;
+    assert!(back, "member 0 was not recreated:\n{}", pod_logs(&pods_dir));
+    let went_on = wait_until(Duration::from_secs(300), || async {
+        status()
+            .await
+            .is_some_and(|s| s.pass > Some(pass_at_loss) || s.phase.is_finished())
+    })
+    .await;
+    assert!(
+        went_on,
+        "the job stalled after the loss: {:?}\n{}",
+        status().await,
+        pod_logs(&pods_dir)
+    );
+
+    let done = wait_until(Duration::from_secs(400), || async {
+        status().await.is_some_and(|s| s.phase.is_finished())
+    })
+    .await;
+    let s = status().await.expect("status");
+    assert!(
+        done && s.phase == Phase::Succeeded,
+        "{s:?}\n{}",
+        pod_logs(&pods_dir)
+    );
+    let tasks = s.tasks.clone().expect("tasks");
+    assert!(
+        tasks.failed == 0 && tasks.todo == 0 && tasks.pending == 0 && tasks.done > 0,
+        "{tasks:?}"
+    );
+    let after = restore().await.expect("the restore record");
+    assert_eq!(
+        after.incarnation, before.incarnation,
+        "the pserver restored its shard: the loss of an etcd member cost a restore"
+    );
+    let pserver = format!("{MANAGED_JOB}-pserver-0");
+    let stopped = wait_until(within, || async {
+        api.get("pods", NS, &pserver)
+            .is_none_or(|p| p["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    assert!(
+        stopped,
+        "the pserver never stopped: {}",
+        pod_logs(&pods_dir)
+    );
+    assert_eq!(
+        checkpointed_passes(&etcd, &keys, 1).await,
+        vec![PASSES],
+        "the final checkpoint's ledger"
+    );
+    for i in 0..3 {
+        let p = api
+            .get("pods", NS, &format!("{MANAGED_JOB}-etcd-{i}"))
+            .expect("the member stays after the job ended");
+        assert_eq!(p["status"]["phase"], "Running", "member {i}");
+    }
+    stop.cancel();
+    operator.await.expect("operator");
+}
