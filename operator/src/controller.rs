@@ -300,6 +300,7 @@ async fn progress(
             .map(|m| m.address.clone()),
         scale: s.desired_trainers,
         finished,
+        paused: s.paused.clone(),
     })
 }
 

@@ -27,6 +27,8 @@
 //!   a warning Event;
 //! - a trainer beyond the desired count is deleted with its drain grace period (SIGTERM:
 //!   it hands its task back), never killed outright;
+//! - a job its master paused (its etcd full: the space alarm) has the condition
+//!   `EtcdSpaceAlarm` and one Warning Event, until the master goes on;
 //! - every scale and every replacement is an Event; every problem that keeps a pod from
 //!   running (an image that cannot be pulled, an unschedulable pod, a missing volume, an
 //!   unreachable etcd, credentials the operator could not make) is a condition and an
@@ -126,6 +128,9 @@ pub struct EtcdState {
     pub scale: Option<u32>,
     /// How the job ended, if it has.
     pub finished: Option<Finished>,
+    /// Why the master paused the job (its etcd raised the space alarm: full), with
+    /// what to do.
+    pub paused: Option<String>,
 }
 
 /// The job's own etcd credentials (the Secret `<job>-edl-credentials`), as the

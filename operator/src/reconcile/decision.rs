@@ -95,6 +95,28 @@ impl<'a> Decision<'a> {
             }
         };
         self.condition("EtcdReachable", true, "Reachable", String::new());
+        match &p.paused {
+            Some(why) => {
+                let message = format!("the master paused the job: {why}");
+                if self.condition("EtcdSpaceAlarm", true, "EtcdFull", message.clone()) {
+                    self.plan.event(true, "EtcdSpaceAlarm", message);
+                }
+            }
+            None if self
+                .status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "EtcdSpaceAlarm") =>
+            {
+                self.condition(
+                    "EtcdSpaceAlarm",
+                    false,
+                    "Cleared",
+                    "the job's etcd takes writes again".to_owned(),
+                );
+            }
+            None => {}
+        }
         self.status.pass = p.pass;
         self.status.tasks = p.tasks.clone();
         self.status.trainers.registered = p.trainers;

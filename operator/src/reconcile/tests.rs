@@ -82,6 +82,7 @@ fn progress(scale: u32) -> EtcdState {
         leader: Some("10.0.0.5:7164".into()),
         scale: Some(scale),
         finished: None,
+        paused: None,
     }
 }
 
@@ -1064,4 +1065,38 @@ fn a_job_created_suspended_makes_no_pods_and_a_managed_etcd_stays() {
         plan.delete
     );
     assert_eq!(plan.delete.len(), 1, "the trainer first: {:?}", plan.delete);
+}
+
+#[test]
+fn a_job_paused_by_a_full_etcd_is_a_condition_and_one_warning() {
+    let mut tj = training_job("");
+    started(&mut tj, 2);
+    let full = EtcdState {
+        paused: Some("etcd is full (its space alarm): compact and defragment it".into()),
+        ..progress(2)
+    };
+    let plan = reconcile(&observe(&tj, running(2), Ok(full.clone())));
+    let status = plan.status.clone().expect("status");
+    let c = condition(&status, "EtcdSpaceAlarm");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "EtcdFull"));
+    assert!(c.message.contains("compact"), "{c:?}");
+    let warned = |p: &Plan| {
+        p.events
+            .iter()
+            .filter(|e| e.warning && e.reason == "EtcdSpaceAlarm")
+            .count()
+    };
+    assert_eq!(warned(&plan), 1);
+    tj.status = Some(status);
+    let again = reconcile(&observe(&tj, running(2), Ok(full)));
+    assert_eq!(warned(&again), 0, "said once");
+    // Cleared: the condition turns false.
+    let plan = reconcile(&observe(&tj, running(2), Ok(progress(2))));
+    let status = plan.status.expect("status");
+    assert_eq!(condition(&status, "EtcdSpaceAlarm").status, "False");
+    // A job that never was paused has no such condition.
+    let mut fresh = training_job("");
+    started(&mut fresh, 2);
+    let s = fresh.status.clone().expect("status");
+    assert!(s.conditions.iter().all(|c| c.type_ != "EtcdSpaceAlarm"));
 }
