@@ -362,23 +362,29 @@ async fn ensure_credentials(
         Some(s) => return Ok(token_of(&s)),
         None => {}
     }
-    let admin = ctx.backend(tj).await?;
     let user = job_etcd_user(job.as_str());
-    let auth = admin
-        .grant_prefix(&user, JobKeys::new(job).root())
-        .await
-        .map_err(|e| {
-            format!(
-                "create etcd user {user} for {}: {e} (the operator's --etcd-user must be one \
-                 that may manage users, e.g. root)",
-                JobKeys::new(job).root()
-            )
-        })?;
+    // A managed etcd runs without users: the job's Secret holds its token only.
+    let auth = if tj.spec.etcd.managed {
+        None
+    } else {
+        let admin = ctx.backend(tj).await?;
+        let auth = admin
+            .grant_prefix(&user, JobKeys::new(job).root())
+            .await
+            .map_err(|e| {
+                format!(
+                    "create etcd user {user} for {}: {e} (the operator's --etcd-user must be \
+                     one that may manage users, e.g. root)",
+                    JobKeys::new(job).root()
+                )
+            })?;
+        Some(auth)
+    };
     let token = edl_coord::random_secret();
     match secrets
         .create(
             &PostParams::default(),
-            &credentials_secret(tj, &auth, &token),
+            &credentials_secret(tj, auth.as_ref(), &token),
         )
         .await
     {
@@ -587,7 +593,9 @@ async fn observe_etcd(
         // An invalid name fails the job in the decision; etcd is not needed.
         return (Ok(EtcdState::default()), Credentials::NotIssued);
     };
-    let issues = ctx.config.etcd_auth.is_some() && !tj.spec.etcd.managed && live(tj);
+    // A job on a shared etcd gets its own user when the operator may make users; a job
+    // on its managed etcd gets its token.
+    let issues = (ctx.config.etcd_auth.is_some() || tj.spec.etcd.managed) && live(tj);
     let b = match ctx.backend(tj).await {
         Ok(b) => b,
         Err(e) => return (Err(e), Credentials::NotIssued),

@@ -128,17 +128,26 @@ impl CredentialsRef {
     /// The reference `tj`'s pods get; `issued`: the operator makes the job's credentials.
     pub fn of(tj: &TrainingJob, issued: bool) -> CredentialsRef {
         match (tj.spec.etcd.managed, issued) {
-            (true, _) => CredentialsRef::None,
+            (_, true) => CredentialsRef::Required,
+            (true, false) => CredentialsRef::None,
             (false, false) => CredentialsRef::Optional,
-            (false, true) => CredentialsRef::Required,
         }
     }
 }
 
-/// The Secret with `tj`'s etcd user and password and its job token, owned by `tj`.
-pub fn credentials_secret(tj: &TrainingJob, auth: &edl_coord::EtcdAuth, token: &str) -> Secret {
+/// The Secret with `tj`'s job token and, on a shared etcd, its etcd user and password
+/// (`auth`; a managed etcd runs without users), owned by `tj`.
+pub fn credentials_secret(
+    tj: &TrainingJob,
+    auth: Option<&edl_coord::EtcdAuth>,
+    token: &str,
+) -> Secret {
     let job = tj.metadata.name.clone().unwrap_or_default();
-    let values = [auth.user.as_str(), auth.password.as_str(), token];
+    let values = [
+        auth.map(|a| a.user.as_str()),
+        auth.map(|a| a.password.as_str()),
+        Some(token),
+    ];
     Secret {
         metadata: meta(tj, credentials_secret_name(&job), None),
         type_: Some("Opaque".to_owned()),
@@ -146,7 +155,7 @@ pub fn credentials_secret(tj: &TrainingJob, auth: &edl_coord::EtcdAuth, token: &
             CREDENTIAL_KEYS
                 .iter()
                 .zip(values)
-                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+                .filter_map(|(k, v)| Some(((*k).to_owned(), ByteString(v?.as_bytes().to_vec()))))
                 .collect(),
         ),
         ..Secret::default()

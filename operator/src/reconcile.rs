@@ -133,13 +133,13 @@ pub struct EtcdState {
     pub paused: Option<String>,
 }
 
-/// The job's own etcd credentials (the Secret `<job>-edl-credentials`), as the
-/// controller found or made them.
+/// The job's own credentials (the Secret `<job>-edl-credentials`: its token, and on a
+/// shared etcd its etcd user), as the controller found or made them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub enum Credentials {
-    /// The operator makes none for this job: it has no admin credentials for the jobs'
-    /// etcd, or the job runs its own. Pods of a job on a shared etcd take the Secret if
-    /// it exists (one made by hand).
+    /// The operator makes none for this job: it has no admin credentials for the shared
+    /// etcd the job uses (or the job is not live). Pods of a job on a shared etcd take
+    /// the Secret if it exists (one made by hand).
     #[default]
     NotIssued,
     /// The Secret exists (found, or made this round): every job process requires it.

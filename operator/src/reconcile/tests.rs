@@ -730,6 +730,33 @@ fn job_processes_require_the_credentials_the_operator_made_and_take_hand_made_on
             .iter()
             .all(|p| env_from_secret(p).is_none())
     );
+    // Once the operator made its token: every process requires it, no etcd member
+    // takes it.
+    let plan = reconcile(&Observed {
+        credentials: Credentials::Ready,
+        ..observe(&managed, vec![], Ok(EtcdState::default()))
+    });
+    for p in &plan.create_pods {
+        let etcd = p
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.contains("-etcd-"));
+        let want = if etcd { None } else { Some(None) };
+        assert_eq!(
+            env_from_secret(p).map(|r| r.optional),
+            want,
+            "{:?}",
+            p.metadata.name
+        );
+    }
+    let status = plan.status.expect("status");
+    assert!(
+        condition(&status, "CredentialsReady")
+            .message
+            .contains("the token of Secret mnist-edl-credentials"),
+        "{status:?}"
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! A job on the etcd the operator runs for it (`etcd.managed`, three members, each on a
 //! claim of its own), run by the test kubelet as real etcd processes that find one
 //! another by their pods' DNS names: losing one member's pod changes nothing for the job.
+//! The job gets its own token (the operator reads its progress from the master with it).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,6 +86,22 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         RestoreRecord::decode(&kv.value).ok()
     };
     let before = restore().await.expect("the pserver's restore record");
+    // The job's own token, in a Secret of its own (no etcd user: a managed etcd runs
+    // without users), which every job pod requires.
+    let secret = api
+        .get("secrets", NS, &format!("{MANAGED_JOB}-edl-credentials"))
+        .expect("the job's credentials");
+    let keys_of: Vec<&str> = secret["data"]
+        .as_object()
+        .map(|d| d.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(keys_of, ["EDL_JOB_TOKEN"]);
+    let trainer = api
+        .get("pods", NS, &format!("{MANAGED_JOB}-trainer-0"))
+        .expect("a trainer");
+    let from = &trainer["spec"]["containers"][0]["envFrom"][0]["secretRef"];
+    assert_eq!(from["name"], format!("{MANAGED_JOB}-edl-credentials"));
+    assert!(from["optional"].is_null(), "required: {from}");
 
     // Member 0 on its claim, then its pod lost.
     let member = format!("{MANAGED_JOB}-etcd-0");
