@@ -10,26 +10,27 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
-    HostPathVolumeSource, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm,
-    PodAntiAffinity, PodSecurityContext, PodSpec, Secret, SecretEnvSource, SecretVolumeSource,
+    HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, SecretEnvSource,
     SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
-    VolumeResourceRequirements,
 };
-use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
-    NetworkPolicySpec,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use crate::crd::{
-    CHECKPOINT_MOUNT, ClaimTemplate, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSource,
+use crate::crd::{CHECKPOINT_MOUNT, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSource};
+
+mod claims;
+mod network;
+mod secrets;
+
+pub use claims::{checkpoint_claim_name, checkpoint_claims, claims, etcd_claim_name, etcd_claims};
+pub use network::{OPERATOR_LABEL, network_policy};
+use secrets::mount_tls;
+pub use secrets::{
+    CREDENTIAL_KEYS, CredentialsRef, TLS_KEYS, TLS_MOUNT, credentials_secret,
+    credentials_secret_name, job_etcd_user, tls_domain, tls_secret, tls_secret_name,
 };
 
 /// The label naming a pod's job.
@@ -59,186 +60,6 @@ pub const ETCD_PEER_PORT: i32 = 2380;
 /// Where pservers and trainers serve `/metrics` (`EDL_METRICS_ADDR`); masters serve it
 /// on their gRPC port.
 pub const METRICS_PORT: i32 = 9090;
-
-/// The keys of a job's credentials Secret: the job's etcd user and password, and the
-/// job token (the variables every role reads).
-pub const CREDENTIAL_KEYS: [&str; 3] = edl_job::env::CREDENTIALS;
-
-/// The Secret holding `job`'s own etcd credentials and token: `<job>-edl-credentials`.
-pub fn credentials_secret_name(job: &str) -> String {
-    format!("{job}-edl-credentials")
-}
-
-/// The Secret holding `job`'s CA (certificate and key) and the certificate its pods
-/// present and accept: `<job>-edl-tls`.
-pub fn tls_secret_name(job: &str) -> String {
-    format!("{job}-edl-tls")
-}
-
-/// The name in `job`'s pod certificate, which every pod checks in its peers'
-/// (`EDL_TLS_DOMAIN`): pods dial one another by IP address.
-pub fn tls_domain(job: &str, namespace: &str) -> String {
-    format!("{job}.{namespace}.edl.internal")
-}
-
-/// Where a pod mounts its TLS files.
-pub const TLS_MOUNT: &str = "/etc/edl/tls";
-
-/// The keys of the TLS Secret: the CA's certificate, the pods' certificate and key, and
-/// the CA's key (never mounted in a pod).
-pub const TLS_KEYS: [&str; 4] = ["ca.crt", "tls.crt", "tls.key", "ca.key"];
-
-/// The TLS Secret of `tj`, with `ca`'s files, owned by `tj`.
-pub fn tls_secret(tj: &TrainingJob, ca: &edl_proto::tls::LocalCa) -> Secret {
-    let job = tj.metadata.name.clone().unwrap_or_default();
-    let values = [&ca.ca_pem, &ca.cert_pem, &ca.key_pem, &ca.ca_key_pem];
-    Secret {
-        metadata: meta(tj, tls_secret_name(&job), None),
-        type_: Some("Opaque".to_owned()),
-        data: Some(
-            TLS_KEYS
-                .iter()
-                .zip(values)
-                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
-                .collect(),
-        ),
-        ..Secret::default()
-    }
-}
-
-/// The etcd user (and role) of `job` on a shared etcd: `edl-job-<job>`, as `edl run
-/// --secure` names it.
-pub fn job_etcd_user(job: &str) -> String {
-    format!("edl-job-{job}")
-}
-
-/// How a job's pods take the Secret [`credentials_secret_name`] (as `envFrom`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CredentialsRef {
-    /// Not at all: the job runs its own etcd (`etcd.managed`).
-    None,
-    /// If it exists: a job on a shared etcd whose operator makes no credentials (an
-    /// administrator may have made the Secret by hand).
-    Optional,
-    /// It must exist (the operator made it): a pod without it does not start.
-    Required,
-}
-
-impl CredentialsRef {
-    /// The reference `tj`'s pods get; `issued`: the operator makes the job's credentials.
-    pub fn of(tj: &TrainingJob, issued: bool) -> CredentialsRef {
-        match (tj.spec.etcd.managed, issued) {
-            (_, true) => CredentialsRef::Required,
-            (true, false) => CredentialsRef::None,
-            (false, false) => CredentialsRef::Optional,
-        }
-    }
-}
-
-/// The Secret with `tj`'s job token and, on a shared etcd, its etcd user and password
-/// (`auth`; a managed etcd runs without users), owned by `tj`.
-pub fn credentials_secret(
-    tj: &TrainingJob,
-    auth: Option<&edl_coord::EtcdAuth>,
-    token: &str,
-) -> Secret {
-    let job = tj.metadata.name.clone().unwrap_or_default();
-    let values = [
-        auth.map(|a| a.user.as_str()),
-        auth.map(|a| a.password.as_str()),
-        Some(token),
-    ];
-    Secret {
-        metadata: meta(tj, credentials_secret_name(&job), None),
-        type_: Some("Opaque".to_owned()),
-        data: Some(
-            CREDENTIAL_KEYS
-                .iter()
-                .zip(values)
-                .filter_map(|(k, v)| Some(((*k).to_owned(), ByteString(v?.as_bytes().to_vec()))))
-                .collect(),
-        ),
-        ..Secret::default()
-    }
-}
-
-/// The claim the operator makes for the checkpoints of pserver slot `slot` of `job`
-/// (when the job names no checkpoint volume): `<job>-checkpoints-<slot>`.
-pub fn checkpoint_claim_name(job: &str, slot: u32) -> String {
-    format!("{job}-checkpoints-{slot}")
-}
-
-/// The checkpoint claims `tj` wants: one per pserver slot, unless the job names its
-/// checkpoint volume (`volumes.checkpoints`).
-pub fn checkpoint_claims(tj: &TrainingJob) -> Vec<PersistentVolumeClaim> {
-    if tj.spec.volumes.checkpoints.is_some() {
-        return Vec::new();
-    }
-    let job = tj.metadata.name.clone().unwrap_or_default();
-    let c = &tj.spec.cluster;
-    (0..c.pservers * c.pserver_replicas.max(1))
-        .map(|index| {
-            let slot = Slot {
-                role: Role::Pserver,
-                index,
-            };
-            let name = checkpoint_claim_name(&job, index);
-            claim(tj, name, slot, &tj.spec.volumes.checkpoint_claims)
-        })
-        .collect()
-}
-
-/// The claims of `tj`'s managed etcd, one per member (none for an etcd it does not
-/// run).
-pub fn etcd_claims(tj: &TrainingJob) -> Vec<PersistentVolumeClaim> {
-    if !tj.spec.etcd.managed {
-        return Vec::new();
-    }
-    let job = tj.metadata.name.clone().unwrap_or_default();
-    (0..tj.spec.etcd.members.max(1))
-        .map(|index| {
-            let slot = Slot {
-                role: Role::Etcd,
-                index,
-            };
-            claim(tj, etcd_claim_name(&job, index), slot, &tj.spec.etcd.claims)
-        })
-        .collect()
-}
-
-/// Every claim the operator makes for `tj`: its pservers' checkpoints and its managed
-/// etcd's data.
-pub fn claims(tj: &TrainingJob) -> Vec<PersistentVolumeClaim> {
-    let mut out = checkpoint_claims(tj);
-    out.extend(etcd_claims(tj));
-    out
-}
-
-/// Claim `name` of `slot`'s pod, as `t` says (ReadWriteOnce: one pod mounts it at a
-/// time, and replicas on different nodes each have their own).
-fn claim(tj: &TrainingJob, name: String, slot: Slot, t: &ClaimTemplate) -> PersistentVolumeClaim {
-    let mut metadata = meta(tj, name, Some(slot));
-    if t.keep {
-        // Not owned: the garbage collector leaves it when the job goes.
-        metadata.owner_references = None;
-    }
-    PersistentVolumeClaim {
-        metadata,
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-            storage_class_name: t.storage_class_name.clone(),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_owned(),
-                    Quantity(t.size.clone()),
-                )])),
-                limits: None,
-            }),
-            ..PersistentVolumeClaimSpec::default()
-        }),
-        status: None,
-    }
-}
 
 /// A process role of a job on the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -383,12 +204,6 @@ fn member_host(job: &str, ns: &str, i: u32) -> String {
     }
     .pod_name(job);
     format!("{pod}.{job}.{ns}.svc")
-}
-
-/// The claim holding the data of member `i` of `job`'s managed etcd:
-/// `<job>-etcd-data-<i>`.
-pub fn etcd_claim_name(job: &str, i: u32) -> String {
-    format!("{job}-etcd-data-{i}")
 }
 
 /// The command line of member `index` of `tj`'s managed etcd: named `etcd-<index>`, its
@@ -697,52 +512,6 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     }
 }
 
-/// The job's TLS Secret as a read-only volume at [`TLS_MOUNT`] (the CA's certificate and
-/// the pods' certificate and key, not the CA's key), and the variables that turn mutual
-/// TLS on in every edl role.
-fn mount_tls(
-    job: &str,
-    namespace: &str,
-    volumes: &mut Vec<Volume>,
-    mounts: &mut Vec<VolumeMount>,
-    vars: &mut Vec<EnvVar>,
-) {
-    use edl_proto::tls::env as tls;
-    volumes.push(Volume {
-        name: "tls".to_owned(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(tls_secret_name(job)),
-            items: Some(
-                TLS_KEYS[..3]
-                    .iter()
-                    .map(|k| KeyToPath {
-                        key: (*k).to_owned(),
-                        path: (*k).to_owned(),
-                        mode: None,
-                    })
-                    .collect(),
-            ),
-            // Readable by the pod's group (fsGroup), not by others.
-            default_mode: Some(0o440),
-            optional: None,
-        }),
-        ..Volume::default()
-    });
-    mounts.push(VolumeMount {
-        name: "tls".to_owned(),
-        mount_path: TLS_MOUNT.to_owned(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    });
-    vars.extend([
-        env(tls::CA, format!("{TLS_MOUNT}/ca.crt")),
-        env(tls::CERT, format!("{TLS_MOUNT}/tls.crt")),
-        env(tls::KEY, format!("{TLS_MOUNT}/tls.key")),
-        env(tls::DOMAIN, tls_domain(job, namespace)),
-        env(tls::CLIENT_AUTH, "true"),
-    ]);
-}
-
 /// Keeps the replicas of one shard on different nodes: a pserver pod of shard `shard`
 /// is never scheduled on a node that runs another of the same job and shard. Required,
 /// not preferred: two replicas on one node would be lost together, which is the loss
@@ -766,67 +535,6 @@ fn replicas_apart(job: &str, shard: &str) -> Affinity {
             preferred_during_scheduling_ignored_during_execution: None,
         }),
         ..Affinity::default()
-    }
-}
-
-/// The label of the operator's own pods (`deploy/operator.yaml`).
-pub const OPERATOR_LABEL: (&str, &str) = ("app.kubernetes.io/name", "edl-operator");
-
-/// The NetworkPolicy of `tj`'s pods, `<job>-edl`: they accept connections only from the
-/// job's own pods and from the operator's (pods labelled [`OPERATOR_LABEL`] in
-/// `operator_namespace`: it asks the job's master and etcd), except on the metrics port
-/// ([`METRICS_PORT`], behind the job token), which a cluster's Prometheus scrapes.
-/// Outgoing traffic is not limited.
-pub fn network_policy(tj: &TrainingJob, operator_namespace: &str) -> NetworkPolicy {
-    let job = tj.metadata.name.clone().unwrap_or_default();
-    let own = LabelSelector {
-        match_labels: Some(BTreeMap::from([(JOB_LABEL.to_owned(), job.clone())])),
-        match_expressions: None,
-    };
-    let operator = NetworkPolicyPeer {
-        namespace_selector: Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([(
-                "kubernetes.io/metadata.name".to_owned(),
-                operator_namespace.to_owned(),
-            )])),
-            match_expressions: None,
-        }),
-        pod_selector: Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([(
-                OPERATOR_LABEL.0.to_owned(),
-                OPERATOR_LABEL.1.to_owned(),
-            )])),
-            match_expressions: None,
-        }),
-        ..NetworkPolicyPeer::default()
-    };
-    NetworkPolicy {
-        metadata: meta(tj, format!("{job}-edl"), None),
-        spec: Some(NetworkPolicySpec {
-            pod_selector: Some(own.clone()),
-            policy_types: Some(vec!["Ingress".to_owned()]),
-            ingress: Some(vec![
-                NetworkPolicyIngressRule {
-                    from: Some(vec![
-                        NetworkPolicyPeer {
-                            pod_selector: Some(own),
-                            ..NetworkPolicyPeer::default()
-                        },
-                        operator,
-                    ]),
-                    ports: None,
-                },
-                NetworkPolicyIngressRule {
-                    from: None,
-                    ports: Some(vec![NetworkPolicyPort {
-                        port: Some(IntOrString::Int(METRICS_PORT)),
-                        protocol: Some("TCP".to_owned()),
-                        end_port: None,
-                    }]),
-                },
-            ]),
-            egress: None,
-        }),
     }
 }
 

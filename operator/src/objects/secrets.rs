@@ -1,0 +1,159 @@
+//! A job's Secrets and how its pods take them: its credentials (the job token, and on
+//! a shared etcd its own etcd user) and its TLS Secret (the job's CA and its pods'
+//! certificate), with the volume and variables that turn mutual TLS on in a pod.
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{
+    EnvVar, KeyToPath, Secret, SecretVolumeSource, Volume, VolumeMount,
+};
+
+use super::{env, meta};
+use crate::crd::TrainingJob;
+
+/// The keys of a job's credentials Secret: the job's etcd user and password, and the
+/// job token (the variables every role reads).
+pub const CREDENTIAL_KEYS: [&str; 3] = edl_job::env::CREDENTIALS;
+
+/// The Secret holding `job`'s own etcd credentials and token: `<job>-edl-credentials`.
+pub fn credentials_secret_name(job: &str) -> String {
+    format!("{job}-edl-credentials")
+}
+
+/// The Secret holding `job`'s CA (certificate and key) and the certificate its pods
+/// present and accept: `<job>-edl-tls`.
+pub fn tls_secret_name(job: &str) -> String {
+    format!("{job}-edl-tls")
+}
+
+/// The name in `job`'s pod certificate, which every pod checks in its peers'
+/// (`EDL_TLS_DOMAIN`): pods dial one another by IP address.
+pub fn tls_domain(job: &str, namespace: &str) -> String {
+    format!("{job}.{namespace}.edl.internal")
+}
+
+/// Where a pod mounts its TLS files.
+pub const TLS_MOUNT: &str = "/etc/edl/tls";
+
+/// The keys of the TLS Secret: the CA's certificate, the pods' certificate and key, and
+/// the CA's key (never mounted in a pod).
+pub const TLS_KEYS: [&str; 4] = ["ca.crt", "tls.crt", "tls.key", "ca.key"];
+
+/// The TLS Secret of `tj`, with `ca`'s files, owned by `tj`.
+pub fn tls_secret(tj: &TrainingJob, ca: &edl_proto::tls::LocalCa) -> Secret {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let values = [&ca.ca_pem, &ca.cert_pem, &ca.key_pem, &ca.ca_key_pem];
+    Secret {
+        metadata: meta(tj, tls_secret_name(&job), None),
+        type_: Some("Opaque".to_owned()),
+        data: Some(
+            TLS_KEYS
+                .iter()
+                .zip(values)
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Secret::default()
+    }
+}
+
+/// The etcd user (and role) of `job` on a shared etcd: `edl-job-<job>`, as `edl run
+/// --secure` names it.
+pub fn job_etcd_user(job: &str) -> String {
+    format!("edl-job-{job}")
+}
+
+/// How a job's pods take the Secret [`credentials_secret_name`] (as `envFrom`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialsRef {
+    /// Not at all: the job runs its own etcd (`etcd.managed`).
+    None,
+    /// If it exists: a job on a shared etcd whose operator makes no credentials (an
+    /// administrator may have made the Secret by hand).
+    Optional,
+    /// It must exist (the operator made it): a pod without it does not start.
+    Required,
+}
+
+impl CredentialsRef {
+    /// The reference `tj`'s pods get; `issued`: the operator makes the job's credentials.
+    pub fn of(tj: &TrainingJob, issued: bool) -> CredentialsRef {
+        match (tj.spec.etcd.managed, issued) {
+            (_, true) => CredentialsRef::Required,
+            (true, false) => CredentialsRef::None,
+            (false, false) => CredentialsRef::Optional,
+        }
+    }
+}
+
+/// The Secret with `tj`'s job token and, on a shared etcd, its etcd user and password
+/// (`auth`; a managed etcd runs without users), owned by `tj`.
+pub fn credentials_secret(
+    tj: &TrainingJob,
+    auth: Option<&edl_coord::EtcdAuth>,
+    token: &str,
+) -> Secret {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let values = [
+        auth.map(|a| a.user.as_str()),
+        auth.map(|a| a.password.as_str()),
+        Some(token),
+    ];
+    Secret {
+        metadata: meta(tj, credentials_secret_name(&job), None),
+        type_: Some("Opaque".to_owned()),
+        data: Some(
+            CREDENTIAL_KEYS
+                .iter()
+                .zip(values)
+                .filter_map(|(k, v)| Some(((*k).to_owned(), ByteString(v?.as_bytes().to_vec()))))
+                .collect(),
+        ),
+        ..Secret::default()
+    }
+}
+
+/// The job's TLS Secret as a read-only volume at [`TLS_MOUNT`] (the CA's certificate and
+/// the pods' certificate and key, not the CA's key), and the variables that turn mutual
+/// TLS on in every edl role.
+pub(super) fn mount_tls(
+    job: &str,
+    namespace: &str,
+    volumes: &mut Vec<Volume>,
+    mounts: &mut Vec<VolumeMount>,
+    vars: &mut Vec<EnvVar>,
+) {
+    use edl_proto::tls::env as tls;
+    volumes.push(Volume {
+        name: "tls".to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(tls_secret_name(job)),
+            items: Some(
+                TLS_KEYS[..3]
+                    .iter()
+                    .map(|k| KeyToPath {
+                        key: (*k).to_owned(),
+                        path: (*k).to_owned(),
+                        mode: None,
+                    })
+                    .collect(),
+            ),
+            // Readable by the pod's group (fsGroup), not by others.
+            default_mode: Some(0o440),
+            optional: None,
+        }),
+        ..Volume::default()
+    });
+    mounts.push(VolumeMount {
+        name: "tls".to_owned(),
+        mount_path: TLS_MOUNT.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    });
+    vars.extend([
+        env(tls::CA, format!("{TLS_MOUNT}/ca.crt")),
+        env(tls::CERT, format!("{TLS_MOUNT}/tls.crt")),
+        env(tls::KEY, format!("{TLS_MOUNT}/tls.key")),
+        env(tls::DOMAIN, tls_domain(job, namespace)),
+        env(tls::CLIENT_AUTH, "true"),
+    ]);
+}
