@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
     HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
-    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, SecretEnvSource,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, ResourceRequirements,
+    SecretEnvSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::Resource;
@@ -281,137 +281,39 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     let name = slot.pod_name(&job);
     let c = &s.cluster;
     let ttl = humantime::format_duration(c.lease_ttl).to_string();
-    let mut vars = vec![
-        env(edl_job::env::ETCD, etcd_endpoints(tj).join(",")),
-        env(edl_job::env::JOB, job.clone()),
-        env(edl_job::env::LEASE_TTL, ttl.clone()),
-        env_field("POD_IP", "status.podIP"),
-        env_field("POD_NAME", "metadata.name"),
-        env_field("POD_UID", "metadata.uid"),
-    ];
-    let mut mounts = Vec::new();
-    let mut volumes = Vec::new();
+    // What every job process has; each role then adds or takes away.
+    let mut parts = Parts {
+        vars: vec![
+            env(edl_job::env::ETCD, etcd_endpoints(tj).join(",")),
+            env(edl_job::env::JOB, job.clone()),
+            env(edl_job::env::LEASE_TTL, ttl.clone()),
+            env_field("POD_IP", "status.podIP"),
+            env_field("POD_NAME", "metadata.name"),
+            env_field("POD_UID", "metadata.uid"),
+        ],
+        volumes: Vec::new(),
+        mounts: Vec::new(),
+    };
     if let Some(d) = &s.volumes.data {
-        volumes.push(volume("data", d));
-        mounts.push(VolumeMount {
+        parts.volumes.push(volume("data", d));
+        parts.mounts.push(VolumeMount {
             name: "data".to_owned(),
             mount_path: DATA_MOUNT.to_owned(),
             read_only: Some(true),
             ..VolumeMount::default()
         });
     }
-    let edl = |args: &[&str]| -> Vec<String> {
-        std::iter::once("edl")
-            .chain(args.iter().copied())
-            .map(str::to_owned)
-            .collect()
-    };
     let (command, ports, resources) = match slot.role {
-        Role::Etcd => {
-            let args = etcd_member_args(tj, slot.index);
-            // The data volume is the job processes', not the etcd's.
-            volumes.retain(|v| v.name != "data");
-            volumes.push(volume(
-                "etcd-data",
-                &VolumeSource {
-                    claim_name: Some(etcd_claim_name(&job, slot.index)),
-                    ..VolumeSource::default()
-                },
-            ));
-            mounts.retain(|m| m.name != "data");
-            mounts.push(VolumeMount {
-                name: "etcd-data".to_owned(),
-                mount_path: "/var/lib/etcd".to_owned(),
-                ..VolumeMount::default()
-            });
-            vars.clear();
-            (
-                args,
-                vec![ETCD_PORT, ETCD_PEER_PORT],
-                s.resources.etcd.clone(),
-            )
-        }
-        Role::Master => (
-            edl(&[
-                "master",
-                "--listen",
-                &format!("0.0.0.0:{MASTER_PORT}"),
-                "--advertise",
-                &format!("$(POD_IP):{MASTER_PORT}"),
-                "--chunks-per-task",
-                &s.data.chunks_per_task.max(1).to_string(),
-                "--lease-ttl",
-                &ttl,
-            ]),
-            vec![MASTER_PORT],
-            s.resources.master.clone(),
-        ),
-        Role::Pserver => {
-            let ckpt = s
-                .volumes
-                .checkpoints
-                .clone()
-                .unwrap_or_else(|| VolumeSource {
-                    claim_name: Some(checkpoint_claim_name(&job, slot.index)),
-                    ..VolumeSource::default()
-                });
-            volumes.push(volume("checkpoints", &ckpt));
-            mounts.push(VolumeMount {
-                name: "checkpoints".to_owned(),
-                mount_path: CHECKPOINT_MOUNT.to_owned(),
-                ..VolumeMount::default()
-            });
-            let shard = slot.index % c.pservers.max(1);
-            vars.push(env(
-                edl_job::env::METRICS_ADDR,
-                format!("0.0.0.0:{METRICS_PORT}"),
-            ));
-            let mut command = edl(&[
-                "pserver",
-                "--index",
-                &shard.to_string(),
-                "--shards",
-                &c.pservers.to_string(),
-                "--checkpoint-dir",
-                &format!("{CHECKPOINT_MOUNT}/{job}"),
-                "--checkpoint-every",
-                &humantime::format_duration(c.checkpoint_every).to_string(),
-                "--keep-checkpoints",
-                &c.checkpoint_keep.to_string(),
-                "--listen",
-                &format!("0.0.0.0:{PSERVER_PORT}"),
-                "--advertise",
-                &format!("$(POD_IP):{PSERVER_PORT}"),
-                "--lease-ttl",
-                &ttl,
-            ]);
-            if c.pserver_replicas > 1 {
-                command.extend(["--replicas".to_owned(), c.pserver_replicas.to_string()]);
-            }
-            (
-                command,
-                vec![PSERVER_PORT, METRICS_PORT],
-                s.resources.pserver.clone(),
-            )
-        }
-        Role::Trainer => {
-            // One id per pod incarnation: a replacement pod (same name) must not meet
-            // the registration its predecessor left until its lease ends.
-            vars.push(env(edl_job::env::TRAINER_ID, "$(POD_NAME).$(POD_UID)"));
-            vars.push(env(edl_job::env::MODE, "train"));
-            vars.push(env(
-                edl_job::env::METRICS_ADDR,
-                format!("0.0.0.0:{METRICS_PORT}"),
-            ));
-            vars.extend(s.trainer.env.iter().map(|(k, v)| env(k, v.clone())));
-            let command = if s.trainer.entry.is_empty() {
-                edl(&["trainer"])
-            } else {
-                s.trainer.entry.clone()
-            };
-            (command, vec![METRICS_PORT], s.resources.trainer.clone())
-        }
+        Role::Etcd => etcd_parts(tj, slot, &mut parts),
+        Role::Master => master_parts(tj, &ttl),
+        Role::Pserver => pserver_parts(tj, slot, &ttl, &mut parts),
+        Role::Trainer => trainer_parts(tj, &mut parts),
     };
+    let Parts {
+        mut vars,
+        mut volumes,
+        mut mounts,
+    } = parts;
     if !s.plaintext && slot.role != Role::Etcd {
         let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
         mount_tls(&job, ns, &mut volumes, &mut mounts, &mut vars);
@@ -510,6 +412,151 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         }),
         status: None,
     }
+}
+
+/// What a role adds to its pod: variables, volumes and mounts.
+struct Parts {
+    vars: Vec<EnvVar>,
+    volumes: Vec<Volume>,
+    mounts: Vec<VolumeMount>,
+}
+
+/// A role's command line, its container ports and its resources.
+type RoleCommand = (Vec<String>, Vec<i32>, Option<ResourceRequirements>);
+
+/// `edl ARGS...`.
+fn edl(args: &[&str]) -> Vec<String> {
+    std::iter::once("edl")
+        .chain(args.iter().copied())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Member `slot.index` of the managed etcd: its own claim for its data, none of the job
+/// processes' variables or volumes.
+fn etcd_parts(tj: &TrainingJob, slot: Slot, parts: &mut Parts) -> RoleCommand {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let args = etcd_member_args(tj, slot.index);
+    // The data volume is the job processes', not the etcd's.
+    parts.volumes.retain(|v| v.name != "data");
+    parts.volumes.push(volume(
+        "etcd-data",
+        &VolumeSource {
+            claim_name: Some(etcd_claim_name(&job, slot.index)),
+            ..VolumeSource::default()
+        },
+    ));
+    parts.mounts.retain(|m| m.name != "data");
+    parts.mounts.push(VolumeMount {
+        name: "etcd-data".to_owned(),
+        mount_path: "/var/lib/etcd".to_owned(),
+        ..VolumeMount::default()
+    });
+    parts.vars.clear();
+    (
+        args,
+        vec![ETCD_PORT, ETCD_PEER_PORT],
+        tj.spec.resources.etcd.clone(),
+    )
+}
+
+/// A master: `/metrics` on its gRPC port.
+fn master_parts(tj: &TrainingJob, ttl: &str) -> RoleCommand {
+    let s = &tj.spec;
+    (
+        edl(&[
+            "master",
+            "--listen",
+            &format!("0.0.0.0:{MASTER_PORT}"),
+            "--advertise",
+            &format!("$(POD_IP):{MASTER_PORT}"),
+            "--chunks-per-task",
+            &s.data.chunks_per_task.max(1).to_string(),
+            "--lease-ttl",
+            ttl,
+        ]),
+        vec![MASTER_PORT],
+        s.resources.master.clone(),
+    )
+}
+
+/// Pserver slot `slot.index` (shard `index % pservers`): its checkpoint volume (its own
+/// claim unless the job names one) and `/metrics`.
+fn pserver_parts(tj: &TrainingJob, slot: Slot, ttl: &str, parts: &mut Parts) -> RoleCommand {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let s = &tj.spec;
+    let c = &s.cluster;
+    let ckpt = s
+        .volumes
+        .checkpoints
+        .clone()
+        .unwrap_or_else(|| VolumeSource {
+            claim_name: Some(checkpoint_claim_name(&job, slot.index)),
+            ..VolumeSource::default()
+        });
+    parts.volumes.push(volume("checkpoints", &ckpt));
+    parts.mounts.push(VolumeMount {
+        name: "checkpoints".to_owned(),
+        mount_path: CHECKPOINT_MOUNT.to_owned(),
+        ..VolumeMount::default()
+    });
+    let shard = slot.index % c.pservers.max(1);
+    parts.vars.push(env(
+        edl_job::env::METRICS_ADDR,
+        format!("0.0.0.0:{METRICS_PORT}"),
+    ));
+    let mut command = edl(&[
+        "pserver",
+        "--index",
+        &shard.to_string(),
+        "--shards",
+        &c.pservers.to_string(),
+        "--checkpoint-dir",
+        &format!("{CHECKPOINT_MOUNT}/{job}"),
+        "--checkpoint-every",
+        &humantime::format_duration(c.checkpoint_every).to_string(),
+        "--keep-checkpoints",
+        &c.checkpoint_keep.to_string(),
+        "--listen",
+        &format!("0.0.0.0:{PSERVER_PORT}"),
+        "--advertise",
+        &format!("$(POD_IP):{PSERVER_PORT}"),
+        "--lease-ttl",
+        ttl,
+    ]);
+    if c.pserver_replicas > 1 {
+        command.extend(["--replicas".to_owned(), c.pserver_replicas.to_string()]);
+    }
+    (
+        command,
+        vec![PSERVER_PORT, METRICS_PORT],
+        s.resources.pserver.clone(),
+    )
+}
+
+/// A trainer (`edl trainer`, or the job's own `trainer.entry` program): one id per pod
+/// incarnation, the job's trainer variables, `/metrics`.
+fn trainer_parts(tj: &TrainingJob, parts: &mut Parts) -> RoleCommand {
+    let s = &tj.spec;
+    // One id per pod incarnation: a replacement pod (same name) must not meet the
+    // registration its predecessor left until its lease ends.
+    parts
+        .vars
+        .push(env(edl_job::env::TRAINER_ID, "$(POD_NAME).$(POD_UID)"));
+    parts.vars.push(env(edl_job::env::MODE, "train"));
+    parts.vars.push(env(
+        edl_job::env::METRICS_ADDR,
+        format!("0.0.0.0:{METRICS_PORT}"),
+    ));
+    parts
+        .vars
+        .extend(s.trainer.env.iter().map(|(k, v)| env(k, v.clone())));
+    let command = if s.trainer.entry.is_empty() {
+        edl(&["trainer"])
+    } else {
+        s.trainer.entry.clone()
+    };
+    (command, vec![METRICS_PORT], s.resources.trainer.clone())
 }
 
 /// Keeps the replicas of one shard on different nodes: a pserver pod of shard `shard`
