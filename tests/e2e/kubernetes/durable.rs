@@ -6,22 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::Backend;
-use edl_job::{JobKeys, JobName, Record, RestoreRecord};
+use edl_job::{JobKeys, JobName};
 use edl_operator::TrainingJob;
-use edl_operator::crd::{EtcdSpec, Phase};
+use edl_operator::crd::EtcdSpec;
 use edl_operator::metrics::Metrics;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
-use super::{NS, OnOperator, pod_logs, uid};
-use crate::support::{World, checkpointed_passes, wait_until};
+use super::{NS, OnOperator, final_ledger_holds, mnist_job, pod_logs, restore, succeeded, uid};
+use crate::support::{World, wait_until};
 use crate::trainer::mnist;
-
-/// The shard's `restores/0` record.
-async fn restore(backend: &Arc<dyn Backend>, keys: &JobKeys) -> Option<RestoreRecord> {
-    let kv = backend.get(&keys.restore(0)).await.ok()??;
-    RestoreRecord::decode(&kv.value).ok()
-}
 
 /// Whether the job's leading master answers a status call made over `tls` (`None`:
 /// plain TCP).
@@ -104,19 +98,16 @@ async fn a_deleted_pserver_pod_restores_from_its_claim_on_the_defaults() {
         operator,
         ..
     } = OnOperator::start(&w, None, Arc::new(Metrics::default())).await;
-    let spec = edl_job::JobSpec::parse_toml(&format!(
-        "name = \"{DURABLE_JOB}\"\n[data]\ntrain = [\"{train}\"]\ntest = [\"{test}\"]\n\
-         [model]\nkind = \"mnist_mlp\"\n\
-         [train]\nmode = \"async\"\npasses = {PASSES}\nbatch_size = 32\noptimizer = \"adam\"\n\
-         learning_rate = 0.001\nseed = 7\n\
-         [cluster]\npservers = 1\ntrainers = 2\nlease_ttl = \"3s\"\ncheckpoint_every = \"1s\"\n"
-    ))
-    .expect("spec");
-    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
-    tj.spec.etcd = EtcdSpec {
-        endpoints: w.etcd.endpoints(),
-        ..EtcdSpec::default()
-    };
+    let tj = mnist_job(
+        DURABLE_JOB,
+        (&train, &test),
+        PASSES,
+        "3s",
+        EtcdSpec {
+            endpoints: w.etcd.endpoints(),
+            ..EtcdSpec::default()
+        },
+    );
     assert!(tj.spec.volumes.checkpoints.is_none(), "the defaults");
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)
@@ -242,36 +233,8 @@ async fn a_deleted_pserver_pod_restores_from_its_claim_on_the_defaults() {
 
     // To the end; the final checkpoint (written when the pserver is stopped) holds
     // every pass.
-    let done = wait_until(Duration::from_secs(400), || async {
-        status().await.is_some_and(|s| s.phase.is_finished())
-    })
-    .await;
-    let s = status().await.expect("status");
-    assert!(
-        done && s.phase == Phase::Succeeded,
-        "{s:?}\n{}",
-        pod_logs(&pods_dir)
-    );
-    let tasks = s.tasks.clone().expect("tasks");
-    assert!(
-        tasks.failed == 0 && tasks.todo == 0 && tasks.pending == 0 && tasks.done > 0,
-        "{tasks:?}"
-    );
-    let stopped = wait_until(within, || async {
-        api.get("pods", NS, &pserver)
-            .is_none_or(|p| p["status"]["phase"] == "Succeeded")
-    })
-    .await;
-    assert!(
-        stopped,
-        "the pserver never stopped: {}",
-        pod_logs(&pods_dir)
-    );
-    assert_eq!(
-        checkpointed_passes(&w.backend, &keys, 1).await,
-        vec![PASSES],
-        "the final checkpoint's ledger"
-    );
+    succeeded(&jobs, DURABLE_JOB, &pods_dir).await;
+    final_ledger_holds(&api, &pods_dir, &w.backend, DURABLE_JOB, PASSES).await;
     assert!(
         claim_dir.join(DURABLE_JOB).try_exists().expect("stat"),
         "the checkpoints are on the claim's volume: {}",

@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{Backend, EtcdBackend, EtcdConfig};
-use edl_job::{JobKeys, JobName, Record, RestoreRecord};
+use edl_job::{JobKeys, JobName};
 use edl_operator::TrainingJob;
 use edl_operator::crd::{EtcdSpec, Phase};
 use edl_operator::metrics::Metrics;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
-use super::{NS, OnOperator, pod_logs, uid};
-use crate::support::{World, checkpointed_passes, wait_until};
+use super::{NS, OnOperator, final_ledger_holds, mnist_job, pod_logs, restore, succeeded, uid};
+use crate::support::{World, wait_until};
 use crate::trainer::mnist;
 
 /// The job trains with its managed etcd's three members; member 0's pod is deleted with
@@ -39,19 +39,16 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         operator,
         ..
     } = OnOperator::start(&w, None, Arc::new(Metrics::default())).await;
-    let spec = edl_job::JobSpec::parse_toml(&format!(
-        "name = \"{MANAGED_JOB}\"\n[data]\ntrain = [\"{train}\"]\ntest = [\"{test}\"]\n\
-         [model]\nkind = \"mnist_mlp\"\n\
-         [train]\nmode = \"async\"\npasses = {PASSES}\nbatch_size = 32\noptimizer = \"adam\"\n\
-         learning_rate = 0.001\nseed = 7\n\
-         [cluster]\npservers = 1\ntrainers = 2\nlease_ttl = \"5s\"\ncheckpoint_every = \"1s\"\n"
-    ))
-    .expect("spec");
-    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
-    tj.spec.etcd = EtcdSpec {
-        managed: true,
-        ..EtcdSpec::default()
-    };
+    let tj = mnist_job(
+        MANAGED_JOB,
+        (&train, &test),
+        PASSES,
+        "5s",
+        EtcdSpec {
+            managed: true,
+            ..EtcdSpec::default()
+        },
+    );
     assert_eq!(tj.spec.etcd.members, 3, "the default");
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)
@@ -81,11 +78,9 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
             .expect("connect to the managed etcd"),
     );
     let keys = JobKeys::new(&JobName::new(MANAGED_JOB).expect("a job name"));
-    let restore = || async {
-        let kv = etcd.get(&keys.restore(0)).await.ok()??;
-        RestoreRecord::decode(&kv.value).ok()
-    };
-    let before = restore().await.expect("the pserver's restore record");
+    let before = restore(&etcd, &keys)
+        .await
+        .expect("the pserver's restore record");
     // The job's own token, in a Secret of its own (no etcd user: a managed etcd runs
     // without users), which every job pod requires.
     let secret = api
@@ -150,42 +145,13 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         pod_logs(&pods_dir)
     );
 
-    let done = wait_until(Duration::from_secs(400), || async {
-        status().await.is_some_and(|s| s.phase.is_finished())
-    })
-    .await;
-    let s = status().await.expect("status");
-    assert!(
-        done && s.phase == Phase::Succeeded,
-        "{s:?}\n{}",
-        pod_logs(&pods_dir)
-    );
-    let tasks = s.tasks.clone().expect("tasks");
-    assert!(
-        tasks.failed == 0 && tasks.todo == 0 && tasks.pending == 0 && tasks.done > 0,
-        "{tasks:?}"
-    );
-    let after = restore().await.expect("the restore record");
+    succeeded(&jobs, MANAGED_JOB, &pods_dir).await;
+    let after = restore(&etcd, &keys).await.expect("the restore record");
     assert_eq!(
         after.incarnation, before.incarnation,
         "the pserver restored its shard: the loss of an etcd member cost a restore"
     );
-    let pserver = format!("{MANAGED_JOB}-pserver-0");
-    let stopped = wait_until(within, || async {
-        api.get("pods", NS, &pserver)
-            .is_none_or(|p| p["status"]["phase"] == "Succeeded")
-    })
-    .await;
-    assert!(
-        stopped,
-        "the pserver never stopped: {}",
-        pod_logs(&pods_dir)
-    );
-    assert_eq!(
-        checkpointed_passes(&etcd, &keys, 1).await,
-        vec![PASSES],
-        "the final checkpoint's ledger"
-    );
+    final_ledger_holds(&api, &pods_dir, &etcd, MANAGED_JOB, PASSES).await;
     for i in 0..3 {
         let p = api
             .get("pods", NS, &format!("{MANAGED_JOB}-etcd-{i}"))

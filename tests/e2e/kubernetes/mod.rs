@@ -104,6 +104,90 @@ fn kubectl(kubeconfig: &std::path::Path, cache: &std::path::Path, args: &[&str])
     (out.status.success(), text)
 }
 
+/// TrainingJob `name` in [`NS`] training MNIST (`train`, `test`) for `passes` async
+/// passes with one pserver and two trainers, checkpointing every second, with lease TTL
+/// `lease_ttl`, on `etcd`, and every other field at its default.
+fn mnist_job(
+    name: &str,
+    (train, test): (&str, &str),
+    passes: u32,
+    lease_ttl: &str,
+    etcd: edl_operator::crd::EtcdSpec,
+) -> TrainingJob {
+    let spec = edl_job::JobSpec::parse_toml(&format!(
+        "name = \"{name}\"\n[data]\ntrain = [\"{train}\"]\ntest = [\"{test}\"]\n\
+         [model]\nkind = \"mnist_mlp\"\n\
+         [train]\nmode = \"async\"\npasses = {passes}\nbatch_size = 32\noptimizer = \"adam\"\n\
+         learning_rate = 0.001\nseed = 7\n\
+         [cluster]\npservers = 1\ntrainers = 2\nlease_ttl = \"{lease_ttl}\"\n\
+         checkpoint_every = \"1s\"\n"
+    ))
+    .expect("spec");
+    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
+    tj.spec.etcd = etcd;
+    tj
+}
+
+/// Shard 0's `restores/0` record in `backend`.
+async fn restore(
+    backend: &Arc<dyn edl_coord::Backend>,
+    keys: &edl_job::JobKeys,
+) -> Option<edl_job::RestoreRecord> {
+    use edl_job::Record;
+    let kv = backend.get(&keys.restore(0)).await.ok()??;
+    edl_job::RestoreRecord::decode(&kv.value).ok()
+}
+
+/// Waits (400 s at most) until job `name` ends, and checks that it succeeded with every
+/// task of its last pass done and none failed or left; its status.
+async fn succeeded(
+    jobs: &Api<TrainingJob>,
+    name: &str,
+    pods_dir: &std::path::Path,
+) -> TrainingJobStatus {
+    let status = || async { jobs.get(name).await.ok().and_then(|j| j.status) };
+    let done = wait_until(Duration::from_secs(400), || async {
+        status().await.is_some_and(|s| s.phase.is_finished())
+    })
+    .await;
+    let s = status().await.expect("status");
+    assert!(
+        done && s.phase == Phase::Succeeded,
+        "{s:?}\n{}",
+        pod_logs(pods_dir)
+    );
+    let tasks = s.tasks.clone().expect("tasks");
+    assert!(
+        tasks.failed == 0 && tasks.todo == 0 && tasks.pending == 0 && tasks.done > 0,
+        "{tasks:?}"
+    );
+    s
+}
+
+/// Waits until job `name`'s pserver pod stopped (its final checkpoint written), then
+/// checks that the final checkpoint's ledger, read from the file, holds `passes` passes.
+async fn final_ledger_holds(
+    api: &FakeApi,
+    pods_dir: &std::path::Path,
+    backend: &Arc<dyn edl_coord::Backend>,
+    name: &str,
+    passes: u32,
+) {
+    let pserver = format!("{name}-pserver-0");
+    let stopped = wait_until(Duration::from_secs(120), || async {
+        api.get("pods", NS, &pserver)
+            .is_none_or(|p| p["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    assert!(stopped, "the pserver never stopped: {}", pod_logs(pods_dir));
+    let keys = edl_job::JobKeys::new(&edl_job::JobName::new(name).expect("a job name"));
+    assert_eq!(
+        crate::support::checkpointed_passes(backend, &keys, 1).await,
+        vec![passes],
+        "the final checkpoint's ledger"
+    );
+}
+
 /// The last lines of every pod's log in `pods_dir`, for a failed assertion.
 fn pod_logs(pods_dir: &std::path::Path) -> String {
     let mut out = String::new();
@@ -384,19 +468,9 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
     );
 
     // It trains to the end.
-    let done = wait_until(Duration::from_secs(400), || async move {
-        status().await.is_some_and(|s| s.phase.is_finished())
-    })
-    .await;
-    let s = status().await.expect("status");
-    assert!(done && s.phase == Phase::Succeeded, "{s:?}\n{}", logs());
-    // The last pass as the master reported it when the job ended: every task done,
-    // none failed, none left.
-    let tasks = s.tasks.clone().expect("tasks");
-    assert!(
-        tasks.failed == 0 && tasks.todo == 0 && tasks.pending == 0 && tasks.done > 0,
-        "{tasks:?}"
-    );
+    // Every task of the last pass done (as the master reported it when the job
+    // ended), none failed, none left.
+    let s = succeeded(&jobs, JOB, &pods_dir).await;
     assert_eq!(s.pass, Some(11), "the 12th pass was the last");
     // The pserver pod's loss cost no restore: the shard kept its incarnation.
     let end = group().await.expect("the group");
@@ -499,23 +573,13 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
     jobs.create(&kube::api::PostParams::default(), &tj)
         .await
         .expect("create the job");
-    let logs = || pod_logs(&pods_dir);
     let status = || {
         let jobs = jobs.clone();
         async move { jobs.get(SECURE_JOB).await.ok().and_then(|j| j.status) }
     };
-    let done = wait_until(Duration::from_secs(300), || async move {
-        status().await.is_some_and(|s| s.phase.is_finished())
-    })
-    .await;
-    let s = status().await.expect("status");
-    assert!(done && s.phase == Phase::Succeeded, "{s:?}\n{}", logs());
-    // Read from the master, with the token.
-    let tasks = s.tasks.clone().expect("tasks");
-    assert!(
-        tasks.failed == 0 && tasks.todo == 0 && tasks.pending == 0 && tasks.done > 0,
-        "{tasks:?}"
-    );
+    // Every task of the last pass done (as the master reported it when the job
+    // ended), none failed, none left.
+    let s = succeeded(&jobs, SECURE_JOB, &pods_dir).await;
     assert_eq!(s.pass, Some(2), "the 3rd pass was the last");
 
     // The job's user: in the Secret, and limited to the job's prefix.

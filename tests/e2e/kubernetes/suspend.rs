@@ -6,23 +6,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::Backend;
-use edl_job::{JobKeys, JobName, Record, RestoreRecord};
+use edl_job::{JobKeys, JobName};
 use edl_operator::TrainingJob;
 use edl_operator::crd::{EtcdSpec, Phase};
 use edl_operator::metrics::Metrics;
 use kube::Api;
 use kube::api::PostParams;
 
-use super::{NS, OnOperator, kubectl, pod_logs, write_kubeconfig};
-use crate::support::{World, checkpointed_passes, wait_until};
+use super::{
+    NS, OnOperator, final_ledger_holds, kubectl, mnist_job, pod_logs, restore, succeeded,
+    write_kubeconfig,
+};
+use crate::support::{World, wait_until};
 use crate::trainer::mnist;
-
-/// The shard's `restores/0` record.
-async fn restore(backend: &Arc<dyn Backend>, keys: &JobKeys) -> Option<RestoreRecord> {
-    let kv = backend.get(&keys.restore(0)).await.ok()??;
-    RestoreRecord::decode(&kv.value).ok()
-}
 
 /// A job suspended mid-training with `kubectl patch` drains: its trainers log their
 /// SIGTERM drain, its pserver writes a final checkpoint, and it shows `Suspended` with no
@@ -54,19 +50,16 @@ async fn a_job_suspended_with_kubectl_drains_stays_without_pods_and_resumes_with
         assert!(ok, "kubectl {args:?}: {text}");
         text
     };
-    let spec = edl_job::JobSpec::parse_toml(&format!(
-        "name = \"{SUSPEND_JOB}\"\n[data]\ntrain = [\"{train}\"]\ntest = [\"{test}\"]\n\
-         [model]\nkind = \"mnist_mlp\"\n\
-         [train]\nmode = \"async\"\npasses = {PASSES}\nbatch_size = 32\noptimizer = \"adam\"\n\
-         learning_rate = 0.001\nseed = 7\n\
-         [cluster]\npservers = 1\ntrainers = 2\nlease_ttl = \"3s\"\ncheckpoint_every = \"1s\"\n"
-    ))
-    .expect("spec");
-    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
-    tj.spec.etcd = EtcdSpec {
-        endpoints: w.etcd.endpoints(),
-        ..EtcdSpec::default()
-    };
+    let tj = mnist_job(
+        SUSPEND_JOB,
+        (&train, &test),
+        PASSES,
+        "3s",
+        EtcdSpec {
+            endpoints: w.etcd.endpoints(),
+            ..EtcdSpec::default()
+        },
+    );
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)
         .await
@@ -150,21 +143,7 @@ async fn a_job_suspended_with_kubectl_drains_stays_without_pods_and_resumes_with
         "-p",
         r#"{"spec":{"suspend":false}}"#,
     ]);
-    let done = wait_until(Duration::from_secs(400), || async {
-        status().await.is_some_and(|s| s.phase.is_finished())
-    })
-    .await;
-    let s = status().await.expect("status");
-    assert!(
-        done && s.phase == Phase::Succeeded,
-        "{s:?}\n{}",
-        pod_logs(&pods_dir)
-    );
-    let tasks = s.tasks.clone().expect("tasks");
-    assert!(
-        tasks.failed == 0 && tasks.todo == 0 && tasks.pending == 0 && tasks.done > 0,
-        "{tasks:?}"
-    );
+    let s = succeeded(&jobs, SUSPEND_JOB, &pods_dir).await;
     assert!(s.recoveries.is_empty(), "{:?}", s.recoveries);
     // The resumed pserver restored the final checkpoint: every pass before the one the
     // job was suspended in, with nothing of them to train again.
@@ -178,22 +157,7 @@ async fn a_job_suspended_with_kubectl_drains_stays_without_pods_and_resumes_with
         "the final checkpoint holds passes below {}, suspended in pass {pass_at_suspension}",
         resumed.contains.sealed
     );
-    let pserver = format!("{SUSPEND_JOB}-pserver-0");
-    let stopped = wait_until(within, || async {
-        api.get("pods", NS, &pserver)
-            .is_none_or(|p| p["status"]["phase"] == "Succeeded")
-    })
-    .await;
-    assert!(
-        stopped,
-        "the pserver never stopped: {}",
-        pod_logs(&pods_dir)
-    );
-    assert_eq!(
-        checkpointed_passes(&w.backend, &keys, 1).await,
-        vec![PASSES],
-        "the final checkpoint's ledger"
-    );
+    final_ledger_holds(&api, &pods_dir, &w.backend, SUSPEND_JOB, PASSES).await;
     let events: Vec<String> = api
         .list("events", NS)
         .into_iter()
