@@ -54,17 +54,10 @@ impl EtcdCluster {
     ) -> io::Result<(EtcdCluster, std::sync::Arc<edl_coord::EtcdBackend>)> {
         use edl_coord::{EtcdBackend, EtcdConfig};
         let cluster = EtcdCluster::start(1).await?;
-        let open = EtcdBackend::connect(EtcdConfig::new(cluster.endpoints()))
-            .await
-            .map_err(io::Error::other)?;
-        open.enable_auth(root_password)
-            .await
-            .map_err(io::Error::other)?;
-        let root = EtcdBackend::connect(
-            EtcdConfig::new(cluster.endpoints()).with_auth("root", root_password),
-        )
-        .await
-        .map_err(io::Error::other)?;
+        let root =
+            EtcdBackend::connect_as_root(EtcdConfig::new(cluster.endpoints()), None, root_password)
+                .await
+                .map_err(io::Error::other)?;
         Ok((cluster, std::sync::Arc::new(root)))
     }
 

@@ -141,15 +141,9 @@ pub(crate) async fn secure(
 /// Turns authentication on in a private etcd that has none: a random root password,
 /// kept in this process only; a backend connected as root.
 pub(crate) async fn lock_private_etcd(endpoints: &[String]) -> anyhow::Result<Arc<EtcdBackend>> {
-    let open = EtcdBackend::connect(EtcdConfig::new(endpoints.iter().cloned()))
-        .await
-        .map_err(crate::common::etcd_connect_error)?;
     let root = edl_coord::random_secret();
-    open.enable_auth(&root)
-        .await
-        .context("turn authentication on in the private etcd")?;
     let admin =
-        EtcdBackend::connect(EtcdConfig::new(endpoints.iter().cloned()).with_auth("root", root))
+        EtcdBackend::connect_as_root(EtcdConfig::new(endpoints.iter().cloned()), None, &root)
             .await
             .map_err(crate::common::etcd_connect_error)?;
     Ok(Arc::new(admin))

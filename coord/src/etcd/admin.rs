@@ -4,6 +4,8 @@
 //! - [`EtcdBackend::enable_auth`] turns authentication on (as `etcdctl user add root &&
 //!   etcdctl auth enable`), for an etcd that a tool started itself (`edl run`'s private
 //!   etcd, tests).
+//! - [`EtcdBackend::connect_as_root`] connects as root to an etcd a tool manages,
+//!   turning authentication on first when it is still off (a job's managed etcd).
 //! - [`EtcdBackend::grant_prefix`] creates (or resets) a user and a role of the same
 //!   name with read-write permission on one key prefix; [`EtcdBackend::revoke_user`]
 //!   deletes them. Both need a backend connected as a user that may manage users
@@ -17,7 +19,7 @@ use edl_proto::etcd::etcdserverpb::{self as pb, auth_client::AuthClient};
 
 use super::codec::prefix_end;
 use super::failure::{Failure, Resend};
-use super::{EtcdAuth, EtcdBackend};
+use super::{EtcdAuth, EtcdBackend, EtcdConfig};
 use crate::error::{Error, Result};
 
 /// 32 random bytes in hex: a password or a token.
@@ -27,12 +29,50 @@ pub fn random_secret() -> String {
         .collect()
 }
 
+/// Whether etcd refused a login because its authentication is off
+/// (`ErrAuthNotEnabled`).
+fn auth_not_enabled(e: &Error) -> bool {
+    e.to_string().contains("authentication is not enabled")
+}
+
 /// Whether etcd refused because the user or role already exists.
 fn exists(f: &Failure) -> bool {
     f.error.to_string().contains("already exists")
 }
 
 impl EtcdBackend {
+    /// Connects as `root` with `root_password` to an etcd that a tool manages (the
+    /// operator's managed etcd of a job), over `tls` if given (`cfg.tls` otherwise),
+    /// turning authentication on first with that password if it is still off (a new
+    /// cluster). Safe to repeat after a failure at any step: the password is the one
+    /// kept by the caller, and a root user already there keeps it.
+    pub async fn connect_as_root(
+        cfg: EtcdConfig,
+        tls: Option<edl_proto::tls::Tls>,
+        root_password: &str,
+    ) -> Result<EtcdBackend> {
+        let connect = |cfg: EtcdConfig| {
+            let tls = tls.clone();
+            async move {
+                match tls {
+                    Some(t) => EtcdBackend::connect_with_tls(cfg, t).await,
+                    None => EtcdBackend::connect(cfg).await,
+                }
+            }
+        };
+        let open = EtcdConfig {
+            auth: None,
+            ..cfg.clone()
+        };
+        let root = cfg.with_auth("root", root_password);
+        match connect(root.clone()).await {
+            Err(e) if auth_not_enabled(&e) => {}
+            done => return done,
+        }
+        connect(open).await?.enable_auth(root_password).await?;
+        connect(root).await
+    }
+
     /// Turns authentication on, with user `root` (role `root`) and `root_password`.
     /// Call it on an etcd without authentication, connected without credentials.
     pub async fn enable_auth(&self, root_password: &str) -> Result<()> {

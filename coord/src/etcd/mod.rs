@@ -143,6 +143,20 @@ impl EtcdBackend {
     /// timeout) and pins the first that answers. Fails with
     /// [`Error::Unavailable`] naming every endpoint when none answers.
     pub async fn connect(cfg: EtcdConfig) -> Result<Self> {
+        let tls = match &cfg.tls {
+            Some(t) => Some(load_tls(t).await?),
+            None => None,
+        };
+        Self::connect_loaded(cfg, tls).await
+    }
+
+    /// [`connect`](EtcdBackend::connect) with TLS already loaded (from PEM held in
+    /// memory, say) in place of `cfg.tls`'s files.
+    pub async fn connect_with_tls(cfg: EtcdConfig, tls: edl_proto::tls::Tls) -> Result<Self> {
+        Self::connect_loaded(cfg, Some(tls)).await
+    }
+
+    async fn connect_loaded(cfg: EtcdConfig, tls: Option<edl_proto::tls::Tls>) -> Result<Self> {
         if cfg.endpoints.is_empty() {
             return Err(Error::InvalidArgument("no etcd endpoints given".into()));
         }
@@ -151,10 +165,6 @@ impl EtcdBackend {
                 "etcd dial and request timeouts must be positive".into(),
             ));
         }
-        let tls = match &cfg.tls {
-            Some(t) => Some(load_tls(t).await?),
-            None => None,
-        };
         let slots = cfg
             .endpoints
             .iter()

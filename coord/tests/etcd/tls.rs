@@ -205,3 +205,69 @@ async fn etcd_over_tls_refuses_what_it_cannot_trust_and_says_what_is_missing() {
         "{r:?}"
     );
 }
+
+#[tokio::test]
+async fn connect_as_root_turns_authentication_on_once_and_a_job_user_keeps_to_its_prefix() {
+    let etcd = TlsEtcd::start().await;
+    // TLS loaded from PEM in memory (as the operator holds a job's Secret), not files.
+    let pem = |p: &std::path::Path| std::fs::read(p).expect("read PEM");
+    let identity = edl_proto::tls::PemIdentity {
+        cert: pem(etcd.files.cert.as_deref().expect("cert")),
+        key: pem(etcd.files.key.as_deref().expect("key")),
+        cert_name: "cert".into(),
+        key_name: "key".into(),
+    };
+    let tls = edl_proto::tls::Tls::from_pem(&pem(&etcd.files.ca), "ca", Some(identity), None, true)
+        .expect("TLS from PEM");
+    let cfg = EtcdConfig::new([etcd.endpoint.clone()]).with_dial_timeout(Duration::from_secs(2));
+
+    // A new etcd: authentication off, so anyone with a certificate may write.
+    let open = EtcdBackend::connect_with_tls(cfg.clone(), tls.clone())
+        .await
+        .expect("connect without a user");
+    open.put("/edl/open", b"v".to_vec(), None)
+        .await
+        .expect("no authentication yet");
+
+    let root = EtcdBackend::connect_as_root(cfg.clone(), Some(tls.clone()), "pw-1")
+        .await
+        .expect("turn authentication on and connect as root");
+    root.put("/edl/jobs/a/k", b"v".to_vec(), None)
+        .await
+        .expect("root writes");
+    // Now the certificate alone is not enough.
+    let r = open.get("/edl/open").await;
+    assert!(
+        matches!(r, Err(Error::PermissionDenied(_))),
+        "without a user, authentication on refuses: {r:?}"
+    );
+    // Again with the same password: connects, turns nothing on twice.
+    let again = EtcdBackend::connect_as_root(cfg.clone(), Some(tls.clone()), "pw-1")
+        .await
+        .expect("connect as root again");
+    assert!(again.get("/edl/jobs/a/k").await.expect("get").is_some());
+    // Another password is refused, not taken for a new cluster's.
+    let r = EtcdBackend::connect_as_root(cfg.clone(), Some(tls.clone()), "pw-2").await;
+    let refused = r.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        refused.contains("authentication failed"),
+        "a wrong root password must be refused: {refused}"
+    );
+
+    // A job's user reads and writes its prefix and nothing else.
+    let auth = again
+        .grant_prefix("edl-job-a", "/edl/jobs/a/")
+        .await
+        .expect("grant the job's prefix");
+    let job = EtcdBackend::connect_with_tls(cfg.with_auth(auth.user, auth.password), tls)
+        .await
+        .expect("connect as the job's user");
+    job.put("/edl/jobs/a/x", b"v".to_vec(), None)
+        .await
+        .expect("the job writes its own keys");
+    let r = job.put("/edl/jobs/b/x", b"v".to_vec(), None).await;
+    assert!(
+        matches!(r, Err(Error::PermissionDenied(_))),
+        "another job's keys are refused: {r:?}"
+    );
+}

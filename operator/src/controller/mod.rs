@@ -137,54 +137,89 @@ struct Ctx {
     recorder: Recorder,
     metrics: Arc<Metrics>,
     /// One etcd client per endpoint list.
-    etcd: Mutex<BTreeMap<Vec<String>, Arc<EtcdBackend>>>,
+    /// One etcd client per endpoint list and password (a job made again under the same
+    /// name has a new managed etcd, with a new root password).
+    etcd: Mutex<BTreeMap<EtcdKey, Arc<EtcdBackend>>>,
 }
 
 impl Ctx {
     /// The client of `tj`'s etcd: at its endpoints as [`ControllerConfig::resolve`]
-    /// maps them, as the operator's admin user on a shared etcd (none on a managed one,
-    /// which runs without authentication).
-    async fn backend(&self, tj: &TrainingJob) -> Result<Arc<EtcdBackend>, String> {
+    /// maps them; on a shared etcd as the operator's admin user, on the job's managed
+    /// etcd as its root (over the job's `tls`), turning its authentication on first
+    /// when the members are new.
+    async fn backend(
+        &self,
+        tj: &TrainingJob,
+        tls: Option<&edl_proto::tls::Tls>,
+    ) -> Result<Arc<EtcdBackend>, String> {
         let endpoints: Vec<String> = etcd_endpoints(tj)
             .iter()
             .map(|e| (self.config.resolve.0)(e))
             .collect();
-        let auth = if tj.spec.etcd.managed {
-            None
-        } else {
-            self.config.etcd_auth.clone()
-        };
-        self.connect(endpoints, auth).await
+        if !tj.spec.etcd.managed {
+            let login = Login::Admin(self.config.etcd_auth.clone());
+            return self.connect(endpoints, login).await;
+        }
+        if !tj.spec.plaintext && tls.is_none() {
+            return Err("the job's TLS Secret is not there yet".to_owned());
+        }
+        let ns = tj.namespace().unwrap_or_else(|| "default".to_owned());
+        let password = secrets::etcd_root_password(self, tj, &ns, live(tj)).await?;
+        self.connect(endpoints, Login::Root { password, tls }).await
     }
 
+    /// A client of `endpoints` logged in as `login`, kept for the next round.
     async fn connect(
         &self,
         endpoints: Vec<String>,
-        auth: Option<edl_coord::EtcdAuth>,
+        login: Login<'_>,
     ) -> Result<Arc<EtcdBackend>, String> {
+        let password = match &login {
+            Login::Admin(auth) => auth.as_ref().map(|a| a.password.clone()),
+            Login::Root { password, .. } => Some(password.clone()),
+        };
+        let key = (endpoints.clone(), password.unwrap_or_default());
         if let Some(b) = self
             .etcd
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&endpoints)
+            .get(&key)
         {
             return Ok(b.clone());
         }
         let mut cfg = EtcdConfig::new(endpoints.iter().cloned());
         cfg.request_timeout = self.config.etcd_timeout;
         cfg.dial_timeout = self.config.etcd_timeout;
-        cfg.auth = auth;
-        let backend = Arc::new(
-            EtcdBackend::connect(cfg)
-                .await
-                .map_err(|e| format!("{} ({})", e, endpoints.join(",")))?,
-        );
+        let connected = match login {
+            Login::Admin(auth) => {
+                cfg.auth = auth;
+                EtcdBackend::connect(cfg).await
+            }
+            Login::Root { password, tls } => {
+                EtcdBackend::connect_as_root(cfg, tls.cloned(), &password).await
+            }
+        };
+        let backend = Arc::new(connected.map_err(|e| format!("{} ({})", e, endpoints.join(",")))?);
         self.etcd
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(endpoints, backend.clone());
+            .insert(key, backend.clone());
         Ok(backend)
     }
+}
+
+/// A kept etcd client's endpoints and its user's password.
+type EtcdKey = (Vec<String>, String);
+
+/// How the operator logs in to a job's etcd.
+enum Login<'a> {
+    /// A shared etcd: as the operator's admin user, if it has one.
+    Admin(Option<edl_coord::EtcdAuth>),
+    /// The job's managed etcd: as root, over the job's TLS (none: `plaintext`).
+    Root {
+        password: String,
+        tls: Option<&'a edl_proto::tls::Tls>,
+    },
 }
 
 /// The pod as the decision sees it (`None`: not one of the job's pods).
@@ -322,9 +357,9 @@ async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action
         Err(e) => return Err(kube_err("read the job")(e)),
     };
     let job_name = JobName::new(name).ok();
-    let obs = observe(&ctx, &apis, &tj, &ns, job_name.as_ref()).await?;
+    let (obs, tls) = observe(&ctx, &apis, &tj, &ns, job_name.as_ref()).await?;
     let plan = reconcile(&obs);
-    apply(&ctx, &apis, &tj, job_name.as_ref(), &plan).await?;
+    apply(&ctx, &apis, &tj, job_name.as_ref(), &plan, tls.as_ref()).await?;
     Ok(Action::requeue(ctx.config.resync))
 }
 
@@ -350,14 +385,15 @@ impl JobApis {
 }
 
 /// What the decision looks at: the job's pods, services and claims (by the job's label), its
-/// state in etcd and its credentials, and the time.
+/// state in etcd and its credentials, and the time; and the job's TLS as the operator
+/// speaks it to the job's processes and its managed etcd.
 async fn observe<'a>(
     ctx: &Ctx,
     apis: &JobApis,
     tj: &'a TrainingJob,
     ns: &str,
     job: Option<&JobName>,
-) -> Result<Observed<'a>, Error> {
+) -> Result<(Observed<'a>, Option<edl_proto::tls::Tls>), Error> {
     let selector = ListParams::default().labels(&format!("{JOB_LABEL}={}", tj.name_any()));
     let pods = apis
         .pods
@@ -379,17 +415,22 @@ async fn observe<'a>(
         .list(&selector)
         .await
         .map_err(kube_err("list the job's NetworkPolicies"))?;
-    // A live job's TLS Secret (an ended or deleted one needs none any more).
-    let (tls, job_tls) = if tj.spec.plaintext || !live(tj) {
+    // A live job's TLS Secret. An ended or deleted one needs none any more, but for
+    // the operator to read its managed etcd, which stays (then taken as it is).
+    let (tls, job_tls) = if tj.spec.plaintext {
         (JobTls::Plaintext, None)
-    } else {
-        match ensure_tls(ctx, tj, ns).await {
+    } else if live(tj) {
+        match ensure_tls(ctx, tj, ns, true).await {
             Ok(t) => (JobTls::Ready, Some(t)),
             Err(why) => (JobTls::Failed(why), None),
         }
+    } else if tj.spec.etcd.managed {
+        (JobTls::Plaintext, ensure_tls(ctx, tj, ns, false).await.ok())
+    } else {
+        (JobTls::Plaintext, None)
     };
     let (etcd, credentials) = observe_etcd(ctx, tj, ns, job, job_tls.as_ref()).await;
-    Ok(Observed {
+    let observed = Observed {
         job: tj,
         pods: pods.items.iter().filter_map(pod_view).collect(),
         services: services.items.iter().map(ResourceExt::name_any).collect(),
@@ -400,7 +441,8 @@ async fn observe<'a>(
         credentials,
         tls,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
-    })
+    };
+    Ok((observed, job_tls))
 }
 
 /// Whether `tj` is live: not being deleted, not over, with a valid spec.
@@ -410,8 +452,8 @@ fn live(tj: &TrainingJob) -> bool {
         && tj.job_spec().is_ok()
 }
 
-/// The job's own credentials, for a live, valid job on a shared etcd when the operator
-/// may make users; then the job's state, its master asked with the job's token (over
+/// The job's own credentials, for a live, valid job on its managed etcd, or on a shared
+/// etcd when the operator may make users; then the job's state, its master asked with the job's token (over
 /// the job's TLS, `tls`, when it has it).
 async fn observe_etcd(
     ctx: &Ctx,
@@ -424,15 +466,15 @@ async fn observe_etcd(
         // An invalid name fails the job in the decision; etcd is not needed.
         return (Ok(EtcdState::default()), Credentials::NotIssued);
     };
-    // A job on a shared etcd gets its own user when the operator may make users; a job
-    // on its managed etcd gets its token.
+    // A job gets its own etcd user and token: on a shared etcd when the operator may
+    // make users, always on its managed etcd.
     let issues = (ctx.config.etcd_auth.is_some() || tj.spec.etcd.managed) && live(tj);
-    let b = match ctx.backend(tj).await {
+    let b = match ctx.backend(tj, tls).await {
         Ok(b) => b,
         Err(e) => return (Err(e), Credentials::NotIssued),
     };
     let (credentials, token) = if issues {
-        match ensure_credentials(ctx, tj, ns, job).await {
+        match ensure_credentials(ctx, &b, tj, ns, job).await {
             Ok(token) => (Credentials::Ready, token),
             Err(why) => (Credentials::Failed(why), None),
         }
@@ -459,6 +501,7 @@ async fn apply(
     tj: &TrainingJob,
     job: Option<&JobName>,
     plan: &Plan,
+    tls: Option<&edl_proto::tls::Tls>,
 ) -> Result<(), Error> {
     let name = tj.name_any();
     let mut rv = tj.resource_version();
@@ -474,7 +517,7 @@ async fn apply(
         rv = written.resource_version();
     }
     if !plan.etcd.is_empty() {
-        apply_etcd(ctx, tj, job, &plan.etcd).await?;
+        apply_etcd(ctx, tj, job, &plan.etcd, tls).await?;
     }
     delete_pods(ctx, &apis.pods, &plan.delete).await?;
     create_objects(ctx, apis, plan).await?;
@@ -505,8 +548,9 @@ async fn apply_etcd(
     tj: &TrainingJob,
     job: Option<&JobName>,
     actions: &[EtcdAction],
+    tls: Option<&edl_proto::tls::Tls>,
 ) -> Result<(), Error> {
-    let backend = ctx.backend(tj).await.map_err(|message| Error::Etcd {
+    let backend = ctx.backend(tj, tls).await.map_err(|message| Error::Etcd {
         what: "connect to the job's etcd".into(),
         message,
     })?;

@@ -1,7 +1,7 @@
 //! The job's Secrets, made by the controller while it observes a live job: its
-//! credentials (the job token, and on a shared etcd its own etcd user, made with the
-//! operator's admin credentials) and its TLS Secret (a CA for the job and its pods'
-//! certificate). Each is made once and then used as it is; one left by an earlier job of
+//! credentials (the job token and its own etcd user, made with the operator's admin
+//! credentials on a shared etcd, as root on its managed etcd), its TLS Secret (a CA for
+//! the job and its pods' certificate) and its managed etcd's root password. Each is made once and then used as it is; one left by an earlier job of
 //! the same name (another owner) is replaced.
 
 use k8s_openapi::api::core::v1::Secret;
@@ -11,8 +11,9 @@ use kube::{Api, Resource, ResourceExt};
 use super::Ctx;
 use crate::crd::TrainingJob;
 use crate::objects::{
-    CREDENTIAL_KEYS, TLS_KEYS, credentials_secret, credentials_secret_name, job_etcd_user,
-    tls_domain, tls_secret, tls_secret_name,
+    CREDENTIAL_KEYS, ETCD_ROOT_KEY, TLS_KEYS, credentials_secret, credentials_secret_name,
+    etcd_root_secret, etcd_root_secret_name, job_etcd_user, tls_domain, tls_names, tls_secret,
+    tls_secret_name,
 };
 use edl_job::{JobKeys, JobName};
 
@@ -28,6 +29,42 @@ fn left_by_another_job(secret: &Secret, tj: &TrainingJob) -> bool {
     refs.iter().any(|r| r.kind == kind) && !refs.iter().any(|r| Some(&r.uid) == tj.uid().as_ref())
 }
 
+/// Secret `name` of `tj` as it is now: `None` when missing, or when one left by an
+/// earlier job of the same name was there (it is deleted).
+async fn own_secret(
+    secrets: &Api<Secret>,
+    tj: &TrainingJob,
+    name: &str,
+) -> Result<Option<Secret>, String> {
+    let found = secrets
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("read Secret {name}: {e}"))?;
+    match found {
+        Some(s) if left_by_another_job(&s, tj) => {
+            delete_secret(secrets, &s, name).await?;
+            Ok(None)
+        }
+        found => Ok(found),
+    }
+}
+
+/// Deletes `old`, Secret `name`, if it is still that one (its uid).
+async fn delete_secret(secrets: &Api<Secret>, old: &Secret, name: &str) -> Result<(), String> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: old.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match secrets.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(format!("delete Secret {name} of an earlier job: {e}")),
+    }
+}
+
 /// The job token in `secret`, if it holds one.
 fn token_of(secret: &Secret) -> Option<String> {
     let bytes = secret.data.as_ref()?.get(CREDENTIAL_KEYS[2])?;
@@ -36,67 +73,42 @@ fn token_of(secret: &Secret) -> Option<String> {
 
 /// Makes sure the Secret with `tj`'s etcd credentials exists in `ns`: found (made by an
 /// earlier round, or by hand), it is used as it is; missing, the job's etcd user is
-/// created (or its password reset) and the Secret made with it and a new token. One
-/// left by an earlier job of the same name is replaced. Returns the job's token (the
-/// operator asks the job's master with it).
+/// created (or its password reset) with `admin` (the operator's admin user on a shared
+/// etcd, root on the job's managed etcd) and the Secret made with it and a new token.
+/// One left by an earlier job of the same name is replaced. Returns the job's token
+/// (the operator asks the job's master with it).
 pub(super) async fn ensure_credentials(
     ctx: &Ctx,
+    admin: &edl_coord::EtcdBackend,
     tj: &TrainingJob,
     ns: &str,
     job: &JobName,
 ) -> Result<Option<String>, String> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let name = credentials_secret_name(job.as_str());
-    let remove = |old: Secret| {
-        let secrets = secrets.clone();
-        let name = name.clone();
-        async move {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: old.metadata.uid.clone(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match secrets.delete(&name, &params).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                Err(e) => Err(format!("delete Secret {name} of an earlier job: {e}")),
-            }
-        }
-    };
-    match secrets
-        .get_opt(&name)
-        .await
-        .map_err(|e| format!("read Secret {name}: {e}"))?
-    {
-        Some(s) if left_by_another_job(&s, tj) => remove(s).await?,
-        Some(s) => return Ok(token_of(&s)),
-        None => {}
+    if let Some(s) = own_secret(&secrets, tj, &name).await? {
+        return Ok(token_of(&s));
     }
     let user = job_etcd_user(job.as_str());
-    // A managed etcd runs without users: the job's Secret holds its token only.
-    let auth = if tj.spec.etcd.managed {
-        None
-    } else {
-        let admin = ctx.backend(tj).await?;
-        let auth = admin
-            .grant_prefix(&user, JobKeys::new(job).root())
-            .await
-            .map_err(|e| {
-                format!(
-                    "create etcd user {user} for {}: {e} (the operator's --etcd-user must be \
-                     one that may manage users, e.g. root)",
-                    JobKeys::new(job).root()
-                )
-            })?;
-        Some(auth)
-    };
+    let auth = admin
+        .grant_prefix(&user, JobKeys::new(job).root())
+        .await
+        .map_err(|e| {
+            let who = if tj.spec.etcd.managed {
+                "root on the job's managed etcd"
+            } else {
+                "the operator's --etcd-user must be one that may manage users, e.g. root"
+            };
+            format!(
+                "create etcd user {user} for {}: {e} ({who})",
+                JobKeys::new(job).root()
+            )
+        })?;
     let token = edl_coord::random_secret();
     match secrets
         .create(
             &PostParams::default(),
-            &credentials_secret(tj, auth.as_ref(), &token),
+            &credentials_secret(tj, Some(&auth), &token),
         )
         .await
     {
@@ -112,7 +124,7 @@ pub(super) async fn ensure_credentials(
                     .iter()
                     .any(|r| Some(&r.uid) == tj.uid().as_ref())
             {
-                remove(s).await?;
+                delete_secret(&secrets, &s, &name).await?;
             }
             Err(format!(
                 "Secret {name} appeared while the operator made it (the password of etcd \
@@ -123,46 +135,66 @@ pub(super) async fn ensure_credentials(
     }
 }
 
+/// The root password of `tj`'s managed etcd, from its Secret in `ns`; a new one (and
+/// its Secret) when there is none yet and `create` (a live job). The Secret is made
+/// before authentication is turned on with the password, so a password in use is
+/// never lost with an operator that stops between the two.
+pub(super) async fn etcd_root_password(
+    ctx: &Ctx,
+    tj: &TrainingJob,
+    ns: &str,
+    create: bool,
+) -> Result<String, String> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let name = etcd_root_secret_name(&tj.name_any());
+    let secret = match own_secret(&secrets, tj, &name).await? {
+        Some(s) => s,
+        None if create => secrets
+            .create(
+                &PostParams::default(),
+                &etcd_root_secret(tj, &edl_coord::random_secret()),
+            )
+            .await
+            .map_err(|e| format!("create Secret {name}: {e}"))?,
+        None => return Err(format!("Secret {name} is gone")),
+    };
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(ETCD_ROOT_KEY))
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+        .ok_or_else(|| {
+            format!(
+                "Secret {name} has no {ETCD_ROOT_KEY}: the managed etcd's root password is \
+                 lost (its members and claims must be deleted for a new one)"
+            )
+        })
+}
+
 /// Makes sure `tj`'s TLS Secret exists in `ns`: found, it is used as it is; missing (or
 /// left by an earlier job of the same name), a new CA and pod certificate are made into
-/// it. Returns the job's TLS setup as the operator uses it to ask the job's master.
+/// it when `create` (a live job). Returns the job's TLS setup as the operator uses it
+/// to ask the job's master and its managed etcd.
 pub(super) async fn ensure_tls(
     ctx: &Ctx,
     tj: &TrainingJob,
     ns: &str,
+    create: bool,
 ) -> Result<edl_proto::tls::Tls, String> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let job = tj.name_any();
     let name = tls_secret_name(&job);
-    let found = secrets
-        .get_opt(&name)
-        .await
-        .map_err(|e| format!("read Secret {name}: {e}"))?;
-    let secret = match found {
-        Some(s) if !left_by_another_job(&s, tj) => s,
-        stale => {
-            if let Some(old) = stale {
-                let params = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: old.metadata.uid.clone(),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match secrets.delete(&name, &params).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(format!("delete Secret {name} of an earlier job: {e}")),
-                }
-            }
-            let ca =
-                edl_proto::tls::LocalCa::generate_for(&job, vec![tls_domain(&job, ns)], TLS_DAYS)
-                    .map_err(|e| e.to_string())?;
+    let secret = match own_secret(&secrets, tj, &name).await? {
+        Some(s) => s,
+        None if create => {
+            let ca = edl_proto::tls::LocalCa::generate_for(&job, tls_names(&job, ns), TLS_DAYS)
+                .map_err(|e| e.to_string())?;
             secrets
                 .create(&PostParams::default(), &tls_secret(tj, &ca))
                 .await
                 .map_err(|e| format!("create Secret {name}: {e}"))?
         }
+        None => return Err(format!("Secret {name} is gone")),
     };
     let value = |k: &str| -> Result<Vec<u8>, String> {
         secret

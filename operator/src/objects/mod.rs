@@ -1,8 +1,9 @@
 //! The objects the operator creates for a TrainingJob: pod names and labels, the pod of
 //! each process slot (the managed etcd's members included), its services, its
 //! NetworkPolicy ([`network_policy`]), the claims of its pservers' checkpoints and its
-//! managed etcd's members ([`claims`]), its TLS Secret ([`tls_secret`]) and the Secret
-//! with its own etcd credentials and token ([`credentials_secret`]).
+//! managed etcd's members ([`claims`]), its TLS Secret ([`tls_secret`]), the Secret
+//! with its own etcd credentials and token ([`credentials_secret`]) and the Secret with
+//! its managed etcd's root password ([`etcd_root_secret`]).
 //!
 //! Every object carries the job's labels and an owner reference to the TrainingJob
 //! (`controller: true`), so deleting the job deletes them (Kubernetes' garbage
@@ -27,11 +28,12 @@ mod secrets;
 
 pub use claims::{checkpoint_claim_name, checkpoint_claims, claims, etcd_claim_name, etcd_claims};
 pub use network::{OPERATOR_LABEL, network_policy};
-use secrets::mount_tls;
 pub use secrets::{
-    CREDENTIAL_KEYS, CredentialsRef, TLS_KEYS, TLS_MOUNT, credentials_secret,
-    credentials_secret_name, job_etcd_user, tls_domain, tls_secret, tls_secret_name,
+    CREDENTIAL_KEYS, CredentialsRef, ETCD_ROOT_KEY, TLS_KEYS, TLS_MOUNT, credentials_secret,
+    credentials_secret_name, etcd_root_secret, etcd_root_secret_name, job_etcd_user, tls_domain,
+    tls_names, tls_secret, tls_secret_name,
 };
+use secrets::{mount_tls, tls_vars};
 
 /// The label naming a pod's job.
 pub const JOB_LABEL: &str = "edl.dev/job";
@@ -188,11 +190,17 @@ pub fn etcd_endpoints(tj: &TrainingJob) -> Vec<String> {
         let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
         (0..tj.spec.etcd.members.max(1))
             .map(|i| format!("{}:{ETCD_PORT}", member_host(&job, ns, i)))
-            .map(|h| format!("http://{h}"))
+            .map(|h| format!("{}://{h}", etcd_scheme(tj)))
             .collect()
     } else {
         tj.spec.etcd.endpoints.clone()
     }
+}
+
+/// How the managed etcd is spoken to, by its clients and by its members: `https`
+/// (mutual TLS with the job's certificate) unless the job is `plaintext`.
+fn etcd_scheme(tj: &TrainingJob) -> &'static str {
+    if tj.spec.plaintext { "http" } else { "https" }
 }
 
 /// The DNS name of member `i` of `job`'s managed etcd (its pod's name under the job's
@@ -209,36 +217,58 @@ fn member_host(job: &str, ns: &str, i: u32) -> String {
 /// The command line of member `index` of `tj`'s managed etcd: named `etcd-<index>`, its
 /// data on its claim, the members found by their pods' DNS names, old revisions
 /// compacted every hour, a 2 GiB space quota (past it etcd raises its space alarm and
-/// refuses writes; the job's master then pauses the job and says so). A member that
-/// comes back on its claim rejoins with its data.
+/// refuses writes; the job's master then pauses the job and says so). Clients and peers
+/// over mutual TLS with the job's certificate (unless `plaintext`): only holders of a
+/// certificate of the job's CA connect at all. A member that comes back on its claim
+/// rejoins with its data. Authentication is turned on by the operator once the members
+/// answer (`EtcdBackend::connect_as_root`).
 fn etcd_member_args(tj: &TrainingJob, index: u32) -> Vec<String> {
     let job = tj.metadata.name.clone().unwrap_or_default();
     let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
     let members = tj.spec.etcd.members.max(1);
+    let scheme = etcd_scheme(tj);
     let cluster: Vec<String> = (0..members)
         .map(|i| {
             format!(
-                "etcd-{i}=http://{}:{ETCD_PEER_PORT}",
+                "etcd-{i}={scheme}://{}:{ETCD_PEER_PORT}",
                 member_host(&job, ns, i)
             )
         })
         .collect();
     let me = member_host(&job, ns, index);
-    vec![
+    let mut args = vec![
         "etcd".to_owned(),
         format!("--name=etcd-{index}"),
         "--data-dir=/var/lib/etcd/data".to_owned(),
-        format!("--listen-client-urls=http://0.0.0.0:{ETCD_PORT}"),
-        format!("--advertise-client-urls=http://{me}:{ETCD_PORT}"),
-        format!("--listen-peer-urls=http://0.0.0.0:{ETCD_PEER_PORT}"),
-        format!("--initial-advertise-peer-urls=http://{me}:{ETCD_PEER_PORT}"),
+        format!("--listen-client-urls={scheme}://0.0.0.0:{ETCD_PORT}"),
+        format!("--advertise-client-urls={scheme}://{me}:{ETCD_PORT}"),
+        format!("--listen-peer-urls={scheme}://0.0.0.0:{ETCD_PEER_PORT}"),
+        format!("--initial-advertise-peer-urls={scheme}://{me}:{ETCD_PEER_PORT}"),
         format!("--initial-cluster={}", cluster.join(",")),
         "--initial-cluster-state=new".to_owned(),
         format!("--initial-cluster-token={job}"),
         "--auto-compaction-mode=periodic".to_owned(),
         "--auto-compaction-retention=1h".to_owned(),
         format!("--quota-backend-bytes={}", 2u64 << 30),
-    ]
+    ];
+    if !tj.spec.plaintext {
+        let (ca, cert, key) = (
+            format!("{TLS_MOUNT}/ca.crt"),
+            format!("{TLS_MOUNT}/tls.crt"),
+            format!("{TLS_MOUNT}/tls.key"),
+        );
+        args.extend([
+            format!("--cert-file={cert}"),
+            format!("--key-file={key}"),
+            format!("--trusted-ca-file={ca}"),
+            "--client-cert-auth".to_owned(),
+            format!("--peer-cert-file={cert}"),
+            format!("--peer-key-file={key}"),
+            format!("--peer-trusted-ca-file={ca}"),
+            "--peer-client-cert-auth".to_owned(),
+        ]);
+    }
+    args
 }
 
 fn volume(name: &str, source: &VolumeSource) -> Volume {
@@ -314,9 +344,12 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         mut volumes,
         mut mounts,
     } = parts;
-    if !s.plaintext && slot.role != Role::Etcd {
-        let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
-        mount_tls(&job, ns, &mut volumes, &mut mounts, &mut vars);
+    if !s.plaintext {
+        mount_tls(&job, &mut volumes, &mut mounts);
+        if slot.role != Role::Etcd {
+            let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
+            vars.extend(tls_vars(&job, ns, s.etcd.managed));
+        }
     }
     let image = match slot.role {
         Role::Etcd => s

@@ -31,6 +31,46 @@ pub fn tls_domain(job: &str, namespace: &str) -> String {
     format!("{job}.{namespace}.edl.internal")
 }
 
+/// The names in `job`'s pod certificate: [`tls_domain`], which every edl process checks;
+/// the managed etcd members' DNS names under the job's headless service (etcd's peers
+/// check them, and the peer's address against them); `localhost` and `127.0.0.1`, for
+/// a probe or `etcdctl` inside a member's pod.
+pub fn tls_names(job: &str, namespace: &str) -> Vec<String> {
+    vec![
+        tls_domain(job, namespace),
+        format!("*.{job}.{namespace}.svc"),
+        format!("*.{job}.{namespace}.svc.cluster.local"),
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+    ]
+}
+
+/// The Secret holding the root password of `job`'s managed etcd:
+/// `<job>-etcd-root`. Only the operator reads it; no pod mounts it.
+pub fn etcd_root_secret_name(job: &str) -> String {
+    format!("{job}-etcd-root")
+}
+
+/// The key of the root password in [`etcd_root_secret_name`].
+pub const ETCD_ROOT_KEY: &str = "password";
+
+/// The Secret with the root password of `tj`'s managed etcd, owned by `tj`.
+pub fn etcd_root_secret(tj: &TrainingJob, password: &str) -> Secret {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    Secret {
+        metadata: meta(tj, etcd_root_secret_name(&job), None),
+        type_: Some("Opaque".to_owned()),
+        data: Some(
+            [(
+                ETCD_ROOT_KEY.to_owned(),
+                ByteString(password.as_bytes().to_vec()),
+            )]
+            .into(),
+        ),
+        ..Secret::default()
+    }
+}
+
 /// Where a pod mounts its TLS files.
 pub const TLS_MOUNT: &str = "/etc/edl/tls";
 
@@ -56,8 +96,8 @@ pub fn tls_secret(tj: &TrainingJob, ca: &edl_proto::tls::LocalCa) -> Secret {
     }
 }
 
-/// The etcd user (and role) of `job` on a shared etcd: `edl-job-<job>`, as `edl run
-/// --secure` names it.
+/// The etcd user (and role) of `job` (on a shared etcd, and on its managed one):
+/// `edl-job-<job>`, as `edl run --secure` names it.
 pub fn job_etcd_user(job: &str) -> String {
     format!("edl-job-{job}")
 }
@@ -65,7 +105,8 @@ pub fn job_etcd_user(job: &str) -> String {
 /// How a job's pods take the Secret [`credentials_secret_name`] (as `envFrom`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CredentialsRef {
-    /// Not at all: the job runs its own etcd (`etcd.managed`).
+    /// Not at all: the job runs its own etcd (`etcd.managed`), which has no users
+    /// yet.
     None,
     /// If it exists: a job on a shared etcd whose operator makes no credentials (an
     /// administrator may have made the Secret by hand).
@@ -85,8 +126,8 @@ impl CredentialsRef {
     }
 }
 
-/// The Secret with `tj`'s job token and, on a shared etcd, its etcd user and password
-/// (`auth`; a managed etcd runs without users), owned by `tj`.
+/// The Secret with `tj`'s job token and its etcd user and password (`auth`; none when
+/// an administrator gives the operator no etcd user on a shared etcd), owned by `tj`.
 pub fn credentials_secret(
     tj: &TrainingJob,
     auth: Option<&edl_coord::EtcdAuth>,
@@ -112,17 +153,9 @@ pub fn credentials_secret(
     }
 }
 
-/// The job's TLS Secret as a read-only volume at [`TLS_MOUNT`] (the CA's certificate and
-/// the pods' certificate and key, not the CA's key), and the variables that turn mutual
-/// TLS on in every edl role.
-pub(super) fn mount_tls(
-    job: &str,
-    namespace: &str,
-    volumes: &mut Vec<Volume>,
-    mounts: &mut Vec<VolumeMount>,
-    vars: &mut Vec<EnvVar>,
-) {
-    use edl_proto::tls::env as tls;
+/// The job's TLS Secret as a read-only volume at [`TLS_MOUNT`]: the CA's certificate
+/// and the pods' certificate and key, not the CA's key.
+pub(super) fn mount_tls(job: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
     volumes.push(Volume {
         name: "tls".to_owned(),
         secret: Some(SecretVolumeSource {
@@ -149,11 +182,33 @@ pub(super) fn mount_tls(
         read_only: Some(true),
         ..VolumeMount::default()
     });
-    vars.extend([
-        env(tls::CA, format!("{TLS_MOUNT}/ca.crt")),
-        env(tls::CERT, format!("{TLS_MOUNT}/tls.crt")),
-        env(tls::KEY, format!("{TLS_MOUNT}/tls.key")),
+}
+
+/// The variables that turn mutual TLS on in every edl role (with the files of
+/// [`mount_tls`]), and with a managed etcd (`managed_etcd`) TLS to it with the same
+/// certificate.
+pub(super) fn tls_vars(job: &str, namespace: &str, managed_etcd: bool) -> Vec<EnvVar> {
+    use edl_proto::tls::env as tls;
+    let (ca, cert, key) = (
+        format!("{TLS_MOUNT}/ca.crt"),
+        format!("{TLS_MOUNT}/tls.crt"),
+        format!("{TLS_MOUNT}/tls.key"),
+    );
+    let mut vars = vec![
+        env(tls::CA, ca.clone()),
+        env(tls::CERT, cert.clone()),
+        env(tls::KEY, key.clone()),
         env(tls::DOMAIN, tls_domain(job, namespace)),
         env(tls::CLIENT_AUTH, "true"),
-    ]);
+    ];
+    if managed_etcd {
+        use edl_job::env as job_env;
+        vars.extend([
+            env(job_env::ETCD_CA, ca),
+            env(job_env::ETCD_CERT, cert),
+            env(job_env::ETCD_KEY, key),
+            env(job_env::ETCD_DOMAIN, tls_domain(job, namespace)),
+        ]);
+    }
+    vars
 }

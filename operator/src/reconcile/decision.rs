@@ -222,13 +222,8 @@ impl<'a> Decision<'a> {
         match &self.obs.credentials {
             Credentials::NotIssued => None,
             Credentials::Ready => {
-                let what = if self.obs.job.spec.etcd.managed {
-                    "token"
-                } else {
-                    "etcd user and token"
-                };
                 let message = format!(
-                    "the job's processes use the {what} of Secret {}",
+                    "the job's processes use the etcd user and token of Secret {}",
                     objects::credentials_secret_name(&self.job)
                 );
                 self.condition("CredentialsReady", true, "Issued", message);

@@ -275,13 +275,40 @@ fn a_managed_etcd_comes_first_and_an_unreachable_one_is_a_condition_and_one_even
     let args = member["spec"]["containers"][0]["command"].to_string();
     for want in [
         "--name=etcd-1",
-        "--initial-cluster=etcd-0=http://mnist-etcd-0.mnist.ml.svc:2380,etcd-1=http://mnist-etcd-1.mnist.ml.svc:2380,etcd-2=http://mnist-etcd-2.mnist.ml.svc:2380",
-        "--advertise-client-urls=http://mnist-etcd-1.mnist.ml.svc:2379",
+        "--initial-cluster=etcd-0=https://mnist-etcd-0.mnist.ml.svc:2380,etcd-1=https://mnist-etcd-1.mnist.ml.svc:2380,etcd-2=https://mnist-etcd-2.mnist.ml.svc:2380",
+        "--advertise-client-urls=https://mnist-etcd-1.mnist.ml.svc:2379",
         "--auto-compaction-retention=1h",
         "--quota-backend-bytes=2147483648",
+        // Clients and peers over mutual TLS with the job's certificate.
+        "--cert-file=/etc/edl/tls/tls.crt",
+        "--trusted-ca-file=/etc/edl/tls/ca.crt",
+        "\"--client-cert-auth\"",
+        "--peer-key-file=/etc/edl/tls/tls.key",
+        "\"--peer-client-cert-auth\"",
     ] {
         assert!(args.contains(want), "{want} in {args}");
     }
+    assert_eq!(
+        member["spec"]["volumes"][1]["secret"]["secretName"],
+        "mnist-edl-tls"
+    );
+    assert!(
+        member["spec"]["containers"][0]["env"].is_null(),
+        "no job process variables in an etcd member"
+    );
+    // A plaintext job's etcd: no TLS.
+    let mut plain = tj.clone();
+    plain.spec.plaintext = true;
+    let plain_plan = reconcile(&observe(&plain, vec![], Err("refused".into())));
+    let plain_args =
+        serde_json::to_value(&plain_plan.create_pods[1]).expect("json")["spec"]["containers"][0]
+            ["command"]
+            .to_string();
+    assert!(
+        plain_args.contains("--listen-client-urls=http://0.0.0.0:2379")
+            && !plain_args.contains("cert-file"),
+        "{plain_args}"
+    );
     assert_eq!(
         member["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
         "mnist-etcd-data-1"
@@ -289,7 +316,7 @@ fn a_managed_etcd_comes_first_and_an_unreachable_one_is_a_condition_and_one_even
     assert_eq!(
         crate::objects::etcd_endpoints(&tj),
         (0..3)
-            .map(|i| format!("http://mnist-etcd-{i}.mnist.ml.svc:2379"))
+            .map(|i| format!("https://mnist-etcd-{i}.mnist.ml.svc:2379"))
             .collect::<Vec<_>>()
     );
     assert!(plan.etcd.is_empty());
@@ -678,11 +705,26 @@ fn job_processes_require_the_credentials_the_operator_made_and_take_hand_made_on
             p.metadata.name
         );
     }
+    // Every process speaks to the managed etcd over TLS with the job's certificate.
+    let master = plan
+        .create_pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("mnist-master-0"))
+        .expect("the master's pod");
+    let vars =
+        serde_json::to_value(master).expect("json")["spec"]["containers"][0]["env"].to_string();
+    for want in [
+        r#"{"name":"EDL_ETCD_CA","value":"/etc/edl/tls/ca.crt"}"#,
+        r#"{"name":"EDL_ETCD_CERT","value":"/etc/edl/tls/tls.crt"}"#,
+        r#"{"name":"EDL_ETCD_DOMAIN","value":"mnist.ml.edl.internal"}"#,
+    ] {
+        assert!(vars.contains(want), "{want} in {vars}");
+    }
     let status = plan.status.expect("status");
     assert!(
         condition(&status, "CredentialsReady")
             .message
-            .contains("the token of Secret mnist-edl-credentials"),
+            .contains("the etcd user and token of Secret mnist-edl-credentials"),
         "{status:?}"
     );
 }

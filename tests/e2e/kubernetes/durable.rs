@@ -13,7 +13,10 @@ use edl_operator::metrics::Metrics;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
-use super::{NS, OnOperator, final_ledger_holds, mnist_job, pod_logs, restore, succeeded, uid};
+use super::{
+    NS, OnOperator, final_ledger_holds, mnist_job, pod_logs, restore, succeeded, tls_from, tls_of,
+    uid,
+};
 use crate::support::{World, wait_until};
 use crate::trainer::mnist;
 
@@ -36,36 +39,6 @@ async fn master_answers(
     .status()
     .await
     .is_ok()
-}
-
-/// The TLS setup of the Secret `name` (its CA, certificate and key) as a pod of job
-/// `job` in [`NS`] uses it.
-fn tls_of(api: &edl_testkit::kube_api::FakeApi, name: &str, job: &str) -> edl_proto::tls::Tls {
-    let secret = api.get("secrets", NS, name).expect("the TLS Secret");
-    let value = |k: &str| {
-        secret["data"][k]
-            .as_str()
-            .and_then(edl_testkit::kube_api::base64_decode)
-            .unwrap_or_else(|| panic!("no {k} in {name}"))
-    };
-    tls_from(&value("ca.crt"), &value("tls.crt"), &value("tls.key"), job)
-}
-
-fn tls_from(ca: &[u8], cert: &[u8], key: &[u8], job: &str) -> edl_proto::tls::Tls {
-    let identity = edl_proto::tls::PemIdentity {
-        cert: cert.to_vec(),
-        key: key.to_vec(),
-        cert_name: "cert".into(),
-        key_name: "key".into(),
-    };
-    edl_proto::tls::Tls::from_pem(
-        ca,
-        "ca",
-        Some(identity),
-        Some(edl_operator::objects::tls_domain(job, NS)),
-        true,
-    )
-    .expect("a TLS setup")
 }
 
 /// The newest checkpoint step committed for the job.

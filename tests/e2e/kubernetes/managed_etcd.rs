@@ -1,7 +1,9 @@
 //! A job on the etcd the operator runs for it (`etcd.managed`, three members, each on a
 //! claim of its own), run by the test kubelet as real etcd processes that find one
 //! another by their pods' DNS names: losing one member's pod changes nothing for the job.
-//! The job gets its own token (the operator reads its progress from the master with it).
+//! The managed etcd speaks mutual TLS with the job's certificate and has authentication
+//! on: the job's pods use the job's own etcd user and token (the operator reads its
+//! progress from the master with the token); the root password stays with the operator.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +16,10 @@ use edl_operator::metrics::Metrics;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
-use super::{NS, OnOperator, final_ledger_holds, mnist_job, pod_logs, restore, succeeded, uid};
+use super::{
+    NS, OnOperator, final_ledger_holds, mnist_job, pod_logs, restore, secret_value, succeeded,
+    tls_of, uid,
+};
 use crate::support::{World, wait_until};
 use crate::trainer::mnist;
 
@@ -66,36 +71,70 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
     })
     .await;
     assert!(training, "{:?}\n{}", status().await, pod_logs(&pods_dir));
-    // The managed etcd, as the operator reaches it.
+    // The managed etcd, as the operator reaches it: only over mutual TLS with the job's
+    // certificate, and then only as a user; the job's user (from the Secret every job
+    // pod requires) keeps to the job's keys.
     let resolve = _kubelet.resolver();
     let endpoints: Vec<String> = edl_operator::objects::etcd_endpoints(&tj)
         .iter()
         .map(|e| resolve(e))
         .collect();
-    let etcd: Arc<dyn Backend> = Arc::new(
-        EtcdBackend::connect(EtcdConfig::new(endpoints))
-            .await
-            .expect("connect to the managed etcd"),
+    assert!(
+        endpoints.iter().all(|e| e.starts_with("https://")),
+        "{endpoints:?}"
     );
+    let tls = tls_of(&api, &format!("{MANAGED_JOB}-edl-tls"), MANAGED_JOB);
+    let cfg = EtcdConfig::new(endpoints.clone()).with_dial_timeout(Duration::from_secs(2));
+    let plain = EtcdBackend::connect(EtcdConfig {
+        endpoints: endpoints
+            .iter()
+            .map(|e| e.replace("https://", "http://"))
+            .collect(),
+        ..cfg.clone()
+    })
+    .await;
+    assert!(plain.is_err(), "plain TCP must be refused");
+    let r = EtcdBackend::connect_with_tls(cfg.clone(), tls.clone()).await;
+    assert!(
+        matches!(r, Err(edl_coord::Error::PermissionDenied(_))),
+        "the job's certificate without a user must be refused: {:?}",
+        r.err()
+    );
+    let credentials = format!("{MANAGED_JOB}-edl-credentials");
+    let text = |k: &str| String::from_utf8(secret_value(&api, &credentials, k)).expect("UTF-8");
+    let as_job = EtcdBackend::connect_with_tls(
+        cfg.clone()
+            .with_auth(text("EDL_ETCD_USER"), text("EDL_ETCD_PASSWORD")),
+        tls.clone(),
+    )
+    .await
+    .expect("connect as the job's etcd user");
+    assert_eq!(text("EDL_ETCD_USER"), format!("edl-job-{MANAGED_JOB}"));
     let keys = JobKeys::new(&JobName::new(MANAGED_JOB).expect("a job name"));
+    assert!(
+        as_job
+            .get(&keys.spec())
+            .await
+            .expect("the job's spec")
+            .is_some(),
+        "the job's user reads the job's keys"
+    );
+    let r = as_job
+        .put("/edl/another-job/job/spec", b"x".to_vec(), None)
+        .await;
+    assert!(
+        matches!(r, Err(edl_coord::Error::PermissionDenied(_))),
+        "the job's user must keep to its keys: {r:?}"
+    );
+    let etcd: Arc<dyn Backend> = Arc::new(as_job);
     let before = restore(&etcd, &keys)
         .await
         .expect("the pserver's restore record");
-    // The job's own token, in a Secret of its own (no etcd user: a managed etcd runs
-    // without users), which every job pod requires.
-    let secret = api
-        .get("secrets", NS, &format!("{MANAGED_JOB}-edl-credentials"))
-        .expect("the job's credentials");
-    let keys_of: Vec<&str> = secret["data"]
-        .as_object()
-        .map(|d| d.keys().map(String::as_str).collect())
-        .unwrap_or_default();
-    assert_eq!(keys_of, ["EDL_JOB_TOKEN"]);
     let trainer = api
         .get("pods", NS, &format!("{MANAGED_JOB}-trainer-0"))
         .expect("a trainer");
     let from = &trainer["spec"]["containers"][0]["envFrom"][0]["secretRef"];
-    assert_eq!(from["name"], format!("{MANAGED_JOB}-edl-credentials"));
+    assert_eq!(from["name"], credentials);
     assert!(from["optional"].is_null(), "required: {from}");
 
     // Member 0 on its claim, then its pod lost.

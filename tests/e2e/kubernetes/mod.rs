@@ -188,6 +188,44 @@ async fn final_ledger_holds(
     );
 }
 
+/// The value of `key` in Secret `name` of [`NS`], decoded.
+pub(super) fn secret_value(api: &FakeApi, name: &str, key: &str) -> Vec<u8> {
+    api.get("secrets", NS, name)
+        .unwrap_or_else(|| panic!("no Secret {name}"))["data"][key]
+        .as_str()
+        .and_then(edl_testkit::kube_api::base64_decode)
+        .unwrap_or_else(|| panic!("no {key} in Secret {name}"))
+}
+
+/// The TLS setup of the Secret `name` (its CA, certificate and key) as a pod of job
+/// `job` in [`NS`] uses it.
+pub(super) fn tls_of(
+    api: &edl_testkit::kube_api::FakeApi,
+    name: &str,
+    job: &str,
+) -> edl_proto::tls::Tls {
+    let value = |k: &str| secret_value(api, name, k);
+    tls_from(&value("ca.crt"), &value("tls.crt"), &value("tls.key"), job)
+}
+
+/// The TLS setup of a pod of job `job` in [`NS`] with these PEM files.
+pub(super) fn tls_from(ca: &[u8], cert: &[u8], key: &[u8], job: &str) -> edl_proto::tls::Tls {
+    let identity = edl_proto::tls::PemIdentity {
+        cert: cert.to_vec(),
+        key: key.to_vec(),
+        cert_name: "cert".into(),
+        key_name: "key".into(),
+    };
+    edl_proto::tls::Tls::from_pem(
+        ca,
+        "ca",
+        Some(identity),
+        Some(edl_operator::objects::tls_domain(job, NS)),
+        true,
+    )
+    .expect("a TLS setup")
+}
+
 /// The last lines of every pod's log in `pods_dir`, for a failed assertion.
 fn pod_logs(pods_dir: &std::path::Path) -> String {
     let mut out = String::new();
