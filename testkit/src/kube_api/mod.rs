@@ -45,6 +45,8 @@
 //!   is `400 BadRequest`, as on a real server; `follow` streams what is appended until the
 //!   pod is removed or has ended.
 //! - Errors are `Status` objects with the standard reasons and codes.
+//! - **NetworkPolicies** are stored and evaluated ([`FakeApi::network_allows`], with the
+//!   semantics of a plugin that enforces them), but nothing filters the pods' sockets.
 //!
 //! Every request is recorded as RBAC would authorize it ([`FakeApi::accesses`]), so a
 //! test can check a client's RBAC rules cover what it did; the fake itself authorizes
@@ -60,7 +62,8 @@
 //! Layout: this module has the resource types, errors and [`FakeApi`] (the server and the
 //! direct methods a test kubelet uses); `store.rs` the objects, the resourceVersion
 //! counter, the event log and the write rules; `http.rs` the REST paths, verbs,
-//! subresources and watch streams.
+//! subresources and watch streams; `network_policy.rs` what the stored NetworkPolicies
+//! allow ([`FakeApi::network_allows`]: evaluated, not enforced on sockets).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -71,6 +74,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 mod http;
+pub mod network_policy;
 mod store;
 
 use store::{Store, WatchEvent, not_found};

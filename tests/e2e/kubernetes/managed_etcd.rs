@@ -13,6 +13,8 @@ use edl_job::{JobKeys, JobName};
 use edl_operator::TrainingJob;
 use edl_operator::crd::{EtcdSpec, Phase};
 use edl_operator::metrics::Metrics;
+use edl_testkit::kube_api::FakeApi;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
@@ -137,6 +139,8 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
     assert_eq!(from["name"], credentials);
     assert!(from["optional"].is_null(), "required: {from}");
 
+    network_policy_keeps_the_job_to_itself(&client, &api, MANAGED_JOB).await;
+
     // Member 0 on its claim, then its pod lost.
     let member = format!("{MANAGED_JOB}-etcd-0");
     let claim = api
@@ -160,7 +164,7 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
     );
     let pass_at_loss = status().await.and_then(|s| s.pass).expect("a pass");
     let old = uid(&api, &member);
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     pods.delete(&member, &DeleteParams::default().grace_period(0))
         .await
         .expect("delete member 0's pod");
@@ -199,4 +203,86 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
     }
     stop.cancel();
     operator.await.expect("operator");
+}
+
+/// The job's NetworkPolicy, as a cluster enforcing it decides: the job's pods reach one
+/// another (trainer to master, trainer to etcd, etcd member to member) and the
+/// operator's pods reach the master and the etcd; a pod of another job in the same
+/// namespace, and a pod labelled as the job's in another namespace, reach neither, but
+/// every pod reaches the metrics port.
+async fn network_policy_keeps_the_job_to_itself(client: &kube::Client, api: &FakeApi, job: &str) {
+    use edl_operator::objects::{ETCD_PEER_PORT, ETCD_PORT, MASTER_PORT, METRICS_PORT};
+    // Pod objects only (a stranger in the job's namespace runs `true` and ends).
+    let stranger = |name: &str, labels: serde_json::Value| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "c", "image": "x", "command": ["true"]}]},
+        }))
+        .expect("a pod")
+    };
+    let make = |ns: &str, pod: Pod| {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        async move {
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .expect("create a pod")
+        }
+    };
+    make(
+        NS,
+        stranger(
+            "other-job-trainer",
+            serde_json::json!({"edl.dev/job": "other-job"}),
+        ),
+    )
+    .await;
+    make(
+        "elsewhere",
+        stranger("lookalike", serde_json::json!({"edl.dev/job": job})),
+    )
+    .await;
+    make(
+        "edl-system",
+        stranger(
+            "edl-operator-0",
+            serde_json::json!({"app.kubernetes.io/name": "edl-operator"}),
+        ),
+    )
+    .await;
+    let allows = |from: (&str, &str), to: &str, port: i32| {
+        api.network_allows(from, (NS, to), u16::try_from(port).expect("a port"))
+            .expect("both pods exist")
+    };
+    let (trainer, master) = (format!("{job}-trainer-0"), format!("{job}-master-0"));
+    let (etcd0, etcd1) = (format!("{job}-etcd-0"), format!("{job}-etcd-1"));
+    assert!(
+        api.get("networkpolicies", NS, &format!("{job}-edl"))
+            .is_some()
+    );
+    for (from, to, port) in [
+        ((NS, trainer.as_str()), &master, MASTER_PORT),
+        ((NS, trainer.as_str()), &etcd0, ETCD_PORT),
+        ((NS, etcd1.as_str()), &etcd0, ETCD_PEER_PORT),
+        (("edl-system", "edl-operator-0"), &master, MASTER_PORT),
+        (("edl-system", "edl-operator-0"), &etcd0, ETCD_PORT),
+        ((NS, "other-job-trainer"), &trainer, METRICS_PORT),
+    ] {
+        assert!(
+            allows(from, to, port),
+            "{from:?} -> {to}:{port} must be allowed"
+        );
+    }
+    for from in [(NS, "other-job-trainer"), ("elsewhere", "lookalike")] {
+        for (to, port) in [
+            (&master, MASTER_PORT),
+            (&etcd0, ETCD_PORT),
+            (&etcd0, ETCD_PEER_PORT),
+        ] {
+            assert!(
+                !allows(from, to, port),
+                "{from:?} -> {to}:{port} must be refused"
+            );
+        }
+    }
 }
