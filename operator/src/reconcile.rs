@@ -15,6 +15,10 @@
 //! - a finished job (Succeeded or Failed) gets no new pods, and its pods still running
 //!   are deleted, but for a managed etcd's, which hold its final state until the job
 //!   is deleted;
+//! - a job admitted through a Kueue Workload runs only while its Workload is admitted,
+//!   with no more trainers than Kueue admitted; otherwise it is held as a suspended job
+//!   is, and after an eviction its quota is given back only once it has no pods; its
+//!   Workload is marked finished when it ends;
 //! - a suspended job gets no new pods; its trainers are deleted with their drain grace
 //!   period, and its masters and pservers (graceful: a final checkpoint) only once no
 //!   trainer pod is left; its etcd pod (managed) stays, holding its state; a pod that
@@ -53,7 +57,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use crate::crd::{TaskCounts, TrainingJob, TrainingJobStatus};
 use crate::objects::{Role, Slot};
 
-use decision::Decision;
+use decision::{Decision, Hold};
 
 /// The finalizer that keeps a deleted TrainingJob until its etcd keys are removed.
 pub const FINALIZER: &str = "edl.dev/etcd-cleanup";
@@ -160,6 +164,43 @@ pub enum JobTls {
     Failed(String),
 }
 
+/// The job's Kueue `Workload`, when the operator admits jobs through Kueue (`--kueue`)
+/// and the job names a LocalQueue (label `kueue.x-k8s.io/queue-name`): the job runs
+/// only while Kueue admits its Workload.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Admission {
+    /// Not admitted through a Workload: the job runs unless suspended.
+    #[default]
+    NotQueued,
+    /// Queued, without its Workload yet (the plan makes it).
+    NoWorkload,
+    /// Its Workload waits for Kueue (no quota reserved).
+    Pending,
+    /// Kueue admitted it, with the trainers it admitted (partial admission: as few as
+    /// `min_trainers`; `None`: the count asked).
+    Admitted {
+        /// Trainers admitted.
+        trainers: Option<u32>,
+    },
+    /// Kueue evicted it (preempted, its quota gone): why. The job drains, then gives
+    /// the quota back.
+    Evicted(String),
+    /// Its Workload is marked finished (the job ended).
+    Finished,
+}
+
+/// A change to the job's Kueue Workload.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkloadChange {
+    /// Create it (`objects::workload`).
+    Create(Box<serde_json::Value>),
+    /// The job stopped after an eviction: clear its admission (quota given back) so
+    /// that Kueue queues it again; the reason.
+    Release(String),
+    /// The job ended: mark it finished (Kueue frees its quota); the message.
+    Finish(String),
+}
+
 /// Everything the decision looks at.
 #[derive(Debug, Clone)]
 pub struct Observed<'a> {
@@ -181,6 +222,8 @@ pub struct Observed<'a> {
     pub credentials: Credentials,
     /// Its TLS Secret.
     pub tls: JobTls,
+    /// Its Kueue Workload.
+    pub admission: Admission,
     /// Now.
     pub now: Time,
 }
@@ -246,6 +289,8 @@ pub struct Plan {
     pub create_claims: Vec<PersistentVolumeClaim>,
     /// NetworkPolicies to create (before the pods).
     pub create_network_policies: Vec<NetworkPolicy>,
+    /// The change to the job's Kueue Workload.
+    pub workload: Option<WorkloadChange>,
     /// The new status (`None`: leave it).
     pub status: Option<TrainingJobStatus>,
     /// Events.
@@ -336,6 +381,13 @@ fn describe_end(p: &PodView) -> String {
     }
 }
 
+/// `desired` with at most `admitted` trainers (Kueue's partial admission admits no
+/// fewer than `min_trainers`).
+fn within_admission(mut desired: Vec<Slot>, admitted: u32) -> Vec<Slot> {
+    desired.retain(|s| s.role != Role::Trainer || s.index < admitted);
+    desired
+}
+
 /// Deletes (gracefully) every pod of `pods` that still runs but the managed etcd's: the
 /// job is over. The etcd keeps the job's final state (its status, its checkpoints'
 /// manifests, the pservers' final commits) until the job is deleted.
@@ -382,12 +434,14 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
     d.status.trainers.desired = want;
     if d.old.phase.is_finished() {
         // Over: stop what still runs, change nothing else.
+        d.finish_workload();
         stop_running(&mut d.plan, &obs.pods);
         return d.plan_if_changed();
     }
     let progress = d.etcd_state();
     if let Some(p) = progress {
         if let Some(end) = &p.finished {
+            d.finish_workload();
             return d.ended(end);
         }
         if !p.spec_published {
@@ -397,8 +451,19 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
         }
     }
     if tj.spec.suspend {
-        return d.suspended();
+        return d.suspended(Hold::Suspend);
     }
+    let desired = match &obs.admission {
+        Admission::NoWorkload | Admission::Pending | Admission::Evicted(_) => {
+            return d.awaiting_admission();
+        }
+        Admission::Admitted {
+            trainers: Some(admitted),
+        } => within_admission(desired, *admitted),
+        _ => desired,
+    };
+    let want = desired.iter().filter(|s| s.role == Role::Trainer).count() as u32;
+    d.status.trainers.desired = want;
     d.resumed();
     let credentials_failed = d.credentials();
     let tls_failed = d.tls();
@@ -436,6 +501,7 @@ fn being_deleted(tj: &TrainingJob) -> Plan {
     plan
 }
 
+mod admission;
 mod decision;
 #[cfg(test)]
 mod tests;

@@ -34,6 +34,8 @@ use tokio_util::sync::CancellationToken;
 mod autoscale;
 #[path = "controller/credentials.rs"]
 mod credentials;
+#[path = "controller/kueue.rs"]
+mod kueue;
 
 const NS: &str = "ml";
 /// The operator's own namespace, where its Lease is (as in deploy/).
@@ -312,6 +314,7 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
         (strings(&r["resources"]) == ["events"] && verb == "patch")
             || autoscaler_rule(r)
             || credentials_rule(r)
+            || kueue_rule(r)
     });
     kubelet.await.expect("kubelet");
 }
@@ -441,6 +444,11 @@ fn autoscaler_rule(r: &serde_json::Value) -> bool {
     resources == ["nodes"]
         || resources == ["priorityclasses"]
         || resources == ["trainingjobs/scale"]
+}
+
+/// The rules only an operator that admits jobs through Kueue (`--kueue`) uses.
+fn kueue_rule(r: &serde_json::Value) -> bool {
+    strings(&r["apiGroups"]) == ["kueue.x-k8s.io"]
 }
 
 /// The rule only an operator with admin credentials for a shared etcd uses.

@@ -144,6 +144,11 @@ pub struct RunArgs {
     /// How often the autoscaler decides.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub autoscale_every: std::time::Duration,
+    /// Admit each TrainingJob that names a Kueue LocalQueue (label
+    /// `kueue.x-k8s.io/queue-name`) through a Kueue Workload of its own: the job runs
+    /// only while Kueue admits it (docs/kubernetes.md, Kueue).
+    #[arg(long)]
+    pub kueue: bool,
 }
 
 /// Arguments of `edl operator render`.

@@ -17,7 +17,7 @@ use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::EtcdSpec;
 use edl_operator::leader::{self, LeaseElection};
 use edl_operator::metrics::Metrics;
-use edl_operator::reconcile::{Credentials, EtcdState, JobTls, Observed, reconcile};
+use edl_operator::reconcile::{Admission, Credentials, EtcdState, JobTls, Observed, reconcile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{JobSource, OperatorCommand, RenderArgs, RunArgs};
@@ -104,6 +104,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         credentials: Credentials::NotIssued,
         // The job's TLS Secret, which the operator makes before any pod.
         tls: JobTls::Ready,
+        admission: Admission::NotQueued,
         now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     });
     let mut docs = vec![serde_norway::to_string(&tj)?];
@@ -168,6 +169,7 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
             etcd_auth,
             instance: identity.clone(),
             operator_namespace: args.lease_namespace.clone(),
+            kueue: args.kueue,
             ..ControllerConfig::default()
         };
         let election = LeaseElection {

@@ -28,7 +28,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -39,15 +41,16 @@ use tokio_util::sync::CancellationToken;
 use crate::crd::{TaskCounts, TrainingJob};
 use crate::metrics::Metrics;
 use crate::objects::{
-    INDEX_LABEL, JOB_LABEL, ROLE_LABEL, Role, Slot, etcd_endpoints, job_etcd_user,
+    self, INDEX_LABEL, JOB_LABEL, ROLE_LABEL, Role, Slot, WorkloadState, etcd_endpoints,
+    job_etcd_user,
 };
 mod secrets;
 
 use secrets::{ensure_credentials, ensure_tls};
 
 use crate::reconcile::{
-    Credentials, Deletion, EtcdAction, EtcdState, Event, FINALIZER, FinalizerChange, Finished,
-    JobTls, Observed, Plan, PodPhase, PodView, reconcile,
+    Admission, Credentials, Deletion, EtcdAction, EtcdState, Event, FINALIZER, FinalizerChange,
+    Finished, JobTls, Observed, Plan, PodPhase, PodView, WorkloadChange, reconcile,
 };
 
 /// How the controller runs.
@@ -68,6 +71,10 @@ pub struct ControllerConfig {
     /// The operator's own namespace: each job's NetworkPolicy admits the operator's pods
     /// from it.
     pub operator_namespace: String,
+    /// Admit jobs that name a Kueue LocalQueue (label `kueue.x-k8s.io/queue-name`)
+    /// through a Kueue Workload each: such a job runs only while Kueue admits it.
+    /// Off: the label is only copied to the job's objects (Kueue's pod integration).
+    pub kueue: bool,
     /// How the operator reaches an address inside the cluster (a managed etcd member's
     /// DNS name): as it is on a cluster; the stand-in's test kubelet maps pod addresses
     /// to this host's ports.
@@ -100,6 +107,7 @@ impl Default for ControllerConfig {
             instance: "edl-operator".to_owned(),
             operator_namespace: "edl-system".to_owned(),
             resolve: Resolve::default(),
+            kueue: false,
         }
     }
 }
@@ -430,6 +438,7 @@ async fn observe<'a>(
         (JobTls::Plaintext, None)
     };
     let (etcd, credentials) = observe_etcd(ctx, tj, ns, job, job_tls.as_ref()).await;
+    let admission = observe_workload(ctx, tj, ns).await?;
     let observed = Observed {
         job: tj,
         pods: pods.items.iter().filter_map(pod_view).collect(),
@@ -440,9 +449,84 @@ async fn observe<'a>(
         etcd,
         credentials,
         tls,
+        admission,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     Ok((observed, job_tls))
+}
+
+/// The API of Kueue's Workloads in `ns`.
+fn workloads(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
+    let [group, version, kind, plural] = objects::WORKLOAD_API;
+    let resource = ApiResource {
+        group: group.to_owned(),
+        version: version.to_owned(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.to_owned(),
+        plural: plural.to_owned(),
+    };
+    Api::namespaced_with(ctx.client.clone(), ns, &resource)
+}
+
+/// `tj`'s Kueue Workload, when the operator admits jobs through Kueue and `tj` names a
+/// queue.
+async fn observe_workload(ctx: &Ctx, tj: &TrainingJob, ns: &str) -> Result<Admission, Error> {
+    if !ctx.config.kueue || objects::queue_name(tj).is_none() {
+        return Ok(Admission::NotQueued);
+    }
+    let name = objects::workload_name(&tj.name_any());
+    let found = workloads(ctx, ns)
+        .get_opt(&name)
+        .await
+        .map_err(kube_err(format!("read Workload {name}")))?;
+    let Some(w) = found else {
+        return Ok(Admission::NoWorkload);
+    };
+    let value = serde_json::to_value(&w).unwrap_or_default();
+    Ok(match objects::workload_state(&value) {
+        WorkloadState::Pending => Admission::Pending,
+        WorkloadState::Admitted(trainers) => Admission::Admitted { trainers },
+        WorkloadState::Evicted(why) => Admission::Evicted(why),
+        WorkloadState::Finished => Admission::Finished,
+    })
+}
+
+/// Applies the plan's change to the job's Workload: made, or its status written (fenced
+/// by the resourceVersion it is read at).
+async fn apply_workload(ctx: &Ctx, tj: &TrainingJob, change: &WorkloadChange) -> Result<(), Error> {
+    let ns = tj.namespace().unwrap_or_else(|| "default".to_owned());
+    let api = workloads(ctx, &ns);
+    let name = objects::workload_name(&tj.name_any());
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = match change {
+        WorkloadChange::Create(w) => {
+            let object: DynamicObject = serde_json::from_value((**w).clone()).map_err(|e| {
+                kube_err(format!("make Workload {name}"))(kube::Error::SerdeError(e))
+            })?;
+            return match api.create(&PostParams::default(), &object).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                Err(e) => Err(kube_err(format!("create Workload {name}"))(e)),
+            };
+        }
+        WorkloadChange::Release(why) => (why, true),
+        WorkloadChange::Finish(message) => (message, false),
+    };
+    let found = api
+        .get(&name)
+        .await
+        .map_err(kube_err(format!("read Workload {name}")))?;
+    let value = serde_json::to_value(&found).unwrap_or_default();
+    let new = match status {
+        (why, true) => objects::released_workload(value, why, &now),
+        (message, false) => objects::finished_workload(value, message, &now),
+    };
+    let object: DynamicObject = serde_json::from_value(new)
+        .map_err(|e| kube_err(format!("read Workload {name}"))(kube::Error::SerdeError(e)))?;
+    api.replace_status(&name, &PostParams::default(), &object)
+        .await
+        .map_err(kube_err(format!("write the status of Workload {name}")))?;
+    Ok(())
 }
 
 /// Whether `tj` is live: not being deleted, not over, with a valid spec.
@@ -518,6 +602,9 @@ async fn apply(
     }
     if !plan.etcd.is_empty() {
         apply_etcd(ctx, tj, job, &plan.etcd, tls).await?;
+    }
+    if let Some(change) = &plan.workload {
+        apply_workload(ctx, tj, change).await?;
     }
     delete_pods(ctx, &apis.pods, &plan.delete).await?;
     create_objects(ctx, apis, plan).await?;

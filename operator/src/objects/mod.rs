@@ -25,6 +25,7 @@ use crate::crd::{CHECKPOINT_MOUNT, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSo
 mod claims;
 mod network;
 mod secrets;
+mod workload;
 
 pub use claims::{checkpoint_claim_name, checkpoint_claims, claims, etcd_claim_name, etcd_claims};
 pub use network::{OPERATOR_LABEL, network_policy};
@@ -34,6 +35,10 @@ pub use secrets::{
     tls_names, tls_secret, tls_secret_name,
 };
 use secrets::{mount_tls, tls_vars};
+pub use workload::{
+    WORKLOAD_API, WorkloadState, finished_workload, queue_name, released_workload,
+    set_workload_condition, workload, workload_name, workload_state,
+};
 
 /// The label naming a pod's job.
 pub const JOB_LABEL: &str = "edl.dev/job";

@@ -4,11 +4,34 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    Credentials, Deletion, EtcdAction, EtcdState, Finished, JobTls, Observed, Plan, PodPhase,
-    PodView, describe_end, set_condition, stop_running,
+    Admission, Credentials, Deletion, EtcdAction, EtcdState, Finished, JobTls, Observed, Plan,
+    PodPhase, PodView, describe_end, set_condition, stop_running,
 };
 use crate::crd::{Phase, RECENT_RECOVERIES, Recovery, TrainerCounts, TrainingJobStatus};
 use crate::objects::{self, CredentialsRef, Role, Slot};
+
+/// Why a job is held without pods.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Hold {
+    /// `spec.suspend`.
+    Suspend,
+    /// Its Kueue Workload waits for admission: why.
+    Queued {
+        /// What it waits for.
+        why: String,
+    },
+    /// Kueue evicted its Workload: why.
+    Evicted {
+        /// Kueue's reason.
+        why: String,
+    },
+}
+
+impl Hold {
+    fn warning(&self) -> bool {
+        matches!(self, Hold::Evicted { .. })
+    }
+}
 
 /// One decision under way: the observation, the status it had and the one being made,
 /// and the plan so far.
@@ -146,13 +169,19 @@ impl<'a> Decision<'a> {
         self.plan_with_status()
     }
 
-    /// `spec.suspend`: the job drains and stays without pods. Its trainers go first
-    /// (their grace period: each hands its task back); once none is left, its masters
-    /// and pservers (each pserver writes a final checkpoint); a managed etcd stays, as
-    /// it holds the job's state. Pods that ended are removed, not replaced. The
-    /// `Suspended` condition (and one event) says so, and the pass and tasks the job
-    /// had stay in the status while no master reports them.
-    pub(super) fn suspended(mut self) -> Plan {
+    /// `spec.suspend` (or, `hold`, a Kueue Workload not admitted): the job drains and
+    /// stays without pods. Its trainers go first (their grace period: each hands its
+    /// task back); once none is left, its masters and pservers (each pserver writes a
+    /// final checkpoint); a managed etcd stays, as it holds the job's state. Pods that
+    /// ended are removed, not replaced. The `Suspended` condition (and one event) says
+    /// so, and the pass and tasks the job had stay in the status while no master
+    /// reports them.
+    pub(super) fn suspended(self, hold: Hold) -> Plan {
+        self.held(hold).plan_if_changed()
+    }
+
+    /// [`Decision::suspended`], the plan not yet made.
+    pub(super) fn held(mut self, hold: Hold) -> Self {
         let live = |p: &&PodView| !p.terminating && !p.phase.ended();
         let trainers_left = self
             .obs
@@ -185,32 +214,51 @@ impl<'a> Decision<'a> {
             .filter(|p| p.slot.role == Role::Trainer)
             .count() as u32;
         self.status.phase = Phase::Suspended;
+        let (reason, why, until) = match &hold {
+            Hold::Suspend => (
+                "Suspended",
+                "spec.suspend is true".to_owned(),
+                "when spec.suspend is false",
+            ),
+            Hold::Queued { why } => ("AwaitingAdmission", why.clone(), "once Kueue admits it"),
+            Hold::Evicted { why } => ("Evicted", why.clone(), "once Kueue admits it again"),
+        };
         let message = if running == 0 {
-            "spec.suspend is true: the job has no pods running; it resumes where it stopped \
-             when spec.suspend is false"
-                .to_owned()
+            format!("{why}: the job has no pods running; it resumes where it stopped {until}")
         } else {
             format!(
-                "spec.suspend is true: stopping the job's pods ({running} still running; \
-                 trainers drain first, then masters and pservers, which write a final \
-                 checkpoint)"
+                "{why}: stopping the job's pods ({running} still running; trainers drain \
+                 first, then masters and pservers, which write a final checkpoint)"
             )
         };
-        if self.condition("Suspended", true, "Suspended", message.clone())
-            && self.old.phase != Phase::Suspended
-        {
-            self.plan.event(false, "Suspended", message.clone());
+        let changed = self.condition("Suspended", true, reason, message.clone());
+        if changed && (self.old.phase != Phase::Suspended || self.old_reason() != Some(reason)) {
+            self.plan.event(hold.warning(), reason, message.clone());
         }
-        self.condition("Running", false, "Suspended", message);
-        self.condition("Scaling", false, "Suspended", String::new());
-        self.plan_if_changed()
+        self.condition("Running", false, reason, message);
+        self.condition("Scaling", false, reason, String::new());
+        self
     }
 
-    /// A job that was suspended and no longer is: the `Suspended` condition turns
-    /// false, with one event.
+    /// The reason of the `Suspended` condition the job had.
+    fn old_reason(&self) -> Option<&str> {
+        self.old
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Suspended")
+            .map(|c| c.reason.as_str())
+    }
+
+    /// A job that was suspended (or held by Kueue) and no longer is: the `Suspended`
+    /// condition turns false, with one event.
     pub(super) fn resumed(&mut self) {
         if self.old.phase == Phase::Suspended {
-            let message = "spec.suspend is false: starting the job's pods again".to_owned();
+            let message = match self.old_reason() {
+                Some("AwaitingAdmission" | "Evicted") => {
+                    "Kueue admitted the job's Workload: starting the job's pods".to_owned()
+                }
+                _ => "spec.suspend is false: starting the job's pods again".to_owned(),
+            };
             self.condition("Suspended", false, "Resumed", message.clone());
             self.plan.event(false, "Resumed", message);
         }
@@ -440,9 +488,15 @@ impl<'a> Decision<'a> {
                     format!("pod {name} is gone (deleted or lost with its node): recreating it"),
                 );
             }
-            self.plan
-                .create_pods
-                .push(objects::pod(tj, *slot, credentials));
+            let mut pod = objects::pod(tj, *slot, credentials);
+            if self.obs.admission != Admission::NotQueued {
+                // Admitted as a whole through the Workload: Kueue's pod integration must
+                // not queue each pod again.
+                if let Some(labels) = pod.metadata.labels.as_mut() {
+                    labels.remove(objects::QUEUE_LABEL);
+                }
+            }
+            self.plan.create_pods.push(pod);
         }
         let excess = self
             .status

@@ -6,6 +6,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::crd::{EtcdSpec, JobVolumes, Phase, RECENT_RECOVERIES, TrainerCounts, VolumeSource};
 
+mod admission;
 mod replicas;
 mod suspension;
 mod volumes;
@@ -106,6 +107,7 @@ fn observe<'a>(
         etcd,
         credentials: Credentials::NotIssued,
         tls: JobTls::Ready,
+        admission: Admission::NotQueued,
         now: at(100),
     }
 }

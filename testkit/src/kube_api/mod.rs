@@ -207,8 +207,8 @@ impl ResourceType {
         }
     }
 
-    /// `networking.k8s.io/v1` NetworkPolicies (stored, not enforced: nothing here
-    /// filters connections).
+    /// `networking.k8s.io/v1` NetworkPolicies (stored and evaluated by
+    /// [`FakeApi::network_allows`], not enforced: nothing here filters connections).
     pub fn network_policies() -> ResourceType {
         ResourceType {
             group: "networking.k8s.io",
@@ -221,10 +221,24 @@ impl ResourceType {
         }
     }
 
+    /// Kueue's `Workload` (`kueue.x-k8s.io/v1beta1`), with its status subresource:
+    /// stored; no Kueue runs here, a test writes the status Kueue would.
+    pub fn kueue_workloads() -> ResourceType {
+        ResourceType {
+            group: "kueue.x-k8s.io",
+            version: "v1beta1",
+            plural: "workloads",
+            kind: "Workload",
+            namespaced: true,
+            status: true,
+            scale: None,
+        }
+    }
+
     /// Every type the edl operator uses: pods, services, secrets (the jobs' TLS and
     /// etcd credentials), PersistentVolumeClaims, NetworkPolicies, events,
-    /// TrainingJobs, the leader election's leases, and the nodes and PriorityClasses its
-    /// autoscaler reads.
+    /// TrainingJobs, the leader election's leases, the nodes and PriorityClasses its
+    /// autoscaler reads, and Kueue's Workloads (`--kueue`).
     pub fn for_operator() -> Vec<ResourceType> {
         vec![
             ResourceType::pods(),
@@ -237,6 +251,7 @@ impl ResourceType {
             ResourceType::leases(),
             ResourceType::nodes(),
             ResourceType::priority_classes(),
+            ResourceType::kueue_workloads(),
         ]
     }
 

@@ -264,6 +264,16 @@ impl OnOperator {
         etcd_auth: Option<edl_coord::EtcdAuth>,
         metrics: Arc<Metrics>,
     ) -> OnOperator {
+        Self::start_with(w, etcd_auth, metrics, false).await
+    }
+
+    /// [`OnOperator::start`], admitting queued jobs through Kueue Workloads if `kueue`.
+    async fn start_with(
+        w: &World,
+        etcd_auth: Option<edl_coord::EtcdAuth>,
+        metrics: Arc<Metrics>,
+        kueue: bool,
+    ) -> OnOperator {
         let checkpoints = w.dir.path().join("checkpoints");
         let pods_dir = w.dir.path().join("pods");
         std::fs::create_dir_all(&checkpoints).expect("mkdir");
@@ -279,6 +289,7 @@ impl OnOperator {
                 etcd_auth,
                 // A managed etcd's members by the loopback ports the kubelet gave them.
                 resolve: controller::Resolve(kubelet.resolver()),
+                kueue,
                 ..ControllerConfig::default()
             },
             metrics,
@@ -671,6 +682,7 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
 }
 
 mod durable;
+mod kueue;
 mod managed_etcd;
 mod stand_in;
 mod suspend;

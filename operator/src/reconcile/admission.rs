@@ -1,0 +1,55 @@
+//! The decision's phases for a job admitted through its Kueue Workload
+//! ([`Admission`]): held until admitted, drained on an eviction and then its quota
+//! given back, its Workload marked finished when it ends.
+
+use super::decision::{Decision, Hold};
+use super::{Admission, Plan, WorkloadChange};
+use crate::objects::{self, Role};
+
+impl Decision<'_> {
+    /// The job waits for its Workload's admission (made now if it is not there), or was
+    /// evicted: it is held without pods as a suspended job is. Evicted, once it has no
+    /// pods left (its managed etcd aside), it gives its quota back so that Kueue queues
+    /// it again.
+    pub(super) fn awaiting_admission(mut self) -> Plan {
+        let tj = self.obs.job;
+        let name = objects::workload_name(&self.job);
+        let queue = objects::queue_name(tj).unwrap_or_default();
+        let waiting = || Hold::Queued {
+            why: format!("waiting for Kueue to admit Workload {name} (LocalQueue {queue})"),
+        };
+        let hold = match &self.obs.admission {
+            Admission::NoWorkload => {
+                self.plan.workload = Some(WorkloadChange::Create(Box::new(objects::workload(tj))));
+                waiting()
+            }
+            Admission::Evicted(why) => Hold::Evicted {
+                why: format!("Kueue evicted Workload {name}: {why}"),
+            },
+            _ => waiting(),
+        };
+        let evicted = matches!(hold, Hold::Evicted { .. });
+        let mut d = self.held(hold);
+        let stopped = !d.obs.pods.iter().any(|p| p.slot.role != Role::Etcd);
+        if evicted && stopped {
+            d.plan.workload = Some(WorkloadChange::Release(
+                "the job stopped after its eviction: queued again".to_owned(),
+            ));
+        }
+        d.plan_if_changed()
+    }
+
+    /// The job ended: its Workload, if Kueue has it and it is not marked yet, is marked
+    /// finished.
+    pub(super) fn finish_workload(&mut self) {
+        if matches!(
+            self.obs.admission,
+            Admission::Pending | Admission::Admitted { .. } | Admission::Evicted(_)
+        ) {
+            self.plan.workload = Some(WorkloadChange::Finish(format!(
+                "TrainingJob {} ended",
+                self.job
+            )));
+        }
+    }
+}

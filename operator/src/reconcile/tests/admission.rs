@@ -1,0 +1,201 @@
+//! A job admitted through its Kueue Workload: held until admitted, run with the
+//! trainers admitted, drained on an eviction and then its quota given back, its
+//! Workload finished when it ends.
+
+use super::*;
+use crate::reconcile::{Admission, WorkloadChange};
+
+fn queued() -> TrainingJob {
+    let mut tj = training_job("");
+    tj.metadata.labels =
+        Some([(crate::objects::QUEUE_LABEL.to_owned(), "team-a".to_owned())].into());
+    tj
+}
+
+fn with(obs: Observed<'_>, admission: Admission) -> Observed<'_> {
+    Observed { admission, ..obs }
+}
+
+#[test]
+fn a_queued_job_makes_its_workload_and_no_pod_until_kueue_admits_it() {
+    let tj = queued();
+    let plan = reconcile(&with(
+        observe(&tj, vec![], Ok(EtcdState::default())),
+        Admission::NoWorkload,
+    ));
+    assert!(plan.create_pods.is_empty(), "{plan:?}");
+    let Some(WorkloadChange::Create(w)) = &plan.workload else {
+        panic!("no Workload made: {plan:?}");
+    };
+    assert_eq!(w["metadata"]["name"], "trainingjob-mnist");
+    assert_eq!(w["spec"]["queueName"], "team-a");
+    let sets: Vec<(String, u64, Option<u64>)> = w["spec"]["podSets"]
+        .as_array()
+        .expect("pod sets")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or_default().to_owned(),
+                s["count"].as_u64().unwrap_or_default(),
+                s["minCount"].as_u64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sets,
+        [
+            ("master".to_owned(), 1, None),
+            ("pserver".to_owned(), 1, None),
+            ("trainer".to_owned(), 2, Some(1)),
+        ]
+    );
+    assert!(
+        w["spec"]["podSets"][2]["template"]["spec"]["containers"][0]["resources"].is_object()
+            || w["spec"]["podSets"][2]["template"]["spec"]["containers"][0]["image"] == "edl:test",
+        "each pod set carries its pod template: {w}"
+    );
+    let status = plan.status.expect("status");
+    assert_eq!(status.phase, Phase::Suspended);
+    let c = condition(&status, "Suspended");
+    assert_eq!(c.reason, "AwaitingAdmission");
+    assert!(c.message.contains("LocalQueue team-a"), "{c:?}");
+    // Still waiting: nothing made again.
+    let plan = reconcile(&with(
+        observe(&tj, vec![], Ok(EtcdState::default())),
+        Admission::Pending,
+    ));
+    assert!(
+        plan.create_pods.is_empty() && plan.workload.is_none(),
+        "{plan:?}"
+    );
+}
+
+#[test]
+fn an_admitted_job_runs_with_the_trainers_admitted_and_its_pods_are_not_queued_again() {
+    let tj = queued();
+    let plan = reconcile(&with(
+        observe(&tj, vec![], Ok(progress(2))),
+        Admission::Admitted { trainers: Some(1) },
+    ));
+    assert_eq!(
+        names(&plan.create_pods),
+        ["mnist-master-0", "mnist-pserver-0", "mnist-trainer-0"],
+        "one trainer of the two asked: partial admission"
+    );
+    assert!(
+        plan.create_pods.iter().all(|p| p
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| !l.contains_key(crate::objects::QUEUE_LABEL))),
+        "admitted as a whole: no pod is Kueue's to queue"
+    );
+    assert_eq!(plan.status.expect("status").trainers.desired, 1);
+    assert!(plan.workload.is_none());
+}
+
+#[test]
+fn an_evicted_job_drains_and_gives_its_quota_back_only_once_it_has_no_pods() {
+    let mut tj = queued();
+    started(&mut tj, 2);
+    let evicted = Admission::Evicted("Preempted to accommodate a higher priority".into());
+    let plan = reconcile(&with(
+        observe(&tj, running(2), Ok(progress(2))),
+        evicted.clone(),
+    ));
+    let deleted: Vec<&str> = plan.delete.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        deleted,
+        ["mnist-trainer-0", "mnist-trainer-1"],
+        "trainers drain first"
+    );
+    assert!(
+        plan.workload.is_none(),
+        "quota kept while pods run: {plan:?}"
+    );
+    let status = plan.status.clone().expect("status");
+    assert_eq!(condition(&status, "Suspended").reason, "Evicted");
+    assert!(
+        plan.events
+            .iter()
+            .any(|e| e.warning && e.reason == "Evicted" && e.message.contains("Preempted")),
+        "{:?}",
+        plan.events
+    );
+    tj.status = Some(status);
+    let plan = reconcile(&with(observe(&tj, vec![], Ok(progress(2))), evicted));
+    assert!(
+        matches!(plan.workload, Some(WorkloadChange::Release(_))),
+        "no pods left: the quota goes back: {plan:?}"
+    );
+    // Admitted again: it resumes, one event, no recovery counted.
+    let plan = reconcile(&with(
+        observe(&tj, vec![], Ok(progress(2))),
+        Admission::Admitted { trainers: None },
+    ));
+    assert_eq!(plan.create_pods.len(), 4, "{plan:?}");
+    let status = plan.status.expect("status");
+    assert!(status.recoveries.is_empty());
+    assert!(
+        plan.events
+            .iter()
+            .any(|e| e.reason == "Resumed" && e.message.contains("Kueue admitted")),
+        "{:?}",
+        plan.events
+    );
+}
+
+#[test]
+fn a_job_that_ends_marks_its_workload_finished_once() {
+    let tj = queued();
+    let done = EtcdState {
+        finished: Some(Finished::Succeeded),
+        ..progress(2)
+    };
+    let plan = reconcile(&with(
+        observe(&tj, running(2), Ok(done.clone())),
+        Admission::Admitted { trainers: None },
+    ));
+    assert!(
+        matches!(plan.workload, Some(WorkloadChange::Finish(_))),
+        "{plan:?}"
+    );
+    let plan = reconcile(&with(observe(&tj, vec![], Ok(done)), Admission::Finished));
+    assert!(plan.workload.is_none(), "already finished: {plan:?}");
+}
+
+#[test]
+fn a_workload_state_is_read_as_kueue_writes_it() {
+    use crate::objects::{WorkloadState, released_workload, workload_state};
+    use serde_json::json;
+    let admitted = json!({"status": {
+        "admission": {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": "master", "count": 1}, {"name": "trainer", "count": 3}]},
+        "conditions": [
+            {"type": "QuotaReserved", "status": "True"},
+            {"type": "Admitted", "status": "True"}]}});
+    assert_eq!(workload_state(&admitted), WorkloadState::Admitted(Some(3)));
+    let mut reserved_only = admitted.clone();
+    reserved_only["status"]["conditions"][1]["status"] = json!("False");
+    assert_eq!(
+        workload_state(&reserved_only),
+        WorkloadState::Pending,
+        "quota reserved, admission checks pending"
+    );
+    let mut evicted = admitted.clone();
+    evicted["status"]["conditions"]
+        .as_array_mut()
+        .expect("conditions")
+        .push(
+            json!({"type": "Evicted", "status": "True", "reason": "Preempted",
+                     "message": "preempted by a higher priority workload"}),
+        );
+    assert_eq!(
+        workload_state(&evicted),
+        WorkloadState::Evicted("preempted by a higher priority workload".into())
+    );
+    let released = released_workload(evicted, "queued again", "2026-01-01T00:00:00Z");
+    assert!(released["status"]["admission"].is_null());
+    assert_eq!(workload_state(&released), WorkloadState::Pending);
+    assert_eq!(workload_state(&json!({})), WorkloadState::Pending);
+}
