@@ -113,6 +113,21 @@ pub struct TrainingJobSpec {
     /// owns): a pod accepts only peers with a certificate of that CA.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub plaintext: bool,
+    /// Schedule the job's pods with Volcano, as one gang: the operator makes a PodGroup
+    /// (`scheduling.volcano.sh/v1beta1`) whose `minMember` is the job at its smallest
+    /// (etcd members, masters, pservers and `min_trainers` trainers), and its pods name
+    /// the `volcano` scheduler and the group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volcano: Option<VolcanoSpec>,
+}
+
+/// How a job is scheduled by Volcano.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolcanoSpec {
+    /// The Volcano queue (default: Volcano's `default` queue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
 }
 
 fn d_grace() -> u32 {
@@ -571,6 +586,7 @@ impl TrainingJob {
                 drain_seconds: d_grace(),
                 suspend: false,
                 plaintext: false,
+                volcano: None,
             },
         );
         // Lists, always: the schema gives the globs one type.

@@ -24,7 +24,8 @@
 //!   trainer pod is left; its etcd pod (managed) stays, holding its state; a pod that
 //!   goes while it is suspended, or is made when it resumes, is no recovery;
 //! - the job's NetworkPolicy (its pods admit only one another, the operator, and scrapes
-//!   of the metrics port) exists before its pods;
+//!   of the metrics port) exists before its pods, and so does its Volcano PodGroup when
+//!   it asks for Volcano;
 //! - a pserver pod mounts a claim of its own (`<job>-checkpoints-<slot>`, made before
 //!   it) unless the job names its checkpoint volume; one that does not outlive its pod
 //!   (`emptyDir`) or its node (`hostPath`) is a `CheckpointsDurable=False` condition and
@@ -214,6 +215,8 @@ pub struct Observed<'a> {
     pub claims: BTreeSet<String>,
     /// The names of its NetworkPolicies.
     pub network_policies: BTreeSet<String>,
+    /// The names of its Volcano PodGroups (looked for only when it asks for Volcano).
+    pub pod_groups: BTreeSet<String>,
     /// The operator's namespace (its NetworkPolicy admits the operator's pods from it).
     pub operator_namespace: String,
     /// Its state in etcd, or why etcd could not be read.
@@ -289,6 +292,8 @@ pub struct Plan {
     pub create_claims: Vec<PersistentVolumeClaim>,
     /// NetworkPolicies to create (before the pods).
     pub create_network_policies: Vec<NetworkPolicy>,
+    /// Volcano PodGroups to create (before the pods).
+    pub create_pod_groups: Vec<serde_json::Value>,
     /// The change to the job's Kueue Workload.
     pub workload: Option<WorkloadChange>,
     /// The new status (`None`: leave it).

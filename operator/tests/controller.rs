@@ -34,8 +34,8 @@ use tokio_util::sync::CancellationToken;
 mod autoscale;
 #[path = "controller/credentials.rs"]
 mod credentials;
-#[path = "controller/kueue.rs"]
-mod kueue;
+#[path = "controller/queues.rs"]
+mod queues;
 
 const NS: &str = "ml";
 /// The operator's own namespace, where its Lease is (as in deploy/).
@@ -315,6 +315,7 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
             || autoscaler_rule(r)
             || credentials_rule(r)
             || kueue_rule(r)
+            || volcano_rule(r)
     });
     kubelet.await.expect("kubelet");
 }
@@ -444,6 +445,11 @@ fn autoscaler_rule(r: &serde_json::Value) -> bool {
     resources == ["nodes"]
         || resources == ["priorityclasses"]
         || resources == ["trainingjobs/scale"]
+}
+
+/// The rule only jobs with `spec.volcano` use.
+fn volcano_rule(r: &serde_json::Value) -> bool {
+    strings(&r["apiGroups"]) == ["scheduling.volcano.sh"]
 }
 
 /// The rules only an operator that admits jobs through Kueue (`--kueue`) uses.

@@ -97,6 +97,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         services: BTreeSet::new(),
         claims: BTreeSet::new(),
         network_policies: BTreeSet::new(),
+        pod_groups: BTreeSet::new(),
         operator_namespace: "edl-system".to_owned(),
         etcd: Ok(EtcdState::default()),
         // What an operator without admin credentials for the jobs' etcd creates: job pods
@@ -113,6 +114,9 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
     }
     for n in &plan.create_network_policies {
         docs.push(serde_norway::to_string(n)?);
+    }
+    for g in &plan.create_pod_groups {
+        docs.push(serde_norway::to_string(g)?);
     }
     for c in &plan.create_claims {
         docs.push(serde_norway::to_string(c)?);

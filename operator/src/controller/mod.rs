@@ -378,6 +378,7 @@ struct JobApis {
     services: Api<Service>,
     claims: Api<PersistentVolumeClaim>,
     network_policies: Api<NetworkPolicy>,
+    pod_groups: Api<DynamicObject>,
 }
 
 impl JobApis {
@@ -388,6 +389,7 @@ impl JobApis {
             services: Api::namespaced(client.clone(), ns),
             claims: Api::namespaced(client.clone(), ns),
             network_policies: Api::namespaced(client.clone(), ns),
+            pod_groups: dynamic(client, ns, objects::POD_GROUP_API),
         }
     }
 }
@@ -423,6 +425,16 @@ async fn observe<'a>(
         .list(&selector)
         .await
         .map_err(kube_err("list the job's NetworkPolicies"))?;
+    // Only a job that asks for Volcano: a cluster without it has no PodGroups.
+    let pod_groups = if tj.spec.volcano.is_some() {
+        apis.pod_groups
+            .list(&selector)
+            .await
+            .map_err(kube_err("list the job's Volcano PodGroups"))?
+            .items
+    } else {
+        Vec::new()
+    };
     // A live job's TLS Secret. An ended or deleted one needs none any more, but for
     // the operator to read its managed etcd, which stays (then taken as it is).
     let (tls, job_tls) = if tj.spec.plaintext {
@@ -445,6 +457,7 @@ async fn observe<'a>(
         services: services.items.iter().map(ResourceExt::name_any).collect(),
         claims: claims.items.iter().map(ResourceExt::name_any).collect(),
         network_policies: policies.items.iter().map(ResourceExt::name_any).collect(),
+        pod_groups: pod_groups.iter().map(ResourceExt::name_any).collect(),
         operator_namespace: ctx.config.operator_namespace.clone(),
         etcd,
         credentials,
@@ -457,7 +470,12 @@ async fn observe<'a>(
 
 /// The API of Kueue's Workloads in `ns`.
 fn workloads(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
-    let [group, version, kind, plural] = objects::WORKLOAD_API;
+    dynamic(&ctx.client, ns, objects::WORKLOAD_API)
+}
+
+/// The API in `ns` of a kind edl has no types for: group, version, kind, plural.
+fn dynamic(client: &Client, ns: &str, api: [&str; 4]) -> Api<DynamicObject> {
+    let [group, version, kind, plural] = api;
     let resource = ApiResource {
         group: group.to_owned(),
         version: version.to_owned(),
@@ -465,7 +483,7 @@ fn workloads(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
         kind: kind.to_owned(),
         plural: plural.to_owned(),
     };
-    Api::namespaced_with(ctx.client.clone(), ns, &resource)
+    Api::namespaced_with(client.clone(), ns, &resource)
 }
 
 /// `tj`'s Kueue Workload, when the operator admits jobs through Kueue and `tj` names a
@@ -695,8 +713,8 @@ async fn delete_pods(ctx: &Ctx, pods: &Api<Pod>, deletions: &[Deletion]) -> Resu
     Ok(())
 }
 
-/// Creates the plan's services, NetworkPolicy and claims, then its pods (one that exists already is
-/// fine).
+/// Creates the plan's services, NetworkPolicy, PodGroup and claims, then its pods (one
+/// that exists already is fine).
 async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Error> {
     for s in &plan.create_services {
         match apis.services.create(&PostParams::default(), s).await {
@@ -714,6 +732,19 @@ async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Er
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(kube_err("create the job's NetworkPolicy")(e)),
+        }
+    }
+    for g in &plan.create_pod_groups {
+        let object: DynamicObject = serde_json::from_value(g.clone())
+            .map_err(|e| kube_err("make the job's Volcano PodGroup")(kube::Error::SerdeError(e)))?;
+        match apis
+            .pod_groups
+            .create(&PostParams::default(), &object)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kube_err("create the job's Volcano PodGroup")(e)),
         }
     }
     for c in &plan.create_claims {

@@ -25,6 +25,7 @@ use crate::crd::{CHECKPOINT_MOUNT, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSo
 mod claims;
 mod network;
 mod secrets;
+mod volcano;
 mod workload;
 
 pub use claims::{checkpoint_claim_name, checkpoint_claims, claims, etcd_claim_name, etcd_claims};
@@ -35,6 +36,9 @@ pub use secrets::{
     tls_names, tls_secret, tls_secret_name,
 };
 use secrets::{mount_tls, tls_vars};
+pub use volcano::{
+    POD_GROUP_ANNOTATION, POD_GROUP_API, VOLCANO_SCHEDULER, min_member, pod_group, pod_group_name,
+};
 pub use workload::{
     WORKLOAD_API, WorkloadState, finished_workload, queue_name, released_workload,
     set_workload_condition, workload, workload_name, workload_state,
@@ -414,6 +418,13 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         _ => 30,
     };
     let mut metadata = meta(tj, name.clone(), Some(slot));
+    let scheduler_name = s.volcano.as_ref().map(|_| {
+        metadata.annotations = Some(BTreeMap::from([(
+            POD_GROUP_ANNOTATION.to_owned(),
+            pod_group_name(&job),
+        )]));
+        VOLCANO_SCHEDULER.to_owned()
+    });
     let affinity = (slot.role == Role::Pserver && c.pserver_replicas > 1).then(|| {
         let shard = (slot.index % c.pservers.max(1)).to_string();
         if let Some(labels) = metadata.labels.as_mut() {
@@ -431,6 +442,7 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
             restart_policy: Some("Never".to_owned()),
             hostname: Some(name),
             subdomain: Some(job),
+            scheduler_name,
             termination_grace_period_seconds: Some(grace),
             priority_class_name: s.priority_class_name.clone(),
             volumes: (!volumes.is_empty()).then_some(volumes),

@@ -318,8 +318,14 @@ impl<'a> Decision<'a> {
         }
     }
 
-    /// Creates the services and the NetworkPolicy that are missing.
+    /// Creates the services, the NetworkPolicy and (Volcano) the PodGroup that are
+    /// missing.
     pub(super) fn services(&mut self) {
+        let tj = self.obs.job;
+        let group = objects::pod_group_name(&self.job);
+        if tj.spec.volcano.is_some() && !self.obs.pod_groups.contains(&group) {
+            self.plan.create_pod_groups.push(objects::pod_group(tj));
+        }
         for s in objects::services(self.obs.job) {
             let name = s.metadata.name.clone().unwrap_or_default();
             if !self.obs.services.contains(&name) {

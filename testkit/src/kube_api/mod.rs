@@ -235,10 +235,24 @@ impl ResourceType {
         }
     }
 
+    /// Volcano's `PodGroup` (`scheduling.volcano.sh/v1beta1`): stored; no Volcano
+    /// scheduler runs here.
+    pub fn volcano_pod_groups() -> ResourceType {
+        ResourceType {
+            group: "scheduling.volcano.sh",
+            version: "v1beta1",
+            plural: "podgroups",
+            kind: "PodGroup",
+            namespaced: true,
+            status: true,
+            scale: None,
+        }
+    }
+
     /// Every type the edl operator uses: pods, services, secrets (the jobs' TLS and
     /// etcd credentials), PersistentVolumeClaims, NetworkPolicies, events,
     /// TrainingJobs, the leader election's leases, the nodes and PriorityClasses its
-    /// autoscaler reads, and Kueue's Workloads (`--kueue`).
+    /// autoscaler reads, Kueue's Workloads (`--kueue`) and Volcano's PodGroups.
     pub fn for_operator() -> Vec<ResourceType> {
         vec![
             ResourceType::pods(),
@@ -252,6 +266,7 @@ impl ResourceType {
             ResourceType::nodes(),
             ResourceType::priority_classes(),
             ResourceType::kueue_workloads(),
+            ResourceType::volcano_pod_groups(),
         ]
     }
 

@@ -1,9 +1,10 @@
-//! A queued job under an operator that admits through Kueue (`--kueue`), against the
-//! fake API server (the test writes the Workload's status as Kueue would) and a real
-//! etcd: the Workload is made and no pod before admission; admitted, the job's pods
+//! Admission systems, against the fake API server and a real etcd. A queued job under
+//! an operator that admits through Kueue (`--kueue`; the test writes the Workload's
+//! status as Kueue would): the Workload is made and no pod before admission; admitted, the job's pods
 //! come; evicted, they go and the admission is given back; every request is one
 //! `deploy/rbac.yaml` allows, the Workload rules' verbs each used. (The end-to-end
-//! run with real processes and its ledger is `tests/e2e/kubernetes/kueue.rs`.)
+//! run with real processes and its ledger is `tests/e2e/kubernetes/kueue.rs`.) A job
+//! that asks for Volcano gets its PodGroup, and its pods name the scheduler and group.
 
 use super::*;
 
@@ -103,4 +104,83 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
     operator.await.expect("operator");
     kubelet.await.expect("kubelet");
     check_rbac(&operator_accesses(&api), &|r, _| !kueue_rule(r));
+}
+
+/// A job that asks for Volcano gets its PodGroup (the job at its smallest as
+/// `minMember`, its queue) before its pods, each of which names the `volcano`
+/// scheduler and the group; the PodGroup is made once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volcano_job_gets_its_pod_group_before_its_pods() {
+    let etcd = EtcdCluster::start(1).await.expect("etcd");
+    let (api, client, operator_client) = fake_api().await;
+    let stop = CancellationToken::new();
+    let kubelet = kubelet(api.clone(), stop.clone());
+    let metrics = Arc::new(Metrics::default());
+    let operator = tokio::spawn(controller::run(
+        operator_client,
+        ControllerConfig {
+            namespace: Some(NS.to_owned()),
+            resync: Duration::from_millis(300),
+            ..ControllerConfig::default()
+        },
+        metrics.clone(),
+        stop.clone(),
+    ));
+    let spec = edl_job::JobSpec::parse_toml(&format!(
+        "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
+         [cluster]\ntrainers = 3\nmin_trainers = 2\nmax_trainers = 4\n"
+    ))
+    .expect("spec");
+    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
+    tj.spec.etcd = EtcdSpec {
+        endpoints: etcd.endpoints(),
+        ..EtcdSpec::default()
+    };
+    tj.spec.plaintext = true;
+    tj.spec.volcano = Some(edl_operator::crd::VolcanoSpec {
+        queue: Some("research".to_owned()),
+    });
+    let jobs: Api<TrainingJob> = Api::namespaced(client, NS);
+    jobs.create(&PostParams::default(), &tj)
+        .await
+        .expect("create the job");
+    let (within, every) = (Duration::from_secs(30), Duration::from_millis(50));
+    let running = wait_until(within, every, || async {
+        pod_names(&api, "trainer").len() == 3
+    })
+    .await;
+    assert!(running, "{:?}", events(&api));
+    let group = api.get("podgroups", NS, JOB).expect("the PodGroup");
+    assert_eq!(
+        group["spec"]["minMember"], 4,
+        "a master, a pserver, 2 trainers"
+    );
+    assert_eq!(group["spec"]["queue"], "research");
+    for p in api.list("pods", NS) {
+        assert_eq!(
+            p["spec"]["schedulerName"], "volcano",
+            "{}",
+            p["metadata"]["name"]
+        );
+        assert_eq!(
+            p["metadata"]["annotations"]["scheduling.k8s.io/group-name"],
+            JOB
+        );
+    }
+    let rounds = metrics.reconciles.get();
+    let more = wait_until(within, every, || async {
+        metrics.reconciles.get() >= rounds + 3
+    })
+    .await;
+    assert!(more, "the operator stopped deciding");
+    stop.cancel();
+    operator.await.expect("operator");
+    kubelet.await.expect("kubelet");
+    let accesses = operator_accesses(&api);
+    let creates = accesses
+        .iter()
+        .filter(|a| a.resource == "podgroups" && a.verb == "create")
+        .count();
+    assert_eq!(creates, 1, "the PodGroup is made once");
+    check_rbac(&accesses, &|r, _| !volcano_rule(r));
 }
