@@ -20,6 +20,8 @@
 //!   processes.
 //! - [`proxy`]: [`Proxy`](proxy::Proxy), a TCP proxy on loopback that partitions (holds
 //!   every byte) and heals, to cut one process off from one address.
+//! - [`s3`]: [`S3Server`](s3::S3Server), a real S3 server (`edl-s3-server`, s3s-fs
+//!   over a directory) on a loopback port, restartable on its data.
 //! - [`wait_until`]: polls a condition until a deadline.
 //! - [`register_trainer`]: registers a trainer under a job's `trainers/` with its own
 //!   lease, as trainers do.
@@ -41,6 +43,7 @@ pub mod faulty;
 pub mod kube_api;
 pub mod kubelet;
 pub mod proxy;
+pub mod s3;
 
 pub use child::{CHILD_ROLE_ENV, ChildProcess, child_role, signal};
 pub use etcd::EtcdCluster;

@@ -12,6 +12,8 @@
 //! - [`master`]: the master's task queue across trainer and master failures.
 //! - [`monitoring`]: every metric `deploy/monitoring.yaml` names is served; `/metrics`
 //!   behind the job token.
+//! - [`objects`]: `edl data put/ls` against a real S3 server; bad URLs and missing
+//!   credentials.
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
 //! - [`replicas`]: replicated shards: a primary SIGKILLed, SIGSTOPped, or partitioned
 //!   from etcd, and its backup promoted with every acknowledged push.
@@ -29,6 +31,7 @@ mod etcd;
 mod kubernetes;
 mod master;
 mod monitoring;
+mod objects;
 mod pserver;
 mod replicas;
 mod run;

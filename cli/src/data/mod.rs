@@ -5,6 +5,7 @@
 //! - `verify`: checks every chunk; non-zero exit naming each bad file and offset.
 //! - `cat`: prints records, raw or decoded.
 //! - `split`: re-shards RecordIO files.
+//! - `put`, `ls`: upload files to a folder or object store URL, list one.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,6 +17,7 @@ use edl_recordio::{Compressor, DEFAULT_MAX_CHUNK_BYTES, WriterOptions};
 mod convert;
 mod inspect;
 mod multislot;
+mod objects;
 mod size;
 
 pub use convert::convert;
@@ -34,6 +36,11 @@ pub enum DataCommand {
     Cat(CatArgs),
     /// Re-shard RecordIO files into N shards.
     Split(SplitArgs),
+    /// Upload local files to a folder or object store URL (`s3://bucket/mnist/`), one
+    /// object per file; credentials from the environment (AWS_ACCESS_KEY_ID, ...).
+    Put(objects::PutArgs),
+    /// List the objects under a folder or object store URL, or matching a glob.
+    Ls(objects::LsArgs),
 }
 
 /// Input formats of `edl data convert`.
@@ -207,6 +214,8 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<ExitCode> {
         DataCommand::Stat(args) => inspect::stat(&args).map(|()| ExitCode::SUCCESS),
         DataCommand::Verify(args) => inspect::verify(&args),
         DataCommand::Cat(args) => inspect::cat(&args).map(|()| ExitCode::SUCCESS),
+        DataCommand::Put(args) => objects::put(&args).map(|()| ExitCode::SUCCESS),
+        DataCommand::Ls(args) => objects::ls(&args).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -1,0 +1,164 @@
+//! The operations on a store: read an object or a byte range of it, write one whole,
+//! list, expand a glob, delete.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use crate::error::{Error, Result};
+use crate::location::Scheme;
+
+/// An object (or file) found by a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Its URL (a local file: its absolute path).
+    pub url: String,
+    /// Its key in the store.
+    pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// A store: the file system, or one bucket of an object store. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    inner: Arc<dyn ObjectStore>,
+    scheme: Scheme,
+    bucket: String,
+}
+
+impl Store {
+    pub(crate) fn new(inner: Arc<dyn ObjectStore>, scheme: Scheme, bucket: String) -> Store {
+        Store {
+            inner,
+            scheme,
+            bucket,
+        }
+    }
+
+    /// The URL of `key` in this store.
+    pub fn url(&self, key: &str) -> String {
+        match self.scheme {
+            Scheme::Local => format!("/{key}"),
+            _ => crate::Location {
+                scheme: self.scheme,
+                bucket: self.bucket.clone(),
+                key: key.to_owned(),
+            }
+            .url(),
+        }
+    }
+
+    fn path(&self, key: &str) -> Result<ObjectPath> {
+        ObjectPath::parse(key).map_err(|e| Error::BadUrl {
+            url: self.url(key),
+            why: e.to_string(),
+        })
+    }
+
+    /// The whole object `key`.
+    pub async fn get(&self, key: &str) -> Result<Bytes> {
+        let path = self.path(key)?;
+        let got = self
+            .inner
+            .get(&path)
+            .await
+            .map_err(|e| Error::from_store(&self.url(key), e))?;
+        got.bytes()
+            .await
+            .map_err(|e| Error::from_store(&self.url(key), e))
+    }
+
+    /// Bytes `range` of object `key` (a range past its end is an error).
+    pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        let path = self.path(key)?;
+        self.inner
+            .get_range(&path, range)
+            .await
+            .map_err(|e| Error::from_store(&self.url(key), e))
+    }
+
+    /// The size of object `key`.
+    pub async fn size(&self, key: &str) -> Result<u64> {
+        let path = self.path(key)?;
+        let meta = self
+            .inner
+            .head(&path)
+            .await
+            .map_err(|e| Error::from_store(&self.url(key), e))?;
+        Ok(meta.size)
+    }
+
+    /// Writes object `key` whole: readers see its old bytes or `bytes`, never a mix (a
+    /// single PUT in an object store; a file written aside and renamed locally).
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<()> {
+        let path = self.path(key)?;
+        self.inner
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::from_store(&self.url(key), e))
+    }
+
+    /// Deletes object `key`; one that is not there is fine.
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        let path = self.path(key)?;
+        match self.inner.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::from_store(&self.url(key), e)),
+        }
+    }
+
+    /// The objects whose keys start with `prefix` (a folder: `prefix/`), sorted by key.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let path = self.path(prefix.trim_end_matches('/'))?;
+        let mut found: Vec<ObjectInfo> = self
+            .inner
+            .list(Some(&path))
+            .map_ok(|m| ObjectInfo {
+                url: self.url(m.location.as_ref()),
+                key: m.location.to_string(),
+                size: m.size,
+            })
+            .try_collect()
+            .await
+            .map_err(|e| Error::from_store(&self.url(prefix), e))?;
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(found)
+    }
+
+    /// The objects whose keys match `pattern` (`*`, `?`, `[...]` within a segment, as
+    /// shell globs; `**` across segments), sorted by key: one listing of the longest
+    /// prefix without a wildcard. A pattern without wildcards is the object itself
+    /// (`Error::NotFound` if missing).
+    pub async fn glob(&self, pattern: &str) -> Result<Vec<ObjectInfo>> {
+        let Some(first) = pattern.find(['*', '?', '[']) else {
+            let size = self.size(pattern).await?;
+            return Ok(vec![ObjectInfo {
+                url: self.url(pattern),
+                key: pattern.to_owned(),
+                size,
+            }]);
+        };
+        let glob = glob::Pattern::new(pattern).map_err(|e| Error::BadUrl {
+            url: self.url(pattern),
+            why: format!("not a glob: {e}"),
+        })?;
+        let prefix = &pattern[..pattern[..first].rfind('/').map_or(0, |i| i + 1)];
+        let options = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
+        Ok(self
+            .list(prefix)
+            .await?
+            .into_iter()
+            .filter(|o| glob.matches_with(&o.key, options))
+            .collect())
+    }
+}

@@ -1,0 +1,229 @@
+//! One suite, two backends: the local file system and a real S3 server
+//! (`edl-s3-server` on loopback, reached with object_store's S3 client through
+//! [`Location::open_with`] and the variables a user sets). Each backend: objects are
+//! written whole and read back, in byte ranges too; listings and globs find exactly
+//! what matches; a missing object is `NotFound` with its URL; deleting twice is fine.
+//! S3 alone: wrong credentials are refused, missing ones are one error before any
+//! request, and a server killed and started again on its data serves the same objects.
+
+use bytes::Bytes;
+use edl_storage::{Error, Location, Store};
+use edl_testkit::s3::S3Server;
+
+/// The store and the key of `root` (a folder or prefix) on one backend.
+fn open(root: &str, vars: Vec<(String, String)>) -> (Store, String) {
+    Location::parse(root)
+        .expect("a location")
+        .open_with(vars)
+        .expect("open the store")
+}
+
+/// The suite, on the store and folder `(store, base)`.
+async fn conformance(store: &Store, base: &str) {
+    let key = |name: &str| format!("{base}/{name}");
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    store
+        .put(
+            &key("mnist/train-00000.recordio"),
+            Bytes::from(data.clone()),
+        )
+        .await
+        .expect("put");
+    store
+        .put(
+            &key("mnist/train-00001.recordio"),
+            Bytes::from_static(b"one"),
+        )
+        .await
+        .expect("put");
+    store
+        .put(
+            &key("mnist/test-00000.recordio"),
+            Bytes::from_static(b"test"),
+        )
+        .await
+        .expect("put");
+    store
+        .put(
+            &key("mnist/deeper/train-9.recordio"),
+            Bytes::from_static(b"deep"),
+        )
+        .await
+        .expect("put");
+
+    let whole = store
+        .get(&key("mnist/train-00000.recordio"))
+        .await
+        .expect("get");
+    assert_eq!(whole.as_ref(), data.as_slice());
+    let range = store
+        .get_range(&key("mnist/train-00000.recordio"), 70_000..70_020)
+        .await
+        .expect("a range");
+    assert_eq!(range.as_ref(), &data[70_000..70_020]);
+    assert_eq!(
+        store
+            .size(&key("mnist/train-00000.recordio"))
+            .await
+            .expect("size"),
+        100_000
+    );
+    // A write replaces the object whole.
+    store
+        .put(
+            &key("mnist/train-00001.recordio"),
+            Bytes::from_static(b"uno"),
+        )
+        .await
+        .expect("overwrite");
+    assert_eq!(
+        store
+            .get(&key("mnist/train-00001.recordio"))
+            .await
+            .expect("get")
+            .as_ref(),
+        b"uno"
+    );
+
+    let names = |found: Vec<edl_storage::ObjectInfo>| -> Vec<String> {
+        found
+            .into_iter()
+            .map(|o| o.key.trim_start_matches(&format!("{base}/")).to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(
+            store
+                .glob(&key("mnist/train-*.recordio"))
+                .await
+                .expect("glob")
+        ),
+        ["mnist/train-00000.recordio", "mnist/train-00001.recordio"],
+        "`*` stays within a segment"
+    );
+    assert_eq!(
+        names(
+            store
+                .glob(&key("mnist/**/train-*.recordio"))
+                .await
+                .expect("glob")
+        ),
+        [
+            "mnist/deeper/train-9.recordio",
+            "mnist/train-00000.recordio",
+            "mnist/train-00001.recordio"
+        ]
+    );
+    assert_eq!(
+        names(store.list(&key("mnist/")).await.expect("list")).len(),
+        4
+    );
+    assert!(
+        store
+            .glob(&key("nothing-*"))
+            .await
+            .expect("glob")
+            .is_empty()
+    );
+    let sizes: Vec<u64> = store
+        .glob(&key("mnist/train-0000?.recordio"))
+        .await
+        .expect("glob")
+        .into_iter()
+        .map(|o| o.size)
+        .collect();
+    assert_eq!(sizes, [100_000, 3]);
+
+    let missing = store.get(&key("mnist/missing")).await;
+    match missing {
+        Err(Error::NotFound { url }) => assert!(url.ends_with("mnist/missing"), "{url}"),
+        other => panic!("a missing object must be NotFound: {other:?}"),
+    }
+    let past_end = store
+        .get_range(&key("mnist/train-00001.recordio"), 0..1000)
+        .await;
+    assert!(past_end.is_err() || past_end.is_ok_and(|b| b.len() == 3));
+
+    store
+        .delete(&key("mnist/test-00000.recordio"))
+        .await
+        .expect("delete");
+    store
+        .delete(&key("mnist/test-00000.recordio"))
+        .await
+        .expect("delete again");
+    assert!(matches!(
+        store.get(&key("mnist/test-00000.recordio")).await,
+        Err(Error::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
+async fn the_local_file_system_conforms() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = dir.path().display().to_string();
+    let (store, key) = open(&base, Vec::new());
+    conformance(&store, &key).await;
+    // Written as files, where a path says.
+    assert!(
+        dir.path()
+            .join("mnist/train-00000.recordio")
+            .try_exists()
+            .expect("stat")
+    );
+}
+
+#[tokio::test]
+async fn an_s3_server_conforms_refuses_bad_credentials_and_keeps_its_objects_through_a_kill() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut server = S3Server::start(&dir.path().join("s3")).expect("the S3 server");
+    server.create_bucket("edl").expect("bucket");
+    let (store, key) = open("s3://edl/jobs/j1", server.env());
+    assert_eq!(key, "jobs/j1");
+    conformance(&store, &key).await;
+    // The objects are on the server's disk (a positive witness that S3 served them).
+    assert!(
+        dir.path()
+            .join("s3/edl/jobs/j1/mnist/train-00000.recordio")
+            .try_exists()
+            .expect("stat")
+    );
+
+    // No credentials: one error, before any request, saying what to set.
+    let none: Vec<(String, String)> = server
+        .env()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("AWS_ACCESS") && !k.starts_with("AWS_SECRET"))
+        .collect();
+    let e = Location::parse("s3://edl/x")
+        .expect("url")
+        .open_with(none)
+        .expect_err("no credentials");
+    assert!(
+        matches!(e, Error::Credentials { .. }) && e.to_string().contains("AWS_ACCESS_KEY_ID"),
+        "{e}"
+    );
+    // Wrong ones: refused by the server, not retried as an outage.
+    let wrong: Vec<(String, String)> = server
+        .env()
+        .into_iter()
+        .map(|(k, v)| {
+            if k == "AWS_SECRET_ACCESS_KEY" {
+                (k, "wrong".to_owned())
+            } else {
+                (k, v)
+            }
+        })
+        .collect();
+    let (bad, key) = open("s3://edl/jobs/j1", wrong);
+    let r = bad.get(&format!("{key}/mnist/train-00001.recordio")).await;
+    assert!(matches!(r, Err(Error::Refused { .. })), "{r:?}");
+
+    // The server killed and back on its data: the same objects.
+    server.restart().expect("restart the server");
+    let again = store
+        .get(&format!("{key}/mnist/train-00001.recordio"))
+        .await
+        .expect("the object after a restart");
+    assert_eq!(again.as_ref(), b"uno");
+}
