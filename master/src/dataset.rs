@@ -72,6 +72,10 @@ pub enum DatasetError {
     /// A file could not be listed or indexed (missing, unreadable, corrupt headers).
     #[error("cannot index the dataset: {0}")]
     Index(edl_recordio::Error),
+    /// Objects could not be listed or read (a bad URL, missing credentials, a store
+    /// that is down: [`edl_storage::Error::is_transient`]).
+    #[error("cannot list or read the dataset: {0}")]
+    Storage(edl_storage::Error),
     /// A different dataset is already defined for this job.
     #[error(
         "the job already has another dataset (globs {existing:?}, {size} per task, {passes} passes)"
@@ -168,16 +172,40 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// Expands and indexes the dataset: blocking file I/O (run it off the async runtime).
+/// The bytes fetched at a time while an object's chunk headers are walked.
+const INDEX_BLOCK: u64 = 256 << 10;
+
+/// Expands and indexes the dataset: blocking I/O (run it off the async runtime). Local
+/// files first (the globs that are paths), then objects (the globs that are object
+/// URLs, in order), each indexed from its chunk headers alone: with ranged reads for an
+/// object, never a whole download.
 pub fn index(spec: &DatasetSpec) -> Result<(Dataset, Vec<TaskSpec>), DatasetError> {
     spec.validate()?;
-    let paths: Vec<PathBuf> = edl_recordio::expand_globs(&spec.globs)?;
-    let mut files = Vec::with_capacity(paths.len());
-    let mut tasks = Vec::new();
-    let indexes = paths
+    let (urls, local): (Vec<String>, Vec<String>) = spec
+        .globs
+        .iter()
+        .cloned()
+        .partition(|g| edl_storage::blocking::is_object_url(g));
+    let mut paths: Vec<PathBuf> = if local.is_empty() {
+        Vec::new()
+    } else {
+        edl_recordio::expand_globs(&local)?
+    };
+    let mut indexes = paths
         .iter()
         .map(ChunkIndex::build)
         .collect::<Result<Vec<_>, _>>()?;
+    if !urls.is_empty() {
+        for object in edl_storage::blocking::expand(&urls).map_err(DatasetError::Storage)? {
+            let reader = edl_storage::blocking::ObjectReader::open(&object.url)
+                .map_err(DatasetError::Storage)?
+                .with_block_size(INDEX_BLOCK);
+            indexes.push(ChunkIndex::from_reader(reader, PathBuf::from(&object.url))?);
+            paths.push(PathBuf::from(object.url));
+        }
+    }
+    let mut files = Vec::with_capacity(paths.len());
+    let mut tasks = Vec::new();
     let ranges = spec.task_ranges(&indexes);
     for (fi, ((path, idx), ranges)) in paths.iter().zip(&indexes).zip(ranges).enumerate() {
         let file =

@@ -105,6 +105,12 @@ impl From<MasterError> for tonic::Status {
             MasterError::Dataset(DatasetError::Index(_)) => {
                 tonic::Status::new(Code::FailedPrecondition, msg)
             }
+            MasterError::Dataset(DatasetError::Storage(e)) if e.is_transient() => {
+                tonic::Status::new(Code::Unavailable, msg)
+            }
+            MasterError::Dataset(DatasetError::Storage(_)) => {
+                tonic::Status::new(Code::FailedPrecondition, msg)
+            }
             MasterError::Rejected(Reject::Stale { .. }) => tonic::Status::new(Code::Aborted, msg),
             MasterError::Rejected(Reject::UnknownTask(_)) => {
                 tonic::Status::new(Code::NotFound, msg)

@@ -141,6 +141,14 @@ impl<R: Read + Seek> ChunkReader<R> {
         }
     }
 
+    /// Starts reading at the chunk at byte `offset`, chunk number `ordinal` of the file
+    /// (as an index found them: a task's first chunk), not at the file's start.
+    pub fn starting_at(mut self, offset: u64, ordinal: u64) -> Self {
+        self.next = offset;
+        self.ordinal = ordinal;
+        self
+    }
+
     /// The next chunk, or `None` at the end of the file.
     pub fn next_chunk(&mut self) -> Result<Option<Chunk>> {
         let mut chunk = Chunk::default();

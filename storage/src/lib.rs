@@ -17,8 +17,13 @@
 //!   cure (a store that is down or slow) from what it cannot (a missing object, a bad
 //!   URL, refused credentials).
 //!
-//! Layout: `location.rs` parsing and opening; `store.rs` the operations; `error.rs`.
+//! - [`blocking`]: a `Read + Seek` over an object ([`blocking::ObjectReader`], ranged
+//!   reads a block at a time) and glob expansion, for blocking code (RecordIO).
+//!
+//! Layout: `location.rs` parsing and opening; `store.rs` the operations; `blocking.rs`;
+//! `error.rs`.
 
+pub mod blocking;
 mod error;
 mod location;
 mod store;

@@ -4,7 +4,8 @@
 //! written whole and read back, in byte ranges too; listings and globs find exactly
 //! what matches; a missing object is `NotFound` with its URL; deleting twice is fine.
 //! S3 alone: wrong credentials are refused, missing ones are one error before any
-//! request, and a server killed and started again on its data serves the same objects.
+//! request, and a server killed and started again on its data serves the same objects;
+//! a RecordIO object reads through `blocking::ObjectReader` as its file does.
 
 use bytes::Bytes;
 use edl_storage::{Error, Location, Store};
@@ -226,4 +227,78 @@ async fn an_s3_server_conforms_refuses_bad_credentials_and_keeps_its_objects_thr
         .await
         .expect("the object after a restart");
     assert_eq!(again.as_ref(), b"uno");
+}
+
+/// A RecordIO file put on the S3 server reads through [`ObjectReader`] as it does from
+/// disk: the same chunk index from its headers, the same records from a chunk reader
+/// started at a chunk's offset; a damaged chunk is a corruption naming the object's URL
+/// and the chunk's byte offset.
+#[test]
+fn a_recordio_object_reads_as_its_file_and_damage_names_the_url_and_offset() {
+    use edl_recordio::{ChunkIndex, ChunkReader, Error as RecordIoError, FileWriter, ReadOptions};
+    use edl_storage::blocking::ObjectReader;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = S3Server::start(&dir.path().join("s3")).expect("the S3 server");
+    server.create_bucket("edl").expect("bucket");
+    let file = dir.path().join("part-0.recordio");
+    let mut w = FileWriter::create(
+        &file,
+        edl_recordio::WriterOptions {
+            max_chunk_bytes: 4096,
+            ..edl_recordio::WriterOptions::default()
+        },
+    )
+    .expect("writer");
+    for i in 0..2000u32 {
+        w.write(format!("record {i}").as_bytes()).expect("write");
+    }
+    w.finish().expect("finish");
+    let bytes = std::fs::read(&file).expect("read");
+    // The S3 client needs a runtime of its own here (a plain test thread).
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (store, key) = Location::parse("s3://edl/data/part-0.recordio")
+        .expect("url")
+        .open_with(server.env())
+        .expect("store");
+    rt.block_on(store.put(&key, Bytes::from(bytes.clone())))
+        .expect("put");
+    let url = "s3://edl/data/part-0.recordio";
+    // ObjectReader takes its credentials from the process environment: open it through
+    // a store made from the server's variables instead.
+    let local = ChunkIndex::build(&file).expect("index the file");
+    assert!(local.len() > 3, "several chunks");
+    let reader = ObjectReader::with_store(store.clone(), &key)
+        .expect("open the object")
+        .with_block_size(1000);
+    let remote = ChunkIndex::from_reader(reader, url.into()).expect("index the object");
+    assert_eq!(remote.chunks, local.chunks);
+    assert_eq!(remote.file_len, local.file_len);
+    // Chunk 2 onwards, prefetched in one read.
+    let c = local.chunks[2];
+    let mut reader = ObjectReader::with_store(store.clone(), &key).expect("open");
+    reader
+        .prefetch(c.offset..local.file_len)
+        .expect("one ranged read");
+    let mut chunks =
+        ChunkReader::new(reader, url.into(), ReadOptions::default()).starting_at(c.offset, 2);
+    let first = chunks.next_chunk().expect("read").expect("chunk 2");
+    assert_eq!(first.meta(), Some(c));
+
+    // A byte of chunk 3's payload flipped on the server.
+    let bad = local.chunks[3];
+    let mut damaged = bytes.clone();
+    damaged[(bad.offset + 30) as usize] ^= 0xff;
+    rt.block_on(store.put(&key, Bytes::from(damaged)))
+        .expect("put the damaged object");
+    let reader = ObjectReader::with_store(store, &key).expect("open");
+    let mut chunks =
+        ChunkReader::new(reader, url.into(), ReadOptions::default()).starting_at(bad.offset, 3);
+    match chunks.next_chunk() {
+        Err(e @ RecordIoError::Corruption { offset, .. }) => {
+            assert_eq!(offset, bad.offset);
+            let said = e.to_string();
+            assert!(said.contains(url), "{said}");
+        }
+        other => panic!("a damaged chunk must be a corruption: {other:?}"),
+    }
 }

@@ -1,12 +1,16 @@
-//! Object storage from the command line, against a real S3 server (`edl-s3-server` on
-//! loopback): `edl data put` uploads a dataset and `edl data ls` lists it (sizes and
-//! URLs, globs too); missing credentials and a bad URL are one clear error each.
+//! Object storage, against a real S3 server (`edl-s3-server` on loopback): `edl data
+//! put` uploads a dataset and `edl data ls` lists it (sizes and URLs, globs too);
+//! missing credentials and a bad URL are one clear error each; `edl run` trains MNIST
+//! from `s3://` data alone.
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use edl_testkit::s3::S3Server;
 
-use crate::support::edl_bin;
+use crate::run::{metric, read_report};
+use crate::support::{Proc, World, edl_bin};
+use crate::trainer::mnist;
 
 /// `edl ARGS` with `vars` only (no AWS variables of this machine's environment).
 fn edl(args: &[&str], vars: &[(String, String)]) -> Output {
@@ -115,5 +119,68 @@ fn edl_data_put_and_ls_move_a_dataset_to_s3_and_bad_input_is_one_error() {
         String::from_utf8_lossy(&out.stderr).contains("unsupported scheme \"ftp\""),
         "{}",
         text(&out)
+    );
+}
+
+/// MNIST converted locally, put on the S3 server, and the local copies deleted: `edl
+/// run` (two trainers, a pserver) indexes the objects from their chunk headers, reads
+/// each task with a ranged read, evaluates on the `s3://` test split, and reaches the
+/// accuracy it reaches from local files, with no record lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edl_run_trains_mnist_from_s3_data() {
+    let w = World::new("unused").await;
+    let dir = w.dir.path();
+    let server = S3Server::start(&dir.join("s3")).expect("the S3 server");
+    server.create_bucket("datasets").expect("bucket");
+    let vars = server.env();
+    let (train, _test) = mnist(dir);
+    let local = std::path::Path::new(&train)
+        .parent()
+        .expect("the data folder")
+        .to_path_buf();
+    let out = edl(
+        &[
+            "data",
+            "put",
+            &local.display().to_string(),
+            "s3://datasets/mnist/",
+        ],
+        &vars,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::remove_dir_all(&local).expect("delete the local copies");
+    let spec = dir.join("job.toml");
+    std::fs::write(
+        &spec,
+        "name = \"mnist-s3\"\n[data]\ntrain = \"s3://datasets/mnist/mnist-train-*.recordio\"\n\
+         test = \"s3://datasets/mnist/mnist-test-*.recordio\"\n[model]\nkind = \"mnist_mlp\"\n\
+         [train]\nmode = \"async\"\npasses = 2\nbatch_size = 64\noptimizer = \"adam\"\n\
+         learning_rate = 0.001\nseed = 7\n[cluster]\npservers = 1\ntrainers = 2\n",
+    )
+    .expect("write the spec");
+    let report = dir.join("mnist-s3.report.json");
+    let args: Vec<String> = [
+        "run",
+        &spec.display().to_string(),
+        "--etcd",
+        &w.etcd_arg(),
+        "--report",
+        &report.display().to_string(),
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut p = Proc::spawn_with_env(dir, "mnist-s3", &args, &vars);
+    let status = p.wait_exit(Duration::from_secs(600)).await;
+    let log = p.log_with_roles(30);
+    assert!(status.success(), "edl run from s3:// failed:\n{log}");
+    let r = read_report(&report);
+    assert_eq!(r["lost_records"], 0, "{r}");
+    let (name, accuracy) = metric(&r);
+    assert_eq!(name, "accuracy");
+    assert!(
+        accuracy >= 0.90,
+        "held-out accuracy {accuracy} from s3:// data: {r}"
     );
 }

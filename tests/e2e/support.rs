@@ -32,11 +32,22 @@ pub struct Proc {
 impl Proc {
     /// Starts `edl ARGS...`, logging to `dir/<name>.log`.
     pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {
+        Self::spawn_with_env(dir, name, args, &[])
+    }
+
+    /// [`Proc::spawn`] with these variables added to the environment.
+    pub fn spawn_with_env(
+        dir: &Path,
+        name: &str,
+        args: &[String],
+        vars: &[(String, String)],
+    ) -> Proc {
         let log = dir.join(format!("{name}.log"));
         let out = File::create(&log).expect("create log");
         let err = out.try_clone().expect("clone log");
         let child = Command::new(edl_bin())
             .args(args)
+            .envs(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("EDL_LOG", "info,edl_coord=warn")
             .stdin(Stdio::null())
             .stdout(out)

@@ -1,10 +1,13 @@
-//! [`load_samples`]: reading a whole RecordIO data set of [`Sample`]s into memory;
+//! [`load_samples`]: reading a whole RecordIO data set of [`Sample`]s into memory (local
+//! files, and objects at `s3://`/`gs://`/`az://` URLs through `edl_storage`);
 //! [`load_records`]: the same as raw records (held-out splits, models that decode
 //! their own records); [`check_split`]: whether a split's records fit a model, with how
 //! to fix them if not.
 
 use edl_proto::sample::{self, Sample};
-use edl_recordio::{ReadOptions, Scanner, expand_globs};
+use std::path::{Path, PathBuf};
+
+use edl_recordio::{ChunkReader, ReadOptions, Scanner, expand_globs};
 
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -12,38 +15,84 @@ use crate::model::Model;
 /// How many records of a file [`check_split`] tries on the model.
 const CHECK_RECORDS: usize = 64;
 
-/// Reads every record of the files matched by `globs` (sorted, see
-/// [`edl_recordio::expand_globs`]) and decodes it as a [`Sample`]. Strict: a corrupt
-/// chunk or an undecodable record is an error naming the file.
-pub fn load_samples(globs: &[String]) -> Result<Vec<Sample>> {
-    let paths = expand_globs(globs)?;
-    let mut scanner = Scanner::open(paths, ReadOptions::default())?;
-    let mut samples = Vec::new();
-    let mut record = 0u64;
-    while let Some(bytes) = scanner.next_record()? {
-        match sample::decode(bytes) {
-            Ok(s) => samples.push(s),
-            Err(source) => {
-                return Err(Error::Decode {
-                    path: scanner.current_path().map(Into::into).unwrap_or_default(),
-                    record,
-                    error: source,
-                });
+/// The files (and objects) `globs` match: local files first (sorted, see
+/// [`edl_recordio::expand_globs`]), then the objects of the globs that are object URLs,
+/// as the master indexes them.
+fn sources(globs: &[String]) -> Result<Vec<PathBuf>> {
+    let (urls, local): (Vec<String>, Vec<String>) = globs
+        .iter()
+        .cloned()
+        .partition(|g| edl_storage::blocking::is_object_url(g));
+    let mut out = if local.is_empty() {
+        Vec::new()
+    } else {
+        expand_globs(&local)?
+    };
+    if !urls.is_empty() {
+        out.extend(
+            edl_storage::blocking::expand(&urls)?
+                .into_iter()
+                .map(|o| PathBuf::from(o.url)),
+        );
+    }
+    Ok(out)
+}
+
+/// Calls `each` with every record of `source` (a file or an object URL), in order,
+/// until it returns `false`. Strict: a corrupt chunk is an error naming the source.
+fn for_each_record(source: &Path, mut each: impl FnMut(&[u8]) -> Result<bool>) -> Result<()> {
+    let name = source.display().to_string();
+    if edl_storage::blocking::is_object_url(&name) {
+        let object = edl_storage::blocking::ObjectReader::open(&name)?;
+        let mut chunks = ChunkReader::new(object, source.to_path_buf(), ReadOptions::default());
+        while let Some(chunk) = chunks.next_chunk()? {
+            for record in &chunk {
+                if !each(record)? {
+                    return Ok(());
+                }
             }
         }
-        record += 1;
+        return Ok(());
+    }
+    let mut scanner = Scanner::open(vec![source.to_path_buf()], ReadOptions::default())?;
+    while let Some(bytes) = scanner.next_record()? {
+        if !each(bytes)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Reads every record of the files (and objects) matched by `globs` and decodes it as a
+/// [`Sample`]. Strict: a corrupt chunk or an undecodable record is an error naming the
+/// file.
+pub fn load_samples(globs: &[String]) -> Result<Vec<Sample>> {
+    let mut samples = Vec::new();
+    let mut record = 0u64;
+    for source in sources(globs)? {
+        for_each_record(&source, |bytes| {
+            let s = sample::decode(bytes).map_err(|error| Error::Decode {
+                path: source.clone(),
+                record,
+                error,
+            })?;
+            samples.push(s);
+            record += 1;
+            Ok(true)
+        })?;
     }
     Ok(samples)
 }
 
-/// Reads every record of the files matched by `globs` (sorted) as raw bytes. Strict: a
-/// corrupt chunk is an error naming the file.
+/// Reads every record of the files (and objects) matched by `globs` as raw bytes.
+/// Strict: a corrupt chunk is an error naming the file.
 pub fn load_records(globs: &[String]) -> Result<Vec<Vec<u8>>> {
-    let paths = expand_globs(globs)?;
-    let mut scanner = Scanner::open(paths, ReadOptions::default())?;
     let mut records = Vec::new();
-    while let Some(bytes) = scanner.next_record()? {
-        records.push(bytes.to_vec());
+    for source in sources(globs)? {
+        for_each_record(&source, |bytes| {
+            records.push(bytes.to_vec());
+            Ok(true)
+        })?;
     }
     Ok(records)
 }
@@ -53,15 +102,12 @@ pub fn load_records(globs: &[String]) -> Result<Vec<Vec<u8>>> {
 /// kind of model fails once, at the start, naming the file and the fix, instead of
 /// failing task after task. Reads at most 64 records per file.
 pub fn check_split(model: &dyn Model, globs: &[String]) -> Result<()> {
-    for path in expand_globs(globs)? {
-        let mut scanner = Scanner::open(vec![path.clone()], ReadOptions::default())?;
+    for path in sources(globs)? {
         let mut records = Vec::new();
-        while records.len() < CHECK_RECORDS {
-            let Some(bytes) = scanner.next_record()? else {
-                break;
-            };
+        for_each_record(&path, |bytes| {
             records.push(bytes.to_vec());
-        }
+            Ok(records.len() < CHECK_RECORDS)
+        })?;
         if records.is_empty() {
             continue;
         }

@@ -180,6 +180,10 @@ pub enum Error {
     #[error(transparent)]
     RecordIo(#[from] edl_recordio::Error),
 
+    /// Objects of a data set could not be listed or read.
+    #[error(transparent)]
+    Storage(#[from] edl_storage::Error),
+
     /// A record is not a valid sample.
     #[error("record {record} of {} is not a valid sample: {error}", path.display())]
     Decode {
@@ -236,6 +240,7 @@ impl Error {
     /// Whether retrying the same operation may succeed: only I/O errors reading data.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Error::RecordIo(e) if !e.is_corruption())
+            || matches!(self, Error::Storage(e) if e.is_transient())
     }
 
     /// Whether the error is about the data (a bad sample or record) rather than the model,

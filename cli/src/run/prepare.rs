@@ -188,13 +188,19 @@ pub(crate) fn prepare_data(spec: &JobSpec) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every glob of the spec matches at least one file (one clear error otherwise).
+/// Every glob of the spec matches at least one file or object (one clear error
+/// otherwise: no match, a bad URL, missing credentials, a store that cannot be reached).
 pub(crate) fn check_data(spec: &JobSpec) -> anyhow::Result<()> {
     let mut globs = spec.data.train.patterns();
     if let Some(t) = &spec.data.test {
         globs.extend(t.patterns());
     }
     for g in globs {
+        if edl_storage::blocking::is_object_url(&g) || g.contains("://") {
+            edl_storage::blocking::expand(std::slice::from_ref(&g))
+                .map_err(|e| anyhow::anyhow!("data: {e}"))?;
+            continue;
+        }
         match edl_recordio::expand_globs(std::slice::from_ref(&g)) {
             Ok(files) if !files.is_empty() => {}
             Ok(_) => anyhow::bail!("data: no files match {g}"),

@@ -112,7 +112,8 @@ impl Globs {
 
     pub(crate) fn resolve(&mut self, base: &Path) {
         let fix = |p: &mut String| {
-            if Path::new(p.as_str()).is_relative() {
+            // A URL (`s3://bucket/...`) is not a path.
+            if Path::new(p.as_str()).is_relative() && !p.contains("://") {
                 *p = base.join(p.as_str()).to_string_lossy().into_owned();
             }
         };

@@ -367,11 +367,16 @@ impl Fetcher {
         let read = tokio::task::spawn_blocking(move || read_task(&t, index)).await;
         let read = match read {
             Ok(r) => r,
-            Err(e) => Err(format!("reading task {} panicked: {e}", task.id)),
+            Err(e) => Err(ReadError::Bad(format!(
+                "reading task {} panicked: {e}",
+                task.id
+            ))),
         };
         match read {
             Ok((records, index)) => {
-                self.indexes.insert(task.path.clone(), index);
+                if let Some(index) = index {
+                    self.indexes.insert(task.path.clone(), index);
+                }
                 let data = TaskData {
                     task: task.clone(),
                     records,
@@ -390,7 +395,23 @@ impl Fetcher {
                     }
                 }
             }
-            Err(reason) => {
+            Err(ReadError::Unavailable(reason)) => {
+                // The store is down or slow (after its own retries): the data is not
+                // bad, so the task goes back unfailed and this reader waits a moment.
+                tracing::warn!(task = %task.id, reason = %reason, "cannot reach the task's data; handing it back");
+                if let Err(e) = self
+                    .client
+                    .release_task(&self.cfg.trainer, &task, 0, false)
+                    .await
+                {
+                    tracing::warn!(task = %task.id, error = %e, "handing back a task failed");
+                }
+                tokio::select! {
+                    _ = self.stop.cancelled() => {}
+                    _ = tokio::time::sleep(UNAVAILABLE_PAUSE) => {}
+                }
+            }
+            Err(ReadError::Bad(reason)) => {
                 tracing::warn!(task = %task.id, reason = %reason, "cannot read task; failing it");
                 self.indexes.remove(&task.path);
                 if let Err(e) = self
@@ -405,12 +426,45 @@ impl Fetcher {
     }
 }
 
+/// A task's records, with its file's index (none for an object) to keep for the next
+/// task of the same file.
+type TaskRead = (Vec<Vec<u8>>, Option<Arc<ChunkIndex>>);
+
+/// How long a reader waits after its task's data store could not be reached.
+const UNAVAILABLE_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Why a task could not be read.
+#[derive(Debug)]
+enum ReadError {
+    /// The data is missing, changed or damaged: the task fails, saying why.
+    Bad(String),
+    /// Its store could not be reached: the task goes back, not failed.
+    Unavailable(String),
+}
+
+impl From<String> for ReadError {
+    fn from(s: String) -> Self {
+        ReadError::Bad(s)
+    }
+}
+
+impl From<edl_storage::Error> for ReadError {
+    fn from(e: edl_storage::Error) -> Self {
+        if e.is_transient() {
+            ReadError::Unavailable(e.to_string())
+        } else {
+            ReadError::Bad(e.to_string())
+        }
+    }
+}
+
 /// Reads the records of a task's chunk range (blocking I/O). Returns them with the
-/// file's index, cached for the next task of the same file.
-fn read_task(
-    task: &LeasedTask,
-    cached: Option<Arc<ChunkIndex>>,
-) -> Result<(Vec<Vec<u8>>, Arc<ChunkIndex>), String> {
+/// file's index, cached for the next task of the same file (an object's task is read
+/// without one: [`read_object_task`]).
+fn read_task(task: &LeasedTask, cached: Option<Arc<ChunkIndex>>) -> Result<TaskRead, ReadError> {
+    if edl_storage::blocking::is_object_url(&task.path) {
+        return read_object_task(task).map(|records| (records, None));
+    }
     let index = match cached {
         Some(i) => i,
         None => Arc::new(ChunkIndex::build(PathBuf::from(&task.path)).map_err(|e| e.to_string())?),
@@ -418,10 +472,10 @@ fn read_task(
     let (begin, end) = (task.chunk_begin as usize, task.chunk_end as usize);
     let first = index.chunks.get(begin).map(|c| c.offset);
     if end > index.chunks.len() || begin >= end || first != Some(task.offset_begin) {
-        return Err(format!(
+        return Err(ReadError::Bad(format!(
             "{} changed since the master indexed it: chunks {begin}..{end} at byte {} not found",
             task.path, task.offset_begin
-        ));
+        )));
     }
     let mut scanner = RangeScanner::open(&index, begin..end, ReadOptions::default())
         .map_err(|e| e.to_string())?;
@@ -430,14 +484,57 @@ fn read_task(
         records.push(r.to_vec());
     }
     if records.len() as u64 != task.records {
-        return Err(format!(
+        return Err(ReadError::Bad(format!(
             "{} chunks {begin}..{end}: read {} records, the master indexed {}",
             task.path,
             records.len(),
             task.records
-        ));
+        )));
     }
-    Ok((records, index))
+    Ok((records, Some(index)))
+}
+
+/// Reads a task of an object: its byte range in one ranged read, then its chunks from
+/// it (each checked as from a file: a damaged one fails the task with the object's URL
+/// and the chunk's byte offset).
+fn read_object_task(task: &LeasedTask) -> Result<Vec<Vec<u8>>, ReadError> {
+    use edl_recordio::ChunkReader;
+    let mut object = edl_storage::blocking::ObjectReader::open(&task.path)?;
+    if object.len() < task.offset_end || task.offset_begin >= task.offset_end {
+        return Err(ReadError::Bad(format!(
+            "{} changed since the master indexed it: bytes {}..{} not found ({} bytes now)",
+            task.path,
+            task.offset_begin,
+            task.offset_end,
+            object.len()
+        )));
+    }
+    object.prefetch(task.offset_begin..task.offset_end)?;
+    let mut chunks = ChunkReader::new(object, PathBuf::from(&task.path), ReadOptions::default())
+        .starting_at(task.offset_begin, u64::from(task.chunk_begin));
+    let mut records = Vec::with_capacity(task.records as usize);
+    for _ in task.chunk_begin..task.chunk_end {
+        match chunks.next_chunk().map_err(|e| e.to_string())? {
+            Some(chunk) => records.extend(chunk.iter().map(<[u8]>::to_vec)),
+            None => {
+                return Err(ReadError::Bad(format!(
+                    "{} ends before chunk {} of the task",
+                    task.path, task.chunk_end
+                )));
+            }
+        }
+    }
+    if records.len() as u64 != task.records {
+        return Err(ReadError::Bad(format!(
+            "{} chunks {}..{}: read {} records, the master indexed {}",
+            task.path,
+            task.chunk_begin,
+            task.chunk_end,
+            records.len(),
+            task.records
+        )));
+    }
+    Ok(records)
 }
 
 #[cfg(test)]
