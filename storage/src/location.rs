@@ -215,7 +215,9 @@ impl Location {
                         b = b.with_config(key, v);
                     }
                 }
-                let mut b = b.with_bucket_name(&self.bucket).with_retry(retry());
+                let mut b = b
+                    .with_bucket_name(&self.bucket)
+                    .with_retry(retry(&vars.get(RETRY_VAR).cloned(), &url)?);
                 if env("AWS_REGION").is_none() && env("AWS_DEFAULT_REGION").is_none() {
                     b = b.with_region("us-east-1");
                 }
@@ -250,7 +252,9 @@ impl Location {
                 if let Some(file) = env("GOOGLE_APPLICATION_CREDENTIALS") {
                     b = b.with_application_credentials(file);
                 }
-                let b = b.with_bucket_name(&self.bucket).with_retry(retry());
+                let b = b
+                    .with_bucket_name(&self.bucket)
+                    .with_retry(retry(&vars.get(RETRY_VAR).cloned(), &url)?);
                 Arc::new(b.build().map_err(failed)?)
             }
             Scheme::Azure => {
@@ -275,7 +279,9 @@ impl Location {
                         b = b.with_config(key, v);
                     }
                 }
-                let b = b.with_container_name(&self.bucket).with_retry(retry());
+                let b = b
+                    .with_container_name(&self.bucket)
+                    .with_retry(retry(&vars.get(RETRY_VAR).cloned(), &url)?);
                 Arc::new(b.build().map_err(failed)?)
             }
             Scheme::Local => unreachable!("a local path has no object store"),
@@ -290,15 +296,25 @@ impl std::fmt::Display for Location {
     }
 }
 
+/// The variable that sets how long a request to an object store is retried.
+pub const RETRY_VAR: &str = "EDL_STORAGE_RETRY_TIMEOUT";
+
 /// How a request to an object store is retried: transient failures (a 5xx, a reset
-/// connection, a timeout) with exponential backoff, for up to 30 s in all; each request
-/// at most 30 s.
-fn retry() -> object_store::RetryConfig {
-    object_store::RetryConfig {
+/// connection, a timeout) with exponential backoff, for up to `timeout`
+/// ([`RETRY_VAR`], a duration such as `30s`; default 30 s) in all.
+fn retry(timeout: &Option<String>, url: &str) -> Result<object_store::RetryConfig> {
+    let retry_timeout = match timeout {
+        None => std::time::Duration::from_secs(30),
+        Some(t) => humantime::parse_duration(t).map_err(|e| Error::BadUrl {
+            url: url.to_owned(),
+            why: format!("{RETRY_VAR}={t:?}: {e} (a duration such as 30s)"),
+        })?,
+    };
+    Ok(object_store::RetryConfig {
         backoff: object_store::BackoffConfig::default(),
         max_retries: 10,
-        retry_timeout: std::time::Duration::from_secs(30),
-    }
+        retry_timeout,
+    })
 }
 
 fn absolute(path: &Path) -> std::io::Result<PathBuf> {

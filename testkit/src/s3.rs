@@ -105,10 +105,16 @@ impl S3Server {
         })
     }
 
-    /// Kills the server (SIGKILL) and starts it again on the same port and data.
-    pub fn restart(&mut self) -> io::Result<()> {
+    /// Kills the server (SIGKILL); [`S3Server::restart`] brings it back.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Kills the server (SIGKILL) if it runs, and starts it again on the same port and
+    /// data.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
         let listen = self.endpoint.trim_start_matches("http://").to_owned();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {

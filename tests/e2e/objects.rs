@@ -184,3 +184,94 @@ async fn edl_run_trains_mnist_from_s3_data() {
         "held-out accuracy {accuracy} from s3:// data: {r}"
     );
 }
+
+/// The S3 server killed while the job trains from it (after the master indexed the
+/// data) and started again on its data a few seconds later: trainers that cannot reach
+/// it hand their tasks back unfailed (requests retried for 1 s here,
+/// `EDL_STORAGE_RETRY_TIMEOUT`) and take them again once it is back; the job ends with
+/// no task failed and no record lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_pauses_the_job_and_loses_nothing() {
+    use edl_job::{JobKeys, JobName};
+    let w = World::new("unused").await;
+    let dir = w.dir.path();
+    let mut server = S3Server::start(&dir.join("s3")).expect("the S3 server");
+    server.create_bucket("datasets").expect("bucket");
+    let mut vars = server.env();
+    vars.push(("EDL_STORAGE_RETRY_TIMEOUT".into(), "1s".into()));
+    let (train, _test) = mnist(dir);
+    let local = std::path::Path::new(&train)
+        .parent()
+        .expect("the data folder")
+        .to_path_buf();
+    let out = edl(
+        &[
+            "data",
+            "put",
+            &local.display().to_string(),
+            "s3://datasets/mnist/",
+        ],
+        &vars,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::remove_dir_all(&local).expect("delete the local copies");
+    let spec = dir.join("job.toml");
+    std::fs::write(
+        &spec,
+        "name = \"mnist-outage\"\n[data]\ntrain = \"s3://datasets/mnist/mnist-train-*.recordio\"\n\
+         test = \"s3://datasets/mnist/mnist-test-*.recordio\"\n[model]\nkind = \"mnist_mlp\"\n\
+         [train]\nmode = \"async\"\npasses = 6\nbatch_size = 32\noptimizer = \"adam\"\n\
+         learning_rate = 0.001\nseed = 7\n[cluster]\npservers = 1\ntrainers = 2\n",
+    )
+    .expect("write the spec");
+    let report = dir.join("mnist-outage.report.json");
+    let args: Vec<String> = [
+        "run",
+        &spec.display().to_string(),
+        "--etcd",
+        &w.etcd_arg(),
+        "--report",
+        &report.display().to_string(),
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut p = Proc::spawn_with_env(dir, "mnist-outage", &args, &vars);
+    // The master indexed the objects: the dataset is in etcd.
+    let keys = JobKeys::new(&JobName::new("mnist-outage").expect("a job name"));
+    let indexed = crate::support::wait_until(Duration::from_secs(120), || async {
+        w.backend
+            .get(&keys.dataset())
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    assert!(
+        indexed,
+        "the master never indexed the data:\n{}",
+        p.log_with_roles(30)
+    );
+    server.kill();
+    // Out for a few seconds (longer than the 1 s of retries): trainers hit it.
+    let hit = crate::support::wait_until(Duration::from_secs(60), || async {
+        p.log_with_roles(200)
+            .contains("cannot reach the task's data; handing it back")
+    })
+    .await;
+    assert!(hit, "no trainer met the outage:\n{}", p.log_with_roles(30));
+    server.restart().expect("the S3 server back on its data");
+    let status = p.wait_exit(Duration::from_secs(600)).await;
+    let log = p.log_with_roles(30);
+    assert!(
+        status.success(),
+        "the job did not survive the outage:\n{log}"
+    );
+    let r = read_report(&report);
+    assert_eq!(r["lost_records"], 0, "{r}");
+    assert_eq!(r["failed_tasks"], serde_json::json!([]), "{r}");
+    let (_, accuracy) = metric(&r);
+    assert!(accuracy >= 0.90, "held-out accuracy {accuracy}: {r}");
+}
