@@ -174,6 +174,9 @@ impl Location {
         scheme: Scheme,
         vars: &BTreeMap<String, String>,
     ) -> Result<Arc<dyn ObjectStore>> {
+        // HTTPS to the store uses the process's rustls provider: ring, edl's one crypto
+        // stack (a provider the process installed already stays).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let url = self.url();
         let env = |k: &str| vars.get(k).cloned();
         // The builder's own keys (`aws_*`, `google_*`, `azure_*`), as `from_env` takes
