@@ -154,7 +154,7 @@ async fn edl_run_trains_mnist_from_s3_data() {
         &spec,
         "name = \"mnist-s3\"\n[data]\ntrain = \"s3://datasets/mnist/mnist-train-*.recordio\"\n\
          test = \"s3://datasets/mnist/mnist-test-*.recordio\"\n[model]\nkind = \"mnist_mlp\"\n\
-         [train]\nmode = \"async\"\npasses = 2\nbatch_size = 64\noptimizer = \"adam\"\n\
+         [train]\nmode = \"async\"\npasses = 4\nbatch_size = 32\noptimizer = \"adam\"\n\
          learning_rate = 0.001\nseed = 7\n[cluster]\npservers = 1\ntrainers = 2\n",
     )
     .expect("write the spec");
