@@ -122,17 +122,30 @@ fn edl_data_put_and_ls_move_a_dataset_to_s3_and_bad_input_is_one_error() {
     );
 }
 
-/// MNIST converted locally, put on the S3 server, and the local copies deleted: `edl
-/// run` (two trainers, a pserver) indexes the objects from their chunk headers, reads
-/// each task with a ranged read, evaluates on the `s3://` test split, and reaches the
-/// accuracy it reaches from local files, with no record lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn edl_run_trains_mnist_from_s3_data() {
-    let w = World::new("unused").await;
+/// MNIST converted locally, put on a new S3 server under `s3://datasets/mnist/`, and
+/// the local copies deleted; a spec of job `name` (`passes` of batch 32, a pserver, two
+/// trainers) reading only from there. The server, the variables that reach it (with
+/// `extra`), and the `edl run` arguments (with a report at the returned path).
+fn mnist_job_on_s3(
+    w: &World,
+    name: &str,
+    passes: u32,
+    extra: &[(&str, &str)],
+) -> (
+    S3Server,
+    Vec<(String, String)>,
+    Vec<String>,
+    std::path::PathBuf,
+) {
     let dir = w.dir.path();
     let server = S3Server::start(&dir.join("s3")).expect("the S3 server");
     server.create_bucket("datasets").expect("bucket");
-    let vars = server.env();
+    let mut vars = server.env();
+    vars.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
     let (train, _test) = mnist(dir);
     let local = std::path::Path::new(&train)
         .parent()
@@ -152,13 +165,15 @@ async fn edl_run_trains_mnist_from_s3_data() {
     let spec = dir.join("job.toml");
     std::fs::write(
         &spec,
-        "name = \"mnist-s3\"\n[data]\ntrain = \"s3://datasets/mnist/mnist-train-*.recordio\"\n\
-         test = \"s3://datasets/mnist/mnist-test-*.recordio\"\n[model]\nkind = \"mnist_mlp\"\n\
-         [train]\nmode = \"async\"\npasses = 4\nbatch_size = 32\noptimizer = \"adam\"\n\
-         learning_rate = 0.001\nseed = 7\n[cluster]\npservers = 1\ntrainers = 2\n",
+        format!(
+            "name = \"{name}\"\n[data]\ntrain = \"s3://datasets/mnist/mnist-train-*.recordio\"\n\
+             test = \"s3://datasets/mnist/mnist-test-*.recordio\"\n[model]\nkind = \"mnist_mlp\"\n\
+             [train]\nmode = \"async\"\npasses = {passes}\nbatch_size = 32\noptimizer = \"adam\"\n\
+             learning_rate = 0.001\nseed = 7\n[cluster]\npservers = 1\ntrainers = 2\n"
+        ),
     )
     .expect("write the spec");
-    let report = dir.join("mnist-s3.report.json");
+    let report = dir.join(format!("{name}.report.json"));
     let args: Vec<String> = [
         "run",
         &spec.display().to_string(),
@@ -171,6 +186,18 @@ async fn edl_run_trains_mnist_from_s3_data() {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    (server, vars, args, report)
+}
+
+/// MNIST converted locally, put on the S3 server, and the local copies deleted: `edl
+/// run` (two trainers, a pserver) indexes the objects from their chunk headers, reads
+/// each task with a ranged read, evaluates on the `s3://` test split, and reaches the
+/// accuracy it reaches from local files, with no record lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edl_run_trains_mnist_from_s3_data() {
+    let w = World::new("unused").await;
+    let dir = w.dir.path();
+    let (_server, vars, args, report) = mnist_job_on_s3(&w, "mnist-s3", 4, &[]);
     let mut p = Proc::spawn_with_env(dir, "mnist-s3", &args, &vars);
     let status = p.wait_exit(Duration::from_secs(600)).await;
     let log = p.log_with_roles(30);
@@ -195,48 +222,12 @@ async fn a_store_outage_pauses_the_job_and_loses_nothing() {
     use edl_job::{JobKeys, JobName};
     let w = World::new("unused").await;
     let dir = w.dir.path();
-    let mut server = S3Server::start(&dir.join("s3")).expect("the S3 server");
-    server.create_bucket("datasets").expect("bucket");
-    let mut vars = server.env();
-    vars.push(("EDL_STORAGE_RETRY_TIMEOUT".into(), "1s".into()));
-    let (train, _test) = mnist(dir);
-    let local = std::path::Path::new(&train)
-        .parent()
-        .expect("the data folder")
-        .to_path_buf();
-    let out = edl(
-        &[
-            "data",
-            "put",
-            &local.display().to_string(),
-            "s3://datasets/mnist/",
-        ],
-        &vars,
+    let (mut server, vars, args, report) = mnist_job_on_s3(
+        &w,
+        "mnist-outage",
+        6,
+        &[("EDL_STORAGE_RETRY_TIMEOUT", "1s")],
     );
-    assert!(out.status.success(), "{}", text(&out));
-    std::fs::remove_dir_all(&local).expect("delete the local copies");
-    let spec = dir.join("job.toml");
-    std::fs::write(
-        &spec,
-        "name = \"mnist-outage\"\n[data]\ntrain = \"s3://datasets/mnist/mnist-train-*.recordio\"\n\
-         test = \"s3://datasets/mnist/mnist-test-*.recordio\"\n[model]\nkind = \"mnist_mlp\"\n\
-         [train]\nmode = \"async\"\npasses = 6\nbatch_size = 32\noptimizer = \"adam\"\n\
-         learning_rate = 0.001\nseed = 7\n[cluster]\npservers = 1\ntrainers = 2\n",
-    )
-    .expect("write the spec");
-    let report = dir.join("mnist-outage.report.json");
-    let args: Vec<String> = [
-        "run",
-        &spec.display().to_string(),
-        "--etcd",
-        &w.etcd_arg(),
-        "--report",
-        &report.display().to_string(),
-        "--quiet",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
     let mut p = Proc::spawn_with_env(dir, "mnist-outage", &args, &vars);
     // The master indexed the objects: the dataset is in etcd.
     let keys = JobKeys::new(&JobName::new("mnist-outage").expect("a job name"));

@@ -21,16 +21,14 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use edl_coord::{Backend, EtcdBackend, EtcdConfig};
+use edl_coord::{Backend, EtcdBackend};
 use edl_job::{JobKeys, JobName, Record, ScaleRecord};
 use edl_master_client::overview::job_status_with;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -40,17 +38,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::crd::{TaskCounts, TrainingJob};
 use crate::metrics::Metrics;
-use crate::objects::{
-    self, INDEX_LABEL, JOB_LABEL, ROLE_LABEL, Role, Slot, WorkloadState, etcd_endpoints,
-    job_etcd_user,
-};
+use crate::objects::{self, INDEX_LABEL, JOB_LABEL, ROLE_LABEL, Role, Slot, job_etcd_user};
+mod admission;
+mod etcd;
 mod secrets;
+
+use admission::{apply_workload, dynamic, observe_workload};
+use etcd::EtcdKey;
 
 use secrets::{ensure_credentials, ensure_tls};
 
 use crate::reconcile::{
-    Admission, Credentials, Deletion, EtcdAction, EtcdState, Event, FINALIZER, FinalizerChange,
-    Finished, JobTls, Observed, Plan, PodPhase, PodView, WorkloadChange, reconcile,
+    Credentials, Deletion, EtcdAction, EtcdState, Event, FINALIZER, FinalizerChange, Finished,
+    JobTls, Observed, Plan, PodPhase, PodView, reconcile,
 };
 
 /// How the controller runs.
@@ -148,86 +148,6 @@ struct Ctx {
     /// One etcd client per endpoint list and password (a job made again under the same
     /// name has a new managed etcd, with a new root password).
     etcd: Mutex<BTreeMap<EtcdKey, Arc<EtcdBackend>>>,
-}
-
-impl Ctx {
-    /// The client of `tj`'s etcd: at its endpoints as [`ControllerConfig::resolve`]
-    /// maps them; on a shared etcd as the operator's admin user, on the job's managed
-    /// etcd as its root (over the job's `tls`), turning its authentication on first
-    /// when the members are new.
-    async fn backend(
-        &self,
-        tj: &TrainingJob,
-        tls: Option<&edl_proto::tls::Tls>,
-    ) -> Result<Arc<EtcdBackend>, String> {
-        let endpoints: Vec<String> = etcd_endpoints(tj)
-            .iter()
-            .map(|e| (self.config.resolve.0)(e))
-            .collect();
-        if !tj.spec.etcd.managed {
-            let login = Login::Admin(self.config.etcd_auth.clone());
-            return self.connect(endpoints, login).await;
-        }
-        if !tj.spec.plaintext && tls.is_none() {
-            return Err("the job's TLS Secret is not there yet".to_owned());
-        }
-        let ns = tj.namespace().unwrap_or_else(|| "default".to_owned());
-        let password = secrets::etcd_root_password(self, tj, &ns, live(tj)).await?;
-        self.connect(endpoints, Login::Root { password, tls }).await
-    }
-
-    /// A client of `endpoints` logged in as `login`, kept for the next round.
-    async fn connect(
-        &self,
-        endpoints: Vec<String>,
-        login: Login<'_>,
-    ) -> Result<Arc<EtcdBackend>, String> {
-        let password = match &login {
-            Login::Admin(auth) => auth.as_ref().map(|a| a.password.clone()),
-            Login::Root { password, .. } => Some(password.clone()),
-        };
-        let key = (endpoints.clone(), password.unwrap_or_default());
-        if let Some(b) = self
-            .etcd
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
-            return Ok(b.clone());
-        }
-        let mut cfg = EtcdConfig::new(endpoints.iter().cloned());
-        cfg.request_timeout = self.config.etcd_timeout;
-        cfg.dial_timeout = self.config.etcd_timeout;
-        let connected = match login {
-            Login::Admin(auth) => {
-                cfg.auth = auth;
-                EtcdBackend::connect(cfg).await
-            }
-            Login::Root { password, tls } => {
-                EtcdBackend::connect_as_root(cfg, tls.cloned(), &password).await
-            }
-        };
-        let backend = Arc::new(connected.map_err(|e| format!("{} ({})", e, endpoints.join(",")))?);
-        self.etcd
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, backend.clone());
-        Ok(backend)
-    }
-}
-
-/// A kept etcd client's endpoints and its user's password.
-type EtcdKey = (Vec<String>, String);
-
-/// How the operator logs in to a job's etcd.
-enum Login<'a> {
-    /// A shared etcd: as the operator's admin user, if it has one.
-    Admin(Option<edl_coord::EtcdAuth>),
-    /// The job's managed etcd: as root, over the job's TLS (none: `plaintext`).
-    Root {
-        password: String,
-        tls: Option<&'a edl_proto::tls::Tls>,
-    },
 }
 
 /// The pod as the decision sees it (`None`: not one of the job's pods).
@@ -466,85 +386,6 @@ async fn observe<'a>(
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     Ok((observed, job_tls))
-}
-
-/// The API of Kueue's Workloads in `ns`.
-fn workloads(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
-    dynamic(&ctx.client, ns, objects::WORKLOAD_API)
-}
-
-/// The API in `ns` of a kind edl has no types for: group, version, kind, plural.
-fn dynamic(client: &Client, ns: &str, api: [&str; 4]) -> Api<DynamicObject> {
-    let [group, version, kind, plural] = api;
-    let resource = ApiResource {
-        group: group.to_owned(),
-        version: version.to_owned(),
-        api_version: format!("{group}/{version}"),
-        kind: kind.to_owned(),
-        plural: plural.to_owned(),
-    };
-    Api::namespaced_with(client.clone(), ns, &resource)
-}
-
-/// `tj`'s Kueue Workload, when the operator admits jobs through Kueue and `tj` names a
-/// queue.
-async fn observe_workload(ctx: &Ctx, tj: &TrainingJob, ns: &str) -> Result<Admission, Error> {
-    if !ctx.config.kueue || objects::queue_name(tj).is_none() {
-        return Ok(Admission::NotQueued);
-    }
-    let name = objects::workload_name(&tj.name_any());
-    let found = workloads(ctx, ns)
-        .get_opt(&name)
-        .await
-        .map_err(kube_err(format!("read Workload {name}")))?;
-    let Some(w) = found else {
-        return Ok(Admission::NoWorkload);
-    };
-    let value = serde_json::to_value(&w).unwrap_or_default();
-    Ok(match objects::workload_state(&value) {
-        WorkloadState::Pending => Admission::Pending,
-        WorkloadState::Admitted(trainers) => Admission::Admitted { trainers },
-        WorkloadState::Evicted(why) => Admission::Evicted(why),
-        WorkloadState::Finished => Admission::Finished,
-    })
-}
-
-/// Applies the plan's change to the job's Workload: made, or its status written (fenced
-/// by the resourceVersion it is read at).
-async fn apply_workload(ctx: &Ctx, tj: &TrainingJob, change: &WorkloadChange) -> Result<(), Error> {
-    let ns = tj.namespace().unwrap_or_else(|| "default".to_owned());
-    let api = workloads(ctx, &ns);
-    let name = objects::workload_name(&tj.name_any());
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let status = match change {
-        WorkloadChange::Create(w) => {
-            let object: DynamicObject = serde_json::from_value((**w).clone()).map_err(|e| {
-                kube_err(format!("make Workload {name}"))(kube::Error::SerdeError(e))
-            })?;
-            return match api.create(&PostParams::default(), &object).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                Err(e) => Err(kube_err(format!("create Workload {name}"))(e)),
-            };
-        }
-        WorkloadChange::Release(why) => (why, true),
-        WorkloadChange::Finish(message) => (message, false),
-    };
-    let found = api
-        .get(&name)
-        .await
-        .map_err(kube_err(format!("read Workload {name}")))?;
-    let value = serde_json::to_value(&found).unwrap_or_default();
-    let new = match status {
-        (why, true) => objects::released_workload(value, why, &now),
-        (message, false) => objects::finished_workload(value, message, &now),
-    };
-    let object: DynamicObject = serde_json::from_value(new)
-        .map_err(|e| kube_err(format!("read Workload {name}"))(kube::Error::SerdeError(e)))?;
-    api.replace_status(&name, &PostParams::default(), &object)
-        .await
-        .map_err(kube_err(format!("write the status of Workload {name}")))?;
-    Ok(())
 }
 
 /// Whether `tj` is live: not being deleted, not over, with a valid spec.

@@ -1,0 +1,97 @@
+//! The job's admission objects of other systems, which edl has no types for: Kueue's
+//! Workload (read and written as JSON) and Volcano's PodGroup API.
+
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::{Api, Client, ResourceExt};
+
+use super::{Ctx, Error, kube_err};
+use crate::crd::TrainingJob;
+use crate::objects::{self, WorkloadState};
+use crate::reconcile::{Admission, WorkloadChange};
+
+/// The API of Kueue's Workloads in `ns`.
+pub(super) fn workloads_api(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
+    dynamic(&ctx.client, ns, objects::WORKLOAD_API)
+}
+
+/// The API in `ns` of a kind edl has no types for: group, version, kind, plural.
+pub(super) fn dynamic(client: &Client, ns: &str, api: [&str; 4]) -> Api<DynamicObject> {
+    let [group, version, kind, plural] = api;
+    let resource = ApiResource {
+        group: group.to_owned(),
+        version: version.to_owned(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.to_owned(),
+        plural: plural.to_owned(),
+    };
+    Api::namespaced_with(client.clone(), ns, &resource)
+}
+
+/// `tj`'s Kueue Workload, when the operator admits jobs through Kueue and `tj` names a
+/// queue.
+pub(super) async fn observe_workload(
+    ctx: &Ctx,
+    tj: &TrainingJob,
+    ns: &str,
+) -> Result<Admission, Error> {
+    if !ctx.config.kueue || objects::queue_name(tj).is_none() {
+        return Ok(Admission::NotQueued);
+    }
+    let name = objects::workload_name(&tj.name_any());
+    let found = workloads_api(ctx, ns)
+        .get_opt(&name)
+        .await
+        .map_err(kube_err(format!("read Workload {name}")))?;
+    let Some(w) = found else {
+        return Ok(Admission::NoWorkload);
+    };
+    let value = serde_json::to_value(&w).unwrap_or_default();
+    Ok(match objects::workload_state(&value) {
+        WorkloadState::Pending => Admission::Pending,
+        WorkloadState::Admitted(trainers) => Admission::Admitted { trainers },
+        WorkloadState::Evicted(why) => Admission::Evicted(why),
+        WorkloadState::Finished => Admission::Finished,
+    })
+}
+
+/// Applies the plan's change to the job's Workload: made, or its status written (fenced
+/// by the resourceVersion it is read at).
+pub(super) async fn apply_workload(
+    ctx: &Ctx,
+    tj: &TrainingJob,
+    change: &WorkloadChange,
+) -> Result<(), Error> {
+    let ns = tj.namespace().unwrap_or_else(|| "default".to_owned());
+    let api = workloads_api(ctx, &ns);
+    let name = objects::workload_name(&tj.name_any());
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = match change {
+        WorkloadChange::Create(w) => {
+            let object: DynamicObject = serde_json::from_value((**w).clone()).map_err(|e| {
+                kube_err(format!("make Workload {name}"))(kube::Error::SerdeError(e))
+            })?;
+            return match api.create(&PostParams::default(), &object).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                Err(e) => Err(kube_err(format!("create Workload {name}"))(e)),
+            };
+        }
+        WorkloadChange::Release(why) => (why, true),
+        WorkloadChange::Finish(message) => (message, false),
+    };
+    let found = api
+        .get(&name)
+        .await
+        .map_err(kube_err(format!("read Workload {name}")))?;
+    let value = serde_json::to_value(&found).unwrap_or_default();
+    let new = match status {
+        (why, true) => objects::released_workload(value, why, &now),
+        (message, false) => objects::finished_workload(value, message, &now),
+    };
+    let object: DynamicObject = serde_json::from_value(new)
+        .map_err(|e| kube_err(format!("read Workload {name}"))(kube::Error::SerdeError(e)))?;
+    api.replace_status(&name, &PostParams::default(), &object)
+        .await
+        .map_err(kube_err(format!("write the status of Workload {name}")))?;
+    Ok(())
+}
