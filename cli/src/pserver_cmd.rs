@@ -1,6 +1,5 @@
 //! `edl pserver`: runs a parameter server of a job (one shard of the parameters).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -26,9 +25,11 @@ pub struct PserverArgs {
     /// otherwise. Without it, `ps/desired` must already be set.
     #[arg(long)]
     pub shards: Option<u32>,
-    /// Where checkpoint files go (`<dir>/<job>/ps-<index>/`).
+    /// Where checkpoint files go (`<dir>/<job>/ps-<index>/`): a directory, or an object
+    /// URL such as `s3://bucket/checkpoints` (credentials from the environment,
+    /// docs/storage.md).
     #[arg(long)]
-    pub checkpoint_dir: PathBuf,
+    pub checkpoint_dir: String,
     /// Checkpoint period: a step count (e.g. `1000`) or a duration (e.g. `30s`, `10m`).
     #[arg(long, default_value = "5m", value_parser = parse_every)]
     pub checkpoint_every: CheckpointEvery,
@@ -113,8 +114,7 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
         keep: args.keep_checkpoints,
         ..CheckpointConfig::new(&args.checkpoint_dir, args.checkpoint_every)
     });
-    std::fs::create_dir_all(&args.checkpoint_dir)
-        .with_context(|| format!("create checkpoint dir {}", args.checkpoint_dir.display()))?;
+    crate::run::check_checkpoint_dir(&args.checkpoint_dir)?;
     args.role.run(|backend, shutdown| async move {
         let listener = args.listen.bind("pserver").await?;
         edl_pserver::run(backend, cfg, listener, shutdown)

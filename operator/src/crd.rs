@@ -119,6 +119,13 @@ pub struct TrainingJobSpec {
     /// the `volcano` scheduler and the group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volcano: Option<VolcanoSpec>,
+    /// A Secret of the job's namespace whose keys are the object store's variables
+    /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`;
+    /// `GOOGLE_APPLICATION_CREDENTIALS`; `AZURE_STORAGE_ACCOUNT_NAME`, ...): every
+    /// master, pserver and trainer pod takes them as its environment. Required when the
+    /// data globs or `cluster.checkpoint_dir` are object URLs (docs/storage.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_secret: Option<String>,
 }
 
 /// How a job is scheduled by Volcano.
@@ -453,6 +460,46 @@ impl InvalidJob {
     }
 }
 
+/// Checks the job's object URLs (data globs, `cluster.checkpoint_dir`): each parses,
+/// the checkpoints are not at a path (in a pod, lost with it), and the store's
+/// credentials come from `storageSecret`.
+fn check_storage(s: &TrainingJobSpec) -> Result<(), InvalidJob> {
+    let mut urls: Vec<(&str, String)> = Vec::new();
+    for p in s.data.train.patterns() {
+        urls.push(("spec.data.train", p));
+    }
+    for p in s.data.test.iter().flat_map(Globs::patterns) {
+        urls.push(("spec.data.test", p));
+    }
+    if let Some(dir) = &s.cluster.checkpoint_dir {
+        if !dir.contains("://") {
+            return Err(InvalidJob::new(
+                "spec.cluster.checkpoint_dir",
+                format!(
+                    "{dir:?}: on a cluster checkpoints go to an object URL (s3://, gs://, \
+                     az://); for a volume, leave it unset and use spec.volumes.checkpoints"
+                ),
+            ));
+        }
+        urls.push(("spec.cluster.checkpoint_dir", dir.clone()));
+    }
+    let mut objects = false;
+    for (field, url) in urls.iter().filter(|(_, u)| u.contains("://")) {
+        let location = edl_storage::Location::parse(url)
+            .map_err(|e| InvalidJob::new(*field, e.to_string()))?;
+        objects |= location.is_object();
+    }
+    if objects && s.storage_secret.is_none() {
+        return Err(InvalidJob::new(
+            "spec.storageSecret",
+            "the job's data or checkpoints are object URLs: name the Secret with the \
+             store's credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) in \
+             spec.storageSecret",
+        ));
+    }
+    Ok(())
+}
+
 /// The longest job name the operator accepts: pod names add `-pserver-NNN`, and a pod
 /// name is a DNS label (63 characters).
 pub const MAX_NAME: usize = 40;
@@ -511,10 +558,12 @@ impl TrainingJob {
                 "set exactly one of etcd.endpoints and etcd.managed",
             ));
         }
+        check_storage(s)?;
+        // An object URL (`s3://...`) is not a path relative to the data volume.
         let relative = |g: &Globs| {
             g.patterns()
                 .iter()
-                .any(|p| !std::path::Path::new(p).is_absolute())
+                .any(|p| !std::path::Path::new(p).is_absolute() && !p.contains("://"))
         };
         if s.volumes.data.is_none()
             && (relative(&s.data.train) || s.data.test.as_ref().is_some_and(relative))
@@ -587,6 +636,7 @@ impl TrainingJob {
                 suspend: false,
                 plaintext: false,
                 volcano: None,
+                storage_secret: None,
             },
         );
         // Lists, always: the schema gives the globs one type.

@@ -80,7 +80,7 @@ impl Harness {
         cfg.tls = self.tls.clone();
         cfg.checkpoint = every.map(|e| CheckpointConfig {
             keep: 2,
-            ..CheckpointConfig::new(self.dir.path(), e)
+            ..CheckpointConfig::new(self.dir.path().display().to_string(), e)
         });
         f(&mut cfg);
         let stop = self.stop.child_token();
@@ -734,7 +734,7 @@ async fn checkpoints_restore_and_fall_back_past_a_corrupt_file() {
         .files()
         .unwrap();
     assert!(
-        files.iter().all(|(s, _)| *s >= 6),
+        files.iter().all(|(s, _, _)| *s >= 6),
         "old files pruned: {files:?}"
     );
     p0.stop().await.unwrap();
@@ -1486,7 +1486,7 @@ async fn a_checkpoint_is_recorded_after_a_transient_etcd_failure() {
     let written = edl_testkit::wait_until(
         Duration::from_secs(10),
         Duration::from_millis(10),
-        || async { dir.files().unwrap().iter().any(|(s, _)| *s == 2) },
+        || async { dir.files().unwrap().iter().any(|(s, _, _)| *s == 2) },
     )
     .await;
     assert!(written, "the checkpoint file of step 2 was never written");

@@ -86,6 +86,61 @@ pub fn expand(patterns: &[String]) -> Result<Vec<ObjectInfo>> {
     Ok(out)
 }
 
+/// A store for blocking code: each call waits for its request (retried as
+/// [`Store`]'s are). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct BlockingStore {
+    store: Store,
+}
+
+impl BlockingStore {
+    /// Blocking calls to `store`.
+    pub fn new(store: Store) -> BlockingStore {
+        BlockingStore { store }
+    }
+
+    /// The store of `url` (one per bucket for the process) and the key `url` names.
+    pub fn open(url: &str) -> Result<(BlockingStore, String)> {
+        let (store, key) = open(url)?;
+        Ok((BlockingStore { store }, key))
+    }
+
+    /// The URL of `key`.
+    pub fn url(&self, key: &str) -> String {
+        self.store.url(key)
+    }
+
+    /// The size of object `key`.
+    pub fn size(&self, key: &str) -> Result<u64> {
+        let (store, key) = (self.store.clone(), key.to_owned());
+        block_on(async move { store.size(&key).await })
+    }
+
+    /// Bytes `range` of object `key`.
+    pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        let (store, key) = (self.store.clone(), key.to_owned());
+        block_on(async move { store.get_range(&key, range).await })
+    }
+
+    /// Writes object `key` whole ([`Store::put`]).
+    pub fn put(&self, key: &str, bytes: Bytes) -> Result<()> {
+        let (store, key) = (self.store.clone(), key.to_owned());
+        block_on(async move { store.put(&key, bytes).await })
+    }
+
+    /// Deletes object `key` (one that is not there is fine).
+    pub fn delete(&self, key: &str) -> Result<()> {
+        let (store, key) = (self.store.clone(), key.to_owned());
+        block_on(async move { store.delete(&key).await })
+    }
+
+    /// The objects under `prefix` ([`Store::list`]).
+    pub fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let (store, prefix) = (self.store.clone(), prefix.to_owned());
+        block_on(async move { store.list(&prefix).await })
+    }
+}
+
 /// A `Read + Seek` over one object, fetched with ranged reads a block at a time (and a
 /// range given to [`ObjectReader::prefetch`] in one read).
 #[derive(Debug)]

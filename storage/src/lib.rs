@@ -18,7 +18,8 @@
 //!   URL, refused credentials).
 //!
 //! - [`blocking`]: a `Read + Seek` over an object ([`blocking::ObjectReader`], ranged
-//!   reads a block at a time) and glob expansion, for blocking code (RecordIO).
+//!   reads a block at a time), glob expansion, and a store whose calls wait
+//!   ([`blocking::BlockingStore`]), for blocking code (RecordIO, checkpoint files).
 //!
 //! Layout: `location.rs` parsing and opening; `store.rs` the operations; `blocking.rs`;
 //! `error.rs`.

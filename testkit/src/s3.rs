@@ -2,6 +2,9 @@
 //! directory; built with the workspace, found next to the test binaries) on a loopback
 //! port of its own, with its own data directory and credentials. Killed on drop; its
 //! data stays in the directory, so [`S3Server::restart`] brings the same objects back.
+//! Faults can be injected in front of the store: every request answered `503`
+//! ([`S3Server::fail_requests`]) or held ([`S3Server::stall_requests`]) until
+//! [`S3Server::heal`].
 
 use std::io::{self, BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -56,6 +59,13 @@ pub fn s3_server_binary() -> io::Result<PathBuf> {
     ))
 }
 
+/// The file the server reads its injected fault from: beside its data directory.
+fn faults_file(root: &Path) -> PathBuf {
+    let mut name = root.file_name().unwrap_or_default().to_os_string();
+    name.push(".faults");
+    root.with_file_name(name)
+}
+
 impl S3Server {
     /// Starts a server on a free loopback port with its data under `root`, and waits
     /// (up to 30 s) until it accepts connections.
@@ -69,6 +79,8 @@ impl S3Server {
             .arg(root)
             .args(["--listen", listen])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .arg("--faults")
+            .arg(faults_file(root))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
@@ -130,6 +142,40 @@ impl S3Server {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// From now on every request is answered `503 SlowDown` (an overloaded store),
+    /// until [`S3Server::heal`].
+    pub fn fail_requests(&self) -> io::Result<()> {
+        self.set_fault("error")
+    }
+
+    /// From now on requests are held unanswered (a stalled store), until
+    /// [`S3Server::heal`] (then they are served).
+    pub fn stall_requests(&self) -> io::Result<()> {
+        self.set_fault("stall")
+    }
+
+    /// Ends an injected fault: requests are served again.
+    pub fn heal(&self) -> io::Result<()> {
+        self.set_fault("")
+    }
+
+    /// How many requests met an injected fault so far: (answered 503, held).
+    pub fn fault_hits(&self) -> (usize, usize) {
+        let mut hits = faults_file(&self.root).into_os_string();
+        hits.push(".hits");
+        let text = std::fs::read_to_string(hits).unwrap_or_default();
+        let errors = text.lines().filter(|l| *l == "error").count();
+        let stalls = text.lines().filter(|l| *l == "stall").count();
+        (errors, stalls)
+    }
+
+    fn set_fault(&self, what: &str) -> io::Result<()> {
+        let file = faults_file(&self.root);
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, what)?;
+        std::fs::rename(tmp, file)
     }
 
     /// Makes bucket `name` (a folder of the data directory, as s3s-fs keeps buckets).

@@ -109,10 +109,10 @@ fn final_updates(report: &serde_json::Value) -> Vec<u64> {
         .map(|files| {
             let finals: Vec<_> = files
                 .iter()
-                .filter_map(|(_, path)| {
+                .filter_map(|(_, _, path)| {
                     let bytes = std::fs::read(path).expect("read a checkpoint");
                     let (snap, _) = edl_pserver::checkpoint::format::decode(&bytes)
-                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                        .unwrap_or_else(|e| panic!("{path}: {e}"));
                     (snap.final_of != 0).then_some((snap.final_of, snap.updates))
                 })
                 .collect();

@@ -392,11 +392,40 @@ impl World {
     }
 }
 
-/// The passes every shard's newest checkpoint holds whole, from the files themselves.
+/// The passes every shard's newest checkpoint holds whole, from the files themselves
+/// (local files: read as that shard's pserver does).
 pub async fn checkpointed_passes(
     backend: &Arc<dyn Backend>,
     keys: &JobKeys,
     shards: u32,
+) -> Vec<u32> {
+    checkpointed_passes_in(backend, keys, shards, |path, shard| {
+        // The file is <root>/<job>/ps-<shard>/<name>.
+        let path = Path::new(path);
+        let job_dir = path
+            .parent()
+            .and_then(Path::parent)
+            .expect("<root>/<job>/ps-<shard>/<file>");
+        let job = job_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("job dir");
+        CheckpointDir::new(
+            job_dir.parent().expect("root"),
+            &JobName::new(job).expect("job name"),
+            shard,
+        )
+    })
+    .await
+}
+
+/// [`checkpointed_passes`], each shard's file read from the directory `dir_of` gives
+/// for the file's path (or URL) and the shard.
+pub async fn checkpointed_passes_in(
+    backend: &Arc<dyn Backend>,
+    keys: &JobKeys,
+    shards: u32,
+    dir_of: impl Fn(&str, u32) -> CheckpointDir,
 ) -> Vec<u32> {
     let (kvs, _) = backend
         .range(&keys.checkpoints())
@@ -414,22 +443,7 @@ pub async fn checkpointed_passes(
                 .filter_map(|m| m.entry(shard).map(|e| (m.step, e)))
                 .max_by_key(|(step, _)| *step)
                 .unwrap_or_else(|| panic!("no checkpoint of shard {shard}"));
-            // The file is <root>/<job>/ps-<shard>/<name>: read it as that shard's pserver does.
-            let path = Path::new(&newest.1.path);
-            let job_dir = path
-                .parent()
-                .and_then(Path::parent)
-                .expect("<root>/<job>/ps-<shard>/<file>");
-            let job = job_dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .expect("job dir");
-            let dir = CheckpointDir::new(
-                job_dir.parent().expect("root"),
-                &JobName::new(job).expect("job name"),
-                shard,
-            );
-            let snap = dir
+            let snap = dir_of(&newest.1.path, shard)
                 .read(newest.1, shard, shards)
                 .expect("read the checkpoint");
             snap.ledger.summary().sealed

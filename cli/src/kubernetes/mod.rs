@@ -171,19 +171,54 @@ pub struct JobSource {
     /// The edl image of the job's pods (required for a job spec).
     #[arg(long, env = "EDL_IMAGE")]
     pub image: Option<String>,
-    /// The data volume, mounted read-only at /data (relative data globs are relative to
-    /// it): claim:NAME (a PersistentVolumeClaim), host:/PATH or empty.
-    #[arg(long, value_name = "VOLUME")]
-    pub data: Option<VolumeSource>,
-    /// One checkpoint volume for every pserver, at /checkpoints: claim:NAME (shared:
-    /// ReadWriteMany), host:/PATH or empty (default: a claim per pserver pod, made by the
-    /// operator).
-    #[arg(long, value_name = "VOLUME")]
-    pub checkpoints: Option<VolumeSource>,
+    /// Where the data is; relative data globs are relative to it. A volume mounted
+    /// read-only at /data: claim:NAME (a PersistentVolumeClaim), host:/PATH or empty; or
+    /// an object URL (s3://bucket/prefix/, gs://, az://), read with the credentials of
+    /// --storage-secret.
+    #[arg(long, value_name = "VOLUME|URL")]
+    pub data: Option<Place>,
+    /// Where the pservers checkpoint. One volume for every pserver, at /checkpoints:
+    /// claim:NAME (shared: ReadWriteMany), host:/PATH or empty; or an object URL
+    /// (s3://bucket/checkpoints), with the credentials of --storage-secret. Default: a
+    /// claim per pserver pod, made by the operator.
+    #[arg(long, value_name = "VOLUME|URL")]
+    pub checkpoints: Option<Place>,
+    /// The Secret whose keys are the object store's variables (AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...), given to the job's pods: needed for
+    /// data or checkpoints at object URLs (docs/storage.md).
+    #[arg(long, value_name = "SECRET")]
+    pub storage_secret: Option<String>,
     /// Client URLs of an existing etcd for the job, comma-separated (default: the job
     /// spec's `cluster.etcd`, else an etcd the operator runs for the job).
     #[arg(long, value_delimiter = ',')]
     pub etcd: Vec<String>,
+}
+
+/// A volume, or an object URL: where `edl submit` puts a job's data or checkpoints.
+#[derive(Debug, Clone)]
+pub enum Place {
+    /// A Kubernetes volume.
+    Volume(VolumeSource),
+    /// An object URL (`s3://bucket/prefix`).
+    Url(String),
+}
+
+impl std::str::FromStr for Place {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Place, String> {
+        if !s.contains("://") {
+            return s.parse().map(Place::Volume);
+        }
+        match edl_storage::Location::parse(s) {
+            Ok(l) if l.is_object() => Ok(Place::Url(s.to_owned())),
+            Ok(_) => Err(format!(
+                "{s:?}: a file:// URL is a path on this machine, not in the pods; use \
+                 claim:NAME, host:/PATH or an object URL"
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 /// Runs `edl submit`.

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use edl_job::JobSpec;
+use edl_job::spec::Globs;
 use edl_operator::TrainingJob;
 use edl_operator::autoscale::{self, AutoscaleConfig};
 use edl_operator::controller::{self, ControllerConfig};
@@ -20,7 +21,7 @@ use edl_operator::metrics::Metrics;
 use edl_operator::reconcile::{Admission, Credentials, EtcdState, JobTls, Observed, reconcile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{JobSource, OperatorCommand, RenderArgs, RunArgs};
+use super::{JobSource, OperatorCommand, Place, RenderArgs, RunArgs};
 use crate::common::{runtime, shutdown_on_signals};
 
 /// Runs an `edl operator` subcommand.
@@ -62,11 +63,23 @@ impl JobSource {
             }
             tj
         };
-        if let Some(v) = &self.data {
-            tj.spec.volumes.data = Some(v.clone());
+        match &self.data {
+            Some(Place::Volume(v)) => tj.spec.volumes.data = Some(v.clone()),
+            Some(Place::Url(url)) => {
+                tj.spec.data.train = under(url, &tj.spec.data.train);
+                if let Some(t) = &tj.spec.data.test {
+                    tj.spec.data.test = Some(under(url, t));
+                }
+            }
+            None => {}
         }
-        if let Some(v) = &self.checkpoints {
-            tj.spec.volumes.checkpoints = Some(v.clone());
+        match &self.checkpoints {
+            Some(Place::Volume(v)) => tj.spec.volumes.checkpoints = Some(v.clone()),
+            Some(Place::Url(url)) => tj.spec.cluster.checkpoint_dir = Some(url.clone()),
+            None => {}
+        }
+        if let Some(secret) = &self.storage_secret {
+            tj.spec.storage_secret = Some(secret.clone());
         }
         if !self.etcd.is_empty() {
             tj.spec.etcd = EtcdSpec {
@@ -76,6 +89,24 @@ impl JobSource {
         }
         Ok(tj)
     }
+}
+
+/// `globs` with each relative pattern put under the object URL `base`.
+fn under(base: &str, globs: &Globs) -> Globs {
+    let base = base.trim_end_matches('/');
+    Globs::Many(
+        globs
+            .patterns()
+            .into_iter()
+            .map(|p| {
+                if p.contains("://") || p.starts_with('/') {
+                    p
+                } else {
+                    format!("{base}/{}", p.trim_start_matches("./"))
+                }
+            })
+            .collect(),
+    )
 }
 
 /// The YAML documents of `args`' job and of the objects its first reconcile creates.
@@ -210,4 +241,55 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
         .await;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `edl submit --data s3://... --checkpoints s3://... --storage-secret S`: relative
+    /// data globs go under the data URL (absolute ones and URLs stay), the checkpoints
+    /// URL is the job's `cluster.checkpoint_dir`, no volume is named, and the operator
+    /// accepts the job; a `file://` URL (a path on this machine) is refused.
+    #[test]
+    fn submit_puts_relative_data_under_an_object_url_and_checkpoints_at_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let spec = dir.path().join("job.toml");
+        std::fs::write(
+            &spec,
+            "name = \"mnist\"\n[data]\ntrain = [\"train-*.recordio\", \"/abs/x.recordio\"]\n\
+             test = \"./test-*.recordio\"\n[model]\nkind = \"mnist_mlp\"\n",
+        )
+        .expect("write");
+        let source = JobSource {
+            file: spec,
+            image: Some("edl:test".into()),
+            data: Some("s3://datasets/mnist/".parse().expect("a URL")),
+            checkpoints: Some("s3://ckpt/runs".parse().expect("a URL")),
+            storage_secret: Some("s3-credentials".into()),
+            etcd: Vec::new(),
+        };
+        let tj = source.load("ml").expect("load");
+        assert_eq!(
+            tj.spec.data.train.patterns(),
+            ["s3://datasets/mnist/train-*.recordio", "/abs/x.recordio"]
+        );
+        assert_eq!(
+            tj.spec.data.test.as_ref().map(Globs::patterns),
+            Some(vec!["s3://datasets/mnist/test-*.recordio".to_owned()])
+        );
+        assert_eq!(
+            tj.spec.cluster.checkpoint_dir.as_deref(),
+            Some("s3://ckpt/runs")
+        );
+        assert_eq!(tj.spec.storage_secret.as_deref(), Some("s3-credentials"));
+        assert!(tj.spec.volumes.data.is_none() && tj.spec.volumes.checkpoints.is_none());
+        tj.job_spec().expect("the operator accepts it");
+        let e = "file:///data".parse::<Place>().expect_err("a local URL");
+        assert!(e.contains("not in the pods"), "{e}");
+        assert!(matches!(
+            "claim:data".parse::<Place>(),
+            Ok(Place::Volume(_))
+        ));
+    }
 }

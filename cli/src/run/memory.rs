@@ -55,8 +55,7 @@ pub(crate) async fn run(
         cfg.index = edl_pserver::IndexChoice::Fixed(i % spec.cluster.pservers);
         cfg.replicas = spec.cluster.pserver_replicas as usize;
         cfg.shards = Some(spec.cluster.pservers);
-        let ckpt = run_dir.join("checkpoints");
-        std::fs::create_dir_all(&ckpt)?;
+        let ckpt = super::prepare::checkpoint_location(&spec, &run_dir);
         cfg.checkpoint = Some(edl_pserver::CheckpointConfig {
             keep: spec.cluster.checkpoint_keep,
             ..edl_pserver::CheckpointConfig::new(

@@ -65,6 +65,7 @@ mod supervisor;
 
 pub use args::{CoordChoice, RunArgs};
 pub use chaos::Chaos;
+pub(crate) use prepare::check_checkpoint_dir;
 pub use report::{
     FailedTaskReport, FinalMetric, RUN_REPORT_VERSION, Recovery, RunReport, ScaleEvent,
 };
@@ -100,6 +101,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("create run directory {}", run_dir.display()))?;
     let run_dir = std::path::absolute(&run_dir).unwrap_or(run_dir);
+    if spec.cluster.checkpoint_dir.is_some() {
+        prepare::check_checkpoint_dir(&prepare::checkpoint_location(&spec, &run_dir))
+            .map_err(in_spec)?;
+    }
     let endpoints = if args.etcd.is_empty() {
         spec.cluster.etcd.clone()
     } else {

@@ -210,6 +210,34 @@ pub(crate) fn check_data(spec: &JobSpec) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where the pservers of a run checkpoint: `[cluster] checkpoint_dir`, or `checkpoints`
+/// in the run directory.
+pub(crate) fn checkpoint_location(spec: &JobSpec, run_dir: &Path) -> String {
+    match &spec.cluster.checkpoint_dir {
+        Some(dir) => dir.clone(),
+        None => run_dir.join("checkpoints").display().to_string(),
+    }
+}
+
+/// Checks that checkpoints can go to `location` before anything starts: a directory is
+/// created; an object URL must parse, its store must have credentials in the
+/// environment, and a listing under it must succeed (a missing bucket or refused
+/// credentials fail here, once).
+pub(crate) fn check_checkpoint_dir(location: &str) -> anyhow::Result<()> {
+    let parsed = edl_storage::Location::parse(location)
+        .map_err(|e| anyhow::anyhow!("checkpoint directory: {e}"))?;
+    if !parsed.is_object() {
+        return std::fs::create_dir_all(location)
+            .with_context(|| format!("create checkpoint directory {location}"));
+    }
+    let (store, key) = edl_storage::blocking::BlockingStore::open(location)
+        .map_err(|e| anyhow::anyhow!("checkpoint directory: {e}"))?;
+    store
+        .list(&key)
+        .map_err(|e| anyhow::anyhow!("checkpoint directory: {e}"))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -121,6 +121,8 @@ pub(crate) struct Launch {
     pub replicas: u32,
     pub checkpoint_every: Duration,
     pub checkpoint_keep: usize,
+    /// `--checkpoint-dir` of the pservers: a directory or an object URL.
+    pub checkpoint_dir: String,
     pub run_dir: PathBuf,
     pub device: DeviceChoice,
     pub trainer: TrainerProgram,
@@ -146,6 +148,7 @@ impl Launch {
             replicas: spec.cluster.pserver_replicas,
             checkpoint_every: spec.cluster.checkpoint_every,
             checkpoint_keep: spec.cluster.checkpoint_keep,
+            checkpoint_dir: super::prepare::checkpoint_location(spec, run_dir),
             run_dir: run_dir.to_path_buf(),
             device,
             trainer,
@@ -193,7 +196,7 @@ impl Launch {
                     "--replicas".into(),
                     self.replicas.to_string(),
                     "--checkpoint-dir".into(),
-                    self.run_dir.join("checkpoints").display().to_string(),
+                    self.checkpoint_dir.clone(),
                     "--checkpoint-every".into(),
                     humantime::format_duration(self.checkpoint_every).to_string(),
                     "--keep-checkpoints".into(),
@@ -474,6 +477,7 @@ mod tests {
             replicas: 1,
             checkpoint_every: Duration::from_secs(30),
             checkpoint_keep: 3,
+            checkpoint_dir: "/r/checkpoints".into(),
             run_dir: PathBuf::from("/r"),
             device: DeviceChoice::Cpu,
             trainer: TrainerProgram {

@@ -30,6 +30,7 @@
 //! max_trainers = 4
 //! lease_ttl = "10s"  # etcd lease of every process (see ClusterSpec::lease_ttl)
 //! checkpoint_every = "10s"
+//! # checkpoint_dir = "s3://bucket/checkpoints"  # default: the run directory
 //! ```
 //!
 //! Unknown keys and missing required ones are an error naming the key and the file;
@@ -405,6 +406,12 @@ pub struct ClusterSpec {
     /// Checkpoints kept per shard (default 3).
     #[serde(default = "d_keep")]
     pub checkpoint_keep: usize,
+    /// Where the pservers write checkpoints: a directory (relative to the spec file) or
+    /// an object URL such as `s3://bucket/checkpoints` (docs/storage.md); a shard's
+    /// files go to `<checkpoint_dir>/<job>/ps-<index>/`. Default: `checkpoints` in the
+    /// run directory of `edl run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_dir: Option<String>,
     /// How many times in a row one process slot of `edl run` may exit unexpectedly
     /// within `healthy_after` of its start before the job fails: a crash loop (default
     /// 10). An exit after a healthy run (a preemption), a drain, a scale event and an

@@ -49,8 +49,8 @@ impl JobSpec {
         })
     }
 
-    /// Makes relative data paths, and a relative `trainer.entry` program with a `/`,
-    /// relative to `base`.
+    /// Makes relative data paths, a relative `cluster.checkpoint_dir`, and a relative
+    /// `trainer.entry` program with a `/`, relative to `base`.
     pub fn resolve_paths(&mut self, base: &Path) {
         if let Some(program) = self.trainer.entry.first_mut()
             && program.contains('/')
@@ -66,6 +66,13 @@ impl JobSpec {
             && Path::new(&p.from).is_relative()
         {
             p.from = base.join(&p.from).to_string_lossy().into_owned();
+        }
+        // A URL (`s3://bucket/...`) is not a path.
+        if let Some(dir) = &mut self.cluster.checkpoint_dir
+            && Path::new(dir.as_str()).is_relative()
+            && !dir.contains("://")
+        {
+            *dir = base.join(dir.as_str()).to_string_lossy().into_owned();
         }
     }
 }

@@ -18,9 +18,10 @@ pub fn checkpoint_claim_name(job: &str, slot: u32) -> String {
 }
 
 /// The checkpoint claims `tj` wants: one per pserver slot, unless the job names its
-/// checkpoint volume (`volumes.checkpoints`).
+/// checkpoint volume (`volumes.checkpoints`) or checkpoints to an object store
+/// (`cluster.checkpoint_dir`).
 pub fn checkpoint_claims(tj: &TrainingJob) -> Vec<PersistentVolumeClaim> {
-    if tj.spec.volumes.checkpoints.is_some() {
+    if tj.spec.volumes.checkpoints.is_some() || tj.spec.cluster.checkpoint_dir.is_some() {
         return Vec::new();
     }
     let job = tj.metadata.name.clone().unwrap_or_default();

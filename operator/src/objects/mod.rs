@@ -375,15 +375,18 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         CredentialsRef::Required => Some(None),
     };
     // `env` wins over `envFrom`: a Secret cannot change the variables the pod sets.
-    let env_from = optional.map(|optional| {
-        vec![EnvFromSource {
-            secret_ref: Some(SecretEnvSource {
-                name: credentials_secret_name(&job),
-                optional,
-            }),
-            ..EnvFromSource::default()
-        }]
-    });
+    let secret = |name: String, optional: Option<bool>| EnvFromSource {
+        secret_ref: Some(SecretEnvSource { name, optional }),
+        ..EnvFromSource::default()
+    };
+    let env_from: Vec<EnvFromSource> = s
+        .storage_secret
+        .iter()
+        .filter(|_| slot.role != Role::Etcd)
+        .map(|name| secret(name.clone(), None))
+        .chain(optional.map(|optional| secret(credentials_secret_name(&job), optional)))
+        .collect();
+    let env_from = (!env_from.is_empty()).then_some(env_from);
     let container = Container {
         name: slot.role.name().to_owned(),
         image: Some(image),
@@ -536,20 +539,27 @@ fn pserver_parts(tj: &TrainingJob, slot: Slot, ttl: &str, parts: &mut Parts) -> 
     let job = tj.metadata.name.clone().unwrap_or_default();
     let s = &tj.spec;
     let c = &s.cluster;
-    let ckpt = s
-        .volumes
-        .checkpoints
-        .clone()
-        .unwrap_or_else(|| VolumeSource {
-            claim_name: Some(checkpoint_claim_name(&job, slot.index)),
-            ..VolumeSource::default()
-        });
-    parts.volumes.push(volume("checkpoints", &ckpt));
-    parts.mounts.push(VolumeMount {
-        name: "checkpoints".to_owned(),
-        mount_path: CHECKPOINT_MOUNT.to_owned(),
-        ..VolumeMount::default()
-    });
+    // Checkpoints in an object store need no volume.
+    let checkpoint_dir = match &c.checkpoint_dir {
+        Some(url) => url.clone(),
+        None => {
+            let ckpt = s
+                .volumes
+                .checkpoints
+                .clone()
+                .unwrap_or_else(|| VolumeSource {
+                    claim_name: Some(checkpoint_claim_name(&job, slot.index)),
+                    ..VolumeSource::default()
+                });
+            parts.volumes.push(volume("checkpoints", &ckpt));
+            parts.mounts.push(VolumeMount {
+                name: "checkpoints".to_owned(),
+                mount_path: CHECKPOINT_MOUNT.to_owned(),
+                ..VolumeMount::default()
+            });
+            format!("{CHECKPOINT_MOUNT}/{job}")
+        }
+    };
     let shard = slot.index % c.pservers.max(1);
     parts.vars.push(env(
         edl_job::env::METRICS_ADDR,
@@ -562,7 +572,7 @@ fn pserver_parts(tj: &TrainingJob, slot: Slot, ttl: &str, parts: &mut Parts) -> 
         "--shards",
         &c.pservers.to_string(),
         "--checkpoint-dir",
-        &format!("{CHECKPOINT_MOUNT}/{job}"),
+        &checkpoint_dir,
         "--checkpoint-every",
         &humantime::format_duration(c.checkpoint_every).to_string(),
         "--keep-checkpoints",

@@ -351,6 +351,12 @@ impl<'a> Decision<'a> {
             }
         }
         let (durable, reason, message) = match &tj.spec.volumes.checkpoints {
+            _ if tj.spec.cluster.checkpoint_dir.is_some() => (
+                true,
+                "ObjectStore",
+                "the pservers checkpoint to the object store of spec.cluster.checkpoint_dir"
+                    .to_owned(),
+            ),
             None => (
                 true,
                 "Claims",

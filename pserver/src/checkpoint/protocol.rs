@@ -32,7 +32,7 @@
 //!    its entry replaced, as the next step.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -79,8 +79,9 @@ impl FromStr for CheckpointEvery {
 /// Checkpoint settings of a pserver.
 #[derive(Debug, Clone)]
 pub struct CheckpointConfig {
-    /// Root directory; files go to `<dir>/<job>/ps-<index>/`.
-    pub dir: PathBuf,
+    /// Where files go: a local directory or an object URL (`s3://bucket/prefix`); a
+    /// shard's files are under `<location>/<job>/ps-<index>/`.
+    pub location: String,
     /// When.
     pub every: CheckpointEvery,
     /// Complete checkpoints kept.
@@ -90,10 +91,10 @@ pub struct CheckpointConfig {
 }
 
 impl CheckpointConfig {
-    /// Checkpoints under `dir` every `every`, keeping 3.
-    pub fn new(dir: impl Into<PathBuf>, every: CheckpointEvery) -> Self {
+    /// Checkpoints under `location` (a path or an object URL) every `every`, keeping 3.
+    pub fn new(location: impl Into<String>, every: CheckpointEvery) -> Self {
         CheckpointConfig {
-            dir: dir.into(),
+            location: location.into(),
             every,
             keep: 3,
             final_on_stop: true,
@@ -500,20 +501,22 @@ pub fn prune_files(dir: &CheckpointDir, kept: &[Manifest], shard: u32) {
     let files = match dir.files() {
         Ok(f) => f,
         Err(e) => {
-            tracing::warn!(dir = %dir.path().display(), error = %e, "cannot list checkpoint files");
+            tracing::warn!(dir = %dir.location(), error = %e, "cannot list checkpoint files");
             return;
         }
     };
-    for (step, path) in files {
-        if step >= oldest || named.iter().any(|n| PathBuf::from(n) == path) {
+    for (step, name, path) in files {
+        if step >= oldest
+            || named
+                .iter()
+                .any(|n| Path::new(n).file_name() == Some(name.as_ref()))
+        {
             continue;
         }
-        match std::fs::remove_file(&path) {
-            Ok(()) => {
-                tracing::debug!(shard, step, path = %path.display(), "old checkpoint file deleted")
-            }
+        match dir.remove(&name) {
+            Ok(()) => tracing::debug!(shard, step, %path, "old checkpoint file deleted"),
             Err(e) => {
-                tracing::warn!(shard, step, path = %path.display(), error = %e, "cannot delete old checkpoint file")
+                tracing::warn!(shard, step, %path, error = %e, "cannot delete old checkpoint file")
             }
         }
     }

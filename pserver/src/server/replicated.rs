@@ -138,7 +138,8 @@ pub(super) async fn run_replicated(
     let dir = cfg
         .checkpoint
         .as_ref()
-        .map(|c| CheckpointDir::new(&c.dir, &cfg.job, index));
+        .map(|c| CheckpointDir::open(&c.location, &cfg.job, index))
+        .transpose()?;
     let ctx = Arc::new(Ctx {
         backend: backend.clone(),
         cfg: cfg.clone(),

@@ -143,7 +143,8 @@ pub async fn run(
     let dir = cfg
         .checkpoint
         .as_ref()
-        .map(|c| CheckpointDir::new(&c.dir, &cfg.job, index));
+        .map(|c| CheckpointDir::open(&c.location, &cfg.job, index))
+        .transpose()?;
     restore_into(Restore {
         backend: &backend,
         keys: &keys,

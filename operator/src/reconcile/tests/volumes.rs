@@ -2,6 +2,7 @@
 //! checkpoint volume is told.
 
 use super::*;
+use edl_job::spec::Globs;
 
 #[test]
 fn replicas_get_a_claim_each_and_kept_claims_are_not_owned() {
@@ -74,5 +75,130 @@ fn ephemeral_checkpoints_are_a_condition_and_one_warning() {
         tj.status = Some(status);
         let again = reconcile(&observe(&tj, vec![], Ok(progress(2))));
         assert_eq!(warned(&again), 0, "{:?}", again.events);
+    }
+}
+
+/// A job whose data and checkpoints are object URLs: no data volume and no checkpoint
+/// claims; each pserver gets the URL as `--checkpoint-dir` and mounts nothing for it;
+/// every job process (not the etcd) takes the store's credentials from the named
+/// Secret; the checkpoints are durable. Without the Secret, or with checkpoints at a
+/// path, or at a URL edl cannot use, the job fails naming the field.
+#[test]
+fn object_storage_needs_no_volumes_and_gives_the_pods_the_storage_secret() {
+    let object_job = || {
+        let mut tj = training_job("");
+        tj.spec.etcd = EtcdSpec {
+            managed: true,
+            ..EtcdSpec::default()
+        };
+        tj.spec.volumes.data = None;
+        tj.spec.data.train = Globs::Many(vec!["s3://datasets/mnist/train-*.recordio".into()]);
+        tj.spec.cluster.checkpoint_dir = Some("s3://ckpt/runs".into());
+        tj.spec.storage_secret = Some("s3-credentials".into());
+        tj
+    };
+    let tj = object_job();
+    let spec = tj.job_spec().expect("a valid job");
+    assert_eq!(
+        spec.data.train.patterns(),
+        ["s3://datasets/mnist/train-*.recordio"],
+        "a URL is not made relative to the data volume"
+    );
+    let plan = reconcile(&observe(&tj, vec![], Ok(progress(2))));
+    assert!(plan.create_claims.iter().all(|c| {
+        c.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.contains("-etcd-"))
+    }));
+    let status = plan.status.clone().expect("status");
+    let c = condition(&status, "CheckpointsDurable");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "ObjectStore")
+    );
+    let pods: Vec<Pod> = [
+        Slot {
+            role: Role::Master,
+            index: 0,
+        },
+        Slot {
+            role: Role::Pserver,
+            index: 0,
+        },
+        Slot {
+            role: Role::Trainer,
+            index: 0,
+        },
+        Slot {
+            role: Role::Etcd,
+            index: 0,
+        },
+    ]
+    .into_iter()
+    .map(|slot| crate::objects::pod(&tj, slot, crate::objects::CredentialsRef::None))
+    .collect();
+    for p in &pods {
+        let c = &p.spec.as_ref().expect("spec").containers[0];
+        let secrets: Vec<&str> = c
+            .env_from
+            .iter()
+            .flatten()
+            .filter_map(|e| e.secret_ref.as_ref().map(|s| s.name.as_str()))
+            .collect();
+        let etcd = c.name == "etcd";
+        assert_eq!(secrets.is_empty(), etcd, "{}: {secrets:?}", c.name);
+        if !etcd {
+            assert_eq!(secrets, ["s3-credentials"], "{}", c.name);
+        }
+        let mounts: Vec<&str> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.name.as_str())
+            .collect();
+        assert!(
+            !mounts.contains(&"checkpoints") && !mounts.contains(&"data"),
+            "{}: {mounts:?}",
+            c.name
+        );
+    }
+    let command = pods[1].spec.as_ref().expect("spec").containers[0]
+        .command
+        .clone()
+        .expect("command");
+    let at = command
+        .iter()
+        .position(|a| a == "--checkpoint-dir")
+        .expect("--checkpoint-dir");
+    assert_eq!(command[at + 1], "s3://ckpt/runs");
+
+    for (change, field, said) in [
+        (
+            Box::new(|tj: &mut TrainingJob| tj.spec.storage_secret = None)
+                as Box<dyn Fn(&mut TrainingJob)>,
+            "spec.storageSecret",
+            "AWS_ACCESS_KEY_ID",
+        ),
+        (
+            Box::new(|tj: &mut TrainingJob| {
+                tj.spec.cluster.checkpoint_dir = Some("/checkpoints".into())
+            }),
+            "spec.cluster.checkpoint_dir",
+            "spec.volumes.checkpoints",
+        ),
+        (
+            Box::new(|tj: &mut TrainingJob| {
+                tj.spec.data.train = Globs::Many(vec!["ftp://host/x".into()])
+            }),
+            "spec.data.train",
+            "unsupported scheme",
+        ),
+    ] {
+        let mut tj = object_job();
+        change(&mut tj);
+        let e = tj.job_spec().expect_err("invalid");
+        assert_eq!(e.field, field, "{e:?}");
+        assert!(e.message.contains(said), "{e:?}");
     }
 }
