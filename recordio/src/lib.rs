@@ -85,5 +85,5 @@ pub use header::{ChunkHeader, HEADER_LEN, MAGIC};
 pub use index::{ChunkIndex, ChunkMeta};
 pub use paths::expand_globs;
 pub use reader::{ChunkReader, MAX_DECOMPRESSED_CHUNK_BYTES, ReadOptions, ReadStats};
-pub use scanner::{RangeScanner, Scanner};
+pub use scanner::{Opener, RangeScanner, Scanner, Source};
 pub use writer::{DEFAULT_MAX_CHUNK_BYTES, MAX_RECORD_LEN, WriteStats, Writer, WriterOptions};

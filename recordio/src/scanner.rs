@@ -21,6 +21,23 @@ use crate::reader::{ChunkReader, ReadOptions, ReadStats};
 
 type FileReader = ChunkReader<BufReader<File>>;
 
+/// Bytes a [`Scanner`] reads: a file, or whatever an [`Opener`] gives (an object in a
+/// store, read with ranged requests).
+pub trait Source: std::io::Read + std::io::Seek + Send + std::fmt::Debug {}
+impl<T: std::io::Read + std::io::Seek + Send + std::fmt::Debug> Source for T {}
+
+/// Opens a source of a [`Scanner`] by the name it was given.
+pub type Opener = fn(&Path) -> Result<Box<dyn Source>>;
+
+/// The file at `path`, buffered as [`ChunkReader::open`] does.
+fn open_file(path: &Path) -> Result<Box<dyn Source>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    Ok(Box::new(BufReader::with_capacity(
+        crate::reader::READ_BUFFER_BYTES,
+        file,
+    )))
+}
+
 /// Where a [`Cursor`]'s chunks come from.
 trait ChunkSource {
     /// Loads the next chunk into `chunk`; `false` at the end (`chunk` is then left as
@@ -102,7 +119,8 @@ struct Files {
     /// Index in `paths` of the next file to open.
     next_file: usize,
     opts: ReadOptions,
-    reader: Option<FileReader>,
+    open: Opener,
+    reader: Option<ChunkReader<Box<dyn Source>>>,
     /// Stats of the files already finished.
     finished: ReadStats,
     done: bool,
@@ -115,16 +133,23 @@ impl Scanner {
         for path in &paths {
             fs::metadata(path).map_err(|e| Error::io(path, e))?;
         }
-        Ok(Scanner {
+        Ok(Self::open_with(paths, opts, open_file))
+    }
+
+    /// A scanner over the sources `names`, each opened by `open` when its turn comes (a
+    /// missing one is an error then).
+    pub fn open_with(names: Vec<PathBuf>, opts: ReadOptions, open: Opener) -> Scanner {
+        Scanner {
             cursor: Cursor::new(Files {
-                paths,
+                paths: names,
                 next_file: 0,
                 opts,
+                open,
                 reader: None,
                 finished: ReadStats::default(),
                 done: false,
             }),
-        })
+        }
     }
 
     /// The next record, or `None` when every file has been read.
@@ -169,8 +194,11 @@ impl ChunkSource for Files {
                         continue;
                     };
                     self.next_file += 1;
-                    match ChunkReader::open(path, self.opts) {
-                        Ok(reader) => self.reader.insert(reader),
+                    match (self.open)(path) {
+                        Ok(source) => {
+                            self.reader
+                                .insert(ChunkReader::new(source, path.clone(), self.opts))
+                        }
                         Err(e) => {
                             self.done = true;
                             return Err(e);

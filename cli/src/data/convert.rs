@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use edl_proto::sample::{self, Sample};
-use edl_recordio::{FileWriter, ReadOptions, Scanner, WriterOptions};
+use edl_recordio::{FileWriter, WriterOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{ConvertArgs, InputFormat, LabelKind, OutputArgs, SplitArgs, expand};
@@ -482,7 +482,7 @@ pub fn split(args: &SplitArgs) -> anyhow::Result<()> {
         }
     }
     let bar = progress_bar(&inputs);
-    let mut scanner = Scanner::open(inputs, ReadOptions::default())?;
+    let mut scanner = super::scanner(inputs, false);
     let mut shards = ShardSet::create(&args.output, opts)?;
     let mut last = 0;
     while let Some(record) = scanner.next_record()? {

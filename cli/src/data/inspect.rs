@@ -1,4 +1,4 @@
-//! `edl data stat`, `verify` and `cat`: read RecordIO files.
+//! `edl data stat`, `verify` and `cat`: read RecordIO files and objects (`s3://...`).
 
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use edl_proto::sample::{self, sample::Label};
-use edl_recordio::{ChunkIndex, ReadOptions, ReadStats, Scanner};
+use edl_recordio::ReadStats;
 use serde_json::json;
 
-use super::{CatArgs, PathsArgs, StatArgs, expand};
+use super::{CatArgs, PathsArgs, StatArgs, chunk_index, expand, scanner};
 
 /// Totals of one file for `stat`.
 #[derive(Debug, Default, Clone)]
@@ -24,10 +24,10 @@ struct FileStat {
 }
 
 fn stat_file(path: PathBuf) -> anyhow::Result<FileStat> {
-    let index = ChunkIndex::build(&path)?;
-    let mut scanner = Scanner::open(vec![path.clone()], ReadOptions::default())?;
-    while scanner.next_record()?.is_some() {}
-    let s: ReadStats = scanner.stats();
+    let index = chunk_index(&path)?;
+    let mut records = scanner(vec![path.clone()], false);
+    while records.next_record()?.is_some() {}
+    let s: ReadStats = records.stats();
     Ok(FileStat {
         chunks: index.chunks.len() as u64,
         records: index.records(),
@@ -102,9 +102,9 @@ pub fn verify(args: &PathsArgs) -> anyhow::Result<ExitCode> {
     let files = expand(&args.paths)?;
     let mut bad = 0usize;
     for path in &files {
-        let mut scanner = Scanner::open(vec![path.clone()], ReadOptions::default())?;
+        let mut strict = scanner(vec![path.clone()], false);
         let first_error = loop {
-            match scanner.next_record() {
+            match strict.next_record() {
                 Ok(Some(_)) => {}
                 Ok(None) => break None,
                 Err(e) => break Some(e),
@@ -112,7 +112,7 @@ pub fn verify(args: &PathsArgs) -> anyhow::Result<ExitCode> {
         };
         match first_error {
             None => {
-                let s = scanner.stats();
+                let s = strict.stats();
                 println!(
                     "ok   {}: {} chunks, {} records",
                     path.display(),
@@ -122,7 +122,7 @@ pub fn verify(args: &PathsArgs) -> anyhow::Result<ExitCode> {
             }
             Some(err) => {
                 bad += 1;
-                let mut lenient = Scanner::open(vec![path.clone()], ReadOptions { lenient: true })?;
+                let mut lenient = scanner(vec![path.clone()], true);
                 // A lenient read never fails on corruption; an I/O error ends it early.
                 while let Ok(Some(_)) = lenient.next_record() {}
                 let s = lenient.stats();
@@ -178,13 +178,13 @@ impl<'a> From<&'a sample::Sample> for DecodedSample<'a> {
 /// Runs `edl data cat`.
 pub fn cat(args: &CatArgs) -> anyhow::Result<()> {
     let files = expand(&args.paths)?;
-    let mut scanner = Scanner::open(files, ReadOptions::default())?;
+    let mut records = scanner(files, false);
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut n = 0u64;
     let result = (|| -> anyhow::Result<()> {
         while args.limit.is_none_or(|l| n < l) {
-            let Some(record) = scanner.next_record()? else {
+            let Some(record) = records.next_record()? else {
                 break;
             };
             n += 1;

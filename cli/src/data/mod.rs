@@ -78,7 +78,8 @@ pub struct OutputArgs {
     /// Name prefix of the shards: PREFIX-00000-of-0000N.recordio.
     #[arg(long)]
     pub prefix: String,
-    /// Output directory (created if missing).
+    /// Output directory (created if missing), or an object URL (`s3://bucket/prefix/`):
+    /// the shards are written locally, then uploaded.
     #[arg(long)]
     pub out: PathBuf,
     /// Chunk compressor.
@@ -163,7 +164,8 @@ pub struct StatArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// RecordIO files or glob patterns.
+    /// RecordIO files or glob patterns (paths or object URLs such as
+    /// `s3://bucket/mnist/train-*.recordio`).
     #[arg(required = true)]
     pub paths: Vec<String>,
 }
@@ -171,7 +173,8 @@ pub struct StatArgs {
 /// Paths or globs of RecordIO files.
 #[derive(Debug, Args)]
 pub struct PathsArgs {
-    /// RecordIO files or glob patterns.
+    /// RecordIO files or glob patterns (paths or object URLs such as
+    /// `s3://bucket/mnist/train-*.recordio`).
     #[arg(required = true)]
     pub paths: Vec<String>,
 }
@@ -185,7 +188,8 @@ pub struct CatArgs {
     /// Stop after this many records.
     #[arg(long)]
     pub limit: Option<u64>,
-    /// RecordIO files or glob patterns.
+    /// RecordIO files or glob patterns (paths or object URLs such as
+    /// `s3://bucket/mnist/train-*.recordio`).
     #[arg(required = true)]
     pub paths: Vec<String>,
 }
@@ -196,7 +200,7 @@ pub struct SplitArgs {
     /// Output options.
     #[command(flatten)]
     pub output: OutputArgs,
-    /// RecordIO files or glob patterns to re-shard.
+    /// RecordIO files or glob patterns to re-shard (paths or object URLs).
     #[arg(required = true)]
     pub paths: Vec<String>,
 }
@@ -204,13 +208,20 @@ pub struct SplitArgs {
 /// Runs an `edl data` subcommand.
 pub fn run(cmd: DataCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        DataCommand::Convert(args) => {
+        DataCommand::Convert(mut args) => {
+            let staged = Staged::output(&mut args.output)?;
             for line in convert::convert(&args)? {
                 println!("{line}");
             }
+            staged.upload(&args.output)?;
             Ok(ExitCode::SUCCESS)
         }
-        DataCommand::Split(args) => convert::split(&args).map(|()| ExitCode::SUCCESS),
+        DataCommand::Split(mut args) => {
+            let staged = Staged::output(&mut args.output)?;
+            convert::split(&args)?;
+            staged.upload(&args.output)?;
+            Ok(ExitCode::SUCCESS)
+        }
         DataCommand::Stat(args) => inspect::stat(&args).map(|()| ExitCode::SUCCESS),
         DataCommand::Verify(args) => inspect::verify(&args),
         DataCommand::Cat(args) => inspect::cat(&args).map(|()| ExitCode::SUCCESS),
@@ -219,7 +230,80 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Expands globs into a sorted list of files, with a clear error when one matches nothing.
+/// Expands globs (paths or object URLs) into the files and objects they match, each
+/// pattern's sorted, with a clear error when one matches nothing. An object is named by
+/// its URL.
 fn expand(patterns: &[String]) -> anyhow::Result<Vec<PathBuf>> {
-    Ok(edl_recordio::expand_globs(patterns)?)
+    let mut out = Vec::new();
+    for p in patterns {
+        let one = std::slice::from_ref(p);
+        if edl_storage::blocking::is_object_url(p) {
+            let objects = edl_storage::blocking::expand(one)?;
+            out.extend(objects.into_iter().map(|o| PathBuf::from(o.url)));
+        } else {
+            out.extend(edl_recordio::expand_globs(one)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Output shards bound for an object URL (`--out s3://...`): written to a local
+/// temporary folder first (a shard appears whole or not at all, as locally), then
+/// uploaded, one object per shard.
+struct Staged {
+    /// The temporary folder and the URL, when `--out` is a URL.
+    at: Option<(tempfile::TempDir, String)>,
+}
+
+impl Staged {
+    /// Points `output` at a temporary folder if it names an object URL.
+    fn output(output: &mut OutputArgs) -> anyhow::Result<Staged> {
+        let url = output.out.display().to_string();
+        if !edl_storage::blocking::is_object_url(&url) {
+            return Ok(Staged { at: None });
+        }
+        // A bad URL or missing credentials are said before anything is converted.
+        edl_storage::blocking::BlockingStore::open(&url)?;
+        let dir = tempfile::tempdir().context("a temporary folder for the shards")?;
+        output.out = dir.path().to_path_buf();
+        Ok(Staged {
+            at: Some((dir, url)),
+        })
+    }
+
+    /// Uploads the shards `output` names to the URL.
+    fn upload(self, output: &OutputArgs) -> anyhow::Result<()> {
+        let Some((_dir, url)) = self.at else {
+            return Ok(());
+        };
+        let shards: Vec<PathBuf> = (0..output.shards).map(|i| output.shard_path(i)).collect();
+        objects::upload(&shards, &url)
+    }
+}
+
+/// Bytes read from an object store at a time by a sequential scan.
+const OBJECT_BLOCK: u64 = 8 << 20;
+
+/// Opens a file, or an object named by its URL (read with ranged requests of
+/// [`OBJECT_BLOCK`]).
+fn open_source(name: &std::path::Path) -> edl_recordio::Result<Box<dyn edl_recordio::Source>> {
+    let text = name.to_string_lossy();
+    if !edl_storage::blocking::is_object_url(&text) {
+        let file = std::fs::File::open(name).map_err(|e| edl_recordio::Error::io(name, e))?;
+        return Ok(Box::new(std::io::BufReader::with_capacity(64 << 10, file)));
+    }
+    let object = edl_storage::blocking::ObjectReader::open(&text)
+        .map_err(|e| edl_recordio::Error::io(name, std::io::Error::other(e)))?;
+    Ok(Box::new(object.with_block_size(OBJECT_BLOCK)))
+}
+
+/// A scanner over files and objects, in order.
+fn scanner(names: Vec<PathBuf>, lenient: bool) -> edl_recordio::Scanner {
+    edl_recordio::Scanner::open_with(names, edl_recordio::ReadOptions { lenient }, open_source)
+}
+
+/// The chunk index of a file or object.
+fn chunk_index(name: &std::path::Path) -> edl_recordio::Result<edl_recordio::ChunkIndex> {
+    let source = open_source(name)?;
+    edl_recordio::ChunkIndex::from_reader(source, name.to_path_buf())
 }

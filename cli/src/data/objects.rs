@@ -31,7 +31,6 @@ pub fn put(args: &PutArgs) -> anyhow::Result<()> {
         .paths
         .split_last()
         .context("give the local files, then where they go")?;
-    let dest = Location::parse(&dest.display().to_string())?;
     let mut files = Vec::new();
     for s in sources {
         files.extend(files_of(s)?);
@@ -39,9 +38,16 @@ pub fn put(args: &PutArgs) -> anyhow::Result<()> {
     if files.is_empty() {
         bail!("no files to put");
     }
+    upload(&files, &dest.display().to_string())
+}
+
+/// Uploads each of `files` under `dest` (a folder URL or path), one object per file
+/// keeping its name, saying each as it goes.
+pub(super) fn upload(files: &[PathBuf], dest: &str) -> anyhow::Result<()> {
+    let dest = Location::parse(dest)?;
     let (store, key) = dest.open()?;
     runtime()?.block_on(async {
-        for file in &files {
+        for file in files {
             let name = file
                 .file_name()
                 .and_then(|n| n.to_str())
