@@ -42,7 +42,6 @@ import glob
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -52,6 +51,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer"))
 import ctr  # noqa: E402  (scripts/peer/ctr.py)
 import w2v  # noqa: E402  (scripts/peer/w2v.py)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from edl_runs import children_cpu, edl_spec, net_bytes, netns, run_edl, run_edl_spec  # noqa: E402,F401
 
 EPOCHS = 3
 SAMPLES = 60_000
@@ -92,115 +94,6 @@ def prepare_data(a):
         os.remove(csv)
         open(done, "w").write("ok\n")
     return data, edl_dir
-
-
-def edl_spec(edl_dir, mode, trainers, per_push="adaptive", replicas=1, chunks=0, hidden=(256,),
-             passes=EPOCHS):
-    wide = "" if list(hidden) == [256] else "-h" + "x".join(map(str, hidden))
-    path = os.path.join(edl_dir, f"job-{mode}-{trainers}-{per_push}-r{replicas}-c{chunks}{wide}.toml")
-    with open(path, "w") as f:
-        f.write(f"""# written by scripts/bench_peer.py: the harness's mlp job
-name = "peer-mlp-{mode}-{trainers}-{per_push}-r{replicas}{wide}"
-
-[data]
-train = "mlp-*.recordio"
-chunks_per_task = {chunks}
-
-[model]
-kind = "mlp"
-inputs = 784
-hidden = {json.dumps(list(hidden))}
-classes = 10
-# Paddle's fc starts every layer from Xavier's bound: the same here.
-init = "xavier"
-
-[train]
-mode = "{mode}"
-passes = {passes}
-batch_size = 64
-optimizer = "sgd"
-learning_rate = 0.05
-batches_per_push = {json.dumps(per_push)}
-
-[cluster]
-masters = 1
-pservers = 1
-pserver_replicas = {replicas}
-trainers = {trainers}
-""")
-    return path
-
-
-def children_cpu():
-    """User+system CPU seconds of every waited-for descendant so far."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def netns(a, cmd, net_file):
-    """`cmd` in a network namespace of its own (when --netns): the loopback device there
-    carries only this run's traffic, and its byte count is written to `net_file`."""
-    if os.path.exists(net_file):
-        os.remove(net_file)
-    if not a.netns:
-        return cmd
-    return ["unshare", "-n", "sh", "-c",
-            'ip link set lo up && "$@"; rc=$?; grep "lo:" /proc/net/dev > "$NET_FILE"; exit $rc',
-            "sh"] + cmd
-
-
-def net_bytes(net_file):
-    """Bytes the run sent over its loopback (the namespace's own), or None."""
-    try:
-        fields = open(net_file).read().split(":", 1)[1].split()
-        return int(fields[8])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1, chunks=0,
-            hidden=(256,), passes=EPOCHS):
-    spec = edl_spec(edl_dir, mode, trainers, per_push, replicas, chunks, hidden, passes)
-    return run_edl_spec(a, spec, tag)
-
-
-def run_edl_spec(a, spec, tag, per_record=1.0):
-    """`edl run SPEC`; samples are records times `per_record` (word2vec: pairs)."""
-    run_dir = os.path.join(a.work, "runs", tag)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    os.makedirs(os.path.dirname(run_dir), exist_ok=True)
-    report = run_dir + ".report.json"
-    net_file = run_dir + ".net"
-    t0, cpu0 = time.time(), children_cpu()
-    p = subprocess.run(netns(a, [a.edl, "run", spec, "--quiet", "--report", report, "--run-dir", run_dir],
-                             net_file),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                       timeout=a.timeout, env=dict(os.environ, NET_FILE=net_file))
-    wall, cpu = time.time() - t0, children_cpu() - cpu0
-    try:
-        r = json.load(open(report))
-    except (OSError, ValueError):
-        return {"error": f"no report (exit {p.returncode}): {p.stderr.strip()[-300:]}"}
-    if not r.get("succeeded"):
-        return {"error": r.get("error", "failed")}
-    trs = [json.load(open(f)) for f in glob.glob(os.path.join(run_dir, "trainer-*.json"))]
-    firsts = [t["first_step_unix_s"] for t in trs if t.get("first_step_unix_s")]
-    lasts = [t["last_step_unix_s"] for t in trs if t.get("last_step_unix_s")]
-    if not firsts:
-        return {"error": "no trainer report with steps"}
-    m = r["final_metric"]
-    samples = r["records_trained"] * per_record
-    net = net_bytes(net_file)
-    return {
-        "sps": samples / max(max(lasts) - min(firsts), 1e-9),
-        "spawn_sps": samples / max(max(lasts) - t0, 1e-9),
-        "cpu_1k": cpu / (samples / 1000),
-        "net": net / samples if net is not None else None,
-        "wall": wall,
-        "first": min(firsts) - t0,
-        "loss": m.get("loss"),
-        "acc": m["value"] if m["name"] == "accuracy" else None,
-    }
 
 
 def run_paddle(a, py, data, mode, tag, fluid18=False, hidden=None, epochs=EPOCHS, model="mlp",

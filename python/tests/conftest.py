@@ -1,5 +1,6 @@
 """Real parts for the Python package's tests: an etcd on free loopback ports in a temp
-dir, and `edl` master and pserver processes of a job (killed by pid at the end).
+dir, `edl` master and pserver processes of a job (killed by pid at the end), and an S3
+server (`edl-s3-server`) for data and checkpoints in an object store.
 
 The `edl` binary is `$EDL_BIN`, else the workspace's `target/debug/edl` (scripts/test
 builds it before running these tests); etcd is `$EDL_ETCD_BIN`, else `etcd` on PATH.
@@ -121,7 +122,10 @@ class Job:
     """A job on the test's etcd: its data, its spec file, a master and pservers."""
 
     def __init__(self, etcd: Etcd, dir: pathlib.Path, name: str, mode: str = "async",
-                 pservers: int = 1, passes: int = 1, extra: str = "") -> None:
+                 pservers: int = 1, passes: int = 1, extra: str = "",
+                 store: Optional[str] = None) -> None:
+        """`store`: an object URL (`s3://bucket/prefix`) the data is put under and the
+        pservers checkpoint to, with the credentials of this process's environment."""
         self.etcd = etcd.url
         self.name = name
         self.dir = dir
@@ -134,9 +138,16 @@ class Job:
         )
         assert out.returncode == 0, out.stderr
         self.files = sorted(str(p) for p in data.glob("housing-*.recordio"))
+        train, ckpt = f"{data}/housing-*.recordio", str(dir / "ckpt")
+        if store:
+            out = subprocess.run([edl_bin(), "data", "put", str(data), f"{store}/data/"],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            shutil.rmtree(data)
+            train, ckpt = f"{store}/data/housing-*.recordio", f"{store}/ckpt"
         self.spec = dir / f"{name}.toml"
         self.spec.write_text(
-            f'name = "{name}"\n[data]\ntrain = "{data}/housing-*.recordio"\n'
+            f'name = "{name}"\n[data]\ntrain = "{train}"\n'
             f'[train]\nmode = "{mode}"\npasses = {passes}\nbatch_size = 16\n'
             f'optimizer = "sgd"\nlearning_rate = 0.5\n'
             f'[trainer]\nentry = ["python", "train.py"]\n{extra}'
@@ -145,7 +156,7 @@ class Job:
         self.procs.append(self.role("master", []))
         for i in range(pservers):
             self.procs.append(self.role("pserver", ["--index", str(i), "--shards", str(pservers),
-                                                    "--checkpoint-dir", str(dir / "ckpt")]))
+                                                    "--checkpoint-dir", ckpt]))
 
     def role(self, role: str, args: List[str]) -> Proc:
         n = len(list(self.dir.glob(f"{role}-*.log")))
@@ -163,6 +174,42 @@ class Job:
     def stop(self) -> None:
         for p in self.procs:
             p.stop()
+
+
+class S3Server:
+    """edl-s3-server (the workspace's, beside the edl binary) on a free loopback port with
+    its own data directory; `env` reaches it."""
+
+    def __init__(self, dir: pathlib.Path) -> None:
+        binary = pathlib.Path(edl_bin()).with_name("edl-s3-server")
+        root = dir / "s3"
+        (root / "edl").mkdir(parents=True)
+        self.p = subprocess.Popen(
+            [str(binary), "--root", str(root), "--access-key", "py", "--secret-key", "py-secret"],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        )
+        line = self.p.stdout.readline().strip()
+        assert line.startswith("listening on "), line
+        self.env = {
+            "AWS_ACCESS_KEY_ID": "py", "AWS_SECRET_ACCESS_KEY": "py-secret",
+            "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://" + line.split()[-1],
+            "AWS_ALLOW_HTTP": "true",
+        }
+        self.root = root
+
+    def stop(self) -> None:
+        self.p.kill()
+        self.p.wait(timeout=30)
+
+
+@pytest.fixture
+def s3(tmp_path, monkeypatch):
+    """An S3 server with bucket `edl`; this process and the processes it starts reach it."""
+    server = S3Server(tmp_path)
+    for k, v in server.env.items():
+        monkeypatch.setenv(k, v)
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -73,6 +73,31 @@ def test_two_python_readers_read_every_record_exactly_once(make_job):
     assert ra["records"] + rb["records"] == len(rows)
 
 
+def test_python_readers_read_every_record_exactly_once_from_s3(s3, make_job):
+    """The job's data only on the S3 server (put there, the local copies deleted): the
+    Python trainers' task stream reads it through the same ranged reads as edl's own
+    trainers, every record exactly once."""
+    job = make_job("readers-s3", store="s3://edl/housing")
+    assert not any(os.path.exists(f) for f in job.files), "the local copies are gone"
+    a, b = trainer(job, "s3-reader-a"), trainer(job, "s3-reader-b")
+    got = {"a": ([], []), "b": ([], [])}
+    threads = [threading.Thread(target=read_all, args=(t, *got[k]))
+               for k, t in (("a", a), ("b", b))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+        assert not th.is_alive(), "a reader did not finish the pass"
+    a.close(), b.close()
+    rows = got["a"][0] + got["b"][0]
+    assert collections.Counter(rows) == housing_rows()
+    tasks = got["a"][1] + got["b"][1]
+    assert tasks and len(tasks) == len(set(tasks))
+    # The objects it read are on the server's disk.
+    assert sorted(p.name for p in (s3.root / "edl" / "housing" / "data").iterdir()) == [
+        os.path.basename(f) for f in job.files]
+
+
 def reader_env(job, tmp_path, id: str, **extra) -> Dict[str, str]:
     env = {"EDL_ETCD": job.etcd, "EDL_JOB": job.name, "EDL_TRAINER_ID": id,
            "EDL_LEASE_TTL": "2s", "READER_OUT": str(tmp_path / f"{id}.out")}

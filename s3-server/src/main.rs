@@ -5,11 +5,15 @@
 //! until it is killed. Path-style requests only (`http://ADDR/bucket/key`), as
 //! object_store sends them with an endpoint set.
 //!
+//! GET bodies are read in 1 MiB blocks (`store.rs`); the rest is s3s-fs's own.
+//!
 //! Fault injection in front of the store (`--faults FILE`, read at every request): while
 //! `FILE` says `error`, every request is answered `503 SlowDown` (what S3 says when it
 //! sheds load); while it says `stall`, requests are held unanswered, each until the file
 //! says something else (then served). A missing or empty file serves normally. Each
 //! request a fault met adds a line (`error` or `stall`) to `FILE.hits`.
+
+mod store;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -66,7 +70,10 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(args: Args, root: PathBuf) -> anyhow::Result<()> {
     let fs = s3s_fs::FileSystem::new(&root).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let mut builder = S3ServiceBuilder::new(fs);
+    let mut builder = S3ServiceBuilder::new(store::Store {
+        fs,
+        root: root.clone(),
+    });
     if let (Some(ak), Some(sk)) = (args.access_key, args.secret_key) {
         builder.set_auth(SimpleAuth::from_single(ak, sk));
     }
@@ -82,6 +89,9 @@ async fn serve(args: Args, root: PathBuf) -> anyhow::Result<()> {
     let http = ConnBuilder::new(TokioExecutor::new());
     loop {
         let (socket, _) = listener.accept().await?;
+        // The body goes out in small frames: without TCP_NODELAY, Nagle's algorithm
+        // holds the last one until the client's delayed ACK (40 ms a request).
+        socket.set_nodelay(true)?;
         let service = service.clone();
         let http = http.clone();
         tokio::spawn(async move {

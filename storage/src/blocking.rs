@@ -205,12 +205,13 @@ impl ObjectReader {
         self.len == 0
     }
 
-    /// Fetches `range` (clipped to the object) in one read and holds it, so reading
-    /// within it needs no more requests.
+    /// Fetches `range` (clipped to the object) and holds it, so reading within it needs
+    /// no more requests: one ranged read, or parallel ones for a long range
+    /// ([`Store::get_range_parallel`]).
     pub fn prefetch(&mut self, range: Range<u64>) -> Result<()> {
         let range = range.start.min(self.len)..range.end.min(self.len);
         let (store, key, r) = (self.store.clone(), self.key.clone(), range.clone());
-        self.block = block_on(async move { store.get_range(&key, r).await })?;
+        self.block = block_on(async move { store.get_range_parallel(&key, r).await })?;
         self.block_start = range.start;
         Ok(())
     }

@@ -31,4 +31,4 @@ mod store;
 
 pub use error::{Error, Result};
 pub use location::{Location, Scheme};
-pub use store::{ObjectInfo, Store};
+pub use store::{ObjectInfo, PARALLEL, PART, Store};

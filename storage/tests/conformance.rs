@@ -62,6 +62,21 @@ async fn conformance(store: &Store, base: &str) {
         .await
         .expect("a range");
     assert_eq!(range.as_ref(), &data[70_000..70_020]);
+    // A range of several parts, fetched in parallel, joined in order.
+    let long: Vec<u8> = (0..(2 * edl_storage::PART + 12_345))
+        .map(|i| (i % 253) as u8)
+        .collect();
+    store
+        .put(&key("long.bin"), Bytes::from(long.clone()))
+        .await
+        .expect("put");
+    let end = long.len() as u64 - 7;
+    let parts = store
+        .get_range_parallel(&key("long.bin"), 5..end)
+        .await
+        .expect("a long range");
+    assert_eq!(parts.as_ref(), &long[5..end as usize]);
+    store.delete(&key("long.bin")).await.expect("delete");
     assert_eq!(
         store
             .size(&key("mnist/train-00000.recordio"))
