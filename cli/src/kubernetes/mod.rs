@@ -208,7 +208,7 @@ impl std::str::FromStr for Place {
 
     fn from_str(s: &str) -> Result<Place, String> {
         if !s.contains("://") {
-            return s.parse().map(Place::Volume);
+            return s.parse().map(Place::Volume).map_err(|e| e.to_string());
         }
         match edl_storage::Location::parse(s) {
             Ok(l) if l.is_object() => Ok(Place::Url(s.to_owned())),
