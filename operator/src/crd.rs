@@ -11,17 +11,24 @@
 //! checks `min_trainers <= trainers <= max_trainers`; everything else about the job is
 //! checked by the operator (parsing it as an [`edl_job::JobSpec`]), which marks the job
 //! `Failed` with a condition naming the field.
+//!
+//! Layout: this file the resource's types; `crd/validate.rs` the operator's check of a
+//! job ([`TrainingJob::job_spec`], [`InvalidJob`]).
 
 use std::collections::BTreeMap;
 
+use edl_job::JobSpec;
 use edl_job::model::ModelSpec;
 use edl_job::spec::{ClusterSpec, DataSpec, Globs, TrainSpec, TrainerSpec};
-use edl_job::{JobName, JobSpec};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+mod validate;
+
+pub use validate::{InvalidJob, MAX_NAME};
 
 /// The API group of edl's resources.
 pub const GROUP: &str = "edl.dev";
@@ -441,165 +448,7 @@ pub struct TrainingJobStatus {
     pub selector: String,
 }
 
-/// A TrainingJob's spec that cannot run, with the field at fault.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct InvalidJob {
-    /// The field, as a path in the resource (`spec.cluster.trainers`).
-    pub field: String,
-    /// What is wrong and how to fix it.
-    pub message: String,
-}
-
-impl InvalidJob {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> InvalidJob {
-        InvalidJob {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-/// Checks the job's object URLs (data globs, `cluster.checkpoint_dir`): each parses,
-/// the checkpoints are not at a path (in a pod, lost with it), and the store's
-/// credentials come from `storageSecret`.
-fn check_storage(s: &TrainingJobSpec) -> Result<(), InvalidJob> {
-    let mut urls: Vec<(&str, String)> = Vec::new();
-    for p in s.data.train.patterns() {
-        urls.push(("spec.data.train", p));
-    }
-    for p in s.data.test.iter().flat_map(Globs::patterns) {
-        urls.push(("spec.data.test", p));
-    }
-    if let Some(dir) = &s.cluster.checkpoint_dir {
-        if !dir.contains("://") {
-            return Err(InvalidJob::new(
-                "spec.cluster.checkpoint_dir",
-                format!(
-                    "{dir:?}: on a cluster checkpoints go to an object URL (s3://, gs://, \
-                     az://); for a volume, leave it unset and use spec.volumes.checkpoints"
-                ),
-            ));
-        }
-        urls.push(("spec.cluster.checkpoint_dir", dir.clone()));
-    }
-    let mut objects = false;
-    for (field, url) in urls.iter().filter(|(_, u)| u.contains("://")) {
-        let location = edl_storage::Location::parse(url)
-            .map_err(|e| InvalidJob::new(*field, e.to_string()))?;
-        objects |= location.is_object();
-    }
-    if objects && s.storage_secret.is_none() {
-        return Err(InvalidJob::new(
-            "spec.storageSecret",
-            "the job's data or checkpoints are object URLs: name the Secret with the \
-             store's credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) in \
-             spec.storageSecret",
-        ));
-    }
-    Ok(())
-}
-
-/// The longest job name the operator accepts: pod names add `-pserver-NNN`, and a pod
-/// name is a DNS label (63 characters).
-pub const MAX_NAME: usize = 40;
-
 impl TrainingJob {
-    /// The job spec the job's processes read from etcd: the resource's name and tables,
-    /// data paths relative to the data volume's mount, checked as `edl run` checks a
-    /// file. Errors name the field in the resource.
-    pub fn job_spec(&self) -> Result<JobSpec, InvalidJob> {
-        let name = self.metadata.name.clone().unwrap_or_default();
-        if name.is_empty()
-            || name.len() > MAX_NAME
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            || name.starts_with('-')
-            || name.ends_with('-')
-        {
-            return Err(InvalidJob::new(
-                "metadata.name",
-                format!(
-                    "{name:?}: use 1 to {MAX_NAME} lowercase letters, digits and '-' \
-                     (a DNS label, as the job's pod names are)"
-                ),
-            ));
-        }
-        let job =
-            JobName::new(name).map_err(|e| InvalidJob::new("metadata.name", e.to_string()))?;
-        let s = &self.spec;
-        if !s.cluster.etcd.is_empty() {
-            return Err(InvalidJob::new(
-                "spec.cluster.etcd",
-                "not used on a cluster: set spec.etcd.endpoints (or spec.etcd.managed)",
-            ));
-        }
-        if s.data.prepare.is_some() {
-            return Err(InvalidJob::new(
-                "spec.data.prepare",
-                "not run on a cluster: convert the data with `edl data convert` into the \
-                 data volume, and give its RecordIO globs in spec.data.train",
-            ));
-        }
-        if s.etcd.managed && (s.etcd.members.is_multiple_of(2) || s.etcd.members > 7) {
-            return Err(InvalidJob::new(
-                "spec.etcd.members",
-                format!(
-                    "{}: use 1, 3, 5 or 7 (an odd count: an even one tolerates no more \
-                     losses than the odd count below it)",
-                    s.etcd.members
-                ),
-            ));
-        }
-        if s.etcd.endpoints.is_empty() != s.etcd.managed {
-            return Err(InvalidJob::new(
-                "spec.etcd",
-                "set exactly one of etcd.endpoints and etcd.managed",
-            ));
-        }
-        check_storage(s)?;
-        // An object URL (`s3://...`) is not a path relative to the data volume.
-        let relative = |g: &Globs| {
-            g.patterns()
-                .iter()
-                .any(|p| !std::path::Path::new(p).is_absolute() && !p.contains("://"))
-        };
-        if s.volumes.data.is_none()
-            && (relative(&s.data.train) || s.data.test.as_ref().is_some_and(relative))
-        {
-            return Err(InvalidJob::new(
-                "spec.volumes.data",
-                "relative data globs are relative to the data volume: set \
-                 spec.volumes.data (a claimName or a hostPath)",
-            ));
-        }
-        let mut spec = JobSpec {
-            name: job,
-            data: s.data.clone(),
-            model: s.model.clone(),
-            trainer: s.trainer.clone(),
-            train: s.train.clone(),
-            cluster: s.cluster.clone(),
-        };
-        // Trainer programs run from the image; only the data is on the volume.
-        let entry = std::mem::take(&mut spec.trainer.entry);
-        spec.resolve_paths(std::path::Path::new(DATA_MOUNT));
-        spec.trainer.entry = entry;
-        spec.cluster.etcd = s.etcd.endpoints.clone();
-        spec.validate().map_err(|e| {
-            let text = e.to_string();
-            // SpecError names the key as `table.key`; the resource nests it under spec.
-            let field = text
-                .split(':')
-                .next()
-                .filter(|f| !f.contains(' ') && f.contains('.'))
-                .map_or_else(|| "spec".to_owned(), |f| format!("spec.{f}"));
-            InvalidJob::new(field, text)
-        })?;
-        Ok(spec)
-    }
-
     /// A TrainingJob for a job spec (`edl submit`): the spec's name becomes the
     /// resource's name, its tables the resource's; its data globs are kept as written
     /// (relative ones are then relative to the data volume), so parse the file with

@@ -52,9 +52,10 @@ def read_all(t: edl.Trainer, rows: List[Row], tasks: List[str]) -> None:
             tasks.append(task.id)
 
 
-def test_two_python_readers_read_every_record_exactly_once(make_job):
-    job = make_job("readers")
-    a, b = trainer(job, "reader-a"), trainer(job, "reader-b")
+def read_with_two(job, id_a: str, id_b: str):
+    """Two trainers reading the pass at once, each in a thread: the rows and task ids each
+    read (`{"a": (rows, tasks), "b": ...}`), and their final reports."""
+    a, b = trainer(job, id_a), trainer(job, id_b)
     got = {"a": ([], []), "b": ([], [])}
     threads = [threading.Thread(target=read_all, args=(t, *got[k]))
                for k, t in (("a", a), ("b", b))]
@@ -63,7 +64,12 @@ def test_two_python_readers_read_every_record_exactly_once(make_job):
     for th in threads:
         th.join(timeout=120)
         assert not th.is_alive(), "a reader did not finish the pass"
-    ra, rb = a.close(), b.close()
+    return got, (a.close(), b.close())
+
+
+def test_two_python_readers_read_every_record_exactly_once(make_job):
+    job = make_job("readers")
+    got, (ra, rb) = read_with_two(job, "reader-a", "reader-b")
     rows = got["a"][0] + got["b"][0]
     assert collections.Counter(rows) == housing_rows()
     # Both readers took part, and each task was acknowledged by exactly one of them.
@@ -79,16 +85,7 @@ def test_python_readers_read_every_record_exactly_once_from_s3(s3, make_job):
     trainers, every record exactly once."""
     job = make_job("readers-s3", store="s3://edl/housing")
     assert not any(os.path.exists(f) for f in job.files), "the local copies are gone"
-    a, b = trainer(job, "s3-reader-a"), trainer(job, "s3-reader-b")
-    got = {"a": ([], []), "b": ([], [])}
-    threads = [threading.Thread(target=read_all, args=(t, *got[k]))
-               for k, t in (("a", a), ("b", b))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=120)
-        assert not th.is_alive(), "a reader did not finish the pass"
-    a.close(), b.close()
+    got, _ = read_with_two(job, "s3-reader-a", "s3-reader-b")
     rows = got["a"][0] + got["b"][0]
     assert collections.Counter(rows) == housing_rows()
     tasks = got["a"][1] + got["b"][1]

@@ -272,6 +272,22 @@ fn run_args(w: &World, spec: &Path, name: &str) -> (Vec<String>, PathBuf) {
     (args, report)
 }
 
+/// Waits for the `edl run` of `p` to end; asserts that it succeeded with no record lost
+/// and no task failed. Its report and the end of its logs.
+async fn succeeded_losing_nothing(
+    p: &mut Proc,
+    report: &Path,
+    what: &str,
+) -> (serde_json::Value, String) {
+    let status = p.wait_exit(Duration::from_secs(600)).await;
+    let log = p.log_with_roles(30);
+    assert!(status.success(), "{what} failed:\n{log}");
+    let r = read_report(report);
+    assert_eq!(r["lost_records"], 0, "{r}");
+    assert_eq!(r["failed_tasks"], serde_json::json!([]), "{r}");
+    (r, log)
+}
+
 /// The MNIST splits' object URLs under `s3://datasets/mnist/`.
 const S3_MNIST: (&str, &str) = (
     "s3://datasets/mnist/mnist-train-*.recordio",
@@ -328,7 +344,7 @@ fn put_mnist_on_s3(dir: &Path, vars: &[(String, String)]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mnist_on_s3_data_and_checkpoints_survives_pserver_and_trainer_sigkills() {
     use edl_job::{JobKeys, JobName, Record, RestoreRecord};
-    use edl_pserver::checkpoint::{CheckpointDir, Manifest};
+    use edl_pserver::checkpoint::CheckpointDir;
     use edl_storage::blocking::BlockingStore;
     const PASSES: u32 = 4;
     let w = World::new("unused").await;
@@ -363,15 +379,8 @@ async fn mnist_on_s3_data_and_checkpoints_survives_pserver_and_trainer_sigkills(
         "kill-pserver=5s,kill-trainer=9s,until=20s,seed=2".to_owned(),
     ]);
     let mut p = Proc::spawn_with_env(dir, name, &args, &vars);
-    let status = p.wait_exit(Duration::from_secs(600)).await;
-    let log = p.log_with_roles(30);
-    assert!(
-        status.success(),
-        "edl run from s3:// under chaos failed:\n{log}"
-    );
-    let r = read_report(&report);
-    assert_eq!(r["lost_records"], 0, "{r}");
-    assert_eq!(r["failed_tasks"], serde_json::json!([]), "{r}");
+    let (r, log) =
+        succeeded_losing_nothing(&mut p, &report, "edl run from s3:// under chaos").await;
     // Work a restore rolled back is trained again, counted apart: every record of every
     // pass once, as in the reference, plus that.
     let again = r["recomputed_records"]
@@ -404,16 +413,7 @@ async fn mnist_on_s3_data_and_checkpoints_survives_pserver_and_trainer_sigkills(
         restore.step > 0,
         "the killed pserver restored no checkpoint from the store: {restore:?}\n{log}"
     );
-    let (kvs, _) = w
-        .backend
-        .range(&keys.checkpoints())
-        .await
-        .expect("read the manifests");
-    let manifests: Vec<Manifest> = kvs
-        .iter()
-        .filter(|kv| keys.manifest_step(&kv.key).is_some())
-        .map(|kv| serde_json::from_slice(&kv.value).expect("a manifest"))
-        .collect();
+    let manifests = crate::support::manifests(&w.backend, &keys).await;
     assert!(!manifests.is_empty());
     for m in &manifests {
         for e in &m.entries {
@@ -530,15 +530,8 @@ async fn store_outages_errors_and_stalls_pause_the_job_and_lose_nothing() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     server.heal().expect("end the stall");
 
-    let status = p.wait_exit(Duration::from_secs(600)).await;
-    let log = p.log_with_roles(30);
-    assert!(
-        status.success(),
-        "the job did not survive the store's faults:\n{log}"
-    );
-    let r = read_report(&report);
-    assert_eq!(r["lost_records"], 0, "{r}");
-    assert_eq!(r["failed_tasks"], serde_json::json!([]), "{r}");
+    let (r, _) =
+        succeeded_losing_nothing(&mut p, &report, "the job under the store's faults").await;
     let (_, accuracy) = metric(&r);
     assert!(accuracy >= 0.90, "held-out accuracy {accuracy}: {r}");
     eprintln!(

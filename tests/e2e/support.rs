@@ -419,6 +419,18 @@ pub async fn checkpointed_passes(
     .await
 }
 
+/// The job's committed checkpoint manifests, as etcd holds them.
+pub async fn manifests(backend: &Arc<dyn Backend>, keys: &JobKeys) -> Vec<Manifest> {
+    let (kvs, _) = backend
+        .range(&keys.checkpoints())
+        .await
+        .expect("read the manifests");
+    kvs.iter()
+        .filter(|kv| keys.manifest_step(&kv.key).is_some())
+        .map(|kv| serde_json::from_slice(&kv.value).expect("a manifest"))
+        .collect()
+}
+
 /// [`checkpointed_passes`], each shard's file read from the directory `dir_of` gives
 /// for the file's path (or URL) and the shard.
 pub async fn checkpointed_passes_in(
@@ -427,15 +439,7 @@ pub async fn checkpointed_passes_in(
     shards: u32,
     dir_of: impl Fn(&str, u32) -> CheckpointDir,
 ) -> Vec<u32> {
-    let (kvs, _) = backend
-        .range(&keys.checkpoints())
-        .await
-        .expect("read the manifests");
-    let manifests: Vec<Manifest> = kvs
-        .iter()
-        .filter(|kv| keys.manifest_step(&kv.key).is_some())
-        .map(|kv| serde_json::from_slice(&kv.value).expect("a manifest"))
-        .collect();
+    let manifests = manifests(backend, keys).await;
     (0..shards)
         .map(|shard| {
             let newest = manifests
