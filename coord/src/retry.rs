@@ -268,14 +268,21 @@ pub enum Attempt<R, E> {
     /// It failed in a way another attempt may cure (reconnect, failover); why.
     Retry(String),
     /// The service answered that it is paused (a job waiting for etcd to have space, a
-    /// new leading master loading its queue): another attempt is made every
-    /// [`PAUSED_POLL`] however long that lasts, and `retry_for` counts again from the
-    /// end of the pause; why.
+    /// new leading master loading its queue): attempts go on however long that lasts,
+    /// 20 ms apart at first and at most [`PAUSED_POLL`] apart (a pause of a few
+    /// milliseconds costs no second; a long one costs the service one call a second),
+    /// and `retry_for` counts again from the end of the pause; why.
     Paused(String),
 }
 
-/// How often [`call_until`] tries again while the service says it is paused.
+/// The longest wait of [`call_until`] between attempts while the service says it is
+/// paused.
 pub const PAUSED_POLL: Duration = Duration::from_secs(1);
+
+/// The backoff of [`call_until`] while paused: 20 ms doubling to [`PAUSED_POLL`].
+fn paused_backoff() -> Backoff {
+    Backoff::new(RetryPolicy::forever().with_delays(Duration::from_millis(20), PAUSED_POLL))
+}
 
 /// Why [`call_until`] gave up.
 #[derive(Debug)]
@@ -312,6 +319,7 @@ where
         RetryPolicy::forever().with_delays(Duration::from_millis(20), Duration::from_millis(500)),
     );
     let mut paused_since = None;
+    let mut paused = paused_backoff();
     loop {
         if cancel.is_cancelled() {
             return Err(CallError::Cancelled);
@@ -329,10 +337,10 @@ where
                 if paused_since.is_none() {
                     tracing::warn!("{why}; waiting");
                     paused_since = Some(Instant::now());
+                    paused = paused_backoff();
                 }
-                tokio::select! {
-                    _ = cancel.cancelled() => return Err(CallError::Cancelled),
-                    _ = tokio::time::sleep(PAUSED_POLL) => {}
+                if !paused.wait(cancel).await {
+                    return Err(CallError::Cancelled);
                 }
                 start = Instant::now();
                 until = start + retry_for;
@@ -570,5 +578,53 @@ mod tests {
             })
             .await;
         assert!(matches!(r, Err(CallError::Cancelled)));
+    }
+
+    /// A pause of a few milliseconds (a new leading master loading its queue) costs
+    /// the caller about that, not a second; a long one is polled at most once a second
+    /// and is waited out past `retry_for`.
+    #[tokio::test(start_paused = true)]
+    async fn call_until_waits_out_a_pause_soon_after_it_ends() {
+        let cancel = CancellationToken::new();
+        for pause in [Duration::from_millis(5), Duration::from_secs(60)] {
+            let start = Instant::now();
+            let mut attempts = Vec::new();
+            let r: std::result::Result<u32, CallError<()>> =
+                call_until(Duration::from_secs(5), &cancel, |_| {
+                    attempts.push(start.elapsed());
+                    let paused = start.elapsed() < pause;
+                    async move {
+                        if paused {
+                            Attempt::Paused("loading".into())
+                        } else {
+                            Attempt::Done(1)
+                        }
+                    }
+                })
+                .await;
+            assert_eq!(r.unwrap(), 1);
+            let waited = start.elapsed();
+            assert!(waited >= pause, "{pause:?}: done after {waited:?}");
+            // The first waits are 20 ms at most; later ones at most PAUSED_POLL.
+            let slack = if pause < PAUSED_POLL {
+                Duration::from_millis(20)
+            } else {
+                PAUSED_POLL
+            };
+            assert!(
+                waited <= pause + slack,
+                "{pause:?}: done only after {waited:?}"
+            );
+            let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
+            assert!(gaps.iter().all(|g| *g <= PAUSED_POLL), "{gaps:?}");
+            if pause > PAUSED_POLL {
+                // Polled about once a second once the backoff has grown.
+                assert!(
+                    (55..=130).contains(&attempts.len()),
+                    "{} attempts in {pause:?}",
+                    attempts.len()
+                );
+            }
+        }
     }
 }

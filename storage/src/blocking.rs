@@ -150,8 +150,9 @@ pub struct ObjectReader {
     url: String,
     len: u64,
     pos: u64,
-    /// The bytes held, and the offset of their first.
-    block: Bytes,
+    /// The bytes held (the allocation reused by each fetch), and the offset of their
+    /// first.
+    block: Vec<u8>,
     block_start: u64,
     block_size: u64,
 }
@@ -178,7 +179,7 @@ impl ObjectReader {
             key: key.to_owned(),
             len,
             pos: 0,
-            block: Bytes::new(),
+            block: Vec::new(),
             block_start: 0,
             block_size: BLOCK,
         })
@@ -211,8 +212,17 @@ impl ObjectReader {
     pub fn prefetch(&mut self, range: Range<u64>) -> Result<()> {
         let range = range.start.min(self.len)..range.end.min(self.len);
         let (store, key, r) = (self.store.clone(), self.key.clone(), range.clone());
-        self.block = block_on(async move { store.get_range_parallel(&key, r).await })?;
+        let mut block = std::mem::take(&mut self.block);
+        let (block, read) = block_on(async move {
+            let read = store.read_range_into(&key, r, &mut block).await;
+            (block, read)
+        });
+        self.block = block;
         self.block_start = range.start;
+        if let Err(e) = read {
+            self.block.clear();
+            return Err(e);
+        }
         Ok(())
     }
 

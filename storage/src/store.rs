@@ -96,19 +96,61 @@ impl Store {
         if range.end.saturating_sub(range.start) <= PART {
             return self.get_range(key, range).await;
         }
+        let mut joined = Vec::new();
+        self.read_range_into(key, range, &mut joined).await?;
+        Ok(Bytes::from(joined))
+    }
+
+    /// [`Store::get_range_parallel`] into `buf` (its bytes replaced, its allocation
+    /// reused): each byte is copied once, from the response bodies into `buf` (a part
+    /// that arrives before its turn keeps its body's buffers until then).
+    pub async fn read_range_into(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        buf.clear();
+        buf.reserve(range.end.saturating_sub(range.start) as usize);
         let parts = (range.start..range.end)
             .step_by(PART as usize)
             .map(|start| start..(start + PART).min(range.end));
-        let got: Vec<Bytes> = futures::stream::iter(parts)
-            .map(|part| self.get_range(key, part))
-            .buffered(PARALLEL)
-            .try_collect()
-            .await?;
-        let mut joined = bytes::BytesMut::with_capacity((range.end - range.start) as usize);
-        for part in got {
-            joined.extend_from_slice(&part);
+        let mut bodies = futures::stream::iter(parts)
+            .map(|part| self.get_part(key, part))
+            .buffered(PARALLEL);
+        while let Some(body) = bodies.try_next().await? {
+            for piece in body {
+                buf.extend_from_slice(&piece);
+            }
         }
-        Ok(joined.freeze())
+        Ok(())
+    }
+
+    /// The body of one ranged read, as the buffers it arrived in (not joined).
+    async fn get_part(&self, key: &str, range: Range<u64>) -> Result<Vec<Bytes>> {
+        let path = self.path(key)?;
+        let wanted = range.end - range.start;
+        let options = object_store::GetOptions::new().with_range(Some(range.clone()));
+        let body: Vec<Bytes> = self
+            .inner
+            .get_opts(&path, options)
+            .await
+            .map_err(|e| Error::from_store(&self.url(key), e))?
+            .into_stream()
+            .try_collect()
+            .await
+            .map_err(|e| Error::from_store(&self.url(key), e))?;
+        let got: u64 = body.iter().map(|b| b.len() as u64).sum();
+        if got != wanted {
+            return Err(Error::Unavailable {
+                url: self.url(key),
+                message: format!(
+                    "bytes {}..{}: the store sent {got} bytes of {wanted}",
+                    range.start, range.end
+                ),
+            });
+        }
+        Ok(body)
     }
 
     /// The size of object `key`.
