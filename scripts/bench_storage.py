@@ -14,14 +14,19 @@ interleaved (a round of every row, then the next), medians shown:
   3 epochs, async, one pserver, two trainers) with its data local, on `s3://`, and with
   data and checkpoints on `s3://`: steady samples/s (samples / first step to last step),
   as bench-peer measures it.
+- job, the store elsewhere: the same job with its data local and on `s3://`, the job's
+  processes on CPU 0 only and the S3 server on CPU 1 only, so that the store's work is
+  not taken from the job's CPU (as with a store on other machines); both on one CPU.
 - checkpoints: the 15.7M-parameter MLP of bench-peer (784-3584-3584-10) for one epoch
   of a quarter of the data with a checkpoint every 2 s, to local disk and to `s3://`:
   the median time to write one checkpoint file (the pserver's log, `checkpoint file
   written ... took`: encoding, then fsync and rename, or the PUT), its size, and the
   job's steady samples/s.
 
-The S3 server runs on this machine, so its CPU is taken from the job's: a remote store's
-would not be. edl-s3-server reads GET bodies in 1 MiB blocks to keep that small.
+The S3 server runs on this machine, so in the rows that share the CPUs its work is taken
+from the job's: a remote store's would not be (the server's share is printed). The rows
+with the store elsewhere pin them apart. edl-s3-server reads GET bodies in 1 MiB blocks
+to keep its share small.
 """
 
 import argparse
@@ -114,6 +119,12 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def pin(pid, cpus):
+    """Runs every thread of process `pid` on `cpus` (a taskset list) from now on."""
+    subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
 def timed(cmd):
     t0 = time.time()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -182,14 +193,18 @@ def main():
         wide = edl_spec(edl_dir, "async", 2, hidden=(3584, 3584), passes=1)
         s3_data = "s3://bench/mlp/mlp-*.recordio"
         one_shard = os.path.join(edl_dir, "mlp-00000-of-00004.recordio")
+        s3_spec = spec_variant(base, "s3d", data=s3_data)
+        # name: (spec, the job's CPUs (None: all, shared with the S3 server))
         jobs = {
-            "job-local": base,
-            "job-s3-data": spec_variant(base, "s3d", data=s3_data),
-            "job-s3-all": spec_variant(base, "s3a", data=s3_data, checkpoints="s3://bench/ckpt"),
+            "job-local": (base, None),
+            "job-s3-data": (s3_spec, None),
+            "job-s3-all": (spec_variant(base, "s3a", data=s3_data, checkpoints="s3://bench/ckpt"), None),
+            "apart-local": (base, "0"),
+            "apart-s3-data": (s3_spec, "0"),
             # One shard of the data (15,000 samples): a checkpoint every 2 s for ~30 s.
-            "ckpt-local": spec_variant(wide, "ckl", data=one_shard, every="2s"),
-            "ckpt-s3": spec_variant(wide, "cks", data=one_shard, every="2s",
-                                    checkpoints="s3://bench/ckpt"),
+            "ckpt-local": (spec_variant(wide, "ckl", data=one_shard, every="2s"), None),
+            "ckpt-s3": (spec_variant(wide, "cks", data=one_shard, every="2s",
+                                     checkpoints="s3://bench/ckpt"), None),
         }
         reads = {"read-local": os.path.join(big, "*.recordio"), "read-s3": "s3://bench/big/*.recordio"}
         results = {k: [] for k in list(reads) + list(jobs)}
@@ -200,10 +215,11 @@ def main():
                 secs = timed([a.edl, "data", "verify", glob_])
                 results[name].append(big_bytes / secs / 1e6)
                 log(f"round {rep + 1}: {name} {results[name][-1]:,.0f} MB/s")
-            for name, spec in jobs.items():
+            for name, (spec, cpus) in jobs.items():
                 tag = f"{name}-{rep}"
+                pin(server.pid, "1" if cpus else f"0-{os.cpu_count() - 1}")
                 cpu0 = cpu_seconds(server.pid)
-                r = run_edl_spec(a, spec, tag)
+                r = run_edl_spec(a, spec, tag, cpus=cpus)
                 if "error" in r:
                     sys.exit(f"bench-storage: {name}: {r['error']}")
                 results[name].append(r["sps"])
@@ -231,6 +247,9 @@ def main():
           f"{med['job-s3-data']:,.0f} | {med['job-s3-data'] / med['job-local']:.2f} |")
     print(f"| bench-peer job, data and checkpoints (steady samples/s) | {med['job-local']:,.0f} | "
           f"{med['job-s3-all']:,.0f} | {med['job-s3-all'] / med['job-local']:.2f} |")
+    print(f"| bench-peer job, data, the store elsewhere: job on CPU 0, S3 server on CPU 1 (steady samples/s) | "
+          f"{med['apart-local']:,.0f} | {med['apart-s3-data']:,.0f} | "
+          f"{med['apart-s3-data'] / med['apart-local']:.2f} |")
     for name in ckpts:
         if not ckpts[name]:
             sys.exit(f"bench-storage: no checkpoint written in the {name} runs")

@@ -83,16 +83,19 @@ def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1, ch
     return run_edl_spec(a, spec, tag)
 
 
-def run_edl_spec(a, spec, tag, per_record=1.0):
-    """`edl run SPEC`; samples are records times `per_record` (word2vec: pairs)."""
+def run_edl_spec(a, spec, tag, per_record=1.0, cpus=None):
+    """`edl run SPEC`; samples are records times `per_record` (word2vec: pairs); with
+    `cpus` (a taskset list, "0"), the job and every process it starts run on those only."""
     run_dir = os.path.join(a.work, "runs", tag)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
     report = run_dir + ".report.json"
     net_file = run_dir + ".net"
     t0, cpu0 = time.time(), children_cpu()
-    p = subprocess.run(netns(a, [a.edl, "run", spec, "--quiet", "--report", report, "--run-dir", run_dir],
-                             net_file),
+    cmd = [a.edl, "run", spec, "--quiet", "--report", report, "--run-dir", run_dir]
+    if cpus is not None:
+        cmd = ["taskset", "-c", cpus] + cmd
+    p = subprocess.run(netns(a, cmd, net_file),
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                        timeout=a.timeout, env=dict(os.environ, NET_FILE=net_file))
     wall, cpu = time.time() - t0, children_cpu() - cpu0

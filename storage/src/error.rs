@@ -39,6 +39,18 @@ pub enum Error {
         /// The store's answer.
         message: String,
     },
+    /// The object ends before the bytes asked for: it is shorter than it was.
+    #[error("{url}: bytes {start}..{end} asked for, but the object ends at byte {ends}")]
+    Truncated {
+        /// The object's URL.
+        url: String,
+        /// The first byte asked for.
+        start: u64,
+        /// The end of the bytes asked for.
+        end: u64,
+        /// Where the object ends.
+        ends: u64,
+    },
     /// The store could not be reached or failed; a retry may succeed.
     #[error("{url}: {message}")]
     Unavailable {

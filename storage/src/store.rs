@@ -103,7 +103,10 @@ impl Store {
 
     /// [`Store::get_range_parallel`] into `buf` (its bytes replaced, its allocation
     /// reused): each byte is copied once, from the response bodies into `buf` (a part
-    /// that arrives before its turn keeps its body's buffers until then).
+    /// that arrives before its turn keeps its body's buffers until then). An object
+    /// that ends inside `range` is [`Error::Truncated`] (a range that starts at or past
+    /// its end is refused by the store, which object_store reports as a generic error,
+    /// [`Error::Unavailable`]: callers clip ranges to the object's size first).
     pub async fn read_range_into(
         &self,
         key: &str,
@@ -142,12 +145,13 @@ impl Store {
             .map_err(|e| Error::from_store(&self.url(key), e))?;
         let got: u64 = body.iter().map(|b| b.len() as u64).sum();
         if got != wanted {
-            return Err(Error::Unavailable {
+            // The store clips a range to the object's end (a body cut short in transit
+            // is an error of the stream above).
+            return Err(Error::Truncated {
                 url: self.url(key),
-                message: format!(
-                    "bytes {}..{}: the store sent {got} bytes of {wanted}",
-                    range.start, range.end
-                ),
+                start: range.start,
+                end: range.end,
+                ends: range.start + got,
             });
         }
         Ok(body)

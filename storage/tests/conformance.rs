@@ -76,6 +76,24 @@ async fn conformance(store: &Store, base: &str) {
         .await
         .expect("a long range");
     assert_eq!(parts.as_ref(), &long[5..end as usize]);
+    // Into a buffer that held other bytes: exactly the range's.
+    let mut buf = vec![7u8; 3 * edl_storage::PART as usize];
+    store
+        .read_range_into(&key("long.bin"), 1000..end - 1000, &mut buf)
+        .await
+        .expect("a long range into a used buffer");
+    assert_eq!(buf, &long[1000..(end - 1000) as usize]);
+    // Past the object's end: an error naming it, not fewer bytes.
+    let len = long.len() as u64;
+    let past = store
+        .read_range_into(&key("long.bin"), 5..len + 10, &mut buf)
+        .await
+        .expect_err("a range past the end");
+    assert!(
+        matches!(past, edl_storage::Error::Truncated { ends, .. } if ends == len),
+        "{past}"
+    );
+    assert!(past.to_string().contains("long.bin"), "{past}");
     store.delete(&key("long.bin")).await.expect("delete");
     assert_eq!(
         store
