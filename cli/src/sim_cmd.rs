@@ -43,16 +43,27 @@ pub struct SimArgs {
     /// Exit with status 1 when a goal is not met.
     #[arg(long)]
     pub check: bool,
+    /// Workloads of the Pollux artifact (`name,time,application,num_replicas,
+    /// batch_size`) to run instead of the scenarios, on its cluster of 16 nodes x 4 GPUs
+    /// (repeatable).
+    #[arg(long, value_name = "FILE.csv")]
+    pub workload: Vec<PathBuf>,
+    /// The applications' measurements: a folder laid out as the artifact's `traces/`
+    /// (default: the copy built into edl).
+    #[arg(long, value_name = "DIR")]
+    pub apps: Option<PathBuf>,
 }
 
 /// Runs `edl sim`.
 pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.jobs > 0, "--jobs must be at least 1");
     let mut scenarios = Vec::new();
-    if matches!(args.scenario, Which::EdlExperiment | Which::All) {
+    if !args.workload.is_empty() {
+        scenarios = workloads(&args)?;
+    } else if matches!(args.scenario, Which::EdlExperiment | Which::All) {
         scenarios.push(trace::edl_experiment());
     }
-    if matches!(args.scenario, Which::Day | Which::All) {
+    if args.workload.is_empty() && matches!(args.scenario, Which::Day | Which::All) {
         scenarios.push(trace::day(&trace::DayParams {
             jobs: args.jobs,
             seed: args.seed,
@@ -120,6 +131,37 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The scenarios of `--workload` files, named after them (`workload-1`; a file in a
+/// folder `workloads-1.5` is `workload-1@1.5`).
+fn workloads(args: &SimArgs) -> anyhow::Result<Vec<sim::Scenario>> {
+    let apps = match &args.apps {
+        Some(dir) => sim::apps::Applications::from_dir(dir)?,
+        None => sim::apps::Applications::builtin(),
+    };
+    let mut out = Vec::new();
+    for path in &args.workload {
+        let jobs = sim::workload::read(path, &apps)?;
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "workload".into());
+        let load = path
+            .parent()
+            .and_then(|p| p.file_name())
+            .and_then(|d| d.to_str())
+            .and_then(|d| d.strip_prefix("workloads-"))
+            .map(|l| format!("@{l}"))
+            .unwrap_or_default();
+        out.push(sim::workload::scenario(
+            &format!("{stem}{load}"),
+            &jobs,
+            &apps,
+            args.seed,
+        ));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +177,8 @@ mod tests {
             jobs: 3000,
             seed: 7,
             check: false,
+            workload: Vec::new(),
+            apps: None,
         })
         .expect("edl sim");
         assert_eq!(code, ExitCode::SUCCESS);
@@ -156,6 +200,59 @@ mod tests {
         );
     }
 
+    fn workload_args(out: PathBuf, workload: PathBuf) -> SimArgs {
+        SimArgs {
+            scenario: Which::All,
+            out,
+            with_defects: false,
+            jobs: 3000,
+            seed: 7,
+            check: false,
+            workload: vec![workload],
+            apps: None,
+        }
+    }
+
+    /// A workload file in a `workloads-1.5` folder runs on the Pollux cluster under
+    /// every policy and is named with its load; a bad row stops it before anything runs.
+    #[test]
+    fn a_workload_file_runs_and_a_bad_one_names_its_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let folder = dir.path().join("workloads-1.5");
+        std::fs::create_dir_all(&folder).expect("mkdir");
+        let file = folder.join("workload-9.csv");
+        std::fs::write(
+            &file,
+            "name,time,application,num_replicas,batch_size\n\
+             cifar10-0,107,cifar10,6,2048\nncf-1,135,ncf,1,32768\nbert-2,300,bert,8,384\n",
+        )
+        .expect("write");
+        let out = dir.path().join("out");
+        let code = run(workload_args(out.clone(), file.clone())).expect("edl sim");
+        assert_eq!(code, ExitCode::SUCCESS);
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("workload-9@1.5.json")).expect("json"))
+                .expect("parse");
+        let jobs = json["results"][0]["jobs"].as_array().expect("jobs");
+        assert_eq!(jobs.len(), 3);
+        assert!(
+            jobs.iter().all(|j| j["completion"].as_f64().is_some()),
+            "every job finishes: {jobs:?}"
+        );
+
+        std::fs::write(
+            &file,
+            "name,time,application,num_replicas,batch_size\nx,5,cifar10,6,2048\ny,-1,ncf,1,32768\n",
+        )
+        .expect("write");
+        let err = run(workload_args(out, file.clone())).expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains(&format!("{}:3: `time` is -1: negative", file.display())),
+            "{err}"
+        );
+    }
+
     #[test]
     fn zero_jobs_is_refused() {
         let err = run(SimArgs {
@@ -165,6 +262,8 @@ mod tests {
             jobs: 0,
             seed: 7,
             check: false,
+            workload: Vec::new(),
+            apps: None,
         })
         .expect_err("refused");
         assert!(err.to_string().contains("--jobs"), "{err}");

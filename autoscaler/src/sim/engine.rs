@@ -9,7 +9,7 @@ use rand::{SeedableRng, rngs::StdRng};
 use crate::sim::{Policy, Sample, ScaleDown, Scenario, SimConfig, SimResult};
 
 mod measure;
-use crate::{Node, Observation, Resources, Speedup};
+use crate::{Node, Observation, Resources};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum PodState {
@@ -463,7 +463,7 @@ impl<'a> Engine<'a> {
         self.advance(j);
         let running = self.trainers_running(j);
         let rate = if running > 0 && self.pservers_running(j) {
-            Speedup::from(self.s.jobs[j].speedup).rate(running)
+            self.s.jobs[j].speed.rate(running)
         } else {
             0.0
         };
@@ -552,7 +552,7 @@ impl<'a> Engine<'a> {
                     ScaleDown::Kill => {
                         self.release(p);
                         self.advance(j);
-                        let lost = self.s.jobs[j].speedup.a * self.cfg.killed_work;
+                        let lost = self.s.jobs[j].speed.rate(1) * self.cfg.killed_work;
                         self.jobs[j].done = (self.jobs[j].done - lost).max(0.0);
                     }
                 }

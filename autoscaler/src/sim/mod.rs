@@ -36,11 +36,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Resources, Speedup};
 
+pub mod apps;
 mod engine;
 pub mod plot;
 pub mod policies;
+mod pollux_data;
 pub mod report;
+pub mod table;
 pub mod trace;
+pub mod workload;
 
 #[cfg(test)]
 mod tests;
@@ -116,7 +120,27 @@ pub struct JobSpec {
     /// Records to train.
     pub work: f64,
     /// The job's true speed with n trainers (records/s).
-    pub speedup: SpeedupSpec,
+    pub speed: Speed,
+}
+
+/// A job's true speed with `n` trainers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Speed {
+    /// A speed-up curve.
+    Curve(SpeedupSpec),
+    /// Measured rates with 1, 2, ... trainers (beyond the last: the last).
+    Table(Vec<f64>),
+}
+
+impl Speed {
+    /// The rate with `n` trainers (0 with none).
+    pub fn rate(&self, n: u32) -> f64 {
+        match self {
+            Speed::Curve(c) => Speedup::from(*c).rate(n),
+            Speed::Table(rates) if n == 0 || rates.is_empty() => 0.0,
+            Speed::Table(rates) => rates[(n as usize).min(rates.len()) - 1],
+        }
+    }
 }
 
 /// A serialisable [`Speedup`].

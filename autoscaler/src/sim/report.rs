@@ -166,9 +166,8 @@ pub fn goals(none: &Summary, paddle: &Summary, edl: &Summary) -> Vec<Goal> {
         Goal {
             what: "both far ahead of none (pending >= 2x lower)".to_owned(),
             detail: format!(
-                "none/EDL {:.1}x, none/edl {:.1}x",
-                none.pending_avg / paddle.pending_avg.max(1e-9),
-                none.pending_avg / edl.pending_avg.max(1e-9)
+                "pending: none {:.1}s, EDL {:.1}s, edl {:.1}s",
+                none.pending_avg, paddle.pending_avg, edl.pending_avg
             ),
             met: none.pending_avg >= 2.0 * paddle.pending_avg
                 && none.pending_avg >= 2.0 * edl.pending_avg,

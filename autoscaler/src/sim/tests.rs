@@ -20,10 +20,10 @@ fn lone_job() -> Scenario {
             pservers: 1,
             pserver: Resources::new(2.0, 4.0, 0),
             work: 10_000.0,
-            speedup: SpeedupSpec {
+            speed: Speed::Curve(SpeedupSpec {
                 a: 100.0,
                 sigma: 0.25,
-            },
+            }),
         }],
         config: SimConfig::default(),
     }

@@ -3,7 +3,7 @@
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::Resources;
-use crate::sim::{JobSpec, Scenario, SimConfig, SpeedupSpec};
+use crate::sim::{JobSpec, Scenario, SimConfig, Speed, SpeedupSpec};
 
 /// EDL's experiment (its `doc/autoscale/experiment`, case 1): 133 nodes; 20 MNIST jobs
 /// submitted 10 s apart, each with 10 pservers (4 CPU, 5 GiB), trainers of 5 CPU and
@@ -38,10 +38,10 @@ pub fn edl_experiment() -> Scenario {
             pservers: 10,
             pserver: Resources::new(4.0, 5.0, 0),
             work: 600_000.0,
-            speedup: SpeedupSpec {
+            speed: Speed::Curve(SpeedupSpec {
                 a: 160.0,
                 sigma: 0.08,
-            },
+            }),
         })
         .collect();
     Scenario {
@@ -178,7 +178,7 @@ pub fn day(p: &DayParams) -> Scenario {
             pservers: want.div_ceil(8),
             pserver: Resources::new(2.0, 8.0, 0),
             work,
-            speedup: SpeedupSpec { a, sigma },
+            speed: Speed::Curve(SpeedupSpec { a, sigma }),
         });
     }
     Scenario {
