@@ -84,9 +84,14 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
                 scenario.name
             );
         }
-        let comparison = sim::compare(scenario, with_defects, &mut |policy| {
+        let mut progress = |policy: &str| {
             eprintln!("simulating {} under {policy}", scenario.name);
-        });
+        };
+        let comparison = if args.workload.is_empty() {
+            sim::compare(scenario, with_defects, &mut progress)
+        } else {
+            sim::compare_policies(scenario, sim::workload_policies(), &mut progress)
+        };
         println!(
             "{}",
             report::table(&comparison.description, &comparison.summaries)

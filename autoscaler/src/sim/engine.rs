@@ -186,6 +186,7 @@ impl<'a> Engine<'a> {
 
     pub(crate) fn run(mut self) -> SimResult {
         let mut dirty: BTreeSet<usize> = BTreeSet::new();
+        let on_events = self.policy.decides_on_events();
         while self.left > 0 {
             let Some(Reverse((Time(t), _, _))) = self.events.peek().copied() else {
                 break;
@@ -205,7 +206,7 @@ impl<'a> Engine<'a> {
                     Ev::Arrive(j) => {
                         self.arrive(j);
                         dirty.insert(j);
-                        decide = true;
+                        decide |= on_events;
                     }
                     Ev::Tick => {
                         decide = true;
@@ -227,7 +228,7 @@ impl<'a> Engine<'a> {
                     Ev::Done(j, version) => {
                         if self.jobs[j].version == version && self.jobs[j].finished.is_none() {
                             self.finish(j);
-                            decide = true;
+                            decide |= on_events;
                         }
                     }
                     Ev::Retry => {
@@ -325,7 +326,7 @@ impl<'a> Engine<'a> {
         let n = self
             .policy
             .initial(spec)
-            .clamp(1, spec.max.max(spec.fixed).max(1));
+            .min(spec.max.max(spec.fixed).max(1));
         let pservers = spec.pservers;
         let job = &mut self.jobs[j];
         job.arrived = true;
@@ -471,7 +472,9 @@ impl<'a> Engine<'a> {
         let cost = self.cfg.event_cost;
         let job = &mut self.jobs[j];
         if running != job.trainers_running {
-            if job.started.is_some() && rate > 0.0 {
+            // A change of a training job's trainers stalls it; one resumed from none
+            // has paid its pods' startup instead.
+            if job.started.is_some() && rate > 0.0 && job.trainers_running > 0 {
                 job.stalled_until = job.stalled_until.max(now + cost);
             }
             job.trainers_running = running;

@@ -43,6 +43,7 @@ pub mod policies;
 mod pollux_data;
 pub mod report;
 pub mod table;
+pub mod tiresias;
 pub mod trace;
 pub mod workload;
 
@@ -237,6 +238,14 @@ pub fn simulate(scenario: &Scenario, policy: &mut dyn Policy) -> SimResult {
     engine::Engine::new(scenario, policy).run()
 }
 
+/// The policies of a run on a real workload: none, EDL's, the Tiresias-style
+/// baseline, edl's.
+pub fn workload_policies() -> Vec<Box<dyn Policy>> {
+    let mut p = standard_policies(crate::paddle::Defects::default());
+    p.insert(2, Box::new(tiresias::TiresiasPolicy::default()));
+    p
+}
+
 /// The policies of a side-by-side run: none, EDL's (defects as asked), edl's.
 pub fn standard_policies(paddle_defects: crate::paddle::Defects) -> Vec<Box<dyn Policy>> {
     vec![
@@ -281,6 +290,16 @@ pub fn compare(
             })),
         );
     }
+    compare_policies(scenario, policies, progress)
+}
+
+/// Runs `policies` on `scenario`: the first must be none, the second EDL's and the
+/// last edl's (the goals compare those three).
+pub fn compare_policies(
+    scenario: &Scenario,
+    policies: Vec<Box<dyn Policy>>,
+    progress: &mut dyn FnMut(&str),
+) -> Comparison {
     let mut results = Vec::new();
     for mut policy in policies {
         progress(&policy.name());

@@ -21,12 +21,16 @@ pub trait Policy {
     fn name(&self) -> String;
     /// Whether it ever resizes a job (`none` does not, and is never asked).
     fn resizes(&self) -> bool;
-    /// The trainers a job is submitted with.
-    fn initial(&self, job: &JobSpec) -> u32;
+    /// The trainers a job is submitted with (0: queued until a decision admits it).
+    fn initial(&mut self, job: &JobSpec) -> u32;
     /// New trainer counts for the jobs of `snapshot`.
     fn decide(&mut self, snapshot: &Snapshot) -> Vec<Target>;
     /// How surplus trainers go.
     fn scale_down(&self) -> ScaleDown;
+    /// Whether it also decides on each arrival and end of a job, not only every tick.
+    fn decides_on_events(&self) -> bool {
+        true
+    }
 }
 
 /// No autoscaling: every job runs its fixed trainer count (EDL's baseline).
@@ -40,7 +44,7 @@ impl Policy for FixedPolicy {
     fn resizes(&self) -> bool {
         false
     }
-    fn initial(&self, job: &JobSpec) -> u32 {
+    fn initial(&mut self, job: &JobSpec) -> u32 {
         job.fixed
     }
     fn decide(&mut self, _: &Snapshot) -> Vec<Target> {
@@ -79,7 +83,7 @@ impl Policy for PaddlePolicy {
     fn resizes(&self) -> bool {
         true
     }
-    fn initial(&self, job: &JobSpec) -> u32 {
+    fn initial(&mut self, job: &JobSpec) -> u32 {
         job.min
     }
     fn decide(&mut self, snapshot: &Snapshot) -> Vec<Target> {
@@ -105,7 +109,7 @@ impl Policy for EdlPolicy {
     fn resizes(&self) -> bool {
         true
     }
-    fn initial(&self, job: &JobSpec) -> u32 {
+    fn initial(&mut self, job: &JobSpec) -> u32 {
         job.min
     }
     fn decide(&mut self, snapshot: &Snapshot) -> Vec<Target> {

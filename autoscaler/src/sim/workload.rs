@@ -153,7 +153,7 @@ pub fn scenario(name: &str, jobs: &[WorkloadJob], apps: &Applications, seed: u64
         jobs: specs,
         config: SimConfig {
             tick: 60.0,
-            startup: 0.0,
+            startup: 30.0,
             drain: 0.0,
             event_cost: 30.0,
             seed,
