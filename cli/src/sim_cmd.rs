@@ -45,9 +45,17 @@ pub struct SimArgs {
     pub check: bool,
     /// Workloads of the Pollux artifact (`name,time,application,num_replicas,
     /// batch_size`) to run instead of the scenarios, on its cluster of 16 nodes x 4 GPUs
-    /// (repeatable).
-    #[arg(long, value_name = "FILE.csv")]
+    /// (several files, or repeated).
+    #[arg(long, value_name = "FILE.csv", num_args = 1..)]
     pub workload: Vec<PathBuf>,
+    /// Run the artifact's 16 workloads (4 workloads at loads 0.5, 1.0, 1.5, 2.0), built
+    /// into edl, as `--workload` runs files.
+    #[arg(long)]
+    pub pollux: bool,
+    /// With workloads: run each with this many seeds (`--seed`, `--seed`+1, ...) of the
+    /// observation noise, and average.
+    #[arg(long, default_value_t = 1)]
+    pub seeds: u64,
     /// The applications' measurements: a folder laid out as the artifact's `traces/`
     /// (default: the copy built into edl).
     #[arg(long, value_name = "DIR")]
@@ -57,13 +65,14 @@ pub struct SimArgs {
 /// Runs `edl sim`.
 pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.jobs > 0, "--jobs must be at least 1");
+    if !args.workload.is_empty() || args.pollux {
+        return run_workloads(&args);
+    }
     let mut scenarios = Vec::new();
-    if !args.workload.is_empty() {
-        scenarios = workloads(&args)?;
-    } else if matches!(args.scenario, Which::EdlExperiment | Which::All) {
+    if matches!(args.scenario, Which::EdlExperiment | Which::All) {
         scenarios.push(trace::edl_experiment());
     }
-    if args.workload.is_empty() && matches!(args.scenario, Which::Day | Which::All) {
+    if matches!(args.scenario, Which::Day | Which::All) {
         scenarios.push(trace::day(&trace::DayParams {
             jobs: args.jobs,
             seed: args.seed,
@@ -84,14 +93,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
                 scenario.name
             );
         }
-        let mut progress = |policy: &str| {
+        let comparison = sim::compare(scenario, with_defects, &mut |policy| {
             eprintln!("simulating {} under {policy}", scenario.name);
-        };
-        let comparison = if args.workload.is_empty() {
-            sim::compare(scenario, with_defects, &mut progress)
-        } else {
-            sim::compare_policies(scenario, sim::workload_policies(), &mut progress)
-        };
+        });
         println!(
             "{}",
             report::table(&comparison.description, &comparison.summaries)
@@ -105,27 +109,10 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
                 goal.detail
             );
         }
-        let svg_path = args.out.join(format!("{}.svg", scenario.name));
-        let title = format!(
-            "{} ({})",
-            comparison.description, "utilisation and trainers over time"
-        );
-        std::fs::write(&svg_path, plot::svg(&title, &comparison.results))
-            .with_context(|| format!("write {}", svg_path.display()))?;
-        let json_path = args.out.join(format!("{}.json", scenario.name));
-        let json = serde_json::json!({
-            "scenario": comparison.scenario,
-            "description": comparison.description,
-            "summaries": comparison.summaries,
-            "goals": comparison.goals,
-            "results": comparison.results,
-        });
-        std::fs::write(&json_path, serde_json::to_vec_pretty(&json)?)
-            .with_context(|| format!("write {}", json_path.display()))?;
+        write_run(&args.out, &scenario.name, &comparison)?;
         println!(
-            "  plot {}, results {} ({:.1} s)\n",
-            svg_path.display(),
-            json_path.display(),
+            "  plot and results in {} ({:.1} s)\n",
+            args.out.display(),
             started.elapsed().as_secs_f64()
         );
     }
@@ -136,35 +123,119 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// The scenarios of `--workload` files, named after them (`workload-1`; a file in a
-/// folder `workloads-1.5` is `workload-1@1.5`).
-fn workloads(args: &SimArgs) -> anyhow::Result<Vec<sim::Scenario>> {
+/// `edl sim --workload`/`--pollux`: every workload under every seed, each run's plot
+/// and results, then the summary table and the goals over all of them.
+fn run_workloads(args: &SimArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.seeds > 0, "--seeds must be at least 1");
     let apps = match &args.apps {
         Some(dir) => sim::apps::Applications::from_dir(dir)?,
         None => sim::apps::Applications::builtin(),
     };
-    let mut out = Vec::new();
+    // (workload, load, jobs), all read (and checked) before anything runs.
+    let mut workloads = Vec::new();
+    if args.pollux {
+        for (name, load, text) in sim::pollux_data::WORKLOADS {
+            let jobs = sim::workload::parse(&format!("{name}@{load}"), text, &apps)?;
+            workloads.push((name.to_string(), *load, jobs));
+        }
+    }
     for path in &args.workload {
         let jobs = sim::workload::read(path, &apps)?;
-        let stem = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "workload".into());
-        let load = path
-            .parent()
-            .and_then(|p| p.file_name())
-            .and_then(|d| d.to_str())
-            .and_then(|d| d.strip_prefix("workloads-"))
-            .map(|l| format!("@{l}"))
-            .unwrap_or_default();
-        out.push(sim::workload::scenario(
-            &format!("{stem}{load}"),
-            &jobs,
-            &apps,
-            args.seed,
-        ));
+        let (name, load) = workload_name(path);
+        workloads.push((name, load, jobs));
     }
-    Ok(out)
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("create the output folder {}", args.out.display()))?;
+    let started = std::time::Instant::now();
+    let mut runs = Vec::new();
+    for (name, load, jobs) in &workloads {
+        for seed in args.seed..args.seed + args.seeds {
+            let tag = format!("{name}@{load}-seed{seed}");
+            let scenario = sim::workload::scenario(&tag, jobs, &apps, seed);
+            let comparison =
+                sim::compare_policies(&scenario, sim::workload_policies(), &mut |policy| {
+                    eprintln!("simulating {tag} under {policy}");
+                });
+            if workloads.len() == 1 && args.seeds == 1 {
+                println!(
+                    "{}",
+                    report::table(&comparison.description, &comparison.summaries)
+                );
+            }
+            write_run(&args.out, &tag, &comparison)?;
+            runs.push(sim::suite::Run {
+                workload: name.clone(),
+                load: *load,
+                seed,
+                summaries: comparison.summaries,
+            });
+        }
+    }
+    let rows = sim::suite::rows(&runs);
+    let goals = sim::suite::goals(&rows);
+    println!(
+        "{} workloads x {} seeds, mean JCT per policy (the published figures beside):\n{}",
+        workloads.len(),
+        args.seeds,
+        sim::suite::table(&rows)
+    );
+    for goal in &goals {
+        println!(
+            "  [{}] {}: {}",
+            if goal.met { "met" } else { "NOT met" },
+            goal.what,
+            goal.detail
+        );
+    }
+    let json_path = args.out.join("workloads.json");
+    let json = serde_json::json!({ "rows": rows, "goals": goals, "runs": runs });
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&json)?)
+        .with_context(|| format!("write {}", json_path.display()))?;
+    println!(
+        "  results {} and one plot and result per run ({:.1} s)",
+        json_path.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(if args.check && !goals.iter().all(|g| g.met) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A workload's name and load from its path: `workloads-1.5/workload-2.csv` is
+/// `workload-2` at 1.5; a file elsewhere is at load 1.0.
+fn workload_name(path: &std::path::Path) -> (String, f64) {
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "workload".into());
+    let load = path
+        .parent()
+        .and_then(|p| p.file_name())
+        .and_then(|d| d.to_str())
+        .and_then(|d| d.strip_prefix("workloads-"))
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(1.0);
+    (name, load)
+}
+
+/// Writes one run's plot (`TAG.svg`) and results (`TAG.json`) under `out`.
+fn write_run(out: &std::path::Path, tag: &str, c: &sim::Comparison) -> anyhow::Result<()> {
+    let svg_path = out.join(format!("{tag}.svg"));
+    let title = format!("{} (utilisation and trainers over time)", c.description);
+    std::fs::write(&svg_path, plot::svg(&title, &c.results))
+        .with_context(|| format!("write {}", svg_path.display()))?;
+    let json_path = out.join(format!("{tag}.json"));
+    let json = serde_json::json!({
+        "scenario": c.scenario,
+        "description": c.description,
+        "summaries": c.summaries,
+        "goals": c.goals,
+        "results": c.results,
+    });
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&json)?)
+        .with_context(|| format!("write {}", json_path.display()))
 }
 
 #[cfg(test)]
@@ -184,6 +255,8 @@ mod tests {
             check: false,
             workload: Vec::new(),
             apps: None,
+            pollux: false,
+            seeds: 1,
         })
         .expect("edl sim");
         assert_eq!(code, ExitCode::SUCCESS);
@@ -215,6 +288,8 @@ mod tests {
             check: false,
             workload: vec![workload],
             apps: None,
+            pollux: false,
+            seeds: 1,
         }
     }
 
@@ -235,9 +310,10 @@ mod tests {
         let out = dir.path().join("out");
         let code = run(workload_args(out.clone(), file.clone())).expect("edl sim");
         assert_eq!(code, ExitCode::SUCCESS);
-        let json: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(out.join("workload-9@1.5.json")).expect("json"))
-                .expect("parse");
+        let json: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(out.join("workload-9@1.5-seed7.json")).expect("json"),
+        )
+        .expect("parse");
         let jobs = json["results"][0]["jobs"].as_array().expect("jobs");
         assert_eq!(jobs.len(), 3);
         assert!(
@@ -269,6 +345,8 @@ mod tests {
             check: false,
             workload: Vec::new(),
             apps: None,
+            pollux: false,
+            seeds: 1,
         })
         .expect_err("refused");
         assert!(err.to_string().contains("--jobs"), "{err}");

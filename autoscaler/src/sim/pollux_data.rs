@@ -1,8 +1,8 @@
-//! The measurements of the Pollux (OSDI'21) artifact this repository keeps
+//! The measurements and workloads of the Pollux (OSDI'21) artifact this repository keeps
 //! (`autoscaler/data/pollux/`, Apache-2.0, see its README), built into the binary so
-//! `edl sim --workload` needs no folder of them. Written by listing the folder.
+//! `edl sim --workload` needs no copy of them. Written by listing the folder.
 
-/// (application, file, text).
+/// (application, file, text) of `traces/`.
 pub const FILES: &[(&str, &str, &str)] = &[
     (
         "bert",
@@ -263,5 +263,89 @@ pub const FILES: &[(&str, &str, &str)] = &[
         "yolov3",
         "validation-8.csv",
         include_str!("../../data/pollux/traces/yolov3/validation-8.csv"),
+    ),
+];
+
+/// (workload, load, text) of `workloads*/workload-N.csv`.
+pub const WORKLOADS: &[(&str, f64, &str)] = &[
+    (
+        "workload-1",
+        0.5,
+        include_str!("../../data/pollux/workloads-0.5/workload-1.csv"),
+    ),
+    (
+        "workload-2",
+        0.5,
+        include_str!("../../data/pollux/workloads-0.5/workload-2.csv"),
+    ),
+    (
+        "workload-3",
+        0.5,
+        include_str!("../../data/pollux/workloads-0.5/workload-3.csv"),
+    ),
+    (
+        "workload-4",
+        0.5,
+        include_str!("../../data/pollux/workloads-0.5/workload-4.csv"),
+    ),
+    (
+        "workload-1",
+        1.0,
+        include_str!("../../data/pollux/workloads/workload-1.csv"),
+    ),
+    (
+        "workload-2",
+        1.0,
+        include_str!("../../data/pollux/workloads/workload-2.csv"),
+    ),
+    (
+        "workload-3",
+        1.0,
+        include_str!("../../data/pollux/workloads/workload-3.csv"),
+    ),
+    (
+        "workload-4",
+        1.0,
+        include_str!("../../data/pollux/workloads/workload-4.csv"),
+    ),
+    (
+        "workload-1",
+        1.5,
+        include_str!("../../data/pollux/workloads-1.5/workload-1.csv"),
+    ),
+    (
+        "workload-2",
+        1.5,
+        include_str!("../../data/pollux/workloads-1.5/workload-2.csv"),
+    ),
+    (
+        "workload-3",
+        1.5,
+        include_str!("../../data/pollux/workloads-1.5/workload-3.csv"),
+    ),
+    (
+        "workload-4",
+        1.5,
+        include_str!("../../data/pollux/workloads-1.5/workload-4.csv"),
+    ),
+    (
+        "workload-1",
+        2.0,
+        include_str!("../../data/pollux/workloads-2.0/workload-1.csv"),
+    ),
+    (
+        "workload-2",
+        2.0,
+        include_str!("../../data/pollux/workloads-2.0/workload-2.csv"),
+    ),
+    (
+        "workload-3",
+        2.0,
+        include_str!("../../data/pollux/workloads-2.0/workload-3.csv"),
+    ),
+    (
+        "workload-4",
+        2.0,
+        include_str!("../../data/pollux/workloads-2.0/workload-4.csv"),
     ),
 ];

@@ -317,10 +317,19 @@ mod tests {
     fn reproduces_the_published_tiresias_jcts() {
         use crate::sim::{apps::Applications, simulate, workload};
         let apps = Applications::builtin();
-        let published = [2473.65, 5144.96, 3876.26, 3280.26];
-        for (w, published) in published.iter().enumerate() {
-            let text = WORKLOADS[w];
-            let jobs = workload::parse("workload", text, &apps).expect("workload");
+        let at_load_1: Vec<_> = crate::sim::pollux_data::WORKLOADS
+            .iter()
+            .filter(|(_, load, _)| *load == 1.0)
+            .collect();
+        assert_eq!(
+            at_load_1.len(),
+            4,
+            "the artifact's four workloads at load 1.0"
+        );
+        for (name, load, text) in at_load_1 {
+            let published =
+                crate::sim::suite::published("Tiresias", name, *load).expect("published");
+            let jobs = workload::parse(name, text, &apps).expect("workload");
             let scenario = workload::scenario("w", &jobs, &apps, 1);
             let result = simulate(&scenario, &mut TiresiasPolicy::default());
             let jcts: Vec<f64> = result.jobs.iter().filter_map(|j| j.completion).collect();
@@ -328,16 +337,8 @@ mod tests {
             let avg = jcts.iter().sum::<f64>() / jcts.len() as f64;
             assert!(
                 (avg / published - 1.0).abs() <= 0.15,
-                "workload-{}: {avg:.0} s, published {published} s",
-                w + 1
+                "{name}: {avg:.0} s, published {published} s"
             );
         }
     }
-
-    const WORKLOADS: [&str; 4] = [
-        include_str!("../../data/pollux/workloads/workload-1.csv"),
-        include_str!("../../data/pollux/workloads/workload-2.csv"),
-        include_str!("../../data/pollux/workloads/workload-3.csv"),
-        include_str!("../../data/pollux/workloads/workload-4.csv"),
-    ];
 }
