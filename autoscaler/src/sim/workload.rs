@@ -4,7 +4,7 @@
 //!
 //! Each job keeps its batch size (edl does not adapt it). Its work is its application's
 //! whole progress and its true speed at `n` trainers is measured, not a curve
-//! ([`Application::rate`]). Its elastic range is 1 trainer to 4 times its request, never
+//! ([`Application::rate`](super::apps::Application::rate)). Its elastic range is 1 trainer to 4 times its request, never
 //! more than its batch allows (each GPU takes at least the application's smallest
 //! measured local batch) nor the cluster's 64 GPUs; without autoscaling it runs its
 //! request.
