@@ -123,6 +123,11 @@ pub struct JobSpec {
     pub work: f64,
     /// The job's true speed with n trainers (records/s).
     pub speed: Speed,
+    /// How finely its progress is known: `None`, to the record (edl's master counts
+    /// the records of a job of fixed passes); `Some(e)`, by whole epochs of `e` (the
+    /// Pollux workloads' jobs): a policy sees the work of the epochs not yet completed.
+    #[serde(default)]
+    pub epochs: Option<u32>,
 }
 
 /// A job's true speed with `n` trainers.

@@ -24,6 +24,7 @@ fn lone_job() -> Scenario {
                 a: 100.0,
                 sigma: 0.25,
             }),
+            epochs: None,
         }],
         config: SimConfig::default(),
     }

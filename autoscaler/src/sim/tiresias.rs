@@ -210,6 +210,7 @@ mod tests {
             pserver: Resources::ZERO,
             work: 1.0,
             speed: Speed::Curve(SpeedupSpec { a: 1.0, sigma: 0.0 }),
+            epochs: None,
         }
     }
 

@@ -42,6 +42,7 @@ pub fn edl_experiment() -> Scenario {
                 a: 160.0,
                 sigma: 0.08,
             }),
+            epochs: None,
         })
         .collect();
     Scenario {
@@ -179,6 +180,7 @@ pub fn day(p: &DayParams) -> Scenario {
             pserver: Resources::new(2.0, 8.0, 0),
             work,
             speed: Speed::Curve(SpeedupSpec { a, sigma }),
+            epochs: None,
         });
     }
     Scenario {

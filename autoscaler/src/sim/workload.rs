@@ -140,6 +140,7 @@ pub fn scenario(name: &str, jobs: &[WorkloadJob], apps: &Applications, seed: u64
                 pserver: Resources::ZERO,
                 work: app.progress_end(),
                 speed: Speed::Table((1..=max).map(|n| app.rate(j.batch, n)).collect()),
+                epochs: Some(app.max_epochs),
             }
         })
         .collect();

@@ -84,7 +84,7 @@ impl Engine<'_> {
                     submitted: spec.submit,
                     changed_at: run.changed_at,
                     speed: run.speed.clone(),
-                    remaining: Some((spec.work - done).max(0.0)),
+                    remaining: Some(known_left(spec.work, done, spec.epochs)),
                 }
             })
             .collect();
@@ -160,5 +160,32 @@ impl Engine<'_> {
             scale_events: self.scale_events,
             samples: self.samples,
         }
+    }
+}
+
+/// The work left of a job as its progress shows it: exactly, or the work of the epochs
+/// not yet completed when its progress is known by epochs.
+fn known_left(work: f64, done: f64, epochs: Option<u32>) -> f64 {
+    let left = (work - done).max(0.0);
+    match epochs {
+        Some(e) if e > 0 && work > 0.0 => {
+            let e = f64::from(e);
+            // The tiny slack keeps an epoch ended exactly from reading as unfinished.
+            let completed = ((done / work) * e + 1e-9).floor().min(e);
+            work * (e - completed) / e
+        }
+        _ => left,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn progress_known_by_epochs_shows_the_work_of_the_epochs_left() {
+        assert_eq!(super::known_left(100.0, 37.0, None), 63.0);
+        assert_eq!(super::known_left(100.0, 37.0, Some(4)), 75.0);
+        assert_eq!(super::known_left(100.0, 50.0, Some(4)), 50.0);
+        assert_eq!(super::known_left(100.0, 0.0, Some(4)), 100.0);
+        assert_eq!(super::known_left(100.0, 100.0, Some(4)), 0.0);
     }
 }
