@@ -58,6 +58,17 @@ pub struct PolicyConfig {
     /// work left ^ this / share): 0 only looks at speed, 1 also favours jobs near their
     /// end (shortest remaining work first).
     pub size_exponent: f64,
+    /// Seconds of progress a job loses when its trainer count changes (trainers
+    /// rejoin, leases move; a restart from a checkpoint where jobs restart). A job is
+    /// grown only when that saves it more than this, and a trainer moves between jobs
+    /// only when the receiver saves more than the donor loses while the receiver runs,
+    /// plus both changes. Default 0: only growth that saves nothing is left out.
+    #[serde(default = "default_change_cost")]
+    pub change_cost: f64,
+}
+
+fn default_change_cost() -> f64 {
+    0.0
 }
 
 impl Default for PolicyConfig {
@@ -71,6 +82,7 @@ impl Default for PolicyConfig {
             prior_sigma: 0.05,
             max_step: 64,
             size_exponent: 1.0,
+            change_cost: default_change_cost(),
         }
     }
 }
@@ -131,7 +143,7 @@ pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
     let starved = plan.give_up_unbound(&order);
     let blocked = !plan.admit(&order, &starved);
     if !blocked {
-        plan.grow(&order);
+        plan.grow_where_it_pays(&order);
         plan.rebalance(&order);
     }
     order.sort_unstable();
@@ -378,6 +390,68 @@ impl Plan<'_> {
             })
     }
 
+    /// Seconds job `i` needs to finish with `n` trainers (`None`: its work left or its
+    /// speed is unknown).
+    fn time_left(&self, i: usize, n: u32) -> Option<f64> {
+        let curve = self.curve[i]?;
+        let left = self.job(i).remaining?;
+        let rate = curve.rate(n);
+        Some(if rate > 0.0 { left / rate } else { f64::INFINITY })
+    }
+
+    /// Whether moving a trainer from job `d` to job `r` saves time, in seconds: the
+    /// receiver's time saved must beat what the donor loses while the receiver runs
+    /// with it (the donor gets it back when the receiver ends) plus both changes.
+    /// Unknown work or speed: it does.
+    fn move_pays(&self, r: usize, d: usize) -> bool {
+        let (tr, td) = (self.target[r], self.target[d]);
+        let (Some(r0), Some(r1), Some(cd)) =
+            (self.time_left(r, tr), self.time_left(r, tr + 1), self.curve[d])
+        else {
+            return true;
+        };
+        let before = cd.rate(td);
+        if before <= 0.0 {
+            return true;
+        }
+        let lost = r1 * (before - cd.rate(td - 1)) / before;
+        r0 - r1 > lost + 2.0 * self.cfg.change_cost
+    }
+
+    /// Step 4, keeping only the growth that saves its job more than a change costs: a
+    /// job whose growth does not is put back, and the room goes to the others.
+    fn grow_where_it_pays(&mut self, order: &[usize]) {
+        let mut order = order.to_vec();
+        let before = (
+            self.target.clone(),
+            self.used,
+            self.idle.clone(),
+            self.grown.clone(),
+        );
+        loop {
+            self.grow(&order);
+            let unpaid: Vec<usize> = order
+                .iter()
+                .copied()
+                .filter(|&i| self.grown[i] > 0)
+                .filter(|&i| {
+                    let to = self.target[i];
+                    let from = to - self.grown[i];
+                    match (self.time_left(i, from), self.time_left(i, to)) {
+                        (Some(a), Some(b)) => a - b <= self.cfg.change_cost,
+                        _ => false,
+                    }
+                })
+                .collect();
+            if unpaid.is_empty() {
+                return;
+            }
+            // Grow again without them, from where growth started.
+            (self.target, self.used, self.idle, self.grown) = before.clone();
+            order.retain(|i| !unpaid.contains(i));
+        }
+    }
+
     /// Step 4.
     fn grow(&mut self, order: &[usize]) {
         let mut full: Vec<bool> = vec![false; self.snap.jobs.len()];
@@ -433,7 +507,8 @@ impl Plan<'_> {
             let Some(d) = donor else { return };
             let loss = self.worth(d, self.target[d]);
             let higher = self.job(r).priority > self.job(d).priority;
-            if !(higher || gain > loss * (1.0 + self.cfg.hysteresis)) {
+            let pays = self.move_pays(r, d);
+            if !(higher || (pays && gain > loss * (1.0 + self.cfg.hysteresis))) {
                 return;
             }
             self.target[d] -= 1;

@@ -134,6 +134,45 @@ fn a_recent_change_is_left_alone_and_a_big_gain_moves_trainers() {
     assert!(got.is_empty(), "{got:?}");
 }
 
+/// Growth and moves are made only where they save a job more than a change costs
+/// (`change_cost`): the same snapshots that grow and move at no cost do nothing when a
+/// change costs more than it saves.
+#[test]
+fn a_change_is_made_only_when_it_saves_more_than_it_costs() {
+    // A lone linear job, 1e5 records left at 400/s on 4 trainers (250 s), with room for
+    // 3 more within 0.97 of the node: 7 trainers save it 107 s.
+    let grow = Snapshot {
+        now: 100.0,
+        nodes: cluster(1, 32.0, 16.0),
+        unplaced: Resources::ZERO,
+        jobs: vec![running_job("lone", 1, 8, 4, 0.0, 1e5)],
+    };
+    let cost = |c: f64| PolicyConfig {
+        change_cost: c,
+        ..PolicyConfig::default()
+    };
+    let got = by_name(&grow, &decide(&cost(100.0), &grow));
+    assert_eq!(got.get("lone"), Some(&7), "saves 107 s > 100 s: {got:?}");
+    let got = by_name(&grow, &decide(&cost(110.0), &grow));
+    assert!(got.is_empty(), "saves 107 s < 110 s: {got:?}");
+
+    // The move of the test above: `hot` saves 50 s a trainer, `old` loses about 4 s
+    // while hot runs (it gets the trainer back when hot ends).
+    let moves = Snapshot {
+        now: 1000.0,
+        nodes: cluster(2, 32.0, 32.0),
+        unplaced: Resources::ZERO,
+        jobs: vec![
+            running_job("old", 2, 12, 10, 0.3, 1e7),
+            running_job("hot", 2, 12, 4, 0.0, 1e5),
+        ],
+    };
+    let got = by_name(&moves, &decide(&cost(10.0), &moves));
+    assert!(got.get("hot").is_some_and(|&n| n > 4), "{got:?}");
+    let got = by_name(&moves, &decide(&cost(30.0), &moves));
+    assert!(got.is_empty(), "50 s < 4 s + 2 x 30 s: {got:?}");
+}
+
 #[test]
 fn unbound_scale_ups_are_given_back() {
     let mut j = running_job("a", 2, 12, 8, 0.0, 1e6);

@@ -135,7 +135,7 @@ fn run_workloads(args: &SimArgs) -> anyhow::Result<ExitCode> {
     let mut workloads = Vec::new();
     if args.pollux {
         for (name, load, text) in sim::pollux_data::WORKLOADS {
-            let jobs = sim::workload::parse(&format!("{name}@{load}"), text, &apps)?;
+            let jobs = sim::workload::parse(&format!("{name}@{load:.1}"), text, &apps)?;
             workloads.push((name.to_string(), *load, jobs));
         }
     }
@@ -150,7 +150,7 @@ fn run_workloads(args: &SimArgs) -> anyhow::Result<ExitCode> {
     let mut runs = Vec::new();
     for (name, load, jobs) in &workloads {
         for seed in args.seed..args.seed + args.seeds {
-            let tag = format!("{name}@{load}-seed{seed}");
+            let tag = format!("{name}@{load:.1}-seed{seed}");
             let scenario = sim::workload::scenario(&tag, jobs, &apps, seed);
             let comparison =
                 sim::compare_policies(&scenario, sim::workload_policies(), &mut |policy| {

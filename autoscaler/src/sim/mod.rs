@@ -249,6 +249,15 @@ pub fn simulate(scenario: &Scenario, policy: &mut dyn Policy) -> SimResult {
 pub fn workload_policies() -> Vec<Box<dyn Policy>> {
     let mut p = standard_policies(crate::paddle::Defects::default());
     p.insert(2, Box::new(tiresias::TiresiasPolicy::default()));
+    // edl's policy knows what a change costs on this cluster.
+    if let Some(last) = p.last_mut() {
+        *last = Box::new(EdlPolicy {
+            config: crate::policy::PolicyConfig {
+                change_cost: workload::CHANGE_COST,
+                ..Default::default()
+            },
+        });
+    }
     p
 }
 

@@ -22,6 +22,10 @@ pub const NODES: u32 = 16;
 /// A job's elastic range: up to this many times its request.
 pub const MAX_FACTOR: u32 = 4;
 
+/// Seconds a job makes no progress after its GPU count changes (the artifact's restore
+/// from a checkpoint).
+pub const CHANGE_COST: f64 = 30.0;
+
 /// One job of a workload file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadJob {
@@ -156,7 +160,7 @@ pub fn scenario(name: &str, jobs: &[WorkloadJob], apps: &Applications, seed: u64
             tick: 60.0,
             startup: 30.0,
             drain: 0.0,
-            event_cost: 30.0,
+            event_cost: CHANGE_COST,
             seed,
             ..SimConfig::default()
         },
