@@ -396,7 +396,11 @@ impl Plan<'_> {
         let curve = self.curve[i]?;
         let left = self.job(i).remaining?;
         let rate = curve.rate(n);
-        Some(if rate > 0.0 { left / rate } else { f64::INFINITY })
+        Some(if rate > 0.0 {
+            left / rate
+        } else {
+            f64::INFINITY
+        })
     }
 
     /// Whether moving a trainer from job `d` to job `r` saves time, in seconds: the
@@ -405,9 +409,11 @@ impl Plan<'_> {
     /// Unknown work or speed: it does.
     fn move_pays(&self, r: usize, d: usize) -> bool {
         let (tr, td) = (self.target[r], self.target[d]);
-        let (Some(r0), Some(r1), Some(cd)) =
-            (self.time_left(r, tr), self.time_left(r, tr + 1), self.curve[d])
-        else {
+        let (Some(r0), Some(r1), Some(cd)) = (
+            self.time_left(r, tr),
+            self.time_left(r, tr + 1),
+            self.curve[d],
+        ) else {
             return true;
         };
         let before = cd.rate(td);
