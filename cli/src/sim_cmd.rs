@@ -123,8 +123,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// `edl sim --workload`/`--pollux`: every workload under every seed, each run's plot
-/// and results, then the summary table and the goals over all of them.
+/// `edl sim --workload`/`--pollux`: every workload under every seed, each run's plots
+/// (over time, and its completion times' distribution) and results, then the summary
+/// table and the goals over all of them.
 fn run_workloads(args: &SimArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.seeds > 0, "--seeds must be at least 1");
     let apps = match &args.apps {
@@ -163,6 +164,10 @@ fn run_workloads(args: &SimArgs) -> anyhow::Result<ExitCode> {
                 );
             }
             write_run(&args.out, &tag, &comparison)?;
+            let cdf_path = args.out.join(format!("{tag}-jct.svg"));
+            let title = format!("{} (job completion times)", comparison.description);
+            std::fs::write(&cdf_path, plot::jct_cdf(&title, &comparison.results))
+                .with_context(|| format!("write {}", cdf_path.display()))?;
             runs.push(sim::suite::Run {
                 workload: name.clone(),
                 load: *load,
@@ -316,6 +321,17 @@ mod tests {
         .expect("parse");
         let jobs = json["results"][0]["jobs"].as_array().expect("jobs");
         assert_eq!(jobs.len(), 3);
+        // The completion times' distribution: one line per policy, each reaching
+        // every job (the top of the panel, y = 40).
+        let cdf = std::fs::read_to_string(out.join("workload-9@1.5-seed7-jct.svg")).expect("cdf");
+        let lines: Vec<&str> = cdf.lines().filter(|l| l.starts_with("<polyline")).collect();
+        assert_eq!(lines.len(), 4, "{cdf}");
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.trim_end_matches("\"/>").ends_with(",40.0")),
+            "{cdf}"
+        );
         assert!(
             jobs.iter().all(|j| j["completion"].as_f64().is_some()),
             "every job finishes: {jobs:?}"

@@ -1,4 +1,5 @@
-//! The figure: utilisation and running trainers over time, one line per policy, as SVG.
+//! The figures, as SVG: utilisation and running trainers over time ([`svg`]), and the
+//! distribution of job completion times ([`jct_cdf`]), one line per policy.
 
 use std::fmt::Write as _;
 
@@ -107,6 +108,117 @@ pub fn svg(title: &str, results: &[SimResult]) -> String {
                 points.trim_end()
             );
         }
+    }
+    let legend_y = h - 18.0;
+    for (i, r) in results.iter().enumerate() {
+        let x = LEFT + 160.0 * i as f64;
+        let _ = writeln!(
+            out,
+            r#"<line x1="{x}" x2="{}" y1="{legend_y}" y2="{legend_y}" stroke="{}" stroke-width="3"/><text x="{}" y="{}">{}</text>"#,
+            x + 24.0,
+            COLORS[i % COLORS.len()],
+            x + 30.0,
+            legend_y + 4.0,
+            escape(&r.policy)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// An SVG of the cumulative distribution of job completion times, one step line per
+/// policy, the times on a log scale (they span seconds to days on real workloads).
+pub fn jct_cdf(title: &str, results: &[SimResult]) -> String {
+    let jcts: Vec<Vec<f64>> = results
+        .iter()
+        .map(|r| {
+            let mut v: Vec<f64> = r
+                .jobs
+                .iter()
+                .filter_map(|j| j.completion)
+                .filter(|t| *t > 0.0)
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v
+        })
+        .collect();
+    let lo = jcts.iter().flatten().copied().fold(f64::INFINITY, f64::min);
+    let hi = jcts.iter().flatten().copied().fold(0.0, f64::max);
+    let (lo, hi) = if lo.is_finite() && hi > lo {
+        (lo.log10().floor(), hi.log10().ceil())
+    } else {
+        (0.0, 1.0)
+    };
+    let h = TOP + PANEL_H + 80.0;
+    let pw = W - LEFT - RIGHT;
+    let x_of = |t: f64| LEFT + pw * (t.log10() - lo) / (hi - lo);
+    let y_of = |f: f64| TOP + PANEL_H - PANEL_H * f;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        out,
+        r#"<text x="{LEFT}" y="22" font-size="15">{}</text>"#,
+        escape(title)
+    );
+    let _ = writeln!(
+        out,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{PANEL_H}" fill="none" stroke="#333"/>"##
+    );
+    let _ = writeln!(
+        out,
+        r#"<text x="14" y="{0}" transform="rotate(-90 14 {0})" text-anchor="middle">jobs done (%)</text>"#,
+        TOP + PANEL_H / 2.0
+    );
+    for k in 0..=4 {
+        let y = y_of(f64::from(k) / 4.0);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+            LEFT + pw,
+            LEFT - 6.0,
+            y + 4.0,
+            25 * k
+        );
+    }
+    let mut decade = lo;
+    while decade <= hi {
+        let x = x_of(10f64.powf(decade));
+        let _ = writeln!(
+            out,
+            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}s</text>"#,
+            TOP + PANEL_H + 16.0,
+            10f64.powf(decade)
+        );
+        decade += 1.0;
+    }
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">job completion time (log scale)</text>"#,
+        LEFT + pw / 2.0,
+        TOP + PANEL_H + 34.0
+    );
+    for (i, (r, v)) in results.iter().zip(&jcts).enumerate() {
+        let n = r.jobs.len().max(1) as f64;
+        let mut points = format!("{:.1},{:.1} ", LEFT, y_of(0.0));
+        for (k, t) in v.iter().enumerate() {
+            let x = x_of(*t);
+            let _ = write!(
+                points,
+                "{x:.1},{:.1} {x:.1},{:.1} ",
+                y_of(k as f64 / n),
+                y_of((k + 1) as f64 / n)
+            );
+        }
+        let _ = writeln!(
+            out,
+            r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
+            COLORS[i % COLORS.len()],
+            points.trim_end()
+        );
     }
     let legend_y = h - 18.0;
     for (i, r) in results.iter().enumerate() {
