@@ -105,30 +105,18 @@ impl TiresiasPolicy {
             );
             self.queues[0].push(job.name.clone());
         }
-        let mut demoted = Vec::new();
-        for name in &self.queues[0] {
-            let e = self
-                .entries
-                .get_mut(name)
-                .expect("queued jobs have entries");
-            if e.running {
-                e.service += (now - e.counted_at).max(0.0) * f64::from(e.size);
-            }
-            e.counted_at = now;
-            if e.service >= self.threshold {
-                demoted.push(name.clone());
-            }
-        }
-        for name in &self.queues[1] {
-            let e = self
-                .entries
-                .get_mut(name)
-                .expect("queued jobs have entries");
+        // Every queued job has an entry (both are pruned and filled together above).
+        for e in self.entries.values_mut() {
             if e.running {
                 e.service += (now - e.counted_at).max(0.0) * f64::from(e.size);
             }
             e.counted_at = now;
         }
+        let demoted: Vec<String> = self.queues[0]
+            .iter()
+            .filter(|n| self.entries[n.as_str()].service >= self.threshold)
+            .cloned()
+            .collect();
         self.queues[0].retain(|n| !demoted.contains(n));
         self.queues[1].extend(demoted);
         let mut free = snap.total();
