@@ -28,17 +28,7 @@ pub fn svg(title: &str, results: &[SimResult]) -> String {
         .unwrap_or(1)
         .max(1) as f64;
     let h = TOP + 2.0 * PANEL_H + GAP + 50.0;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        out,
-        r#"<text x="{LEFT}" y="22" font-size="15">{}</text>"#,
-        escape(title)
-    );
+    let mut out = header(title, h);
     let (hours, unit) = if t_max > 4.0 * 3600.0 {
         (3600.0, "h")
     } else {
@@ -109,20 +99,7 @@ pub fn svg(title: &str, results: &[SimResult]) -> String {
             );
         }
     }
-    let legend_y = h - 18.0;
-    for (i, r) in results.iter().enumerate() {
-        let x = LEFT + 160.0 * i as f64;
-        let _ = writeln!(
-            out,
-            r#"<line x1="{x}" x2="{}" y1="{legend_y}" y2="{legend_y}" stroke="{}" stroke-width="3"/><text x="{}" y="{}">{}</text>"#,
-            x + 24.0,
-            COLORS[i % COLORS.len()],
-            x + 30.0,
-            legend_y + 4.0,
-            escape(&r.policy)
-        );
-    }
-    out.push_str("</svg>\n");
+    legend(&mut out, results, h);
     out
 }
 
@@ -153,17 +130,7 @@ pub fn jct_cdf(title: &str, results: &[SimResult]) -> String {
     let pw = W - LEFT - RIGHT;
     let x_of = |t: f64| LEFT + pw * (t.log10() - lo) / (hi - lo);
     let y_of = |f: f64| TOP + PANEL_H - PANEL_H * f;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        out,
-        r#"<text x="{LEFT}" y="22" font-size="15">{}</text>"#,
-        escape(title)
-    );
+    let mut out = header(title, h);
     let _ = writeln!(
         out,
         r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{PANEL_H}" fill="none" stroke="#333"/>"##
@@ -220,6 +187,28 @@ pub fn jct_cdf(title: &str, results: &[SimResult]) -> String {
             points.trim_end()
         );
     }
+    legend(&mut out, results, h);
+    out
+}
+
+/// The start of a figure `h` high: its size, a white ground and `title`.
+fn header(title: &str, h: f64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        out,
+        r#"<text x="{LEFT}" y="22" font-size="15">{}</text>"#,
+        escape(title)
+    );
+    out
+}
+
+/// The policies' colours along the bottom of a figure `h` high, and its end.
+fn legend(out: &mut String, results: &[SimResult], h: f64) {
     let legend_y = h - 18.0;
     for (i, r) in results.iter().enumerate() {
         let x = LEFT + 160.0 * i as f64;
@@ -234,7 +223,6 @@ pub fn jct_cdf(title: &str, results: &[SimResult]) -> String {
         );
     }
     out.push_str("</svg>\n");
-    out
 }
 
 fn escape(s: &str) -> String {
