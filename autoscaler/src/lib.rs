@@ -14,6 +14,8 @@
 //! - [`resources`]: CPU, memory, GPUs.
 //! - [`snapshot`]: what a policy sees, and its answer.
 //! - [`speedup`]: the speed-up curve, fitted to observed speeds.
+//! - [`rate`]: a job's speed by trainer count as the policy predicts it (observed speeds,
+//!   the fit elsewhere, the counts worth running at).
 //! - [`observe`]: a job's speeds learnt from samples of its progress, and its last
 //!   change (what the operator and `edl run` remember between passes).
 //! - [`policy`]: edl's policy.
@@ -23,6 +25,7 @@
 pub mod observe;
 pub mod paddle;
 pub mod policy;
+pub mod rate;
 pub mod resources;
 pub mod sim;
 pub mod snapshot;
@@ -33,6 +36,7 @@ mod paddle_tests;
 #[cfg(test)]
 mod policy_tests;
 
+pub use rate::RateModel;
 pub use resources::Resources;
 pub use snapshot::{JobView, Node, Observation, PodCounts, Snapshot, Target};
 pub use speedup::Speedup;

@@ -11,7 +11,8 @@
 //!   mistaken for the new count's speed;
 //! - progress that goes backwards (a job restarted from a checkpoint, a counter reset)
 //!   restarts the window and observes nothing;
-//! - at most [`KEEP`] observations are kept, newest last; time is an argument.
+//! - at most [`KEEP`] observations are kept, newest last, and the newest at each count
+//!   stays while there is room for one per count ([`remember`]); time is an argument.
 
 use crate::Observation;
 
@@ -58,13 +59,13 @@ impl JobMemory {
             return;
         }
         if trainers > 0 {
-            self.speed.push(Observation {
-                trainers,
-                rate: (done - d0) / dt,
-            });
-            if self.speed.len() > KEEP {
-                self.speed.remove(0);
-            }
+            remember(
+                &mut self.speed,
+                Observation {
+                    trainers,
+                    rate: (done - d0) / dt,
+                },
+            );
         }
         self.start = Some((now, done, trainers));
     }
@@ -73,6 +74,22 @@ impl JobMemory {
     pub fn changed(&mut self, now: f64) {
         self.changed_at = Some(now);
     }
+}
+
+/// Adds `o` to a job's speeds (newest last), keeping at most [`KEEP`]: the oldest
+/// observation of a count observed again later goes first, so the last speed seen at
+/// each count is kept (a count found slow is not tried again for being forgotten).
+pub fn remember(speed: &mut Vec<Observation>, o: Observation) {
+    speed.push(o);
+    if speed.len() <= KEEP {
+        return;
+    }
+    let repeated = (0..speed.len()).find(|&i| {
+        speed[i + 1..]
+            .iter()
+            .any(|later| later.trainers == speed[i].trainers)
+    });
+    speed.remove(repeated.unwrap_or(0));
 }
 
 /// A job's progress counted in tasks, from its master's queue: the current pass (0-based)
@@ -99,6 +116,49 @@ pub fn task_progress(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_speed_at_each_count_is_kept() {
+        let mut speed = Vec::new();
+        remember(
+            &mut speed,
+            Observation {
+                trainers: 5,
+                rate: 3.0,
+            },
+        );
+        for k in 0..2 * KEEP {
+            remember(
+                &mut speed,
+                Observation {
+                    trainers: 4,
+                    rate: k as f64,
+                },
+            );
+        }
+        assert_eq!(speed.len(), KEEP);
+        assert_eq!(
+            speed[0],
+            Observation {
+                trainers: 5,
+                rate: 3.0
+            }
+        );
+        assert_eq!(speed[KEEP - 1].rate, (2 * KEEP - 1) as f64);
+        // One per count and no room left: the oldest goes.
+        let mut distinct = Vec::new();
+        for n in 1..=KEEP as u32 + 1 {
+            remember(
+                &mut distinct,
+                Observation {
+                    trainers: n,
+                    rate: 1.0,
+                },
+            );
+        }
+        assert_eq!(distinct.len(), KEEP);
+        assert_eq!(distinct[0].trainers, 2);
+    }
 
     #[test]
     fn progress_counts_every_pass() {

@@ -35,7 +35,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{JobView, Resources, Snapshot, Speedup, Target};
+use crate::{JobView, RateModel, Resources, Snapshot, Target};
+
+mod preempt;
 
 /// The policy's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -65,6 +67,11 @@ pub struct PolicyConfig {
     /// plus both changes. Default 0: only growth that saves nothing is left out.
     #[serde(default = "default_change_cost")]
     pub change_cost: f64,
+    /// Whether whole jobs may be suspended (0 trainers) and queued: admission then goes
+    /// by the worth of a job's minimum (shortest estimated time left first; a job never
+    /// seen running first), and a job is suspended when a job worth more would wait.
+    #[serde(default)]
+    pub preempt: bool,
 }
 
 fn default_change_cost() -> f64 {
@@ -83,6 +90,7 @@ impl Default for PolicyConfig {
             max_step: 64,
             size_exponent: 1.0,
             change_cost: default_change_cost(),
+            preempt: false,
         }
     }
 }
@@ -91,7 +99,7 @@ struct Plan<'a> {
     cfg: &'a PolicyConfig,
     snap: &'a Snapshot,
     target: Vec<u32>,
-    curve: Vec<Option<Speedup>>,
+    curve: Vec<Option<RateModel>>,
     frozen: Vec<bool>,
     /// Requests of the cluster as the plan stands, bound or waiting (fluid).
     used: Resources,
@@ -116,7 +124,7 @@ pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
             .collect(),
         curve: jobs
             .iter()
-            .map(|j| Speedup::fit(&j.speed, config.prior_sigma))
+            .map(|j| RateModel::new(&j.speed, config.prior_sigma, j.max.max(j.min)))
             .collect(),
         frozen: jobs
             .iter()
@@ -141,8 +149,13 @@ pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
     order.sort_by(|&a, &b| canonical(&jobs[a], &jobs[b]));
 
     let starved = plan.give_up_unbound(&order);
-    let blocked = !plan.admit(&order, &starved);
-    if !blocked {
+    if config.preempt {
+        plan.trim(&order);
+        let queued = plan.admit_by_worth(&order, &starved);
+        plan.grow_where_it_pays(&order);
+        plan.admit_into_free_room(&queued);
+        plan.rebalance(&order);
+    } else if plan.admit(&order, &starved) {
         plan.grow_where_it_pays(&order);
         plan.rebalance(&order);
     }
@@ -306,7 +319,7 @@ impl Plan<'_> {
             })
             .min_by(|&a, &b| {
                 // Unknown speed counts as worth most (a job just admitted keeps its trainers).
-                let w = |d: usize| match self.curve[d] {
+                let w = |d: usize| match &self.curve[d] {
                     None => f64::INFINITY,
                     Some(_) => self.worth(d, self.target[d]),
                 };
@@ -318,7 +331,7 @@ impl Plan<'_> {
 
     /// The worth of a job's `k`-th trainer (0 for a job whose speed is unknown).
     fn worth(&self, i: usize, k: u32) -> f64 {
-        let Some(curve) = self.curve[i] else {
+        let Some(curve) = &self.curve[i] else {
             return 0.0;
         };
         if k == 0 {
@@ -342,16 +355,21 @@ impl Plan<'_> {
     fn may_grow(&self, i: usize) -> bool {
         let j = self.job(i);
         let n = self.target[i];
-        if !j.is_elastic() || n >= j.max || self.frozen[i] || self.grown[i] >= self.cfg.max_step {
+        if !j.is_elastic()
+            || n < j.min
+            || n >= j.max
+            || self.frozen[i]
+            || self.grown[i] >= self.cfg.max_step
+        {
             return false;
         }
         if j.pods.unbound > 0 || j.pods.pending > 0 || n < j.trainers {
             return false;
         }
-        let Some(curve) = self.curve[i] else {
+        let Some(curve) = &self.curve[i] else {
             return false;
         };
-        if curve.marginal(n) < self.cfg.min_gain * curve.a {
+        if curve.marginal(n) < self.cfg.min_gain * curve.unit {
             return false;
         }
         let rate = curve.rate(n.max(1));
@@ -393,7 +411,7 @@ impl Plan<'_> {
     /// Seconds job `i` needs to finish with `n` trainers (`None`: its work left or its
     /// speed is unknown).
     fn time_left(&self, i: usize, n: u32) -> Option<f64> {
-        let curve = self.curve[i]?;
+        let curve = self.curve[i].as_ref()?;
         let left = self.job(i).remaining?;
         let rate = curve.rate(n);
         Some(if rate > 0.0 {
@@ -412,7 +430,7 @@ impl Plan<'_> {
         let (Some(r0), Some(r1), Some(cd)) = (
             self.time_left(r, tr),
             self.time_left(r, tr + 1),
-            self.curve[d],
+            self.curve[d].as_ref(),
         ) else {
             return true;
         };
@@ -421,7 +439,12 @@ impl Plan<'_> {
             return true;
         }
         let lost = r1 * (before - cd.rate(td - 1)) / before;
-        r0 - r1 > lost + 2.0 * self.cfg.change_cost
+        // A job already changed in this pass pays no second change.
+        let changes = [r, d]
+            .iter()
+            .filter(|&&i| self.target[i] == self.job(i).trainers)
+            .count() as f64;
+        r0 - r1 > lost + changes * self.cfg.change_cost
     }
 
     /// Step 4, keeping only the growth that saves its job more than a change costs: a
@@ -466,15 +489,65 @@ impl Plan<'_> {
             let Some(i) = self.best_receiver(&candidates) else {
                 return;
             };
+            let step = self.step_up(i);
             let t = self.job(i).trainer;
-            match self.place(i) {
-                Some(n) if self.free().fits(&t) => {
-                    self.idle[n] = self.idle[n].saturating_sub(&t);
-                    self.used += t;
-                    self.target[i] += 1;
-                    self.grown[i] += 1;
+            let saved = (self.idle.clone(), self.used);
+            let mut placed = 0;
+            while placed < step {
+                match self.place(i) {
+                    Some(n) if self.free().fits(&t) => {
+                        self.idle[n] = self.idle[n].saturating_sub(&t);
+                        self.used += t;
+                        placed += 1;
+                    }
+                    _ => break,
                 }
-                _ => full[i] = true,
+            }
+            if placed == step {
+                self.target[i] += step;
+                self.grown[i] += step;
+            } else {
+                (self.idle, self.used) = saved;
+                full[i] = true;
+            }
+        }
+    }
+
+    /// The trainers job `i` grows by in one step: to the next count worth running at
+    /// ([`RateModel::vertex_above`]), within its maximum and `max_step`.
+    fn step_up(&self, i: usize) -> u32 {
+        let n = self.target[i];
+        let j = self.job(i);
+        let room = j.max.min(n + self.cfg.max_step - self.grown[i]);
+        let to = self.curve[i]
+            .as_ref()
+            .and_then(|c| c.vertex_above(n))
+            .unwrap_or(n + 1);
+        to.clamp(n + 1, room.max(n + 1)) - n
+    }
+
+    /// Lowers jobs running at a count observed slower than a smaller count worth running
+    /// at (they train faster with fewer trainers, and the rest is free room).
+    fn trim(&mut self, order: &[usize]) {
+        for &i in order {
+            let j = self.job(i);
+            let n = self.target[i];
+            let Some(curve) = &self.curve[i] else {
+                continue;
+            };
+            if !j.is_elastic() || self.frozen[i] || n != j.trainers || n <= j.min {
+                continue;
+            }
+            let lower = curve.vertex_below(n).max(j.min);
+            let slower = curve.observed(n).is_some_and(|r| r < curve.rate(lower));
+            let long = self
+                .time_left(i, lower)
+                .is_some_and(|t| t > self.cfg.min_remaining + self.cfg.change_cost);
+            if slower && long {
+                let freed = j.trainer * u64::from(n - lower);
+                self.target[i] = lower;
+                self.used = self.used.saturating_sub(&freed);
+                self.grown[i] = 0;
             }
         }
     }

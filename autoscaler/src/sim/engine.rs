@@ -101,6 +101,8 @@ pub(crate) struct Engine<'a> {
     retry_at: f64,
     /// Jobs arrived and not finished.
     active: BTreeSet<usize>,
+    /// Per job, the fewest trainers at which it is fastest (`Speed::fastest_within`).
+    fastest: Vec<u32>,
 }
 
 impl<'a> Engine<'a> {
@@ -167,6 +169,11 @@ impl<'a> Engine<'a> {
             left: s.jobs.len(),
             retry_at: f64::INFINITY,
             active: BTreeSet::new(),
+            fastest: s
+                .jobs
+                .iter()
+                .map(|j| j.speed.fastest_within(j.max))
+                .collect(),
         };
         for (i, j) in s.jobs.iter().enumerate() {
             e.push(j.submit, Ev::Arrive(i));
@@ -269,13 +276,19 @@ impl<'a> Engine<'a> {
         self.result()
     }
 
-    /// Whether some job waits for pods or could use more trainers.
+    /// Whether some job waits for pods or could use more trainers: fewer than its fixed
+    /// count without an autoscaler; with one, fewer than the fewest at which it is
+    /// fastest within its maximum (its true speeds: a trainer that would make it no
+    /// faster is not wanted).
     fn is_contended(&self) -> bool {
         let resizes = self.policy.resizes();
         self.active.iter().any(|&j| {
             let run = &self.jobs[j];
-            let spec = &self.s.jobs[j];
-            let wants = if resizes { spec.max } else { spec.fixed };
+            let wants = if resizes {
+                self.fastest[j]
+            } else {
+                self.s.jobs[j].fixed
+            };
             let mut bound_trainers = 0;
             for &p in &run.pods {
                 let pod = &self.pods[p];

@@ -148,6 +148,17 @@ impl Speed {
             Speed::Table(rates) => rates[(n as usize).min(rates.len()) - 1],
         }
     }
+
+    /// The fewest trainers, up to `max`, at which it is fastest: more would add nothing.
+    pub fn fastest_within(&self, max: u32) -> u32 {
+        let mut best = 1;
+        for n in 2..=max {
+            if self.rate(n) > self.rate(best) {
+                best = n;
+            }
+        }
+        best.min(max.max(1))
+    }
 }
 
 /// A serialisable [`Speedup`].
@@ -252,10 +263,7 @@ pub fn workload_policies() -> Vec<Box<dyn Policy>> {
     // edl's policy knows what a change costs on this cluster.
     if let Some(last) = p.last_mut() {
         *last = Box::new(EdlPolicy {
-            config: crate::policy::PolicyConfig {
-                change_cost: workload::CHANGE_COST,
-                ..Default::default()
-            },
+            config: workload::policy_config(),
         });
     }
     p

@@ -26,6 +26,20 @@ pub const MAX_FACTOR: u32 = 4;
 /// from a checkpoint).
 pub const CHANGE_COST: f64 = 30.0;
 
+/// edl's policy as it runs on this cluster: it knows what a change costs, suspends whole
+/// jobs when a job worth more would wait (the artifact's jobs restart from checkpoints),
+/// and weighs work left by its square root, between equal sharing and shortest first.
+/// Jobs are left alone 120 s after a change (two ticks).
+pub fn policy_config() -> crate::policy::PolicyConfig {
+    crate::policy::PolicyConfig {
+        change_cost: CHANGE_COST,
+        preempt: true,
+        size_exponent: 0.5,
+        min_interval: 120.0,
+        ..Default::default()
+    }
+}
+
 /// One job of a workload file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadJob {

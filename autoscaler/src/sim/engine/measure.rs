@@ -26,11 +26,7 @@ impl Engine<'_> {
                 trainers: job.trainers_running,
                 rate: job.rate * factor,
             };
-            let job = &mut self.jobs[j];
-            job.speed.push(o);
-            if job.speed.len() > 16 {
-                job.speed.remove(0);
-            }
+            crate::observe::remember(&mut self.jobs[j].speed, o);
         }
     }
 
