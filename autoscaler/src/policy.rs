@@ -149,13 +149,21 @@ pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
     order.sort_by(|&a, &b| canonical(&jobs[a], &jobs[b]));
 
     let starved = plan.give_up_unbound(&order);
+    // A job whose pods wait for the scheduler to make its minimum: the room being made
+    // for it is not given to growth (the scheduler would bind the newer pods first).
+    let admitting = |i: usize| {
+        starved[i].is_some() && (jobs[i].pods.unbound > 0 || !jobs[i].waiting.is_empty())
+    };
+    let admitting = (0..jobs.len()).any(admitting);
     if config.preempt {
         plan.trim(&order);
         let queued = plan.admit_by_worth(&order, &starved);
-        plan.grow_where_it_pays(&order);
-        plan.admit_into_free_room(&queued);
-        plan.rebalance(&order);
-    } else if plan.admit(&order, &starved) {
+        if !admitting {
+            plan.grow_where_it_pays(&order);
+            plan.admit_into_free_room(&queued);
+            plan.rebalance(&order);
+        }
+    } else if plan.admit(&order, &starved) && !admitting {
         plan.grow_where_it_pays(&order);
         plan.rebalance(&order);
     }
