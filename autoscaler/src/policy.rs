@@ -108,6 +108,8 @@ struct Plan<'a> {
     /// Idle resources per node as the plan stands (growth is placed on them).
     idle: Vec<Resources>,
     grown: Vec<u32>,
+    /// Whether pods without GPUs (0) or with (1) of a starved job wait for a node.
+    admitting: [bool; 2],
 }
 
 /// One pass of edl's policy: the jobs whose trainer count changes.
@@ -142,6 +144,7 @@ pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
         total,
         idle: snapshot.nodes.iter().map(|n| n.idle()).collect(),
         grown: vec![0; jobs.len()],
+        admitting: [false; 2],
     };
     // Jobs in a canonical order (priority, then age, then name): the answer must not
     // depend on the snapshot's order.
@@ -149,21 +152,27 @@ pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
     order.sort_by(|&a, &b| canonical(&jobs[a], &jobs[b]));
 
     let starved = plan.give_up_unbound(&order);
-    // A job whose pods wait for the scheduler to make its minimum: the room being made
-    // for it is not given to growth (the scheduler would bind the newer pods first).
-    let admitting = |i: usize| {
-        starved[i].is_some() && (jobs[i].pods.unbound > 0 || !jobs[i].waiting.is_empty())
-    };
-    let admitting = (0..jobs.len()).any(admitting);
+    // While a job's pods wait for the scheduler to make its minimum, trainers of the
+    // same kind (GPU or not) do not grow: the scheduler would bind the newer pods first
+    // and take the room being made for it.
+    for (i, j) in jobs.iter().enumerate() {
+        if starved[i].is_some() {
+            let pods = j
+                .waiting
+                .iter()
+                .chain((j.pods.unbound > 0).then_some(&j.trainer));
+            for pod in pods {
+                plan.admitting[usize::from(pod.gpu > 0)] = true;
+            }
+        }
+    }
     if config.preempt {
         plan.trim(&order);
         let queued = plan.admit_by_worth(&order, &starved);
-        if !admitting {
-            plan.grow_where_it_pays(&order);
-            plan.admit_into_free_room(&queued);
-            plan.rebalance(&order);
-        }
-    } else if plan.admit(&order, &starved) && !admitting {
+        plan.grow_where_it_pays(&order);
+        plan.admit_into_free_room(&queued);
+        plan.rebalance(&order);
+    } else if plan.admit(&order, &starved) {
         plan.grow_where_it_pays(&order);
         plan.rebalance(&order);
     }
@@ -364,6 +373,7 @@ impl Plan<'_> {
         let j = self.job(i);
         let n = self.target[i];
         if !j.is_elastic()
+            || self.admitting[usize::from(j.trainer.gpu > 0)]
             || n < j.min
             || n >= j.max
             || self.frozen[i]
