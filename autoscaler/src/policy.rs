@@ -6,29 +6,41 @@
 //! 2. **Give up scale-ups that found no node.** Trainers of an earlier scale-up that are
 //!    still unbound are taken back (a job left alone for `min_interval` is asked again
 //!    later), so they neither hold a place in the scheduler's queue nor look like demand.
-//! 3. **Admission.** A *starved* job (fewer than `min` trainers bound, or pservers not
-//!    bound) gets room for its minimum: in priority order (then oldest first), the
-//!    trainers worth least are taken from jobs of the same or a lower priority, several
-//!    per job if needed, until the minimum fits in the cluster's `max_load` share. If it
-//!    cannot fit even then, nothing is taken for it and nobody grows in this pass.
-//! 4. **Growth.** Free room goes one trainer at a time to the job whose next trainer is
-//!    worth most (priority first), while a node can host it: as many as fit, in one pass.
-//! 5. **Rebalancing.** A trainer moves from the job where it is worth least to the job
-//!    where it would be worth most when the gain beats the loss by `hysteresis` (or the
-//!    receiver's priority is higher).
+//! 3. **Too many trainers** (with `preempt`). A job running at a count observed slower
+//!    than a smaller count worth running at is lowered to it.
+//! 4. **Admission.** A *starved* job (fewer than `min` trainers bound, or pservers not
+//!    bound) gets room for its minimum. Without `preempt`: in priority order (then
+//!    oldest first), the trainers worth least are taken from jobs of the same or a lower
+//!    priority, several per job if needed, until the minimum fits in the cluster's
+//!    `max_load` share; if it cannot fit even then, nothing is taken for it and nobody
+//!    grows in this pass. With `preempt` (`policy/preempt.rs`): by priority, then by the
+//!    worth of its minimum, from units worth less (a trainer above a minimum, or a whole
+//!    job suspended); a job not admitted is queued at 0 trainers.
+//!    While a starved job's pods wait for a node, no trainer of their kind (GPU or not)
+//!    is added: the scheduler would bind the newer pods first.
+//! 5. **Growth.** Free room goes to the job whose next trainers are worth most (priority
+//!    first), a step at a time to its next count worth running at, while nodes can host
+//!    them; growth that saves its job no more than `change_cost` is not made.
+//! 6. **Rebalancing.** A trainer moves from the job where it is worth least to the job
+//!    where it would be worth most when the gain beats the loss by `hysteresis` and the
+//!    time saved beats the time lost plus the changes (or the receiver's priority is
+//!    higher).
 //!
-//! A trainer's worth is what it adds to its job's speed (from a speed-up curve fitted to
-//! the job's observed speeds, [`Speedup::fit`]), divided by the work the job has left and
-//! by the trainer's dominant share of the cluster: trainers go where they shorten jobs
-//! most per unit of cluster, which favours jobs that still scale and jobs close to done.
-//! A trainer adding less than `min_gain` of one trainer's speed is never added, and a job
-//! that will finish within `min_remaining` seconds is not grown.
+//! A trainer's worth is what it adds to its job's speed (on the job's [`RateModel`]: the
+//! hull of its observed and fitted speeds by count), divided by the work the job has left
+//! raised to `size_exponent` and by the trainer's dominant share of the cluster: trainers
+//! go where they shorten jobs most per unit of cluster, which favours jobs that still
+//! scale and jobs close to done. A trainer adding less than `min_gain` of one trainer's
+//! speed is never added, and a job that will finish within `min_remaining` seconds is not
+//! grown.
 //!
-//! Invariants (property tests in `policy_tests.rs`):
-//! - an answered count is within `[min, max]`; a job is answered at most once, only when
-//!   its count changes; jobs with `min == max` inside their bounds are never answered;
-//! - a job changed less than `min_interval` ago is only lowered, and only to admit a job
-//!   of the same or a higher priority (or to respect its bounds);
+//! Invariants (property tests in `policy_tests.rs`, with and without `preempt`):
+//! - an answered count is within `[min, max]`, or 0 for an elastic job with `preempt`; a
+//!   job is answered at most once, only when its count changes; jobs with `min == max`
+//!   inside their bounds are never answered;
+//! - a job changed less than `min_interval` ago is only lowered, only to admit a job of
+//!   the same or a higher priority (or to respect its bounds), and never suspended while
+//!   it has trainers bound;
 //! - no job is lowered for the benefit of a job of a lower priority;
 //! - growth never takes the requests past `max_load` of the cluster;
 //! - the answer depends on the jobs, not on their order in the snapshot.
