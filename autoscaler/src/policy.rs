@@ -271,45 +271,55 @@ impl Plan<'_> {
         let mut all_admitted = true;
         for &s in order {
             let Some(pods) = &starved[s] else { continue };
-            let saved = (self.target.clone(), self.used, self.idle.clone());
-            let mut pods = pods.clone();
-            pods.sort_by_key(|r| std::cmp::Reverse((r.gpu, r.cpu_milli, r.mem_mib)));
-            let need: Resources = pods.iter().copied().sum();
-            let mut ok = true;
-            for pod in &pods {
-                if let Some(n) = self.tightest(pod) {
-                    self.idle[n] = self.idle[n].saturating_sub(pod);
-                    continue;
-                }
-                match self.donor(order, starved, s, Some(pod)) {
-                    Some(d) => {
-                        self.target[d] -= 1;
-                        self.used = self.used.saturating_sub(&self.job(d).trainer);
-                    }
-                    None => {
-                        ok = false;
-                        break;
-                    }
-                }
-            }
-            while ok && !self.free().fits(&need) {
-                match self.donor(order, starved, s, None) {
-                    Some(d) => {
-                        self.target[d] -= 1;
-                        self.used = self.used.saturating_sub(&self.job(d).trainer);
-                    }
-                    None => ok = false,
-                }
-            }
-            if ok {
-                self.used += need;
-            } else {
-                (self.target, self.used, self.idle) = saved;
-                self.used += need;
+            let placed = self.place_minimum(pods, |plan, pod| {
+                let Some(d) = plan.donor(order, starved, s, pod) else {
+                    return false;
+                };
+                plan.target[d] -= 1;
+                plan.used = plan.used.saturating_sub(&plan.job(d).trainer);
+                true
+            });
+            if !placed {
+                // Its room is held: nobody grows into it.
+                self.used += pods.iter().copied().sum();
                 all_admitted = false;
             }
         }
         all_admitted
+    }
+
+    /// Places a starved job's `pods` (largest first): each on the fullest node it fits,
+    /// else by `take` taking a donor's unit at least as large as the pod (its node will
+    /// have room once it drained); then more donors until the cluster stays within its
+    /// `max_load` share. True when placed, the pods then counted; when not, nothing
+    /// changes.
+    fn place_minimum(
+        &mut self,
+        pods: &[Resources],
+        mut take: impl FnMut(&mut Self, Option<&Resources>) -> bool,
+    ) -> bool {
+        let saved = (self.target.clone(), self.used, self.idle.clone());
+        let mut pods = pods.to_vec();
+        pods.sort_by_key(|r| std::cmp::Reverse((r.gpu, r.cpu_milli, r.mem_mib)));
+        let need: Resources = pods.iter().copied().sum();
+        let mut ok = true;
+        for pod in &pods {
+            if let Some(n) = self.tightest(pod) {
+                self.idle[n] = self.idle[n].saturating_sub(pod);
+            } else if !take(self, Some(pod)) {
+                ok = false;
+                break;
+            }
+        }
+        while ok && !self.free().fits(&need) {
+            ok = take(self, None);
+        }
+        if ok {
+            self.used += need;
+        } else {
+            (self.target, self.used, self.idle) = saved;
+        }
+        ok
     }
 
     /// The node with the least room that still fits `pod` (no GPU node for a pod

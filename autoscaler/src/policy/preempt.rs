@@ -4,6 +4,16 @@
 
 #[cfg(doc)]
 use super::PolicyConfig;
+
+/// A job queued at 0 trainers in this pass.
+#[derive(Debug, Clone)]
+pub(super) struct Queued {
+    job: usize,
+    /// The pods its minimum needs (its other pods, then its trainers).
+    pods: Vec<Resources>,
+    /// What of those already counts in the plan (its other pods, still waiting).
+    held: Resources,
+}
 use super::{Plan, canonical};
 use crate::Resources;
 
@@ -28,17 +38,17 @@ impl Plan<'_> {
             .map_or(0.0, |i| self.worth(i, self.target[i] + 1))
     }
 
-    /// Step 3 with preemption: starved jobs in order of priority, then of the worth of
-    /// their minimum. A job is admitted when free room, or trainers and suspended jobs
-    /// worth less than it (by `hysteresis`, or of a lower priority), make room for its
-    /// minimum; free room only when no running job's growth is worth more. An elastic
-    /// job that is not admitted is queued (0 trainers) and returned; a fixed one keeps
-    /// its pods waiting, and its room is held.
+    /// Step 4 with preemption: starved jobs in order of priority, then of the worth of
+    /// their minimum. A job whose minimum is worth at least every running job's next
+    /// trainers is admitted when free room, or trainers and suspended jobs worth less
+    /// than it (by `hysteresis`, or of a lower priority), make room for its minimum. An
+    /// elastic job that is not admitted is queued (0 trainers) and returned; a fixed one
+    /// keeps its pods waiting, and its room is held.
     pub(super) fn admit_by_worth(
         &mut self,
         order: &[usize],
         starved: &[Option<Vec<Resources>>],
-    ) -> Vec<(usize, Vec<Resources>)> {
+    ) -> Vec<Queued> {
         let mut by_worth: Vec<usize> = order
             .iter()
             .copied()
@@ -49,8 +59,13 @@ impl Plan<'_> {
         for s in by_worth {
             let Some(pods) = &starved[s] else { continue };
             let worth = self.block_worth(s);
-            let may_use_free = worth >= self.best_growth(order);
-            if !self.make_room(order, starved, s, pods, worth, may_use_free) {
+            // A job worth less than some running job's growth waits for the room
+            // growth leaves.
+            let admitted = worth >= self.best_growth(order)
+                && self.place_minimum(pods, |plan, pod| {
+                    plan.take_from_donor(order, starved, s, pod, worth)
+                });
+            if !admitted {
                 let j = self.job(s);
                 let bound = j.pods.total - j.pods.unbound;
                 // A recent change keeps the trainers it has bound.
@@ -63,52 +78,17 @@ impl Plan<'_> {
                     let others: Resources = pods[..pods.len() - short].iter().copied().sum();
                     self.used += others;
                     self.target[s] = 0;
-                    queued.push((s, all));
+                    queued.push(Queued {
+                        job: s,
+                        pods: all,
+                        held: others,
+                    });
                 } else {
                     self.used += pods.iter().copied().sum();
                 }
             }
         }
         queued
-    }
-
-    /// Makes room for starved job `s`'s `pods`, from free room when `may_use_free` and
-    /// from donors worth less than `worth`: true when done; nothing changes when not.
-    fn make_room(
-        &mut self,
-        order: &[usize],
-        starved: &[Option<Vec<Resources>>],
-        s: usize,
-        pods: &[Resources],
-        worth: f64,
-        may_use_free: bool,
-    ) -> bool {
-        let saved = (self.target.clone(), self.used, self.idle.clone());
-        let mut pods = pods.to_vec();
-        pods.sort_by_key(|r| std::cmp::Reverse((r.gpu, r.cpu_milli, r.mem_mib)));
-        let need: Resources = pods.iter().copied().sum();
-        let mut ok = true;
-        for pod in &pods {
-            if may_use_free && let Some(n) = self.tightest(pod) {
-                self.idle[n] = self.idle[n].saturating_sub(pod);
-                continue;
-            }
-            if !self.take_from_donor(order, starved, s, Some(pod), worth) {
-                ok = false;
-                break;
-            }
-        }
-        while ok && !(may_use_free && self.free().fits(&need)) {
-            if !self.take_from_donor(order, starved, s, None, worth) {
-                ok = false;
-            }
-        }
-        if ok {
-            self.used += need;
-        } else {
-            (self.target, self.used, self.idle) = saved;
-        }
-        ok
     }
 
     /// Takes the unit worth least that may go to starved job `s`: a trainer above a
@@ -171,25 +151,22 @@ impl Plan<'_> {
         true
     }
 
-    /// After growth: queued jobs (with the pods each needs for its minimum), worth most
-    /// first, into the room left.
-    pub(super) fn admit_into_free_room(&mut self, queued: &[(usize, Vec<Resources>)]) {
+    /// After growth: queued jobs, worth most first, into the room left.
+    pub(super) fn admit_into_free_room(&mut self, queued: &[Queued]) {
         let mut queued = queued.to_vec();
-        queued.sort_by(|a, b| self.by_block_worth(a.0, b.0));
-        for (s, pods) in queued {
-            // Its other pods already count (admit_by_worth): only its trainers are new.
-            let trainer = self.job(s).trainer;
-            let others: Resources = pods.iter().copied().filter(|r| *r != trainer).sum();
-            let need: Resources = pods
+        queued.sort_by(|a, b| self.by_block_worth(a.job, b.job));
+        for q in queued {
+            let need = q
+                .pods
                 .iter()
                 .copied()
                 .sum::<Resources>()
-                .saturating_sub(&others);
+                .saturating_sub(&q.held);
             if !self.free().fits(&need) {
                 continue;
             }
             let saved = self.idle.clone();
-            let placed = pods.iter().all(|pod| match self.tightest(pod) {
+            let placed = q.pods.iter().all(|pod| match self.tightest(pod) {
                 Some(k) => {
                     self.idle[k] = self.idle[k].saturating_sub(pod);
                     true
@@ -198,7 +175,7 @@ impl Plan<'_> {
             });
             if placed {
                 self.used += need;
-                self.target[s] = self.job(s).min.max(1);
+                self.target[q.job] = self.job(q.job).min.max(1);
             } else {
                 self.idle = saved;
             }

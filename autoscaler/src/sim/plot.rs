@@ -91,12 +91,7 @@ pub fn svg(title: &str, results: &[SimResult]) -> String {
                 let y = y0 + PANEL_H - PANEL_H * (v / y_max).clamp(0.0, 1.0);
                 let _ = write!(points, "{x:.1},{y:.1} ");
             }
-            let _ = writeln!(
-                out,
-                r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
-                COLORS[i % COLORS.len()],
-                points.trim_end()
-            );
+            polyline(&mut out, i, &points);
         }
     }
     legend(&mut out, results, h);
@@ -180,15 +175,20 @@ pub fn jct_cdf(title: &str, results: &[SimResult]) -> String {
                 y_of((k + 1) as f64 / n)
             );
         }
-        let _ = writeln!(
-            out,
-            r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
-            COLORS[i % COLORS.len()],
-            points.trim_end()
-        );
+        polyline(&mut out, i, &points);
     }
     legend(&mut out, results, h);
     out
+}
+
+/// Policy `i`'s line through `points` ("x,y x,y ...").
+fn polyline(out: &mut String, i: usize, points: &str) {
+    let _ = writeln!(
+        out,
+        r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
+        COLORS[i % COLORS.len()],
+        points.trim_end()
+    );
 }
 
 /// The start of a figure `h` high: its size, a white ground and `title`.
