@@ -1124,11 +1124,14 @@ async fn full_store_refuses_writes_until_space_is_freed(backend: Arc<dyn Backend
         "a transaction that puts",
     );
 
-    // Served while full.
+    // Served while full. etcd checks the quota twice: before a put (refused, not
+    // applied) and again as it applies one, where a put that takes the store past the
+    // quota is kept and still answered `NoSpace`. So the refused put may be there.
     assert!(backend.get("/full/leased").await.unwrap().is_some());
-    assert_eq!(
-        backend.range("/full/junk/").await.unwrap().0.len() as u64,
-        filled
+    let held = backend.range("/full/junk/").await.unwrap().0.len() as u64;
+    assert!(
+        held == filled || held == filled + 1,
+        "{held} values held after {filled} accepted puts"
     );
     assert!(
         backend
@@ -1147,7 +1150,7 @@ async fn full_store_refuses_writes_until_space_is_freed(backend: Arc<dyn Backend
     assert!(backend.txn(delete_txn).await.unwrap().succeeded);
     assert_eq!(
         backend.delete_prefix("/full/junk/").await.unwrap(),
-        filled - 1
+        held - 1
     );
     // Deleting is not enough: the alarm stays until the space is freed.
     refused(
