@@ -90,6 +90,23 @@ fn default_change_cost() -> f64 {
     0.0
 }
 
+impl PolicyConfig {
+    /// Admission by worth with suspension ([`PolicyConfig::preempt`]), with the
+    /// settings measured best on the Pollux workloads (docs/autoscaler.md, "`edl sim`"):
+    /// a change costs `change_cost` seconds, work left weighs by its square root
+    /// (`size_exponent` 0.5, between equal sharing and shortest first), and a job is
+    /// left alone 120 s after a change.
+    pub fn preemptive(change_cost: f64) -> PolicyConfig {
+        PolicyConfig {
+            change_cost,
+            preempt: true,
+            size_exponent: 0.5,
+            min_interval: 120.0,
+            ..PolicyConfig::default()
+        }
+    }
+}
+
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
@@ -272,12 +289,10 @@ impl Plan<'_> {
         for &s in order {
             let Some(pods) = &starved[s] else { continue };
             let placed = self.place_minimum(pods, |plan, pod| {
-                let Some(d) = plan.donor(order, starved, s, pod) else {
-                    return false;
-                };
+                let d = plan.donor(order, starved, s, pod)?;
                 plan.target[d] -= 1;
                 plan.used = plan.used.saturating_sub(&plan.job(d).trainer);
-                true
+                Some((plan.job(d).trainer, 1))
             });
             if !placed {
                 // Its room is held: nobody grows into it.
@@ -289,30 +304,49 @@ impl Plan<'_> {
     }
 
     /// Places a starved job's `pods` (largest first): each on the fullest node it fits,
-    /// else by `take` taking a donor's unit at least as large as the pod (its node will
-    /// have room once it drained); then more donors until the cluster stays within its
-    /// `max_load` share. True when placed, the pods then counted; when not, nothing
-    /// changes.
+    /// else in the fullest hole a donor's drained trainers leave, else by `take` taking
+    /// a donor's unit (a trainer, or a whole job's `count` trainers) at least as large as
+    /// the pod, whose trainers each leave a hole; then more donors until the cluster
+    /// stays within its `max_load` share. True when placed, the pods then counted; when
+    /// not, nothing changes.
     fn place_minimum(
         &mut self,
         pods: &[Resources],
-        mut take: impl FnMut(&mut Self, Option<&Resources>) -> bool,
+        mut take: impl FnMut(&mut Self, Option<&Resources>) -> Option<(Resources, u32)>,
     ) -> bool {
         let saved = (self.target.clone(), self.used, self.idle.clone());
         let mut pods = pods.to_vec();
         pods.sort_by_key(|r| std::cmp::Reverse((r.gpu, r.cpu_milli, r.mem_mib)));
         let need: Resources = pods.iter().copied().sum();
+        let mut holes: Vec<Resources> = Vec::new();
         let mut ok = true;
         for pod in &pods {
             if let Some(n) = self.tightest(pod) {
                 self.idle[n] = self.idle[n].saturating_sub(pod);
-            } else if !take(self, Some(pod)) {
-                ok = false;
-                break;
+                continue;
+            }
+            if holes.iter().all(|h| !h.fits(pod)) {
+                match take(self, Some(pod)) {
+                    Some((trainer, count)) => {
+                        holes.extend(std::iter::repeat_n(trainer, count as usize));
+                    }
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            // The fullest hole that fits (the donor's trainer fits the pod).
+            if let Some(h) = holes
+                .iter_mut()
+                .filter(|h| h.fits(pod))
+                .min_by_key(|h| (h.gpu, h.cpu_milli, h.mem_mib))
+            {
+                *h = h.saturating_sub(pod);
             }
         }
         while ok && !self.free().fits(&need) {
-            ok = take(self, None);
+            ok = take(self, None).is_some();
         }
         if ok {
             self.used += need;

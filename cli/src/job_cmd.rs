@@ -47,7 +47,8 @@ pub struct ScaleArgs {
     pub kube: KubeArgs,
     /// The job.
     pub job: JobName,
-    /// Desired trainer count (kept within the spec's [min_trainers, max_trainers]).
+    /// Desired trainer count (kept within the spec's [min_trainers, max_trainers]; on
+    /// Kubernetes, 0 holds the job without trainers, its masters and pservers running).
     #[arg(long)]
     pub trainers: u32,
 }

@@ -255,8 +255,9 @@ def test_the_examples_pass_the_crd_rules_and_bad_ones_are_refused_by_them() -> N
         lambda o: o["spec"].setdefault("volumes", {}).update(data={"claimName": "a", "hostPath": "/d"})
     )
     assert any("exactly one of claimName" in v for v in two_sources), two_sources
-    # Within the bounds is fine.
+    # Within the bounds is fine, and so is 0: the job held without trainers.
     assert variant(cluster(trainers=3, min_trainers=1, max_trainers=4)) == []
+    assert variant(cluster(trainers=0, min_trainers=2, max_trainers=4)) == []
 
 
 RESTRICTED_CAPS = {"NET_BIND_SERVICE"}

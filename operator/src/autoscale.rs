@@ -3,7 +3,10 @@
 //! PriorityClasses and the TrainingJobs, builds a [`Snapshot`], asks
 //! [`edl_autoscaler::policy::decide`] for new trainer counts, and sets each through the
 //! TrainingJob's scale subresource (as `kubectl scale` would). The controller then
-//! creates trainers or drains surplus ones; the autoscaler never deletes a pod.
+//! creates trainers or drains surplus ones; the autoscaler never deletes a pod. With
+//! [`PolicyConfig::preempt`] (`--autoscale-preempt`) it may set an elastic job's trainers
+//! to 0: the job is held without trainers, its masters and pservers keeping its state,
+//! until the policy gives it its minimum again.
 //!
 //! What the snapshot holds, from the API objects:
 //! - **nodes**: those schedulable (not `spec.unschedulable`) and `Ready`; allocatable
@@ -413,12 +416,16 @@ pub async fn run(
                     {
                         Ok(_) => {
                             metrics.autoscaler_changes.inc();
-                            tracing::info!(
-                                job = %format!("{}/{}", change.namespace, change.name),
-                                from = change.from,
-                                to = change.to,
-                                "autoscaler: trainers"
-                            );
+                            let job = format!("{}/{}", change.namespace, change.name);
+                            let (from, to) = (change.from, change.to);
+                            match (from, to) {
+                                (_, 0) => tracing::info!(
+                                    %job, from,
+                                    "autoscaler: job held without trainers, for a job worth more"
+                                ),
+                                (0, _) => tracing::info!(%job, to, "autoscaler: job resumed"),
+                                _ => tracing::info!(%job, from, to, "autoscaler: trainers"),
+                            }
                         }
                         Err(e) => {
                             autoscaler.not_applied(&change);

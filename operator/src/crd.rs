@@ -8,7 +8,8 @@
 //! The scale subresource is `spec.cluster.trainers` (desired) and
 //! `status.trainers.running` (observed), with `status.selector` selecting the trainer
 //! pods, so `kubectl scale`, an HPA or edl's autoscaler can resize a job. The schema
-//! checks `min_trainers <= trainers <= max_trainers`; everything else about the job is
+//! checks `min_trainers <= trainers <= max_trainers`, or `trainers == 0`: the job held
+//! without trainers (its masters and pservers stay); everything else about the job is
 //! checked by the operator (parsing it as an [`edl_job::JobSpec`]), which marks the job
 //! `Failed` with a condition naming the field.
 //!
@@ -62,7 +63,7 @@ pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
     printcolumn(name = "Trainers", type_ = "integer", json_path = ".status.trainers.running"),
     printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.cluster.trainers"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    validation = Rule::new("!has(self.spec.cluster) || self.spec.cluster.min_trainers <= self.spec.cluster.trainers").message("spec.cluster.trainers must be at least spec.cluster.min_trainers"),
+    validation = Rule::new("!has(self.spec.cluster) || self.spec.cluster.trainers == 0 || self.spec.cluster.min_trainers <= self.spec.cluster.trainers").message("spec.cluster.trainers must be 0 (the job held without trainers) or at least spec.cluster.min_trainers"),
     validation = Rule::new("!has(self.spec.cluster) || !has(self.spec.cluster.max_trainers) || self.spec.cluster.trainers <= self.spec.cluster.max_trainers").message("spec.cluster.trainers must be at most spec.cluster.max_trainers"),
     validation = Rule::new("size(self.metadata.name) <= 40").message("metadata.name: at most 40 characters (pod names add a role and an index)")
 )]

@@ -6,9 +6,11 @@
 //!
 //! Invariants (checked by the property tests below):
 //! - a pod is created only for a slot the spec wants (masters `0..masters`, pservers
-//!   `0..pservers * pserver_replicas` (slot `s` holds shard `s % pservers`), trainers `0..trainers` with `min_trainers <= trainers <=
-//!   max_trainers`, the etcd when managed) and only when no pod of that name exists,
-//!   terminating or not (a replacement waits until its predecessor is gone);
+//!   `0..pservers * pserver_replicas` (slot `s` holds shard `s % pservers`), trainers
+//!   `0..trainers` with `min_trainers <= trainers <= max_trainers` or none (`trainers`
+//!   0: the job held without trainers), the etcd when managed) and only when no pod of
+//!   that name exists, terminating or not (a replacement waits until its predecessor
+//!   is gone);
 //! - a pod is deleted only if it exists and is not already terminating;
 //! - a job being deleted gets no new pods; its finalizer goes only after its etcd keys
 //!   and (when the operator made them) its etcd user and role;
@@ -47,7 +49,7 @@
 //! so far); a phase that finds the job over (deleted, invalid, finished, crash-looping)
 //! returns the plan itself.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use edl_job::JobSpec;
@@ -215,8 +217,9 @@ pub struct Observed<'a> {
     pub claims: BTreeSet<String>,
     /// The names of its NetworkPolicies.
     pub network_policies: BTreeSet<String>,
-    /// The names of its Volcano PodGroups (looked for only when it asks for Volcano).
-    pub pod_groups: BTreeSet<String>,
+    /// Its Volcano PodGroups (looked for only when it asks for Volcano): name, and
+    /// `spec.minMember` (0 if it has none).
+    pub pod_groups: BTreeMap<String, u32>,
     /// The operator's namespace (its NetworkPolicy admits the operator's pods from it).
     pub operator_namespace: String,
     /// Its state in etcd, or why etcd could not be read.
@@ -294,6 +297,9 @@ pub struct Plan {
     pub create_network_policies: Vec<NetworkPolicy>,
     /// Volcano PodGroups to create (before the pods).
     pub create_pod_groups: Vec<serde_json::Value>,
+    /// Volcano PodGroups whose `spec.minMember` to set (the job held at 0 trainers, or
+    /// no longer): name, minMember.
+    pub pod_group_min_members: Vec<(String, u32)>,
     /// The change to the job's Kueue Workload.
     pub workload: Option<WorkloadChange>,
     /// The new status (`None`: leave it).
@@ -357,10 +363,22 @@ fn set_condition(
     }
 }
 
+/// The trainers `tj` wants: `spec.cluster.trainers` within `[min_trainers,
+/// max_trainers]`, or 0, which holds the job without trainers (its masters and
+/// pservers keep its state; edl's autoscaler does so to make room for a job worth
+/// more).
+pub fn desired_trainers(tj: &TrainingJob) -> u32 {
+    let c = &tj.spec.cluster;
+    match c.trainers {
+        0 => 0,
+        n => n.clamp(c.min_trainers, c.max_trainers()),
+    }
+}
+
 /// The slots `tj` wants, in start order.
 pub fn desired_slots(tj: &TrainingJob) -> Vec<Slot> {
     let c = &tj.spec.cluster;
-    let trainers = c.trainers.clamp(c.min_trainers, c.max_trainers());
+    let trainers = desired_trainers(tj);
     let mut out = Vec::new();
     if tj.spec.etcd.managed {
         out.extend((0..tj.spec.etcd.members.max(1)).map(|index| Slot {

@@ -365,7 +365,8 @@ pub fn render_status(tj: &TrainingJob) -> String {
 }
 
 /// Sets the job's desired trainer count through the scale subresource, kept within the
-/// spec's `[min_trainers, max_trainers]`; returns the count asked for.
+/// spec's `[min_trainers, max_trainers]` (0 holds the job without trainers); returns the
+/// count asked for.
 pub async fn scale(
     client: &Client,
     namespace: &str,
@@ -374,7 +375,10 @@ pub async fn scale(
 ) -> Result<u32, ClusterError> {
     let tj = get(client, namespace, name).await?;
     let c = &tj.spec.cluster;
-    let want = trainers.clamp(c.min_trainers, c.max_trainers());
+    let want = match trainers {
+        0 => 0,
+        n => n.clamp(c.min_trainers, c.max_trainers()),
+    };
     let api: Api<TrainingJob> = Api::namespaced(client.clone(), namespace);
     api.patch_scale(
         name,

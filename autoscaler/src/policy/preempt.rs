@@ -95,7 +95,7 @@ impl Plan<'_> {
     /// job's minimum, or a whole job at its minimum (suspended), of the same or a lower
     /// priority, worth less than `worth` by `hysteresis` unless of a lower priority. A
     /// job is suspended only when it would take longer than `s` plus two changes.
-    /// False when there is none.
+    /// The trainer and how many were taken; `None` when there is none.
     fn take_from_donor(
         &mut self,
         order: &[usize],
@@ -103,7 +103,7 @@ impl Plan<'_> {
         s: usize,
         pod: Option<&Resources>,
         worth: f64,
-    ) -> bool {
+    ) -> Option<(Resources, u32)> {
         let sj = self.job(s);
         let s_time = self.time_left(s, sj.min.max(1)).unwrap_or(0.0);
         let unit = |d: usize| -> Option<(f64, u32)> {
@@ -142,13 +142,11 @@ impl Plan<'_> {
                     .then(self.job(a.0).priority.cmp(&self.job(b.0).priority))
                     .then(canonical(self.job(b.0), self.job(a.0)))
             });
-        let Some((d, (_, count))) = best else {
-            return false;
-        };
+        let (d, (_, count)) = best?;
         self.target[d] -= count;
-        let freed = self.job(d).trainer * u64::from(count);
-        self.used = self.used.saturating_sub(&freed);
-        true
+        let trainer = self.job(d).trainer;
+        self.used = self.used.saturating_sub(&(trainer * u64::from(count)));
+        Some((trainer, count))
     }
 
     /// After growth: queued jobs, worth most first, into the room left.

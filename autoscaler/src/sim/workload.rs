@@ -31,13 +31,7 @@ pub const CHANGE_COST: f64 = 30.0;
 /// and weighs work left by its square root, between equal sharing and shortest first.
 /// Jobs are left alone 120 s after a change (two ticks).
 pub fn policy_config() -> crate::policy::PolicyConfig {
-    crate::policy::PolicyConfig {
-        change_cost: CHANGE_COST,
-        preempt: true,
-        size_exponent: 0.5,
-        min_interval: 120.0,
-        ..Default::default()
-    }
+    crate::policy::PolicyConfig::preemptive(CHANGE_COST)
 }
 
 /// One job of a workload file.

@@ -144,6 +144,21 @@ pub struct RunArgs {
     /// How often the autoscaler decides.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub autoscale_every: std::time::Duration,
+    /// Let the autoscaler hold elastic jobs at 0 trainers (their masters and pservers
+    /// stay) so that a job worth more need not wait, and admit jobs by their estimated
+    /// time left: the settings measured best on the Pollux workloads
+    /// (docs/autoscaler.md).
+    #[arg(long, requires = "autoscale")]
+    pub autoscale_preempt: bool,
+    /// Seconds of progress the autoscaler takes a trainer-count change to cost a job (it
+    /// changes a job only when that saves more); with `--autoscale-preempt`.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        requires = "autoscale_preempt",
+        default_value_t = 30.0
+    )]
+    pub autoscale_change_cost: f64,
     /// Admit each TrainingJob that names a Kueue LocalQueue (label
     /// `kueue.x-k8s.io/queue-name`) through a Kueue Workload of its own: the job runs
     /// only while Kueue admits it (docs/kubernetes.md, Kueue).

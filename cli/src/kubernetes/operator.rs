@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
+use edl_autoscaler::policy::PolicyConfig;
 use edl_job::JobSpec;
 use edl_job::spec::Globs;
 use edl_operator::TrainingJob;
@@ -128,7 +129,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         services: BTreeSet::new(),
         claims: BTreeSet::new(),
         network_policies: BTreeSet::new(),
-        pod_groups: BTreeSet::new(),
+        pod_groups: Default::default(),
         operator_namespace: "edl-system".to_owned(),
         etcd: Ok(EtcdState::default()),
         // What an operator without admin credentials for the jobs' etcd creates: job pods
@@ -215,9 +216,19 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
             renew: std::time::Duration::from_secs(5),
         };
         tracing::info!(namespace = ?args.namespace, "edl operator starting");
+        let cost = args.autoscale_change_cost;
+        anyhow::ensure!(
+            cost.is_finite() && cost >= 0.0,
+            "--autoscale-change-cost {cost}: give seconds, 0 or more"
+        );
         let autoscale = args.autoscale.then(|| AutoscaleConfig {
             namespace: args.namespace.clone(),
             every: args.autoscale_every,
+            policy: if args.autoscale_preempt {
+                PolicyConfig::preemptive(args.autoscale_change_cost)
+            } else {
+                PolicyConfig::default()
+            },
             ..AutoscaleConfig::default()
         });
         let c = client.clone();

@@ -287,3 +287,81 @@ fn a_higher_priority_job_takes_trainers_from_a_lower_one() {
         None
     );
 }
+
+#[test]
+fn with_preempt_a_new_job_holds_a_long_one_at_zero_trainers() {
+    // 16 CPU (15.52 usable): another tenant's 9, the long job's pserver and 2 trainers
+    // (its minimum). The new job needs a pserver and 2 trainers (5 CPU); 1.52 are free.
+    let nodes = [node("a", "16", "64Gi", 0, true, false)];
+    let mut pods = vec![
+        a_pod("other", None, "9", Some("a"), "Running"),
+        bound("long", "pserver", 0, "1"),
+        bound("long", "trainer", 0, "2"),
+        bound("long", "trainer", 1, "2"),
+    ];
+    let mut a = Autoscaler::new(AutoscaleConfig {
+        policy: PolicyConfig::preemptive(30.0),
+        ..config()
+    });
+    // The long job's speed: 1 task/s at 2 trainers, with 2 passes of 100 tasks.
+    for (t, done) in [(T0, 0), (T0 + 10.0, 10)] {
+        let mut long = job("long", 2, 2, 8, None);
+        progress(&mut long, 0, done, 2);
+        let jobs = [long];
+        let (_, changes) = a.pass(&Objects {
+            nodes: &nodes,
+            pods: &pods,
+            priority_classes: &[],
+            jobs: &jobs,
+            now: t,
+        });
+        assert_eq!(changes, vec![], "nothing else wants room: left alone");
+    }
+    pods.push(a_pod(
+        "new-pserver-0",
+        Some(("new", "pserver")),
+        "1",
+        None,
+        "Pending",
+    ));
+    for i in 0..2 {
+        pods.push(a_pod(
+            &format!("new-trainer-{i}"),
+            Some(("new", "trainer")),
+            "2",
+            None,
+            "Pending",
+        ));
+    }
+    let mut long = job("long", 2, 2, 8, None);
+    progress(&mut long, 0, 20, 2);
+    let jobs = [long, job("new", 2, 2, 4, None)];
+    let (_, changes) = a.pass(&Objects {
+        nodes: &nodes,
+        pods: &pods,
+        priority_classes: &[],
+        jobs: &jobs,
+        now: T0 + 20.0,
+    });
+    // The new job, never seen running, goes first; the long one, with 180 s left at its
+    // minimum, is held at 0 (its pserver stays).
+    assert_eq!(
+        changes,
+        vec![Change {
+            namespace: "ml".into(),
+            name: "long".into(),
+            from: 2,
+            to: 0
+        }]
+    );
+    // Without preempt the new job waits, and the long one keeps its trainers.
+    let mut plain = Autoscaler::new(config());
+    let (_, changes) = plain.pass(&Objects {
+        nodes: &nodes,
+        pods: &pods,
+        priority_classes: &[],
+        jobs: &jobs,
+        now: T0 + 20.0,
+    });
+    assert_eq!(changes, vec![]);
+}

@@ -377,7 +377,13 @@ async fn observe<'a>(
         services: services.items.iter().map(ResourceExt::name_any).collect(),
         claims: claims.items.iter().map(ResourceExt::name_any).collect(),
         network_policies: policies.items.iter().map(ResourceExt::name_any).collect(),
-        pod_groups: pod_groups.iter().map(ResourceExt::name_any).collect(),
+        pod_groups: pod_groups
+            .iter()
+            .map(|g| {
+                let min = g.data["spec"]["minMember"].as_u64().unwrap_or(0);
+                (g.name_any(), u32::try_from(min).unwrap_or(u32::MAX))
+            })
+            .collect(),
         operator_namespace: ctx.config.operator_namespace.clone(),
         etcd,
         credentials,
@@ -587,6 +593,13 @@ async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Er
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(kube_err("create the job's Volcano PodGroup")(e)),
         }
+    }
+    for (name, min) in &plan.pod_group_min_members {
+        let patch = serde_json::json!({"spec": {"minMember": min}});
+        apis.pod_groups
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("set the minMember of the job's Volcano PodGroup"))?;
     }
     for c in &plan.create_claims {
         match apis.claims.create(&PostParams::default(), c).await {

@@ -148,6 +148,11 @@ impl TrainingJob {
             train: s.train.clone(),
             cluster: s.cluster.clone(),
         };
+        // `trainers` 0 holds the job without trainers: a scale, not a job file's
+        // starting count, which is at least the minimum.
+        if spec.cluster.trainers == 0 {
+            spec.cluster.trainers = spec.cluster.min_trainers;
+        }
         // Trainer programs run from the image; only the data is on the volume.
         let entry = std::mem::take(&mut spec.trainer.entry);
         spec.resolve_paths(std::path::Path::new(DATA_MOUNT));

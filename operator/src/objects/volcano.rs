@@ -2,7 +2,8 @@
 //! for Volcano (`spec.volcano`): Volcano's scheduler binds the job's pods only when the
 //! job at its smallest fits at once (gang scheduling), so a job never holds half its
 //! pods while waiting for the rest; trainers beyond `min_trainers` are placed as room
-//! allows, as an elastic job grows. The pods name the scheduler and the group.
+//! allows, as an elastic job grows. The pods name the scheduler and the group. The
+//! group's `minMember` follows the job: a job held at 0 trainers counts none.
 
 use serde_json::{Value, json};
 
@@ -24,13 +25,16 @@ pub fn pod_group_name(job: &str) -> String {
     job.to_owned()
 }
 
-/// The pods of `tj` at its smallest: every slot but the trainers beyond `min_trainers`.
-pub fn min_member(tj: &TrainingJob) -> usize {
+/// The pods of `tj` at its smallest: every slot but the trainers beyond `min_trainers`
+/// (none while the job is held at 0 trainers, so that a pod it replaces then is not
+/// kept waiting for trainers it does not want).
+pub fn min_member(tj: &TrainingJob) -> u32 {
+    let c = &tj.spec.cluster;
     let others = desired_slots(tj)
         .iter()
         .filter(|s| s.role != Role::Trainer)
-        .count();
-    others + tj.spec.cluster.min_trainers as usize
+        .count() as u32;
+    others + c.min_trainers.min(c.trainers)
 }
 
 /// The PodGroup of `tj` (which asks for Volcano), owned by `tj`.

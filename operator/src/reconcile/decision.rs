@@ -323,8 +323,15 @@ impl<'a> Decision<'a> {
     pub(super) fn services(&mut self) {
         let tj = self.obs.job;
         let group = objects::pod_group_name(&self.job);
-        if tj.spec.volcano.is_some() && !self.obs.pod_groups.contains(&group) {
-            self.plan.create_pod_groups.push(objects::pod_group(tj));
+        if tj.spec.volcano.is_some() {
+            let want = objects::min_member(tj);
+            match self.obs.pod_groups.get(&group) {
+                None => self.plan.create_pod_groups.push(objects::pod_group(tj)),
+                Some(&has) if has != want => {
+                    self.plan.pod_group_min_members.push((group, want));
+                }
+                Some(_) => {}
+            }
         }
         for s in objects::services(self.obs.job) {
             let name = s.metadata.name.clone().unwrap_or_default();
@@ -578,7 +585,9 @@ impl<'a> Decision<'a> {
         let core_running = self.core_running(desired);
         let problem = self.first_problem();
         let scaling = running_trainers != want;
-        self.status.phase = match (core_running && running_trainers > 0, scaling) {
+        // `trainers` 0: the job is held without trainers, its core running.
+        let held = want == 0 && core_running;
+        self.status.phase = match (core_running && (running_trainers > 0 || held), scaling) {
             (true, false) => Phase::Running,
             (true, true) => Phase::Scaling,
             (false, _)
@@ -599,6 +608,16 @@ impl<'a> Decision<'a> {
             )
         } else if let Some(why) = credentials_failed {
             (false, "CredentialsFailed".to_owned(), why)
+        } else if held {
+            (
+                false,
+                "NoTrainers".to_owned(),
+                "spec.cluster.trainers is 0: the job is held without trainers, its \
+                 masters and pservers keeping its state; it goes on when trainers are \
+                 asked for (edl's autoscaler holds a job so to make room for one worth \
+                 more: docs/autoscaler.md)"
+                    .to_owned(),
+            )
         } else if core_running && running_trainers > 0 {
             (true, "Training".to_owned(), String::new())
         } else if let Some((r, m)) = &problem {

@@ -103,7 +103,7 @@ fn observe<'a>(
             .filter_map(|c| c.metadata.name)
             .collect(),
         network_policies: BTreeSet::from([format!("{JOB}-edl")]),
-        pod_groups: BTreeSet::new(),
+        pod_groups: BTreeMap::new(),
         operator_namespace: "edl-system".to_owned(),
         etcd,
         credentials: Credentials::NotIssued,

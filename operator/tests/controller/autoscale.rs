@@ -5,8 +5,9 @@
 //! etcd). What it shows: a job is grown through the scale subresource once its speed is
 //! known, up to its max; a job of a higher PriorityClass that does not fit makes the
 //! autoscaler lower the first one, though it was changed moments before, by exactly the
-//! trainers that make room; every request is one `deploy/rbac.yaml` allows, and its
-//! autoscaler rules are used.
+//! trainers that make room; with `preempt`, a job that needs its minimum has a job with
+//! much work left held at 0 trainers; every request is one `deploy/rbac.yaml` allows,
+//! and its autoscaler rules are used.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
@@ -205,6 +206,77 @@ async fn the_autoscaler_grows_a_job_then_makes_room_for_a_higher_priority_one() 
     );
     assert_eq!(metrics.autoscaler_changes.get(), 2);
 
+    stop.cancel();
+    autoscaler.await.expect("autoscaler");
+    check_rbac(&operator_accesses(&api), &|r, _| !autoscaler_rule(r));
+}
+
+/// `--autoscale-preempt`: a job that needs its minimum and finds no room has a job with
+/// much work left held at 0 trainers through the scale subresource (its pserver stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_preempt_the_autoscaler_holds_a_long_job_at_zero_for_a_new_one() {
+    let (api, client, operator_client) = fake_api().await;
+    create_node(&client, &api, "n1").await;
+    // n1: 16 CPU, 15.52 usable. Another tenant's 9 CPU, and the low job at its minimum.
+    create_pod(&client, &api, "tenant", "web", 0, "9", Some("n1")).await;
+    create_job(&client, LOW, 2, 2, 8, None).await;
+    create_pod(&client, &api, LOW, "pserver", 0, "1", Some("n1")).await;
+    for i in 0..2 {
+        create_pod(&client, &api, LOW, "trainer", i, "2", Some("n1")).await;
+    }
+    report(&client, LOW, 0, 2).await;
+    let stop = CancellationToken::new();
+    let metrics = Arc::new(Metrics::default());
+    let config = AutoscaleConfig {
+        namespace: Some(NS.to_owned()),
+        every: Duration::from_millis(200),
+        window: 1.0,
+        policy: edl_autoscaler::policy::PolicyConfig::preemptive(30.0),
+    };
+    let autoscaler = tokio::spawn(autoscale::run(
+        operator_client,
+        config,
+        metrics.clone(),
+        stop.clone(),
+    ));
+    // 10 tasks/s at 2 trainers: 10,000 tasks take about 1,000 s.
+    let started = Instant::now();
+    let report_until = |secs: f64| {
+        let client = client.clone();
+        async move {
+            while started.elapsed().as_secs_f64() < secs {
+                let done = (started.elapsed().as_secs_f64() * 10.0) as u64;
+                report(&client, LOW, done.min(999), 2).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    report_until(2.0).await;
+    assert_eq!(
+        replicas(&client, LOW).await,
+        Some(2),
+        "no room to grow: left alone"
+    );
+
+    // The new job: a pserver and 2 trainers (5 CPU) waiting; 1.52 CPU are free.
+    create_job(&client, HIGH, 2, 2, 4, None).await;
+    create_pod(&client, &api, HIGH, "pserver", 0, "1", None).await;
+    for i in 0..2 {
+        create_pod(&client, &api, HIGH, "trainer", i, "2", None).await;
+    }
+    let held = wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { replicas(&client, LOW).await == Some(0) },
+    )
+    .await;
+    assert!(held, "low: {:?}", replicas(&client, LOW).await);
+    assert_eq!(
+        replicas(&client, HIGH).await,
+        Some(2),
+        "the new job keeps its minimum"
+    );
+    assert_eq!(metrics.autoscaler_changes.get(), 1);
     stop.cancel();
     autoscaler.await.expect("autoscaler");
     check_rbac(&operator_accesses(&api), &|r, _| !autoscaler_rule(r));

@@ -195,3 +195,74 @@ fn a_job_paused_by_a_full_etcd_is_a_condition_and_one_warning() {
     let s = fresh.status.clone().expect("status");
     assert!(s.conditions.iter().all(|c| c.type_ != "EtcdSpaceAlarm"));
 }
+
+#[test]
+fn a_job_scaled_to_zero_drains_its_trainers_keeps_its_core_and_grows_again() {
+    let mut tj = training_job("");
+    tj.spec.volcano = Some(crate::crd::VolcanoSpec::default());
+    started(&mut tj, 2);
+    let spec_ok = tj.job_spec().expect("a job held at 0 is a valid job");
+    tj.spec.cluster.trainers = 0;
+    assert_eq!(
+        tj.job_spec().expect("valid at 0").cluster.trainers,
+        spec_ok.cluster.min_trainers,
+        "the published spec starts at the minimum"
+    );
+    let with_group = |tj: &TrainingJob, pods, min_member: u32| {
+        let mut obs = observe(tj, pods, Ok(progress(2)));
+        obs.pod_groups = BTreeMap::from([(JOB.to_owned(), min_member)]);
+        reconcile(&obs)
+    };
+    // The trainers drain (their own grace period); the master and the pserver stay; the
+    // PodGroup no longer counts a trainer.
+    let plan = with_group(&tj, running(2), 3);
+    let deleted: Vec<_> = plan
+        .delete
+        .iter()
+        .map(|d| (d.name.as_str(), d.grace))
+        .collect();
+    assert_eq!(
+        deleted,
+        [("mnist-trainer-0", None), ("mnist-trainer-1", None)]
+    );
+    assert!(plan.create_pods.is_empty(), "{:?}", plan.create_pods);
+    assert_eq!(plan.pod_group_min_members, [(JOB.to_owned(), 2)]);
+    assert_eq!(plan.etcd, [EtcdAction::WriteScale(0)]);
+    assert!(
+        plan.events
+            .iter()
+            .any(|e| e.reason == "ScaledDown" && e.message.contains("2 -> 0")),
+        "{:?}",
+        plan.events
+    );
+    let status = plan.status.clone().expect("status");
+    assert_eq!(status.trainers.desired, 0);
+    tj.status = Some(status);
+    // Drained: the job runs without trainers, and says why.
+    let plan = with_group(&tj, running(0), 2);
+    assert!(plan.delete.is_empty() && plan.create_pods.is_empty());
+    assert!(plan.pod_group_min_members.is_empty());
+    let status = plan
+        .status
+        .clone()
+        .unwrap_or_else(|| tj.status.clone().expect("status"));
+    assert_eq!(status.phase, Phase::Running);
+    let c = condition(&status, "Running");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NoTrainers")
+    );
+    assert!(c.message.contains("spec.cluster.trainers is 0"), "{c:?}");
+    assert!(status.recoveries.is_empty(), "{:?}", status.recoveries);
+    tj.status = Some(status);
+    // Given trainers again: made, none a recovery, and the PodGroup counts the minimum.
+    tj.spec.cluster.trainers = 3;
+    let plan = with_group(&tj, running(0), 2);
+    assert_eq!(
+        names(&plan.create_pods),
+        ["mnist-trainer-0", "mnist-trainer-1", "mnist-trainer-2"]
+    );
+    assert_eq!(plan.pod_group_min_members, [(JOB.to_owned(), 3)]);
+    let status = plan.status.expect("status");
+    assert!(status.recoveries.is_empty(), "{:?}", status.recoveries);
+}
