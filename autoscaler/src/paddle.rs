@@ -102,7 +102,15 @@ struct Cluster {
     total: Resources,
     requested: Resources,
     node_idle: Vec<(i64, i64)>,
+    /// `node_idle`, every node, searchable.
+    all: FirstFit,
+    /// `node_idle`, the nodes without GPUs (where a tainted GPU node is no choice).
+    cpu_only: FirstFit,
 }
+
+mod first_fit;
+
+use first_fit::FirstFit;
 
 /// One pass of EDL's autoscaler over `snapshot`: the jobs whose trainer count changes
 /// (or, with `defects.write_back`, every candidate). `pass` numbers the passes (it seeds
@@ -142,21 +150,26 @@ pub fn decide_counted(
             .then(ja.trainer.cpu_milli.cmp(&jb.trainer.cpu_milli))
             .then(ja.trainer.mem_mib.cmp(&jb.trainer.mem_mib))
     });
+    let node_idle: Vec<(i64, i64)> = snapshot
+        .nodes
+        .iter()
+        .map(|n| {
+            (
+                n.allocatable.cpu_milli as i64 - n.requested.cpu_milli as i64,
+                n.allocatable.mem_mib as i64 - n.requested.mem_mib as i64,
+            )
+        })
+        .collect();
     let mut cluster = Cluster {
         total: snapshot.total(),
         requested: snapshot.requested(),
-        node_idle: snapshot
-            .nodes
-            .iter()
-            .map(|n| {
-                (
-                    n.allocatable.cpu_milli as i64 - n.requested.cpu_milli as i64,
-                    n.allocatable.mem_mib as i64 - n.requested.mem_mib as i64,
-                )
-            })
-            .collect(),
+        all: FirstFit::new(&node_idle, |_| true),
+        cpu_only: FirstFit::new(&node_idle, |k| snapshot.nodes[k].allocatable.gpu == 0),
+        node_idle,
     };
-    let mut node_order: Vec<usize> = (0..snapshot.nodes.len()).collect();
+    // The map's order of the nodes: the nodes' order from `node_start`, wrapping.
+    let mut node_start = 0;
+    let nodes = snapshot.nodes.len();
     let mut diff = vec![0i64; snapshot.jobs.len()];
     let mut runs = 0;
     while runs < MAX_DRY_RUNS {
@@ -169,20 +182,12 @@ pub fn decide_counted(
             .map(|&i| (i, false))
             .chain(order.iter().rev().map(|&i| (i, true)));
         for (i, down) in walk {
-            if !down && config.defects.unordered && !node_order.is_empty() {
+            if !down && config.defects.unordered && nodes > 0 {
                 // A Go map's iteration starts at a random place and wraps around.
-                let start = rng.random_range(0..node_order.len());
-                node_order.rotate_left(start);
+                let start = rng.random_range(0..nodes);
+                node_start = (node_start + start) % nodes;
             }
-            let d = dry_run(
-                config,
-                snapshot,
-                &mut cluster,
-                &node_order,
-                i,
-                diff[i],
-                down,
-            );
+            let d = dry_run(config, snapshot, &mut cluster, node_start, i, diff[i], down);
             diff[i] += d;
             changed |= d != 0;
         }
@@ -208,7 +213,7 @@ fn dry_run(
     config: &PaddleConfig,
     snapshot: &Snapshot,
     cluster: &mut Cluster,
-    node_order: &[usize],
+    node_start: usize,
     i: usize,
     cur_diff: i64,
     scale_down: bool,
@@ -238,12 +243,14 @@ fn dry_run(
     } else if cluster.total.mem_mib as i64 - cluster.requested.mem_mib as i64 <= t.mem_mib as i64 {
         0
     } else {
-        node = node_order.iter().copied().find(|&n| {
-            let (cpu, mem) = cluster.node_idle[n];
-            let tainted =
-                !config.defects.taints && t.gpu == 0 && snapshot.nodes[n].allocatable.gpu > 0;
-            !tainted && t.cpu_milli as i64 <= cpu && t.mem_mib as i64 <= mem
-        });
+        // A trainer without GPUs is kept off GPU nodes (their taint), unless the
+        // defect.
+        let nodes = if !config.defects.taints && t.gpu == 0 {
+            &cluster.cpu_only
+        } else {
+            &cluster.all
+        };
+        node = nodes.first(node_start, t.cpu_milli as i64, t.mem_mib as i64);
         match node {
             None => 0,
             Some(_) => {
@@ -276,6 +283,9 @@ fn dry_run(
         let (cpu, mem) = &mut cluster.node_idle[n];
         *cpu += sign * t.cpu_milli as i64 * additional;
         *mem += sign * t.mem_mib as i64 * additional;
+        let idle = (*cpu, *mem);
+        cluster.all.set(n, idle);
+        cluster.cpu_only.set(n, idle);
     }
     additional
 }

@@ -129,11 +129,13 @@ struct Plan<'a> {
     snap: &'a Snapshot,
     target: Vec<u32>,
     curve: Vec<Option<RateModel>>,
+    /// Per job, its work left to the power `size_exponent` and its trainer's share of
+    /// the cluster: what a trainer's worth is divided by.
+    per: Vec<(f64, f64)>,
     frozen: Vec<bool>,
     /// Requests of the cluster as the plan stands, bound or waiting (fluid).
     used: Resources,
     cap: Resources,
-    total: Resources,
     /// Idle resources per node as the plan stands (growth is placed on them).
     idle: Vec<Resources>,
     grown: Vec<u32>,
@@ -157,6 +159,13 @@ pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
             .iter()
             .map(|j| RateModel::new(&j.speed, config.prior_sigma, j.max.max(j.min)))
             .collect(),
+        per: jobs
+            .iter()
+            .map(|j| {
+                let left = j.remaining.unwrap_or(1.0).max(1.0);
+                (left.powf(config.size_exponent), share(&j.trainer, &total))
+            })
+            .collect(),
         frozen: jobs
             .iter()
             .map(|j| {
@@ -170,7 +179,6 @@ pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
             mem_mib: scale(total.mem_mib),
             gpu: scale(total.gpu),
         },
-        total,
         idle: snapshot.nodes.iter().map(|n| n.idle()).collect(),
         grown: vec![0; jobs.len()],
         admitting: [false; 2],
@@ -215,6 +223,42 @@ pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
             to: plan.target[i],
         })
         .collect()
+}
+
+/// A job that may grow, by [`Plan::best_receiver`]'s order: priority, then the worth of
+/// its next trainer, then canonical order (`rank` in it, first best).
+#[derive(Debug, PartialEq)]
+struct Receiver {
+    priority: i32,
+    worth: f64,
+    rank: std::cmp::Reverse<usize>,
+    job: usize,
+}
+
+impl Eq for Receiver {}
+
+impl PartialOrd for Receiver {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Receiver {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.priority
+            .cmp(&other.priority)
+            .then(self.worth.total_cmp(&other.worth))
+            .then(self.rank.cmp(&other.rank))
+    }
+}
+
+/// A trainer's dominant share of a cluster of `total`.
+fn share(r: &Resources, total: &Resources) -> f64 {
+    let part = |v: u64, t: u64| if t == 0 { 0.0 } else { v as f64 / t as f64 };
+    part(r.cpu_milli, total.cpu_milli)
+        .max(part(r.mem_mib, total.mem_mib))
+        .max(part(r.gpu, total.gpu))
+        .max(1e-12)
 }
 
 fn canonical(a: &JobView, b: &JobView) -> std::cmp::Ordering {
@@ -390,16 +434,17 @@ impl Plan<'_> {
                     && self.target[d] > dj.min
                     && pod.is_none_or(|p| dj.trainer.fits(p))
             })
-            .min_by(|&a, &b| {
-                // Unknown speed counts as worth most (a job just admitted keeps its trainers).
-                let w = |d: usize| match &self.curve[d] {
-                    None => f64::INFINITY,
-                    Some(_) => self.worth(d, self.target[d]),
-                };
-                w(a).total_cmp(&w(b))
+            // Unknown speed counts as worth most (a job just admitted keeps its trainers).
+            .map(|d| match &self.curve[d] {
+                None => (f64::INFINITY, d),
+                Some(_) => (self.worth(d, self.target[d]), d),
+            })
+            .min_by(|&(wa, a), &(wb, b)| {
+                wa.total_cmp(&wb)
                     .then(self.job(a).priority.cmp(&self.job(b).priority))
                     .then(canonical(self.job(b), self.job(a)))
             })
+            .map(|(_, d)| d)
     }
 
     /// The worth of a job's `k`-th trainer (0 for a job whose speed is unknown).
@@ -411,17 +456,8 @@ impl Plan<'_> {
             return f64::INFINITY;
         }
         let gain = curve.marginal(k - 1);
-        let left = self.job(i).remaining.unwrap_or(1.0).max(1.0);
-        gain / left.powf(self.cfg.size_exponent) / self.share(&self.job(i).trainer)
-    }
-
-    /// A trainer's dominant share of the cluster.
-    fn share(&self, r: &Resources) -> f64 {
-        let part = |v: u64, t: u64| if t == 0 { 0.0 } else { v as f64 / t as f64 };
-        part(r.cpu_milli, self.total.cpu_milli)
-            .max(part(r.mem_mib, self.total.mem_mib))
-            .max(part(r.gpu, self.total.gpu))
-            .max(1e-12)
+        let (left_pow, share) = self.per[i];
+        gain / left_pow / share
     }
 
     /// Whether job `i` may take one more trainer, capacity aside.
@@ -555,14 +591,23 @@ impl Plan<'_> {
         }
     }
 
-    /// Step 4.
+    /// Step 4: the best receiver ([`Plan::best_receiver`]'s order) grows a step at a
+    /// time, from a heap: a job's worth and whether it may grow depend on its own count
+    /// only, so only the job grown is put back.
     fn grow(&mut self, order: &[usize]) {
-        let mut full: Vec<bool> = vec![false; self.snap.jobs.len()];
-        loop {
-            let candidates: Vec<usize> = order.iter().copied().filter(|&i| !full[i]).collect();
-            let Some(i) = self.best_receiver(&candidates) else {
-                return;
-            };
+        let key = |plan: &Self, rank: usize, i: usize| Receiver {
+            priority: plan.job(i).priority,
+            worth: plan.worth(i, plan.target[i] + 1),
+            rank: std::cmp::Reverse(rank),
+            job: i,
+        };
+        let mut heap: std::collections::BinaryHeap<Receiver> = order
+            .iter()
+            .enumerate()
+            .filter(|&(_, &i)| self.may_grow(i))
+            .map(|(rank, &i)| key(self, rank, i))
+            .collect();
+        while let Some(Receiver { rank, job: i, .. }) = heap.pop() {
             let step = self.step_up(i);
             let t = self.job(i).trainer;
             let saved = (self.idle.clone(), self.used);
@@ -580,9 +625,11 @@ impl Plan<'_> {
             if placed == step {
                 self.target[i] += step;
                 self.grown[i] += step;
+                if self.may_grow(i) {
+                    heap.push(key(self, rank.0, i));
+                }
             } else {
                 (self.idle, self.used) = saved;
-                full[i] = true;
             }
         }
     }
@@ -626,17 +673,35 @@ impl Plan<'_> {
         }
     }
 
-    /// Step 5.
+    /// Step 5. A job's worths and whether it may grow change only with its own count:
+    /// they are kept, and updated for the two jobs a move changes.
     fn rebalance(&mut self, order: &[usize]) {
         let mut budget: u32 = self.target.iter().sum();
-        let mut shrunk = vec![false; self.snap.jobs.len()];
+        let jobs = self.snap.jobs.len();
+        let mut shrunk = vec![false; jobs];
+        let mut grows: Vec<bool> = (0..jobs).map(|i| self.may_grow(i)).collect();
+        let mut next: Vec<f64> = (0..jobs)
+            .map(|i| self.worth(i, self.target[i] + 1))
+            .collect();
+        let mut last: Vec<f64> = (0..jobs).map(|i| self.worth(i, self.target[i])).collect();
         while budget > 0 {
             budget -= 1;
-            let candidates: Vec<usize> = order.iter().copied().filter(|&i| !shrunk[i]).collect();
-            let Some(r) = self.best_receiver(&candidates) else {
+            // As `best_receiver`, from the kept worths.
+            let receiver = order
+                .iter()
+                .copied()
+                .filter(|&i| !shrunk[i] && grows[i])
+                .max_by(|&a, &b| {
+                    self.job(a)
+                        .priority
+                        .cmp(&self.job(b).priority)
+                        .then(next[a].total_cmp(&next[b]))
+                        .then(canonical(self.job(b), self.job(a)))
+                });
+            let Some(r) = receiver else {
                 return;
             };
-            let gain = self.worth(r, self.target[r] + 1);
+            let gain = next[r];
             let rt = self.job(r).trainer;
             let donor = order
                 .iter()
@@ -653,12 +718,12 @@ impl Plan<'_> {
                         && dj.trainer.fits(&rt)
                 })
                 .min_by(|&a, &b| {
-                    self.worth(a, self.target[a])
-                        .total_cmp(&self.worth(b, self.target[b]))
+                    last[a]
+                        .total_cmp(&last[b])
                         .then(canonical(self.job(b), self.job(a)))
                 });
             let Some(d) = donor else { return };
-            let loss = self.worth(d, self.target[d]);
+            let loss = last[d];
             let higher = self.job(r).priority > self.job(d).priority;
             let pays = self.move_pays(r, d);
             if !(higher || (pays && gain > loss * (1.0 + self.cfg.hysteresis))) {
@@ -669,6 +734,11 @@ impl Plan<'_> {
             self.grown[r] += 1;
             shrunk[r] = false;
             shrunk[d] = true;
+            for i in [r, d] {
+                grows[i] = self.may_grow(i);
+                next[i] = self.worth(i, self.target[i] + 1);
+                last[i] = self.worth(i, self.target[i]);
+            }
         }
     }
 }

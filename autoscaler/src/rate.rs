@@ -34,6 +34,9 @@ pub const NOISE: f64 = 0.1;
 pub struct RateModel {
     /// The hull's vertices `(count, speed)`, by count, `(0, 0)` first.
     hull: Vec<(u32, f64)>,
+    /// The hull's speed at each count up to the maximum and one more (index: count):
+    /// [`RateModel::rate`] is a lookup, as policies ask it for every job and trainer.
+    on_hull: Vec<f64>,
     /// The speed at each count (index: count): observed or fitted.
     speeds: Vec<f64>,
     /// The mean speed observed at each count, where observed (index: count).
@@ -67,8 +70,11 @@ impl RateModel {
                 None => fit.rate(n),
             })
             .collect();
+        let hull = upper_hull(&speeds);
+        let on_hull = (0..=max + 1).map(|n| hull_rate(&hull, n)).collect();
         Some(RateModel {
-            hull: upper_hull(&speeds),
+            hull,
+            on_hull,
             speeds,
             observed: seen,
             unit: fit.a,
@@ -77,14 +83,10 @@ impl RateModel {
 
     /// The speed with `n` trainers: the hull, flat past its last vertex.
     pub fn rate(&self, n: u32) -> f64 {
-        let k = self.hull.partition_point(|&(c, _)| c <= n);
-        if k >= self.hull.len() {
-            return self.hull.last().map_or(0.0, |v| v.1);
+        match self.on_hull.get(n as usize) {
+            Some(&r) => r,
+            None => hull_rate(&self.hull, n),
         }
-        // hull[0] is (0, 0), so 0 < k here.
-        let (c0, r0) = self.hull[k - 1];
-        let (c1, r1) = self.hull[k];
-        r0 + (r1 - r0) * f64::from(n - c0) / f64::from(c1 - c0)
     }
 
     /// What the `n+1`-th trainer adds.
@@ -122,6 +124,19 @@ impl RateModel {
     pub fn observed(&self, n: u32) -> Option<f64> {
         self.observed.get(n as usize).copied().flatten()
     }
+}
+
+/// The speed of `hull` at `n` trainers: between vertices on the line joining them, flat
+/// past the last.
+fn hull_rate(hull: &[(u32, f64)], n: u32) -> f64 {
+    let k = hull.partition_point(|&(c, _)| c <= n);
+    if k >= hull.len() {
+        return hull.last().map_or(0.0, |v| v.1);
+    }
+    // hull[0] is (0, 0), so 0 < k here.
+    let (c0, r0) = hull[k - 1];
+    let (c1, r1) = hull[k];
+    r0 + (r1 - r0) * f64::from(n - c0) / f64::from(c1 - c0)
 }
 
 /// The vertices of the upper concave hull of `(n, speeds[n])`, `(0, 0)` first. A count

@@ -100,6 +100,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
             "{}",
             report::table(&comparison.description, &comparison.summaries)
         );
+        if let Some((kind, jct)) = comparison.bound {
+            println!("  {}: {jct:.0}s", bound_name(kind));
+        }
         for goal in &comparison.goals {
             all_met &= goal.met;
             println!(
@@ -226,6 +229,19 @@ fn workload_name(path: &std::path::Path) -> (String, f64) {
 }
 
 /// Writes one run's plot (`TAG.svg`) and results (`TAG.json`) under `out`.
+/// What a bound is, for the table.
+fn bound_name(kind: sim::BoundKind) -> &'static str {
+    match kind {
+        sim::BoundKind::Fluid => {
+            "fluid bound (the best of 16 allocations of a fluid model without overheads; \
+             docs/autoscaler.md)"
+        }
+        sim::BoundKind::AllAtMax => {
+            "all-at-max bound (every job at its fastest from its submission)"
+        }
+    }
+}
+
 fn write_run(out: &std::path::Path, tag: &str, c: &sim::Comparison) -> anyhow::Result<()> {
     let svg_path = out.join(format!("{tag}.svg"));
     let title = format!("{} (utilisation and trainers over time)", c.description);
@@ -237,6 +253,7 @@ fn write_run(out: &std::path::Path, tag: &str, c: &sim::Comparison) -> anyhow::R
         "description": c.description,
         "summaries": c.summaries,
         "goals": c.goals,
+        "bound": c.bound.map(|(kind, jct)| serde_json::json!({"kind": kind, "jct": jct})),
         "results": c.results,
     });
     std::fs::write(&json_path, serde_json::to_vec_pretty(&json)?)

@@ -28,8 +28,8 @@ impl Plan<'_> {
             return f64::INFINITY;
         };
         let n = j.min.max(1);
-        let left = j.remaining.unwrap_or(1.0).max(1.0);
-        curve.rate(n) / left.powf(self.cfg.size_exponent) / (f64::from(n) * self.share(&j.trainer))
+        let (left_pow, share) = self.per[i];
+        curve.rate(n) / left_pow / (f64::from(n) * share)
     }
 
     /// The best worth of a trainer growth could add now (0: none).

@@ -81,6 +81,9 @@ pub(crate) struct Engine<'a> {
     nodes: Vec<Node>,
     pods: Vec<Pod>,
     pending: BTreeSet<usize>,
+    /// The pending pods by when they may be tried again (`next_try`): the scheduler
+    /// looks only at those due.
+    due: BTreeSet<(Time, usize)>,
     jobs: Vec<JobRun>,
     events: BinaryHeap<Reverse<(Time, u64, usize)>>,
     payloads: Vec<Ev>,
@@ -150,6 +153,7 @@ impl<'a> Engine<'a> {
             nodes,
             pods: Vec::new(),
             pending: BTreeSet::new(),
+            due: BTreeSet::new(),
             jobs,
             events: BinaryHeap::new(),
             payloads: Vec::new(),
@@ -261,14 +265,13 @@ impl<'a> Engine<'a> {
                 }
                 self.schedule();
             }
-            let active: Vec<usize> = self.active.iter().copied().collect();
-            for j in active {
-                let running = self.trainers_running(j);
-                if running != self.jobs[j].trainers_running || dirty.contains(&j) {
+            // A job's running trainers change only with its pods' states, and every
+            // such change marks it dirty.
+            for j in std::mem::take(&mut dirty) {
+                if self.active.contains(&j) {
                     self.rerate(j);
                 }
             }
-            dirty.clear();
             self.contended = self.is_contended();
         }
         self.account(self.now);
@@ -331,6 +334,7 @@ impl<'a> Engine<'a> {
             backoff: self.cfg.backoff_initial,
         });
         self.pending.insert(id);
+        self.due.insert((Time(self.now), id));
         self.jobs[job].pods.push(id);
     }
 
@@ -360,17 +364,20 @@ impl<'a> Engine<'a> {
     /// node in this pass fails without a search.
     fn schedule(&mut self) {
         let mut failed: Vec<Resources> = Vec::new();
-        let ids: Vec<usize> = self.pending.iter().copied().collect();
-        let mut next_retry = f64::INFINITY;
+        // The pods due, in creation order; those not due keep waiting.
+        let mut ids: Vec<usize> = Vec::new();
+        while let Some(&(Time(at), p)) = self.due.first() {
+            if at > self.now {
+                break;
+            }
+            self.due.pop_first();
+            ids.push(p);
+        }
+        ids.sort_unstable();
         for p in ids {
             let req = self.pods[p].req;
-            if self.pods[p].next_try > self.now {
-                next_retry = next_retry.min(self.pods[p].next_try);
-                continue;
-            }
             if failed.iter().any(|f| req.fits(f)) {
                 self.back_off(p);
-                next_retry = next_retry.min(self.pods[p].next_try);
                 continue;
             }
             let mut best: Option<(f64, usize)> = None;
@@ -399,7 +406,6 @@ impl<'a> Engine<'a> {
                 None => {
                     failed.push(req);
                     self.back_off(p);
-                    next_retry = next_retry.min(self.pods[p].next_try);
                 }
                 Some((_, node)) => {
                     self.pending.remove(&p);
@@ -412,6 +418,7 @@ impl<'a> Engine<'a> {
                 }
             }
         }
+        let next_retry = self.due.first().map_or(f64::INFINITY, |&(Time(at), _)| at);
         if next_retry < self.retry_at {
             self.retry_at = next_retry;
             self.push(next_retry, Ev::Retry);
@@ -423,6 +430,7 @@ impl<'a> Engine<'a> {
         let pod = &mut self.pods[p];
         pod.next_try = self.now + pod.backoff;
         pod.backoff = (pod.backoff * 2.0).min(max);
+        self.due.insert((Time(pod.next_try), p));
     }
 
     fn release(&mut self, p: usize) {
@@ -435,6 +443,7 @@ impl<'a> Engine<'a> {
         }
         if pod.state == PodState::Pending {
             self.pending.remove(&p);
+            self.due.remove(&(Time(pod.next_try), p));
         }
         pod.state = PodState::Gone;
         let job = &mut self.jobs[pod.job].pods;

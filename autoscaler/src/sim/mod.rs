@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Resources, Speedup};
 
 pub mod apps;
+pub mod bound;
 mod engine;
 pub mod plot;
 pub mod policies;
@@ -192,6 +193,18 @@ pub struct Scenario {
     pub jobs: Vec<JobSpec>,
     /// Costs and clocks.
     pub config: SimConfig,
+    /// The best average JCT it is judged against ([`bound`]), if any.
+    #[serde(default)]
+    pub bound: Option<BoundKind>,
+}
+
+/// Which bound a scenario's average JCT is judged against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BoundKind {
+    /// [`bound::fluid`]: jobs that contend for the whole cluster.
+    Fluid,
+    /// [`bound::all_at_max`]: every job at its fastest from its submission.
+    AllAtMax,
 }
 
 /// What happened to one job.
@@ -292,6 +305,8 @@ pub struct Comparison {
     pub results: Vec<SimResult>,
     /// The rows of the table, in the same order.
     pub summaries: Vec<report::Summary>,
+    /// The bound the scenario is judged against, computed: which and its JCT.
+    pub bound: Option<(BoundKind, f64)>,
     /// edl against EDL and none.
     pub goals: Vec<report::Goal>,
 }
@@ -330,12 +345,23 @@ pub fn compare_policies(
     }
     let summaries: Vec<report::Summary> = results.iter().map(report::Summary::of).collect();
     let edl = summaries.len() - 1;
-    let goals = report::goals(&summaries[0], &summaries[1], &summaries[edl]);
+    let bound = scenario.bound.and_then(|kind| {
+        let jct = match kind {
+            // The share of the cluster both autoscalers fill.
+            BoundKind::Fluid => {
+                bound::fluid(scenario, crate::policy::PolicyConfig::default().max_load)?.jct
+            }
+            BoundKind::AllAtMax => bound::all_at_max(scenario),
+        };
+        Some((kind, jct))
+    });
+    let goals = report::goals(&summaries[0], &summaries[1], &summaries[edl], bound);
     Comparison {
         scenario: scenario.name.clone(),
         description: scenario.description.clone(),
         results,
         summaries,
+        bound,
         goals,
     }
 }

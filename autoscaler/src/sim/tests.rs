@@ -27,6 +27,7 @@ fn lone_job() -> Scenario {
             epochs: None,
         }],
         config: SimConfig::default(),
+        bound: None,
     }
 }
 

@@ -3,7 +3,7 @@
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::Resources;
-use crate::sim::{JobSpec, Scenario, SimConfig, Speed, SpeedupSpec};
+use crate::sim::{BoundKind, JobSpec, Scenario, SimConfig, Speed, SpeedupSpec};
 
 /// EDL's experiment (its `doc/autoscale/experiment`, case 1): 133 nodes; 20 MNIST jobs
 /// submitted 10 s apart, each with 10 pservers (4 CPU, 5 GiB), trainers of 5 CPU and
@@ -57,6 +57,7 @@ pub fn edl_experiment() -> Scenario {
             backoff_max: 60.0,
             ..SimConfig::default()
         },
+        bound: Some(BoundKind::Fluid),
     }
 }
 
@@ -199,6 +200,7 @@ pub fn day(p: &DayParams) -> Scenario {
             seed: p.seed,
             ..SimConfig::default()
         },
+        bound: Some(BoundKind::AllAtMax),
     }
 }
 
