@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
+use edl_autoscaler::policy::PolicyConfig;
 use edl_autoscaler::sim::{self, plot, report, trace};
 
 /// Which scenarios to run.
@@ -43,6 +44,11 @@ pub struct SimArgs {
     /// Exit with status 1 when a goal is not met.
     #[arg(long)]
     pub check: bool,
+    /// On the scenarios, run edl's policy with the settings of `edl operator run
+    /// --autoscale-preempt` (jobs held at 0 trainers for jobs worth more; the workloads
+    /// always use them) instead of the defaults of `--autoscale`.
+    #[arg(long, conflicts_with_all = ["workload", "pollux"])]
+    pub preempt: bool,
     /// Workloads of the Pollux artifact (`name,time,application,num_replicas,
     /// batch_size`) to run instead of the scenarios, on its cluster of 16 nodes x 4 GPUs
     /// (several files, or repeated).
@@ -53,7 +59,8 @@ pub struct SimArgs {
     #[arg(long)]
     pub pollux: bool,
     /// With workloads: run each with this many seeds (`--seed`, `--seed`+1, ...) of the
-    /// observation noise, and average.
+    /// observation noise, and average. With the synthetic day: that many days
+    /// (`--seed`, `--seed`+1, ...), and a table and the goals over them.
     #[arg(long, default_value_t = 1)]
     pub seeds: u64,
     /// The applications' measurements: a folder laid out as the artifact's `traces/`
@@ -72,16 +79,24 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     if matches!(args.scenario, Which::EdlExperiment | Which::All) {
         scenarios.push(trace::edl_experiment());
     }
+    anyhow::ensure!(args.seeds > 0, "--seeds must be at least 1");
     if matches!(args.scenario, Which::Day | Which::All) {
-        scenarios.push(trace::day(&trace::DayParams {
-            jobs: args.jobs,
-            seed: args.seed,
-            ..Default::default()
-        }));
+        for seed in args.seed..args.seed + args.seeds {
+            let mut day = trace::day(&trace::DayParams {
+                jobs: args.jobs,
+                seed,
+                ..Default::default()
+            });
+            if args.seeds > 1 {
+                day.name = format!("day-seed{seed}");
+            }
+            scenarios.push(day);
+        }
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("create the output folder {}", args.out.display()))?;
     let mut all_met = true;
+    let mut days = Vec::new();
     for scenario in &scenarios {
         let started = std::time::Instant::now();
         // EDL as published does not settle on a cluster with GPUs (its GPU thresholds):
@@ -93,7 +108,14 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
                 scenario.name
             );
         }
-        let comparison = sim::compare(scenario, with_defects, &mut |policy| {
+        // `--preempt`: the settings of `edl operator run --autoscale-preempt`, a change
+        // costing the scenario's stall.
+        let edl = if args.preempt {
+            PolicyConfig::preemptive(scenario.config.event_cost)
+        } else {
+            PolicyConfig::default()
+        };
+        let comparison = sim::compare(scenario, with_defects, edl, &mut |policy| {
             eprintln!("simulating {} under {policy}", scenario.name);
         });
         println!(
@@ -118,6 +140,31 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
             args.out.display(),
             started.elapsed().as_secs_f64()
         );
+        if scenario.name.starts_with("day-seed") {
+            days.push((scenario.config.seed, comparison));
+        }
+    }
+    if days.len() > 1 {
+        let rows: Vec<report::SeedRow> = days
+            .iter()
+            .map(|(seed, c)| report::SeedRow::of(*seed, c))
+            .collect();
+        println!(
+            "{}",
+            report::seeds_table("the synthetic day, by seed", &rows)
+        );
+        for goal in report::seed_goals(&rows) {
+            all_met &= goal.met;
+            println!(
+                "  [{}] {}: {}",
+                if goal.met { "met" } else { "NOT met" },
+                goal.what,
+                goal.detail
+            );
+        }
+        let path = args.out.join("day-seeds.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&rows)?)
+            .with_context(|| format!("write {}", path.display()))?;
     }
     Ok(if args.check && !all_met {
         ExitCode::FAILURE
@@ -279,6 +326,7 @@ mod tests {
             apps: None,
             pollux: false,
             seeds: 1,
+            preempt: false,
         })
         .expect("edl sim");
         assert_eq!(code, ExitCode::SUCCESS);
@@ -312,6 +360,7 @@ mod tests {
             apps: None,
             pollux: false,
             seeds: 1,
+            preempt: false,
         }
     }
 
@@ -380,6 +429,7 @@ mod tests {
             apps: None,
             pollux: false,
             seeds: 1,
+            preempt: false,
         })
         .expect_err("refused");
         assert!(err.to_string().contains("--jobs"), "{err}");

@@ -312,13 +312,18 @@ pub struct Comparison {
 }
 
 /// Runs none, EDL's algorithm (and, with `with_defects`, EDL's algorithm with its
-/// defects) and edl's policy on `scenario`; `progress` is told each policy before it runs.
+/// defects) and edl's policy with settings `edl` on `scenario`; `progress` is told each
+/// policy before it runs.
 pub fn compare(
     scenario: &Scenario,
     with_defects: bool,
+    edl: crate::policy::PolicyConfig,
     progress: &mut dyn FnMut(&str),
 ) -> Comparison {
     let mut policies = standard_policies(crate::paddle::Defects::default());
+    if let Some(last) = policies.last_mut() {
+        *last = Box::new(EdlPolicy { config: edl });
+    }
     if with_defects {
         policies.insert(
             2,

@@ -214,3 +214,184 @@ pub fn goals(
     ]);
     goals
 }
+
+/// One seed of a scenario run with several (the synthetic day): EDL's row and edl's,
+/// and the bound.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeedRow {
+    /// The scenario's seed.
+    pub seed: u64,
+    /// The bound's average JCT, if the scenario has one.
+    pub bound: Option<f64>,
+    /// EDL's figures.
+    pub paddle: Summary,
+    /// edl's figures.
+    pub edl: Summary,
+}
+
+impl SeedRow {
+    /// The row of `c`, run with `seed`.
+    pub fn of(seed: u64, c: &crate::sim::Comparison) -> SeedRow {
+        SeedRow {
+            seed,
+            bound: c.bound.map(|(_, jct)| jct),
+            paddle: c.summaries[1].clone(),
+            edl: c.summaries[c.summaries.len() - 1].clone(),
+        }
+    }
+}
+
+/// The seeds side by side.
+pub fn seeds_table(title: &str, rows: &[SeedRow]) -> String {
+    let mut out = format!("{title}\n");
+    out.push_str(&format!(
+        "{:>6} {:>9} {:>9} {:>8} {:>9} {:>9} {:>11} {:>11}\n",
+        "seed", "EDL JCT", "edl JCT", "edl/EDL", "bound", "edl/bnd", "EDL pending", "edl pending"
+    ));
+    for r in rows {
+        let (bound, ratio) = match r.bound {
+            Some(b) => (format!("{b:.0}s"), format!("{:.2}x", r.edl.jct_avg / b)),
+            None => ("-".to_owned(), "-".to_owned()),
+        };
+        out.push_str(&format!(
+            "{:>6} {:>8.0}s {:>8.0}s {:>7.1}% {:>9} {:>9} {:>10.1}s {:>10.1}s\n",
+            r.seed,
+            r.paddle.jct_avg,
+            r.edl.jct_avg,
+            (r.edl.jct_avg / r.paddle.jct_avg - 1.0) * 100.0,
+            bound,
+            ratio,
+            r.paddle.pending_avg,
+            r.edl.pending_avg
+        ));
+    }
+    out
+}
+
+/// The goals over seeds (issue 36 for the synthetic day): edl's average JCT at least 8%
+/// below EDL's on the mean over seeds and no seed worse than EDL's, within 1.15x the
+/// mean bound, and pending no higher than EDL's on the mean.
+pub fn seed_goals(rows: &[SeedRow]) -> Vec<Goal> {
+    let mean =
+        |f: &dyn Fn(&SeedRow) -> f64| rows.iter().map(f).sum::<f64>() / rows.len().max(1) as f64;
+    let (edl, paddle) = (mean(&|r| r.edl.jct_avg), mean(&|r| r.paddle.jct_avg));
+    let worst = rows.iter().max_by(|a, b| {
+        (a.edl.jct_avg / a.paddle.jct_avg).total_cmp(&(b.edl.jct_avg / b.paddle.jct_avg))
+    });
+    let mut goals = vec![
+        Goal {
+            what: format!(
+                "edl JCT >= 8% below EDL's on the mean of {} seeds",
+                rows.len()
+            ),
+            detail: format!(
+                "{edl:.0}s vs {paddle:.0}s ({:+.1}%)",
+                (edl / paddle - 1.0) * 100.0
+            ),
+            met: edl <= 0.92 * paddle,
+        },
+        Goal {
+            what: "no seed worse than EDL".to_owned(),
+            detail: worst.map_or_else(String::new, |w| {
+                format!(
+                    "worst: seed {} at {:+.1}%",
+                    w.seed,
+                    (w.edl.jct_avg / w.paddle.jct_avg - 1.0) * 100.0
+                )
+            }),
+            met: rows.iter().all(|r| r.edl.jct_avg <= r.paddle.jct_avg),
+        },
+    ];
+    if rows.iter().all(|r| r.bound.is_some()) {
+        let bound = mean(&|r| r.bound.unwrap_or(0.0));
+        goals.push(Goal {
+            what: "edl JCT <= 1.15 x the bound on the mean".to_owned(),
+            detail: format!("{edl:.0}s vs {bound:.0}s ({:.2}x)", edl / bound),
+            met: edl <= 1.15 * bound,
+        });
+    }
+    let (ep, pp) = (
+        mean(&|r| r.edl.pending_avg),
+        mean(&|r| r.paddle.pending_avg),
+    );
+    goals.push(Goal {
+        what: "edl pending <= EDL's on the mean".to_owned(),
+        detail: format!("{ep:.1}s vs {pp:.1}s"),
+        met: ep <= pp,
+    });
+    goals
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(policy: &str, jct: f64, pending: f64) -> Summary {
+        Summary {
+            policy: policy.into(),
+            pending_avg: pending,
+            pending_p95: pending,
+            jct_avg: jct,
+            makespan: 0.0,
+            cpu_util: 0.5,
+            gpu_util: None,
+            cpu_busy: 0.9,
+            gpu_busy: None,
+            scale_events: 0,
+            unfinished: 0,
+        }
+    }
+
+    fn row(seed: u64, paddle: f64, edl: f64) -> SeedRow {
+        SeedRow {
+            seed,
+            bound: Some(100.0),
+            paddle: summary("EDL", paddle, 20.0),
+            edl: summary("edl", edl, 10.0),
+        }
+    }
+
+    #[test]
+    fn seed_goals_take_the_mean_and_name_the_worst_seed() {
+        // Means: EDL 150, edl 120 (-20%); seed 2 is worse than EDL.
+        let rows = [row(1, 200.0, 130.0), row(2, 100.0, 110.0)];
+        let goals = seed_goals(&rows);
+        assert!(
+            goals[0].met && goals[0].detail.contains("-20.0%"),
+            "{:?}",
+            goals[0]
+        );
+        assert!(
+            !goals[1].met && goals[1].detail.contains("seed 2 at +10.0%"),
+            "{:?}",
+            goals[1]
+        );
+        assert!(
+            !goals[2].met && goals[2].detail.contains("1.20x"),
+            "{:?}",
+            goals[2]
+        );
+        assert!(goals[3].met, "{:?}", goals[3]);
+    }
+
+    #[test]
+    fn the_goals_follow_the_scenarios_bound() {
+        let none = summary("none", 300.0, 100.0);
+        let paddle = summary("EDL", 200.0, 20.0);
+        let edl = summary("edl", 180.0, 5.0);
+        let what = |goals: &[Goal]| goals.iter().map(|g| g.what.clone()).collect::<Vec<_>>();
+        let fluid = goals(&none, &paddle, &edl, Some((BoundKind::Fluid, 170.0)));
+        assert_eq!(fluid[0].what, "edl pending <= 0.2 x EDL pending");
+        assert!(!fluid[0].met, "5 s is more than a fifth of 20 s");
+        assert!(
+            fluid[1].met && fluid[1].detail.contains("1.06x"),
+            "{:?}",
+            fluid[1]
+        );
+        assert!(!what(&fluid).iter().any(|w| w.contains("x EDL JCT")));
+        let day = goals(&none, &paddle, &edl, Some((BoundKind::AllAtMax, 150.0)));
+        assert!(!day[1].met, "1.20x the bound: {:?}", day[1]);
+        assert_eq!(day[2].what, "edl JCT <= 0.92 x EDL JCT");
+        assert!(day[2].met, "{:?}", day[2]);
+    }
+}

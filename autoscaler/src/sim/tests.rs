@@ -2,6 +2,7 @@
 //! published experiment reproduced.
 
 use super::*;
+use crate::policy::PolicyConfig;
 use crate::sim::trace::{self, DayParams};
 
 fn lone_job() -> Scenario {
@@ -79,8 +80,8 @@ fn small_day() -> Scenario {
 #[test]
 fn runs_are_deterministic() {
     let s = small_day();
-    let a = compare(&s, false, &mut |_| {});
-    let b = compare(&s, false, &mut |_| {});
+    let a = compare(&s, false, PolicyConfig::default(), &mut |_| {});
+    let b = compare(&s, false, PolicyConfig::default(), &mut |_| {});
     assert_eq!(a.results, b.results);
     // EDL's arbitrary orders come from a seed: the same too.
     let mut defects = PaddlePolicy::new(crate::paddle::PaddleConfig {
@@ -94,7 +95,7 @@ fn runs_are_deterministic() {
 #[test]
 fn a_small_day_finishes_every_job_under_every_policy() {
     let s = small_day();
-    let c = compare(&s, true, &mut |_| {});
+    let c = compare(&s, true, PolicyConfig::default(), &mut |_| {});
     assert_eq!(c.results.len(), 4);
     for (r, summary) in c.results.iter().zip(&c.summaries) {
         // EDL with all its defects leaves some jobs unfinished here (it thrashes: more
@@ -121,7 +122,7 @@ fn the_published_experiment_is_reproduced() {
     let s = trace::edl_experiment();
     assert_eq!(s.nodes.len(), 133);
     assert_eq!(s.jobs.len(), 20);
-    let c = compare(&s, false, &mut |_| {});
+    let c = compare(&s, false, PolicyConfig::default(), &mut |_| {});
     let (none, paddle) = (&c.summaries[0], &c.summaries[1]);
     // Published: 308.5 s without autoscaling, 47.2 s with it (6.5x).
     let ratio = none.pending_avg / paddle.pending_avg;
