@@ -49,6 +49,10 @@ pub struct SimArgs {
     /// always use them) instead of the defaults of `--autoscale`.
     #[arg(long, conflicts_with_all = ["workload", "pollux"])]
     pub preempt: bool,
+    /// Compare the simulated EDL on its experiment with EDL's own logs of it (steady
+    /// state: trainers, CPU, their spread over jobs; pending) instead of the scenarios.
+    #[arg(long, conflicts_with_all = ["workload", "pollux", "preempt"])]
+    pub calibrate: bool,
     /// Workloads of the Pollux artifact (`name,time,application,num_replicas,
     /// batch_size`) to run instead of the scenarios, on its cluster of 16 nodes x 4 GPUs
     /// (several files, or repeated).
@@ -74,6 +78,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.jobs > 0, "--jobs must be at least 1");
     if !args.workload.is_empty() || args.pollux {
         return run_workloads(&args);
+    }
+    if args.calibrate {
+        return calibrate(args.check);
     }
     let mut scenarios = Vec::new();
     if matches!(args.scenario, Which::EdlExperiment | Which::All) {
@@ -276,6 +283,50 @@ fn workload_name(path: &std::path::Path) -> (String, f64) {
 }
 
 /// Writes one run's plot (`TAG.svg`) and results (`TAG.json`) under `out`.
+/// `edl sim --calibrate`: EDL's algorithm on its experiment against its logs.
+fn calibrate(check: bool) -> anyhow::Result<ExitCode> {
+    use sim::calibration::{self, FROM, LOGS, TO};
+    let logs = calibration::log_stats(&LOGS, FROM, TO)?
+        .context("EDL's logs have no row in the steady state")?;
+    let mut scenario = trace::edl_experiment();
+    scenario.config.sample_jobs = true;
+    let mut edl = sim::PaddlePolicy::new(Default::default());
+    let result = sim::simulate(&scenario, &mut edl);
+    let simulated = calibration::sim_stats(&result, FROM, TO)
+        .context("the simulated experiment has no sample in the steady state")?;
+    let pending = report::Summary::of(&result).pending_avg;
+    println!(
+        "EDL's experiment, t = {FROM:.0}-{TO:.0} s: its logs (10 rounds) and the simulated EDL"
+    );
+    let row = |s: &calibration::Stats| {
+        s.spread
+            .iter()
+            .map(|t| format!("{t:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!("  trainers by job, most first (logs):      {}", row(&logs));
+    println!(
+        "  trainers by job, most first (simulated): {}",
+        row(&simulated)
+    );
+    let mut all_met = true;
+    for goal in calibration::checks(&logs, &simulated, pending) {
+        all_met &= goal.met;
+        println!(
+            "  [{}] {}: {}",
+            if goal.met { "within" } else { "NOT within" },
+            goal.what,
+            goal.detail
+        );
+    }
+    Ok(if check && !all_met {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 /// What a bound is, for the table.
 fn bound_name(kind: sim::BoundKind) -> &'static str {
     match kind {
@@ -327,6 +378,7 @@ mod tests {
             pollux: false,
             seeds: 1,
             preempt: false,
+            calibrate: false,
         })
         .expect("edl sim");
         assert_eq!(code, ExitCode::SUCCESS);
@@ -361,6 +413,7 @@ mod tests {
             pollux: false,
             seeds: 1,
             preempt: false,
+            calibrate: false,
         }
     }
 
@@ -430,6 +483,7 @@ mod tests {
             pollux: false,
             seeds: 1,
             preempt: false,
+            calibrate: false,
         })
         .expect_err("refused");
         assert!(err.to_string().contains("--jobs"), "{err}");

@@ -38,6 +38,7 @@ use crate::{Resources, Speedup};
 
 pub mod apps;
 pub mod bound;
+pub mod calibration;
 mod engine;
 pub mod plot;
 pub mod policies;
@@ -79,6 +80,10 @@ pub struct SimConfig {
     pub backoff_initial: f64,
     /// The longest such wait (Kubernetes 1.6: 60 s; today 10 s).
     pub backoff_max: f64,
+    /// Samples also record each job's running trainers and the CPU of the pods running
+    /// (not those starting), as EDL's collector counts them (for `sim::calibration`).
+    #[serde(default)]
+    pub sample_jobs: bool,
 }
 
 impl Default for SimConfig {
@@ -95,6 +100,7 @@ impl Default for SimConfig {
             horizon: 14.0 * 86_400.0,
             backoff_initial: 1.0,
             backoff_max: 10.0,
+            sample_jobs: false,
         }
     }
 }
@@ -221,7 +227,7 @@ pub struct JobOutcome {
 }
 
 /// One point of the timeline.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
     /// Seconds since the first submission.
     pub t: f64,
@@ -233,6 +239,13 @@ pub struct Sample {
     pub trainers: u32,
     /// Jobs submitted that have not trained yet.
     pub pending_jobs: u32,
+    /// With [`SimConfig::sample_jobs`]: each job's running trainers (trace order).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub job_trainers: Vec<u32>,
+    /// With [`SimConfig::sample_jobs`]: CPU requested by pods running or draining (not
+    /// starting) over allocatable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_running: Option<f64>,
 }
 
 /// The result of one policy on one scenario.

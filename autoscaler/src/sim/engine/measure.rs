@@ -111,12 +111,37 @@ impl Engine<'_> {
             .iter()
             .filter(|&&j| self.jobs[j].started.is_none())
             .count() as u32;
+        let (job_trainers, cpu_running) = if self.cfg.sample_jobs {
+            let running: u64 = self
+                .pods
+                .iter()
+                .filter(|p| matches!(p.state, PodState::Running | PodState::Draining))
+                .map(|p| p.req.cpu_milli)
+                .sum();
+            (
+                self.jobs
+                    .iter()
+                    .map(|j| {
+                        if j.finished.is_some() {
+                            0
+                        } else {
+                            j.trainers_running
+                        }
+                    })
+                    .collect(),
+                Some(ratio(running, total.cpu_milli)),
+            )
+        } else {
+            (Vec::new(), None)
+        };
         self.samples.push(Sample {
             t: self.now - self.origin,
             cpu: ratio(self.bound.cpu_milli, total.cpu_milli),
             gpu: ratio(self.bound.gpu, total.gpu),
             trainers,
             pending_jobs,
+            job_trainers,
+            cpu_running,
         });
     }
 
