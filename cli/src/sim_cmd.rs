@@ -15,7 +15,7 @@ use edl_autoscaler::sim::{self, plot, report, trace};
 pub enum Which {
     /// EDL's published experiment: 133 nodes, 20 jobs 10 s apart.
     EdlExperiment,
-    /// A synthetic day on 1,000 nodes (takes minutes).
+    /// A synthetic day on 1,000 nodes (about a minute).
     Day,
     /// Both.
     All,
