@@ -108,7 +108,8 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
 
 /// A job that asks for Volcano gets its PodGroup (the job at its smallest as
 /// `minMember`, its queue) before its pods, each of which names the `volcano`
-/// scheduler and the group; the PodGroup is made once.
+/// scheduler and the group; the PodGroup is made once, and its `minMember` follows the
+/// job held at 0 trainers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volcano_job_gets_its_pod_group_before_its_pods() {
     let etcd = EtcdCluster::start(1).await.expect("etcd");
@@ -173,6 +174,25 @@ async fn a_volcano_job_gets_its_pod_group_before_its_pods() {
     })
     .await;
     assert!(more, "the operator stopped deciding");
+    // Held at 0 trainers: they drain, the master and the pserver stay, and the group no
+    // longer counts a trainer.
+    jobs.patch_scale(
+        JOB,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"replicas": 0}})),
+    )
+    .await
+    .expect("scale to 0");
+    let held = wait_until(within, every, || async {
+        pod_names(&api, "trainer").is_empty()
+            && api
+                .get("podgroups", NS, JOB)
+                .is_some_and(|g| g["spec"]["minMember"] == 2)
+    })
+    .await;
+    assert!(held, "{:?}", events(&api));
+    assert_eq!(pod_names(&api, "master").len(), 1);
+    assert_eq!(pod_names(&api, "pserver").len(), 1);
     stop.cancel();
     operator.await.expect("operator");
     kubelet.await.expect("kubelet");
