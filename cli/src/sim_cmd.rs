@@ -132,15 +132,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
         if let Some((kind, jct)) = comparison.bound {
             println!("  {}: {jct:.0}s", bound_name(kind));
         }
-        for goal in &comparison.goals {
-            all_met &= goal.met;
-            println!(
-                "  [{}] {}: {}",
-                if goal.met { "met" } else { "NOT met" },
-                goal.what,
-                goal.detail
-            );
-        }
+        all_met &= print_goals(&comparison.goals, ["met", "NOT met"]);
         write_run(&args.out, &scenario.name, &comparison)?;
         println!(
             "  plot and results in {} ({:.1} s)\n",
@@ -160,15 +152,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
             "{}",
             report::seeds_table("the synthetic day, by seed", &rows)
         );
-        for goal in report::seed_goals(&rows) {
-            all_met &= goal.met;
-            println!(
-                "  [{}] {}: {}",
-                if goal.met { "met" } else { "NOT met" },
-                goal.what,
-                goal.detail
-            );
-        }
+        all_met &= print_goals(&report::seed_goals(&rows), ["met", "NOT met"]);
         let path = args.out.join("day-seeds.json");
         std::fs::write(&path, serde_json::to_vec_pretty(&rows)?)
             .with_context(|| format!("write {}", path.display()))?;
@@ -241,14 +225,7 @@ fn run_workloads(args: &SimArgs) -> anyhow::Result<ExitCode> {
         args.seeds,
         sim::suite::table(&rows)
     );
-    for goal in &goals {
-        println!(
-            "  [{}] {}: {}",
-            if goal.met { "met" } else { "NOT met" },
-            goal.what,
-            goal.detail
-        );
-    }
+    print_goals(&goals, ["met", "NOT met"]);
     let json_path = args.out.join("workloads.json");
     let json = serde_json::json!({ "rows": rows, "goals": goals, "runs": runs });
     std::fs::write(&json_path, serde_json::to_vec_pretty(&json)?)
@@ -310,21 +287,25 @@ fn calibrate(check: bool) -> anyhow::Result<ExitCode> {
         "  trainers by job, most first (simulated): {}",
         row(&simulated)
     );
-    let mut all_met = true;
-    for goal in calibration::checks(&logs, &simulated, pending) {
-        all_met &= goal.met;
-        println!(
-            "  [{}] {}: {}",
-            if goal.met { "within" } else { "NOT within" },
-            goal.what,
-            goal.detail
-        );
-    }
+    let all_met = print_goals(
+        &calibration::checks(&logs, &simulated, pending),
+        ["within", "NOT within"],
+    );
     Ok(if check && !all_met {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Prints each goal, `[met]` or `[NOT met]` (the words of `said`) with its figures;
+/// whether all are met.
+fn print_goals(goals: &[report::Goal], said: [&str; 2]) -> bool {
+    for goal in goals {
+        let word = if goal.met { said[0] } else { said[1] };
+        println!("  [{word}] {}: {}", goal.what, goal.detail);
+    }
+    goals.iter().all(|g| g.met)
 }
 
 /// What a bound is, for the table.

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use tokio::time::Instant;
 
+use edl_autoscaler::policy::PolicyConfig;
 use edl_operator::autoscale::{self, AutoscaleConfig};
 
 use super::*;
@@ -108,6 +109,29 @@ async fn report(client: &Client, name: &str, done: u64, registered: u32) {
         .expect("job status");
 }
 
+/// The autoscaler of `policy` over the test's namespace, every 200 ms, a speed known
+/// after 1 s: its stop, its metrics, its task.
+fn start(
+    client: Client,
+    policy: PolicyConfig,
+) -> (CancellationToken, Arc<Metrics>, tokio::task::JoinHandle<()>) {
+    let stop = CancellationToken::new();
+    let metrics = Arc::new(Metrics::default());
+    let config = AutoscaleConfig {
+        namespace: Some(NS.to_owned()),
+        every: Duration::from_millis(200),
+        window: 1.0,
+        policy,
+    };
+    let task = tokio::spawn(autoscale::run(
+        client,
+        config,
+        metrics.clone(),
+        stop.clone(),
+    ));
+    (stop, metrics, task)
+}
+
 async fn replicas(client: &Client, name: &str) -> Option<i32> {
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.get_scale(name).await.ok()?.spec?.replicas
@@ -127,20 +151,7 @@ async fn the_autoscaler_grows_a_job_then_makes_room_for_a_higher_priority_one() 
     }
     report(&client, LOW, 0, 2).await;
 
-    let stop = CancellationToken::new();
-    let metrics = Arc::new(Metrics::default());
-    let config = AutoscaleConfig {
-        namespace: Some(NS.to_owned()),
-        every: Duration::from_millis(200),
-        window: 1.0,
-        ..AutoscaleConfig::default()
-    };
-    let autoscaler = tokio::spawn(autoscale::run(
-        operator_client,
-        config.clone(),
-        metrics.clone(),
-        stop.clone(),
-    ));
+    let (stop, metrics, autoscaler) = start(operator_client, PolicyConfig::default());
     // Progress at 10 tasks/s with 2 trainers, until the job is grown.
     let started = Instant::now();
     let within = Duration::from_secs(20);
@@ -225,20 +236,7 @@ async fn with_preempt_the_autoscaler_holds_a_long_job_at_zero_for_a_new_one() {
         create_pod(&client, &api, LOW, "trainer", i, "2", Some("n1")).await;
     }
     report(&client, LOW, 0, 2).await;
-    let stop = CancellationToken::new();
-    let metrics = Arc::new(Metrics::default());
-    let config = AutoscaleConfig {
-        namespace: Some(NS.to_owned()),
-        every: Duration::from_millis(200),
-        window: 1.0,
-        policy: edl_autoscaler::policy::PolicyConfig::preemptive(30.0),
-    };
-    let autoscaler = tokio::spawn(autoscale::run(
-        operator_client,
-        config,
-        metrics.clone(),
-        stop.clone(),
-    ));
+    let (stop, metrics, autoscaler) = start(operator_client, PolicyConfig::preemptive(30.0));
     // 10 tasks/s at 2 trainers: 10,000 tasks take about 1,000 s.
     let started = Instant::now();
     let report_until = |secs: f64| {
