@@ -7,7 +7,9 @@
 //!    still unbound are taken back (a job left alone for `min_interval` is asked again
 //!    later), so they neither hold a place in the scheduler's queue nor look like demand.
 //! 3. **Too many trainers** (with `preempt`). A job running at a count observed slower
-//!    than a smaller count worth running at is lowered to it.
+//!    than a smaller count worth running at, by more than the noise of an observation
+//!    ([`NOISE`]), is lowered to it. A dip within the noise is not acted on: lowered, the
+//!    job would grow back at the next pass.
 //! 4. **Admission.** A *starved* job (fewer than `min` trainers bound, or pservers not
 //!    bound) gets room for its minimum. Without `preempt`: in priority order (then
 //!    oldest first), the trainers worth least are taken from jobs of the same or a lower
@@ -17,7 +19,9 @@
 //!    worth of its minimum, from units worth less (a trainer above a minimum, or a whole
 //!    job suspended); a job not admitted is queued at 0 trainers.
 //!    While a starved job's pods wait for a node, no trainer of their kind (GPU or not)
-//!    is added: the scheduler would bind the newer pods first.
+//!    is added: the scheduler would bind the newer pods first. Except for a job
+//!    submitted at the pass's instant: its pods are then the oldest in the scheduler's
+//!    queue and on the same backoff as the pods the pass creates, so they bind first.
 //! 5. **Growth.** Free room goes to the job whose next trainers are worth most (priority
 //!    first), a step at a time to its next count worth running at, while nodes can host
 //!    them; growth that saves its job no more than `change_cost` is not made.
@@ -47,6 +51,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::rate::NOISE;
 use crate::{JobView, RateModel, Resources, Snapshot, Target};
 
 mod grow;
@@ -93,20 +98,35 @@ fn default_change_cost() -> f64 {
 
 impl PolicyConfig {
     /// Admission by worth with suspension ([`PolicyConfig::preempt`]), with the
-    /// settings measured best on the Pollux workloads (docs/autoscaler.md, "`edl sim`"):
-    /// a change costs `change_cost` seconds, work left weighs by its square root
-    /// (`size_exponent` 0.5, between equal sharing and shortest first), and a job is
-    /// left alone 120 s after a change.
+    /// settings measured best on every scenario of `edl sim` (docs/autoscaler.md,
+    /// "Latest figures"): a change costs `change_cost` seconds, work left weighs by its
+    /// square root (`size_exponent` 0.5, between equal sharing and shortest first), and
+    /// a job is left alone for [`HOLD_CHANGES`] changes' cost after a change (at least
+    /// the default 15 s), so that changes stall a job at most a ninth of its time, and
+    /// a job expected to finish within [`END_CHANGES`] changes' cost is not grown (at
+    /// least the default 30 s): its room goes to the jobs waiting.
     pub fn preemptive(change_cost: f64) -> PolicyConfig {
+        let defaults = PolicyConfig::default();
         PolicyConfig {
             change_cost,
             preempt: true,
             size_exponent: 0.5,
-            min_interval: 120.0,
-            ..PolicyConfig::default()
+            min_interval: (HOLD_CHANGES * change_cost).max(defaults.min_interval),
+            min_remaining: (END_CHANGES * change_cost).max(defaults.min_remaining),
+            ..defaults
         }
     }
 }
+
+/// How many changes' cost a job is left alone after a change with
+/// [`PolicyConfig::preemptive`]: 8 (a 30 s restart holds a job 4 minutes, a 2 s stall
+/// 16 s).
+pub const HOLD_CHANGES: f64 = 8.0;
+
+/// With [`PolicyConfig::preemptive`], a job expected to finish within this many
+/// changes' cost is not grown: 16 (8 minutes where a change is a 30 s restart; 30 s,
+/// the default, where it is a 2 s stall).
+pub const END_CHANGES: f64 = 16.0;
 
 impl Default for PolicyConfig {
     fn default() -> Self {
@@ -192,9 +212,11 @@ pub fn decide(config: &PolicyConfig, snapshot: &Snapshot) -> Vec<Target> {
     let starved = plan.give_up_unbound(&order);
     // While a job's pods wait for the scheduler to make its minimum, trainers of the
     // same kind (GPU or not) do not grow: the scheduler would bind the newer pods first
-    // and take the room being made for it.
+    // and take the room being made for it. Not for a job submitted at this instant: its
+    // pods are older than those this pass creates and on the same backoff (each failed
+    // once, now), so the scheduler tries them first each time both are due.
     for (i, j) in jobs.iter().enumerate() {
-        if starved[i].is_some() {
+        if starved[i].is_some() && j.submitted < snapshot.now {
             let pods = j
                 .waiting
                 .iter()
@@ -486,7 +508,10 @@ impl Plan<'_> {
                 continue;
             }
             let lower = curve.vertex_below(n).max(j.min);
-            let slower = curve.observed(n).is_some_and(|r| r < curve.rate(lower));
+            // Slower than `lower` by more than the noise of an observation.
+            let slower = curve
+                .observed(n)
+                .is_some_and(|r| r < (1.0 - NOISE) * curve.rate(lower));
             let long = self
                 .time_left(i, lower)
                 .is_some_and(|t| t > self.cfg.min_remaining + self.cfg.change_cost);

@@ -272,6 +272,62 @@ fn a_job_slower_with_more_trainers_is_lowered() {
     assert_eq!(got.get("dip"), Some(&4), "{got:?}");
 }
 
+/// A count observed slower than one fewer by less than the noise of an observation is
+/// not lowered (it would grow back at the next pass); further below, it is.
+#[test]
+fn a_dip_within_the_noise_is_not_lowered() {
+    let snap_with = |dip: f64| {
+        let mut j = running_job("dip", 1, 16, 5, 0.0, 1e6);
+        j.speed = [(2, 200.0), (3, 300.0), (4, 400.0), (5, dip)]
+            .iter()
+            .map(|&(trainers, rate)| Observation { trainers, rate })
+            .collect();
+        Snapshot {
+            now: 1000.0,
+            nodes: cluster(1, 24.0, 20.0),
+            unplaced: Resources::ZERO,
+            jobs: vec![j],
+        }
+    };
+    let noisy = snap_with(385.0);
+    let got = by_name(&noisy, &decide(&preemptive(), &noisy));
+    assert!(got.is_empty(), "a 4% dip: {got:?}");
+    let slow = snap_with(300.0);
+    let got = by_name(&slow, &decide(&preemptive(), &slow));
+    assert_eq!(got.get("dip"), Some(&4), "a 25% dip: {got:?}");
+}
+
+/// A job submitted at the pass's instant, its pod waiting for a node, does not stop
+/// another job from growing (its pod is older than the growth's and on the same
+/// backoff); one that has waited since an earlier pass does.
+#[test]
+fn only_a_job_waiting_since_an_earlier_pass_holds_growth() {
+    let snap_with = |submitted: f64| {
+        let mut new = running_job("new", 1, 8, 1, 0.1, 1e6);
+        new.speed.clear();
+        new.remaining = None;
+        new.pods.running = 0;
+        new.pods.pending = 1;
+        new.pods.unbound = 1;
+        new.waiting = vec![new.trainer];
+        new.submitted = submitted;
+        Snapshot {
+            now: 1000.0,
+            nodes: cluster(1, 32.0, 8.0),
+            unplaced: new.trainer,
+            jobs: vec![running_job("run", 1, 8, 2, 0.0, 1e6), new],
+        }
+    };
+    for cfg in [PolicyConfig::default(), preemptive()] {
+        let now = snap_with(1000.0);
+        let got = by_name(&now, &decide(&cfg, &now));
+        assert!(got.get("run").is_some_and(|&n| n > 2), "{got:?}");
+        let earlier = snap_with(995.0);
+        let got = by_name(&earlier, &decide(&cfg, &earlier));
+        assert!(got.is_empty(), "{got:?}");
+    }
+}
+
 #[test]
 fn unbound_scale_ups_are_given_back() {
     let mut j = running_job("a", 2, 12, 8, 0.0, 1e6);

@@ -44,14 +44,14 @@ pub struct SimArgs {
     /// Exit with status 1 when a goal is not met.
     #[arg(long)]
     pub check: bool,
-    /// On the scenarios, run edl's policy with the settings of `edl operator run
-    /// --autoscale-preempt` (jobs held at 0 trainers for jobs worth more; the workloads
-    /// always use them) instead of the defaults of `--autoscale`.
+    /// On the scenarios, run edl's policy with the defaults of `edl operator run
+    /// --autoscale` (no job held at 0 trainers, the cost of a change unknown) instead of
+    /// the settings of `--autoscale-preempt` that every scenario and workload uses.
     #[arg(long, conflicts_with_all = ["workload", "pollux"])]
-    pub preempt: bool,
+    pub no_preempt: bool,
     /// Compare the simulated EDL on its experiment with EDL's own logs of it (steady
     /// state: trainers, CPU, their spread over jobs; pending) instead of the scenarios.
-    #[arg(long, conflicts_with_all = ["workload", "pollux", "preempt"])]
+    #[arg(long, conflicts_with_all = ["workload", "pollux", "no_preempt"])]
     pub calibrate: bool,
     /// Workloads of the Pollux artifact (`name,time,application,num_replicas,
     /// batch_size`) to run instead of the scenarios, on its cluster of 16 nodes x 4 GPUs
@@ -115,12 +115,12 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
                 scenario.name
             );
         }
-        // `--preempt`: the settings of `edl operator run --autoscale-preempt`, a change
-        // costing the scenario's stall.
-        let edl = if args.preempt {
-            PolicyConfig::preemptive(scenario.config.event_cost)
-        } else {
+        // The settings of `edl operator run --autoscale-preempt`, a change costing the
+        // scenario's stall; `--no-preempt`: the defaults of `--autoscale`.
+        let edl = if args.no_preempt {
             PolicyConfig::default()
+        } else {
+            PolicyConfig::preemptive(scenario.config.event_cost)
         };
         let comparison = sim::compare(scenario, with_defects, edl, &mut |policy| {
             eprintln!("simulating {} under {policy}", scenario.name);
@@ -358,7 +358,7 @@ mod tests {
             apps: None,
             pollux: false,
             seeds: 1,
-            preempt: false,
+            no_preempt: false,
             calibrate: false,
         })
         .expect("edl sim");
@@ -393,7 +393,7 @@ mod tests {
             apps: None,
             pollux: false,
             seeds: 1,
-            preempt: false,
+            no_preempt: false,
             calibrate: false,
         }
     }
@@ -463,7 +463,7 @@ mod tests {
             apps: None,
             pollux: false,
             seeds: 1,
-            preempt: false,
+            no_preempt: false,
             calibrate: false,
         })
         .expect_err("refused");

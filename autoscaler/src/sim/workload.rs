@@ -29,7 +29,8 @@ pub const CHANGE_COST: f64 = 30.0;
 /// edl's policy as it runs on this cluster: it knows what a change costs, suspends whole
 /// jobs when a job worth more would wait (the artifact's jobs restart from checkpoints),
 /// and weighs work left by its square root, between equal sharing and shortest first.
-/// Jobs are left alone 120 s after a change (two ticks).
+/// Jobs are left alone 4 minutes after a change, and not grown within 8 minutes of
+/// their end (8 and 16 changes' cost).
 pub fn policy_config() -> crate::policy::PolicyConfig {
     crate::policy::PolicyConfig::preemptive(CHANGE_COST)
 }

@@ -146,7 +146,7 @@ pub struct RunArgs {
     pub autoscale_every: std::time::Duration,
     /// Let the autoscaler hold elastic jobs at 0 trainers (their masters and pservers
     /// stay) so that a job worth more need not wait, and admit jobs by their estimated
-    /// time left: the settings measured best on the Pollux workloads
+    /// time left: the settings measured best on every scenario of `edl sim`
     /// (docs/autoscaler.md).
     #[arg(long, requires = "autoscale")]
     pub autoscale_preempt: bool,
