@@ -71,7 +71,7 @@ impl RateModel {
             })
             .collect();
         let hull = upper_hull(&speeds);
-        let on_hull = (0..=max + 1).map(|n| hull_rate(&hull, n)).collect();
+        let on_hull = hull_rates(&hull, max + 1);
         Some(RateModel {
             hull,
             on_hull,
@@ -137,6 +137,27 @@ fn hull_rate(hull: &[(u32, f64)], n: u32) -> f64 {
     let (c0, r0) = hull[k - 1];
     let (c1, r1) = hull[k];
     r0 + (r1 - r0) * f64::from(n - c0) / f64::from(c1 - c0)
+}
+
+/// [`hull_rate`] at every count from 0 to `last`, in one sweep over the vertices (the
+/// same arithmetic: the policy builds a model per job per pass).
+fn hull_rates(hull: &[(u32, f64)], last: u32) -> Vec<f64> {
+    let mut out = Vec::with_capacity(last as usize + 1);
+    // k: the first vertex past n, as `hull_rate`'s partition point.
+    let mut k = 0;
+    for n in 0..=last {
+        while k < hull.len() && hull[k].0 <= n {
+            k += 1;
+        }
+        out.push(if k >= hull.len() {
+            hull.last().map_or(0.0, |v| v.1)
+        } else {
+            let (c0, r0) = hull[k - 1];
+            let (c1, r1) = hull[k];
+            r0 + (r1 - r0) * f64::from(n - c0) / f64::from(c1 - c0)
+        });
+    }
+    out
 }
 
 /// The vertices of the upper concave hull of `(n, speeds[n])`, `(0, 0)` first. A count
@@ -235,6 +256,10 @@ mod tests {
                 }
                 prop_assert!(m.marginal(n) <= m.marginal(n - 1) + 1e-9);
                 prop_assert!(m.marginal(n - 1) >= -1e-9);
+            }
+            // The sweep is `hull_rate` at every count, to the bit (and past the end).
+            for n in 0..=max + 3 {
+                prop_assert_eq!(m.rate(n).to_bits(), hull_rate(&m.hull, n).to_bits());
             }
         }
     }

@@ -257,6 +257,7 @@ impl<'a> Engine<'a> {
             if decide && self.policy.resizes() {
                 let snapshot = self.snapshot();
                 let targets = self.policy.decide(&snapshot);
+                self.restore(snapshot);
                 let index: Vec<usize> = self.active.iter().copied().collect();
                 for target in targets {
                     let j = index.get(target.job).copied().unwrap_or(usize::MAX);

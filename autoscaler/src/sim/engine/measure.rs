@@ -30,7 +30,11 @@ impl Engine<'_> {
         }
     }
 
-    pub(super) fn snapshot(&self) -> Snapshot {
+    /// The snapshot the policy decides on; it holds the engine's nodes (taken, not
+    /// copied: a day's thousand nodes each pass) until [`Engine::restore`] takes them
+    /// back.
+    pub(super) fn snapshot(&mut self) -> Snapshot {
+        let nodes = std::mem::take(&mut self.nodes);
         let mut unplaced = Resources::ZERO;
         for &p in &self.pending {
             unplaced += self.pods[p].req;
@@ -86,10 +90,15 @@ impl Engine<'_> {
             .collect();
         Snapshot {
             now: self.now,
-            nodes: self.nodes.clone(),
+            nodes,
             unplaced,
             jobs,
         }
+    }
+
+    /// Takes back the nodes lent to `snapshot`.
+    pub(super) fn restore(&mut self, snapshot: Snapshot) {
+        self.nodes = snapshot.nodes;
     }
 
     pub(super) fn sample(&mut self) {
