@@ -181,6 +181,20 @@ fn preemptive() -> PolicyConfig {
     }
 }
 
+/// A job submitted at `submitted`, never seen running, its one trainer waiting for a
+/// node.
+fn waiting_job(name: &str, submitted: f64) -> JobView {
+    let mut new = running_job(name, 1, 8, 1, 0.1, 1e9);
+    new.speed.clear();
+    new.remaining = None;
+    new.pods.running = 0;
+    new.pods.pending = 1;
+    new.pods.unbound = 1;
+    new.waiting = vec![new.trainer];
+    new.submitted = submitted;
+    new
+}
+
 /// A node full of jobs at their minimum (1 trainer of 4 cores each, 28 of 32 cores) and
 /// a job just submitted, never seen running, waiting for its first trainer.
 fn full_of_minimums() -> Snapshot {
@@ -189,15 +203,7 @@ fn full_of_minimums() -> Snapshot {
         .enumerate()
         .map(|(k, &left)| running_job(&format!("run{k}"), 1, 8, 1, 0.1, left))
         .collect();
-    let mut new = running_job("new", 1, 8, 1, 0.1, 1e9);
-    new.speed.clear();
-    new.remaining = None;
-    new.pods.running = 0;
-    new.pods.pending = 1;
-    new.pods.unbound = 1;
-    new.waiting = vec![new.trainer];
-    new.submitted = 500.0;
-    jobs.push(new);
+    jobs.push(waiting_job("new", 500.0));
     Snapshot {
         now: 1000.0,
         nodes: cluster(1, 32.0, 28.0),
@@ -303,14 +309,7 @@ fn a_dip_within_the_noise_is_not_lowered() {
 #[test]
 fn only_a_job_waiting_since_an_earlier_pass_holds_growth() {
     let snap_with = |submitted: f64| {
-        let mut new = running_job("new", 1, 8, 1, 0.1, 1e6);
-        new.speed.clear();
-        new.remaining = None;
-        new.pods.running = 0;
-        new.pods.pending = 1;
-        new.pods.unbound = 1;
-        new.waiting = vec![new.trainer];
-        new.submitted = submitted;
+        let new = waiting_job("new", submitted);
         Snapshot {
             now: 1000.0,
             nodes: cluster(1, 32.0, 8.0),
