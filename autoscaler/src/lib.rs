@@ -31,11 +31,6 @@ pub mod sim;
 pub mod snapshot;
 pub mod speedup;
 
-#[cfg(test)]
-mod paddle_tests;
-#[cfg(test)]
-mod policy_tests;
-
 pub use rate::RateModel;
 pub use resources::Resources;
 pub use snapshot::{JobView, Node, Observation, PodCounts, Snapshot, Target};

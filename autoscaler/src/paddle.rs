@@ -289,3 +289,6 @@ fn dry_run(
     }
     additional
 }
+
+#[cfg(test)]
+mod tests;

@@ -38,7 +38,7 @@
 //! speed is never added, and a job that will finish within `min_remaining` seconds is not
 //! grown.
 //!
-//! Invariants (property tests in `policy_tests.rs`, with and without `preempt`):
+//! Invariants (property tests in `policy/tests.rs`, with and without `preempt`):
 //! - an answered count is within `[min, max]`, or 0 for an elastic job with `preempt`; a
 //!   job is answered at most once, only when its count changes; jobs with `min == max`
 //!   inside their bounds are never answered;
@@ -524,3 +524,6 @@ impl Plan<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

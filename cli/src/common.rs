@@ -1,8 +1,8 @@
 //! Options and plumbing shared by the role subcommands: etcd connection, job identity,
 //! signals, listeners. A role's startup is [`RoleArgs::run`] (and [`ListenArgs::bind`]
-//! for one that serves), written once for `edl master`, `edl pserver` and `edl consume`;
-//! `edl trainer` starts through the trainer API, which shares its etcd connection and
-//! signal handling.
+//! for one that serves), written once for `edl master`, `edl pserver` and `edl consume`
+//! on the role kit (`edl_role`); `edl trainer` starts through the trainer API, on the
+//! same kit.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -109,14 +109,14 @@ impl EtcdArgs {
     /// Connects, retrying while etcd cannot be reached for up to `wait` (a role started
     /// beside its etcd, or during an etcd election); `None` when `cancel` fires first.
     /// An error that retrying cannot cure (bad credentials, a bad TLS setup) fails at
-    /// once; after `wait`, the error names the endpoints and says what to do, once. The
-    /// trainer API's [`edl_trainer::app::connect`], which every role shares.
+    /// once; after `wait`, the error names the endpoints and says what to do, once
+    /// ([`edl_role::connect`], which every role shares).
     pub async fn connect_waiting(
         &self,
         wait: Duration,
         cancel: &CancellationToken,
     ) -> anyhow::Result<Option<Arc<dyn Backend>>> {
-        Ok(edl_trainer::app::connect(&self.config()?, wait, cancel).await?)
+        Ok(edl_role::connect(&self.config()?, wait, cancel).await?)
     }
 }
 
@@ -146,7 +146,7 @@ pub struct RoleArgs {
 
 impl RoleArgs {
     /// Runs a role as every role starts: its open-file limit raised
-    /// ([`raise_open_files`]), on a runtime of its own, SIGTERM and SIGINT cancel the
+    /// ([`edl_role::raise_open_files`]), on a runtime of its own, SIGTERM and SIGINT cancel the
     /// token `body` gets (a second signal exits at once), etcd connected first (waiting
     /// out an outage for up to `--etcd-wait`). Stopped before etcd answered, the role
     /// does nothing and succeeds.
@@ -155,7 +155,7 @@ impl RoleArgs {
         F: FnOnce(Arc<dyn Backend>, CancellationToken) -> Fut,
         Fut: Future<Output = anyhow::Result<()>>,
     {
-        raise_open_files();
+        edl_role::raise_open_files();
         runtime()?.block_on(async move {
             let shutdown = shutdown_on_signals()?;
             match self
@@ -168,22 +168,6 @@ impl RoleArgs {
             }
         })
     }
-}
-
-/// Raises this process's soft limit on open files to its hard limit, and returns the
-/// soft limit now in force (`u64::MAX`: unlimited, or unknown). A master or pserver of
-/// a thousand trainers holds a few thousand connections, over the soft limit of 1,024
-/// that many systems start processes with; the hard limit is what an administrator
-/// allows.
-pub fn raise_open_files() -> u64 {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return u64::MAX;
-    };
-    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
-        return hard;
-    }
-    soft
 }
 
 /// Where a serving role (master, pserver) listens.
@@ -271,17 +255,14 @@ impl TlsArgs {
 }
 
 /// A token cancelled on SIGTERM or SIGINT (Ctrl-C); a second signal exits at once
-/// (the trainer API's, shared by every role).
+/// ([`edl_role::shutdown_on_signals`], shared by every role).
 pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
-    edl_trainer::app::shutdown_on_signals().context("install the SIGTERM and SIGINT handlers")
+    edl_role::shutdown_on_signals().context("install the SIGTERM and SIGINT handlers")
 }
 
 /// A multi-threaded tokio runtime for a role.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("start the async runtime")
+    edl_role::runtime().context("start the async runtime")
 }
 
 /// An error connecting to etcd, said once (the error names the endpoints), with the

@@ -353,12 +353,13 @@ fn print_pserver(p: &edl_master_client::overview::PserverStatus) {
         .iter()
         .filter(|r| matches!(r.state, "primary" | "in sync") && r.address.is_some())
         .count();
+    let wanted = match g.wanted {
+        0 => g.replicas.len(),
+        n => n as usize,
+    };
     println!(
-        "  pserver {}: {serving}  replicas in sync {in_sync}/{}  epoch {}  incarnation {}",
-        p.index,
-        g.replicas.len(),
-        g.epoch,
-        g.incarnation
+        "  pserver {}: {serving}  replicas in sync {in_sync}/{wanted}  epoch {}  incarnation {}",
+        p.index, g.epoch, g.incarnation
     );
     for r in &g.replicas {
         println!(

@@ -175,7 +175,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 #[cfg(test)]
-mod readme_tests {
+mod tests {
     use clap::CommandFactory;
 
     use super::Cli;
@@ -233,5 +233,167 @@ mod readme_tests {
             missing.is_empty(),
             "README.md's command table lacks {missing:?}: add a row (or name the verb in its group's row)"
         );
+    }
+
+    /// docs/design.md's crate map names every package of the workspace (`Cargo.toml`'s
+    /// members), with its folder and its name, and says how many there are.
+    #[test]
+    fn design_names_every_package() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let read = |p: &str| {
+            std::fs::read_to_string(format!("{root}/{p}")).unwrap_or_else(|e| panic!("{p}: {e}"))
+        };
+        let workspace: toml::Table = read("Cargo.toml").parse().expect("Cargo.toml");
+        let members: Vec<String> = workspace["workspace"]["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .map(|m| m.as_str().expect("a member's folder").to_owned())
+            .collect();
+        assert!(members.len() >= 15, "{members:?}");
+        let design = read("docs/design.md");
+        let mut missing = Vec::new();
+        for dir in &members {
+            let manifest: toml::Table = read(&format!("{dir}/Cargo.toml")).parse().expect(dir);
+            let name = manifest["package"]["name"]
+                .as_str()
+                .expect("a package name");
+            if !design.contains(&format!("- **`{dir}/` (`{name}`")) {
+                missing.push(format!("{dir}/ ({name})"));
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "docs/design.md's crate map (section 2) lacks {missing:?}"
+        );
+        const WORDS: [&str; 31] = [
+            "zero",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+            "twenty",
+            "twenty-one",
+            "twenty-two",
+            "twenty-three",
+            "twenty-four",
+            "twenty-five",
+            "twenty-six",
+            "twenty-seven",
+            "twenty-eight",
+            "twenty-nine",
+            "thirty",
+        ];
+        let count = WORDS.get(members.len()).expect("fewer than 31 packages");
+        assert!(
+            design.contains(&format!(
+                "The workspace (`Cargo.toml`) has {count} packages"
+            )),
+            "docs/design.md must say the workspace has {count} packages"
+        );
+    }
+
+    /// The layers of docs/design.md ("Crates") hold: no server depends on its client (or
+    /// on the trainer, or candle) and no client on a server, through any chain of the
+    /// workspace's `[dependencies]` (dev-dependencies aside: tests drive servers through
+    /// their clients); the role kit and the contracts depend on no role.
+    #[test]
+    fn no_server_depends_on_its_client_and_the_kit_on_no_role() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let read = |p: &str| -> toml::Table {
+            std::fs::read_to_string(format!("{root}/{p}"))
+                .unwrap_or_else(|e| panic!("{p}: {e}"))
+                .parse()
+                .unwrap_or_else(|e| panic!("{p}: {e}"))
+        };
+        let workspace = read("Cargo.toml");
+        let mut deps = std::collections::BTreeMap::<String, Vec<String>>::new();
+        for dir in workspace["workspace"]["members"]
+            .as_array()
+            .expect("members")
+        {
+            let manifest = read(&format!("{}/Cargo.toml", dir.as_str().expect("a folder")));
+            let name = manifest["package"]["name"]
+                .as_str()
+                .expect("a name")
+                .to_owned();
+            let direct = manifest
+                .get("dependencies")
+                .and_then(|d| d.as_table())
+                .map(|d| d.keys().cloned().collect())
+                .unwrap_or_default();
+            deps.insert(name, direct);
+        }
+        let closure = |krate: &str| {
+            let mut seen = std::collections::BTreeSet::new();
+            let mut todo = vec![krate.to_owned()];
+            while let Some(k) = todo.pop() {
+                for d in deps.get(&k).into_iter().flatten() {
+                    if seen.insert(d.clone()) {
+                        todo.push(d.clone());
+                    }
+                }
+            }
+            seen
+        };
+        // Positive witness: the graph was read, and a chain through it is followed.
+        assert!(closure("edl").contains("candle-core"), "{deps:?}");
+        assert!(
+            closure("edl-trainer").contains("edl-pserver-api"),
+            "{deps:?}"
+        );
+        let rules: [(&str, &[&str]); 7] = [
+            (
+                "edl-master",
+                &[
+                    "edl-master-client",
+                    "edl-trainer",
+                    "candle-core",
+                    "edl-pserver",
+                ],
+            ),
+            (
+                "edl-pserver",
+                &[
+                    "edl-pserver-client",
+                    "edl-trainer",
+                    "candle-core",
+                    "edl-master",
+                ],
+            ),
+            ("edl-master-client", &["edl-master", "edl-trainer"]),
+            ("edl-pserver-client", &["edl-pserver", "edl-trainer"]),
+            (
+                "edl-role",
+                &["edl-master", "edl-pserver", "edl-trainer", "candle-core"],
+            ),
+            ("edl-master-api", &["edl-master", "edl-master-client"]),
+            ("edl-pserver-api", &["edl-pserver", "edl-pserver-client"]),
+        ];
+        let mut broken = Vec::new();
+        for (krate, never) in rules {
+            let reach = closure(krate);
+            for n in never {
+                if reach.contains(*n) {
+                    broken.push(format!("{krate} reaches {n}"));
+                }
+            }
+        }
+        assert!(broken.is_empty(), "layering broken: {broken:?}");
     }
 }

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use edl_master::{MasterConfig, queue::TimeoutPolicy};
+use edl_job::MasterLaunch;
+use edl_master::MasterConfig;
 
 use crate::common::{ListenArgs, RoleArgs};
 
@@ -40,6 +41,20 @@ pub struct MasterArgs {
     pub min_task_timeout: Duration,
 }
 
+impl MasterArgs {
+    /// The settings these arguments say (what [`MasterLaunch::args`] renders).
+    pub fn launch(&self) -> MasterLaunch {
+        MasterLaunch {
+            chunks_per_task: self.chunks_per_task,
+            max_failures: self.max_failures,
+            max_losses: self.max_losses,
+            lease_ttl: self.lease_ttl,
+            task_timeout: self.task_timeout,
+            min_task_timeout: self.min_task_timeout,
+        }
+    }
+}
+
 /// Runs `edl master`.
 pub fn run(args: MasterArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -47,20 +62,10 @@ pub fn run(args: MasterArgs) -> anyhow::Result<()> {
         "--chunks-per-task must be at least 1"
     );
     let job = &args.role.job;
-    let mut cfg = MasterConfig::new(job.job.clone());
+    let mut cfg = MasterConfig::launch(job.job.clone(), &args.launch());
     cfg.token = job.token.clone();
     cfg.tls = job.tls.load()?;
     cfg.advertise = args.listen.advertise.clone();
-    cfg.lease_ttl = args.lease_ttl;
-    cfg.reconcile_every = args.lease_ttl;
-    cfg.queue.max_failures = args.max_failures;
-    cfg.queue.max_losses = args.max_losses;
-    cfg.default_chunks_per_task = args.chunks_per_task;
-    cfg.queue.timeout = TimeoutPolicy {
-        initial: args.task_timeout.as_millis() as u64,
-        floor: args.min_task_timeout.as_millis() as u64,
-        ..TimeoutPolicy::default()
-    };
     // Once connected, the master retries etcd for as long as it runs.
     args.role.run(|backend, shutdown| async move {
         let listener = args.listen.bind("master").await?;
@@ -68,4 +73,23 @@ pub fn run(args: MasterArgs) -> anyhow::Result<()> {
             .await
             .context("master")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::{Cli, Command};
+
+    /// `edl master`'s defaults are the settings' own (one set of defaults for a master
+    /// started by hand, by `edl run` and by the operator).
+    #[test]
+    fn the_defaults_are_the_launch_settings_defaults() {
+        let cli = Cli::try_parse_from(["edl", "master", "--etcd", "http://e:1", "--job", "j"])
+            .expect("parses");
+        let Some(Command::Master(m)) = cli.command else {
+            panic!("not a master");
+        };
+        assert_eq!(m.launch(), edl_job::MasterLaunch::default());
+    }
 }

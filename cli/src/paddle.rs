@@ -39,19 +39,21 @@ pub fn role_args(env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Vec<Str
             let index = eps.iter().position(|e| *e == me).ok_or_else(|| {
                 anyhow::anyhow!("PADDLE_CURRENT_ENDPOINT {me} is not in PADDLE_PSERVER_EPS {eps:?}")
             })?;
-            Ok(vec![
+            let dir = env(edl_job::env::CHECKPOINT_DIR).unwrap_or_else(|| "checkpoints".into());
+            let launch = edl_job::PserverLaunch {
+                index: edl_job::launch::IndexChoice::Fixed(index as u32),
+                shards: Some(eps.len() as u32),
+                ..edl_job::PserverLaunch::new(dir)
+            };
+            let mut args = vec![
                 "pserver".into(),
-                "--index".into(),
-                index.to_string(),
-                "--shards".into(),
-                eps.len().to_string(),
                 "--listen".into(),
                 me.clone(),
                 "--advertise".into(),
                 me,
-                "--checkpoint-dir".into(),
-                env(edl_job::env::CHECKPOINT_DIR).unwrap_or_else(|| "checkpoints".into()),
-            ])
+            ];
+            args.extend(launch.args());
+            Ok(args)
         }
         "trainer" => {
             let mut args = vec!["trainer".to_owned()];
@@ -96,23 +98,24 @@ mod tests {
             ("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:6175"),
         ]);
         let args = role_args(env(&vars)).expect("pserver");
-        assert_eq!(&args[..5], ["pserver", "--index", "1", "--shards", "2"]);
+        assert_eq!(args[0], "pserver");
         assert!(args.windows(2).any(|w| w == ["--listen", "127.0.0.1:6175"]));
         let cli = <crate::Cli as clap::Parser>::try_parse_from(
             std::iter::once("edl".to_owned())
                 .chain(args)
                 .chain(["--etcd", "http://127.0.0.1:2379", "--job", "fit"].map(String::from)),
         );
-        assert!(
-            matches!(
-                cli,
-                Ok(crate::Cli {
-                    command: Some(crate::Command::Pserver(_)),
-                    ..
-                })
-            ),
-            "{cli:?}"
-        );
+        let Ok(crate::Cli {
+            command: Some(crate::Command::Pserver(p)),
+            ..
+        }) = cli
+        else {
+            panic!("not a pserver: {cli:?}");
+        };
+        let launch = p.launch();
+        assert_eq!(launch.index, edl_job::launch::IndexChoice::Fixed(1));
+        assert_eq!(launch.shards, Some(2));
+        assert_eq!(launch.checkpoint_dir, "checkpoints");
     }
 
     #[test]

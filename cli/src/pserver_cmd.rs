@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use edl_pserver::{CheckpointConfig, CheckpointEvery, IndexChoice, PsConfig};
+use edl_job::PserverLaunch;
+use edl_pserver::{CheckpointEvery, IndexChoice, PsConfig};
 
 use crate::common::{ListenArgs, RoleArgs};
 
@@ -19,7 +20,7 @@ pub struct PserverArgs {
     pub listen: ListenArgs,
     /// The shard index to claim: `auto` (the lowest free one) or a number. Either way the
     /// claim waits while another live pserver holds the index.
-    #[arg(long, default_value = "auto", value_parser = parse_index)]
+    #[arg(long, default_value = "auto")]
     pub index: IndexChoice,
     /// The job's shard count: sets `ps/desired` when the job has none; must match it
     /// otherwise. Without it, `ps/desired` must already be set.
@@ -31,7 +32,7 @@ pub struct PserverArgs {
     #[arg(long)]
     pub checkpoint_dir: String,
     /// Checkpoint period: a step count (e.g. `1000`) or a duration (e.g. `30s`, `10m`).
-    #[arg(long, default_value = "5m", value_parser = parse_every)]
+    #[arg(long, default_value = "5m")]
     pub checkpoint_every: CheckpointEvery,
     /// Complete checkpoints kept.
     #[arg(long, default_value_t = 3)]
@@ -45,7 +46,7 @@ pub struct PserverArgs {
     /// Bulk-path connections served at once. A new one over the bound takes the slot of
     /// the connection idle longest; it is closed only while every slot is in the middle
     /// of a request. A trainer uses about two at a time.
-    #[arg(long, default_value_t = edl_pserver::server::DEFAULT_MAX_BULK_CONNECTIONS)]
+    #[arg(long, default_value_t = edl_job::launch::DEFAULT_MAX_BULK_CONNECTIONS)]
     pub max_bulk_connections: usize,
     /// Replicas of the shard, the primary included (docs/replication.md): start this
     /// many `edl pserver --index <i> --replicas <n>` processes for each shard; a lost
@@ -58,17 +59,21 @@ pub struct PserverArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
-fn parse_index(s: &str) -> Result<IndexChoice, String> {
-    if s == "auto" {
-        return Ok(IndexChoice::Auto);
+impl PserverArgs {
+    /// The settings these arguments say (what [`PserverLaunch::args`] renders).
+    pub fn launch(&self) -> PserverLaunch {
+        PserverLaunch {
+            index: self.index,
+            shards: self.shards,
+            replicas: self.replicas,
+            checkpoint_dir: self.checkpoint_dir.clone(),
+            checkpoint_every: self.checkpoint_every,
+            keep_checkpoints: self.keep_checkpoints,
+            lease_ttl: self.lease_ttl,
+            max_message_mib: self.max_message_mib,
+            max_bulk_connections: self.max_bulk_connections,
+        }
     }
-    s.parse::<u32>()
-        .map(IndexChoice::Fixed)
-        .map_err(|_| format!("{s:?} is neither `auto` nor a shard index"))
-}
-
-fn parse_every(s: &str) -> Result<CheckpointEvery, String> {
-    s.parse()
 }
 
 /// Runs `edl pserver`.
@@ -79,17 +84,11 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
         "--keep-checkpoints must be at least 1"
     );
     let job = &args.role.job;
-    let mut cfg = PsConfig::new(job.job.clone());
+    let mut cfg = PsConfig::launch(job.job.clone(), &args.launch());
     cfg.token = job.token.clone();
     cfg.tls = job.tls.load()?;
     cfg.advertise = args.listen.advertise.clone();
-    cfg.lease_ttl = args.lease_ttl;
     cfg.etcd_wait = args.role.wait.etcd_wait;
-    cfg.index = args.index;
-    cfg.shards = args.shards;
-    cfg.max_message_bytes = args.max_message_mib.saturating_mul(1 << 20);
-    cfg.max_bulk_connections = args.max_bulk_connections;
-    cfg.replicas = args.replicas as usize;
     cfg.metrics_addr = args.metrics_addr;
     // A backup reaches its primary as a client does.
     cfg.peer_tls = cfg.tls.clone();
@@ -99,7 +98,7 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
         cfg.replicas
     );
     // The bulk slots, and room beside them for gRPC, etcd and checkpoint files.
-    let open_files = crate::common::raise_open_files();
+    let open_files = edl_role::raise_open_files();
     let needed = (args.max_bulk_connections as u64).saturating_add(1024);
     if open_files < needed {
         tracing::warn!(
@@ -110,10 +109,6 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
              --max-bulk-connections)"
         );
     }
-    cfg.checkpoint = Some(CheckpointConfig {
-        keep: args.keep_checkpoints,
-        ..CheckpointConfig::new(&args.checkpoint_dir, args.checkpoint_every)
-    });
     crate::run::check_checkpoint_dir(&args.checkpoint_dir)?;
     args.role.run(|backend, shutdown| async move {
         let listener = args.listen.bind("pserver").await?;
@@ -121,4 +116,32 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
             .await
             .context("pserver")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::{Cli, Command};
+
+    /// `edl pserver`'s defaults are the settings' own (one set of defaults for a pserver
+    /// started by hand, by `edl run` and by the operator).
+    #[test]
+    fn the_defaults_are_the_launch_settings_defaults() {
+        let cli = Cli::try_parse_from([
+            "edl",
+            "pserver",
+            "--etcd",
+            "http://e:1",
+            "--job",
+            "j",
+            "--checkpoint-dir",
+            "/c",
+        ])
+        .expect("parses");
+        let Some(Command::Pserver(p)) = cli.command else {
+            panic!("not a pserver");
+        };
+        assert_eq!(p.launch(), edl_job::PserverLaunch::new("/c"));
+    }
 }

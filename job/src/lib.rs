@@ -20,11 +20,14 @@
 //! - [`optim`]: the optimizer, schedule, clipping and mode, described once (the spec
 //!   converts to them; the pservers apply them).
 //! - [`spec`]: [`JobSpec`], the job spec: parse, validate, store in etcd.
+//! - [`launch`]: the spec translated once into each role's settings ([`MasterLaunch`],
+//!   [`PserverLaunch`], [`TrainerLaunch`]), rendered as arguments or used in process.
 
 #![warn(missing_docs)]
 
 pub mod env;
 pub mod keys;
+pub mod launch;
 pub mod ledger;
 pub mod model;
 pub mod name;
@@ -33,6 +36,7 @@ pub mod records;
 pub mod spec;
 
 pub use keys::JobKeys;
+pub use launch::{MasterLaunch, PserverLaunch, TrainerLaunch};
 pub use name::{InvalidJobName, JobName, valid_member_id};
 pub use records::{
     Control, ControlRecord, FailedRecord, FinalState, GroupRecord, JobStateRecord, MemberRecord,

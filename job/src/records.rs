@@ -364,14 +364,23 @@ pub struct GroupRecord {
     /// holds no op past `seq_base` follows the new primary from where it is; any other
     /// is sent a snapshot.
     pub base_epoch: u64,
+    /// Replicas wanted, the primary included, as the writer was configured (0: not said,
+    /// a record written before it was). A shard of one replica is a group of one.
+    #[serde(default)]
+    pub replicas: u32,
 }
 record!(GroupRecord, "ps-group/<index>");
 
 impl GroupRecord {
     /// The record of a shard restored (or first created) by `primary` as `incarnation`
     /// (its claim's revision: what pushes and restores name): a new epoch, no backups,
-    /// its stream starting afresh.
-    pub fn restored(prev: Option<&GroupRecord>, primary: String, incarnation: u64) -> GroupRecord {
+    /// its stream starting afresh, `replicas` wanted.
+    pub fn restored(
+        prev: Option<&GroupRecord>,
+        primary: String,
+        incarnation: u64,
+        replicas: u32,
+    ) -> GroupRecord {
         GroupRecord {
             version: RECORD_VERSION,
             change: prev.map_or(1, |p| p.change + 1),
@@ -382,6 +391,7 @@ impl GroupRecord {
             joining: Default::default(),
             seq_base: 0,
             base_epoch: 0,
+            replicas,
         }
     }
 

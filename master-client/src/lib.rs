@@ -1,10 +1,9 @@
 //! The edl master's client ([`MasterClient`]): finds the leading master through etcd,
 //! follows failovers, and retries idempotently. The trainer, the Python binding, the
-//! Kubernetes operator and `edl` use it; it does not depend on the master (`edl_master`),
-//! which depends on it instead for what both sides of the wire share: the task types
-//! ([`task`]) and the wire's limits ([`MAX_MESSAGE_BYTES`], [`MAX_REASON_WIRE_BYTES`]).
-//! Keeping them here rather than in `edl_proto` keeps protobuf out of the domain types'
-//! users: [`task`] is the one place they are converted.
+//! Kubernetes operator and `edl` use it. Neither it nor the master (`edl_master`) depends
+//! on the other: what both sides of the wire share, the task types ([`task`]) and the
+//! wire's limits ([`MAX_MESSAGE_BYTES`], [`MAX_REASON_WIRE_BYTES`]), is the contract crate
+//! `edl_master_api`, re-exported here.
 //!
 //! Every call is safe to retry: `GetTask` carries a per-trainer request number (a retry
 //! gets the task already leased for it), and task reports name the task's generation (a
@@ -12,9 +11,8 @@
 //!
 //! Layout:
 //! - this file: [`MasterClient`], its settings and errors, [`observe_leader`].
-//! - [`task`]: [`task::LeasedTask`] and [`task::Answer`], the task as it travels to a
-//!   trainer and back (both sides of the wire), converted to protobuf there and only
-//!   there.
+//! - [`task`] (the contract's): [`task::LeasedTask`] and [`task::Answer`], the task as
+//!   it travels to a trainer and back, converted to protobuf there and only there.
 //! - [`overview`]: a job as seen from outside (`edl status`, the operator), from etcd and
 //!   the leading master's status.
 //!
@@ -36,15 +34,8 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 pub mod overview;
-pub mod task;
 
-pub use task::{Answer, LeasedTask};
-
-/// Largest request the master accepts (a SetDataset with many globs fits easily).
-pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
-/// Longest failure reason a report may carry, in bytes (the master refuses a longer one;
-/// the client cuts it).
-pub const MAX_REASON_WIRE_BYTES: usize = 64 << 10;
+pub use edl_master_api::{Answer, LeasedTask, MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES, task};
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]

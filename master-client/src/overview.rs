@@ -58,6 +58,8 @@ pub struct PserverStatus {
 /// A replicated shard's group (`ps-group/<index>`, docs/replication.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct GroupStatus {
+    /// Replicas wanted, the primary included (0: the record does not say).
+    pub wanted: u32,
     /// Raised each time the primary changes: the fence on every replica's answers.
     pub epoch: u64,
     /// Changed only by a restore from a checkpoint (every replica was lost).
@@ -108,6 +110,10 @@ async fn groups(
         let Ok(g) = GroupRecord::decode(&kv.value) else {
             continue;
         };
+        if g.replicas == 1 {
+            // A shard of one replica: a group of one, shown as a plain shard.
+            continue;
+        }
         let named = std::iter::once((&g.primary, "primary"))
             .chain(g.backups.iter().map(|m| (m, "in sync")))
             .chain(g.joining.iter().map(|m| (m, "joining")));
@@ -131,6 +137,7 @@ async fn groups(
         out.insert(
             index,
             GroupStatus {
+                wanted: g.replicas,
                 epoch: g.epoch,
                 incarnation: g.incarnation,
                 replicas,

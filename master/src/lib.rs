@@ -16,11 +16,11 @@
 //! - `testing` (this crate's tests, and the `testing` feature): an in-process master for
 //!   the tests of the master and of its clients.
 //!
-//! The client side is the crate `edl_master_client`: the client itself (leader
-//! discovery, failover, idempotent retries), a job's overview (`edl status`, the
-//! operator), and the task types that cross the wire (`LeasedTask`, the answer to
-//! `GetTask`), which this crate uses too. The trainer's `cloud_reader` is
-//! `edl_trainer::tasks`.
+//! The client side is the crate `edl_master_client` (leader discovery, failover,
+//! idempotent retries, a job's overview for `edl status` and the operator), which this
+//! crate never depends on. What both sides share, the task types that cross the wire
+//! (`LeasedTask`, the answer to `GetTask`) and the wire's limits, is the contract crate
+//! `edl_master_api`. The trainer's `cloud_reader` is `edl_trainer::tasks`.
 
 pub mod core;
 pub mod dataset;

@@ -557,5 +557,4 @@ impl Store {
 }
 
 #[cfg(test)]
-#[path = "store_tests.rs"]
 mod tests;

@@ -1,7 +1,9 @@
 //! An in-process master for the tests of the master and of its clients (the trainer's
 //! `cloud_reader`): real gRPC on loopback (port 0), the in-memory coordination backend
 //! unless a test passes its own (a fault-injecting wrapper, say). Built for this crate's
-//! tests and, with the `testing` feature, for other crates' tests.
+//! tests and, with the `testing` feature, for other crates' tests. The tests reach the
+//! masters through their client (`edl_master_client`, a dev-dependency: the master never
+//! depends on its client).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +11,6 @@ use std::time::Duration;
 
 use edl_coord::{Backend, Lease, MemBackend};
 use edl_job::{JobKeys, JobName};
-use edl_master_client::{MasterClient, MasterClientConfig};
 use edl_recordio::{FileWriter, WriterOptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -54,8 +55,13 @@ pub struct Harness {
 impl Harness {
     /// No master yet, an in-memory backend.
     pub fn new(job: &str) -> Harness {
+        Harness::on(job, Arc::new(MemBackend::new()))
+    }
+
+    /// No master yet, on `backend` (a real etcd's, say).
+    pub fn on(job: &str, backend: Arc<dyn Backend>) -> Harness {
         Harness {
-            backend: Arc::new(MemBackend::new()),
+            backend,
             stop: CancellationToken::new(),
             masters: Vec::new(),
             job: JobName::new(job).expect("a valid job name"),
@@ -96,13 +102,6 @@ impl Harness {
                 .expect("the master ran");
         });
         self.masters.push((stop, h));
-    }
-
-    /// A client of the job's masters that retries for 20 s.
-    pub fn client(&self) -> MasterClient {
-        let mut cfg = MasterClientConfig::new(self.job.clone());
-        cfg.retry_for = Duration::from_secs(20);
-        MasterClient::new(self.backend.clone(), cfg, self.stop.child_token())
     }
 
     /// Registers trainer `trainer` under a 1 s lease.

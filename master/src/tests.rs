@@ -15,6 +15,13 @@ use crate::testing::{Harness, dataset};
 use edl_job::{JobKeys, JobName};
 use edl_master_client::{Answer, LeasedTask, MasterClient, MasterClientConfig};
 
+/// A client of the job's masters that retries for 20 s.
+fn client_of(h: &Harness) -> MasterClient {
+    let mut cfg = MasterClientConfig::new(h.job.clone());
+    cfg.retry_for = Duration::from_secs(20);
+    MasterClient::new(h.backend.clone(), cfg, h.stop.child_token())
+}
+
 /// Job and token are checked from the headers before the body is decoded: a 5 MiB
 /// request (over the master's 4 MiB) without the token is `Unauthenticated`; with the
 /// token, the same request fails at decoding (the positive witness that the body would
@@ -187,7 +194,7 @@ async fn a_trainer_lost_after_the_trainer_watch_ended_gets_its_task_requeued() {
     // Reconciling on a timer only once (at the start): only the follower's own listings
     // and events can requeue the task.
     h.start_master_on(backend, Duration::from_secs(3600)).await;
-    let client = h.client();
+    let client = client_of(&h);
     client.set_dataset(vec![glob], 0, 0).await.unwrap();
     let lease = h.register("doomed").await;
     let Answer::Task(_) = client
@@ -228,7 +235,7 @@ async fn clients_wait_while_a_new_leader_loads_the_queue() {
     let glob = dataset(dir.path(), 1, 20);
     let mut h = Harness::new("loading");
     h.start_master().await;
-    let client = h.client();
+    let client = client_of(&h);
     client.set_dataset(vec![glob], 0, 0).await.unwrap();
     let _lease = h.register("t").await;
     let Answer::Task(held) = client.get_task("t", 0, 1, Duration::ZERO).await.unwrap() else {
@@ -340,16 +347,38 @@ async fn one_done_one_held(client: &MasterClient) -> LeasedTask {
 /// rebuilt queue reads every restore record from etcd (before, it started with none and
 /// heard of a record again only when it changed, so the rewind the failed commit lost
 /// was never made, and a late acknowledgement through the shard's old incarnation was
-/// taken as done).
+/// taken as done). On the in-memory backend here, on real etcd below.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_survives_a_failed_commit_and_a_late_ack_is_trained_again() {
+    restore_survives_a_failed_commit(Harness::new("restore-reload")).await;
+}
+
+/// The same after a failover: the new leader knows the restore the old one applied
+/// before its first acknowledgement, not only once its follower hears of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_survives_a_failover_and_a_late_ack_is_trained_again() {
+    restore_survives_a_failover(Harness::new("restore-failover")).await;
+}
+
+/// Both restore reloads above, on a real etcd (one cluster, a job each): what etcd
+/// returns for a failed commit and a failover's load is what the queue must survive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restores_survive_a_failed_commit_and_a_failover_on_real_etcd() {
+    let etcd = edl_testkit::EtcdCluster::start(1)
+        .await
+        .expect("start etcd");
+    let backend = etcd.connect().await.expect("connect to etcd");
+    restore_survives_a_failed_commit(Harness::on("restore-reload", backend.clone())).await;
+    restore_survives_a_failover(Harness::on("restore-failover", backend)).await;
+}
+
+async fn restore_survives_a_failed_commit(mut h: Harness) {
     let dir = tempfile::tempdir().unwrap();
     let glob = dataset(dir.path(), 1, 20);
-    let mut h = Harness::new("restore-reload");
     let faulty = FaultyBackend::new(h.backend.clone());
     h.start_master_on(faulty.clone(), Duration::from_millis(200))
         .await;
-    let client = h.client();
+    let client = client_of(&h);
     client.set_dataset(vec![glob], 0, 0).await.unwrap();
     let _lease = h.register("t").await;
     let held = one_done_one_held(&client).await;
@@ -380,15 +409,11 @@ async fn a_restore_survives_a_failed_commit_and_a_late_ack_is_trained_again() {
     );
 }
 
-/// The same after a failover: the new leader knows the restore the old one applied
-/// before its first acknowledgement, not only once its follower hears of it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restore_survives_a_failover_and_a_late_ack_is_trained_again() {
+async fn restore_survives_a_failover(mut h: Harness) {
     let dir = tempfile::tempdir().unwrap();
     let glob = dataset(dir.path(), 1, 20);
-    let mut h = Harness::new("restore-failover");
     h.start_master().await;
-    let client = h.client();
+    let client = client_of(&h);
     client.set_dataset(vec![glob], 0, 0).await.unwrap();
     let _lease = h.register("t").await;
     let held = one_done_one_held(&client).await;

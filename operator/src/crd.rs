@@ -497,6 +497,13 @@ impl TrainingJob {
         job.metadata.namespace = namespace.map(str::to_owned);
         job
     }
+
+    /// Whether the job is live: not being deleted, not over, with a valid spec.
+    pub(crate) fn is_live(&self) -> bool {
+        self.metadata.deletion_timestamp.is_none()
+            && !self.status.as_ref().is_some_and(|s| s.phase.is_finished())
+            && self.job_spec().is_ok()
+    }
 }
 
 /// The CustomResourceDefinition of [`TrainingJob`] as YAML (`deploy/crd.yaml`).

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 /// What to do with the Lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub enum LeaseAction {
     /// We hold it: renew it.
     Renew,
     /// It is free or expired: take it (a new term: `leaseTransitions` + 1).
@@ -27,19 +27,19 @@ pub enum Decision {
 }
 
 /// Whether `me` renews, takes or waits for `lease` at `now`.
-pub fn decide(lease: Option<&LeaseSpec>, me: &str, now: Timestamp) -> Decision {
+pub fn decide(lease: Option<&LeaseSpec>, me: &str, now: Timestamp) -> LeaseAction {
     let Some(spec) = lease else {
-        return Decision::Take;
+        return LeaseAction::Take;
     };
     let holder = spec.holder_identity.as_deref().unwrap_or_default();
     if holder == me {
-        return Decision::Renew;
+        return LeaseAction::Renew;
     }
     let ttl = i64::from(spec.lease_duration_seconds.unwrap_or(15));
     let renewed = spec.renew_time.as_ref().map(|t| t.0.as_second());
     match renewed {
-        Some(at) if !holder.is_empty() && now.as_second() < at + ttl => Decision::Wait,
-        _ => Decision::Take,
+        Some(at) if !holder.is_empty() && now.as_second() < at + ttl => LeaseAction::Wait,
+        _ => LeaseAction::Take,
     }
 }
 
@@ -70,7 +70,7 @@ async fn try_once(api: &Api<Lease>, e: &LeaseElection) -> Result<bool, kube::Err
         &e.identity,
         now,
     );
-    if decision == Decision::Wait {
+    if decision == LeaseAction::Wait {
         return Ok(false);
     }
     let old = current
@@ -81,13 +81,13 @@ async fn try_once(api: &Api<Lease>, e: &LeaseElection) -> Result<bool, kube::Err
         holder_identity: Some(e.identity.clone()),
         lease_duration_seconds: Some(e.lease.as_secs().max(1) as i32),
         renew_time: Some(MicroTime(now)),
-        acquire_time: if decision == Decision::Take {
+        acquire_time: if decision == LeaseAction::Take {
             Some(MicroTime(now))
         } else {
             old.acquire_time.clone()
         },
         lease_transitions: Some(
-            old.lease_transitions.unwrap_or(0) + i32::from(decision == Decision::Take),
+            old.lease_transitions.unwrap_or(0) + i32::from(decision == LeaseAction::Take),
         ),
         ..LeaseSpec::default()
     };
@@ -184,18 +184,24 @@ mod tests {
 
     #[test]
     fn a_lease_is_renewed_by_its_holder_taken_when_free_or_expired_else_waited_for() {
-        assert_eq!(decide(None, "a", at(0)), Decision::Take);
+        assert_eq!(decide(None, "a", at(0)), LeaseAction::Take);
         assert_eq!(
             decide(Some(&held_by("a", 0)), "a", at(100)),
-            Decision::Renew
+            LeaseAction::Renew
         );
-        assert_eq!(decide(Some(&held_by("b", 0)), "a", at(14)), Decision::Wait);
-        assert_eq!(decide(Some(&held_by("b", 0)), "a", at(15)), Decision::Take);
-        assert_eq!(decide(Some(&held_by("", 0)), "a", at(1)), Decision::Take);
+        assert_eq!(
+            decide(Some(&held_by("b", 0)), "a", at(14)),
+            LeaseAction::Wait
+        );
+        assert_eq!(
+            decide(Some(&held_by("b", 0)), "a", at(15)),
+            LeaseAction::Take
+        );
+        assert_eq!(decide(Some(&held_by("", 0)), "a", at(1)), LeaseAction::Take);
         let never_renewed = LeaseSpec {
             holder_identity: Some("b".into()),
             ..LeaseSpec::default()
         };
-        assert_eq!(decide(Some(&never_renewed), "a", at(0)), Decision::Take);
+        assert_eq!(decide(Some(&never_renewed), "a", at(0)), LeaseAction::Take);
     }
 }

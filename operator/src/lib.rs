@@ -10,7 +10,8 @@
 //! Layout:
 //! - [`crd`]: the resource's types (spec, status, conditions), the CRD generated from
 //!   them, and the conversion from and to a job spec.
-//! - [`objects`]: names, labels, and the pods and services of a job.
+//! - [`objects`]: names, labels, the slots a job wants, and the pods and services of a
+//!   job.
 //! - [`reconcile`]: observed objects -> a [`reconcile::Plan`].
 //! - [`controller`]: the kube-rs edge: watches TrainingJobs and their pods, observes
 //!   (the API server, the job's etcd), decides, applies.

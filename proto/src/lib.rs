@@ -22,7 +22,7 @@ pub mod metrics;
 pub mod tls;
 
 #[cfg(test)]
-mod decode_tests;
+mod tests;
 
 /// The master's gRPC service and messages (`edl.master.v1`).
 pub mod master {

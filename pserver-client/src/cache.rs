@@ -10,7 +10,7 @@ use crate::{PsClient, PsClientError, Result};
 
 /// A dense parameter in the cache.
 #[derive(Debug, Clone)]
-pub struct DenseParam {
+pub struct CachedParam {
     /// Name.
     pub name: String,
     /// Shape.
@@ -24,7 +24,7 @@ pub struct DenseParam {
 #[derive(Debug, Clone, Default)]
 pub struct DenseCache {
     pub(super) spec: Option<Arc<ParamSpec>>,
-    pub(super) params: Vec<DenseParam>,
+    pub(super) params: Vec<CachedParam>,
     pub(super) by_name: HashMap<String, usize>,
     pub(super) versions: Vec<Vec<u64>>,
     pub(super) incarnations: Vec<u64>,
@@ -49,7 +49,7 @@ impl DenseCache {
     }
 
     /// Every parameter, in spec order.
-    pub fn params(&self) -> &[DenseParam] {
+    pub fn params(&self) -> &[CachedParam] {
         &self.params
     }
 
@@ -71,7 +71,7 @@ impl DenseCache {
         self.params = spec
             .dense
             .iter()
-            .map(|d| DenseParam {
+            .map(|d| CachedParam {
                 name: d.name.clone(),
                 shape: d.shape.clone(),
                 values: vec![0.0; d.numel().unwrap_or(0)],

@@ -33,39 +33,32 @@
 //! Retries are safe: a push carries (trainer, session, step) and a pserver applies each
 //! at most once; pulls and status calls are read-only; `Init` is idempotent.
 //!
-//! What both sides of the wire share lives here, below the pserver, so that no client
-//! depends on the server: the parameter layout (the client routes blocks and rows to
-//! shards with it, the pserver checks and holds them by it), the floats' encoding, the
-//! bulk path's framing, the error kinds a refusal carries, a push's [`Origin`] and the
-//! transport's limits. The optimizers' update rules live here too: the pserver applies
-//! them, the trainer's single-process baseline reuses them, and the layout validates an
-//! optimizer config by building one.
+//! What both sides of the wire share is the contract crate `edl_pserver_api`, below both
+//! this client and the pserver (which never depends on its client): the parameter layout
+//! (the client routes blocks and rows to shards with it, the pserver checks and holds
+//! them by it), the optimizers' update rules, the floats' encoding, the bulk path's
+//! framing, the error kinds a refusal carries, a push's [`Origin`] and the transport's
+//! limits. This crate re-exports them, so a client's user needs no other crate.
 //!
 //! Layout (the client's parts each add the methods of one concern to [`PsClient`]):
-//! - [`error`]: [`PsClientError`], and whether a refusal can be retried; the pserver's
-//!   [`ErrorKind`](error::ErrorKind)s of a refusal (shared with the pserver).
+//! - [`error`]: [`PsClientError`], and whether a refusal can be retried (the pserver's
+//!   [`ErrorKind`](error::ErrorKind)s of a refusal are the contract's).
 //! - `connection`: finding a shard's pserver in `ps/` and connecting to it (gRPC, and
 //!   the bulk path when it offers one); a call in flight is abandoned when the shard
 //!   moves.
+//! - `bulk`: the client's pool of bulk-path connections to one pserver.
 //! - `retry`: one call to one shard, retried until `retry_for` ends, and how each kind
 //!   of refusal is treated.
 //! - `init`: initialising the parameters once for the job (an etcd election among the
 //!   trainers) and the job's layout.
 //! - `cache`: the trainer's copy of the dense parameters ([`DenseCache`]).
 //! - `pull`: dense blocks that changed and sparse rows, from every shard in parallel.
-//! - `push`: gradients to every shard in parallel ([`Origin`] names where they come
-//!   from), and `Leave`.
+//! - `push`: gradients to every shard in parallel, and `Leave`.
 //! - `status`: shard status through etcd, and [`probe`] of one address.
-//! - [`layout`]: the parameter spec ([`ParamSpec`], [`ParamConfig`], [`Mode`] from
-//!   `edl_job`) and its deterministic layout over the shards (shared with the pserver).
-//! - [`optim`]: the update rules (SGD with momentum/Nesterov/weight decay, Adagrad, Adam,
-//!   AdamW) on plain slices; the pserver applies them, the trainer's single-process
-//!   baseline reuses them. Their description is `edl_job::optim`, re-exported here.
-//! - [`wire`]: floats on the wire (shared with the pserver).
-//! - [`bulk`]: the bulk path's framing (shared with the pserver, which serves it) and the
-//!   client's pool of bulk connections.
-//! - the transport's limits: [`DEFAULT_MAX_MESSAGE_BYTES`], [`STREAM_WINDOW`],
-//!   [`CONNECTION_WINDOW`], [`MAX_FRAME`] (the pserver serves with the same).
+//! - re-exported from the contract: [`layout`] ([`ParamSpec`], [`ParamConfig`], [`Mode`]),
+//!   [`optim`] (the update rules; the trainer's single-process baseline reuses them),
+//!   [`wire`], [`Origin`] and the transport's limits ([`DEFAULT_MAX_MESSAGE_BYTES`],
+//!   [`STREAM_WINDOW`], [`CONNECTION_WINDOW`], [`MAX_FRAME`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -81,36 +74,30 @@ use crate::layout::Layout;
 use edl_coord::{PrefixView, follow_prefix};
 use edl_job::{JobKeys, JobName};
 
-pub mod bulk;
+mod bulk;
 mod cache;
 mod connection;
 pub mod error;
 mod init;
-pub mod layout;
-pub mod optim;
 mod pull;
 mod push;
 mod retry;
 mod status;
-pub mod wire;
 
-pub use cache::{DenseCache, DenseParam};
+pub use cache::{CachedParam, DenseCache};
+pub use edl_pserver_api::layout::{DenseSpec, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
+pub use edl_pserver_api::optim::{
+    Clip, LrSchedule, Optimizer, OptimizerConfig, OptimizerKind, SlotState,
+};
+pub use edl_pserver_api::{
+    CONNECTION_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME, Origin, STREAM_WINDOW, layout, optim,
+    wire,
+};
 pub use error::PsClientError;
 pub use init::{DenseInit, InitOutcome, InitRecord};
-pub use layout::{DenseSpec, Mode, ParamConfig, ParamSpec, RowInit, SparseSpec};
-pub use optim::{Clip, LrSchedule, Optimizer, OptimizerConfig, OptimizerKind, SlotState};
 pub use pull::PullStats;
-pub use push::{Origin, PushOutcome, SparsePush};
+pub use push::{PushOutcome, SparsePush};
 pub use status::probe;
-
-/// Default largest message: a push or pull of a whole shard of a large model fits.
-pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1 << 30;
-/// HTTP/2 flow-control windows: large, so that one stream moves tens of MB at full speed.
-pub const STREAM_WINDOW: u32 = 16 << 20;
-/// HTTP/2 connection window.
-pub const CONNECTION_WINDOW: u32 = 64 << 20;
-/// Largest HTTP/2 frame we accept: large frames mean few, large socket reads.
-pub const MAX_FRAME: u32 = 4 << 20;
 
 use connection::Conn;
 

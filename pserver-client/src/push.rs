@@ -12,37 +12,10 @@ use crate::error::ErrorKind;
 use crate::layout::Mode;
 use crate::optim::ClipPlan;
 use crate::retry::{Attempt, push_refusal};
-use crate::{PsClient, PsClientError, Result};
+use crate::{Origin, PsClient, PsClientError, Result};
 
 use crate::wire;
 use edl_job::valid_member_id;
-use serde::{Deserialize, Serialize};
-
-/// Where a push's gradients come from: the `count` batches from batch `seq` on (their
-/// sum) of task `task` (its index in the dataset) in pass `pass`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Origin {
-    /// The pass.
-    pub pass: u32,
-    /// The task's index in the dataset.
-    pub task: u32,
-    /// The number of its first batch within the task (0, 1, ...).
-    pub seq: u32,
-    /// Its batches: `seq..seq + count` (at least 1).
-    pub count: u32,
-}
-
-impl Origin {
-    /// Batch `seq` of task `task` of pass `pass`, alone.
-    pub fn batch(pass: u32, task: u32, seq: u32) -> Self {
-        Origin {
-            pass,
-            task,
-            seq,
-            count: 1,
-        }
-    }
-}
 
 /// Gradients of rows of a sparse table.
 #[derive(Debug, Clone, Copy)]

@@ -1,5 +1,5 @@
 //! The pserver's side of the bulk path (its framing, shared with the client, is
-//! `edl_pserver_client::bulk`, re-exported here): [`accept`] tells bulk connections from gRPC ones
+//! `edl_pserver_api::bulk`, re-exported here): [`accept`] tells bulk connections from gRPC ones
 //! by their first byte, bounds how many are served at once ([`BulkSlots`]), and serves
 //! each: a hello (job and token, checked like gRPC's headers), then push and pull frames
 //! handed to the service, which converts them as it does gRPC requests.
@@ -23,11 +23,11 @@ use tracing::Instrument as _;
 
 use crate::error::PsError;
 use crate::server::Service;
-pub use edl_pserver_client::bulk::{
+pub use edl_pserver_api::bulk::{
     HELLO_TIMEOUT, IDLE_TIMEOUT, KIND_PULL, KIND_PULL_SPARSE, KIND_PUSH, KIND_REPLICATE, MAGIC,
     MAX_HEADER, MAX_HELLO, STATUS_ERR, STATUS_OK, VERSION,
 };
-use edl_pserver_client::bulk::{read_header, read_into, status_to_pb, u32_at, write_all_within};
+use edl_pserver_api::bulk::{read_header, read_into, status_to_pb, u32_at, write_all_within};
 
 /// How long a new connection waits for the slot of the idle connection it closed.
 const EVICT_WAIT: Duration = Duration::from_secs(2);
@@ -385,13 +385,14 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 }
             }
             KIND_REPLICATE => {
-                let Some(rep) = svc.replication() else {
+                let rep = svc.replication();
+                if rep.replicas() < 2 {
                     return write_error(
                         &mut stream,
-                        invalid("this pserver's shard is not replicated"),
+                        invalid("this pserver's shard is not replicated (--replicas 1)"),
                     )
                     .await;
-                };
+                }
                 let (shard, peer) = match crate::server::replication::replicate_header(&header) {
                     Ok(x) => x,
                     Err(e) => return write_error(&mut stream, e).await,
@@ -422,7 +423,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 
 #[cfg(test)]
 mod tests {
-    use edl_pserver_client::bulk::pb_to_status;
+    use edl_pserver_api::bulk::pb_to_status;
     use tonic::Code;
 
     use super::*;

@@ -5,7 +5,7 @@ use edl_proto::headers;
 use crate::checkpoint::CheckpointError;
 use crate::layout::LayoutError;
 
-pub use edl_pserver_client::error::{ErrorKind, next_step_of};
+pub use edl_pserver_api::error::{ErrorKind, next_step_of};
 
 /// Why a pserver operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -8,11 +8,11 @@
 //! stripes of rows); nothing locks a whole shard on the data path. Pushes are tagged
 //! (trainer, session, step) so that a retried push is never applied twice.
 //!
-//! The client ([`PsClient`](edl_pserver_client::PsClient)) is the crate
-//! `edl_pserver_client`; this crate depends on it for what both sides of the wire share:
-//! the parameter layout, the optimizers' update rules, the floats' encoding, the bulk
-//! path's framing, the error kinds and the transport's limits (imported below as
-//! `layout`, `optim` and `wire`, so `crate::layout` names the client's module).
+//! The client is the crate `edl_pserver_client`, which this crate never depends on. What
+//! both sides of the wire share is the contract crate `edl_pserver_api`, below both: the
+//! parameter layout, the optimizers' update rules, the floats' encoding, the bulk path's
+//! framing, the error kinds and the transport's limits (imported below as `layout`,
+//! `optim` and `wire`, so `crate::layout` names the contract's module).
 //!
 //! Layout:
 //! - [`sync`]: the sync-mode step protocol as a pure state machine.
@@ -32,7 +32,7 @@
 //!   `checkpointer`, `run`.
 //! - `bulk`: the pserver's side of the bulk path (the same pushes and pulls over plain
 //!   TCP on the same port, floats outside protobuf: the fast path for large dense
-//!   models); its framing is `edl_pserver_client::bulk`. (Prefix views are
+//!   models); its framing is `edl_pserver_api::bulk`. (Prefix views are
 //!   `edl_coord::follow_prefix`; the job's etcd keys are `edl_job::JobKeys`.)
 //! - [`error`]: errors and their mapping to gRPC status codes (the kinds a refusal
 //!   carries are the client's [`ErrorKind`](error::ErrorKind)).
@@ -48,7 +48,7 @@ pub mod sync;
 #[cfg(test)]
 mod tests;
 
-use edl_pserver_client::{layout, optim, wire};
+use edl_pserver_api::{layout, optim, wire};
 
 pub use checkpoint::{CheckpointConfig, CheckpointEvery};
 pub use error::PsError;

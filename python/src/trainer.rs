@@ -496,7 +496,7 @@ impl Trainer {
 /// or connects to the pservers (evaluate mode). The model runs in Python: the device is
 /// only its name in the report (`auto` reads as `cpu`).
 fn start(py: Python<'_>, t: app::Trainer, handle_sigterm: bool) -> PyResult<Trainer> {
-    app::init_logging();
+    edl_role::init_logging();
     let rt = runtime()?;
     let shutdown = CancellationToken::new();
     if handle_sigterm {

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use edl_coord::{Backend, EtcdConfig};
-use edl_trainer::app;
 use edl_trainer::process::{self, Joined, Member, TrainerConfig};
 use edl_trainer::{DenseParam, Next, ParamInit, ParamStore, Params, StepOutput};
 use tokio_util::sync::CancellationToken;
@@ -42,7 +41,7 @@ fn main() -> Result<(), Error> {
     cfg.id = format!("rust-{what}");
     rt.block_on(async {
         let backend: Arc<dyn Backend> =
-            app::connect(&EtcdConfig::new(vec![etcd]), cfg.etcd_wait, &shutdown)
+            edl_role::connect(&EtcdConfig::new(vec![etcd]), cfg.etcd_wait, &shutdown)
                 .await?
                 .ok_or("stopped")?;
         let spec = process::fetch_spec(&backend, &cfg, &shutdown).await?;

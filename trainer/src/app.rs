@@ -33,7 +33,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{Backend, EtcdAuth, EtcdBackend, EtcdConfig, EtcdTls, retry_startup};
+use edl_coord::{Backend, EtcdAuth, EtcdConfig, EtcdTls, retry_startup};
 use edl_job::{InvalidJobName, JobName, JobSpec, SpecError};
 use tokio_util::sync::CancellationToken;
 
@@ -57,7 +57,7 @@ pub enum RunMode {
 
 /// A setting that could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum SettingError {
     /// A required variable is not set.
     #[error(
         "{var} is not set: this program is an edl trainer; run it with `edl run JOB.toml` \
@@ -84,7 +84,7 @@ pub enum ConfigError {
 pub enum AppError {
     /// The configuration is not usable.
     #[error("{0}")]
-    Config(#[from] ConfigError),
+    Config(#[from] SettingError),
     /// The async runtime or the signal handlers could not be set up.
     #[error("start: {0}")]
     Start(std::io::Error),
@@ -163,24 +163,24 @@ impl Trainer {
     /// The configuration `edl run` passes to a `[trainer] entry` program (the [`env`](mod@env)
     /// variables; docs/trainer-api.md). `EDL_ETCD` and `EDL_JOB` are required (or
     /// PaddlePaddle's `PADDLE_ETCD_ENDPOINTS` and `PADDLE_JOB_ID`).
-    pub fn from_env() -> Result<Trainer, ConfigError> {
+    pub fn from_env() -> Result<Trainer, SettingError> {
         Trainer::from_vars(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
     }
 
     /// [`Trainer::from_env`] over any source of variables.
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Trainer, ConfigError> {
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Trainer, SettingError> {
         let either = |a: &'static str, b: &'static str| {
             var(a)
                 .map(|v| (a, v))
                 .or_else(|| var(b).map(|v| (b, v)))
-                .ok_or(ConfigError::Missing { var: a })
+                .ok_or(SettingError::Missing { var: a })
         };
-        let invalid = |var: &'static str, value: &str, reason: String| ConfigError::Invalid {
+        let invalid = |var: &'static str, value: &str, reason: String| SettingError::Invalid {
             var,
             value: value.to_owned(),
             reason,
         };
-        let duration = |name: &'static str| -> Result<Option<Duration>, ConfigError> {
+        let duration = |name: &'static str| -> Result<Option<Duration>, SettingError> {
             var(name)
                 .map(|v| {
                     humantime::parse_duration(&v).map_err(|e| invalid(name, &v, e.to_string()))
@@ -202,12 +202,12 @@ impl Trainer {
             (Some(user), Some(password)) => etcd.auth = Some(EtcdAuth { user, password }),
             (None, None) => {}
             (Some(_), None) => {
-                return Err(ConfigError::Missing {
+                return Err(SettingError::Missing {
                     var: env::ETCD_PASSWORD,
                 });
             }
             (None, Some(_)) => {
-                return Err(ConfigError::Missing {
+                return Err(SettingError::Missing {
                     var: env::ETCD_USER,
                 });
             }
@@ -373,7 +373,8 @@ impl Trainer {
         shutdown: &CancellationToken,
     ) -> Result<Option<Arc<dyn Backend>>, AppError> {
         let wait = self.cfg.etcd_wait;
-        let Some(backend) = connect(&self.etcd, wait, shutdown).await? else {
+        let connected = edl_role::connect(&self.etcd, wait, shutdown).await;
+        let Some(backend) = connected.map_err(|e| AppError::Etcd(e.to_string()))? else {
             return Ok(None);
         };
         let Some(spec) = &self.publish else {
@@ -406,13 +407,10 @@ impl Trainer {
     /// [`Trainer::run`] with a [`ModelSource`] (`ModelSource::builtin()` is what `edl
     /// trainer` trains).
     pub fn run_source(self, model: ModelSource) -> Result<Finished, AppError> {
-        init_logging();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(AppError::Start)?;
+        edl_role::init_logging();
+        let rt = edl_role::runtime().map_err(AppError::Start)?;
         rt.block_on(async move {
-            let shutdown = shutdown_on_signals().map_err(AppError::Start)?;
+            let shutdown = edl_role::shutdown_on_signals().map_err(AppError::Start)?;
             self.run_async(model, shutdown).await
         })
     }
@@ -491,66 +489,6 @@ pub fn main<M: Model + 'static>(
             ExitCode::FAILURE
         }
     }
-}
-
-/// Connects to etcd, retrying while it cannot be reached for up to `wait`; `None` when
-/// `cancel` fires first. An etcd still unreachable is one error with the fix.
-pub async fn connect(
-    cfg: &EtcdConfig,
-    wait: Duration,
-    cancel: &CancellationToken,
-) -> Result<Option<Arc<dyn Backend>>, AppError> {
-    match retry_startup("connect to etcd", wait, cancel, || {
-        EtcdBackend::connect(cfg.clone())
-    })
-    .await
-    {
-        Ok(backend) => Ok(Some(Arc::new(backend))),
-        Err(edl_coord::Error::Cancelled) => Ok(None),
-        Err(e) if e.is_retryable() => Err(AppError::Etcd(format!(
-            "{e} (tried for {}; is etcd running there? pass its client URLs with --etcd or \
-             EDL_ETCD, or wait longer with --etcd-wait or EDL_ETCD_WAIT)",
-            humantime::format_duration(wait)
-        ))),
-        Err(e) => Err(AppError::Etcd(format!("etcd: {e}"))),
-    }
-}
-
-/// A token cancelled on SIGTERM or SIGINT (Ctrl-C); a second signal exits at once.
-/// Call on a tokio runtime.
-pub fn shutdown_on_signals() -> std::io::Result<CancellationToken> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let token = CancellationToken::new();
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let t = token.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
-        t.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::warn!("second signal: exiting now");
-        std::process::exit(130);
-    });
-    Ok(token)
-}
-
-/// Logs to stderr (the filter in `EDL_LOG`, as for every edl process, else `RUST_LOG`,
-/// else `info`), unless the program set up its own subscriber.
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env(edl_job::env::LOG)
-        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::env::var_os("NO_COLOR").is_none())
-        .try_init();
 }
 
 #[cfg(test)]

@@ -570,5 +570,4 @@ impl DenseModel {
 mod rows;
 
 #[cfg(test)]
-#[path = "dense_tests.rs"]
 mod tests;

@@ -121,6 +121,8 @@
 //!   tasks leased from the master through `edl_master_client`, read ahead) and
 //!   [`Tasks`], what a training loop says of each; both yield [`Next`].
 //! - [`runtime`]: the elastic trainer loop over [`Tasks`].
+//! - `progress.rs`: what a training loop reports ([`Progress`]) and stops with
+//!   ([`RuntimeError`]); the runtime, [`Tasks`] and the Python package share both.
 //! - [`process`]: the trainer process ([`process::run`]: spec, session, pservers,
 //!   `/metrics`, drain, report) and the [`process::Session`] shared with `edl consume`.
 //! - [`job`]: the job spec as a trainer uses it: model and optimizer checks, data checks,
@@ -166,6 +168,7 @@ pub mod local;
 pub mod local_optim;
 pub mod model;
 pub mod process;
+mod progress;
 pub mod psstore;
 mod rng;
 pub mod runtime;
@@ -176,8 +179,6 @@ pub mod tasks;
 pub mod word2vec;
 mod word2vec_cpu;
 
-#[cfg(test)]
-mod runtime_tests;
 #[cfg(test)]
 mod testdata;
 #[cfg(test)]
@@ -197,8 +198,9 @@ pub use model::{
     SparseTable, StepOutput,
 };
 pub use process::{ModelContext, ModelSource};
+pub use progress::{Progress, RuntimeError};
 pub use psstore::{PsStore, PsStoreStats};
-pub use runtime::{Progress, RuntimeConfig, RuntimeError};
+pub use runtime::RuntimeConfig;
 pub use spec::{build, build_on, check_model};
 pub use store::{InitOutcome, LocalStore, ParamInit, ParamStore, StoreError};
 pub use tasks::{Next, Tasks};

@@ -29,8 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use edl_pserver_client::{
-    DenseCache, DenseInit, Origin, ParamConfig, PsClient, PsClientError, RowInit,
-    SparsePush as PsGrad, SparseSpec,
+    DenseCache, DenseInit, Origin, ParamConfig, PsClient, PsClientError, RowInit, SparsePush,
+    SparseSpec,
 };
 use tokio::sync::Mutex;
 use tracing::Instrument as _;
@@ -151,12 +151,12 @@ struct PushCount {
 }
 
 /// Records how a background push ended when it is dropped: applied, or failed.
-struct PushOutcome {
+struct PushGuard {
     pushes: tokio::sync::watch::Sender<PushCount>,
     failed: Option<String>,
 }
 
-impl Drop for PushOutcome {
+impl Drop for PushGuard {
     fn drop(&mut self) {
         let failed = self.failed.take();
         self.pushes.send_modify(|c| match failed {
@@ -336,7 +336,7 @@ impl PsStore {
             async move {
                 // Counts the push as failed unless it is applied (also when the task
                 // is dropped unfinished), so nobody waits for it forever.
-                let mut outcome = PushOutcome {
+                let mut guard = PushGuard {
                     pushes,
                     failed: Some("the push was abandoned".into()),
                 };
@@ -346,10 +346,10 @@ impl PsStore {
                     answered: &answered,
                 };
                 if let Err(e) = push.send(&trainer, step, origin, &names, &grads).await {
-                    outcome.failed = Some(e.to_string());
+                    guard.failed = Some(e.to_string());
                     return Err(e);
                 }
-                outcome.failed = None;
+                guard.failed = None;
                 Ok(())
             }
             .in_current_span(),
@@ -498,10 +498,7 @@ impl ParamStore for PsStore {
         let _ = self
             .names
             .set(cache.params().iter().map(|p| p.name.clone()).collect());
-        Ok(match outcome {
-            edl_pserver_client::InitOutcome::Initialised => InitOutcome::Initialised,
-            edl_pserver_client::InitOutcome::AlreadyInitialised => InitOutcome::AlreadyInitialised,
-        })
+        Ok(outcome)
     }
 
     async fn pull_dense(&self, params: &mut Params) -> Result<(), StoreError> {
@@ -645,7 +642,7 @@ impl ParamStore for PsStore {
 fn push_views<'a>(
     names: &'a [String],
     grads: &'a StepOutput,
-) -> (Vec<(&'a str, &'a [f32])>, Vec<PsGrad<'a>>) {
+) -> (Vec<(&'a str, &'a [f32])>, Vec<SparsePush<'a>>) {
     let dense = names
         .iter()
         .zip(&grads.dense)
@@ -654,7 +651,7 @@ fn push_views<'a>(
     let sparse = grads
         .sparse
         .iter()
-        .map(|s| PsGrad {
+        .map(|s| SparsePush {
             table: &s.table,
             rows: &s.rows,
             values: &s.values,
@@ -664,5 +661,4 @@ fn push_views<'a>(
 }
 
 #[cfg(test)]
-#[path = "psstore_tests.rs"]
 mod tests;

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
+/// How a trainer's [`ParamStore::init`] went: the pservers' answer, whichever store.
+pub use edl_pserver_client::InitOutcome;
 use edl_pserver_client::{LrSchedule, OptimizerConfig, OptimizerKind, Origin};
 
 use crate::local_optim::LocalOptimizer;
@@ -65,15 +67,6 @@ impl TaskRef {
             count,
         }
     }
-}
-
-/// How a trainer's [`ParamStore::init`] went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InitOutcome {
-    /// This trainer initialised the parameters.
-    Initialised,
-    /// Another trainer had (or did meanwhile); this one pulls them.
-    AlreadyInitialised,
 }
 
 /// The parameters a trainer declares to a [`ParamStore`]: dense parameters with their

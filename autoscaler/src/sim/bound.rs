@@ -19,7 +19,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::{JobSpec, Scenario};
+use super::{Scenario, TraceJob};
 use crate::Resources;
 
 /// Trainers are divided in steps of this size in the fluid model.
@@ -41,7 +41,7 @@ pub fn all_at_max(scenario: &Scenario) -> f64 {
     scenario.jobs.iter().map(fastest_time).sum::<f64>() / n
 }
 
-fn fastest_time(j: &JobSpec) -> f64 {
+fn fastest_time(j: &TraceJob) -> f64 {
     let best = (1..=j.max.max(1))
         .map(|n| j.speed.rate(n))
         .fold(0.0, f64::max);
@@ -104,7 +104,7 @@ impl Amount {
 }
 
 /// A job's rate with a fractional count: the rates between whole counts joined by lines.
-fn rate(j: &JobSpec, n: f64) -> f64 {
+fn rate(j: &TraceJob, n: f64) -> f64 {
     let lo = n.floor();
     let frac = n - lo;
     let lo_rate = j.speed.rate(lo as u32);
@@ -244,8 +244,8 @@ mod tests {
     use super::*;
     use crate::sim::{SimConfig, Speed, SpeedupSpec};
 
-    fn job(name: &str, submit: f64, work: f64, sigma: f64, max: u32) -> JobSpec {
-        JobSpec {
+    fn job(name: &str, submit: f64, work: f64, sigma: f64, max: u32) -> TraceJob {
+        TraceJob {
             name: name.to_owned(),
             submit,
             min: 1,
@@ -261,7 +261,7 @@ mod tests {
         }
     }
 
-    fn scenario(cores: f64, jobs: Vec<JobSpec>) -> Scenario {
+    fn scenario(cores: f64, jobs: Vec<TraceJob>) -> Scenario {
         Scenario {
             name: "t".into(),
             description: String::new(),

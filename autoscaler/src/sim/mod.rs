@@ -107,7 +107,7 @@ impl Default for SimConfig {
 
 /// One job of a trace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobSpec {
+pub struct TraceJob {
     /// Unique name.
     pub name: String,
     /// Submission time (seconds).
@@ -196,7 +196,7 @@ pub struct Scenario {
     /// Allocatable resources of each node.
     pub nodes: Vec<Resources>,
     /// The trace, in submission order.
-    pub jobs: Vec<JobSpec>,
+    pub jobs: Vec<TraceJob>,
     /// Costs and clocks.
     pub config: SimConfig,
     /// The best average JCT it is judged against ([`bound`]), if any.

@@ -2,7 +2,7 @@
 
 use crate::paddle::{self, PaddleConfig};
 use crate::policy::{self, PolicyConfig};
-use crate::sim::JobSpec;
+use crate::sim::TraceJob;
 use crate::{Snapshot, Target};
 
 /// How a policy's scale-down takes trainers away.
@@ -22,7 +22,7 @@ pub trait Policy {
     /// Whether it ever resizes a job (`none` does not, and is never asked).
     fn resizes(&self) -> bool;
     /// The trainers a job is submitted with (0: queued until a decision admits it).
-    fn initial(&mut self, job: &JobSpec) -> u32;
+    fn initial(&mut self, job: &TraceJob) -> u32;
     /// New trainer counts for the jobs of `snapshot`.
     fn decide(&mut self, snapshot: &Snapshot) -> Vec<Target>;
     /// How surplus trainers go.
@@ -44,7 +44,7 @@ impl Policy for FixedPolicy {
     fn resizes(&self) -> bool {
         false
     }
-    fn initial(&mut self, job: &JobSpec) -> u32 {
+    fn initial(&mut self, job: &TraceJob) -> u32 {
         job.fixed
     }
     fn decide(&mut self, _: &Snapshot) -> Vec<Target> {
@@ -83,7 +83,7 @@ impl Policy for PaddlePolicy {
     fn resizes(&self) -> bool {
         true
     }
-    fn initial(&mut self, job: &JobSpec) -> u32 {
+    fn initial(&mut self, job: &TraceJob) -> u32 {
         job.min
     }
     fn decide(&mut self, snapshot: &Snapshot) -> Vec<Target> {
@@ -109,7 +109,7 @@ impl Policy for EdlPolicy {
     fn resizes(&self) -> bool {
         true
     }
-    fn initial(&mut self, job: &JobSpec) -> u32 {
+    fn initial(&mut self, job: &TraceJob) -> u32 {
         job.min
     }
     fn decide(&mut self, snapshot: &Snapshot) -> Vec<Target> {

@@ -10,7 +10,7 @@ fn lone_job() -> Scenario {
         name: "lone".to_owned(),
         description: "one job".to_owned(),
         nodes: vec![Resources::new(16.0, 64.0, 0)],
-        jobs: vec![JobSpec {
+        jobs: vec![TraceJob {
             name: "a".to_owned(),
             submit: 3.0,
             min: 1,

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use crate::sim::JobSpec;
+use crate::sim::TraceJob;
 use crate::sim::policies::{Policy, ScaleDown};
 use crate::{Snapshot, Target};
 
@@ -145,7 +145,7 @@ impl Policy for TiresiasPolicy {
     fn resizes(&self) -> bool {
         true
     }
-    fn initial(&mut self, job: &JobSpec) -> u32 {
+    fn initial(&mut self, job: &TraceJob) -> u32 {
         self.asked.insert(job.name.clone(), job.fixed);
         0
     }
@@ -185,8 +185,8 @@ mod tests {
         gpu: 1,
     };
 
-    fn spec(name: &str, size: u32) -> JobSpec {
-        JobSpec {
+    fn spec(name: &str, size: u32) -> TraceJob {
+        TraceJob {
             name: name.to_owned(),
             submit: 0.0,
             min: 1,

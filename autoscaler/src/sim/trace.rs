@@ -3,7 +3,7 @@
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::Resources;
-use crate::sim::{BoundKind, JobSpec, Scenario, SimConfig, Speed, SpeedupSpec};
+use crate::sim::{BoundKind, Scenario, SimConfig, Speed, SpeedupSpec, TraceJob};
 
 /// EDL's experiment (its `doc/autoscale/experiment`, case 1): 133 nodes; 20 MNIST jobs
 /// submitted 10 s apart, each with 10 pservers (4 CPU, 5 GiB), trainers of 5 CPU and
@@ -27,7 +27,7 @@ pub fn edl_experiment() -> Scenario {
     let mut nodes = vec![Resources::new(24.0, 64.0, 0); 40];
     nodes.extend(vec![Resources::new(14.4, 64.0, 0); 93]);
     let jobs = (0..20)
-        .map(|i| JobSpec {
+        .map(|i| TraceJob {
             name: format!("mnist{i}"),
             submit: 10.0 * f64::from(i),
             min: 2,
@@ -169,7 +169,7 @@ pub fn day(p: &DayParams) -> Scenario {
             (want, want)
         };
         let priority = i32::from(rng.random::<f64>() < 0.1);
-        jobs.push(JobSpec {
+        jobs.push(TraceJob {
             name: format!("job{i:04}"),
             submit: t,
             min,

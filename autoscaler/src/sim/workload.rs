@@ -13,7 +13,7 @@ use std::path::Path;
 
 use super::apps::{Applications, GPUS_PER_NODE};
 use super::table::{Table, TableError};
-use super::{JobSpec, Scenario, SimConfig, Speed};
+use super::{Scenario, SimConfig, Speed, TraceJob};
 use crate::Resources;
 
 /// Nodes of the artifact's cluster.
@@ -141,7 +141,7 @@ pub fn scenario(name: &str, jobs: &[WorkloadJob], apps: &Applications, seed: u64
                 .min(app.max_gpus(j.batch))
                 .min(gpus)
                 .max(j.replicas);
-            JobSpec {
+            TraceJob {
                 name: j.name.clone(),
                 submit: j.time,
                 min: 1,

@@ -107,8 +107,25 @@ pub struct Outcome {
     pub define_etcd_bytes: u64,
     /// Seconds from the dataset defined to the job finished.
     pub train_secs: f64,
-    /// Task transitions (a lease and an acknowledgement per task and pass).
+    /// Task transitions the master committed: leases (`dispatched`) and
+    /// acknowledgements (`finished`), as its durable counters say at the end.
     pub transitions: u64,
+    /// Tasks leased, every pass, a lease again after a failover or a requeue included
+    /// (the master's durable counter).
+    pub dispatched: u64,
+    /// Tasks finished (the master's durable counter).
+    pub finished: u64,
+    /// Tasks put back in the queue (their trainer lost, or a lease taken away).
+    pub requeued: u64,
+    /// Tasks trained again because a restored pserver lacked their updates.
+    pub recomputed: u64,
+    /// Leader terms that took over a job already started.
+    pub failovers: u64,
+    /// Acknowledgements the master applied, as the trainers were told.
+    pub acks_applied: u64,
+    /// Acknowledgements answered as already applied (a retry after its answer was
+    /// lost).
+    pub acks_repeated: u64,
     /// Transitions per second of `train_secs`.
     pub transitions_per_sec: f64,
     /// etcd WAL bytes written while training, per transition (every role's writes).
@@ -135,7 +152,7 @@ pub struct Outcome {
 /// Runs `edl bench scale`.
 pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
     check(&args)?;
-    crate::common::raise_open_files();
+    edl_role::raise_open_files();
     let (dir, temp) = match &args.dir {
         Some(d) => (d.clone(), None),
         None => {
@@ -297,7 +314,20 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
         .await?;
     out.train_secs = t.elapsed().as_secs_f64();
     let wal2 = probe::etcd_wal_bytes(&endpoint).await?;
-    out.transitions = 2 * a.tasks * u64::from(a.passes);
+    let counters = master
+        .status()
+        .await
+        .context("the master's status at the end")?
+        .counters
+        .unwrap_or_default();
+    out.dispatched = counters.dispatched;
+    out.finished = counters.finished;
+    out.requeued = counters.requeued;
+    out.recomputed = counters.recomputed;
+    out.failovers = counters.failovers;
+    out.transitions = counters.dispatched + counters.finished;
+    out.acks_applied = shared.counts.tasks.load(Ordering::Relaxed);
+    out.acks_repeated = shared.counts.repeated.load(Ordering::Relaxed);
     out.transitions_per_sec = out.transitions as f64 / out.train_secs;
     out.etcd_bytes_per_transition = (wal2 - wal1) as f64 / out.transitions as f64;
     out.master_rss_per_task = out.master_peak_rss as f64 / a.tasks as f64;
@@ -429,8 +459,9 @@ impl Watch<'_> {
                     out.etcd_db_max_bytes as f64 / 1e6
                 );
             }
-            if done >= self.total
-                && let Ok(s) = self.master.status().await
+            // The master says when the job finished (a retried acknowledgement counts as
+            // repeated, not again).
+            if let Ok(s) = self.master.status().await
                 && s.finished
             {
                 return Ok(());

@@ -19,7 +19,7 @@ use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::EtcdSpec;
 use edl_operator::leader::{self, LeaseElection};
 use edl_operator::metrics::Metrics;
-use edl_operator::reconcile::{Admission, Credentials, EtcdState, JobTls, Observed, reconcile};
+use edl_operator::reconcile::{Admission, EtcdState, JobCredentials, JobTls, Observed, reconcile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{JobSource, OperatorCommand, Place, RenderArgs, RunArgs};
@@ -134,7 +134,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         etcd: Ok(EtcdState::default()),
         // What an operator without admin credentials for the jobs' etcd creates: job pods
         // on a shared etcd take `<job>-edl-credentials` if it exists.
-        credentials: Credentials::NotIssued,
+        credentials: JobCredentials::NotIssued,
         // The job's TLS Secret, which the operator makes before any pod.
         tls: JobTls::Ready,
         admission: Admission::NotQueued,

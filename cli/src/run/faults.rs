@@ -129,7 +129,7 @@ impl Faults {
     ) -> Option<Effect> {
         let Fault { action, role } = fault;
         if role == Role::Pserver
-            && launch.replicas > 1
+            && launch.replicas() > 1
             && self.pending.iter().any(|p| p.role == Role::Pserver)
         {
             // Replicas survive one loss at a time: a pserver is hit only once the last
@@ -209,12 +209,12 @@ impl Faults {
                 generation,
             },
             (Role::Trainer, _) => Check::TrainerGone { key },
-            (Role::Pserver, _) if launch.replicas > 1 => {
-                let shard = slot % launch.pservers.max(1);
+            (Role::Pserver, _) if launch.replicas() > 1 => {
+                let shard = launch.shard_of(slot);
                 Check::Replicated {
                     shard,
                     old_change: self.group(shard).await.map_or(0, |g| g.change),
-                    replicas: launch.replicas,
+                    replicas: launch.replicas(),
                 }
             }
             (Role::Pserver, _) => {

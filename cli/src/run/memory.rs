@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use edl_coord::{Backend, MemBackend};
-use edl_job::JobSpec;
+use edl_job::{JobSpec, MasterLaunch, PserverLaunch, TrainerLaunch};
 use edl_master_client::{MasterClient, MasterClientConfig};
 use edl_trainer::process::{TrainerConfig, TrainerReport};
 use tokio_util::sync::CancellationToken;
@@ -32,13 +32,11 @@ pub(crate) async fn run(
     crate::logging::set_role_log_dir(run_dir.join("logs"));
     let roles = CancellationToken::new();
     let _stop_roles = roles.clone().drop_guard();
-    let ttl = spec.cluster.lease_ttl;
+    // The roles' settings, translated from the spec as for child processes.
+    let master = MasterLaunch::of(&spec.data, &spec.cluster);
     for i in 0..spec.cluster.masters {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let mut cfg = edl_master::MasterConfig::new(spec.name.clone());
-        cfg.lease_ttl = ttl;
-        cfg.reconcile_every = ttl;
-        cfg.default_chunks_per_task = 1;
+        let cfg = edl_master::MasterConfig::launch(spec.name.clone(), &master);
         let (b, t) = (backend.clone(), roles.clone());
         let role = crate::logging::role_span(&format!("master-{i}"));
         tokio::spawn(async move {
@@ -48,21 +46,11 @@ pub(crate) async fn run(
         });
     }
     // Every replica of every shard (slot `i` holds shard `i % pservers`).
+    let checkpoints = super::prepare::checkpoint_location(&spec, &run_dir);
     for i in 0..spec.cluster.pservers * spec.cluster.pserver_replicas {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let mut cfg = edl_pserver::PsConfig::new(spec.name.clone());
-        cfg.lease_ttl = ttl;
-        cfg.index = edl_pserver::IndexChoice::Fixed(i % spec.cluster.pservers);
-        cfg.replicas = spec.cluster.pserver_replicas as usize;
-        cfg.shards = Some(spec.cluster.pservers);
-        let ckpt = super::prepare::checkpoint_location(&spec, &run_dir);
-        cfg.checkpoint = Some(edl_pserver::CheckpointConfig {
-            keep: spec.cluster.checkpoint_keep,
-            ..edl_pserver::CheckpointConfig::new(
-                &ckpt,
-                edl_pserver::CheckpointEvery::Interval(spec.cluster.checkpoint_every),
-            )
-        });
+        let launch = PserverLaunch::of(&spec.cluster, i, checkpoints.clone());
+        let cfg = edl_pserver::PsConfig::launch(spec.name.clone(), &launch);
         let (b, t) = (backend.clone(), roles.clone());
         let role = crate::logging::role_span(&format!("pserver-{i}"));
         tokio::spawn(async move {
@@ -71,13 +59,14 @@ pub(crate) async fn run(
             }
         });
     }
+    let trainer = TrainerLaunch::of(&spec.trainer, &spec.cluster);
     let mut trainers = Vec::new();
     for k in 0..spec.cluster.trainers {
         let role = crate::logging::role_span(&format!("trainer-{k}"));
         let mut cfg = TrainerConfig::new(spec.name.clone());
         cfg.id = format!("trainer-{k}");
         cfg.device = args.device;
-        cfg.lease_ttl = Some(ttl);
+        cfg.lease_ttl = Some(trainer.lease_ttl);
         trainers.push(tokio::spawn(
             edl_trainer::process::run(
                 backend.clone(),

@@ -490,8 +490,8 @@ impl Shell {
     }
 }
 
-/// Each shard's incarnation (the create revision of its claim) and the passes its
-/// ledger holds whole; `None` unless every shard answers.
+/// Each shard's incarnation (the create revision of the claim it was restored under) and
+/// the passes its ledger holds whole; `None` unless every shard answers.
 async fn ledgers(client: &PsClient) -> Option<Vec<(i64, u32)>> {
     client
         .status()
@@ -500,7 +500,7 @@ async fn ledgers(client: &PsClient) -> Option<Vec<(i64, u32)>> {
         .map(|r| {
             r.ok()
                 .filter(|s| s.initialised)
-                .map(|s| (s.claim_revision, s.passes_contained))
+                .map(|s| (s.incarnation, s.passes_contained))
         })
         .collect()
 }

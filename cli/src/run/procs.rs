@@ -14,7 +14,8 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use super::supervisor::{ProcId, Role, Sig};
-use edl_job::JobSpec;
+use edl_job::spec::ClusterSpec;
+use edl_job::{JobSpec, MasterLaunch, PserverLaunch, TrainerLaunch};
 
 /// The program that runs as each trainer: `edl trainer` of this binary, or the spec's
 /// `[trainer] entry`, resolved and checked before any process starts.
@@ -26,8 +27,6 @@ pub(crate) struct TrainerProgram {
     pub args: Vec<String>,
     /// Where it starts (the spec file's directory for an entry program).
     pub cwd: Option<PathBuf>,
-    /// Extra environment (`[trainer] env`).
-    pub env: BTreeMap<String, String>,
     /// Whether it is the user's `entry` program.
     pub entry: bool,
 }
@@ -39,7 +38,6 @@ impl TrainerProgram {
             program: std::env::current_exe().context("find the edl binary")?,
             args: vec!["trainer".into()],
             cwd: None,
-            env: BTreeMap::new(),
             entry: false,
         })
     }
@@ -55,7 +53,6 @@ impl TrainerProgram {
             program: path,
             args: args.to_vec(),
             cwd: Some(spec_dir.to_path_buf()),
-            env: spec.trainer.env.clone(),
             entry: true,
         })
     }
@@ -109,18 +106,20 @@ pub(crate) fn find_program(program: &str, spec_dir: &Path) -> anyhow::Result<Pat
     )
 }
 
-/// What every child's command line is made of.
+/// What every child's command line is made of: the job's settings of each role
+/// (`edl_job::launch`, translated from the spec once), where etcd is, and this run's own
+/// (the run directory, the device, the trainer program, the secrets).
 #[derive(Debug, Clone)]
 pub(crate) struct Launch {
     pub job: String,
     /// etcd client URLs, comma-separated.
     pub etcd: String,
-    pub lease_ttl: Duration,
-    pub pservers: u32,
-    /// Replicas per shard (`--replicas`; pserver slot `s` holds shard `s % pservers`).
-    pub replicas: u32,
-    pub checkpoint_every: Duration,
-    pub checkpoint_keep: usize,
+    /// The job's cluster: its pserver slots' settings come from it.
+    pub cluster: ClusterSpec,
+    /// Every master's settings.
+    pub master: MasterLaunch,
+    /// Every trainer's settings.
+    pub trainers: TrainerLaunch,
     /// `--checkpoint-dir` of the pservers: a directory or an object URL.
     pub checkpoint_dir: String,
     pub run_dir: PathBuf,
@@ -143,17 +142,30 @@ impl Launch {
         Launch {
             job: spec.name.to_string(),
             etcd: etcd.join(","),
-            lease_ttl: spec.cluster.lease_ttl,
-            pservers: spec.cluster.pservers,
-            replicas: spec.cluster.pserver_replicas,
-            checkpoint_every: spec.cluster.checkpoint_every,
-            checkpoint_keep: spec.cluster.checkpoint_keep,
+            cluster: spec.cluster.clone(),
+            master: MasterLaunch::of(&spec.data, &spec.cluster),
+            trainers: TrainerLaunch::of(&spec.trainer, &spec.cluster),
             checkpoint_dir: super::prepare::checkpoint_location(spec, run_dir),
             run_dir: run_dir.to_path_buf(),
             device,
             trainer,
             access,
         }
+    }
+
+    /// Replicas of each shard.
+    pub(crate) fn replicas(&self) -> u32 {
+        self.cluster.pserver_replicas.max(1)
+    }
+
+    /// The shard pserver slot `slot` holds.
+    pub(crate) fn shard_of(&self, slot: u32) -> u32 {
+        slot % self.cluster.pservers.max(1)
+    }
+
+    /// The settings of pserver slot `slot`.
+    pub(crate) fn pserver(&self, slot: u32) -> PserverLaunch {
+        PserverLaunch::of(&self.cluster, slot, self.checkpoint_dir.clone())
     }
 
     /// The log of process `name`.
@@ -175,34 +187,16 @@ impl Launch {
             self.etcd.clone(),
             "--job".into(),
             self.job.clone(),
-            "--lease-ttl".into(),
-            humantime::format_duration(self.lease_ttl).to_string(),
         ];
         match role {
             Role::Master => {
+                args.extend(self.master.args());
                 args.extend([
-                    "--chunks-per-task".into(),
-                    "1".into(),
                     "--addr-file".into(),
                     self.addr_file(name).display().to_string(),
                 ]);
             }
-            Role::Pserver => {
-                args.extend([
-                    "--index".into(),
-                    (slot % self.pservers.max(1)).to_string(),
-                    "--shards".into(),
-                    self.pservers.to_string(),
-                    "--replicas".into(),
-                    self.replicas.to_string(),
-                    "--checkpoint-dir".into(),
-                    self.checkpoint_dir.clone(),
-                    "--checkpoint-every".into(),
-                    humantime::format_duration(self.checkpoint_every).to_string(),
-                    "--keep-checkpoints".into(),
-                    self.checkpoint_keep.to_string(),
-                ]);
-            }
+            Role::Pserver => args.extend(self.pserver(slot).args()),
             Role::Trainer => {}
         }
         args
@@ -221,10 +215,6 @@ impl Launch {
             (edl_job::env::ETCD, self.etcd.clone()),
             (edl_job::env::JOB, self.job.clone()),
             (edl_job::env::TRAINER_ID, name.to_owned()),
-            (
-                edl_job::env::LEASE_TTL,
-                humantime::format_duration(self.lease_ttl).to_string(),
-            ),
             (edl_job::env::DEVICE, self.device.to_string()),
             (
                 edl_job::env::REPORT,
@@ -234,7 +224,6 @@ impl Launch {
                     .to_string(),
             ),
             (edl_job::env::RUN_DIR, self.run_dir.display().to_string()),
-            (edl_job::env::MODE, "train".to_owned()),
             ("PADDLE_TRAINING_ROLE", "TRAINER".to_owned()),
             ("PADDLE_JOB_ID", self.job.clone()),
             ("PADDLE_ETCD_ENDPOINTS", self.etcd.clone()),
@@ -244,7 +233,7 @@ impl Launch {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-        env.extend(self.trainer.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.extend(self.trainers.vars());
         env
     }
 
@@ -466,29 +455,53 @@ impl Drop for Children {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use clap::Parser;
 
-    fn launch() -> Launch {
-        Launch {
-            job: "j".into(),
-            etcd: "http://a:1,http://b:2".into(),
-            lease_ttl: Duration::from_secs(3),
-            pservers: 2,
-            replicas: 1,
-            checkpoint_every: Duration::from_secs(30),
-            checkpoint_keep: 3,
-            checkpoint_dir: "/r/checkpoints".into(),
-            run_dir: PathBuf::from("/r"),
-            device: DeviceChoice::Cpu,
-            trainer: TrainerProgram {
-                program: PathBuf::from("/bin/true"),
-                args: vec![],
-                cwd: None,
-                env: BTreeMap::from([("FROM_SPEC".to_owned(), "1".to_owned())]),
-                entry: true,
-            },
-            access: Default::default(),
-        }
+    use super::*;
+    use crate::{Cli, Command};
+
+    /// A job of two shards with three chunks per task, its trainers an entry program.
+    fn launch(replicas: u32) -> Launch {
+        let spec = JobSpec::parse_toml(&format!(
+            r#"
+name = "j"
+[data]
+train = "/d/train-*.recordio"
+chunks_per_task = 3
+[model]
+kind = "fit_a_line"
+[trainer]
+entry = ["python3", "train.py"]
+env = {{ FROM_SPEC = "1" }}
+[cluster]
+pservers = 2
+pserver_replicas = {replicas}
+lease_ttl = "3s"
+checkpoint_every = "30s"
+checkpoint_dir = "/r/checkpoints"
+"#
+        ))
+        .expect("a valid spec");
+        let trainer = TrainerProgram {
+            program: PathBuf::from("/bin/true"),
+            args: vec![],
+            cwd: None,
+            entry: true,
+        };
+        Launch::new(
+            &spec,
+            &["http://a:1".to_owned(), "http://b:2".to_owned()],
+            Path::new("/r"),
+            DeviceChoice::Cpu,
+            trainer,
+            Default::default(),
+        )
+    }
+
+    fn parse(args: Vec<String>) -> Command {
+        let cli = Cli::try_parse_from(std::iter::once("edl".to_owned()).chain(args))
+            .expect("edl parses the command line it was given");
+        cli.command.expect("a subcommand")
     }
 
     #[test]
@@ -519,29 +532,51 @@ mod tests {
         );
     }
 
+    /// What a child is started with is what the spec says, read back by the child's own
+    /// argument parser: one translation of the spec (`edl_job::launch`), one rendering.
     #[test]
-    fn role_command_lines() {
-        let l = launch();
-        assert_eq!(
-            l.args(Role::Master, 0, "master-0").join(" "),
-            "master --etcd http://a:1,http://b:2 --job j --lease-ttl 3s --chunks-per-task 1 \
-             --addr-file /r/logs/master-0.addr"
-        );
-        assert_eq!(
-            l.args(Role::Pserver, 1, "pserver-1").join(" "),
-            "pserver --etcd http://a:1,http://b:2 --job j --lease-ttl 3s --index 1 --shards 2 \
-             --replicas 1 --checkpoint-dir /r/checkpoints --checkpoint-every 30s \
-             --keep-checkpoints 3"
-        );
-        // With replicas, slot s holds shard s % pservers.
-        let r = Launch {
-            replicas: 2,
-            ..launch()
+    fn each_child_parses_back_the_settings_the_spec_gave_its_role() {
+        let l = launch(1);
+        let Command::Master(m) = parse(l.args(Role::Master, 0, "master-0")) else {
+            panic!("not a master");
         };
-        let a = r.args(Role::Pserver, 3, "pserver-3").join(" ");
-        assert!(a.contains("--index 1 --shards 2 --replicas 2"), "{a}");
-        let env: BTreeMap<String, String> =
-            l.trainer_env(2, "trainer-2.1", 3).into_iter().collect();
+        assert_eq!(m.launch(), l.master);
+        // The spec's chunks per task, which the run once replaced with 1.
+        assert_eq!(m.launch().chunks_per_task, 3);
+        assert_eq!(m.launch().lease_ttl, Duration::from_secs(3));
+        assert_eq!(
+            m.listen.addr_file.as_deref(),
+            Some(Path::new("/r/logs/master-0.addr"))
+        );
+        assert_eq!(m.role.etcd.etcd, vec!["http://a:1", "http://b:2"]);
+        assert_eq!(m.role.job.job.as_str(), "j");
+        for slot in 0..2 {
+            let Command::Pserver(p) = parse(l.args(Role::Pserver, slot, "pserver")) else {
+                panic!("not a pserver");
+            };
+            assert_eq!(p.launch(), l.pserver(slot));
+        }
+        let p = l.pserver(1);
+        assert_eq!(p.index, edl_job::launch::IndexChoice::Fixed(1));
+        assert_eq!((p.shards, p.replicas, p.keep_checkpoints), (Some(2), 1, 3));
+        assert_eq!(p.checkpoint_dir, "/r/checkpoints");
+        // With replicas, slot s holds shard s % pservers.
+        let r = launch(2);
+        let Command::Pserver(p) = parse(r.args(Role::Pserver, 3, "pserver-3")) else {
+            panic!("not a pserver");
+        };
+        assert_eq!(p.launch(), r.pserver(3));
+        assert_eq!(
+            (p.index, p.replicas),
+            (edl_job::launch::IndexChoice::Fixed(1), 2)
+        );
+    }
+
+    #[test]
+    fn a_trainer_is_told_the_contract_then_the_jobs_own_variables() {
+        let l = launch(1);
+        let vars = l.trainer_env(2, "trainer-2.1", 3);
+        let env: BTreeMap<String, String> = vars.iter().cloned().collect();
         for (k, v) in [
             ("EDL_ETCD", "http://a:1,http://b:2"),
             ("EDL_JOB", "j"),
@@ -559,5 +594,12 @@ mod tests {
         ] {
             assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
         }
+        // The trainer API reads the same settings back.
+        let t = edl_trainer::Trainer::from_vars(|k| env.get(k).cloned()).expect("valid");
+        assert_eq!(t.config().lease_ttl, Some(l.trainers.lease_ttl));
+        assert_eq!(t.config().id, "trainer-2.1");
+        // The job's own variables come last.
+        let last = vars.iter().position(|(k, _)| k == "FROM_SPEC");
+        assert_eq!(last, Some(vars.len() - 1));
     }
 }

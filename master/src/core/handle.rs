@@ -12,7 +12,7 @@ use super::MAX_WAIT;
 use crate::dataset::{Dataset, DatasetSpec};
 use crate::error::MasterError;
 use crate::queue::{self, FailedTask, QueueCounters};
-use edl_master_client::task::Answer;
+use edl_master_api::task::Answer;
 
 /// What `Status` reports.
 #[derive(Clone, Debug, Default, PartialEq)]

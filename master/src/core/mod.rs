@@ -21,7 +21,7 @@ use crate::dataset::{self, Dataset, DatasetSpec};
 use crate::error::MasterError;
 use crate::queue::{self, Ack, GetTask, Millis, Queue, QueueConfig, Task};
 use crate::store::Store;
-use edl_master_client::task::{Answer, LeasedTask};
+use edl_master_api::task::{Answer, LeasedTask};
 
 mod handle;
 mod space;

@@ -25,7 +25,7 @@ use tracing::Instrument as _;
 /// The wire's limits, shared with the client: the longest failure reason a report may
 /// carry (kept as at most [`MAX_REASON_BYTES`](crate::queue::MAX_REASON_BYTES)), the
 /// largest message.
-pub use edl_master_client::{MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES};
+pub use edl_master_api::{MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES};
 pub use grpc::{MAX_SHARDS, MAX_TASK_ID_BYTES, MasterGrpc};
 
 use crate::core::CoreHandle;
@@ -76,6 +76,25 @@ impl MasterConfig {
             default_chunks_per_task: 1,
             tls: None,
         }
+    }
+
+    /// The configuration of a master of job `job` started with `launch` (what `edl master`
+    /// runs on its arguments, and `edl run` in process): the lease TTL, which is also how
+    /// often lease holders are checked, the queue's bounds and timeouts, and the chunks
+    /// per task of a dataset defined without saying.
+    pub fn launch(job: JobName, launch: &edl_job::MasterLaunch) -> Self {
+        let mut cfg = MasterConfig::new(job);
+        cfg.lease_ttl = launch.lease_ttl;
+        cfg.reconcile_every = launch.lease_ttl;
+        cfg.queue.max_failures = launch.max_failures;
+        cfg.queue.max_losses = launch.max_losses;
+        cfg.queue.timeout = crate::queue::TimeoutPolicy {
+            initial: launch.task_timeout.as_millis() as u64,
+            floor: launch.min_task_timeout.as_millis() as u64,
+            ..crate::queue::TimeoutPolicy::default()
+        };
+        cfg.default_chunks_per_task = launch.chunks_per_task;
+        cfg
     }
 }
 

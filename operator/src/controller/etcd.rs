@@ -7,7 +7,7 @@ use std::sync::Arc;
 use edl_coord::{EtcdBackend, EtcdConfig};
 use kube::ResourceExt;
 
-use super::{Ctx, live, secrets};
+use super::{Ctx, secrets};
 use crate::crd::TrainingJob;
 use crate::objects::etcd_endpoints;
 
@@ -33,7 +33,7 @@ impl Ctx {
             return Err("the job's TLS Secret is not there yet".to_owned());
         }
         let ns = tj.namespace().unwrap_or_else(|| "default".to_owned());
-        let password = secrets::etcd_root_password(self, tj, &ns, live(tj)).await?;
+        let password = secrets::etcd_root_password(self, tj, &ns, tj.is_live()).await?;
         self.connect(endpoints, Login::Root { password, tls }).await
     }
 

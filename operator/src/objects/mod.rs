@@ -21,10 +21,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use kube::Resource;
 
 use crate::crd::{CHECKPOINT_MOUNT, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSource};
+use edl_job::{MasterLaunch, PserverLaunch, TrainerLaunch};
 
 mod claims;
 mod network;
 mod secrets;
+mod slots;
 mod volcano;
 mod workload;
 
@@ -36,6 +38,7 @@ pub use secrets::{
     tls_names, tls_secret, tls_secret_name,
 };
 use secrets::{mount_tls, tls_vars};
+pub use slots::{Role, Slot, desired_slots, desired_trainers};
 pub use volcano::{
     POD_GROUP_ANNOTATION, POD_GROUP_API, VOLCANO_SCHEDULER, min_member, pod_group, pod_group_name,
 };
@@ -71,56 +74,6 @@ pub const ETCD_PEER_PORT: i32 = 2380;
 /// Where pservers and trainers serve `/metrics` (`EDL_METRICS_ADDR`); masters serve it
 /// on their gRPC port.
 pub const METRICS_PORT: i32 = 9090;
-
-/// A process role of a job on the cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Role {
-    /// The job's own etcd (`etcd.managed`).
-    Etcd,
-    /// A master.
-    Master,
-    /// A parameter server shard.
-    Pserver,
-    /// A trainer.
-    Trainer,
-}
-
-impl Role {
-    /// Every role, in start order.
-    pub const ALL: [Role; 4] = [Role::Etcd, Role::Master, Role::Pserver, Role::Trainer];
-
-    /// Its name in labels and pod names.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Etcd => "etcd",
-            Role::Master => "master",
-            Role::Pserver => "pserver",
-            Role::Trainer => "trainer",
-        }
-    }
-
-    /// The role named `s`.
-    pub fn parse(s: &str) -> Option<Role> {
-        Role::ALL.into_iter().find(|r| r.name() == s)
-    }
-}
-
-/// A pod's place in its job: role and index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Slot {
-    /// The role.
-    pub role: Role,
-    /// The index in the role (0 for the etcd).
-    pub index: u32,
-}
-
-impl Slot {
-    /// The pod's name in job `job`: `<job>-<role>-<index>` (`<job>-etcd-<i>` for the
-    /// managed etcd's member `i`).
-    pub fn pod_name(self, job: &str) -> String {
-        format!("{job}-{}-{}", self.role.name(), self.index)
-    }
-}
 
 /// The labels of every object of `job`.
 pub fn job_labels(job: &str) -> BTreeMap<String, String> {
@@ -319,13 +272,11 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     let s = &tj.spec;
     let name = slot.pod_name(&job);
     let c = &s.cluster;
-    let ttl = humantime::format_duration(c.lease_ttl).to_string();
     // What every job process has; each role then adds or takes away.
     let mut parts = Parts {
         vars: vec![
             env(edl_job::env::ETCD, etcd_endpoints(tj).join(",")),
             env(edl_job::env::JOB, job.clone()),
-            env(edl_job::env::LEASE_TTL, ttl.clone()),
             env_field("POD_IP", "status.podIP"),
             env_field("POD_NAME", "metadata.name"),
             env_field("POD_UID", "metadata.uid"),
@@ -344,8 +295,8 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     }
     let (command, ports, resources) = match slot.role {
         Role::Etcd => etcd_parts(tj, slot, &mut parts),
-        Role::Master => master_parts(tj, &ttl),
-        Role::Pserver => pserver_parts(tj, slot, &ttl, &mut parts),
+        Role::Master => master_parts(tj),
+        Role::Pserver => pserver_parts(tj, slot, &mut parts),
         Role::Trainer => trainer_parts(tj, &mut parts),
     };
     let Parts {
@@ -513,29 +464,25 @@ fn etcd_parts(tj: &TrainingJob, slot: Slot, parts: &mut Parts) -> RoleCommand {
     )
 }
 
-/// A master: `/metrics` on its gRPC port.
-fn master_parts(tj: &TrainingJob, ttl: &str) -> RoleCommand {
+/// A master: the job's settings of a master (`edl_job::launch`), `/metrics` on its gRPC
+/// port.
+fn master_parts(tj: &TrainingJob) -> RoleCommand {
     let s = &tj.spec;
-    (
-        edl(&[
-            "master",
-            "--listen",
-            &format!("0.0.0.0:{MASTER_PORT}"),
-            "--advertise",
-            &format!("$(POD_IP):{MASTER_PORT}"),
-            "--chunks-per-task",
-            &s.data.chunks_per_task.max(1).to_string(),
-            "--lease-ttl",
-            ttl,
-        ]),
-        vec![MASTER_PORT],
-        s.resources.master.clone(),
-    )
+    let mut command = edl(&[
+        "master",
+        "--listen",
+        &format!("0.0.0.0:{MASTER_PORT}"),
+        "--advertise",
+        &format!("$(POD_IP):{MASTER_PORT}"),
+    ]);
+    command.extend(MasterLaunch::of(&s.data, &s.cluster).args());
+    (command, vec![MASTER_PORT], s.resources.master.clone())
 }
 
-/// Pserver slot `slot.index` (shard `index % pservers`): its checkpoint volume (its own
-/// claim unless the job names one) and `/metrics`.
-fn pserver_parts(tj: &TrainingJob, slot: Slot, ttl: &str, parts: &mut Parts) -> RoleCommand {
+/// Pserver slot `slot.index` (shard `index % pservers`): the job's settings of that slot
+/// (`edl_job::launch`), its checkpoint volume (its own claim unless the job names one)
+/// and `/metrics`.
+fn pserver_parts(tj: &TrainingJob, slot: Slot, parts: &mut Parts) -> RoleCommand {
     let job = tj.metadata.name.clone().unwrap_or_default();
     let s = &tj.spec;
     let c = &s.cluster;
@@ -560,33 +507,18 @@ fn pserver_parts(tj: &TrainingJob, slot: Slot, ttl: &str, parts: &mut Parts) -> 
             format!("{CHECKPOINT_MOUNT}/{job}")
         }
     };
-    let shard = slot.index % c.pservers.max(1);
     parts.vars.push(env(
         edl_job::env::METRICS_ADDR,
         format!("0.0.0.0:{METRICS_PORT}"),
     ));
     let mut command = edl(&[
         "pserver",
-        "--index",
-        &shard.to_string(),
-        "--shards",
-        &c.pservers.to_string(),
-        "--checkpoint-dir",
-        &checkpoint_dir,
-        "--checkpoint-every",
-        &humantime::format_duration(c.checkpoint_every).to_string(),
-        "--keep-checkpoints",
-        &c.checkpoint_keep.to_string(),
         "--listen",
         &format!("0.0.0.0:{PSERVER_PORT}"),
         "--advertise",
         &format!("$(POD_IP):{PSERVER_PORT}"),
-        "--lease-ttl",
-        ttl,
     ]);
-    if c.pserver_replicas > 1 {
-        command.extend(["--replicas".to_owned(), c.pserver_replicas.to_string()]);
-    }
+    command.extend(PserverLaunch::of(c, slot.index, checkpoint_dir).args());
     (
         command,
         vec![PSERVER_PORT, METRICS_PORT],
@@ -595,26 +527,26 @@ fn pserver_parts(tj: &TrainingJob, slot: Slot, ttl: &str, parts: &mut Parts) -> 
 }
 
 /// A trainer (`edl trainer`, or the job's own `trainer.entry` program): one id per pod
-/// incarnation, the job's trainer variables, `/metrics`.
+/// incarnation, the job's settings of a trainer (`edl_job::launch`), `/metrics`.
 fn trainer_parts(tj: &TrainingJob, parts: &mut Parts) -> RoleCommand {
     let s = &tj.spec;
+    let launch = TrainerLaunch::of(&s.trainer, &s.cluster);
     // One id per pod incarnation: a replacement pod (same name) must not meet the
     // registration its predecessor left until its lease ends.
     parts
         .vars
         .push(env(edl_job::env::TRAINER_ID, "$(POD_NAME).$(POD_UID)"));
-    parts.vars.push(env(edl_job::env::MODE, "train"));
     parts.vars.push(env(
         edl_job::env::METRICS_ADDR,
         format!("0.0.0.0:{METRICS_PORT}"),
     ));
     parts
         .vars
-        .extend(s.trainer.env.iter().map(|(k, v)| env(k, v.clone())));
-    let command = if s.trainer.entry.is_empty() {
+        .extend(launch.vars().into_iter().map(|(k, v)| env(&k, v)));
+    let command = if launch.entry.is_empty() {
         edl(&["trainer"])
     } else {
-        s.trainer.entry.clone()
+        launch.entry.clone()
     };
     (command, vec![METRICS_PORT], s.resources.trainer.clone())
 }

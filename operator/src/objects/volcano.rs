@@ -7,9 +7,8 @@
 
 use serde_json::{Value, json};
 
-use super::{Role, meta};
+use super::{Role, desired_slots, meta};
 use crate::crd::TrainingJob;
-use crate::reconcile::desired_slots;
 
 /// Volcano's PodGroup API: group, version, kind, plural.
 pub const POD_GROUP_API: [&str; 4] = ["scheduling.volcano.sh", "v1beta1", "PodGroup", "podgroups"];

@@ -10,9 +10,8 @@
 
 use serde_json::{Value, json};
 
-use super::{CredentialsRef, QUEUE_LABEL, Role, Slot, meta, pod};
+use super::{CredentialsRef, QUEUE_LABEL, Role, Slot, desired_slots, meta, pod};
 use crate::crd::TrainingJob;
-use crate::reconcile::desired_slots;
 
 /// Kueue's Workload API: group, version, kind, plural.
 pub const WORKLOAD_API: [&str; 4] = ["kueue.x-k8s.io", "v1beta1", "Workload", "workloads"];

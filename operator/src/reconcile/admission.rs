@@ -1,12 +1,12 @@
-//! The decision's phases for a job admitted through its Kueue Workload
-//! ([`Admission`]): held until admitted, drained on an eviction and then its quota
-//! given back, its Workload marked finished when it ends.
+//! Admission by other systems: Kueue's Workload (held, evicted, released, finished)
+//! and Volcano's PodGroup (minMember).
 
-use super::decision::{Decision, Hold};
+use super::draft::Draft;
+use super::suspension::Hold;
 use super::{Admission, Plan, WorkloadChange};
-use crate::objects::{self, Role};
+use crate::objects::{self, Role, Slot};
 
-impl Decision<'_> {
+impl Draft<'_> {
     /// The job waits for its Workload's admission (made now if it is not there), or was
     /// evicted: it is held without pods as a suspended job is. Evicted, once it has no
     /// pods left (its managed etcd aside), it gives its quota back so that Kueue queues
@@ -52,4 +52,28 @@ impl Decision<'_> {
             )));
         }
     }
+
+    /// Creates the job's Volcano PodGroup when it asks for Volcano and has none, or sets
+    /// its `minMember` when it changed.
+    pub(super) fn pod_group(&mut self) {
+        let tj = self.obs.job;
+        let group = objects::pod_group_name(&self.job);
+        if tj.spec.volcano.is_some() {
+            let want = objects::min_member(tj);
+            match self.obs.pod_groups.get(&group) {
+                None => self.plan.create_pod_groups.push(objects::pod_group(tj)),
+                Some(&has) if has != want => {
+                    self.plan.pod_group_min_members.push((group, want));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+/// `desired` with at most `admitted` trainers (Kueue's partial admission admits no
+/// fewer than `min_trainers`).
+pub(super) fn within_admission(mut desired: Vec<Slot>, admitted: u32) -> Vec<Slot> {
+    desired.retain(|s| s.role != Role::Trainer || s.index < admitted);
+    desired
 }

@@ -33,9 +33,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use edl_coord::{Backend, Compare, CompareOp, Fence, KeyValue, Op, Txn, fenced_txn};
 use serde::{Deserialize, Serialize};
@@ -45,36 +44,7 @@ use super::format::Snapshot;
 use crate::error::PsError;
 use edl_job::{JobKeys, Record, RestoreRecord};
 
-/// How often checkpoints are taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CheckpointEvery {
-    /// Every this many updates (sync: steps; async: pushes applied by shard 0).
-    Steps(u64),
-    /// Every this long.
-    Interval(Duration),
-}
-
-impl FromStr for CheckpointEvery {
-    type Err = String;
-
-    /// `100` (steps) or a duration such as `30s`, `5m`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let s = s.trim();
-        if let Ok(n) = s.parse::<u64>() {
-            if n == 0 {
-                return Err("checkpoint period must be at least 1 step".into());
-            }
-            return Ok(CheckpointEvery::Steps(n));
-        }
-        match humantime::parse_duration(s) {
-            Ok(d) if d >= Duration::from_millis(100) => Ok(CheckpointEvery::Interval(d)),
-            Ok(d) => Err(format!("checkpoint interval {d:?} is too short (>= 100ms)")),
-            Err(e) => Err(format!(
-                "{s:?} is neither a step count nor a duration (like 30s): {e}"
-            )),
-        }
-    }
-}
+pub use edl_job::launch::CheckpointEvery;
 
 /// Checkpoint settings of a pserver.
 #[derive(Debug, Clone)]
@@ -104,7 +74,7 @@ impl CheckpointConfig {
 
 /// The coordinator's request (`checkpoints/request`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Request {
+pub struct CheckpointRequest {
     /// The step label to checkpoint.
     pub step: u64,
     /// When it was requested (ms since the Unix epoch).
@@ -376,18 +346,31 @@ pub async fn try_commit(
 
 /// The step label a shard's final checkpoint takes: one past the newest manifest.
 pub async fn next_label(backend: &dyn Backend, keys: &JobKeys) -> Result<u64, PsError> {
-    Ok(manifests(backend, keys)
+    let newest = manifests(backend, keys)
         .await?
         .first()
-        .map_or(0, |m| m.step)
-        + 1)
+        .map_or(0, |m| m.step);
+    Ok(newest.max(requested_step(backend, keys).await?) + 1)
+}
+
+/// The step of the checkpoint round requested last (`checkpoints/request`), 0 when none.
+async fn requested_step(backend: &dyn Backend, keys: &JobKeys) -> Result<u64, PsError> {
+    Ok(backend
+        .get(&keys.request())
+        .await?
+        .and_then(|kv| serde_json::from_slice::<CheckpointRequest>(&kv.value).ok())
+        .map_or(0, |r| r.step))
 }
 
 /// Commits a checkpoint of one shard alone (a pserver's final checkpoint when it is
 /// asked to stop): the newest manifest with this shard's file replaced by `entry`, as the
-/// manifest of the step after it, made `latest`. Shards restore each from their own file
-/// (their ledgers say what each holds), so files of different moments mix safely in one
-/// manifest. Returns the step committed, or `None` when `latest` kept moving.
+/// manifest of a step after it and after the round requested last, made `latest`. Shards
+/// restore each from their own file (their ledgers say what each holds), so files of
+/// different moments mix safely in one manifest. Its step is past the round in flight:
+/// that round's part of this shard is older than this file, and a manifest of it
+/// committed later must not be the newest (a restore would take the older part and
+/// train again what this file holds). Returns the step committed, or `None` when
+/// `latest` kept moving.
 pub async fn commit_solo(
     backend: &dyn Backend,
     keys: &JobKeys,
@@ -399,7 +382,8 @@ pub async fn commit_solo(
     for _ in 0..5 {
         let latest = backend.get(&keys.latest()).await?;
         let newest = manifests(backend, keys).await?.into_iter().next();
-        let step = newest.as_ref().map_or(0, |m| m.step) + 1;
+        let requested = requested_step(backend, keys).await?;
+        let step = newest.as_ref().map_or(0, |m| m.step).max(requested) + 1;
         let mut entries: Vec<ShardEntry> = newest
             .map(|m| m.entries)
             .unwrap_or_default()
@@ -529,7 +513,7 @@ pub async fn request(
     fence: &Fence,
     step: u64,
 ) -> Result<(), PsError> {
-    let value = serde_json::to_vec(&Request {
+    let value = serde_json::to_vec(&CheckpointRequest {
         step,
         at_ms: now_ms(),
     })
@@ -585,15 +569,51 @@ mod tests {
         assert!(complete_parts(&keys, kvs.iter(), 3).is_empty());
     }
 
-    #[test]
-    fn every_parses_steps_and_durations() {
-        assert_eq!("100".parse(), Ok(CheckpointEvery::Steps(100)));
-        assert_eq!(
-            "30s".parse(),
-            Ok(CheckpointEvery::Interval(Duration::from_secs(30)))
-        );
-        assert!("0".parse::<CheckpointEvery>().is_err());
-        assert!("1ms".parse::<CheckpointEvery>().is_err());
-        assert!("soon".parse::<CheckpointEvery>().is_err());
+    /// A pserver's final checkpoint is committed past the round requested last: that
+    /// round's part of this shard was written before the final file, so a manifest of
+    /// it committed later must not be the newest (the shard restarted would restore the
+    /// older part and the master train again what the final file holds).
+    #[tokio::test]
+    async fn a_final_checkpoint_is_committed_past_the_round_in_flight() {
+        use edl_coord::{Backend, MemBackend};
+        let backend = MemBackend::new();
+        let keys = JobKeys::new(&edl_job::JobName::new("j").unwrap());
+        let claim = keys.ps(1);
+        let revision = backend.put(&claim, b"x".to_vec(), None).await.unwrap();
+        let fence = Fence {
+            key: claim,
+            revision,
+        };
+        let entry = |shard: u32, path: &str| ShardEntry {
+            shard,
+            path: path.into(),
+            size: 1,
+            crc32c: 0,
+            uuid: path.into(),
+        };
+        // A manifest of step 4; shard 0 asked for a round at step 90 (async: its update
+        // count), whose parts are being written.
+        let four = Manifest {
+            step: 4,
+            shards: 2,
+            mode: "async".into(),
+            created_ms: 0,
+            entries: vec![entry(0, "a4"), entry(1, "b4")],
+        };
+        backend
+            .put(&keys.manifest(4), serde_json::to_vec(&four).unwrap(), None)
+            .await
+            .unwrap();
+        request(&backend, &keys, &fence, 90).await.unwrap();
+        assert_eq!(next_label(&backend, &keys).await.unwrap(), 91);
+        let step = commit_solo(&backend, &keys, &fence, &entry(1, "b-final"), 2, "async")
+            .await
+            .unwrap();
+        assert_eq!(step, Some(91), "past the round in flight, not at 5");
+        let newest = manifests(&backend, &keys).await.unwrap();
+        assert_eq!(newest[0].step, 91);
+        assert_eq!(newest[0].entry(1).unwrap().path, "b-final");
+        // Witness: the other shard's entry is the newest manifest's.
+        assert_eq!(newest[0].entry(0).unwrap().path, "a4");
     }
 }

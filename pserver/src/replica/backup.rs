@@ -181,6 +181,7 @@ impl Replica {
             joining: BTreeSet::new(),
             seq_base: self.applied,
             base_epoch,
+            replicas: self.cfg.replicas as u32,
         };
         let guard = Guard {
             alive: self.me.clone(),

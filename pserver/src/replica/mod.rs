@@ -55,14 +55,10 @@ pub use types::{
 
 use primary::PrimaryState;
 
-/// A submitted op refused: this replica cannot order ops now.
+/// A submitted op refused: this replica is not the primary; the primary it knows of, if
+/// any.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NotPrimary {
-    /// Another member is primary (or none is known yet).
-    Elsewhere(Option<MemberId>),
-    /// This replica is primary but its lease is not confirmed: retry shortly.
-    LeaseUncertain,
-}
+pub struct NotPrimary(pub Option<MemberId>);
 
 /// One replica of one shard, in one pserver process.
 #[derive(Debug, Clone)]
@@ -329,7 +325,12 @@ impl Replica {
         if self.proposal.is_some() || self.role() != Role::Outside {
             return Vec::new();
         }
-        let record = GroupRecord::restored(self.record.as_ref(), self.me.clone(), incarnation);
+        let record = GroupRecord::restored(
+            self.record.as_ref(),
+            self.me.clone(),
+            incarnation,
+            self.cfg.replicas as u32,
+        );
         let guard = match &self.record {
             Some(r) => restore_guard(r, &self.me),
             None => Guard {

@@ -74,16 +74,14 @@ impl PrimaryState {
 impl Replica {
     /// Orders a new op. On success the shell logs the op's payload under the returned
     /// seq, applies it, calls [`Replica::local_applied`], and answers the client once an
-    /// [`Effect::Ack`] covers it.
+    /// [`Effect::Ack`] covers it. An op is ordered while the lease is uncertain too (one
+    /// already taken in, such as a sync step closing on its last push, must not be lost
+    /// to an etcd outage): only its acknowledgement waits for the lease, so nothing is
+    /// acknowledged after a takeover.
     pub fn submit(&mut self, now: Millis) -> Result<(Seq, Vec<Effect>), NotPrimary> {
         let Some(p) = self.primary.as_mut() else {
-            return Err(NotPrimary::Elsewhere(
-                self.record.as_ref().map(|r| r.primary.clone()),
-            ));
+            return Err(NotPrimary(self.record.as_ref().map(|r| r.primary.clone())));
         };
-        if now >= self.lease_deadline {
-            return Err(NotPrimary::LeaseUncertain);
-        }
         p.next += 1;
         let seq = p.next;
         p.assigned_at.insert(seq, now);

@@ -14,9 +14,7 @@ use edl_coord::{Backend, Backoff, Fence, RetryPolicy, follow_prefix};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::protocol::{
-    self, CheckpointConfig, CheckpointEvery, Request as CkptRequest,
-};
+use crate::checkpoint::protocol::{self, CheckpointConfig, CheckpointEvery, CheckpointRequest};
 use crate::checkpoint::{CheckpointDir, ShardEntry, Snapshot};
 use crate::error::PsError;
 use crate::shard::Shard;
@@ -98,7 +96,7 @@ impl Checkpointer {
                     let req = v
                         .kvs
                         .get(&self.keys.request())
-                        .and_then(|kv| serde_json::from_slice::<CkptRequest>(&kv.value).ok());
+                        .and_then(|kv| serde_json::from_slice::<CheckpointRequest>(&kv.value).ok());
                     if let Some(req) = req {
                         requested_step = requested_step.max(req.step);
                         if req.step > handled && req.step > newest_manifest {

@@ -1,5 +1,5 @@
 //! Pserver configuration, and the limits of its transports (those the client shares are
-//! `edl_pserver_client`'s, re-exported here).
+//! the contract's, `edl_pserver_api`, re-exported here).
 
 use edl_job::JobName;
 use std::time::Duration;
@@ -7,26 +7,13 @@ use std::time::Duration;
 use crate::checkpoint::CheckpointConfig;
 
 /// The transport's limits, shared with the client.
-pub use edl_pserver_client::{
-    CONNECTION_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME, STREAM_WINDOW,
-};
+pub use edl_pserver_api::{CONNECTION_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME, STREAM_WINDOW};
 
 /// Longest a sync push waits for its step in one call.
 pub const MAX_PUSH_WAIT: Duration = Duration::from_secs(30);
-/// Default bound on bulk-path connections served at once: about two per trainer for a
-/// thousand trainers, with room (an idle one gives its slot to a new one beyond it).
-pub const DEFAULT_MAX_BULK_CONNECTIONS: usize = 4096;
+pub use edl_job::launch::{DEFAULT_MAX_BULK_CONNECTIONS, IndexChoice};
 /// Default longest stall of a peer in the middle of a bulk request or response.
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Which shard index to claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IndexChoice {
-    /// The lowest free index (waiting for one when all are held).
-    Auto,
-    /// This index (waiting while another pserver holds it).
-    Fixed(u32),
-}
 
 /// Pserver configuration.
 #[derive(Debug, Clone)]
@@ -96,5 +83,23 @@ impl PsConfig {
             peer_tls: None,
             metrics_addr: None,
         }
+    }
+
+    /// The configuration of a pserver of job `job` started with `launch` (what `edl
+    /// pserver` runs on its arguments, and `edl run` in process): its index, the shard
+    /// count, its replicas, its checkpoints and its limits.
+    pub fn launch(job: JobName, launch: &edl_job::PserverLaunch) -> Self {
+        let mut cfg = PsConfig::new(job);
+        cfg.lease_ttl = launch.lease_ttl;
+        cfg.index = launch.index;
+        cfg.shards = launch.shards;
+        cfg.replicas = launch.replicas as usize;
+        cfg.max_message_bytes = launch.max_message_mib.saturating_mul(1 << 20);
+        cfg.max_bulk_connections = launch.max_bulk_connections;
+        cfg.checkpoint = Some(CheckpointConfig {
+            keep: launch.keep_checkpoints,
+            ..CheckpointConfig::new(&launch.checkpoint_dir, launch.checkpoint_every)
+        });
+        cfg
     }
 }

@@ -85,6 +85,6 @@ impl pb::parameter_server_server::ParameterServer for PsGrpc {
         req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         self.check(&req)?;
-        Ok(Response::new(self.svc.status()))
+        Ok(Response::new(self.svc.status()?))
     }
 }

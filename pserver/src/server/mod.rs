@@ -17,30 +17,27 @@
 //! - `grpc`: the gRPC adapter ([`PsGrpc`]).
 //! - `membership`: the trainer registry followed (the trainers a sync step expects).
 //! - `failed`: the tasks the master failed for good, followed and settled in the shard.
-//! - [`group`]: the etcd side of a shard's replica group (member key, group record,
-//!   guarded compare-and-swaps).
-//! - `replicated`: a pserver process holding a replica (startup, restore or join, the
-//!   primary's duties).
-//! - [`replication`]: a process's replica of one shard, driven (the state machine fed
-//!   by etcd, the peers' connections and time; its effects carried out).
-//! - [`stream`]: the replication stream's framing (a replica's messages and payloads).
+//! - `restore`: a shard restored into this process (checkpoint, failed tasks settled,
+//!   `restores/<index>` published).
+//! - [`replication`]: the process's replica of its shard, by role: the driver (the
+//!   state machine fed by etcd, the peers' connections and time), the etcd record, the
+//!   stream's framing, and the duties its role gives the process.
 //! - `checkpointer`: the background checkpoint writer, and the coordinator on shard 0.
-//! - `run`: startup, serving and shutdown ([`run`](fn@run)).
+//! - `run`: startup, serving and shutdown ([`run`](fn@run)): one path for one replica
+//!   and many.
 
 mod checkpointer;
 mod claim;
 mod config;
 mod convert;
 mod failed;
-pub mod group;
 mod grpc;
 mod membership;
 mod metrics;
-mod replicated;
 pub mod replication;
+mod restore;
 mod run;
 mod service;
-pub mod stream;
 
 pub use config::{
     CONNECTION_WINDOW, DEFAULT_IO_TIMEOUT, DEFAULT_MAX_BULK_CONNECTIONS, DEFAULT_MAX_MESSAGE_BYTES,

@@ -1,42 +1,49 @@
-//! A pserver's life: resolve the shard count, claim an index under a lease, restore the
-//! latest checkpoint (with the tasks failed for good settled), list the registered
-//! trainers, then serve gRPC and the bulk path on one port, follow the registry and the
-//! failed tasks and checkpoint in the background until shutdown or the lease is lost;
-//! then stop serving, wait for the tasks, write a final checkpoint (when asked to
-//! stop), and free the index.
+//! A pserver's life, one path for one replica and many (a group of one is a group): the
+//! shard count, a lease, the shard index (the lowest free one is claimed with `auto`),
+//! then the process registers as a member of the shard's replica group
+//! (`ps-member/<id>`, under its lease) and serves gRPC and the bulk path on one port,
+//! follows the trainer registry, and carries out the duties its role in the group gives
+//! it (`duties`: restore the shard when no replica that may hold an acknowledged op
+//! lives; while primary, hold `ps/<index>`, checkpoint and settle the tasks failed for
+//! good). It runs until shutdown, the lease is lost or its copy broke; then it stops
+//! serving, waits for its tasks, writes a final checkpoint (when asked to stop, as
+//! primary) and revokes its lease, which frees its member key and any claim at once.
+//!
+//! With one replica (the default) the group never recruits, and the op stream keeps no
+//! copy of an op (no backup will ask for one).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_coord::{
-    Backend, Fence, Lease, Op, Registry, Txn, claim_index_wait, fenced_txn, retry_startup,
-};
+use edl_coord::{Backend, Fence, IndexClaim, Lease, Registry, claim_index_wait, retry_startup};
+use edl_job::{JobKeys, MemberRecord, PserverRecord, Record};
 use edl_proto::pserver as pb;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::checkpointer::Checkpointer;
-use super::claim::{claim_fixed, resolve_desired};
+use super::claim::resolve_desired;
 use super::config::{CONNECTION_WINDOW, IndexChoice, MAX_FRAME, PsConfig, STREAM_WINDOW};
-use super::failed::follow_failed;
 use super::grpc::PsGrpc;
 use super::membership::{Members, follow_trainers};
+use super::replication::duties::{Ctx, duties};
+use super::replication::{GroupStore, Links, Replication, Upstream};
 use super::service::{Gate, Service};
 use crate::checkpoint::protocol;
 use crate::checkpoint::{CheckpointDir, CheckpointEvery};
 use crate::error::PsError;
+use crate::replica::ReplicaConfig;
 use crate::shard::{CheckpointHooks, Shard, ShardCore};
-use edl_job::{JobKeys, PserverRecord, Record, RestoreRecord};
 
 /// How long a pserver asked to stop may take for its final checkpoint.
 const FINAL_CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Runs a pserver on `listener` until `shutdown` fires. Returns
 /// [`PsError::LeaseLost`] if the lease was lost (the pserver stopped serving at once;
-/// the caller should exit and let a fresh process restore from the checkpoint).
+/// the caller should exit and let a fresh process restore from the checkpoint, or a
+/// backup take over).
 pub async fn run(
     backend: Arc<dyn Backend>,
     cfg: PsConfig,
@@ -54,12 +61,18 @@ pub async fn run(
         resolve_desired(&*backend, &keys, cfg.shards)
     })
     .await??;
-    if let IndexChoice::Fixed(i) = cfg.index
-        && i >= shards
-    {
-        return Err(PsError::Config(format!(
-            "index {i} is out of range: the job has {shards} shards"
-        )));
+    match cfg.index {
+        IndexChoice::Fixed(i) if i >= shards => {
+            return Err(PsError::Config(format!(
+                "index {i} is out of range: the job has {shards} shards"
+            )));
+        }
+        IndexChoice::Auto if cfg.replicas > 1 => {
+            return Err(PsError::Config(
+                "a replicated shard needs its index (--index) with --replicas".into(),
+            ));
+        }
+        _ => {}
     }
     // The lease is revoked explicitly at the end, after serving stopped; its own token
     // makes sure it ends on every path.
@@ -71,61 +84,44 @@ pub async fn run(
         })
         .await?,
     );
-    if cfg.replicas > 1 {
-        let IndexChoice::Fixed(index) = cfg.index else {
-            return Err(PsError::Config(
-                "a replicated shard needs its index (--index) with --replicas".into(),
-            ));
-        };
-        return super::replicated::run_replicated(
-            backend,
-            cfg,
-            listener,
-            shutdown,
-            lease,
-            (index, shards),
-            advertise,
-        )
-        .await;
-    }
-    let mut record = PserverRecord {
-        bulk: crate::bulk::VERSION,
-        pid: std::process::id(),
-        started_ms: protocol::now_ms(),
-        ..PserverRecord::at(advertise.clone())
-    };
-    let value = record.encode();
-    let claim = match cfg.index {
-        IndexChoice::Auto => claim_index_wait(
-            &*backend,
-            &keys.ps_prefix(),
-            shards,
-            value,
-            &lease,
-            &shutdown,
-        )
-        .await
-        .map_err(|e| match e {
-            edl_coord::Error::Cancelled => PsError::Cancelled,
-            other => other.into(),
-        })?,
-        IndexChoice::Fixed(i) => {
-            claim_fixed(&*backend, &keys, i, &value, &lease, &shutdown).await?
+    // `auto`: the lowest free index, claimed; the claim is the first restore's.
+    let (index, first_claim) = match cfg.index {
+        IndexChoice::Fixed(i) => (i, None),
+        IndexChoice::Auto => {
+            let record = PserverRecord {
+                bulk: crate::bulk::VERSION,
+                pid: std::process::id(),
+                started_ms: protocol::now_ms(),
+                ..PserverRecord::at(advertise.clone())
+            };
+            let claim = claim_index_wait(
+                &*backend,
+                &keys.ps_prefix(),
+                shards,
+                record.encode(),
+                &lease,
+                &shutdown,
+            )
+            .await
+            .map_err(|e| match e {
+                edl_coord::Error::Cancelled => PsError::Cancelled,
+                other => other.into(),
+            })?;
+            (claim.index, Some(claim))
         }
     };
-    let index = claim.index;
-    record.claim_revision = claim.fence.revision;
-    let value = record.encode();
-    retry_startup("publish the claim", wait, &shutdown, || {
-        fenced_txn(
-            &*backend,
-            &claim.fence,
-            Txn::new().and_then([Op::put_with_lease(claim.key(), value.clone(), lease.id())]),
-        )
+    let me = super::replication::member_id(index);
+    let store = Arc::new(GroupStore::new(backend.clone(), keys.clone(), index));
+    let member = MemberRecord {
+        version: edl_job::RECORD_VERSION,
+        addr: advertise.clone(),
+        pid: std::process::id(),
+        started_ms: protocol::now_ms(),
+    };
+    retry_startup("register the replica", wait, &shutdown, || {
+        store.register(&me, &member, &lease)
     })
     .await?;
-    tracing::info!(job = %cfg.job, shard = index, shards, addr = %advertise, claim_revision = claim.fence.revision, "shard claimed");
-
     let sync_every = match cfg.checkpoint.as_ref().map(|c| c.every) {
         Some(CheckpointEvery::Steps(n)) => Some(n),
         _ => None,
@@ -134,29 +130,28 @@ pub async fn run(
         every_steps: sync_every,
         ..Default::default()
     });
-    let shard = Arc::new(Shard::new(
-        index,
-        shards,
-        claim.fence.revision as u64,
-        checkpoints.clone(),
-    ));
-    let dir = cfg
-        .checkpoint
-        .as_ref()
-        .map(|c| CheckpointDir::open(&c.location, &cfg.job, index))
-        .transpose()?;
-    restore_into(Restore {
-        backend: &backend,
-        keys: &keys,
-        dir: dir.as_ref(),
-        shard: &shard,
-        checkpoints: &checkpoints,
-        fence: &claim.fence,
-        shards,
-        wait,
-        shutdown: &shutdown,
-    })
-    .await?;
+    let shard = Arc::new(Shard::new(index, shards, 0, checkpoints.clone()));
+    let stop = shutdown.child_token();
+    let rep = Replication::start(
+        me.clone(),
+        shard.clone(),
+        store.clone(),
+        lease.clone(),
+        Links {
+            replica: ReplicaConfig {
+                replicas: cfg.replicas.max(1),
+                ..ReplicaConfig::default()
+            },
+            upstream: Upstream {
+                job: cfg.job.to_string(),
+                token: cfg.token.clone(),
+                tls: cfg.peer_tls.clone(),
+            },
+            stall: cfg.io_timeout,
+        },
+        stop.clone(),
+    );
+    tracing::info!(job = %cfg.job, shard = index, shards, member = %me, replicas = cfg.replicas, "replica started");
 
     // The registered trainers, before any sync step can open.
     let members = Arc::new(Members::default());
@@ -168,9 +163,10 @@ pub async fn run(
         .write()
         .await
         .extend(listed.into_iter().map(|m| m.id));
-
-    let stop = shutdown.child_token();
-    let serving = start_serving(
+    let Started {
+        acceptor,
+        mut server,
+    } = start_serving(
         Serving {
             backend: backend.clone(),
             cfg: &cfg,
@@ -178,19 +174,34 @@ pub async fn run(
             lease: lease.clone(),
             shard: shard.clone(),
             members: members.clone(),
-            claim_revision: claim.fence.revision,
-            replication: None,
+            replication: rep.clone(),
         },
         listener,
         stop.clone(),
     )?;
-    let Started {
-        acceptor,
-        mut server,
-    } = serving;
     tracing::info!(job = %cfg.job, shard = index, addr = %advertise, "pserver serving");
-
-    let mut tasks = vec![
+    let dir = cfg
+        .checkpoint
+        .as_ref()
+        .map(|c| CheckpointDir::open(&c.location, &cfg.job, index))
+        .transpose()?;
+    let ctx = Arc::new(Ctx {
+        backend: backend.clone(),
+        cfg: cfg.clone(),
+        keys: keys.clone(),
+        index,
+        shards,
+        lease: lease.clone(),
+        shard: shard.clone(),
+        checkpoints,
+        dir,
+        rep,
+        store,
+        advertise,
+        first_claim: std::sync::Mutex::new(first_claim),
+    });
+    let claim = Arc::new(std::sync::Mutex::new(None::<IndexClaim>));
+    let tasks = vec![
         acceptor,
         tokio::spawn(
             follow_trainers(
@@ -202,51 +213,38 @@ pub async fn run(
             )
             .in_current_span(),
         ),
-        tokio::spawn(
-            follow_failed(backend.clone(), keys.clone(), shard.clone(), stop.clone())
-                .in_current_span(),
-        ),
+        tokio::spawn(duties(ctx.clone(), claim.clone(), stop.clone()).in_current_span()),
     ];
-    if let (Some(c), Some(dir)) = (cfg.checkpoint.clone(), dir.clone()) {
-        tasks.push(tokio::spawn(
-            Checkpointer {
-                backend: backend.clone(),
-                keys: keys.clone(),
-                fence: claim.fence.clone(),
-                shard: shard.clone(),
-                dir,
-                cfg: c,
-                said_full: Default::default(),
-            }
-            .run(stop.clone())
-            .in_current_span(),
-        ));
-    }
-
     let lost = lease.lost();
+    let broken = ctx.rep.failed().clone();
     let result = tokio::select! {
         biased;
         _ = shutdown.cancelled() => Ok(()),
+        _ = broken.cancelled() => Err(PsError::Internal(format!(
+            "shard {index}: this replica's copy broke (see the log); restart the process: \
+             it joins again as a new member"
+        ))),
         _ = lost.cancelled() => {
-            tracing::error!(job = %cfg.job, shard = index, "etcd lease lost; stopped serving (a replacement may hold this index now)");
+            tracing::error!(job = %cfg.job, shard = index, "etcd lease lost; stopped serving (a replacement or another replica may hold this shard now)");
             Err(PsError::LeaseLost(index))
         }
         r = &mut server => Err(PsError::Config(format!("grpc server ended: {r:?}"))),
     };
     wind_down(&stop, server, tasks).await;
+    let held = crate::shard::lock(&claim).take();
     if result.is_ok()
-        && cfg.checkpoint.as_ref().is_some_and(|c| c.final_on_stop)
-        && let Some(dir) = &dir
-        && let Ok(core) = shard.core()
+        && let Some(held) = held
+        && ctx.cfg.checkpoint.as_ref().is_some_and(|c| c.final_on_stop)
+        && let Some(dir) = &ctx.dir
+        && let Ok(core) = ctx.shard.core()
     {
-        // Asked to stop: nothing is served any more, so the shard is written once more,
-        // with every update it acknowledged.
-        final_checkpoint(&*backend, &keys, &claim.fence, dir, core).await;
+        // Asked to stop, as primary: nothing is served any more, so the shard is written
+        // once more, with every update it acknowledged.
+        final_checkpoint(&*backend, &keys, &held.fence, dir, core).await;
     }
     if result.is_ok() {
-        // Free the index at once for a successor (the service still holds the lease:
-        // before, only an unshared lease was revoked, so a successor always waited out
-        // the TTL).
+        // The member key and any claim go at once: a successor (a backup, or a fresh
+        // process restoring) need not wait out the TTL.
         stopped(&lease, index).await;
     }
     result
@@ -254,7 +252,7 @@ pub async fn run(
 
 /// Stops serving: `stop` fires, then the gRPC server and `tasks` get 5 s each to end
 /// (the server is aborted after that).
-pub(super) async fn wind_down(
+async fn wind_down(
     stop: &CancellationToken,
     mut server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -277,129 +275,33 @@ pub(super) async fn wind_down(
 
 /// A clean stop's end: the lease is revoked, so that whatever it holds (the claim, a
 /// replica's member key) goes at once and a successor need not wait out the TTL.
-pub(super) async fn stopped(lease: &Lease, index: u32) {
+async fn stopped(lease: &Lease, index: u32) {
     if let Err(e) = lease.revoke_shared().await {
         tracing::warn!(error = %e, "lease revoke failed; its keys go when it expires");
     }
     tracing::info!(shard = index, "pserver stopped");
 }
 
-/// What a restore needs.
-pub(super) struct Restore<'a> {
-    pub(super) backend: &'a Arc<dyn Backend>,
-    pub(super) keys: &'a JobKeys,
-    pub(super) dir: Option<&'a CheckpointDir>,
-    pub(super) shard: &'a Arc<Shard>,
-    pub(super) checkpoints: &'a Arc<CheckpointHooks>,
-    /// The claim the shard is restored under: its revision is the new incarnation.
-    pub(super) fence: &'a Fence,
-    pub(super) shards: u32,
-    pub(super) wait: std::time::Duration,
-    pub(super) shutdown: &'a CancellationToken,
-}
-
-/// Restores the shard's latest checkpoint into `shard` (or leaves it for a trainer to
-/// initialise), settles the tasks failed for good in it, and publishes what it holds
-/// (`restores/<index>`) for the master, fenced by the claim.
-pub(super) async fn restore_into(r: Restore<'_>) -> Result<(), PsError> {
-    let Restore {
-        backend,
-        keys,
-        dir,
-        shard,
-        checkpoints,
-        fence,
-        shards,
-        wait,
-        shutdown,
-    } = r;
-    let index = shard.index();
-    if let Some(dir) = dir {
-        let d = dir.clone();
-        let _ = tokio::task::spawn_blocking(move || d.remove_temporaries()).await;
-        let incarnation = fence.revision as u64;
-        let build = |snap| ShardCore::restore(snap, incarnation, (*checkpoints).clone());
-        let restored = retry_startup("restore the checkpoint", wait, shutdown, || async {
-            match protocol::restore_latest(&**backend, keys, dir, index, shards, build).await {
-                Ok(r) => Ok(Ok(r)),
-                Err(PsError::Coord(e)) => Err(e),
-                Err(e) => Ok(Err(e)),
-            }
-        })
-        .await??;
-        match restored {
-            Some((manifest, core)) => {
-                let step = core.restored_from();
-                checkpoints
-                    .last_written
-                    .store(step, std::sync::atomic::Ordering::Relaxed);
-                shard.install(core);
-                tracing::info!(
-                    shard = index,
-                    step,
-                    manifest_step = manifest.step,
-                    "restored from checkpoint"
-                );
-            }
-            None => tracing::info!(
-                shard = index,
-                "no checkpoint to restore; waiting for a trainer to initialise the parameters"
-            ),
-        }
-    }
-    // The tasks failed for good are settled in what it holds (the checkpoint may predate
-    // some of their records).
-    let failed_prefix = keys.failed();
-    let (failed, _) = retry_startup("read the failed tasks", wait, shutdown, || {
-        backend.range(&failed_prefix)
-    })
-    .await?;
-    shard.settle(edl_job::records::decode_readable(&failed));
-    // What this incarnation holds, for the master: the restored ledger, or nothing (a
-    // trainer initialises the shard from the initial values). On a job's first start
-    // nothing was trained, and the record changes nothing.
-    let restored = shard.core().ok();
-    let record = RestoreRecord {
-        version: edl_job::RECORD_VERSION,
-        shard: index,
-        incarnation: fence.revision as u64,
-        step: restored.as_ref().map_or(0, |c| c.restored_from()),
-        contains: restored.map(|c| c.contains()).unwrap_or_default(),
-        at_ms: protocol::now_ms(),
-    };
-    retry_startup("publish the restore", wait, shutdown, || async {
-        match protocol::publish_restore(&**backend, keys, fence, &record).await {
-            Ok(()) => Ok(Ok(())),
-            Err(PsError::Coord(e)) => Err(e),
-            Err(e) => Ok(Err(e)),
-        }
-    })
-    .await??;
-
-    Ok(())
-}
-
 /// What serving a shard needs, however the shard came to this process.
-pub(super) struct Serving<'a> {
-    pub(super) backend: Arc<dyn Backend>,
-    pub(super) cfg: &'a PsConfig,
-    pub(super) keys: JobKeys,
-    pub(super) lease: Arc<Lease>,
-    pub(super) shard: Arc<Shard>,
-    pub(super) members: Arc<Members>,
-    pub(super) claim_revision: i64,
-    pub(super) replication: Option<Arc<super::replication::Replication>>,
+struct Serving<'a> {
+    backend: Arc<dyn Backend>,
+    cfg: &'a PsConfig,
+    keys: JobKeys,
+    lease: Arc<Lease>,
+    shard: Arc<Shard>,
+    members: Arc<Members>,
+    replication: Arc<Replication>,
 }
 
 /// The tasks serving the port: the acceptor (bulk path, replication connections) and
 /// the gRPC server.
-pub(super) struct Started {
-    pub(super) acceptor: tokio::task::JoinHandle<()>,
-    pub(super) server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+struct Started {
+    acceptor: tokio::task::JoinHandle<()>,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
 /// Serves gRPC and the bulk path on `listener` until `stop` fires.
-pub(super) fn start_serving(
+fn start_serving(
     s: Serving<'_>,
     listener: TcpListener,
     stop: CancellationToken,
@@ -436,7 +338,6 @@ pub(super) fn start_serving(
         backend: s.backend.clone(),
         keys: s.keys.clone(),
         permits: Arc::new(Semaphore::new(cfg.workers.max(1))),
-        claim_revision: s.claim_revision,
         max_message_bytes: cfg.max_message_bytes,
         io_timeout: cfg.io_timeout,
         replication: s.replication,
@@ -493,7 +394,7 @@ pub(super) fn start_serving(
 /// Writes the shard's final checkpoint and commits it alone (bounded in time: a pserver
 /// asked to stop must stop). A failure is logged: the previous checkpoint stays, and the
 /// master trains again what it lacks when the shard is restored.
-pub(super) async fn final_checkpoint(
+async fn final_checkpoint(
     backend: &dyn Backend,
     keys: &JobKeys,
     fence: &Fence,

@@ -70,13 +70,12 @@ pub(crate) struct Service {
     pub(super) backend: Arc<dyn Backend>,
     pub(super) keys: JobKeys,
     pub(super) permits: Arc<Semaphore>,
-    pub(super) claim_revision: i64,
     pub(super) max_message_bytes: usize,
     pub(super) io_timeout: Duration,
-    /// This process's replica of the shard, when the shard is replicated: trainers are
-    /// served by the primary only, and answered once every in-sync replica holds what
-    /// they changed.
-    pub(super) replication: Option<Arc<Replication>>,
+    /// This process's replica of the shard (a group of one unless the shard is
+    /// replicated): trainers are served by the primary only, and answered once every
+    /// in-sync replica holds what they changed.
+    pub(super) replication: Arc<Replication>,
 }
 
 impl Service {
@@ -93,8 +92,8 @@ impl Service {
         self.gate.check()
     }
 
-    /// This process's replica of the shard, when it is replicated.
-    pub(crate) fn replication(&self) -> Option<Arc<Replication>> {
+    /// This process's replica of the shard.
+    pub(crate) fn replication(&self) -> Arc<Replication> {
         self.replication.clone()
     }
 
@@ -142,10 +141,12 @@ impl Service {
 
     fn core(&self, shard: u32, shards: u32) -> Result<Arc<ShardCore>, PsError> {
         self.shard.check_target(shard, shards)?;
-        let core = self.shard.core()?;
+        // Not primary (yet: still restoring, say) before uninitialised: only the primary
+        // knows whether the shard lacks its parameters.
         self.primary_only()?;
-        if self.replication.is_some() && !core.has_stream() {
-            // Every change of a replicated primary goes to the stream, from the first.
+        let core = self.shard.core()?;
+        if !core.has_stream() {
+            // Every change of a primary goes to the stream, from the first.
             return Err(PsError::NotServing(format!(
                 "shard {} is becoming primary here",
                 self.shard.index()
@@ -154,12 +155,11 @@ impl Service {
         Ok(core)
     }
 
-    /// Replicated: waits until every in-sync replica holds op `seq` (or, with no op,
-    /// everything applied so far: a retry found applied may wait on its op).
+    /// Waits until every in-sync replica holds op `seq` (or, with no op, everything
+    /// applied so far: a retry found applied may wait on its op). A group of one holds
+    /// an op once it applied it.
     async fn replicated(&self, seq: Option<Seq>) -> Result<(), PsError> {
-        let Some(rep) = &self.replication else {
-            return Ok(());
-        };
+        let rep = &self.replication;
         let seq = seq.unwrap_or_else(|| rep.last_assigned());
         rep.wait_acked(seq, MAX_PUSH_WAIT).await
     }
@@ -176,7 +176,7 @@ impl Service {
             Replication::take_last_seq();
             let t = f();
             let seq = Replication::take_last_seq();
-            if let (Some(rep), Some(seq)) = (&rep, seq) {
+            if let Some(seq) = seq {
                 rep.local_applied(seq);
             }
             (t, seq)
@@ -201,17 +201,15 @@ impl Service {
         Ok(false)
     }
 
-    /// Replicated: only the primary takes changes (`Init` included).
+    /// Only the primary takes changes (`Init` included), once its duties started.
     fn primary_only(&self) -> Result<(), PsError> {
-        match &self.replication {
-            Some(rep) if rep.role() != crate::replica::Role::Primary => {
-                Err(PsError::NotServing(format!(
-                    "this pserver holds a backup of shard {}, not its primary",
-                    self.shard.index()
-                )))
-            }
-            _ => Ok(()),
+        if !self.replication.serving() {
+            return Err(PsError::NotServing(format!(
+                "this pserver does not hold shard {}'s primary",
+                self.shard.index()
+            )));
         }
+        Ok(())
     }
 
     pub(crate) async fn init(&self, r: pb::InitRequest) -> Result<pb::InitResponse, PsError> {
@@ -373,7 +371,8 @@ impl Service {
                 r = closed.wait_for(|c| *c >= step) => Some(r.is_ok()),
             };
             let done = reached.unwrap_or_else(|| *closed.borrow() >= step);
-            if done && let Some(rep) = &self.replication {
+            if done {
+                let rep = &self.replication;
                 // The step's op, or (closed before this primary's epoch) all applied.
                 rep.wait_acked(
                     rep.step_seq(step).unwrap_or_else(|| rep.last_assigned()),
@@ -449,12 +448,15 @@ impl Service {
         })
     }
 
-    pub(crate) fn status(&self) -> pb::StatusResponse {
+    /// The shard's status, as its primary holds it (a replica that is not the primary
+    /// yet, such as one still restoring the shard, refuses as not serving).
+    pub(crate) fn status(&self) -> Result<pb::StatusResponse, PsError> {
+        self.primary_only()?;
         let mut resp = pb::StatusResponse {
             job: self.job.clone(),
             shard: self.shard.index(),
             shards: self.shard.shards(),
-            claim_revision: self.claim_revision,
+            incarnation: self.shard.core().map_or(0, |c| c.incarnation() as i64),
             ..Default::default()
         };
         if let Ok(core) = self.shard.core() {
@@ -479,6 +481,6 @@ impl Service {
             .checkpoints()
             .last_written
             .load(std::sync::atomic::Ordering::Relaxed);
-        resp
+        Ok(resp)
     }
 }

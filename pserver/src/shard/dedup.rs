@@ -1,8 +1,8 @@
 //! Deduplication of async pushes: the steps applied per push session, so that a
 //! retried push is applied at most once.
 //!
-//! Invariants: within a session, a step is [`Mark::Fresh`] at most once; a step more
-//! than [`DEDUP_WINDOW`] behind the session's newest is [`Mark::TooOld`] (never applied:
+//! Invariants: within a session, a step is [`DedupMark::Fresh`] at most once; a step more
+//! than [`DEDUP_WINDOW`] behind the session's newest is [`DedupMark::TooOld`] (never applied:
 //! whether it was can no longer be told). At most [`MAX_SESSIONS`] sessions are
 //! remembered; beyond that the least recently used are forgotten (a session's retries
 //! come within seconds).
@@ -19,7 +19,7 @@ pub const DEDUP_WINDOW: u64 = 64;
 
 /// What the deduplication table says of a push.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Mark {
+pub(super) enum DedupMark {
     /// Not seen before: apply it.
     Fresh,
     /// Applied before (a retry).
@@ -42,7 +42,7 @@ struct Window {
 
 impl Window {
     /// Marks `step`.
-    fn mark(&mut self, step: u64) -> Mark {
+    fn mark(&mut self, step: u64) -> DedupMark {
         if step > self.max {
             let shift = step - self.max;
             self.seen = if shift >= DEDUP_WINDOW {
@@ -52,16 +52,20 @@ impl Window {
             };
             self.seen |= 1;
             self.max = step;
-            return Mark::Fresh;
+            return DedupMark::Fresh;
         }
         let d = self.max - step;
         if d >= DEDUP_WINDOW {
-            return Mark::TooOld { newest: self.max };
+            return DedupMark::TooOld { newest: self.max };
         }
         let bit = 1u64 << d;
         let new = self.seen & bit == 0;
         self.seen |= bit;
-        if new { Mark::Fresh } else { Mark::Repeat }
+        if new {
+            DedupMark::Fresh
+        } else {
+            DedupMark::Repeat
+        }
     }
 }
 
@@ -127,7 +131,7 @@ impl Dedup {
     }
 
     /// What [`Dedup::mark`] would say of `step`, changing nothing.
-    pub(super) fn peek(&self, trainer: &str, session: u64, step: u64) -> Mark {
+    pub(super) fn peek(&self, trainer: &str, session: u64, step: u64) -> DedupMark {
         let mut w = self
             .sessions
             .get(&(trainer.to_owned(), session))
@@ -137,7 +141,7 @@ impl Dedup {
     }
 
     /// Marks `step` of `trainer`'s `session`.
-    pub(super) fn mark(&mut self, trainer: &str, session: u64, step: u64) -> Mark {
+    pub(super) fn mark(&mut self, trainer: &str, session: u64, step: u64) -> DedupMark {
         self.clock += 1;
         let w = self
             .sessions
@@ -162,31 +166,31 @@ mod tests {
     #[test]
     fn the_dedup_window_accepts_reordering_and_rejects_repeats() {
         let mut d = Dedup::default();
-        assert_eq!(d.mark("t", 1, 3), Mark::Fresh);
-        assert_eq!(d.mark("t", 1, 1), Mark::Fresh);
-        assert_eq!(d.mark("t", 1, 2), Mark::Fresh);
-        assert_eq!(d.mark("t", 1, 2), Mark::Repeat);
+        assert_eq!(d.mark("t", 1, 3), DedupMark::Fresh);
+        assert_eq!(d.mark("t", 1, 1), DedupMark::Fresh);
+        assert_eq!(d.mark("t", 1, 2), DedupMark::Fresh);
+        assert_eq!(d.mark("t", 1, 2), DedupMark::Repeat);
         assert_eq!(
             d.mark("t", 2, 2),
-            Mark::Fresh,
+            DedupMark::Fresh,
             "another session of the same trainer"
         );
-        assert_eq!(d.mark("t", 1, 100), Mark::Fresh);
+        assert_eq!(d.mark("t", 1, 100), DedupMark::Fresh);
         assert_eq!(
             d.mark("t", 1, 3),
-            Mark::TooOld { newest: 100 },
+            DedupMark::TooOld { newest: 100 },
             "too old to tell: refused"
         );
-        assert_eq!(d.mark("t", 1, 37), Mark::Fresh, "inside the window");
-        assert_eq!(d.mark("t", 1, 100), Mark::Repeat);
-        assert_eq!(d.mark("t", 2, 2), Mark::Repeat);
+        assert_eq!(d.mark("t", 1, 37), DedupMark::Fresh, "inside the window");
+        assert_eq!(d.mark("t", 1, 100), DedupMark::Repeat);
+        assert_eq!(d.mark("t", 2, 2), DedupMark::Repeat);
         for s in 0..(MAX_SESSIONS as u64 + 10) {
             d.mark("u", 10 + s, 1);
         }
         assert!(d.sessions.len() <= MAX_SESSIONS);
         assert_eq!(
             d.mark("u", 10 + MAX_SESSIONS as u64 + 9, 1),
-            Mark::Repeat,
+            DedupMark::Repeat,
             "recent sessions kept"
         );
     }

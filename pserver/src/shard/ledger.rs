@@ -11,9 +11,9 @@
 //! ([`Ledger::complete`]), then acknowledges it to the master.
 //!
 //! Invariants (checked by the property test below):
-//! - a batch is applied at most once: a run is [`Mark::Fresh`] (and marked) only when
-//!   none of its batches was, [`Mark::Repeat`] when all were or its task is complete, and
-//!   [`Mark::Overlap`] (nothing marked, the push refused) when some were: another
+//! - a batch is applied at most once: a run is [`LedgerMark::Fresh`] (and marked) only when
+//!   none of its batches was, [`LedgerMark::Repeat`] when all were or its task is complete, and
+//!   [`LedgerMark::Overlap`] (nothing marked, the push refused) when some were: another
 //!   attempt at the task grouped the same batches otherwise (only a task's first
 //!   attempt in a pass groups freely, later ones push batch by batch, so the attempt
 //!   refused is one whose task was taken away from it);
@@ -40,11 +40,11 @@ pub const MAX_SEQ: u32 = 1 << 24;
 pub const MAX_TASKS: u32 = 1 << 26;
 
 /// Where a push's gradients come from (the client names it with each push).
-pub use edl_pserver_client::Origin;
+pub use edl_pserver_api::Origin;
 
 /// What the ledger says of a push's origin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mark {
+pub enum LedgerMark {
     /// None of its batches applied before: apply it.
     Fresh,
     /// Already applied (a retry, a stale step resent, or a task trained again).
@@ -107,27 +107,27 @@ impl Ledger {
     }
 
     /// What marking `origin` would say, changing nothing.
-    pub fn peek(&self, origin: Origin) -> Mark {
+    pub fn peek(&self, origin: Origin) -> LedgerMark {
         if self.contains(origin.pass, origin.task) {
-            return Mark::Repeat;
+            return LedgerMark::Repeat;
         }
         let Some(bits) = self.partial.get(&key(origin.pass, origin.task)) else {
-            return Mark::Fresh;
+            return LedgerMark::Fresh;
         };
         let batches = origin.seq..origin.seq.saturating_add(origin.count);
         let applied = batches.clone().filter(|&b| bits.has(b)).count();
         match applied {
-            0 => Mark::Fresh,
-            n if n == batches.len() => Mark::Repeat,
-            _ => Mark::Overlap,
+            0 => LedgerMark::Fresh,
+            n if n == batches.len() => LedgerMark::Repeat,
+            _ => LedgerMark::Overlap,
         }
     }
 
-    /// Marks `origin`'s batches applied when it is [`Mark::Fresh`]; says what it was.
-    pub fn mark(&mut self, origin: Origin) -> Result<Mark, LedgerError> {
+    /// Marks `origin`'s batches applied when it is [`LedgerMark::Fresh`]; says what it was.
+    pub fn mark(&mut self, origin: Origin) -> Result<LedgerMark, LedgerError> {
         Self::check(origin)?;
         let m = self.peek(origin);
-        if m == Mark::Fresh {
+        if m == LedgerMark::Fresh {
             let bits = self
                 .partial
                 .entry(key(origin.pass, origin.task))
@@ -211,19 +211,27 @@ mod tests {
     #[test]
     fn runs_of_batches_apply_whole_or_not_at_all() {
         let mut l = Ledger::default();
-        assert_eq!(l.mark(run(0, 1, 0, 4)).unwrap(), Mark::Fresh);
-        assert_eq!(l.mark(run(0, 1, 0, 4)).unwrap(), Mark::Repeat, "a retry");
-        assert_eq!(l.mark(o(0, 1, 2)).unwrap(), Mark::Repeat, "inside the run");
-        assert_eq!(l.mark(run(0, 1, 1, 2)).unwrap(), Mark::Repeat);
+        assert_eq!(l.mark(run(0, 1, 0, 4)).unwrap(), LedgerMark::Fresh);
+        assert_eq!(
+            l.mark(run(0, 1, 0, 4)).unwrap(),
+            LedgerMark::Repeat,
+            "a retry"
+        );
+        assert_eq!(
+            l.mark(o(0, 1, 2)).unwrap(),
+            LedgerMark::Repeat,
+            "inside the run"
+        );
+        assert_eq!(l.mark(run(0, 1, 1, 2)).unwrap(), LedgerMark::Repeat);
         // Another attempt grouped batches 2..6 together: 2 and 3 are in, 4 and 5 not.
-        assert_eq!(l.peek(run(0, 1, 2, 4)), Mark::Overlap);
-        assert_eq!(l.mark(run(0, 1, 2, 4)).unwrap(), Mark::Overlap);
+        assert_eq!(l.peek(run(0, 1, 2, 4)), LedgerMark::Overlap);
+        assert_eq!(l.mark(run(0, 1, 2, 4)).unwrap(), LedgerMark::Overlap);
         assert_eq!(
             l.mark(o(0, 1, 4)).unwrap(),
-            Mark::Fresh,
+            LedgerMark::Fresh,
             "the refused run marked nothing"
         );
-        assert_eq!(l.mark(run(0, 1, 5, 3)).unwrap(), Mark::Fresh);
+        assert_eq!(l.mark(run(0, 1, 5, 3)).unwrap(), LedgerMark::Fresh);
         assert!(l.mark(run(0, 1, 9, 0)).is_err(), "an empty run");
         assert!(
             l.mark(run(0, 1, MAX_SEQ - 1, 2)).is_err(),
@@ -231,33 +239,37 @@ mod tests {
         );
         assert!(l.mark(run(0, 1, 0, MAX_COUNT + 1)).is_err(), "too long");
         l.complete(0, 1, 2).unwrap();
-        assert_eq!(l.peek(run(0, 1, 7, 9)), Mark::Repeat, "complete");
+        assert_eq!(l.peek(run(0, 1, 7, 9)), LedgerMark::Repeat, "complete");
     }
 
     #[test]
     fn batches_count_once_and_complete_tasks_seal_their_pass() {
         let mut l = Ledger::default();
-        assert_eq!(l.mark(o(0, 1, 0)).unwrap(), Mark::Fresh);
-        assert_eq!(l.mark(o(0, 1, 1)).unwrap(), Mark::Fresh);
-        assert_eq!(l.mark(o(0, 1, 1)).unwrap(), Mark::Repeat, "a retry");
-        assert_eq!(l.peek(o(0, 1, 0)), Mark::Repeat);
-        assert_eq!(l.peek(o(0, 1, 2)), Mark::Fresh);
+        assert_eq!(l.mark(o(0, 1, 0)).unwrap(), LedgerMark::Fresh);
+        assert_eq!(l.mark(o(0, 1, 1)).unwrap(), LedgerMark::Fresh);
+        assert_eq!(l.mark(o(0, 1, 1)).unwrap(), LedgerMark::Repeat, "a retry");
+        assert_eq!(l.peek(o(0, 1, 0)), LedgerMark::Repeat);
+        assert_eq!(l.peek(o(0, 1, 2)), LedgerMark::Fresh);
         assert!(!l.contains(0, 1));
         l.complete(0, 1, 2).unwrap();
         assert!(l.contains(0, 1));
         assert_eq!(
             l.mark(o(0, 1, 5)).unwrap(),
-            Mark::Repeat,
+            LedgerMark::Repeat,
             "a task trained again after it completed counts nothing"
         );
         assert_eq!(l.partial_tasks(), 0);
-        assert_eq!(l.mark(o(1, 0, 0)).unwrap(), Mark::Fresh, "next pass");
+        assert_eq!(l.mark(o(1, 0, 0)).unwrap(), LedgerMark::Fresh, "next pass");
         l.complete(0, 0, 2).unwrap();
         let s = l.summary();
         assert_eq!(s.sealed, 1, "pass 0 complete: sealed");
         assert!(s.complete.is_empty());
         assert!(s.contains(0, 0) && s.contains(0, 1) && !s.contains(1, 0));
-        assert_eq!(l.mark(o(0, 0, 0)).unwrap(), Mark::Repeat, "sealed pass");
+        assert_eq!(
+            l.mark(o(0, 0, 0)).unwrap(),
+            LedgerMark::Repeat,
+            "sealed pass"
+        );
         assert!(l.complete(0, 0, 3).is_err(), "the task count is fixed");
         assert!(l.complete(1, 2, 2).is_err(), "task out of range");
         assert!(l.mark(o(0, 0, MAX_SEQ)).is_err());
@@ -283,7 +295,7 @@ mod tests {
         l.complete(3, 99, 200).unwrap();
         let back: Ledger = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
         assert_eq!(back, l);
-        assert_eq!(back.peek(o(3, 100, 7)), Mark::Repeat);
+        assert_eq!(back.peek(o(3, 100, 7)), LedgerMark::Repeat);
         assert!(back.contains(3, 99));
     }
 
@@ -307,14 +319,14 @@ mod tests {
                         .filter(|&b| applied.contains(&(pass, task, b)))
                         .count() as u32;
                     let expect = if complete.contains(&(pass, task)) || done == count {
-                        Mark::Repeat
+                        LedgerMark::Repeat
                     } else if done == 0 {
-                        Mark::Fresh
+                        LedgerMark::Fresh
                     } else {
-                        Mark::Overlap
+                        LedgerMark::Overlap
                     };
                     prop_assert_eq!(m, expect);
-                    if m == Mark::Fresh {
+                    if m == LedgerMark::Fresh {
                         applied.extend((seq..seq + count).map(|b| (pass, task, b)));
                     }
                 } else {
@@ -328,7 +340,7 @@ mod tests {
                         prop_assert_eq!(s.contains(p, t), complete.contains(&(p, t)));
                         for b in 0..9 {
                             let want = complete.contains(&(p, t)) || applied.contains(&(p, t, b));
-                            prop_assert_eq!(l.peek(o(p, t, b)) == Mark::Repeat, want);
+                            prop_assert_eq!(l.peek(o(p, t, b)) == LedgerMark::Repeat, want);
                         }
                     }
                     let all = (0..TASKS).all(|t| complete.contains(&(p, t)));

@@ -24,7 +24,7 @@
 //! - `sync_apply`: sync mode: pushes summed into steps, the mean applied when a step
 //!   closes.
 //! - `tasks`: `TaskDone` (a task recorded as contained) and the ledger's summary.
-//! - `replicate`: the shard's changes as ops in the order its primary decided them, what
+//! - `ops`: the shard's changes as ops in the order its primary decided them, what
 //!   a backup applies, and their bytes on the replication stream.
 //! - `pull`: the dense blocks that changed, and sparse rows.
 //! - `snapshot`: copies for checkpoints, restore from one, and where sync-mode
@@ -46,9 +46,9 @@ mod async_apply;
 mod dedup;
 mod ledger;
 mod lifecycle;
+mod ops;
 mod pull;
 mod push;
-mod replicate;
 mod snapshot;
 mod storage;
 mod sync_apply;
@@ -57,11 +57,11 @@ mod tasks;
 pub(crate) mod testutil;
 
 pub use dedup::DEDUP_WINDOW;
-pub use ledger::{Ledger, LedgerError, Mark, Origin};
+pub use ledger::{Ledger, LedgerError, LedgerMark, Origin};
 pub use lifecycle::{InitBlocks, Shard};
+pub use ops::{OpStream, ShardOp};
 pub use pull::{PullReply, VersionedBlock};
 pub use push::{BlockValues, Push, PushReply, RawPush, SparseUpdate, TableRows};
-pub use replicate::{OpStream, ShardOp};
 pub use snapshot::{CheckpointHooks, SnapshotSlot};
 pub(crate) use sync_apply::out_of_range;
 
@@ -130,7 +130,7 @@ pub struct ShardCore {
     /// Updates applied (drives the learning-rate schedule).
     updates: AtomicU64,
     /// Held while a change is decided and given its place in the replication stream
-    /// (`replicate`): the marks of the ledger and the deduplication table, the update
+    /// (`ops`): the marks of the ledger and the deduplication table, the update
     /// number, the op.
     order: Mutex<()>,
     /// Where a primary's ops go (the replication stream); unset: not replicated.

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::ledger::{Ledger, Mark, Origin};
+use super::ledger::{Ledger, LedgerMark, Origin};
 use super::push::{Push, SparseUpdate};
 use super::storage::stripe_of;
 use super::{ShardCore, bump, lock};
@@ -41,9 +41,9 @@ pub(crate) fn out_of_range(step: u64, next: u64) -> String {
 
 /// What the ledger and the open step together say of `o`'s batches (see
 /// [`Ledger::peek`]).
-fn open_mark(open: &[(u64, Origin)], ledger: &Ledger, o: Origin) -> Mark {
+fn open_mark(open: &[(u64, Origin)], ledger: &Ledger, o: Origin) -> LedgerMark {
     if ledger.contains(o.pass, o.task) {
-        return Mark::Repeat;
+        return LedgerMark::Repeat;
     }
     let in_open = |b: u32| {
         open.iter().any(|(_, x)| {
@@ -55,12 +55,14 @@ fn open_mark(open: &[(u64, Origin)], ledger: &Ledger, o: Origin) -> Mark {
     let batches = o.seq..o.seq.saturating_add(o.count);
     let taken = batches
         .clone()
-        .filter(|&b| in_open(b) || ledger.peek(Origin::batch(o.pass, o.task, b)) == Mark::Repeat)
+        .filter(|&b| {
+            in_open(b) || ledger.peek(Origin::batch(o.pass, o.task, b)) == LedgerMark::Repeat
+        })
         .count();
     match taken {
-        0 => Mark::Fresh,
-        n if n == batches.len() => Mark::Repeat,
-        _ => Mark::Overlap,
+        0 => LedgerMark::Fresh,
+        n if n == batches.len() => LedgerMark::Repeat,
+        _ => LedgerMark::Overlap,
     }
 }
 
@@ -122,12 +124,12 @@ impl ShardCore {
             let own_retry = lock(self.sync_state()).took_part(&push.trainer, push.step);
             let mark = match push.origin {
                 Some(o) if !own_retry => open_mark(&open, &lock(&self.ledger), o),
-                _ => Mark::Fresh,
+                _ => LedgerMark::Fresh,
             };
-            if let (Mark::Overlap, Some(o)) = (mark, push.origin) {
+            if let (LedgerMark::Overlap, Some(o)) = (mark, push.origin) {
                 return Err(self.overlap(o));
             }
-            let repeat = mark == Mark::Repeat;
+            let repeat = mark == LedgerMark::Repeat;
             if repeat {
                 // Already applied (its stale step resent, a task trained again): this
                 // trainer takes no part in the step; its next push brings it back.

@@ -178,8 +178,8 @@ mod tests {
         assert_eq!(c.counters.overlap_refused.load(Ordering::Relaxed), 1);
         let status: tonic::Status = err.into();
         assert_eq!(
-            edl_pserver_client::error::ErrorKind::of(&status),
-            Some(edl_pserver_client::error::ErrorKind::Overlap)
+            edl_pserver_api::error::ErrorKind::of(&status),
+            Some(edl_pserver_api::error::ErrorKind::Overlap)
         );
         // Its batches 5..8 were not marked: the holder's pushes of them apply.
         for (step, seq) in [(3, 5), (4, 6), (5, 7)] {

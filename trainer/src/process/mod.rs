@@ -47,8 +47,8 @@ pub use member::{Joined, Member};
 pub use report::{EvalReport, TRAINER_REPORT_VERSION, TrainerReport};
 pub use session::{Session, SessionConfig, SessionError};
 
-use crate::runtime::{self, DRAIN_GRACE, RuntimeError};
-use crate::{DeviceChoice, MetricKind, Model, ParamStore, Progress, PsStore};
+use crate::runtime::{self, DRAIN_GRACE};
+use crate::{DeviceChoice, MetricKind, Model, ParamStore, Progress, PsStore, RuntimeError};
 
 /// What a model is built from: the job's spec and the trainer's device.
 #[derive(Debug, Clone, Copy)]

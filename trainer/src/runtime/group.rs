@@ -9,8 +9,9 @@ use tokio::task::JoinHandle;
 
 use edl_job::spec::PerPush;
 
-use super::{RuntimeConfig, RuntimeError, batch_seed};
+use super::{RuntimeConfig, batch_seed};
 use crate::model::{Model, Params, StepOutput};
+use crate::progress::RuntimeError;
 use crate::store::StoreError;
 
 /// The batches of a group being prepared on a blocking thread.

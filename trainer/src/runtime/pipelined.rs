@@ -13,9 +13,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::group::Groups;
 use super::pipeline::{Done, EndHow, Fatal, LeaseKey, Pipeline, Work};
-use super::{Progress, RuntimeConfig, RuntimeError, TaskEnd, evaluate_pass};
+use super::{RuntimeConfig, TaskEnd, evaluate_pass};
 use crate::local_optim::LocalOptimizer;
 use crate::model::{Model, Params};
+use crate::progress::{Progress, RuntimeError};
 use crate::store::{ParamStore, StoreError};
 use crate::tasks::{Next, TaskData, Tasks};
 use edl_job::spec::PerPush;
@@ -84,7 +85,9 @@ async fn drive(
             tasks.next_unless(ctx.shutdown, wait_done, idle).await?
         };
         if let Some(done) = got {
-            let done = done.ok_or_else(compute_gone)?;
+            let Some(done) = done else {
+                return Err(pipe.gone().await);
+            };
             if settle_one(ctx, tasks, pipe, done).await? {
                 return finish(ctx, tasks, pipe).await;
             }
@@ -115,14 +118,12 @@ async fn drive(
     }
 }
 
-fn compute_gone() -> RuntimeError {
-    StoreError::Unavailable("the compute thread stopped".into()).into()
-}
-
 /// Settles every task the compute thread has, then waits for its pushes to be applied.
 async fn finish(ctx: &Ctx<'_>, tasks: &mut Tasks, pipe: &mut Pipeline) -> Result<(), RuntimeError> {
     while pipe.in_compute > 0 {
-        let done = pipe.next_done().await.ok_or_else(compute_gone)?;
+        let Some(done) = pipe.next_done().await else {
+            return Err(pipe.gone().await);
+        };
         settle_one(ctx, tasks, pipe, done).await?;
     }
     pipe.flush().await?;

@@ -14,7 +14,7 @@
 //! - this file: [`Tasks`], [`Next`], the acknowledgements in the background.
 //! - `reader`: the `cloud_reader` ([`CloudReader`], [`ReaderConfig`], [`Acks`]): leased
 //!   tasks read ahead, acknowledged after training. Its in-process tests with a real
-//!   master are `reader_tests.rs`.
+//!   master are `reader/tests.rs`.
 //!
 //! Invariants:
 //! - A task is acknowledged ([`Tasks::trained`]) only after every push of it was applied
@@ -41,7 +41,7 @@ use edl_master_client::task::LeasedTask;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::{Progress, RuntimeError};
+use crate::progress::{Progress, RuntimeError};
 use crate::store::{ParamStore, StoreError, TaskRef};
 
 mod reader;

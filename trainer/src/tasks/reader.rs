@@ -42,6 +42,7 @@ use edl_master_client::task::{Answer, LeasedTask};
 use edl_master_client::{ClientError, MasterClient};
 
 use super::Next;
+use crate::progress::RuntimeError;
 
 /// Reader settings.
 #[derive(Clone, Debug)]
@@ -89,6 +90,14 @@ pub enum ReaderError {
     /// The master could not be reached or refused.
     #[error(transparent)]
     Client(#[from] ClientError),
+}
+
+impl From<ReaderError> for RuntimeError {
+    fn from(e: ReaderError) -> Self {
+        match e {
+            ReaderError::Client(c) => RuntimeError::Master(c),
+        }
+    }
 }
 
 /// The trainer's reader of leased tasks.
@@ -538,5 +547,4 @@ fn read_object_task(task: &LeasedTask) -> Result<Vec<Vec<u8>>, ReadError> {
 }
 
 #[cfg(test)]
-#[path = "reader_tests.rs"]
 mod tests;

@@ -196,3 +196,38 @@ fn a_restore_is_written_only_once_no_in_sync_replica_is_alive() {
     assert_eq!(w.record().unwrap().primary, other);
     let _ = fresh;
 }
+
+/// An op taken in while the primary's lease is uncertain (a sync step closing on its
+/// last push during an etcd outage) is ordered, not refused and lost; it is acknowledged
+/// only once etcd confirms the lease again. In a group of one as in a replicated one.
+#[test]
+fn an_op_taken_in_while_the_lease_is_uncertain_is_acknowledged_once_it_is_confirmed() {
+    for replicas in [1, 2] {
+        let mut w = World::group(cfg(replicas), replicas);
+        let p = w.primary();
+        let now = w.now;
+        // Unconfirmed by this process's own clock; etcd still holds it.
+        w.nodes.get_mut(&p).unwrap().rep.set_lease(now);
+        let before = (w.acks, w.unanswered.len());
+        w.submit(&p);
+        w.pump();
+        assert_eq!(
+            (w.acks, w.unanswered.len()),
+            before,
+            "{replicas} replicas: refused, or acknowledged with its lease uncertain"
+        );
+        // Witness: the op was ordered and applied.
+        assert!(
+            w.nodes[&p].rep.last_assigned() > Some(0),
+            "{replicas} replicas: not ordered"
+        );
+        // Etcd confirms the lease: the op is acknowledged.
+        w.advance(10);
+        w.pump();
+        assert_eq!(
+            w.acks,
+            before.0 + 1,
+            "{replicas} replicas: never acknowledged"
+        );
+    }
+}

@@ -228,7 +228,7 @@ pub(super) fn spawn(
 }
 
 /// What the communication task does next.
-enum Next {
+enum CommStep {
     Push(Outgoing),
     /// A push of a task taken away, dropped: settled without being sent.
     Dropped(u64),
@@ -247,12 +247,15 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
             if s.want_pull && s.landed.is_none() && !s.closing {
                 s.want_pull = false;
                 s.pulling = true;
-                Some(Next::Pull(s.spare.take().unwrap_or_default(), s.applied))
+                Some(CommStep::Pull(
+                    s.spare.take().unwrap_or_default(),
+                    s.applied,
+                ))
             } else if let Some(out) = s.queue.pop_front() {
                 if s.taken_away.contains_key(&out.lease) {
-                    Some(Next::Dropped(out.number))
+                    Some(CommStep::Dropped(out.number))
                 } else {
-                    Some(Next::Push(out))
+                    Some(CommStep::Push(out))
                 }
             } else if s.closing {
                 return;
@@ -262,7 +265,7 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
         };
         match next {
             None => shared.ready.notified().await,
-            Some(Next::Push(out)) => {
+            Some(CommStep::Push(out)) => {
                 let number = out.number;
                 let pushed = store
                     .push_applied(&trainer, out.step, Some(out.origin), out.grads)
@@ -284,8 +287,8 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
                 }
                 shared.settled(number);
             }
-            Some(Next::Dropped(number)) => shared.settled(number),
-            Some(Next::Pull(buf, absorbed)) => {
+            Some(CommStep::Dropped(number)) => shared.settled(number),
+            Some(CommStep::Pull(buf, absorbed)) => {
                 let mut params = Params {
                     dense: buf,
                     sparse: Default::default(),

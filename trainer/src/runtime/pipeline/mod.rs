@@ -35,7 +35,7 @@ pub(crate) use compute::{Done, EndHow, Fatal, Work};
 
 use crate::local_optim::LocalOptimizer;
 use crate::model::Model;
-use crate::runtime::RuntimeError;
+use crate::progress::RuntimeError;
 use crate::store::{ParamStore, StoreError};
 use crate::tasks::Pushes;
 use compute::{Compute, ComputeStats};
@@ -110,11 +110,30 @@ impl Pipeline {
         if matches!(w, Work::End { .. }) {
             self.in_compute += 1;
         }
-        let gone = || StoreError::Unavailable("the compute thread stopped".into());
-        match &self.work {
-            Some(tx) => tx.send(w).await.map_err(|_| gone().into()),
-            None => Err(gone().into()),
-        }
+        let sent = match &self.work {
+            Some(tx) => tx.send(w).await.is_ok(),
+            None => false,
+        };
+        if sent { Ok(()) } else { Err(self.gone().await) }
+    }
+
+    /// The error of a compute thread that stopped (its channels closed: it ended or is
+    /// unwinding), joined: with its panic's message, if it panicked.
+    pub(crate) async fn gone(&mut self) -> RuntimeError {
+        let joined = match self.thread.take() {
+            Some(t) => tokio::task::spawn_blocking(move || t.join()).await.ok(),
+            None => None,
+        };
+        StoreError::Unavailable(match joined {
+            Some(Err(panic)) => {
+                format!(
+                    "the compute thread panicked: {}",
+                    panic_message(panic.as_ref())
+                )
+            }
+            _ => "the compute thread stopped".into(),
+        })
+        .into()
     }
 
     /// A task the compute thread is done with, if one is ready.
@@ -167,16 +186,8 @@ impl Pipeline {
         };
         let stats = match joined {
             Some(Ok(stats)) => stats,
-            Some(Err(panic)) => {
-                // The runtime saw "the compute thread stopped": say why, once.
-                let why = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("a panic without a message");
-                tracing::error!("the compute thread panicked: {why}");
-                ComputeStats::default()
-            }
+            // Its message is the trainer's error ([`Pipeline::gone`]).
+            Some(Err(_)) => ComputeStats::default(),
             None => ComputeStats::default(),
         };
         self.shared.close();
@@ -192,4 +203,13 @@ impl Drop for Pipeline {
         // On an early return: the tasks stop (the compute thread stops with its sender).
         self.shared.close();
     }
+}
+
+/// A panic's message (`panic!`'s text), or that it had none.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic without a message")
 }

@@ -146,5 +146,4 @@ pub(crate) fn copy_values(dst: &mut Values, src: &Values) {
 }
 
 #[cfg(test)]
-#[path = "working_tests.rs"]
 mod tests;

@@ -3,7 +3,8 @@
 //! [`Answer`] (the answer to `GetTask`). Both sides of the wire use these domain types;
 //! this module is the one place they are converted to and from protobuf.
 //!
-//! The master depends on this crate for them (no client depends on the master).
+//! The master and its client both depend on this crate for them; neither depends on the
+//! other.
 //!
 //! Along `GetTask` → `TaskFinished`: the master's queue leases a `queue::Task` (its
 //! state machine's record; the queue answers `queue::GetTask`), the leader's actor turns

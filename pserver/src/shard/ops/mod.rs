@@ -25,8 +25,8 @@ use std::sync::atomic::Ordering;
 use bytes::{Buf, BufMut, Bytes};
 use edl_job::FailedRecord;
 
-use super::dedup::Mark as DedupMark;
-use super::ledger::{Mark as LedgerMark, Origin};
+use super::dedup::DedupMark;
+use super::ledger::{LedgerMark, Origin};
 use super::push::{Push, PushReply};
 use super::{ShardCore, bump, lock};
 use crate::error::PsError;

@@ -10,10 +10,10 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::super::stream;
 use super::Replication;
 use crate::error::PsError;
 use crate::replica::Msg;
-use crate::server::stream;
 use crate::shard::lock;
 
 impl Replication {
@@ -24,7 +24,7 @@ impl Replication {
             let addr = lock(&self.members).get(&primary).map(|r| r.addr.clone());
             if let Some(addr) = addr {
                 let up = &self.upstream;
-                let opened = edl_pserver_client::bulk::open(
+                let opened = edl_pserver_api::bulk::open(
                     &addr,
                     &up.job,
                     up.token.as_deref(),
@@ -128,11 +128,11 @@ impl Replication {
     }
 }
 
-/// The header of a [`KIND_REPLICATE`](edl_pserver_client::bulk::KIND_REPLICATE) frame:
+/// The header of a [`KIND_REPLICATE`](edl_pserver_api::bulk::KIND_REPLICATE) frame:
 /// the shard and the opening member.
 pub fn replicate_frame(shard: u32, me: &str) -> Vec<u8> {
     let mut b = Vec::with_capacity(12 + me.len());
-    b.extend_from_slice(&edl_pserver_client::bulk::KIND_REPLICATE.to_le_bytes());
+    b.extend_from_slice(&edl_pserver_api::bulk::KIND_REPLICATE.to_le_bytes());
     b.extend_from_slice(&(4 + me.len() as u32).to_le_bytes());
     b.extend_from_slice(&shard.to_le_bytes());
     b.extend_from_slice(me.as_bytes());

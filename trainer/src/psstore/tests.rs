@@ -32,10 +32,10 @@ use crate::model::{
     Batch, BatchData, DenseParam, EvalOutput, MetricKind, Model, Params, SparseTable, StepOutput,
     Target,
 };
-use crate::runtime::{Progress, RuntimeConfig, run};
+use crate::progress::Progress;
+use crate::runtime::{RuntimeConfig, run};
 use crate::store::{ParamInit, ParamStore, TaskRef};
 
-#[path = "psstore_tests_takeover.rs"]
 mod takeover;
 
 /// Values of the one dense parameter: two blocks of 128, block 0 on shard 0, block 1 on

@@ -18,13 +18,15 @@ use edl_proto::pserver as pb;
 use edl_proto::tls::{ClientConn, Tls};
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tonic::Status;
 
-use super::{
-    KIND_PULL, KIND_PULL_SPARSE, KIND_PUSH, MAGIC, MAX_HEADER, POOL, STATUS_OK, VERSION,
-    pb_to_status, read_header, read_into, u32_at,
+use edl_pserver_api::bulk::{
+    KIND_PULL, KIND_PULL_SPARSE, KIND_PUSH, MAX_HEADER, OpenError, STATUS_OK, open, pb_to_status,
+    read_header, read_into, u32_at,
 };
+
+/// Idle connections kept per pserver.
+const POOL: usize = 8;
 
 /// Why a client-side bulk request failed.
 enum Fail {
@@ -47,25 +49,6 @@ struct Conn {
     buf: BytesMut,
 }
 
-/// Opens a bulk connection to `addr` and says hello (the job and token, over TLS when
-/// `tls` is given); a refusal is an error of kind `PermissionDenied` with the pserver's
-/// message. The pserver's replication stream is opened so too.
-pub async fn open(
-    addr: &str,
-    job: &str,
-    token: Option<&str>,
-    tls: Option<&Tls>,
-) -> io::Result<ClientConn> {
-    match Conn::connect(addr, job, token, tls).await {
-        Ok(c) => Ok(c.stream),
-        Err(Fail::Broken(e)) => Err(io::Error::other(e)),
-        Err(Fail::Refused(s)) => Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            s.message().to_string(),
-        )),
-    }
-}
-
 impl Conn {
     async fn connect(
         addr: &str,
@@ -73,39 +56,14 @@ impl Conn {
         token: Option<&str>,
         tls: Option<&Tls>,
     ) -> Result<Conn, Fail> {
-        let tcp = TcpStream::connect(addr).await?;
-        let _ = tcp.set_nodelay(true);
-        let mut stream = match tls {
-            Some(t) => ClientConn::Tls(Box::new(t.connect(addr, tcp).await?)),
-            None => ClientConn::Plain(tcp),
-        };
-        let hello = pb::BulkHello {
-            job: job.to_owned(),
-            token: token.unwrap_or_default().to_owned(),
-        }
-        .encode_to_vec();
-        let mut head = Vec::with_capacity(12 + hello.len());
-        head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&VERSION.to_le_bytes());
-        head.extend_from_slice(&(hello.len() as u32).to_le_bytes());
-        head.extend_from_slice(&hello);
-        stream.write_all(&head).await?;
-        stream.flush().await?;
-        let mut status = [0u8; 4];
-        stream.read_exact(&mut status).await?;
-        let mut conn = Conn {
+        let stream = open(addr, job, token, tls).await.map_err(|e| match e {
+            OpenError::Broken(e) => Fail::Broken(e.to_string()),
+            OpenError::Refused(s) => Fail::Refused(s),
+        })?;
+        Ok(Conn {
             stream,
             buf: BytesMut::new(),
-        };
-        if u32_at(&status) != STATUS_OK {
-            let mut len = [0u8; 4];
-            conn.stream.read_exact(&mut len).await?;
-            let body =
-                read_header(&mut conn.stream, u32_at(&len) as usize, MAX_HEADER, None).await?;
-            let e = pb::BulkError::decode(&body[..]).map_err(|e| Fail::Broken(e.to_string()))?;
-            return Err(Fail::Refused(pb_to_status(e)));
-        }
-        Ok(conn)
+        })
     }
 
     /// Reads a response frame; returns the header of an OK response.
@@ -327,7 +285,7 @@ impl Pool {
         &self,
         timeout: Duration,
         req: &Q,
-        mut attempt: impl for<'c> FnMut(&'c mut Conn, &'c Q, usize) -> Attempt<'c, R>,
+        mut attempt: impl for<'c> FnMut(&'c mut Conn, &'c Q, usize) -> ConnCall<'c, R>,
     ) -> Result<R, Status> {
         let until = tokio::time::Instant::now() + timeout;
         let max = self.max_message_bytes;
@@ -373,9 +331,9 @@ impl Pool {
     }
 }
 
-/// One attempt at a request on a connection (boxed: an allocation a request, next to
-/// its network round trip).
-type Attempt<'c, R> = std::pin::Pin<Box<dyn Future<Output = Result<R, Fail>> + Send + 'c>>;
+/// One call of a request on a connection (boxed: an allocation a request, next to its
+/// network round trip).
+type ConnCall<'c, R> = std::pin::Pin<Box<dyn Future<Output = Result<R, Fail>> + Send + 'c>>;
 
 /// Locks `m`, going on past a panic of another holder (the pool holds only idle
 /// connections).

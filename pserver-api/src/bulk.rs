@@ -20,27 +20,26 @@
 //! reads), and buffer space grows with the bytes received, never with a length a peer
 //! announces.
 //!
-//! Layout: this module holds the framing both sides share (constants, reads and writes
-//! bounded in time and memory, errors as [`pb::BulkError`]), public because the pserver's
-//! side (`edl_pserver`'s `bulk`: accepting connections on the shared port, serving them
-//! through the service) is built on it; `pool` is the client's side (connections to one
-//! pserver, reused).
+//! This module holds what both sides share: the constants, reads and writes bounded in
+//! time and memory, errors as [`pb::BulkError`], and the opening of a connection (the
+//! hello, [`open`]: a client's, and a backup's replication stream to its primary). The
+//! pserver's side (`edl_pserver`'s `bulk`: accepting connections on the shared port,
+//! serving them through the service) and the client's pool of connections
+//! (`edl_pserver_client`'s `bulk`) are built on it.
 
 use std::io;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use edl_proto::pserver as pb;
+use edl_proto::tls::{ClientConn, Tls};
+use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tonic::{Code, Status};
 
 use crate::error::next_step_of;
 use edl_proto::headers;
-
-mod pool;
-
-pub(crate) use pool::Pool;
-pub use pool::open;
 
 /// The bulk protocol version served.
 pub const VERSION: u32 = 1;
@@ -74,8 +73,6 @@ const WRITE_CHUNK: usize = 1 << 20;
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle bulk connections are closed after this long.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
-/// Idle client connections kept per pserver.
-pub(crate) const POOL: usize = 8;
 
 /// The little-endian `u32` at the start of `b` (at least 4 bytes).
 pub fn u32_at(b: &[u8]) -> u32 {
@@ -104,6 +101,84 @@ pub fn pb_to_status(e: pb::BulkError) -> Status {
         headers::set_detail(&mut s, headers::NEXT_STEP, &e.next_step.to_string());
     }
     s
+}
+
+/// Why a bulk connection could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The connection failed (I/O, TLS, a malformed answer).
+    Broken(io::Error),
+    /// The pserver refused the hello (wrong job or token): its status.
+    Refused(Status),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Broken(e) => write!(f, "{e}"),
+            OpenError::Refused(s) => write!(f, "refused: {}", s.message()),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+impl From<io::Error> for OpenError {
+    fn from(e: io::Error) -> Self {
+        OpenError::Broken(e)
+    }
+}
+
+impl From<OpenError> for io::Error {
+    /// A refusal is an error of kind `PermissionDenied` with the pserver's message.
+    fn from(e: OpenError) -> Self {
+        match e {
+            OpenError::Broken(e) => e,
+            OpenError::Refused(s) => {
+                io::Error::new(io::ErrorKind::PermissionDenied, s.message().to_string())
+            }
+        }
+    }
+}
+
+/// Opens a bulk connection to `addr` and says hello (the job and token, over TLS when
+/// `tls` is given): the connection once the pserver accepted it. A client's connections
+/// open so, and a backup's replication stream to its primary.
+pub async fn open(
+    addr: &str,
+    job: &str,
+    token: Option<&str>,
+    tls: Option<&Tls>,
+) -> Result<ClientConn, OpenError> {
+    let tcp = TcpStream::connect(addr).await?;
+    let _ = tcp.set_nodelay(true);
+    let mut stream = match tls {
+        Some(t) => ClientConn::Tls(Box::new(t.connect(addr, tcp).await?)),
+        None => ClientConn::Plain(tcp),
+    };
+    let hello = pb::BulkHello {
+        job: job.to_owned(),
+        token: token.unwrap_or_default().to_owned(),
+    }
+    .encode_to_vec();
+    let mut head = Vec::with_capacity(12 + hello.len());
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(&VERSION.to_le_bytes());
+    head.extend_from_slice(&(hello.len() as u32).to_le_bytes());
+    head.extend_from_slice(&hello);
+    stream.write_all(&head).await?;
+    stream.flush().await?;
+    let mut status = [0u8; 4];
+    stream.read_exact(&mut status).await?;
+    if u32_at(&status) != STATUS_OK {
+        let mut len = [0u8; 4];
+        stream.read_exact(&mut len).await?;
+        let body = read_header(&mut stream, u32_at(&len) as usize, MAX_HEADER, None).await?;
+        let e = pb::BulkError::decode(&body[..])
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        return Err(OpenError::Refused(pb_to_status(e)));
+    }
+    Ok(stream)
 }
 
 fn stalled(stall: Duration) -> io::Error {

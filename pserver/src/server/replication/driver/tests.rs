@@ -80,13 +80,13 @@ async fn accept_replica(conn: &mut tokio::net::TcpStream) -> std::io::Result<(u3
     let len = u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize;
     let mut hello = vec![0u8; len];
     conn.read_exact(&mut hello).await?;
-    conn.write_all(&edl_pserver_client::bulk::STATUS_OK.to_le_bytes())
+    conn.write_all(&edl_pserver_api::bulk::STATUS_OK.to_le_bytes())
         .await?;
     let mut frame = [0u8; 8];
     conn.read_exact(&mut frame).await?;
     assert_eq!(
         frame[..4],
-        edl_pserver_client::bulk::KIND_REPLICATE.to_le_bytes()
+        edl_pserver_api::bulk::KIND_REPLICATE.to_le_bytes()
     );
     let len = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]) as usize;
     let mut header = vec![0u8; len];

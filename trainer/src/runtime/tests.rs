@@ -14,7 +14,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::MetricKind;
-use crate::runtime::{PerPush, Progress, RuntimeConfig, run};
+use crate::progress::Progress;
+use crate::runtime::{PerPush, RuntimeConfig, run};
 use crate::store::LocalStore;
 use crate::testdata::{boston, split_every};
 use crate::{ModelSpec, OptimizerKind, build};
@@ -504,9 +505,9 @@ impl crate::store::ParamStore for Breaking {
     }
 }
 
-/// A store that breaks mid-job stops a trainer in the pipeline with the store's error,
-/// within seconds (no hang on a push slot, a landing or an acknowledgement), after the
-/// pushes before the failure were applied.
+/// A store that breaks mid-job stops a trainer in the pipeline with the store's error
+/// instead of hanging on a push slot, a landing or an acknowledgement (30 s is the
+/// test's deadline for a hang), after the pushes before the failure were applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_breaks_stops_the_pipeline_with_its_error() {
     let job = LineJob::start("breaks", 50).await;
@@ -541,7 +542,7 @@ async fn a_store_that_breaks_stops_the_pipeline_with_its_error() {
     .await
     .expect("the trainer stops instead of hanging");
     match out {
-        Err(crate::runtime::RuntimeError::Store(e)) => {
+        Err(crate::RuntimeError::Store(e)) => {
             assert!(e.to_string().contains("injected push failure"), "{e}")
         }
         other => panic!("expected the store's error, got {other:?}"),
@@ -588,7 +589,7 @@ impl crate::Model for Panicking {
         batch: &crate::Batch,
     ) -> crate::Result<crate::model::StepOutput> {
         let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-        assert!(n < self.at, "injected model panic at call {n}");
+        assert!(n < self.at, "{PANIC_MESSAGE} at call {n}");
         self.inner.forward_backward(params, batch)
     }
     fn evaluate(
@@ -603,8 +604,12 @@ impl crate::Model for Panicking {
     }
 }
 
-/// A model that panics on the compute thread stops the trainer with an error within
-/// seconds (the thread's end is noticed: nothing waits for it forever).
+/// What the panicking model's panic says.
+const PANIC_MESSAGE: &str = "injected model panic";
+
+/// A model that panics on the compute thread stops the trainer with an error saying the
+/// panic's message (the thread's end is noticed: nothing waits for it forever; 30 s is
+/// the test's deadline for a hang).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_panics_stops_the_pipeline_with_an_error() {
     let job = LineJob::start("panics", 50).await;
@@ -638,7 +643,9 @@ async fn a_model_that_panics_stops_the_pipeline_with_an_error() {
     .await
     .expect("the trainer stops instead of hanging");
     let err = out.expect_err("a panicking model is an error");
-    assert!(err.to_string().contains("compute thread"), "{err}");
+    // The error says the compute thread panicked, and why (the panic's own message).
+    assert!(err.to_string().contains("compute thread panicked"), "{err}");
+    assert!(err.to_string().contains(PANIC_MESSAGE), "{err}");
     // Witness: the panic was reached.
     assert!(model.calls.load(std::sync::atomic::Ordering::SeqCst) >= 30);
     job.finish().await;

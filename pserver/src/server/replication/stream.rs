@@ -12,7 +12,7 @@ use std::io;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use edl_pserver_client::bulk::{read_into, write_all_within};
+use edl_pserver_api::bulk::{read_into, write_all_within};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::replica::Msg;

@@ -287,7 +287,7 @@ mod tests {
         assert_eq!(live.borrow()["b"].addr, "b:1");
 
         // a creates the group, then adds b.
-        let first = GroupRecord::restored(None, "a".into(), 1);
+        let first = GroupRecord::restored(None, "a".into(), 1, 2);
         let alive = |m: &str| Guard {
             alive: m.into(),
             absent: BTreeSet::new(),
@@ -322,7 +322,7 @@ mod tests {
             other => panic!("promotion with the primary alive: {other:?}"),
         }
         // A restore by c is refused while b (in sync) lives.
-        let restore = GroupRecord::restored(Some(&with_b), "c".into(), 2);
+        let restore = GroupRecord::restored(Some(&with_b), "c".into(), 2, 2);
         let rguard = crate::replica::restore_guard(&with_b, &"c".to_string());
         assert!(matches!(
             store.propose(2, &restore, &rguard).await,

@@ -173,12 +173,10 @@ fn a_change_is_made_only_when_it_saves_more_than_it_costs() {
     assert!(got.is_empty(), "50 s < 4 s + 2 x 30 s: {got:?}");
 }
 
+/// What `edl operator run --autoscale --autoscale-preempt` runs, at its default cost of
+/// a change.
 fn preemptive() -> PolicyConfig {
-    PolicyConfig {
-        preempt: true,
-        change_cost: 30.0,
-        ..PolicyConfig::default()
-    }
+    PolicyConfig::preemptive(30.0)
 }
 
 /// A job submitted at `submitted`, never seen running, its one trainer waiting for a
@@ -351,7 +349,8 @@ fn unbound_scale_ups_are_given_back() {
     );
 }
 
-fn arb_job(i: usize) -> impl Strategy<Value = JobView> {
+/// Job `i` of a snapshot taken at `now` (its last change, if any, before it).
+fn arb_job(i: usize, now: f64) -> impl Strategy<Value = JobView> {
     (
         1u32..4,
         0u32..8,
@@ -359,7 +358,7 @@ fn arb_job(i: usize) -> impl Strategy<Value = JobView> {
         0i32..3,
         prop::bool::ANY,
         0u32..4,
-        prop::option::of(0.0f64..200.0),
+        prop::option::of(0.0f64..now),
         prop::option::of((0.0f64..0.5, 10.0f64..200.0)),
         prop::option::of(1.0f64..1e6),
         prop::bool::ANY,
@@ -422,9 +421,16 @@ fn arb_job(i: usize) -> impl Strategy<Value = JobView> {
 }
 
 fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
+    arb_snapshot_at(200.0)
+}
+
+/// A snapshot taken at `now`: with the shipped hold of 240 s, `now` 600 leaves 40% of
+/// the jobs changed before it frozen and 60% free.
+fn arb_snapshot_at(now: f64) -> impl Strategy<Value = Snapshot> {
     let nodes = prop::collection::vec((prop::bool::ANY, 0.0f64..1.0), 1..6);
-    let jobs = (1usize..7).prop_flat_map(|n| (0..n).map(arb_job).collect::<Vec<_>>());
-    (nodes, jobs).prop_map(|(nodes, jobs)| {
+    let jobs = (1usize..7)
+        .prop_flat_map(move |n| (0..n).map(move |i| arb_job(i, now)).collect::<Vec<_>>());
+    (nodes, jobs).prop_map(move |(nodes, jobs)| {
         let nodes: Vec<Node> = nodes
             .into_iter()
             .enumerate()
@@ -448,7 +454,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
             .collect();
         let unplaced = jobs.iter().flat_map(|j| j.waiting.iter().copied()).sum();
         Snapshot {
-            now: 200.0,
+            now,
             nodes,
             unplaced,
             jobs,
@@ -488,6 +494,19 @@ fn check_invariants(cfg: &PolicyConfig, snap: &Snapshot) -> Result<(), TestCaseE
             .is_some_and(|c| snap.now - c < cfg.min_interval);
         if t.to > t.from {
             prop_assert!(!frozen || !in_bounds, "a recent change grew: {t:?}");
+            // Grown (past min: admission aside) only while expected to run longer than
+            // `min_remaining` at some count it grew from.
+            if t.from >= j.min
+                && let Some(left) = j.remaining
+            {
+                let curve = crate::RateModel::new(&j.speed, cfg.prior_sigma, j.max.max(j.min));
+                prop_assert!(
+                    curve.is_some_and(
+                        |c| (t.from..t.to).any(|n| left / c.rate(n.max(1)) > cfg.min_remaining)
+                    ),
+                    "grew a job expected to end within min_remaining: {t:?}"
+                );
+            }
             // (A count below min is raised to min by admission, not growth: bounds first.)
             let from = t.from.max(j.min);
             delta += j.trainer * u64::from(t.to.saturating_sub(from));
@@ -553,7 +572,16 @@ proptest! {
         check_invariants(&PolicyConfig::default(), &snap)?;
     }
 
-    /// The same with whole jobs suspended and a cost per change, as on the workloads.
+    /// What `edl operator run --autoscale --autoscale-preempt` runs (its default cost of
+    /// a change, 30 s: a 240 s hold, no growth within 480 s of the end), on snapshots
+    /// whose jobs changed up to 600 s before.
+    #[test]
+    fn the_shipped_preemptive_policy_keeps_its_invariants(snap in arb_snapshot_at(600.0)) {
+        check_invariants(&PolicyConfig::preemptive(30.0), &snap)?;
+    }
+
+    /// Whole jobs suspended and a cost per change without the holds (15 s, 30 s), so
+    /// that recent changes are drawn on both sides of the hold.
     #[test]
     fn the_preemptive_policy_keeps_its_invariants(snap in arb_snapshot()) {
         check_invariants(&PolicyConfig {

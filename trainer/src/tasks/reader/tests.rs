@@ -10,7 +10,14 @@ use edl_coord::LeaseState;
 use super::{CloudReader, Next, ReaderConfig};
 use edl_master::queue::{QueueConfig, TimeoutPolicy};
 use edl_master::testing::{Harness, dataset};
-use edl_master_client::Answer;
+use edl_master_client::{Answer, MasterClient, MasterClientConfig};
+
+/// A client of the job's masters that retries for 20 s.
+fn client_of(h: &Harness) -> MasterClient {
+    let mut cfg = MasterClientConfig::new(h.job.clone());
+    cfg.retry_for = Duration::from_secs(20);
+    MasterClient::new(h.backend.clone(), cfg, h.stop.child_token())
+}
 
 /// Reads to the end of the job, acknowledging every task: each record read with the
 /// pass it was read in, and the pass ends seen.
@@ -45,7 +52,7 @@ async fn four_readers_see_every_record_exactly_once_per_pass() {
     let glob = dataset(dir.path(), 3, 137);
     let mut h = Harness::new("exactly-once");
     h.start_master().await;
-    let client = h.client();
+    let client = client_of(&h);
     let ds = client.set_dataset(vec![glob.clone()], 2, 2).await.unwrap();
     assert_eq!((ds.files, ds.records, ds.created), (3, 411, true));
     // Idempotent: the same dataset again is a no-op; another one is refused.
@@ -63,7 +70,7 @@ async fn four_readers_see_every_record_exactly_once_per_pass() {
     for i in 0..4 {
         let name = format!("trainer-{i}");
         let lease = h.register(&name).await;
-        let mut reader = CloudReader::start(h.client(), ReaderConfig::new(name));
+        let mut reader = CloudReader::start(client_of(&h), ReaderConfig::new(name));
         readers.push(tokio::spawn(async move {
             let r = read_all(&mut reader).await;
             drop(lease);
@@ -104,7 +111,7 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
     let glob = dataset(dir.path(), 1, 20);
     let mut h = Harness::new("lost");
     h.start_master().await;
-    let client = h.client();
+    let client = client_of(&h);
     // 0 chunks per task and 0 passes take the master's defaults (1 and 1).
     let ds = client.set_dataset(vec![glob], 0, 0).await.unwrap();
     assert_eq!(ds.tasks, 4, "20 records, 5 a chunk, 1 chunk a task");
@@ -156,7 +163,7 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
     );
     // A live trainer finishes the pass.
     let _l = h.register("alive").await;
-    let mut reader = CloudReader::start(h.client(), ReaderConfig::new("alive"));
+    let mut reader = CloudReader::start(client_of(&h), ReaderConfig::new("alive"));
     let (seen, _) = read_all(&mut reader).await;
     assert_eq!(seen.len(), 20);
 }
@@ -171,7 +178,7 @@ async fn oversized_report_fields_are_refused_without_disturbing_other_trainers()
     let glob = dataset(dir.path(), 1, 40);
     let mut h = Harness::new("bounds");
     h.start_master().await;
-    let client = h.client();
+    let client = client_of(&h);
     client.set_dataset(vec![glob], 0, 0).await.unwrap();
     let _a = h.register("a").await;
     let Answer::Task(task) = client.get_task("a", 0, 1, Duration::ZERO).await.unwrap() else {
@@ -207,7 +214,7 @@ async fn oversized_report_fields_are_refused_without_disturbing_other_trainers()
     };
     // Another trainer reads the whole pass meanwhile.
     let _b = h.register("b").await;
-    let mut reader = CloudReader::start(h.client(), ReaderConfig::new("b"));
+    let mut reader = CloudReader::start(client_of(&h), ReaderConfig::new("b"));
     let other = tokio::spawn(async move { read_all(&mut reader).await });
     for (what, msg) in [
         ("2 MiB reason", failed("x".repeat(2 << 20), "a", &task.id)),
@@ -257,10 +264,10 @@ async fn a_corrupt_chunk_fails_its_task_after_max_failures_and_the_pass_ends() {
 
     let mut h = Harness::new("corrupt");
     h.start_master().await;
-    let client = h.client();
+    let client = client_of(&h);
     client.set_dataset(vec![glob], 1, 1).await.unwrap();
     let _l = h.register("t").await;
-    let mut reader = CloudReader::start(h.client(), ReaderConfig::new("t"));
+    let mut reader = CloudReader::start(client_of(&h), ReaderConfig::new("t"));
     let (seen, _) = read_all(&mut reader).await;
     assert_eq!(seen.len(), 95, "all but the corrupt chunk's 5 records");
     let st = client.status().await.unwrap();
@@ -286,13 +293,13 @@ async fn a_reader_takes_no_task_while_its_lease_is_uncertain() {
     let glob = dataset(dir.path(), 1, 20);
     let mut h = Harness::new("uncertain");
     h.start_master().await;
-    let client = h.client();
+    let client = client_of(&h);
     client.set_dataset(vec![glob], 1, 1).await.unwrap();
     let _lease = h.register("t").await;
     let (state, rx) = tokio::sync::watch::channel(LeaseState::Uncertain);
     let mut cfg = ReaderConfig::new("t");
     cfg.lease = Some(rx);
-    let mut reader = CloudReader::start(h.client(), cfg);
+    let mut reader = CloudReader::start(client_of(&h), cfg);
     let early = tokio::time::timeout(Duration::from_secs(1), reader.next()).await;
     assert!(early.is_err(), "a task arrived with the lease uncertain");
     let st = client.status().await.unwrap();
@@ -317,11 +324,11 @@ async fn a_standby_takes_over_and_readers_continue() {
     let glob = dataset(dir.path(), 2, 100);
     let mut h = Harness::new("failover");
     h.start_master().await;
-    let client = h.client();
+    let client = client_of(&h);
     client.set_dataset(vec![glob], 1, 1).await.unwrap();
     h.start_master().await;
     let _l = h.register("t").await;
-    let mut reader = CloudReader::start(h.client(), ReaderConfig::new("t"));
+    let mut reader = CloudReader::start(client_of(&h), ReaderConfig::new("t"));
     let mut seen = Vec::new();
     let mut stopped = false;
     while let Some(item) = reader.next().await {
@@ -383,7 +390,7 @@ async fn no_read_ahead_lease_times_out_while_the_trainer_initialises_or_evaluate
     };
     h.start_master_with(h.backend.clone(), Duration::from_millis(200), queue)
         .await;
-    let client = h.client();
+    let client = client_of(&h);
     client.set_dataset(vec![glob], 1, 2).await.unwrap();
     let _t = h.register("t").await;
     let _idle = h.register("idle").await;
@@ -412,7 +419,7 @@ async fn no_read_ahead_lease_times_out_while_the_trainer_initialises_or_evaluate
         }
     };
 
-    let mut reader = CloudReader::start(h.client(), ReaderConfig::new("t"));
+    let mut reader = CloudReader::start(client_of(&h), ReaderConfig::new("t"));
     // Initialising.
     let st = pause(0, 1).await;
     assert_eq!(counters(&st).dispatched, 1, "only the control lease");

@@ -1,0 +1,228 @@
+//! A `Plan` applied in its order: finalizer, etcd, workload, deletions, creations,
+//! status, events, finalizer removal. Each step is idempotent, and writes to the job are
+//! fenced by the resourceVersion it was decided on.
+
+use std::sync::Arc;
+
+use edl_coord::Backend;
+use edl_job::{JobKeys, JobName, Record, ScaleRecord};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::admission::apply_workload;
+use super::{Ctx, Error, JobApis, kube_err};
+use crate::crd::TrainingJob;
+use crate::objects::job_etcd_user;
+use crate::reconcile::{Deletion, EtcdAction, FINALIZER, FinalizerChange, JobEvent, Plan};
+
+/// Applies `plan` in its order: finalizer, etcd, deletions, creations, status, events
+/// (and last the finalizer's removal). Writes to the job are fenced by the
+/// resourceVersion `tj` was decided on.
+pub(super) async fn apply(
+    ctx: &Ctx,
+    apis: &JobApis,
+    tj: &TrainingJob,
+    job: Option<&JobName>,
+    plan: &Plan,
+    tls: Option<&edl_proto::tls::Tls>,
+) -> Result<(), Error> {
+    let name = tj.name_any();
+    let mut rv = tj.resource_version();
+    let mut finalizers: Vec<String> = tj.finalizers().to_vec();
+    if plan.finalizer == Some(FinalizerChange::Add) {
+        finalizers.push(FINALIZER.to_owned());
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": rv}});
+        let written = apis
+            .jobs
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("add the finalizer"))?;
+        rv = written.resource_version();
+    }
+    if !plan.etcd.is_empty() {
+        apply_etcd(ctx, tj, job, &plan.etcd, tls).await?;
+    }
+    if let Some(change) = &plan.workload {
+        apply_workload(ctx, tj, change).await?;
+    }
+    delete_pods(ctx, &apis.pods, &plan.delete).await?;
+    create_objects(ctx, apis, plan).await?;
+    if let Some(status) = &plan.status {
+        // A 409 here means the job changed since it was read: the next round decides
+        // again from the new version.
+        let patch = json!({"status": status, "metadata": {"resourceVersion": rv}});
+        apis.jobs
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("write the status"))?;
+    }
+    record_events(ctx, tj, &plan.events).await;
+    if plan.finalizer == Some(FinalizerChange::Remove) {
+        let left: Vec<String> = finalizers.into_iter().filter(|f| f != FINALIZER).collect();
+        let patch = json!({"metadata": {"finalizers": if left.is_empty() { serde_json::Value::Null } else { json!(left) }}});
+        apis.jobs
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("remove the finalizer"))?;
+    }
+    Ok(())
+}
+
+/// The plan's changes to the job's etcd keys, in order.
+async fn apply_etcd(
+    ctx: &Ctx,
+    tj: &TrainingJob,
+    job: Option<&JobName>,
+    actions: &[EtcdAction],
+    tls: Option<&edl_proto::tls::Tls>,
+) -> Result<(), Error> {
+    let backend = ctx.backend(tj, tls).await.map_err(|message| Error::Etcd {
+        what: "connect to the job's etcd".into(),
+        message,
+    })?;
+    for action in actions {
+        let keys = job.map(JobKeys::new);
+        let admin = backend.clone();
+        let backend: Arc<dyn Backend> = backend.clone();
+        let result = match (action, &keys) {
+            (EtcdAction::PublishSpec(spec), _) => spec
+                .publish(&backend)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            (EtcdAction::WriteScale(n), Some(keys)) => backend
+                .put(&keys.scale_trainers(), ScaleRecord::new(*n).encode(), None)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            (EtcdAction::DeleteJob, Some(keys)) => backend
+                .delete_prefix(keys.root())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            // Only an operator with admin credentials made the user.
+            (EtcdAction::RemoveJobUser, Some(_)) if ctx.config.etcd_auth.is_none() => Ok(()),
+            (EtcdAction::RemoveJobUser, Some(_)) => admin
+                .revoke_user(&job_etcd_user(tj.name_any().as_str()))
+                .await
+                .map_err(|e| e.to_string()),
+            (_, None) => Ok(()),
+        };
+        result.map_err(|message| Error::Etcd {
+            what: format!("{action:?}"),
+            message,
+        })?;
+    }
+    Ok(())
+}
+
+/// Deletes the plan's pods (one already gone is fine).
+async fn delete_pods(ctx: &Ctx, pods: &Api<Pod>, deletions: &[Deletion]) -> Result<(), Error> {
+    for d in deletions {
+        let params = DeleteParams {
+            grace_period_seconds: d.grace.map(|g| g.max(0) as u32),
+            ..DeleteParams::default()
+        };
+        match pods.delete(&d.name, &params).await {
+            Ok(_) => {
+                ctx.metrics.pods_deleted.inc();
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(kube_err(format!("delete pod {}", d.name))(e)),
+        };
+    }
+    Ok(())
+}
+
+/// Creates the plan's services, NetworkPolicy, PodGroup and claims, then its pods (one
+/// that exists already is fine).
+async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Error> {
+    for s in &plan.create_services {
+        match apis.services.create(&PostParams::default(), s).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kube_err("create a service")(e)),
+        }
+    }
+    for n in &plan.create_network_policies {
+        match apis
+            .network_policies
+            .create(&PostParams::default(), n)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kube_err("create the job's NetworkPolicy")(e)),
+        }
+    }
+    for g in &plan.create_pod_groups {
+        let object: DynamicObject = serde_json::from_value(g.clone())
+            .map_err(|e| kube_err("make the job's Volcano PodGroup")(kube::Error::SerdeError(e)))?;
+        match apis
+            .pod_groups
+            .create(&PostParams::default(), &object)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kube_err("create the job's Volcano PodGroup")(e)),
+        }
+    }
+    for (name, min) in &plan.pod_group_min_members {
+        let patch = serde_json::json!({"spec": {"minMember": min}});
+        apis.pod_groups
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("set the minMember of the job's Volcano PodGroup"))?;
+    }
+    for c in &plan.create_claims {
+        match apis.claims.create(&PostParams::default(), c).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kube_err(format!("create claim {}", c.name_any()))(e)),
+        }
+    }
+    for p in &plan.create_pods {
+        match apis.pods.create(&PostParams::default(), p).await {
+            Ok(_) => {
+                ctx.metrics.pods_created.inc();
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => {
+                return Err(kube_err(format!("create pod {}", p.name_any()))(e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Records the plan's events on the job, counting scales and recoveries. An event
+/// that cannot be recorded is logged: it is for people, the job goes on without it.
+async fn record_events(ctx: &Ctx, tj: &TrainingJob, events: &[JobEvent]) {
+    let reference = tj.object_ref(&());
+    for e in events {
+        if e.reason.starts_with("Scaled") {
+            ctx.metrics.scale_events.inc();
+        }
+        if e.reason == "PodReplaced" {
+            ctx.metrics.recoveries.inc();
+        }
+        let event = Event {
+            type_: if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: e.reason.clone(),
+            note: Some(e.message.chars().take(1000).collect()),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(err) = ctx.recorder.publish(&event, &reference).await {
+            tracing::warn!(job = %tj.name_any(), reason = %e.reason, error = %err, "cannot record an event");
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! What the decision asks for, in the order the controller applies it.
+
+use edl_job::JobSpec;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use crate::crd::TrainingJobStatus;
+
+/// The finalizer that keeps a deleted TrainingJob until its etcd keys are removed.
+pub const FINALIZER: &str = "edl.dev/etcd-cleanup";
+
+/// A change to the job's Kueue Workload.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkloadChange {
+    /// Create it (`objects::workload`).
+    Create(Box<serde_json::Value>),
+    /// The job stopped after an eviction: clear its admission (quota given back) so
+    /// that Kueue queues it again; the reason.
+    Release(String),
+    /// The job ended: mark it finished (Kueue frees its quota); the message.
+    Finish(String),
+}
+
+/// A change to the job's etcd keys.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EtcdAction {
+    /// Store the job spec at `job/spec` (before any process starts).
+    PublishSpec(Box<JobSpec>),
+    /// Set `scale/trainers`.
+    WriteScale(u32),
+    /// Delete every key of the job (the finalizer's work).
+    DeleteJob,
+    /// Delete the job's own etcd user and role (`edl-job-<job>`), if the operator made
+    /// them (the finalizer's work, after the keys).
+    RemoveJobUser,
+}
+
+/// A pod to delete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Deletion {
+    /// The pod.
+    pub name: String,
+    /// Seconds it has to stop (`None`: its own `terminationGracePeriodSeconds`, the
+    /// trainer's drain).
+    pub grace: Option<i64>,
+}
+
+/// An Event to record on the TrainingJob.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobEvent {
+    /// Whether it is a warning.
+    pub warning: bool,
+    /// CamelCase reason (`ScaledUp`, `PodReplaced`, ...).
+    pub reason: String,
+    /// What happened.
+    pub message: String,
+}
+
+/// The finalizer change the plan asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinalizerChange {
+    /// Add [`FINALIZER`].
+    Add,
+    /// Remove it: the job's keys are gone.
+    Remove,
+}
+
+/// What to do.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// The finalizer.
+    pub finalizer: Option<FinalizerChange>,
+    /// etcd changes.
+    pub etcd: Vec<EtcdAction>,
+    /// Pods to delete.
+    pub delete: Vec<Deletion>,
+    /// Pods to create.
+    pub create_pods: Vec<Pod>,
+    /// Services to create.
+    pub create_services: Vec<Service>,
+    /// PersistentVolumeClaims to create (before the pods that mount them).
+    pub create_claims: Vec<PersistentVolumeClaim>,
+    /// NetworkPolicies to create (before the pods).
+    pub create_network_policies: Vec<NetworkPolicy>,
+    /// Volcano PodGroups to create (before the pods).
+    pub create_pod_groups: Vec<serde_json::Value>,
+    /// Volcano PodGroups whose `spec.minMember` to set (the job held at 0 trainers, or
+    /// no longer): name, minMember.
+    pub pod_group_min_members: Vec<(String, u32)>,
+    /// The change to the job's Kueue Workload.
+    pub workload: Option<WorkloadChange>,
+    /// The new status (`None`: leave it).
+    pub status: Option<TrainingJobStatus>,
+    /// Events.
+    pub events: Vec<JobEvent>,
+}
+
+impl Plan {
+    pub(super) fn event(&mut self, warning: bool, reason: &str, message: String) {
+        self.events.push(JobEvent {
+            warning,
+            reason: reason.to_owned(),
+            message,
+        });
+    }
+}

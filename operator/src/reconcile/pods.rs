@@ -1,0 +1,147 @@
+//! Surplus pods drained, ended ones replaced (restart counts, crash loop), missing ones
+//! created (recoveries).
+
+use std::collections::BTreeSet;
+
+use super::draft::Draft;
+use super::ending::stop_running;
+use super::{Admission, Deletion, JobCredentials, Plan, PodPhase, PodView};
+use crate::crd::{Phase, RECENT_RECOVERIES, Recovery};
+use crate::objects::{self, CredentialsRef, Role, Slot};
+
+impl Draft<'_> {
+    /// Drains the pods of slots the job does not want (surplus trainers) and replaces
+    /// the ended ones, counting restarts; why the job is crash-looping, if a pod ended
+    /// too often too soon.
+    pub(super) fn ended_and_surplus_pods(&mut self, desired: &[Slot]) -> Option<String> {
+        let wanted: BTreeSet<Slot> = desired.iter().copied().collect();
+        let cluster = &self.obs.job.spec.cluster;
+        let (healthy_after, max_restarts) = (cluster.healthy_after, cluster.max_restarts);
+        let mut crash_loop: Option<String> = None;
+        for p in self.obs.pods.iter().filter(|p| !p.terminating) {
+            if !wanted.contains(&p.slot) {
+                // A trainer beyond the desired count (or a slot the spec no longer has):
+                // SIGTERM, so it drains.
+                self.plan.delete.push(Deletion {
+                    name: p.name.clone(),
+                    grace: None,
+                });
+                continue;
+            }
+            if !p.phase.ended() {
+                continue;
+            }
+            let what = describe_end(p);
+            let healthy = p.ran_for.is_some_and(|d| d >= healthy_after);
+            let count = self.status.restarts.entry(p.name.clone()).or_insert(0);
+            *count = if healthy { 0 } else { *count + 1 };
+            if *count > max_restarts {
+                crash_loop = Some(format!(
+                    "pod {} {what}, {} times in a row within {} of its start \
+                     (cluster.max_restarts = {max_restarts})",
+                    p.name,
+                    *count,
+                    humantime::format_duration(healthy_after)
+                ));
+                continue;
+            }
+            self.replace(p, what);
+        }
+        crash_loop
+    }
+
+    /// Deletes the ended pod `p` at once, to be created again: a recovery and an event.
+    pub(super) fn replace(&mut self, p: &PodView, what: String) {
+        self.plan.delete.push(Deletion {
+            name: p.name.clone(),
+            grace: Some(0),
+        });
+        if !self.status.replacing.contains(&p.name) {
+            self.status.replacing.push(p.name.clone());
+        }
+        self.status.recoveries.push(Recovery {
+            role: p.slot.role.name().to_owned(),
+            pod: p.name.clone(),
+            reason: what.clone(),
+            time: self.obs.now.0.to_string(),
+        });
+        self.plan.event(
+            true,
+            "PodReplaced",
+            format!("pod {} {what}: replacing it", p.name),
+        );
+    }
+
+    /// A pod ended too often too soon: the job fails, and what still runs is stopped
+    /// (no pod is replaced).
+    pub(super) fn crash_loop(mut self, why: String) -> Plan {
+        self.status.phase = Phase::Failed;
+        self.condition("Failed", true, "CrashLoop", why.clone());
+        self.condition("Running", false, "CrashLoop", why.clone());
+        self.plan.event(true, "CrashLoop", why);
+        self.plan.delete.clear();
+        stop_running(&mut self.plan, &self.obs.pods);
+        self.plan_with_status()
+    }
+
+    /// Creates the pods of the slots that have none. Without `processes_ready` (the
+    /// etcd, the spec there, the credentials) only the managed etcd itself is created.
+    /// A pod of a started job that is gone is a recovery, unless it replaces an ended
+    /// one (already counted). Keeps the last [`RECENT_RECOVERIES`].
+    pub(super) fn missing_pods(&mut self, desired: &[Slot], processes_ready: bool) {
+        let tj = self.obs.job;
+        let credentials = CredentialsRef::of(tj, self.obs.credentials != JobCredentials::NotIssued);
+        let existing: BTreeSet<&str> = self.obs.pods.iter().map(|p| p.name.as_str()).collect();
+        // A job resuming makes its pods as a new one does: none is a recovery.
+        let was_started = !matches!(self.old.phase, Phase::Created | Phase::Suspended);
+        for slot in desired {
+            let name = slot.pod_name(&self.job);
+            if existing.contains(name.as_str()) {
+                continue;
+            }
+            if slot.role != Role::Etcd && !processes_ready {
+                continue;
+            }
+            let known = slot.role != Role::Trainer || slot.index < self.old.trainers.desired;
+            if let Some(i) = self.status.replacing.iter().position(|n| *n == name) {
+                // The replacement of an ended pod, already counted.
+                self.status.replacing.remove(i);
+            } else if was_started && known {
+                self.status.recoveries.push(Recovery {
+                    role: slot.role.name().to_owned(),
+                    pod: name.clone(),
+                    reason: "deleted (or lost with its node)".to_owned(),
+                    time: self.obs.now.0.to_string(),
+                });
+                self.plan.event(
+                    true,
+                    "PodReplaced",
+                    format!("pod {name} is gone (deleted or lost with its node): recreating it"),
+                );
+            }
+            let mut pod = objects::pod(tj, *slot, credentials);
+            if self.obs.admission != Admission::NotQueued {
+                // Admitted as a whole through the Workload: Kueue's pod integration must
+                // not queue each pod again.
+                if let Some(labels) = pod.metadata.labels.as_mut() {
+                    labels.remove(objects::QUEUE_LABEL);
+                }
+            }
+            self.plan.create_pods.push(pod);
+        }
+        let excess = self
+            .status
+            .recoveries
+            .len()
+            .saturating_sub(RECENT_RECOVERIES);
+        self.status.recoveries.drain(..excess);
+    }
+}
+
+fn describe_end(p: &PodView) -> String {
+    match (p.phase, p.exit_code) {
+        (PodPhase::Succeeded, _) => "exited 0 before the job ended".to_owned(),
+        (_, Some(code)) => format!("failed: exit code {code}"),
+        _ => "failed".to_owned(),
+    }
+}

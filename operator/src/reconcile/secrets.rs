@@ -1,0 +1,62 @@
+//! The job's credentials and TLS Secret into CredentialsReady and TLSReady. No job
+//! process starts without them.
+
+use super::draft::Draft;
+use super::{JobCredentials, JobTls};
+use crate::objects;
+
+impl Draft<'_> {
+    /// The job's credentials, when the operator makes them, into the
+    /// `CredentialsReady` condition; why they could not be made, if so.
+    pub(super) fn credentials(&mut self) -> Option<String> {
+        match &self.obs.credentials {
+            JobCredentials::NotIssued => None,
+            JobCredentials::Ready => {
+                let message = format!(
+                    "the job's processes use the etcd user and token of Secret {}",
+                    objects::credentials_secret_name(&self.job)
+                );
+                self.condition("CredentialsReady", true, "Issued", message);
+                None
+            }
+            JobCredentials::Failed(why) => {
+                let message = format!("cannot make the job's etcd credentials: {why}");
+                if self.condition(
+                    "CredentialsReady",
+                    false,
+                    "CredentialsFailed",
+                    message.clone(),
+                ) {
+                    self.plan.event(true, "CredentialsFailed", message.clone());
+                }
+                Some(message)
+            }
+        }
+    }
+
+    /// The job's TLS Secret into the `TLSReady` condition; why it could not be made,
+    /// if so (one event).
+    pub(super) fn tls(&mut self) -> Option<String> {
+        match &self.obs.tls {
+            JobTls::Plaintext => None,
+            JobTls::Ready => {
+                let message = format!(
+                    "the job's pods talk over mutual TLS with the CA of Secret {}",
+                    objects::tls_secret_name(&self.job)
+                );
+                self.condition("TLSReady", true, "Issued", message);
+                None
+            }
+            JobTls::Failed(why) => {
+                let message = format!(
+                    "cannot make the job's TLS Secret: {why} (or set spec.plaintext to run \
+                     the job without TLS between its pods)"
+                );
+                if self.condition("TLSReady", false, "TLSFailed", message.clone()) {
+                    self.plan.event(true, "TLSFailed", message.clone());
+                }
+                Some(message)
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! The job's etcd: a managed one first, an unreachable one, a full one (the space
+//! alarm).
+
+use super::*;
+
+#[test]
+fn a_managed_etcd_comes_first_and_an_unreachable_one_is_a_condition_and_one_event() {
+    let mut tj = training_job("");
+    tj.spec.etcd = EtcdSpec {
+        managed: true,
+        ..EtcdSpec::default()
+    };
+    let obs = Observed {
+        claims: BTreeSet::new(),
+        ..observe(&tj, vec![], Err("connection refused".into()))
+    };
+    let plan = reconcile(&obs);
+    assert_eq!(
+        names(&plan.create_pods),
+        ["mnist-etcd-0", "mnist-etcd-1", "mnist-etcd-2"],
+        "only the etcd before it runs"
+    );
+    // Each member on a claim of its own, found by its peers by its pod's DNS name, and
+    // the job's processes given every member.
+    let claims: Vec<String> = plan
+        .create_claims
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .filter(|n| n.contains("-etcd-"))
+        .collect();
+    assert_eq!(
+        claims,
+        [
+            "mnist-etcd-data-0",
+            "mnist-etcd-data-1",
+            "mnist-etcd-data-2"
+        ]
+    );
+    let member = serde_json::to_value(&plan.create_pods[1]).expect("json");
+    let args = member["spec"]["containers"][0]["command"].to_string();
+    for want in [
+        "--name=etcd-1",
+        "--initial-cluster=etcd-0=https://mnist-etcd-0.mnist.ml.svc:2380,etcd-1=https://mnist-etcd-1.mnist.ml.svc:2380,etcd-2=https://mnist-etcd-2.mnist.ml.svc:2380",
+        "--advertise-client-urls=https://mnist-etcd-1.mnist.ml.svc:2379",
+        "--auto-compaction-retention=1h",
+        "--quota-backend-bytes=2147483648",
+        // Clients and peers over mutual TLS with the job's certificate.
+        "--cert-file=/etc/edl/tls/tls.crt",
+        "--trusted-ca-file=/etc/edl/tls/ca.crt",
+        "\"--client-cert-auth\"",
+        "--peer-key-file=/etc/edl/tls/tls.key",
+        "\"--peer-client-cert-auth\"",
+    ] {
+        assert!(args.contains(want), "{want} in {args}");
+    }
+    assert_eq!(
+        member["spec"]["volumes"][1]["secret"]["secretName"],
+        "mnist-edl-tls"
+    );
+    assert!(
+        member["spec"]["containers"][0]["env"].is_null(),
+        "no job process variables in an etcd member"
+    );
+    // A plaintext job's etcd: no TLS.
+    let mut plain = tj.clone();
+    plain.spec.plaintext = true;
+    let plain_plan = reconcile(&observe(&plain, vec![], Err("refused".into())));
+    let plain_args =
+        serde_json::to_value(&plain_plan.create_pods[1]).expect("json")["spec"]["containers"][0]
+            ["command"]
+            .to_string();
+    assert!(
+        plain_args.contains("--listen-client-urls=http://0.0.0.0:2379")
+            && !plain_args.contains("cert-file"),
+        "{plain_args}"
+    );
+    assert_eq!(
+        member["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "mnist-etcd-data-1"
+    );
+    assert_eq!(
+        crate::objects::etcd_endpoints(&tj),
+        (0..3)
+            .map(|i| format!("https://mnist-etcd-{i}.mnist.ml.svc:2379"))
+            .collect::<Vec<_>>()
+    );
+    assert!(plan.etcd.is_empty());
+    assert_eq!(
+        plan.create_services.len(),
+        1,
+        "the etcd's service (the headless one exists)"
+    );
+    let status = plan.status.clone().expect("status");
+    let c = condition(&status, "EtcdReachable");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "EtcdUnreachable")
+    );
+    assert!(c.message.contains("connection refused"), "{c:?}");
+    assert_eq!(
+        plan.events
+            .iter()
+            .filter(|e| e.reason == "EtcdUnreachable")
+            .count(),
+        1,
+        "{:?}",
+        plan.events
+    );
+    // The same observation again: the condition stands, no second event.
+    tj.status = Some(status);
+    let members = (0..3)
+        .map(|i| pod(Role::Etcd, i, PodPhase::Running))
+        .collect();
+    let again = reconcile(&observe(&tj, members, Err("connection refused".into())));
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    assert!(again.create_pods.is_empty());
+}
+
+#[test]
+fn a_job_paused_by_a_full_etcd_is_a_condition_and_one_warning() {
+    let mut tj = training_job("");
+    started(&mut tj, 2);
+    let full = EtcdState {
+        paused: Some("etcd is full (its space alarm): compact and defragment it".into()),
+        ..progress(2)
+    };
+    let plan = reconcile(&observe(&tj, running(2), Ok(full.clone())));
+    let status = plan.status.clone().expect("status");
+    let c = condition(&status, "EtcdSpaceAlarm");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "EtcdFull"));
+    assert!(c.message.contains("compact"), "{c:?}");
+    let warned = |p: &Plan| {
+        p.events
+            .iter()
+            .filter(|e| e.warning && e.reason == "EtcdSpaceAlarm")
+            .count()
+    };
+    assert_eq!(warned(&plan), 1);
+    tj.status = Some(status);
+    let again = reconcile(&observe(&tj, running(2), Ok(full)));
+    assert_eq!(warned(&again), 0, "said once");
+    // Cleared: the condition turns false.
+    let plan = reconcile(&observe(&tj, running(2), Ok(progress(2))));
+    let status = plan.status.expect("status");
+    assert_eq!(condition(&status, "EtcdSpaceAlarm").status, "False");
+    // A job that never was paused has no such condition.
+    let mut fresh = training_job("");
+    started(&mut fresh, 2);
+    let s = fresh.status.clone().expect("status");
+    assert!(s.conditions.iter().all(|c| c.type_ != "EtcdSpaceAlarm"));
+}

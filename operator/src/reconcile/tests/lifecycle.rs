@@ -1,0 +1,183 @@
+//! A job's life as the driver sees it: a new job (finalizer, spec in etcd, every pod),
+//! an invalid one, a finished one, a deleted one.
+
+use super::*;
+
+#[test]
+fn a_new_job_gets_its_finalizer_its_spec_in_etcd_and_every_pod() {
+    let mut tj = training_job("");
+    tj.metadata.finalizers = None;
+    let plan = reconcile(&Observed {
+        services: BTreeSet::new(),
+        claims: BTreeSet::new(),
+        network_policies: BTreeSet::new(),
+        ..observe(&tj, vec![], Ok(EtcdState::default()))
+    });
+    assert_eq!(plan.finalizer, Some(FinalizerChange::Add));
+    // Its pods admit one another and the operator's pods (from its namespace), and
+    // anyone on the metrics port only.
+    let [policy] = &plan.create_network_policies[..] else {
+        panic!("one NetworkPolicy: {:?}", plan.create_network_policies);
+    };
+    let p = serde_json::to_value(policy).expect("json");
+    assert_eq!(p["metadata"]["name"], "mnist-edl");
+    assert_eq!(p["spec"]["podSelector"]["matchLabels"]["edl.dev/job"], JOB);
+    assert_eq!(p["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
+    let from = &p["spec"]["ingress"][0]["from"];
+    assert_eq!(from[0]["podSelector"]["matchLabels"]["edl.dev/job"], JOB);
+    assert_eq!(
+        from[1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "edl-system"
+    );
+    assert_eq!(
+        from[1]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "edl-operator"
+    );
+    assert!(
+        p["spec"]["ingress"][0]["ports"].is_null(),
+        "every port of its own"
+    );
+    assert!(p["spec"]["ingress"][1]["from"].is_null());
+    assert_eq!(p["spec"]["ingress"][1]["ports"][0]["port"], 9090);
+    assert_eq!(
+        p["spec"]["ingress"].as_array().map(Vec::len),
+        Some(2),
+        "nothing else"
+    );
+    let spec = match &plan.etcd[..] {
+        [EtcdAction::PublishSpec(spec), EtcdAction::WriteScale(2)] => spec,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(spec.name, JOB);
+    assert_eq!(
+        spec.data.train.patterns(),
+        vec!["/data/mnist-train-*.recordio".to_owned()],
+        "data globs are relative to the data volume"
+    );
+    assert_eq!(
+        names(&plan.create_pods),
+        [
+            "mnist-master-0",
+            "mnist-pserver-0",
+            "mnist-trainer-0",
+            "mnist-trainer-1"
+        ]
+    );
+    assert_eq!(plan.create_services.len(), 1, "the headless service");
+    // The pserver's checkpoints on a claim of its own, made with the job.
+    let claims: Vec<_> = plan
+        .create_claims
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(claims, ["mnist-checkpoints-0"]);
+    let claim = &plan.create_claims[0];
+    assert_eq!(
+        claim.metadata.owner_references.as_ref().map(|o| o.len()),
+        Some(1),
+        "deleted with the job"
+    );
+    let request = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone());
+    assert_eq!(request.as_deref(), Some("10Gi"));
+    let ps = &plan.create_pods[1];
+    let mounted: Vec<_> = ps
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| v.persistent_volume_claim.map(|c| c.claim_name))
+        .collect();
+    assert!(
+        mounted.contains(&"mnist-checkpoints-0".to_owned()),
+        "{mounted:?}"
+    );
+    assert!(plan.delete.is_empty() && plan.events.is_empty(), "{plan:?}");
+    let status = plan.status.expect("status");
+    assert_eq!(status.phase, Phase::Pending);
+    assert_eq!(status.trainers.desired, 2);
+    assert_eq!(status.selector, "edl.dev/job=mnist,edl.dev/role=trainer");
+    assert_eq!(condition(&status, "Running").reason, "PodsStarting");
+    assert_eq!(condition(&status, "CheckpointsDurable").status, "True");
+}
+
+#[test]
+fn an_invalid_job_fails_with_a_condition_naming_the_field() {
+    for (change, field) in [
+        (
+            Box::new(|tj: &mut TrainingJob| tj.metadata.name = Some("MNIST_1".into()))
+                as Box<dyn Fn(&mut TrainingJob)>,
+            "metadata.name",
+        ),
+        (
+            Box::new(|tj: &mut TrainingJob| tj.spec.volumes.data = None),
+            "spec.volumes.data",
+        ),
+        (
+            Box::new(|tj: &mut TrainingJob| {
+                tj.spec.cluster.healthy_after = Duration::from_millis(10)
+            }),
+            "spec.cluster.healthy_after",
+        ),
+        (
+            Box::new(|tj: &mut TrainingJob| tj.spec.cluster.etcd = vec!["http://x:1".into()]),
+            "spec.cluster.etcd",
+        ),
+    ] {
+        let mut tj = training_job("");
+        change(&mut tj);
+        let plan = reconcile(&observe(&tj, vec![], Ok(EtcdState::default())));
+        assert!(
+            plan.create_pods.is_empty() && plan.etcd.is_empty(),
+            "{plan:?}"
+        );
+        let status = plan.status.expect("status");
+        assert_eq!(status.phase, Phase::Failed);
+        let c = condition(&status, "Failed");
+        assert_eq!(c.reason, "InvalidSpec");
+        assert!(c.message.starts_with(field), "{field}: {c:?}");
+        assert_eq!(plan.events.len(), 1);
+    }
+}
+
+#[test]
+fn a_finished_job_stops_its_pods_and_says_so_once() {
+    let mut tj = training_job("");
+    started(&mut tj, 2);
+    let mut p = progress(2);
+    p.finished = Some(Finished::Succeeded);
+    let plan = reconcile(&observe(&tj, running(2), Ok(p.clone())));
+    let status = plan.status.expect("status");
+    assert_eq!(status.phase, Phase::Succeeded);
+    assert_eq!(condition(&status, "Succeeded").status, "True");
+    assert_eq!(plan.delete.len(), 4);
+    assert!(plan.create_pods.is_empty());
+    assert_eq!(plan.events.len(), 1);
+    tj.status = Some(status);
+    let mut pods = running(2);
+    for p in &mut pods {
+        p.phase = PodPhase::Succeeded;
+    }
+    let again = reconcile(&observe(&tj, pods, Ok(p)));
+    assert_eq!(again, Plan::default(), "nothing more to do");
+}
+
+#[test]
+fn a_deleted_job_drops_its_keys_then_its_finalizer() {
+    let mut tj = training_job("");
+    tj.metadata.deletion_timestamp = Some(at(50));
+    let plan = reconcile(&observe(&tj, running(2), Ok(progress(2))));
+    assert_eq!(
+        plan.etcd,
+        [EtcdAction::DeleteJob, EtcdAction::RemoveJobUser],
+        "its keys, then its etcd user"
+    );
+    assert_eq!(plan.finalizer, Some(FinalizerChange::Remove));
+    assert!(plan.create_pods.is_empty() && plan.delete.is_empty() && plan.status.is_none());
+}

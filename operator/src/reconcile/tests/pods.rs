@@ -1,0 +1,135 @@
+//! Pods: a failed one replaced and counted, a crash loop, a deleted one recreated (a
+//! recovery), one that cannot start (a condition and one event).
+
+use super::*;
+
+#[test]
+fn a_failed_pod_is_replaced_once_and_counted_and_a_crash_loop_fails_the_job() {
+    let mut tj = training_job("max_restarts = 2\nhealthy_after = \"30s\"");
+    started(&mut tj, 2);
+    let crash = |pods: &mut Vec<PodView>, ran: u64| {
+        let p = &mut pods[3];
+        p.phase = PodPhase::Failed;
+        p.exit_code = Some(137);
+        p.ran_for = Some(Duration::from_secs(ran));
+    };
+    let mut pods = running(2);
+    crash(&mut pods, 5);
+    let plan = reconcile(&observe(&tj, pods, Ok(progress(2))));
+    assert_eq!(
+        plan.delete,
+        [Deletion {
+            name: "mnist-trainer-1".into(),
+            grace: Some(0)
+        }]
+    );
+    assert!(
+        plan.create_pods.is_empty(),
+        "the replacement waits for the old pod to go"
+    );
+    assert_eq!(plan.events.len(), 1);
+    assert_eq!(plan.events[0].reason, "PodReplaced");
+    assert!(
+        plan.events[0].message.contains("exit code 137"),
+        "{:?}",
+        plan.events
+    );
+    let status = plan.status.expect("status");
+    assert_eq!(status.restarts["mnist-trainer-1"], 1);
+    assert_eq!(status.recoveries.len(), 1);
+    tj.status = Some(status);
+
+    // Gone: recreated, without a second recovery.
+    let plan = reconcile(&observe(&tj, running(1), Ok(progress(1))));
+    assert_eq!(names(&plan.create_pods), ["mnist-trainer-1"]);
+    assert!(plan.events.is_empty(), "{:?}", plan.events);
+    let status = plan.status.expect("status");
+    assert_eq!(status.recoveries.len(), 1);
+    assert!(status.replacing.is_empty());
+    tj.status = Some(status);
+
+    // A failure after a healthy run does not count.
+    let mut pods = running(2);
+    crash(&mut pods, 60);
+    let plan = reconcile(&observe(&tj, pods, Ok(progress(2))));
+    let status = plan.status.expect("status");
+    assert_eq!(status.restarts["mnist-trainer-1"], 0);
+    tj.status = Some(status);
+
+    // Three quick failures in a row: more than max_restarts = 2.
+    for n in 1..=3 {
+        let mut pods = running(2);
+        crash(&mut pods, 1);
+        let plan = reconcile(&observe(&tj, pods, Ok(progress(2))));
+        let status = plan.status.clone().expect("status");
+        if n <= 2 {
+            // One trainer short while it is replaced.
+            assert_eq!(status.phase, Phase::Scaling, "replaced, try {n}");
+            assert_eq!(plan.delete.len(), 1);
+        } else {
+            assert_eq!(status.phase, Phase::Failed);
+            let c = condition(&status, "Failed");
+            assert_eq!(c.reason, "CrashLoop");
+            assert!(
+                c.message.contains("mnist-trainer-1") && c.message.contains("max_restarts"),
+                "{c:?}"
+            );
+            assert!(plan.create_pods.is_empty());
+            assert_eq!(
+                plan.delete.len(),
+                3,
+                "the pods still running stop: {plan:?}"
+            );
+        }
+        tj.status = Some(status);
+    }
+    // Failed is final: no pod is created, whatever is observed.
+    let plan = reconcile(&observe(&tj, vec![], Ok(progress(2))));
+    assert!(plan.create_pods.is_empty() && plan.delete.is_empty());
+}
+
+#[test]
+fn a_deleted_pod_is_recreated_as_a_recovery() {
+    let mut tj = training_job("");
+    started(&mut tj, 2);
+    let mut pods = running(2);
+    pods.remove(1); // the pserver
+    let plan = reconcile(&observe(&tj, pods, Ok(progress(2))));
+    assert_eq!(names(&plan.create_pods), ["mnist-pserver-0"]);
+    assert_eq!(plan.events.len(), 1);
+    assert!(
+        plan.events[0].message.contains("mnist-pserver-0"),
+        "{:?}",
+        plan.events
+    );
+    let status = plan.status.expect("status");
+    assert_eq!(status.recoveries[0].role, "pserver");
+}
+
+#[test]
+fn a_pod_that_cannot_start_is_a_condition_and_one_event_not_a_silent_pending() {
+    let mut tj = training_job("");
+    let mut pods = running(2);
+    pods[0].phase = PodPhase::Pending;
+    pods[0].problem = Some((
+        "ImagePullBackOff".into(),
+        "Back-off pulling image \"edl:test\"".into(),
+    ));
+    let plan = reconcile(&observe(&tj, pods.clone(), Ok(progress(2))));
+    let status = plan.status.expect("status");
+    assert_eq!(status.phase, Phase::Pending);
+    let c = condition(&status, "Running");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "ImagePullBackOff")
+    );
+    assert!(
+        c.message.contains("mnist-master-0") && c.message.contains("edl:test"),
+        "{c:?}"
+    );
+    assert_eq!(plan.events.len(), 1);
+    assert!(plan.events[0].warning);
+    tj.status = Some(status);
+    let again = reconcile(&observe(&tj, pods, Ok(progress(2))));
+    assert!(again.events.is_empty(), "{:?}", again.events);
+}
