@@ -581,8 +581,9 @@ mod tests {
     }
 
     /// A pause of a few milliseconds (a new leading master loading its queue) costs
-    /// the caller about that, not a second; a long one is polled at most once a second
-    /// and is waited out past `retry_for`.
+    /// the caller about that, not a second; a long one is polled every half second to
+    /// second once the backoff has grown (never faster, never slower), and is waited out
+    /// past `retry_for`.
     #[tokio::test(start_paused = true)]
     async fn call_until_waits_out_a_pause_soon_after_it_ends() {
         let cancel = CancellationToken::new();
@@ -618,7 +619,18 @@ mod tests {
             let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
             assert!(gaps.iter().all(|g| *g <= PAUSED_POLL), "{gaps:?}");
             if pause > PAUSED_POLL {
-                // Polled about once a second once the backoff has grown.
+                // Once grown, the backoff waits at least half its bound: no faster than
+                // twice a second (the last gap is cut short by the pause's end).
+                let grown: Vec<&Duration> =
+                    gaps.iter().skip_while(|g| **g < PAUSED_POLL / 2).collect();
+                assert!(grown.len() >= 40, "the backoff never grew: {gaps:?}");
+                assert!(
+                    grown[..grown.len() - 1]
+                        .iter()
+                        .all(|g| **g >= PAUSED_POLL / 2),
+                    "{gaps:?}"
+                );
+                // Polled every half second to second once the backoff has grown.
                 assert!(
                     (55..=130).contains(&attempts.len()),
                     "{} attempts in {pause:?}",

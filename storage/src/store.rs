@@ -78,13 +78,17 @@ impl Store {
             .map_err(|e| Error::from_store(&self.url(key), e))
     }
 
-    /// Bytes `range` of object `key` (a range past its end is an error).
+    /// Bytes `range` of object `key`, all of them: a range that goes past the object's
+    /// end is [`Error::Truncated`] (never fewer bytes), on every store.
     pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
-        let path = self.path(key)?;
-        self.inner
-            .get_range(&path, range)
-            .await
-            .map_err(|e| Error::from_store(&self.url(key), e))
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        let mut body = self.get_part(key, range).await?;
+        Ok(match body.len() {
+            1 => body.pop().unwrap_or_default(),
+            _ => Bytes::from(body.concat()),
+        })
     }
 
     /// Bytes `range` of object `key` as [`Store::get_range`] gives them, fetched as
@@ -104,9 +108,7 @@ impl Store {
     /// [`Store::get_range_parallel`] into `buf` (its bytes replaced, its allocation
     /// reused): each byte is copied once, from the response bodies into `buf` (a part
     /// that arrives before its turn keeps its body's buffers until then). An object
-    /// that ends inside `range` is [`Error::Truncated`] (a range that starts at or past
-    /// its end is refused by the store, which object_store reports as a generic error,
-    /// [`Error::Unavailable`]: callers clip ranges to the object's size first).
+    /// that ends before `range` does is [`Error::Truncated`], whichever part finds it.
     pub async fn read_range_into(
         &self,
         key: &str,
@@ -129,30 +131,47 @@ impl Store {
         Ok(())
     }
 
-    /// The body of one ranged read, as the buffers it arrived in (not joined).
+    /// The body of one ranged read, as the buffers it arrived in (not joined); a range
+    /// past the object's end is [`Error::Truncated`].
     async fn get_part(&self, key: &str, range: Range<u64>) -> Result<Vec<Bytes>> {
         let path = self.path(key)?;
-        let wanted = range.end - range.start;
+        let truncated = |ends: u64| Error::Truncated {
+            url: self.url(key),
+            start: range.start,
+            end: range.end,
+            ends,
+        };
         let options = object_store::GetOptions::new().with_range(Some(range.clone()));
-        let body: Vec<Bytes> = self
-            .inner
-            .get_opts(&path, options)
-            .await
-            .map_err(|e| Error::from_store(&self.url(key), e))?
+        let got = match self.inner.get_opts(&path, options).await {
+            Ok(got) => got,
+            Err(e @ object_store::Error::NotFound { .. }) => {
+                return Err(Error::from_store(&self.url(key), e));
+            }
+            Err(e) => {
+                // A range that starts at or past the end is refused by every store
+                // (object_store's invalid range, HTTP 416), as a generic error: said as
+                // what it is, not as an outage to retry.
+                if let Ok(size) = self.size(key).await
+                    && range.end > size
+                {
+                    return Err(truncated(size));
+                }
+                return Err(Error::from_store(&self.url(key), e));
+            }
+        };
+        // A store clips a range to the object's end: refused before reading the body.
+        if got.range != range {
+            return Err(truncated(got.meta.size));
+        }
+        let body: Vec<Bytes> = got
             .into_stream()
             .try_collect()
             .await
             .map_err(|e| Error::from_store(&self.url(key), e))?;
-        let got: u64 = body.iter().map(|b| b.len() as u64).sum();
-        if got != wanted {
-            // The store clips a range to the object's end (a body cut short in transit
-            // is an error of the stream above).
-            return Err(Error::Truncated {
-                url: self.url(key),
-                start: range.start,
-                end: range.end,
-                ends: range.start + got,
-            });
+        let len: u64 = body.iter().map(|b| b.len() as u64).sum();
+        if len != range.end - range.start {
+            // A body that does not match the range its response said.
+            return Err(truncated(range.start + len));
         }
         Ok(body)
     }

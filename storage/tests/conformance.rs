@@ -83,8 +83,17 @@ async fn conformance(store: &Store, base: &str) {
         .await
         .expect("a long range into a used buffer");
     assert_eq!(buf, &long[1000..(end - 1000) as usize]);
-    // Past the object's end: an error naming it, not fewer bytes.
+    // Past the object's end: an error naming it, not fewer bytes; also when a part
+    // lies wholly past the end.
     let len = long.len() as u64;
+    let wholly = store
+        .read_range_into(&key("long.bin"), 5..len + edl_storage::PART + 10, &mut buf)
+        .await
+        .expect_err("a part wholly past the end");
+    assert!(
+        matches!(wholly, edl_storage::Error::Truncated { ends, .. } if ends == len),
+        "{wholly}"
+    );
     let past = store
         .read_range_into(&key("long.bin"), 5..len + 10, &mut buf)
         .await
@@ -173,10 +182,45 @@ async fn conformance(store: &Store, base: &str) {
         Err(Error::NotFound { url }) => assert!(url.ends_with("mnist/missing"), "{url}"),
         other => panic!("a missing object must be NotFound: {other:?}"),
     }
-    let past_end = store
-        .get_range(&key("mnist/train-00001.recordio"), 0..1000)
-        .await;
-    assert!(past_end.is_err() || past_end.is_ok_and(|b| b.len() == 3));
+    // Past an object's end, however far: `Truncated`, naming the object and where it
+    // ends, never fewer bytes and never an outage to retry; on every store.
+    let small = key("mnist/train-00001.recordio");
+    for range in [0..1000u64, 2..4, 3..4, 5..10] {
+        let got = store.get_range(&small, range.clone()).await;
+        match &got {
+            Err(Error::Truncated {
+                url,
+                start,
+                end,
+                ends: 3,
+            }) if (*start, *end) == (range.start, range.end)
+                && url.ends_with("train-00001.recordio") => {}
+            other => panic!("{range:?} of a 3-byte object: {other:?}"),
+        }
+        let e = got.expect_err("truncated");
+        assert!(!e.is_transient(), "{range:?}: {e}");
+        assert!(matches!(
+            store.get_range_parallel(&small, range.clone()).await,
+            Err(Error::Truncated { ends: 3, .. })
+        ));
+    }
+    // Witness: ranges within it read.
+    assert_eq!(
+        store
+            .get_range(&small, 2..3)
+            .await
+            .expect("its last byte")
+            .len(),
+        1
+    );
+    assert_eq!(
+        store
+            .get_range(&small, 0..3)
+            .await
+            .expect("all of it")
+            .len(),
+        3
+    );
 
     store
         .delete(&key("mnist/test-00000.recordio"))

@@ -519,7 +519,9 @@ async fn store_outages_errors_and_stalls_pause_the_job_and_lose_nothing() {
     );
     server.heal().expect("end the errors");
 
-    // Held: requests wait, then are served.
+    // Held: requests wait, then are served (not handed back: the stall is shorter than a
+    // request's timeout).
+    let before_stall = handed_back(&p);
     server.stall_requests().expect("inject a stall");
     let held = crate::support::wait_until(Duration::from_secs(60), || async {
         server.fault_hits().1 > 0
@@ -532,6 +534,12 @@ async fn store_outages_errors_and_stalls_pause_the_job_and_lose_nothing() {
 
     let (r, _) =
         succeeded_losing_nothing(&mut p, &report, "the job under the store's faults").await;
+    assert_eq!(
+        handed_back(&p),
+        before_stall,
+        "a request held by the stall was handed back, not served:\n{}",
+        p.log_with_roles(30)
+    );
     let (_, accuracy) = metric(&r);
     assert!(accuracy >= 0.90, "held-out accuracy {accuracy}: {r}");
     eprintln!(

@@ -310,9 +310,12 @@ fn rss(pid: u32) -> u64 {
 /// A peer without the job's token offers 900 MB on 8 concurrent gRPC streams and 900
 /// MB on 8 bulk connections: every push is refused, and the pserver's memory stays flat
 /// (the body is never read past HTTP/2's windows, the bulk path stops at the hello and
-/// closes the connection). What the peer gets in is measured on the bulk path: it writes
-/// until the close, and only the kernel's buffers take anything (0 to 3 MiB of each
-/// 112 MB here). The same pserver then serves a client with the token.
+/// closes the connection). The witness that the bulk flood reached the pserver: it is
+/// stopped (SIGSTOP) while the 8 connections flood, until its sockets hold at least
+/// 16 KiB of each beyond the hellos (the kernel's receive queues, read from
+/// `/proc/net/tcp`); it then resumes with all of it waiting, refuses each hello and
+/// closes, and the queued bytes go with the connections, unread. The same pserver then
+/// serves a client with the token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unauthenticated_peer_offering_900_mb_leaves_pserver_memory_flat() {
     use edl_proto::pserver::{self as pb, parameter_server_client::ParameterServerClient};
@@ -384,7 +387,15 @@ async fn an_unauthenticated_peer_offering_900_mb_leaves_pserver_memory_flat() {
     }
     assert_eq!(refused, STREAMS);
 
-    // The bulk path: a hello with a wrong token, then the bytes anyway.
+    // The bulk path: a hello with a wrong token, then the bytes anyway, to a pserver
+    // stopped until they reached its sockets.
+    let port: u16 = addr
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the pserver's port");
+    let idle = edl_testkit::unread_at(port);
+    _ps.signal("STOP");
     let mut bulk = Vec::new();
     for _ in 0..STREAMS {
         let addr = addr.clone();
@@ -415,6 +426,20 @@ async fn an_unauthenticated_peer_offering_900_mb_leaves_pserver_memory_flat() {
             (answered && u32::from_le_bytes(status) == 1, sent)
         }));
     }
+    // The flood reached the pserver: beyond the hellos (under 100 bytes each), at least
+    // 16 KiB of each connection waits in its sockets (loopback queues far more with the
+    // default buffers; a hello alone is far less).
+    const FLOOR: u64 = STREAMS as u64 * (16 << 10);
+    let reached = wait_until(Duration::from_secs(30), || async {
+        edl_testkit::unread_at(port) >= idle + FLOOR
+    })
+    .await;
+    let queued = edl_testkit::unread_at(port).saturating_sub(idle);
+    _ps.signal("CONT");
+    assert!(
+        reached,
+        "only {queued} bytes of the bulk flood reached the stopped pserver's sockets"
+    );
     let mut sent_total = 0;
     for b in bulk {
         let (refused_hello, sent) = tokio::time::timeout(Duration::from_secs(60), b)
@@ -433,11 +458,20 @@ async fn an_unauthenticated_peer_offering_900_mb_leaves_pserver_memory_flat() {
         );
         sent_total += sent;
     }
-    // The positive witness is each refused hello above: the pserver read it and closed
-    // the connection. How much of the flood the kernel took before the close depends on
-    // how soon the pserver ran (0 to 22 MiB here: 0 when it ran at once, on a busy
-    // machine too), so it is reported, not bounded below.
-    eprintln!("bulk flood: {sent_total} bytes written before the pserver closed");
+    // What waited in its sockets went with the connections, unread.
+    let dropped = wait_until(Duration::from_secs(10), || async {
+        edl_testkit::unread_at(port) <= idle
+    })
+    .await;
+    assert!(
+        dropped,
+        "{} bytes of the flood still wait in the pserver's sockets",
+        edl_testkit::unread_at(port)
+    );
+    eprintln!(
+        "bulk flood: {queued} bytes queued at the stopped pserver, {sent_total} written \
+         before it closed"
+    );
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let (sampled, samples) = sampler.await.expect("sampler");
     assert!(samples > 10, "the flood was sampled {samples} times");

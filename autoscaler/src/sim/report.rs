@@ -398,11 +398,30 @@ mod tests {
         assert!(!day[1].met, "1.20x the bound: {:?}", day[1]);
         assert_eq!(day[2].what, "edl JCT <= 0.92 x EDL JCT");
         assert!(day[2].met, "{:?}", day[2]);
-        // Pending equal but for the last bits of the sums: met; a tenth of a second
-        // more: not.
-        let same = summary("edl", 180.0, 20.0 + 1e-9);
-        assert!(goals(&none, &paddle, &same, None)[0].met);
-        let more = summary("edl", 180.0, 20.1);
-        assert!(!goals(&none, &paddle, &more, None)[0].met);
+        // Pending within PENDING_TOLERANCE (0.05 s, half the printed precision) of
+        // EDL's: met; past it: not. One case on each side of the tolerance.
+        let within = summary("edl", 180.0, 20.04);
+        assert!(goals(&none, &paddle, &within, None)[0].met);
+        let past = summary("edl", 180.0, 20.06);
+        assert!(!goals(&none, &paddle, &past, None)[0].met);
+    }
+
+    /// The mean over seeds' pending goal ties within the same tolerance.
+    #[test]
+    fn seed_goals_tie_pending_within_the_tolerance() {
+        let with = |edl_pending: f64| {
+            let mut r = row(1, 200.0, 150.0);
+            r.edl.pending_avg = edl_pending;
+            seed_goals(&[r])
+        };
+        let pending = |goals: &[Goal]| {
+            goals
+                .iter()
+                .find(|g| g.what.contains("pending"))
+                .expect("a pending goal")
+                .met
+        };
+        assert!(pending(&with(20.04)), "within 0.05 s of EDL's 20 s");
+        assert!(!pending(&with(20.06)), "past 0.05 s of EDL's 20 s");
     }
 }

@@ -334,4 +334,32 @@ mod tests {
         );
         assert_eq!(published("Tiresias", "workload-9", 1.0), None);
     }
+
+    /// The workloads' pending goal ties within `PENDING_TOLERANCE` too: one case on each
+    /// side of it.
+    #[test]
+    fn the_pending_goal_ties_within_the_tolerance() {
+        let pending_goal = |edl_pending: f64| {
+            let mut edl = summary("edl", 800.0);
+            edl.pending_avg = edl_pending;
+            let run = Run {
+                workload: "workload-1".to_owned(),
+                load: 1.0,
+                seed: 1,
+                summaries: vec![
+                    summary("none", 5000.0),
+                    summary("EDL", 1000.0),
+                    summary("Tiresias", 900.0),
+                    edl,
+                ],
+            };
+            goals(&rows(&[run]))
+                .into_iter()
+                .find(|g| g.what.contains("pending"))
+                .expect("a pending goal")
+                .met
+        };
+        assert!(pending_goal(10.04), "within 0.05 s of EDL's 10 s");
+        assert!(!pending_goal(10.06), "past 0.05 s of EDL's 10 s");
+    }
 }

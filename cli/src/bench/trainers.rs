@@ -83,8 +83,11 @@ impl Seen {
 pub struct Counts {
     /// Trainers that joined.
     pub joined: AtomicU64,
-    /// Tasks acknowledged.
+    /// Tasks acknowledged, the master applying the acknowledgement.
     pub tasks: AtomicU64,
+    /// Acknowledgements answered as already applied (a retry whose first answer was
+    /// lost, in a failover say).
+    pub repeated: AtomicU64,
     /// Acknowledgements refused as stale (the task was taken away meanwhile).
     pub stale: AtomicU64,
 }
@@ -199,7 +202,8 @@ pub async fn run(n: usize, s: Shared, stop: CancellationToken) -> anyhow::Result
             .finished(&t.task, t.records.len() as u64, &answered)
             .await
         {
-            Ok(_) => s.counts.tasks.fetch_add(1, Ordering::Relaxed),
+            Ok(true) => s.counts.tasks.fetch_add(1, Ordering::Relaxed),
+            Ok(false) => s.counts.repeated.fetch_add(1, Ordering::Relaxed),
             Err(e) if e.is_stale() => s.counts.stale.fetch_add(1, Ordering::Relaxed),
             Err(e) => break Err(anyhow::Error::from(e).context(format!("{id} acknowledges"))),
         };

@@ -1,5 +1,6 @@
-//! The actor on the in-memory backend, driven through its handle (no gRPC, no
-//! followers: the test delivers what the followers would, when it chooses).
+//! The actor on the in-memory backend (and on a real etcd where the issue is what etcd
+//! returns), driven through its handle (no gRPC, no followers: the test delivers what
+//! the followers would, when it chooses).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +36,19 @@ fn first_start(shard: u32, incarnation: u64) -> RestoreRecord {
 /// the queue back to pass 0: the whole job trained again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_is_applied_before_any_acknowledgement_through_its_incarnation() {
-    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
+    restore_before_its_acknowledgements(Arc::new(MemBackend::new())).await;
+}
+
+/// The same on a real etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_is_applied_before_any_acknowledgement_on_real_etcd() {
+    let etcd = edl_testkit::EtcdCluster::start(1)
+        .await
+        .expect("start etcd");
+    restore_before_its_acknowledgements(etcd.connect().await.expect("connect to etcd")).await;
+}
+
+async fn restore_before_its_acknowledgements(backend: Arc<dyn Backend>) {
     let keys = JobKeys::new(&JobName::new("core").unwrap());
     let key = format!("{}master/election/x", keys.root());
     let revision = backend.put(&key, b"x".to_vec(), None).await.unwrap();

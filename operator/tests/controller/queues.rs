@@ -202,5 +202,17 @@ async fn a_volcano_job_gets_its_pod_group_before_its_pods() {
         .filter(|a| a.resource == "podgroups" && a.verb == "create")
         .count();
     assert_eq!(creates, 1, "the PodGroup is made once");
+    // Before its pods: the operator's first PodGroup create comes before its first pod
+    // create (the scheduler must find the group a pod names).
+    let first = |resource: &str| {
+        accesses
+            .iter()
+            .position(|a| a.resource == resource && a.verb == "create")
+    };
+    let (group, pod) = (first("podgroups"), first("pods"));
+    assert!(
+        matches!((group, pod), (Some(g), Some(p)) if g < p),
+        "the PodGroup (create #{group:?}) before any pod (create #{pod:?})"
+    );
     check_rbac(&accesses, &|r, _| !volcano_rule(r));
 }
