@@ -1,8 +1,9 @@
 """`edl run` jobs for the benchmark scripts: scripts/bench-peer's job spec, and one run
 timed as bench-peer times it (steady samples/s from the trainers' reports, from-spawn
-samples/s, CPU per 1,000 samples, bytes on the loopback of a network namespace).
-Standard library only."""
+samples/s, CPU per 1,000 samples, bytes on the loopback of a network namespace, and
+what was evaluated). Standard library only."""
 
+import ctypes
 import glob
 import json
 import os
@@ -14,16 +15,23 @@ import time
 EPOCHS = 3
 
 def edl_spec(edl_dir, mode, trainers, per_push="adaptive", replicas=1, chunks=0, hidden=(256,),
-             passes=EPOCHS):
+             passes=EPOCHS, test=None):
+    """The harness's mlp job as an edl spec in `edl_dir`; `test`: the glob of a test split
+    there (then every trainer evaluates it before its first step and at every pass end,
+    and `edl run` once more at the end), or None (no evaluation until `edl run`'s final
+    one, on the training split)."""
     wide = "" if list(hidden) == [256] else "-h" + "x".join(map(str, hidden))
-    path = os.path.join(edl_dir, f"job-{mode}-{trainers}-{per_push}-r{replicas}-c{chunks}{wide}.toml")
+    held = "-t" if test else ""
+    test_lines = f'test = "{test}"\n' if test else ""
+    eval_batch = "eval_batch_size = 1024\n" if test else ""
+    path = os.path.join(edl_dir, f"job-{mode}-{trainers}-{per_push}-r{replicas}-c{chunks}{wide}{held}.toml")
     with open(path, "w") as f:
         f.write(f"""# written by scripts/bench_peer.py: the harness's mlp job
-name = "peer-mlp-{mode}-{trainers}-{per_push}-r{replicas}{wide}"
+name = "peer-mlp-{mode}-{trainers}-{per_push}-r{replicas}{wide}{held}"
 
 [data]
 train = "mlp-*.recordio"
-chunks_per_task = {chunks}
+{test_lines}chunks_per_task = {chunks}
 
 [model]
 kind = "mlp"
@@ -40,7 +48,7 @@ batch_size = 64
 optimizer = "sgd"
 learning_rate = 0.05
 batches_per_push = {json.dumps(per_push)}
-
+{eval_batch}
 [cluster]
 masters = 1
 pservers = 1
@@ -54,6 +62,44 @@ def children_cpu():
     """User+system CPU seconds of every waited-for descendant so far."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
+
+
+_SUBREAPER = False
+
+
+def become_subreaper():
+    """Makes this process the child subreaper of what it runs (Linux prctl): a process of
+    a run whose parent exits first (Paddle's gloo store, forked by its pserver and killed
+    by the launcher) is reparented here instead of to init, and `reap_orphans` waits for
+    it, so that its CPU counts in `children_cpu`. Only for a caller whose children are
+    all runs (not scripts/bench_storage.py's long-lived S3 server). Returns whether it
+    took effect."""
+    global _SUBREAPER
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        _SUBREAPER = libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        _SUBREAPER = False
+    return _SUBREAPER
+
+
+def reap_orphans(grace_s=2.0):
+    """After a run: waits for its orphans (see `become_subreaper`), up to `grace_s` for
+    one still exiting. Returns how many it waited for (None: not a subreaper)."""
+    if not _SUBREAPER:
+        return None
+    end, reaped = time.time() + grace_s, 0
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid:
+            reaped += 1
+        elif time.time() > end:
+            return reaped
+        else:
+            time.sleep(0.05)
 
 
 def netns(a, cmd, net_file):
@@ -78,14 +124,19 @@ def net_bytes(net_file):
 
 
 def run_edl(a, edl_dir, mode, trainers, tag, per_push="adaptive", replicas=1, chunks=0,
-            hidden=(256,), passes=EPOCHS):
-    spec = edl_spec(edl_dir, mode, trainers, per_push, replicas, chunks, hidden, passes)
+            hidden=(256,), passes=EPOCHS, test=None):
+    spec = edl_spec(edl_dir, mode, trainers, per_push, replicas, chunks, hidden, passes, test)
     return run_edl_spec(a, spec, tag)
 
 
 def run_edl_spec(a, spec, tag, per_record=1.0, cpus=None):
     """`edl run SPEC`; samples are records times `per_record` (word2vec: pairs); with
-    `cpus` (a taskset list, "0"), the job and every process it starts run on those only."""
+    `cpus` (a taskset list, "0"), the job and every process it starts run on those only.
+
+    The windows (bench-peer's, the same for Paddle's rows): from `edl run`'s spawn (t0),
+    the first trainer's first step and the last trainer's last step (the trainers'
+    reports). `evals`: per trainer, "I+N": I evaluations of the test split before its
+    first step, N at pass ends; `split`: what `edl run`'s final evaluation used."""
     run_dir = os.path.join(a.work, "runs", tag)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(os.path.dirname(run_dir), exist_ok=True)
@@ -98,7 +149,9 @@ def run_edl_spec(a, spec, tag, per_record=1.0, cpus=None):
     p = subprocess.run(netns(a, cmd, net_file),
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                        timeout=a.timeout, env=dict(os.environ, NET_FILE=net_file))
-    wall, cpu = time.time() - t0, children_cpu() - cpu0
+    wall = time.time() - t0
+    orphans = reap_orphans()
+    cpu = children_cpu() - cpu0
     try:
         r = json.load(open(report))
     except (OSError, ValueError):
@@ -122,4 +175,8 @@ def run_edl_spec(a, spec, tag, per_record=1.0, cpus=None):
         "first": min(firsts) - t0,
         "loss": m.get("loss"),
         "acc": m["value"] if m["name"] == "accuracy" else None,
+        "split": m.get("split"),
+        "evals": sorted(f"{1 if t.get('initial_eval') else 0}+{len(t.get('evals') or [])}" for t in trs),
+        # Processes of the run that outlived their parent, waited for here (their CPU counts).
+        "orphans": orphans,
     }

@@ -11,9 +11,11 @@ logits, mean softmax cross-entropy, plain SGD. As in ps_w2v.py the sparse table 
 to use plain SGD at the rate divided by the batch size (Paddle's trainers scale sparse
 gradients by it), its rows starting uniform in +-0.01 as edl's.
 
-Evaluation after each epoch: the dense parameters are pulled from the pservers, the
-sparse table saved by them (fleet.save_persistables) and read back, and the held-out
-loss and accuracy computed in numpy.
+Evaluation before the first step and after each epoch: the dense parameters are pulled
+from the pservers, the sparse table saved by them (fleet.save_persistables) and read
+back, and the held-out loss and accuracy computed in numpy. Before the first step the
+table has no rows (a row is created when first pulled): it reads as zeros, where edl's
+rows start uniform in +-0.01, so the initial figures differ slightly for the same work.
 """
 import os
 import sys
@@ -72,7 +74,7 @@ def evaluate(e):
     dense = [p.name for p in e.program.all_parameters() if p.name.startswith("fc_")]
     P = {k: np.array(e.scope.find_var(k).get_tensor()) for k in dense}
     emb, found = read_sparse(e.saved, 0, m["vocab"], m["dim"])
-    if not found:
+    if not found and not e.initial:
         raise SystemExit(f"ps_ctr: no sparse rows found under {e.saved}")
     loss, acc = heldout(P, emb, e.data_dir, len(m["hidden"]) + 1)
     return loss, {"eval_accuracy": acc}

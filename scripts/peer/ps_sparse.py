@@ -1,13 +1,20 @@
 """What scripts/peer/ps_w2v.py and ps_ctr.py share: a model with sparse tables trained
 on Paddle 2.6.2's parameter server (fleet PS, "the_one_ps", async) under the harness's
 launcher (bench_launch.py --script ... --model NAME), speaking the harness's event
-protocol (ready, first_step, epoch, done) through its own `emit`.
+protocol (ready, first_step, epoch, done; and heldout_eval) through its own `emit`.
 
 `run(name, build, tables, evaluate)`:
 - `build(paddle, meta)` -> (feed variables, loss);
 - `tables(meta, batch)` -> `fleet_desc_configs` for the sparse tables;
 - `evaluate(Eval)` -> (held-out loss, extra fields of the `epoch` event), after the
   pservers saved the sparse tables into `Eval.saved`.
+
+Every trainer evaluates the held-out set once before its first step (as edl's trainers
+evaluate their test split; `Eval.initial`: no sparse row exists yet, the tables read as
+zeros) and once after each epoch. Each evaluation is the save (fleet.save_persistables:
+two barriers of all trainers, the first trainer asking the pservers to write), the read
+back and the numpy forward pass, timed together (`eval_s`) and reported by a
+`heldout_eval` event.
 
 The data is `$data_dir/NAME/part-I-of-N.txt` (MultiSlot text) and its `meta.json`, as
 scripts/peer/w2v.py and ctr.py write them.
@@ -56,6 +63,7 @@ class Eval:
     scope: object
     program: object
     fleet: object
+    initial: bool = False  # before the first step: the sparse tables have no rows yet
 
 
 def pull_dense(fleet):
@@ -112,6 +120,21 @@ def run(name, build, tables, evaluate):
     emit("ready", import_s=t_import - ps_train.T_PROC, load_s=load_s, since_t0=time.time() - ps_train.T0,
          shard=n, batches=nb)
 
+    eval_set = os.path.join(args.data_dir, name, "heldout.npz")
+
+    def held_out(tag, initial=False):
+        """The save, the read back and the evaluation: (loss, extra fields, seconds)."""
+        t = time.time()
+        saved = os.path.join(args.data_dir, f"{name}-saved-{tag}")
+        fleet.save_persistables(exe, saved, main_prog)  # every trainer calls it (a barrier)
+        save_s = time.time() - t
+        ev, extra = evaluate(Eval(m, args.data_dir, saved, paddle.static.global_scope(), main_prog, fleet,
+                                  initial=initial))
+        s = time.time() - t
+        emit("heldout_eval", eval_loss=ev, eval_s=s, save_s=save_s, eval_set=eval_set, **extra)
+        return ev, extra, s
+
+    loss0, _, _ = held_out("init", initial=True)
     epoch_times, losses = [], []
     t_train0 = time.time()
     for ep in range(args.epochs):
@@ -121,12 +144,10 @@ def run(name, build, tables, evaluate):
         epoch_times.append(dt)
         if ep == 0:
             emit("first_step", since_t0=(te - ps_train.T0) + dt / nb, approx="epoch0/batches")
-        saved = os.path.join(args.data_dir, f"{name}-saved-{ep}")
-        fleet.save_persistables(exe, saved, main_prog)  # every trainer calls it (a barrier)
-        ev, extra = evaluate(Eval(m, args.data_dir, saved, paddle.static.global_scope(), main_prog, fleet))
+        ev, extra, s = held_out(ep)
         losses.append(ev)
-        emit("epoch", epoch=ep, wall_s=dt, eval_loss=ev, samples=n, **extra)
-    emit("done", train_s=time.time() - t_train0, epoch_times=epoch_times, epoch_losses=losses, loss0=None,
+        emit("epoch", epoch=ep, wall_s=dt, eval_loss=ev, eval_s=s, eval_set=eval_set, samples=n, **extra)
+    emit("done", train_s=time.time() - t_train0, epoch_times=epoch_times, epoch_losses=losses, loss0=loss0,
          samples=n * args.epochs, train_only_s=sum(epoch_times))
     fleet.stop_worker()
     emit("stopped")

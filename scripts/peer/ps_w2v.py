@@ -17,10 +17,12 @@ Data ($data_dir/w2v/part-I-of-N.txt, written by scripts/peer/w2v.py): one (centr
 context, negatives) pair a line in MultiSlot text, "1 c 1 o K n1 .. nK", the same pairs
 edl's trainers make from the same sentences (window, sampler). A batch is --batch pairs.
 
-Evaluation: after each epoch every trainer calls fleet.save_persistables (the pservers
-write the sparse tables; a barrier of all trainers), reads them back and computes the
-mean loss of the held-out pairs ($data_dir/w2v/heldout.npz) in numpy: the same figure
-from each trainer.
+Evaluation: before the first step and after each epoch every trainer calls
+fleet.save_persistables (the pservers write the sparse tables; a barrier of all
+trainers), reads them back and computes the mean loss of the held-out pairs
+($data_dir/w2v/heldout.npz) in numpy: the same figure from each trainer. Before the
+first step no row exists yet (rows are created when first pulled): the tables read as
+zeros, and the loss is 6 ln 2 as edl's (its `emb_out` starts at zero).
 """
 import os
 import sys
@@ -83,7 +85,7 @@ def evaluate(e):
     m = e.meta
     emb_in, n_in = read_sparse(e.saved, 0, m["vocab"], m["dim"])
     emb_out, n_out = read_sparse(e.saved, 1, m["vocab"], m["dim"])
-    if not (n_in and n_out):
+    if not (n_in and n_out) and not e.initial:
         raise SystemExit(f"ps_w2v: no sparse rows found under {e.saved}")
     return heldout_loss({"emb_in": emb_in, "emb_out": emb_out}, e.data_dir), {}
 
