@@ -26,7 +26,8 @@
 //!   of the new primary's (a different stream, or longer than `seq_base`) is sent a
 //!   snapshot;
 //! - **a joiner counts only once caught up**: it is moved into the in-sync set only when
-//!   it confirmed every op acknowledged, and from the proposal on it is waited for;
+//!   it confirmed every op acknowledged (and the snapshot it was sent, if one), and from
+//!   the proposal on it is waited for;
 //! - **no acknowledgement after a takeover**: a primary acknowledges only while its own
 //!   lease deadline is ahead (a successor needs the lease gone);
 //! - a restore from a checkpoint (a new incarnation) is written only when no replica

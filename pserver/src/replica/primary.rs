@@ -389,6 +389,10 @@ impl Replica {
                 dropped.insert(j.clone());
             } else if let Some(q) = peer
                 && q.streaming
+                // A snapshot sent and not confirmed: its `confirmed` predates the state
+                // the joiner is being given (with nothing acknowledged yet it would look
+                // caught up while holding nothing).
+                && q.snapshot_at.is_none()
                 && q.confirmed >= p.acked.max(committed).max(p.base)
                 && q.confirmed + CATCH_UP_SLACK >= self.applied
             {

@@ -231,3 +231,46 @@ fn an_op_taken_in_while_the_lease_is_uncertain_is_acknowledged_once_it_is_confir
         );
     }
 }
+
+/// A joiner counts as in sync only once it confirmed the snapshot it was sent, not when
+/// the snapshot left: in a freshly restored group (nothing acknowledged yet) a joiner
+/// moved in on the sending alone would, once the primary died, neither take over (it
+/// holds no state) nor let a restore through (an in-sync backup lives): the group would
+/// never serve again (found by the property test).
+#[test]
+fn a_joiner_is_in_sync_only_once_it_confirmed_its_snapshot() {
+    let mut w = World::new(cfg(2));
+    let p = w.start();
+    w.watch(&p, true);
+    w.restore(&p);
+    w.watch(&p, true);
+    assert_eq!(w.primary(), p);
+    let j = w.start();
+    // The primary recruits the new member, which asks and is sent a snapshot.
+    w.watch(&p, true);
+    w.watch(&p, true);
+    w.watch(&j, true);
+    drain(&mut w, &j, &p);
+    assert!(w.record().unwrap().joining.contains(&j), "{:?}", w.record());
+    // Witness: the snapshot is on its way, not delivered.
+    assert!(
+        w.net
+            .get(&(p.clone(), j.clone()))
+            .is_some_and(|q| q.iter().any(|(m, _)| matches!(m, Msg::Snapshot { .. })))
+    );
+    for _ in 0..3 {
+        w.advance(100);
+        w.watch(&p, true);
+    }
+    assert!(
+        !w.record().unwrap().backups.contains(&j),
+        "moved in before it confirmed its snapshot: {:?}",
+        w.record()
+    );
+    // Once it installed and confirmed the snapshot, it is moved in.
+    drain(&mut w, &p, &j);
+    drain(&mut w, &j, &p);
+    w.advance(100);
+    w.watch(&p, true);
+    assert!(w.record().unwrap().backups.contains(&j), "{:?}", w.record());
+}

@@ -19,7 +19,7 @@
 //! later (it waits for their outcome).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -86,6 +86,9 @@ struct Applied {
 /// One shard's replica in this process.
 #[derive(Debug)]
 pub struct Replication {
+    /// This replica itself, for the op stream its shard holds (which must not keep it
+    /// alive).
+    this: Weak<Replication>,
     me: String,
     index: u32,
     shard: Arc<Shard>,
@@ -98,7 +101,9 @@ pub struct Replication {
     outbox: Mutex<HashMap<String, mpsc::UnboundedSender<(Msg, Bytes)>>>,
     jobs: mpsc::UnboundedSender<Job>,
     acked: watch::Sender<Acked>,
-    /// The epoch whose primary's shard has this replica's stream.
+    /// The epoch whose primary's shard has this replica's stream: set in the same step
+    /// (`run`) that makes this replica primary, before its role is published, so that
+    /// no op of a primary's shard is applied without its place in the stream.
     streamed: Mutex<Option<u64>>,
     /// The seq of each recent sync step's op (the pushes of a step wait for it).
     step_seqs: Mutex<BTreeMap<u64, Seq>>,
@@ -143,7 +148,8 @@ impl Replication {
             stall,
         } = links;
         let (jobs, jobs_rx) = mpsc::unbounded_channel();
-        let r = Arc::new(Replication {
+        let r = Arc::new_cyclic(|this| Replication {
+            this: this.clone(),
             index: shard.index(),
             replicas: cfg.replicas,
             duties: Mutex::default(),
@@ -237,9 +243,14 @@ impl Replication {
 
     /// The op stream of this replica's shard when it is primary: each op gets its place
     /// and its bytes are logged.
-    pub fn op_stream(self: &Arc<Self>) -> OpStream {
-        let me = self.clone();
-        OpStream(Arc::new(move |op| me.order(op)))
+    fn op_stream(&self) -> OpStream {
+        let me = self.this.clone();
+        OpStream(Arc::new(move |op| match me.upgrade() {
+            Some(me) => me.order(op),
+            None => Err(PsError::NotServing(
+                "the shard's replication stopped".into(),
+            )),
+        }))
     }
 
     /// Gives `op` its place in the stream (refused unless primary with its lease held).
@@ -472,6 +483,7 @@ impl Replication {
                 }
             }
         }
+        self.stream_when_primary(m);
         let role = m.role();
         self.roles
             .send_if_modified(|r| std::mem::replace(r, role) != role);
@@ -550,7 +562,6 @@ impl Replication {
                 }
             }
             self.follow_primary(&mut upstream);
-            self.stream_when_primary();
         }
         if let Some((_, stop)) = upstream {
             stop.cancel();
@@ -558,8 +569,8 @@ impl Replication {
     }
 
     /// A primary's shard hands its ops to the stream.
-    fn stream_when_primary(self: &Arc<Self>) {
-        let primary = lock(&self.machine).primary_epoch();
+    fn stream_when_primary(&self, m: &Replica) {
+        let primary = m.primary_epoch();
         let mut streamed = lock(&self.streamed);
         if primary.is_some() && *streamed != primary {
             self.shard.set_stream(self.op_stream());
