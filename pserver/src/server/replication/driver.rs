@@ -30,9 +30,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::record::{GroupStore, Proposed};
+use jobs::Job;
+
+use super::record::GroupStore;
 use crate::error::PsError;
-use crate::replica::{Effect, Guard, Millis, Msg, NotPrimary, Replica, ReplicaConfig, Role, Seq};
+use crate::replica::{Effect, Millis, Msg, NotPrimary, Replica, ReplicaConfig, Role, Seq};
 use crate::shard::{OpStream, Shard, ShardCore, ShardOp, lock};
 
 /// Most bytes of ops kept for backups that fall behind (older ones go by snapshot). Ops
@@ -51,20 +53,6 @@ struct Acked {
     upto: Seq,
     /// The ops from this one on will not be acknowledged here (stepped down).
     failed_from: Option<Seq>,
-}
-
-/// Work the driver task does off the machine's lock.
-#[derive(Debug)]
-enum Job {
-    Propose {
-        expect_change: u64,
-        record: GroupRecord,
-        guard: Guard,
-    },
-    Snapshot {
-        to: String,
-        epoch: u64,
-    },
 }
 
 /// The ops' bytes kept for backups, by seq.
@@ -606,79 +594,6 @@ impl Replication {
         );
         *upstream = Some((primary, stop));
     }
-    /// Carries out a job of the driver.
-    async fn job(self: Arc<Self>, job: Job) {
-        match job {
-            Job::Propose {
-                expect_change,
-                record,
-                guard,
-            } => {
-                let outcome = self.store.propose(expect_change, &record, &guard).await;
-                let now = self.now();
-                let mut m = lock(&self.machine);
-                let fx = match outcome {
-                    Proposed::Written(r) => m.observe(now, r),
-                    Proposed::Refused(r) => {
-                        // Refused at the change it expected: the guard failed, it did not
-                        // land. Past it: the record read back settles the proposal (it
-                        // may be this one, landed by an attempt whose answer was lost).
-                        let moved_on = r.as_ref().is_some_and(|r| r.change > expect_change);
-                        let mut fx = if moved_on {
-                            Vec::new()
-                        } else {
-                            m.refused(now, &record)
-                        };
-                        if let Some(r) = r {
-                            fx.extend(m.observe(now, r));
-                        }
-                        fx
-                    }
-                    Proposed::Unknown(e) => {
-                        tracing::warn!(shard = self.index, error = %e, "group record write not confirmed; sending it again");
-                        let me = self.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                            // Only while it is still the proposal not settled.
-                            if lock(&me.machine).proposal() == Some(&record) {
-                                let _ = me.jobs.send(Job::Propose {
-                                    expect_change,
-                                    record,
-                                    guard,
-                                });
-                            }
-                        });
-                        Vec::new()
-                    }
-                };
-                self.run(&mut m, fx, None);
-            }
-            Job::Snapshot { to, epoch } => {
-                let me = self.clone();
-                let taken = tokio::task::spawn_blocking(move || {
-                    let core = me.shard.core()?;
-                    // Taken between two ops: every op given a place is applied.
-                    core.replica_snapshot(|| lock(&me.machine).last_assigned().unwrap_or(0))
-                })
-                .await;
-                let (bytes, seq) = match taken {
-                    Ok(Ok(x)) => x,
-                    Ok(Err(e)) => {
-                        tracing::debug!(shard = self.index, %to, error = %e, "no snapshot for a joiner yet");
-                        lock(&self.machine).snapshot_failed(&to);
-                        return;
-                    }
-                    Err(_) => return,
-                };
-                let mut m = lock(&self.machine);
-                if let Some(tx) = lock(&self.outbox).get(&to) {
-                    let _ = tx.send((Msg::Snapshot { epoch, seq }, bytes));
-                }
-                let fx = m.snapshot_sent(self.now(), &to, seq);
-                self.run(&mut m, fx, None);
-            }
-        }
-    }
 }
 
 /// A member id for a process holding a replica of shard `index`: `<index>-<pid>-<random>`
@@ -719,6 +634,7 @@ pub struct Upstream {
     pub tls: Option<edl_proto::tls::Tls>,
 }
 
+mod jobs;
 mod peers;
 
 pub use peers::{replicate_frame, replicate_header};
