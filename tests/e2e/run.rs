@@ -580,7 +580,7 @@ async fn preempted_healthy_trainers_are_restarted_without_spending_the_budget() 
 async fn bad_specs_missing_data_and_unreachable_etcd_are_one_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     type Edit = Box<dyn Fn(String) -> String>;
-    let cases: [(&str, Edit, Vec<&str>, &str); 5] = [
+    let cases: [(&str, Edit, Vec<&str>, &str); 6] = [
         (
             "unknown key",
             Box::new(|s: String| s.replace("batch_size = 20", "batch_size = 20\nbatch_sise = 3")),
@@ -623,6 +623,14 @@ async fn bad_specs_missing_data_and_unreachable_etcd_are_one_clear_error() {
             vec!["--etcd", "http://127.0.0.1:1"],
             "cannot reach etcd",
         ),
+        (
+            // This build has no CUDA (or this machine no GPU, docs/gpu.md): refused
+            // before any process starts, instead of trainers crash-looping on it.
+            "no usable GPU",
+            Box::new(|s: String| s),
+            vec!["--device", "cuda:0"],
+            "--device cuda:0: ",
+        ),
     ];
     for (i, (what, edit, extra, needle)) in cases.into_iter().enumerate() {
         let root = dir.path().join(format!("case{i}"));
@@ -648,7 +656,13 @@ async fn bad_specs_missing_data_and_unreachable_etcd_are_one_clear_error() {
                 errors[0]
             );
         }
-        if what != "unreachable etcd" {
+        if what == "no usable GPU" {
+            assert!(
+                std::fs::metadata(root.join("examples/fit_a_line/edl-runs"))
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound),
+                "{what}: refused before the run directory was made"
+            );
+        } else if what != "unreachable etcd" {
             assert!(
                 errors[0].contains("job.toml"),
                 "{what}: names the file: {}",

@@ -1,16 +1,19 @@
 //! Choosing the compute device: `auto`, `cpu` or `cuda:N`.
 //!
 //! The default build has no CUDA code at all: `auto` is the CPU and `cuda:N` is a clear
-//! error. With the `cuda` feature, CUDA is used only after a probe: the NVIDIA driver must
-//! be loaded (`/proc/driver/nvidia/version`) and `libcuda.so.1` must be present in a
-//! library directory, because cudarc's dynamic loader panics when the library is
-//! missing. Device creation itself runs under `catch_unwind` as a last line of defence,
-//! so a machine without a usable GPU gets an error (or the CPU for `auto`), never a panic.
+//! error. A build with the `cuda` feature links no CUDA library (candle's CUDA crates are
+//! patched to load them at run time, third_party/README.md), so it starts on any machine;
+//! CUDA is used only after a probe: the NVIDIA driver must be loaded
+//! (`/proc/driver/nvidia/version`) and the driver, cuBLAS and cuRAND libraries must load,
+//! because cudarc's loader panics on a missing library. Where the probe fails, `auto`
+//! says once why it trains on the CPU and `cuda:N` is one error naming what is missing.
+//! Device creation itself runs under `catch_unwind` as a last line of defence, so a
+//! machine without a usable GPU gets an error (or the CPU for `auto`), never a panic.
 
 use std::fmt;
 use std::str::FromStr;
 
-use candle_core::Device;
+use candle_core::{Device, DeviceLocation};
 
 use crate::error::{Error, Result};
 
@@ -53,69 +56,88 @@ impl fmt::Display for DeviceChoice {
     }
 }
 
-/// A short name of a device for logs and metrics (`cpu`, `cuda:0`).
+/// A short name of a device for logs, metrics and reports (`cpu`, `cuda:0`).
 pub fn device_name(device: &Device) -> String {
-    match device {
-        Device::Cpu => "cpu".into(),
-        Device::Cuda(_) => "cuda".into(),
-        Device::Metal(_) => "metal".into(),
+    match device.location() {
+        DeviceLocation::Cpu => "cpu".into(),
+        DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
     }
 }
 
 /// Whether this build can use CUDA at all (the `cuda` feature).
 pub const CUDA_BUILD: bool = cfg!(feature = "cuda");
 
-/// Whether the NVIDIA driver and `libcuda.so.1` look present (without loading anything).
-pub fn cuda_driver_present() -> bool {
+/// Why CUDA cannot be used here, or `Ok` when the driver and the libraries candle needs
+/// are present (checked without creating a context).
+pub fn cuda_probe() -> std::result::Result<(), String> {
+    if !CUDA_BUILD {
+        return Err("this edl was built without CUDA support (build it with \
+                    `cargo build --release -p edl --features cuda`, docs/gpu.md)"
+            .into());
+    }
     if std::fs::metadata("/proc/driver/nvidia/version").is_err() {
-        return false;
+        return Err("no NVIDIA driver is loaded (no /proc/driver/nvidia/version)".into());
     }
-    let mut dirs: Vec<std::path::PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
-        .map(|v| std::env::split_paths(&v).collect())
-        .unwrap_or_default();
-    for d in [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-        "/usr/lib",
-        "/usr/local/cuda/lib64",
-        "/usr/local/cuda/compat",
-        "/usr/local/nvidia/lib64",
-        "/lib/x86_64-linux-gnu",
-    ] {
-        dirs.push(d.into());
+    let missing = missing_libraries();
+    if !missing.is_empty() {
+        return Err(format!(
+            "the CUDA libraries {} cannot be loaded: put the folders holding them on \
+             LD_LIBRARY_PATH (the driver installs libcuda.so.1; pip's nvidia-cublas and \
+             nvidia-curand wheels put the others under site-packages/nvidia/*/lib)",
+            missing.join(", ")
+        ));
     }
-    dirs.iter()
-        .any(|d| std::fs::metadata(d.join("libcuda.so.1")).is_ok())
+    Ok(())
 }
 
-/// Resolves a choice to a device, never panicking.
+/// The libraries candle's CUDA device needs that do not load (by cudarc's own lookup).
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+fn missing_libraries() -> Vec<&'static str> {
+    // SAFETY: each call only tries `dlopen` on the library's usual names (and closes
+    // it); loading NVIDIA's libraries runs no code of ours.
+    let present = unsafe {
+        [
+            ("libcuda", cudarc::driver::sys::is_culib_present()),
+            ("libcublas", cudarc::cublas::sys::is_culib_present()),
+            ("libcurand", cudarc::curand::sys::is_culib_present()),
+        ]
+    };
+    present
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(name, _)| name)
+        .collect()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn missing_libraries() -> Vec<&'static str> {
+    Vec::new()
+}
+
+/// Resolves a choice to a device, never panicking. In a CUDA build, `auto` on a machine
+/// where CUDA cannot be used says why once per process, then trains on the CPU.
 pub fn select_device(choice: DeviceChoice) -> Result<Device> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
         DeviceChoice::Auto => {
-            if CUDA_BUILD && cuda_driver_present() {
-                match open_cuda(0) {
-                    Ok(d) => return Ok(d),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a GPU looked present but cannot be used; training on the CPU")
-                    }
+            if !CUDA_BUILD {
+                return Ok(Device::Cpu);
+            }
+            match cuda_probe().and_then(|()| open_cuda(0).map_err(|e| e.to_string())) {
+                Ok(d) => Ok(d),
+                Err(why) => {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| {
+                        tracing::warn!("--device auto: training on the CPU: {why}");
+                    });
+                    Ok(Device::Cpu)
                 }
             }
-            Ok(Device::Cpu)
         }
         DeviceChoice::Cuda(n) => {
-            if !CUDA_BUILD {
-                return Err(Error::Device(format!(
-                    "device cuda:{n} asked for, but this edl was built without CUDA support \
-                     (rebuild with `--features cuda`)"
-                )));
-            }
-            if !cuda_driver_present() {
-                return Err(Error::Device(format!(
-                    "device cuda:{n} asked for, but no NVIDIA driver / libcuda.so.1 was found"
-                )));
-            }
+            cuda_probe().map_err(|why| Error::Device(format!("cannot use cuda:{n}: {why}")))?;
             open_cuda(n)
         }
     }
@@ -144,25 +166,32 @@ mod tests {
         assert!("gpu".parse::<DeviceChoice>().is_err());
         assert!("cuda:x".parse::<DeviceChoice>().is_err());
         assert_eq!(DeviceChoice::Cuda(2).to_string(), "cuda:2");
+        assert_eq!(device_name(&Device::Cpu), "cpu");
     }
 
     #[test]
     fn auto_and_cpu_never_fail() {
-        // Whatever this machine has, `auto` and `cpu` give a device without panicking.
+        // Whatever this machine has, `auto` and `cpu` give a device without panicking,
+        // and `auto` is the CPU exactly when the probe says CUDA cannot be used.
         assert!(select_device(DeviceChoice::Cpu).is_ok_and(|d| d.is_cpu()));
-        let auto = select_device(DeviceChoice::Auto);
-        assert!(auto.is_ok());
-        if !CUDA_BUILD || !cuda_driver_present() {
-            assert!(auto.is_ok_and(|d| d.is_cpu()));
+        let auto = select_device(DeviceChoice::Auto).expect("auto always gives a device");
+        if cuda_probe().is_err() {
+            assert!(auto.is_cpu());
         }
     }
 
     #[test]
-    fn cuda_without_support_is_an_error() {
-        if CUDA_BUILD && cuda_driver_present() {
+    fn cuda_without_support_is_one_error_naming_the_fix() {
+        let Err(why) = cuda_probe() else {
+            // A usable GPU: cuda:0 opens (the GPU check covers it, docs/gpu.md).
+            assert!(select_device(DeviceChoice::Cuda(0)).is_ok_and(|d| d.is_cuda()));
             return;
-        }
+        };
         let e = select_device(DeviceChoice::Cuda(0)).expect_err("no usable CUDA here");
-        assert!(e.to_string().contains("cuda:0"), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("cannot use cuda:0") && e.contains(&why), "{e}");
+        if !CUDA_BUILD {
+            assert!(e.contains("--features cuda"), "{e}");
+        }
     }
 }

@@ -186,7 +186,7 @@ mod tests;
 
 pub use app::{Trainer, main};
 pub use data::{check_split, load_records, load_samples};
-pub use device::{DeviceChoice, device_name, select_device};
+pub use device::{CUDA_BUILD, DeviceChoice, cuda_probe, device_name, select_device};
 pub use edl_job::model::{ModelSpec, NegativeSampler, Stats, StatsError, feature_stats};
 pub use edl_proto::sample::{Sample, sample::Label};
 pub use edl_pserver_client::OptimizerKind;

@@ -70,8 +70,35 @@ pub use report::{
     FailedTaskReport, FinalMetric, RUN_REPORT_VERSION, Recovery, RunReport, ScaleEvent,
 };
 
+/// `--device` for a built-in model, checked before anything starts, so that every
+/// trainer and the final evaluation get the same answer and it is said once: `cuda:N`
+/// where CUDA cannot be used is one error naming why; `auto` there is the CPU (said in
+/// a CUDA build, which could have used a GPU). An entry program's device is its own
+/// business (its framework's, `EDL_DEVICE` as given).
+fn resolve_device(
+    choice: edl_trainer::DeviceChoice,
+    entry: bool,
+) -> anyhow::Result<edl_trainer::DeviceChoice> {
+    use edl_trainer::DeviceChoice;
+    if entry || choice == DeviceChoice::Cpu {
+        return Ok(choice);
+    }
+    let Err(why) = edl_trainer::cuda_probe() else {
+        return Ok(choice);
+    };
+    match choice {
+        DeviceChoice::Cuda(n) => anyhow::bail!("--device cuda:{n}: {why}"),
+        _ => {
+            if edl_trainer::CUDA_BUILD {
+                tracing::warn!("--device auto: training on the CPU: {why}");
+            }
+            Ok(DeviceChoice::Cpu)
+        }
+    }
+}
+
 /// Runs `edl run`.
-pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
+pub fn run(mut args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut spec = edl_trainer::job::load(&args.spec)?;
     let chaos: Option<Chaos> = args.chaos.as_deref().map(str::parse).transpose()?;
     let in_spec = |e: anyhow::Error| e.context(format!("job spec {}", args.spec.display()));
@@ -84,6 +111,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     )
     .context("resolve the spec's directory")?;
     let trainer = procs::TrainerProgram::of(&spec, &spec_dir).map_err(in_spec)?;
+    args.device = resolve_device(args.device, trainer.entry)?;
     prepare::prepare_data(&spec).map_err(in_spec)?;
     prepare::check_data(&spec).map_err(in_spec)?;
     edl_trainer::job::fit_stats(&mut spec).map_err(|e| in_spec(e.into()))?;
