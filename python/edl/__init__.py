@@ -25,12 +25,28 @@ prints the report. ``edl.torch`` adapts this to PyTorch.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _edl
 from ._edl import ConnectError, EdlError, LeaseLostError, decode_samples
+
+
+def _resolve_device(choice: Optional[str]) -> Optional[str]:
+    """``auto`` (or no choice) as PyTorch resolves it, when the program imported torch
+    (``cuda:0`` when ``torch.cuda.is_available()``, else ``cpu``); otherwise ``choice``
+    unchanged, and the native trainer reads ``auto`` as ``cpu``."""
+    if choice not in (None, "auto"):
+        return choice
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return choice
+    try:
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    except Exception:  # a broken CUDA setup: the CPU, as ``auto`` does elsewhere
+        return "cpu"
 
 __all__ = [
     "Trainer",
@@ -114,6 +130,7 @@ class Trainer:
                 tls_key=tls_key,
                 tls_domain=tls_domain,
             )
+            settings["device"] = _resolve_device(device)
             _native = _edl.Trainer(
                 job,
                 endpoints,
@@ -130,7 +147,10 @@ class Trainer:
         """The trainer of an ``entry`` program, configured by the environment ``edl
         run`` sets (``EDL_ETCD``, ``EDL_JOB``, ``EDL_TRAINER_ID``, ...). A missing or
         malformed variable raises ``ValueError`` naming it. SIGTERM drains it."""
-        return cls("", [], _native=_edl.Trainer.from_env(handle_sigterm=handle_sigterm))
+        # Stands for EDL_DEVICE only where that is ``auto`` (or unset).
+        device = _resolve_device(None)
+        return cls("", [], _native=_edl.Trainer.from_env(handle_sigterm=handle_sigterm,
+                                                         device=device))
 
     # -- what the trainer is -------------------------------------------------------
 
@@ -138,6 +158,14 @@ class Trainer:
     def id(self) -> str:
         """This trainer's id, unique in the job."""
         return self._t.id
+
+    @property
+    def device(self) -> str:
+        """The device to compute on, ``cpu`` or ``cuda:N`` (``torch.device(trainer.device)``).
+        ``--device auto`` (the default) is resolved here: by PyTorch when the program
+        imported it before making the trainer (a GPU when ``torch.cuda.is_available()``),
+        else ``cpu``. The registry and the report name this device."""
+        return self._t.device
 
     @property
     def job(self) -> str:

@@ -128,7 +128,11 @@ class ModuleParams:
     values are installed, and ``pull`` gives every trainer the job's values.
 
     CPU float32 parameters are pulled straight into the tensors' memory (no copy beyond
-    the one from the network); others go through a float32 staging array."""
+    the one from the network). Parameters on a GPU go through float32 host buffers that
+    are pinned (page-locked) once: ``pull`` lands in them and uploads them with
+    non-blocking copies, ``push`` downloads every ``.grad`` into them with non-blocking
+    copies and waits once for the lot; nothing is allocated per step. Other parameters
+    (another dtype, another device) go through a float32 staging array."""
 
     def __init__(
         self,
@@ -146,14 +150,20 @@ class ModuleParams:
         #: The underlying ``edl.Params``.
         self.params: Params = trainer.params(init, sparse)
         self._out: Dict[str, np.ndarray] = {}
-        self._staged: List[Tuple[torch.nn.Parameter, np.ndarray]] = []
+        self._staged: List[Tuple[torch.nn.Parameter, torch.Tensor]] = []
+        #: Pinned host buffers of the gradients of parameters on a GPU.
+        self._grad_bufs: Dict[str, torch.Tensor] = {}
         for n, p in self._named:
             if p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous():
                 self._out[n] = p.data.numpy().reshape(-1)
-            else:
-                buf = np.empty(p.numel(), dtype=np.float32)
-                self._out[n] = buf
-                self._staged.append((p, buf))
+                continue
+            pinned = p.device.type == "cuda"
+            buf = torch.empty(p.numel(), dtype=torch.float32, pin_memory=pinned)
+            self._out[n] = buf.numpy()
+            self._staged.append((p, buf))
+            if pinned:
+                self._grad_bufs[n] = torch.empty(p.numel(), dtype=torch.float32,
+                                                 pin_memory=True)
         self._zeros: Dict[str, np.ndarray] = {}
         self.pull()
 
@@ -167,7 +177,10 @@ class ModuleParams:
         """Sets the module's parameters to the job's current values."""
         self.params.pull(out=self._out)
         for p, buf in self._staged:
-            p.data.copy_(torch.from_numpy(buf).view_as(p))
+            # From a pinned buffer the copy is queued on the GPU's stream, ordered before
+            # the steps that read the parameter; the buffer is not written again before
+            # the next pull, which waits for the pushes' downloads (see ``push``).
+            p.data.copy_(buf.view_as(p), non_blocking=buf.is_pinned())
 
     @torch.no_grad()
     def push(
@@ -181,15 +194,23 @@ class ModuleParams:
         pservers, whose optimizer applies them; ``task``: the task being trained (its
         updates are kept exactly once however often it is retried)."""
         grads: Dict[str, np.ndarray] = {}
+        downloads = set()
         for n, p in self._named:
             g = p.grad
+            buf = self._grad_bufs.get(n)
             if g is None:
                 zeros = self._zeros.get(n)
                 if zeros is None:
                     zeros = self._zeros[n] = np.zeros(p.numel(), dtype=np.float32)
                 grads[n] = zeros
+            elif buf is not None and g.device.type == "cuda":
+                buf.copy_(g.detach().reshape(-1), non_blocking=True)
+                downloads.add(g.device)
+                grads[n] = buf.numpy()
             else:
                 grads[n] = g.detach().to("cpu", torch.float32).reshape(-1).numpy()
+        for device in downloads:  # one wait for every queued download
+            torch.cuda.current_stream(device).synchronize()
         self.params.push(grads, task=task, loss=loss, sparse=sparse)
 
     def flush(self) -> None:

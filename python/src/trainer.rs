@@ -82,6 +82,8 @@ pub(crate) struct Loop {
 #[derive(Debug)]
 pub(crate) struct Inner {
     id: String,
+    /// `cpu` or `cuda:N`.
+    device: String,
     job: JobName,
     mode: RunMode,
     report: Option<PathBuf>,
@@ -294,10 +296,17 @@ impl Trainer {
 
     /// The trainer `edl run` starts for `[trainer] entry`: configured by the environment
     /// (EDL_ETCD, EDL_JOB, EDL_TRAINER_ID, ...; docs/trainer-api.md). SIGTERM drains it.
+    /// `device` (`cpu`, `cuda:N`), when given, stands for EDL_DEVICE's `auto`: what the
+    /// program's framework resolved it to (`edl.Trainer.from_env` asks PyTorch).
     #[staticmethod]
-    #[pyo3(signature = (*, handle_sigterm=true))]
-    fn from_env(py: Python<'_>, handle_sigterm: bool) -> PyResult<Trainer> {
-        let t = app::Trainer::from_env().map_err(|e| value_error(e.to_string()))?;
+    #[pyo3(signature = (*, handle_sigterm=true, device=None))]
+    fn from_env(py: Python<'_>, handle_sigterm: bool, device: Option<&str>) -> PyResult<Trainer> {
+        let mut t = app::Trainer::from_env().map_err(|e| value_error(e.to_string()))?;
+        if let Some(d) = device
+            && t.config().device == DeviceChoice::Auto
+        {
+            t = t.device(d.parse().map_err(value_error)?);
+        }
         start(py, t, handle_sigterm)
     }
 
@@ -305,6 +314,13 @@ impl Trainer {
     #[getter]
     fn id(&self) -> &str {
         &self.inner.id
+    }
+
+    /// The device the model computes on, as the trainer registered it: `cpu` or
+    /// `cuda:N` (`auto` that nothing resolved reads as `cpu`).
+    #[getter]
+    fn device(&self) -> &str {
+        &self.inner.device
     }
 
     /// The job's name.
@@ -494,7 +510,8 @@ impl Trainer {
 /// Starts as every trainer does ([`app::Trainer::connect_job`]: etcd, waiting out an
 /// outage, and the spec stored when given), reads the job's spec, and joins (train mode)
 /// or connects to the pservers (evaluate mode). The model runs in Python: the device is
-/// only its name in the report (`auto` reads as `cpu`).
+/// only its name in the registry and the report (`auto` reads as `cpu`; the Python
+/// layer resolves `auto` with PyTorch first, when the program imported it).
 fn start(py: Python<'_>, t: app::Trainer, handle_sigterm: bool) -> PyResult<Trainer> {
     edl_role::init_logging();
     let rt = runtime()?;
@@ -509,6 +526,7 @@ fn start(py: Python<'_>, t: app::Trainer, handle_sigterm: bool) -> PyResult<Trai
         DeviceChoice::Auto => DeviceChoice::Cpu.to_string(),
         d => d.to_string(),
     };
+    let device_name = device.clone();
     let (id, job) = (cfg.id.clone(), cfg.job.clone());
     let mode = t.run_mode();
     let report = t.report_path().map(PathBuf::from);
@@ -553,10 +571,12 @@ fn start(py: Python<'_>, t: app::Trainer, handle_sigterm: bool) -> PyResult<Trai
         }
     })??;
     let (spec, store, state, stop, life) = joined;
+    let device = device_name;
     let spec_json = serde_json::to_string(&spec).map_err(|e| EdlError::new_err(e.to_string()))?;
     Ok(Trainer {
         inner: Arc::new(Inner {
             id,
+            device,
             job,
             mode,
             report,

@@ -140,3 +140,29 @@ def test_decode_samples_rejects_records_that_are_not_samples():
     with pytest.raises(ValueError, match="not edl samples: record 0"):
         edl.decode_samples([b"\xff\xff\xff"])
     assert edl.decode_samples([])["dense"].shape == (0, 0)
+
+
+def test_the_device_is_resolved_and_reported(make_job, monkeypatch):
+    """``auto`` reads as ``cpu`` without PyTorch, as PyTorch resolves it when the program
+    imported torch, and an explicit ``cuda:N`` is kept; the report names the device."""
+    import sys
+    import types
+
+    job = make_job("device")
+    assert "torch" not in sys.modules
+    t = join(job, "plain")
+    assert t.device == "cpu"
+    assert t.close()["device"] == "cpu"
+
+    t = join(job, "explicit", device="cuda:1")
+    assert t.device == "cuda:1"
+    assert t.close()["device"] == "cuda:1"
+
+    gpu = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", gpu)
+    t = join(job, "torch-gpu")
+    assert t.device == "cuda:0"
+    assert t.close()["device"] == "cuda:0"
+    t = join(job, "torch-told-cpu", device="cpu")
+    assert t.device == "cpu"
+    t.close()

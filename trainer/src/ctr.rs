@@ -10,8 +10,9 @@
 //! is pulled and pushed by row: a step touches only the rows of its batch's ids, and
 //! the gradient of a row several samples share is their sum.
 //!
-//! The step runs on the CPU in f32 (`fc_cpu.rs`, with the gradient of the inputs
-//! carried back into the rows); other devices are refused when the model is built.
+//! The step runs in f32: on the CPU through `fc_cpu.rs` (with the gradient of the
+//! inputs carried back into the rows), on any other device through candle
+//! (`ctr/on_device.rs`); other dtypes are refused when the model is built.
 //! Initial values: weights uniform within Xavier's bound (Paddle's `fc` default),
 //! biases zero, rows uniform in `[-0.01, 0.01)`.
 
@@ -25,6 +26,8 @@ use crate::model::{
     StepOutput,
 };
 use crate::rng::{SplitMix64, hash_str, mix};
+
+mod on_device;
 
 /// Name of the embedding table.
 pub const TABLE: &str = "emb";
@@ -49,6 +52,8 @@ pub(crate) struct Ctr {
     cfg: CtrConfig,
     /// Layer widths: inputs (`dense + slots * dim`), the hidden layers, 2.
     widths: Vec<usize>,
+    /// Where candle runs the steps; `None` on the CPU, where `fc_cpu` does.
+    device: Option<Device>,
 }
 
 /// A prepared batch.
@@ -73,10 +78,8 @@ impl Ctr {
                 reason,
             })
         };
-        if !device.is_cpu() || dtype != DType::F32 {
-            return bad(format!(
-                "ctr runs on the CPU in f32 only (asked for {device:?} in {dtype:?})"
-            ));
+        if dtype != DType::F32 {
+            return bad(format!("ctr runs in f32 only (asked for {dtype:?})"));
         }
         if cfg.vocab_size < 1 || cfg.vocab_size > u64::from(u32::MAX) {
             return bad("vocab_size must be between 1 and 2^32 - 1".into());
@@ -90,7 +93,12 @@ impl Ctr {
         let mut widths = vec![cfg.dense + cfg.slots * cfg.dim];
         widths.extend(&cfg.hidden);
         widths.push(2);
-        Ok(Ctr { cfg, widths })
+        let device = (!device.is_cpu()).then(|| device.clone());
+        Ok(Ctr {
+            cfg,
+            widths,
+            device,
+        })
     }
 
     fn parts<'a>(&self, batch: &'a Batch) -> Result<&'a CtrBatch> {
@@ -269,9 +277,13 @@ impl Model for Ctr {
     fn forward_backward(&self, params: &Params, batch: &Batch) -> Result<StepOutput> {
         let b = self.parts(batch)?;
         let x = self.inputs(params, b)?;
-        let target = Loss::SoftmaxCe(&b.labels);
-        let (value, dense, dx) =
-            fc_cpu::step_with_input_grad(&self.widths, &params.dense, &x, b.n, &target);
+        let (value, dense, dx) = match &self.device {
+            None => {
+                let target = Loss::SoftmaxCe(&b.labels);
+                fc_cpu::step_with_input_grad(&self.widths, &params.dense, &x, b.n, &target)
+            }
+            Some(device) => on_device::step(&self.widths, &params.dense, x, &b.labels, device)?,
+        };
         if !value.is_finite() {
             return Err(Error::NonFiniteLoss {
                 model: KIND,
@@ -307,14 +319,20 @@ impl Model for Ctr {
     fn evaluate(&self, params: &Params, batch: &Batch) -> Result<EvalOutput> {
         let b = self.parts(batch)?;
         let x = self.inputs(params, b)?;
-        let outs = fc_cpu::forward(&self.widths, &params.dense, &x, b.n);
-        let out = &outs[outs.len() - 1];
-        let mean = fc_cpu::loss(out, b.n, &Loss::SoftmaxCe(&b.labels), None);
-        let correct = out
-            .chunks_exact(2)
-            .zip(&b.labels)
-            .filter(|(row, y)| fc_cpu::argmax(row) == **y as usize)
-            .count() as u64;
+        let (mean, correct) = match &self.device {
+            None => {
+                let outs = fc_cpu::forward(&self.widths, &params.dense, &x, b.n);
+                let out = &outs[outs.len() - 1];
+                let mean = fc_cpu::loss(out, b.n, &Loss::SoftmaxCe(&b.labels), None);
+                let correct = out
+                    .chunks_exact(2)
+                    .zip(&b.labels)
+                    .filter(|(row, y)| fc_cpu::argmax(row) == **y as usize)
+                    .count() as u64;
+                (mean, correct)
+            }
+            Some(device) => on_device::evaluate(&self.widths, &params.dense, x, &b.labels, device)?,
+        };
         Ok(EvalOutput {
             loss_sum: mean * b.n as f64,
             count: b.n as u64,
@@ -421,6 +439,44 @@ mod tests {
         );
         let ev = m.evaluate(&p, &batch).unwrap();
         assert!((ev.loss_sum / ev.count as f64 - f64::from(out.loss)).abs() < 1e-5);
+    }
+
+    /// The step through candle (the GPU's path), run here on the CPU, against `fc_cpu`'s:
+    /// the same loss, dense gradients, rows' gradients and evaluation.
+    #[test]
+    fn the_candle_step_is_the_cpu_step() {
+        let cpu = model();
+        let candle = Ctr {
+            device: Some(Device::Cpu),
+            ..model()
+        };
+        let batch = cpu.prepare(&samples()).unwrap();
+        let p = params(&cpu, &batch);
+        let (a, b) = (
+            cpu.forward_backward(&p, &batch).unwrap(),
+            candle.forward_backward(&p, &batch).unwrap(),
+        );
+        let close = |x: f32, y: f32, what: &str| {
+            assert!((x - y).abs() <= 1e-5 + 1e-4 * x.abs(), "{what}: {x} vs {y}");
+        };
+        close(a.loss, b.loss, "loss");
+        assert_eq!(a.dense.len(), b.dense.len());
+        for (k, (x, y)) in a.dense.iter().zip(&b.dense).enumerate() {
+            assert_eq!(x.len(), y.len());
+            x.iter()
+                .zip(y)
+                .for_each(|(x, y)| close(*x, *y, &format!("dense {k}")));
+        }
+        assert_eq!(a.sparse[0].rows, b.sparse[0].rows);
+        let (x, y) = (&a.sparse[0].values, &b.sparse[0].values);
+        assert!(x.iter().any(|v| v.abs() > 1e-4), "rows with gradients");
+        x.iter().zip(y).for_each(|(x, y)| close(*x, *y, "rows"));
+        let (ea, eb) = (
+            cpu.evaluate(&p, &batch).unwrap(),
+            candle.evaluate(&p, &batch).unwrap(),
+        );
+        assert_eq!((ea.count, ea.correct), (eb.count, eb.correct));
+        close(ea.loss_sum as f32, eb.loss_sum as f32, "evaluation");
     }
 
     #[test]

@@ -47,8 +47,10 @@ enum Arch {
 /// naive transposed convolution, also for the input image, which needs no gradient);
 /// gathering patches with `index_select` (whose backward is an `index_add`) and
 /// multiplying them with the kernel is an order of magnitude faster and stays within
-/// candle's autograd. The first layer's patches are built on the host in
-/// [`Model::prepare`], since the image needs no gradient.
+/// candle's autograd. On the CPU the first layer's patches are built on the host in
+/// [`Model::prepare`], since the image needs no gradient; on another device (a GPU) the
+/// batch holds the images and the patches are gathered there, 25 times fewer values to
+/// make on the host and upload.
 #[derive(Debug, Clone)]
 struct Conv {
     c_in: usize,
@@ -150,8 +152,8 @@ enum Init {
 }
 
 /// A model over dense features; see [`ModelSpec`] for the kinds. A prepared batch holds
-/// `x: [n, inputs]` (standardised if the spec says so), or for `mnist_cnn` the first
-/// convolution's patches `[n * 24 * 24, 25]`.
+/// `x: [n, inputs]` (standardised if the spec says so), or for `mnist_cnn` on the CPU
+/// the first convolution's patches `[n * 24 * 24, 25]` (`conv0_on_device`).
 #[derive(Debug)]
 pub(crate) struct DenseModel {
     kind: &'static str,
@@ -165,6 +167,9 @@ pub(crate) struct DenseModel {
     /// The layer widths (inputs, hidden..., outputs) of a fully connected network on
     /// the CPU in f32: its steps run [`crate::fc_cpu`] instead of candle's autograd.
     fc_cpu: Option<Vec<usize>>,
+    /// `mnist_cnn` off the CPU: batches hold the images, and the first convolution's
+    /// patches are gathered on the device.
+    conv0_on_device: bool,
     device: Device,
     dtype: DType,
 }
@@ -307,6 +312,7 @@ impl DenseModel {
             inits,
             standardize,
             fc_cpu,
+            conv0_on_device: !device.is_cpu(),
             device: device.clone(),
             dtype,
         })
@@ -358,8 +364,12 @@ impl DenseModel {
                 Ok(h)
             }
             Arch::MnistCnn { conv0, conv1 } => {
-                // `x` holds conv0's patches, built by `prepare`.
-                let h = max_pool_2x2(&conv0.forward_relu(x, &p[0], &p[1])?)?;
+                // `x` holds conv0's patches, built by `prepare`, or the images.
+                let patches = match self.conv0_on_device {
+                    true => conv0.patches(x)?,
+                    false => x.clone(),
+                };
+                let h = max_pool_2x2(&conv0.forward_relu(&patches, &p[0], &p[1])?)?;
                 let h = conv1.patches(&h.flatten_from(1)?)?;
                 let h = max_pool_2x2(&conv1.forward_relu(&h, &p[2], &p[3])?)?;
                 h.flatten_from(1)?.matmul(&p[4])?.broadcast_add(&p[5])

@@ -10,7 +10,7 @@ use anyhow::Context;
 use edl_coord::Backend;
 use edl_job::{FinalState, JobKeys, JobSpec, JobStateRecord, RECORD_VERSION, Record, RunRecord};
 use edl_pserver_client::{DenseCache, PsClient};
-use edl_trainer::ModelSource;
+use edl_trainer::{DeviceChoice, ModelSource};
 use tokio_util::sync::CancellationToken;
 
 use super::access::Access;
@@ -86,8 +86,8 @@ pub(crate) async fn prepare_job(
 /// How the final parameters are evaluated.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Evaluator<'a> {
-    /// In this process, with the spec's built-in model.
-    Builtin,
+    /// In this process, with the spec's built-in model, on the job's device.
+    Builtin(DeviceChoice),
     /// By the job's `[trainer] entry` program, run once with `EDL_MODE=evaluate`.
     Entry(&'a Launch),
 }
@@ -123,8 +123,9 @@ pub(crate) async fn final_params(
     std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
     let params_file = Some(path.display().to_string());
     let eval = match evaluator {
-        Evaluator::Builtin => {
-            let model = ModelSource::builtin().build(spec, &candle_core::Device::Cpu)?;
+        Evaluator::Builtin(device) => {
+            let device = edl_trainer::select_device(device)?;
+            let model = ModelSource::builtin().build(spec, &device)?;
             edl_trainer::process::evaluate_job(backend.clone(), spec, model, cfg).await?
         }
         Evaluator::Entry(launch) => launch.evaluate().await?,

@@ -122,7 +122,7 @@ pub(crate) async fn run(
             &backend,
             &spec,
             &run_dir,
-            Evaluator::Builtin,
+            Evaluator::Builtin(args.device),
             &Access::default(),
         )
         .await

@@ -288,7 +288,7 @@ impl Shell {
                         let evaluator = if self.launch.trainer.entry {
                             Evaluator::Entry(&self.launch)
                         } else {
-                            Evaluator::Builtin
+                            Evaluator::Builtin(self.launch.device)
                         };
                         let fin = final_params(
                             &self.backend,

@@ -184,6 +184,9 @@ impl DenseModel {
         };
         let x = match &self.arch {
             Arch::Fc { .. } => Tensor::from_vec(x, (n, self.inputs), &self.device)?,
+            Arch::MnistCnn { .. } if self.conv0_on_device => {
+                Tensor::from_vec(x, (n, self.inputs), &self.device)?
+            }
             Arch::MnistCnn { conv0, .. } => {
                 // A 28x28 image with one channel is its own NHWC layout.
                 let rows = conv0.out_h * conv0.out_w;

@@ -143,6 +143,59 @@ fn the_cpu_fully_connected_step_matches_candles_autograd() {
     }
 }
 
+/// `mnist_cnn` as it runs on a GPU (the images in the batch, the first convolution's
+/// patches gathered on the device), run here on the CPU, against the host's patches: the
+/// same loss, gradients and evaluation.
+#[test]
+fn the_cnn_with_patches_on_the_device_is_the_cnn_with_host_patches() {
+    let host = DenseModel::new(&ModelSpec::MnistCnn, &Device::Cpu, DType::F32).unwrap();
+    assert!(
+        !host.conv0_on_device,
+        "the CPU builds the patches on the host"
+    );
+    let mut device = DenseModel::new(&ModelSpec::MnistCnn, &Device::Cpu, DType::F32).unwrap();
+    device.conv0_on_device = true;
+    let samples: Vec<Sample> = crate::testdata::mnist().into_iter().take(24).collect();
+    let params = Params {
+        dense: host.init_dense(5),
+        ..Default::default()
+    };
+    let (hb, db) = (
+        host.prepare(&samples).unwrap(),
+        device.prepare(&samples).unwrap(),
+    );
+    let (hx, _) = host.batch_parts(&hb).unwrap();
+    let (dx, _) = device.batch_parts(&db).unwrap();
+    assert_eq!(hx.dims(), &[24 * 24 * 24, 25], "host patches");
+    assert_eq!(dx.dims(), &[24, 784], "images");
+    let (a, b) = (
+        host.forward_backward(&params, &hb).unwrap(),
+        device.forward_backward(&params, &db).unwrap(),
+    );
+    assert!(
+        (a.loss - b.loss).abs() <= 1e-5 * a.loss.abs(),
+        "{} vs {}",
+        a.loss,
+        b.loss
+    );
+    for (p, (u, v)) in host.params.iter().zip(a.dense.iter().zip(&b.dense)) {
+        assert!(u.iter().any(|g| *g != 0.0), "{} has a gradient", p.name);
+        for (i, (u, v)) in u.iter().zip(v).enumerate() {
+            assert!(
+                (u - v).abs() <= 1e-5 * (1.0 + v.abs()),
+                "{}[{i}]: {u} vs {v}",
+                p.name
+            );
+        }
+    }
+    let (a, b) = (
+        host.evaluate(&params, &hb).unwrap(),
+        device.evaluate(&params, &db).unwrap(),
+    );
+    assert_eq!((a.count, a.correct), (b.count, b.correct));
+    assert!((a.loss_sum - b.loss_sum).abs() <= 1e-4 * a.loss_sum.abs());
+}
+
 /// The largest absolute difference between two tensors of one shape.
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     (a - b)
