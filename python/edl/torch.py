@@ -150,7 +150,8 @@ class ModuleParams:
         #: The underlying ``edl.Params``.
         self.params: Params = trainer.params(init, sparse)
         self._out: Dict[str, np.ndarray] = {}
-        self._staged: List[Tuple[torch.nn.Parameter, torch.Tensor]] = []
+        #: (parameter, float32 host buffer, whether the buffer is pinned)
+        self._staged: List[Tuple[torch.nn.Parameter, torch.Tensor, bool]] = []
         #: Pinned host buffers of the gradients of parameters on a GPU.
         self._grad_bufs: Dict[str, torch.Tensor] = {}
         for n, p in self._named:
@@ -160,11 +161,13 @@ class ModuleParams:
             pinned = p.device.type == "cuda"
             buf = torch.empty(p.numel(), dtype=torch.float32, pin_memory=pinned)
             self._out[n] = buf.numpy()
-            self._staged.append((p, buf))
+            self._staged.append((p, buf, pinned))
             if pinned:
                 self._grad_bufs[n] = torch.empty(p.numel(), dtype=torch.float32,
                                                  pin_memory=True)
         self._zeros: Dict[str, np.ndarray] = {}
+        #: One event per GPU, recorded after the last pull's uploads were queued.
+        self._uploads: List[Any] = []
         self.pull()
 
     @property
@@ -175,12 +178,23 @@ class ModuleParams:
     @torch.no_grad()
     def pull(self) -> None:
         """Sets the module's parameters to the job's current values."""
+        # The pinned buffers are written below only once the last pull's uploads from
+        # them are done (a push in between has already waited for them).
+        for event in self._uploads:
+            event.synchronize()
+        self._uploads = []
         self.params.pull(out=self._out)
-        for p, buf in self._staged:
+        devices = set()
+        for p, buf, pinned in self._staged:
             # From a pinned buffer the copy is queued on the GPU's stream, ordered before
-            # the steps that read the parameter; the buffer is not written again before
-            # the next pull, which waits for the pushes' downloads (see ``push``).
-            p.data.copy_(buf.view_as(p), non_blocking=buf.is_pinned())
+            # the steps that read the parameter.
+            p.data.copy_(buf.view_as(p), non_blocking=pinned)
+            if pinned:
+                devices.add(p.device)
+        for device in devices:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._uploads.append(event)
 
     @torch.no_grad()
     def push(

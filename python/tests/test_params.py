@@ -149,7 +149,7 @@ def test_the_device_is_resolved_and_reported(make_job, monkeypatch):
     import types
 
     job = make_job("device")
-    assert "torch" not in sys.modules
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
     t = join(job, "plain")
     assert t.device == "cpu"
     assert t.close()["device"] == "cpu"
@@ -166,3 +166,19 @@ def test_the_device_is_resolved_and_reported(make_job, monkeypatch):
     t = join(job, "torch-told-cpu", device="cpu")
     assert t.device == "cpu"
     t.close()
+
+    # From the environment: EDL_DEVICE names a device, which wins over PyTorch's answer;
+    # unset (auto), PyTorch's answer stands.
+    for var, value in (("EDL_ETCD", job.etcd), ("EDL_JOB", job.name),
+                       ("EDL_SPEC_WAIT", "20s"), ("EDL_ETCD_WAIT", "20s")):
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("EDL_TRAINER_ID", "env-cpu")
+    monkeypatch.setenv("EDL_DEVICE", "cpu")
+    t = edl.Trainer.from_env(handle_sigterm=False)
+    assert t.device == "cpu"
+    t.close()
+    monkeypatch.setenv("EDL_TRAINER_ID", "env-auto")
+    monkeypatch.delenv("EDL_DEVICE")
+    t = edl.Trainer.from_env(handle_sigterm=False)
+    assert t.device == "cuda:0"
+    assert t.close()["device"] == "cuda:0"

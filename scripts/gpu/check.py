@@ -85,7 +85,7 @@ def plain(batch: int, passes: int, device: str) -> dict:
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.stderr.write(p.stderr[-4000:])
-        return {"name": f"plain PyTorch b{batch}", "ok": False}
+        return {"name": f"plain PyTorch, batch {batch}", "ok": False, "error": "see above"}
     r = json.loads(p.stdout.strip().splitlines()[-1])
     r.update(name=f"plain PyTorch, batch {batch}", ok=True, lost=0)
     return r
@@ -146,11 +146,14 @@ def main() -> int:
         edl_run("edl CNN, 2 trainers, batch 32, CPU",
                 spec(cnn, jobs / "cpu.toml", passes=args.cpu_passes, batch_size=32), "cpu"),
         edl_run("edl CNN, batch 32, a trainer SIGKILLed",
-                spec(cnn, jobs / "kill.toml", passes=max(args.passes // 3, 3), batch_size=32),
+                spec(cnn, jobs / "kill.toml", passes=max(args.passes // 3, 10), batch_size=32),
                 gpu, ["--chaos", "kill-trainer=4s,until=5s,seed=1"]),
         edl_run("PyTorch example (edl.torch), 2 trainers, batch 32",
                 ex / "pytorch_mnist" / "job.toml", gpu),
     ]
+    kill = rows[5]
+    if kill.get("ok") and not kill.get("recoveries"):
+        kill.update(ok=False, error="no trainer was killed and recovered (the job ended first?)")
     by = {r["name"]: r for r in rows}
     ratios = []
     for b, goal in ((32, 1.0), (256, 0.5)):

@@ -7,8 +7,9 @@
 // - nvcc is found on PATH, under CUDA_ROOT/CUDA_PATH or /usr/local/cuda, or in the
 //   workspace's `target/cuda-toolchain`; when there is none, `scripts/cuda-toolchain`
 //   installs a pinned one from PyPI there.
-// - Without CUDA_COMPUTE_CAP and without a GPU to ask (`nvidia-smi`), the PTX targets
-//   compute capability 7.5, which every newer GPU's driver compiles on first load.
+// - Without CUDA_COMPUTE_CAP the PTX targets compute capability 7.5, which every newer
+//   GPU's driver compiles on first load, also when the build machine has a GPU (upstream
+//   asked its `nvidia-smi`, making a binary for that GPU only).
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,8 +21,9 @@ fn main() {
     println!("cargo::rerun-if-changed=src/compatibility.cuh");
     println!("cargo::rerun-if-changed=src/cuda_utils.cuh");
     println!("cargo::rerun-if-changed=src/binary_op_macros.cuh");
-    println!("cargo::rerun-if-env-changed=CUDA_ROOT");
-    println!("cargo::rerun-if-env-changed=CUDA_PATH");
+    for var in ["CUDA_ROOT", "CUDA_PATH", "CUDA_HOME", "CUDA_TOOLKIT_ROOT_DIR"] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     let cuda_root = find_cuda(&out_dir);
@@ -30,7 +32,7 @@ fn main() {
     dirs.extend(env::split_paths(&path));
     env::set_var("PATH", env::join_paths(dirs).unwrap());
     env::set_var("CUDA_ROOT", &cuda_root);
-    if env::var_os("CUDA_COMPUTE_CAP").is_none() && !runs("nvidia-smi", &["-L"]) {
+    if env::var_os("CUDA_COMPUTE_CAP").is_none() {
         env::set_var("CUDA_COMPUTE_CAP", DEFAULT_COMPUTE_CAP);
     }
 
@@ -41,13 +43,6 @@ fn main() {
         .arg("-O3");
     let bindings = builder.build_ptx().unwrap();
     bindings.write(&ptx_path).unwrap();
-}
-
-fn runs(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 /// The CUDA root whose `bin/nvcc` and `include/cuda.h` the kernels are built with.

@@ -469,6 +469,7 @@ mod tests {
         }
         assert_eq!(a.sparse[0].rows, b.sparse[0].rows);
         let (x, y) = (&a.sparse[0].values, &b.sparse[0].values);
+        assert_eq!(x.len(), y.len());
         assert!(x.iter().any(|v| v.abs() > 1e-4), "rows with gradients");
         x.iter().zip(y).for_each(|(x, y)| close(*x, *y, "rows"));
         let (ea, eb) = (

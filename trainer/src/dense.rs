@@ -49,8 +49,8 @@ enum Arch {
 /// multiplying them with the kernel is an order of magnitude faster and stays within
 /// candle's autograd. On the CPU the first layer's patches are built on the host in
 /// [`Model::prepare`], since the image needs no gradient; on another device (a GPU) the
-/// batch holds the images and the patches are gathered there, 25 times fewer values to
-/// make on the host and upload.
+/// batch holds the images and the patches are gathered there: 784 values an image to
+/// make on the host and upload instead of 24 * 24 * 25 = 14,400.
 #[derive(Debug, Clone)]
 struct Conv {
     c_in: usize,

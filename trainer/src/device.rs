@@ -4,8 +4,9 @@
 //! error. A build with the `cuda` feature links no CUDA library (candle's CUDA crates are
 //! patched to load them at run time, third_party/README.md), so it starts on any machine;
 //! CUDA is used only after a probe: the NVIDIA driver must be loaded
-//! (`/proc/driver/nvidia/version`) and the driver, cuBLAS and cuRAND libraries must load,
-//! because cudarc's loader panics on a missing library. Where the probe fails, `auto`
+//! (`/proc/driver/nvidia/version`), the driver, cuBLAS and cuRAND libraries must load
+//! (cudarc's loader panics on a missing library), the driver must support CUDA 13.0
+//! (the kernels' PTX) and the device must exist. Where the probe fails, `auto`
 //! says once why it trains on the CPU and `cuda:N` is one error naming what is missing.
 //! Device creation itself runs under `catch_unwind` as a last line of defence, so a
 //! machine without a usable GPU gets an error (or the CPU for `auto`), never a panic.
@@ -68,9 +69,14 @@ pub fn device_name(device: &Device) -> String {
 /// Whether this build can use CUDA at all (the `cuda` feature).
 pub const CUDA_BUILD: bool = cfg!(feature = "cuda");
 
-/// Why CUDA cannot be used here, or `Ok` when the driver and the libraries candle needs
-/// are present (checked without creating a context).
-pub fn cuda_probe() -> std::result::Result<(), String> {
+/// The oldest driver API this build's kernels load on: nvcc 13.0 writes their PTX, and
+/// a driver loads no PTX newer than its own CUDA version (docs/gpu.md).
+pub const MIN_DRIVER_CUDA: i32 = 13000;
+
+/// Why CUDA device `ordinal` cannot be used here, or `Ok` when it can: the driver is
+/// loaded and new enough, the libraries candle needs load, and the device exists
+/// (checked without creating a context).
+pub fn cuda_probe(ordinal: usize) -> std::result::Result<(), String> {
     if !CUDA_BUILD {
         return Err("this edl was built without CUDA support (build it with \
                     `cargo build --release -p edl --features cuda`, docs/gpu.md)"
@@ -86,6 +92,25 @@ pub fn cuda_probe() -> std::result::Result<(), String> {
              LD_LIBRARY_PATH (the driver installs libcuda.so.1; pip's nvidia-cublas and \
              nvidia-curand wheels put the others under site-packages/nvidia/*/lib)",
             missing.join(", ")
+        ));
+    }
+    let (version, count) = driver_facts()?;
+    if version < MIN_DRIVER_CUDA {
+        return Err(format!(
+            "the NVIDIA driver supports CUDA {}.{}, and this edl's kernels need {}.{} or \
+             newer: update the driver (580 or later), or build edl with the nvcc of your \
+             driver's CUDA version (docs/gpu.md)",
+            version / 1000,
+            version % 1000 / 10,
+            MIN_DRIVER_CUDA / 1000,
+            MIN_DRIVER_CUDA % 1000 / 10
+        ));
+    }
+    if ordinal >= count {
+        return Err(format!(
+            "cuda:{ordinal} does not exist: the driver sees {count} GPU(s) (cuda:0 to \
+             cuda:{})",
+            count.saturating_sub(1)
         ));
     }
     Ok(())
@@ -116,6 +141,26 @@ fn missing_libraries() -> Vec<&'static str> {
     Vec::new()
 }
 
+/// The driver's CUDA version (`13000` for 13.0) and its number of devices.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+fn driver_facts() -> std::result::Result<(i32, usize), String> {
+    use cudarc::driver::result;
+    result::init().map_err(|e| format!("the NVIDIA driver does not start (cuInit): {e}"))?;
+    let mut version = 0;
+    // SAFETY: the driver is initialised (above) and `version` outlives the call.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(|e| format!("cannot read the driver's CUDA version: {e}"))?;
+    let count = result::device::get_count().map_err(|e| format!("cannot count the GPUs: {e}"))?;
+    Ok((version, usize::try_from(count).unwrap_or(0)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn driver_facts() -> std::result::Result<(i32, usize), String> {
+    Err("this edl was built without CUDA support".into())
+}
+
 /// Resolves a choice to a device, never panicking. In a CUDA build, `auto` on a machine
 /// where CUDA cannot be used says why once per process, then trains on the CPU.
 pub fn select_device(choice: DeviceChoice) -> Result<Device> {
@@ -125,7 +170,7 @@ pub fn select_device(choice: DeviceChoice) -> Result<Device> {
             if !CUDA_BUILD {
                 return Ok(Device::Cpu);
             }
-            match cuda_probe().and_then(|()| open_cuda(0).map_err(|e| e.to_string())) {
+            match cuda_probe(0).and_then(|()| open_cuda(0).map_err(|e| e.to_string())) {
                 Ok(d) => Ok(d),
                 Err(why) => {
                     static SAID: std::sync::Once = std::sync::Once::new();
@@ -137,7 +182,7 @@ pub fn select_device(choice: DeviceChoice) -> Result<Device> {
             }
         }
         DeviceChoice::Cuda(n) => {
-            cuda_probe().map_err(|why| Error::Device(format!("cannot use cuda:{n}: {why}")))?;
+            cuda_probe(n).map_err(|why| Error::Device(format!("cannot use cuda:{n}: {why}")))?;
             open_cuda(n)
         }
     }
@@ -172,17 +217,16 @@ mod tests {
     #[test]
     fn auto_and_cpu_never_fail() {
         // Whatever this machine has, `auto` and `cpu` give a device without panicking,
-        // and `auto` is the CPU exactly when the probe says CUDA cannot be used.
+        // and `auto` is the CPU when the probe says CUDA cannot be used, a GPU when it
+        // says it can.
         assert!(select_device(DeviceChoice::Cpu).is_ok_and(|d| d.is_cpu()));
         let auto = select_device(DeviceChoice::Auto).expect("auto always gives a device");
-        if cuda_probe().is_err() {
-            assert!(auto.is_cpu());
-        }
+        assert_eq!(auto.is_cuda(), cuda_probe(0).is_ok(), "{auto:?}");
     }
 
     #[test]
     fn cuda_without_support_is_one_error_naming_the_fix() {
-        let Err(why) = cuda_probe() else {
+        let Err(why) = cuda_probe(0) else {
             // A usable GPU: cuda:0 opens (the GPU check covers it, docs/gpu.md).
             assert!(select_device(DeviceChoice::Cuda(0)).is_ok_and(|d| d.is_cuda()));
             return;

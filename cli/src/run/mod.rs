@@ -70,25 +70,27 @@ pub use report::{
     FailedTaskReport, FinalMetric, RUN_REPORT_VERSION, Recovery, RunReport, ScaleEvent,
 };
 
-/// `--device` for a built-in model, checked before anything starts, so that every
-/// trainer and the final evaluation get the same answer and it is said once: `cuda:N`
-/// where CUDA cannot be used is one error naming why; `auto` there is the CPU (said in
-/// a CUDA build, which could have used a GPU). An entry program's device is its own
+/// `--device` for a built-in model, resolved and checked before anything starts, so
+/// that every trainer and the final evaluation get the same device and a bad choice is
+/// one error instead of crash-looping trainers: `cuda:N` where it cannot be used is an
+/// error naming why; `auto` is `cuda:0` where the probe passes, else the CPU (said in a
+/// CUDA build, which could have used a GPU). An entry program's device is its own
 /// business (its framework's, `EDL_DEVICE` as given).
 fn resolve_device(
     choice: edl_trainer::DeviceChoice,
     entry: bool,
 ) -> anyhow::Result<edl_trainer::DeviceChoice> {
     use edl_trainer::DeviceChoice;
-    if entry || choice == DeviceChoice::Cpu {
-        return Ok(choice);
-    }
-    let Err(why) = edl_trainer::cuda_probe() else {
-        return Ok(choice);
+    let ordinal = match choice {
+        _ if entry => return Ok(choice),
+        DeviceChoice::Cpu => return Ok(choice),
+        DeviceChoice::Auto => 0,
+        DeviceChoice::Cuda(n) => n,
     };
-    match choice {
-        DeviceChoice::Cuda(n) => anyhow::bail!("--device cuda:{n}: {why}"),
-        _ => {
+    match (edl_trainer::cuda_probe(ordinal), choice) {
+        (Ok(()), _) => Ok(DeviceChoice::Cuda(ordinal)),
+        (Err(why), DeviceChoice::Cuda(n)) => anyhow::bail!("--device cuda:{n}: {why}"),
+        (Err(why), _) => {
             if edl_trainer::CUDA_BUILD {
                 tracing::warn!("--device auto: training on the CPU: {why}");
             }

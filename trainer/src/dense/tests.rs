@@ -178,7 +178,10 @@ fn the_cnn_with_patches_on_the_device_is_the_cnn_with_host_patches() {
         a.loss,
         b.loss
     );
+    assert_eq!(a.dense.len(), host.params.len());
+    assert_eq!(a.dense.len(), b.dense.len());
     for (p, (u, v)) in host.params.iter().zip(a.dense.iter().zip(&b.dense)) {
+        assert_eq!(u.len(), v.len(), "{}", p.name);
         assert!(u.iter().any(|g| *g != 0.0), "{} has a gradient", p.name);
         for (i, (u, v)) in u.iter().zip(v).enumerate() {
             assert!(
