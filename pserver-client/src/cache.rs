@@ -28,6 +28,8 @@ pub struct DenseCache {
     pub(super) by_name: HashMap<String, usize>,
     pub(super) versions: Vec<Vec<u64>>,
     pub(super) incarnations: Vec<u64>,
+    /// Per shard, its update count when it answered the last pull.
+    pub(super) updates: Vec<u64>,
     /// The parameters' initial values (from [`PsClient::seed_cache`]): a shard found
     /// without parameters (restarted without a checkpoint) starts over from them, with an
     /// empty ledger, and the master trains every task again for it.
@@ -46,6 +48,16 @@ impl DenseCache {
         self.by_name
             .get(name)
             .map(|&i| self.params[i].values.as_slice())
+    }
+
+    /// Per shard, the incarnation and the update count (async: pushes applied; sync:
+    /// steps) of its answer to the last pull: where the cached values stand.
+    pub fn positions(&self) -> Vec<(u64, u64)> {
+        self.incarnations
+            .iter()
+            .copied()
+            .zip(self.updates.iter().copied())
+            .collect()
     }
 
     /// Every parameter, in spec order.
@@ -88,6 +100,7 @@ impl DenseCache {
             .map(|s| vec![0; layout.shard_blocks(s as u32).len()])
             .collect();
         self.incarnations = vec![0; n];
+        self.updates = vec![0; n];
         self.initial = None;
         self.spec = Some(spec.clone());
     }

@@ -110,6 +110,9 @@ impl PsClient {
                 stats.blocks += 1;
                 stats.bytes += b.values.len();
             }
+            if let Some(u) = cache.updates.get_mut(s) {
+                *u = resp.updates;
+            }
             stats.next_step = if sync {
                 stats.next_step.max(resp.next_step)
             } else {

@@ -37,6 +37,9 @@ pub struct PushOutcome {
     pub applied: bool,
     /// Per shard, the incarnation that answered (0: the push did not go to that shard).
     pub incarnations: Vec<u64>,
+    /// Async: per shard, the shard's update count once it applied this push (0: the push
+    /// did not go to that shard, or the shard had applied it before). Sync: zeros.
+    pub updates: Vec<u64>,
 }
 
 /// Where the first NaN or infinite value of a push is, if any.
@@ -274,6 +277,7 @@ impl PsClient {
             step,
             applied: false,
             incarnations: vec![0; n],
+            updates: vec![0; n],
         };
         let mut first_err = None;
         for r in join_all(sends).await {
@@ -285,6 +289,12 @@ impl PsClient {
                     outcome.applied |= applied;
                     if let Some(slot) = outcome.incarnations.get_mut(shard as usize) {
                         *slot = incarnation;
+                    }
+                    if !sync
+                        && applied
+                        && let Some(slot) = outcome.updates.get_mut(shard as usize)
+                    {
+                        *slot = s;
                     }
                 }
                 Err(e) => {

@@ -51,6 +51,11 @@ impl LocalOptimizer {
         })
     }
 
+    /// Whether its rule is additive ([`OptimizerConfig::is_additive`]).
+    pub fn is_additive(&self) -> bool {
+        self.optimizer.config().is_additive()
+    }
+
     /// Applies one step's gradients to `params`. Every sparse row with a gradient must
     /// be in `params`; nothing is changed when a gradient does not fit its parameter.
     pub fn step(&mut self, params: &mut Params, grads: &StepOutput) -> Result<()> {

@@ -36,7 +36,7 @@ use tokio::sync::Mutex;
 use tracing::Instrument as _;
 
 use crate::model::{Params, SparseInit, SparseRows, StepOutput};
-use crate::store::{InitOutcome, ParamInit, ParamStore, StoreError, TaskRef};
+use crate::store::{InitOutcome, ParamInit, ParamStore, Position, StoreError, TaskRef};
 
 /// How often a sync push that keeps finding its step closed is moved to the next step
 /// before its gradients are dropped.
@@ -96,7 +96,8 @@ struct AsyncPush<'a> {
 
 impl AsyncPush<'_> {
     /// Sends a push and waits for its answer: a long wait is logged, the task's
-    /// answering incarnations noted, the push counted.
+    /// answering incarnations noted, the push counted. Returns the position it was
+    /// applied at (unsaid where a shard had applied it before).
     async fn send(
         &self,
         trainer: &str,
@@ -104,7 +105,7 @@ impl AsyncPush<'_> {
         origin: Option<Origin>,
         names: &[String],
         grads: &StepOutput,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Position, StoreError> {
         let (dense, sparse) = push_views(names, grads);
         let sent = std::time::Instant::now();
         let pushed = self
@@ -115,7 +116,7 @@ impl AsyncPush<'_> {
         let out = pushed.map_err(map_err)?;
         note_answered(self.answered, origin, &out.incarnations);
         self.stats.pushes.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(Position(out.incarnations.into_iter().zip(out.updates).collect()))
     }
 }
 
@@ -345,7 +346,7 @@ impl PsStore {
                     stats: &stats,
                     answered: &answered,
                 };
-                if let Err(e) = push.send(&trainer, step, origin, &names, &grads).await {
+                if let Err(e) = push.send(&trainer, step, origin, &names, &grads).await.map(drop) {
                     guard.failed = Some(e.to_string());
                     return Err(e);
                 }
@@ -568,9 +569,10 @@ impl ParamStore for PsStore {
         step: u64,
         origin: Option<Origin>,
         grads: StepOutput,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Position, StoreError> {
         if self.sync() {
-            return self.push_sync(trainer, origin, &grads).await;
+            self.push_sync(trainer, origin, &grads).await?;
+            return Ok(Position::default());
         }
         let names = self.names_for(&grads)?;
         let push = AsyncPush {
@@ -581,7 +583,7 @@ impl ParamStore for PsStore {
         push.send(trainer, step, origin, &names, &grads).await
     }
 
-    async fn pull_current(&self, params: &mut Params) -> Result<(), StoreError> {
+    async fn pull_current(&self, params: &mut Params) -> Result<Position, StoreError> {
         let mut cache = self.cache.lock().await;
         let pulled = self.client.pull_dense(&mut cache).await.map_err(map_err)?;
         self.stats.count_pull(pulled.bytes);
@@ -591,7 +593,7 @@ impl ParamStore for PsStore {
             dst.clear();
             dst.extend_from_slice(&p.values);
         }
-        Ok(())
+        Ok(Position(cache.positions()))
     }
 
     fn local_updates(&self) -> Option<edl_pserver_client::OptimizerConfig> {

@@ -69,6 +69,26 @@ impl TaskRef {
     }
 }
 
+/// Where a store's parameters stood when it answered a push or a pull: per pserver
+/// shard, (incarnation, updates applied). Empty: the store does not say.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Position(pub Vec<(u64, u64)>);
+
+impl Position {
+    /// Whether `self`, the position a push was applied at, is exactly one update after
+    /// `before` on every shard, of the same incarnation: nothing but that push changed
+    /// the parameters since `before` was answered. False when either does not say.
+    pub fn follows(&self, before: &Position) -> bool {
+        !self.0.is_empty()
+            && self.0.len() == before.0.len()
+            && self
+                .0
+                .iter()
+                .zip(&before.0)
+                .all(|(&(inc, n), &(was_inc, was_n))| inc != 0 && inc == was_inc && n == was_n + 1)
+    }
+}
+
 /// The parameters a trainer declares to a [`ParamStore`]: dense parameters with their
 /// initial values, and sparse tables (whose rows start from their `init`). Only the
 /// trainer that initialises the store has its values used; every trainer declares the
@@ -141,22 +161,26 @@ pub trait ParamStore: Send + Sync + std::fmt::Debug {
     }
 
     /// Pushes like [`push`](Self::push) and returns once the push is applied (it may
-    /// keep the gradients). By default: `push`, then [`flush`](Self::flush).
+    /// keep the gradients), with the position it was applied at. By default: `push`,
+    /// then [`flush`](Self::flush), at no position said.
     async fn push_applied(
         &self,
         trainer: &str,
         step: u64,
         origin: Option<Origin>,
         grads: StepOutput,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Position, StoreError> {
         self.push(trainer, step, origin, &grads).await?;
-        self.flush().await
+        self.flush().await?;
+        Ok(Position::default())
     }
 
     /// Refreshes `params.dense` with the current dense parameters, fetched now (no
-    /// prefetch is used or started). By default: [`pull_dense`](Self::pull_dense).
-    async fn pull_current(&self, params: &mut Params) -> Result<(), StoreError> {
-        self.pull_dense(params).await
+    /// prefetch is used or started), and says the position they are at. By default:
+    /// [`pull_dense`](Self::pull_dense), at no position said.
+    async fn pull_current(&self, params: &mut Params) -> Result<Position, StoreError> {
+        self.pull_dense(params).await?;
+        Ok(Position::default())
     }
 
     /// The update rule a trainer may run locally on its own gradients between pulls
@@ -181,6 +205,8 @@ struct LocalState {
     params: Params,
     optimizer: LocalOptimizer,
     applied: HashSet<(String, u64)>,
+    /// Pushes applied.
+    updates: u64,
 }
 
 /// An in-process store: parameters and a [`LocalOptimizer`] behind a lock, asynchronous
@@ -210,6 +236,33 @@ impl LocalStore {
     pub async fn snapshot(&self) -> Option<Params> {
         self.state.lock().await.as_ref().map(|s| s.params.clone())
     }
+
+    /// Applies `trainer`'s step `step` unless it was before: the pushes applied since
+    /// the start, then, or `None` for a repeat.
+    async fn apply(
+        &self,
+        trainer: &str,
+        step: u64,
+        grads: &StepOutput,
+    ) -> Result<Option<u64>, StoreError> {
+        let mut state = self.state.lock().await;
+        let s = state
+            .as_mut()
+            .ok_or_else(|| StoreError::Unavailable("parameters not initialised".into()))?;
+        if !s.applied.insert((trainer.to_owned(), step)) {
+            return Ok(None);
+        }
+        for g in &grads.sparse {
+            let stored = s.params.sparse.entry(g.table.clone()).or_default();
+            for &id in &g.rows {
+                stored
+                    .get_or_insert_with(id, || self.model.init_sparse_row(&g.table, id, self.seed));
+            }
+        }
+        s.optimizer.step(&mut s.params, grads)?;
+        s.updates += 1;
+        Ok(Some(s.updates))
+    }
 }
 
 #[async_trait]
@@ -227,6 +280,7 @@ impl ParamStore for LocalStore {
             params,
             optimizer: LocalOptimizer::new(self.kind, self.lr)?,
             applied: HashSet::new(),
+            updates: 0,
         });
         Ok(InitOutcome::Initialised)
     }
@@ -269,22 +323,28 @@ impl ParamStore for LocalStore {
         _origin: Option<Origin>,
         grads: &StepOutput,
     ) -> Result<(), StoreError> {
-        let mut state = self.state.lock().await;
+        self.apply(trainer, step, grads).await.map(drop)
+    }
+
+    /// Applied at once; the position is (1, pushes applied), unsaid for a repeat.
+    async fn push_applied(
+        &self,
+        trainer: &str,
+        step: u64,
+        _origin: Option<Origin>,
+        grads: StepOutput,
+    ) -> Result<Position, StoreError> {
+        let applied = self.apply(trainer, step, &grads).await?;
+        Ok(Position(applied.map(|n| vec![(1, n)]).unwrap_or_default()))
+    }
+
+    async fn pull_current(&self, params: &mut Params) -> Result<Position, StoreError> {
+        let state = self.state.lock().await;
         let s = state
-            .as_mut()
+            .as_ref()
             .ok_or_else(|| StoreError::Unavailable("parameters not initialised".into()))?;
-        if !s.applied.insert((trainer.to_owned(), step)) {
-            return Ok(());
-        }
-        for g in &grads.sparse {
-            let stored = s.params.sparse.entry(g.table.clone()).or_default();
-            for &id in &g.rows {
-                stored
-                    .get_or_insert_with(id, || self.model.init_sparse_row(&g.table, id, self.seed));
-            }
-        }
-        s.optimizer.step(&mut s.params, grads)?;
-        Ok(())
+        params.dense.clone_from(&s.params.dense);
+        Ok(Position(vec![(1, s.updates)]))
     }
 
     fn local_updates(&self) -> Option<OptimizerConfig> {
@@ -293,5 +353,26 @@ impl ParamStore for LocalStore {
             lr: LrSchedule::constant(self.lr),
             clip: Default::default(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Position;
+
+    #[test]
+    fn a_position_follows_one_update_later_on_every_shard_of_the_same_incarnation() {
+        let before = Position(vec![(7, 10), (9, 3)]);
+        assert!(Position(vec![(7, 11), (9, 4)]).follows(&before));
+        // Another update between, on one shard.
+        assert!(!Position(vec![(7, 12), (9, 4)]).follows(&before));
+        // A shard restored since (another incarnation), whatever its count.
+        assert!(!Position(vec![(7, 11), (8, 4)]).follows(&before));
+        // A repeat (0: the shard had applied it before), unsaid positions, other shapes.
+        assert!(!Position(vec![(7, 11), (9, 0)]).follows(&before));
+        assert!(!Position::default().follows(&before));
+        assert!(!Position(vec![(7, 1)]).follows(&Position::default()));
+        assert!(!Position(vec![(7, 11)]).follows(&before));
+        assert!(!Position(vec![(0, 1)]).follows(&Position(vec![(0, 0)])));
     }
 }

@@ -324,6 +324,22 @@ impl OptimizerConfig {
         }
     }
 
+    /// Whether one update with the sum of several steps' gradients equals those steps'
+    /// updates one after another, up to rounding: plain SGD (no momentum, no weight
+    /// decay) at a constant rate, with no clipping. A trainer running such a rule locally
+    /// on its batches then holds what the pservers hold once they applied its sums.
+    pub fn is_additive(&self) -> bool {
+        matches!(
+            self.kind,
+            OptimizerKind::Sgd {
+                momentum,
+                weight_decay,
+                ..
+            } if momentum == 0.0 && weight_decay == 0.0
+        ) && matches!(self.lr, LrSchedule::Constant { .. })
+            && self.clip == Clip::default()
+    }
+
     /// Checks every hyper-parameter.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.kind.validate()?;
@@ -336,6 +352,34 @@ impl OptimizerConfig {
 mod tests {
     use super::*;
     use crate::optim::close;
+
+    #[test]
+    fn only_plain_sgd_at_a_constant_rate_without_clipping_is_additive() {
+        assert!(OptimizerConfig::sgd(0.1).is_additive());
+        assert!(!OptimizerConfig::adam(0.1).is_additive());
+        let with = |f: &dyn Fn(&mut OptimizerConfig)| {
+            let mut c = OptimizerConfig::sgd(0.1);
+            f(&mut c);
+            c.is_additive()
+        };
+        assert!(!with(&|c| c.kind = OptimizerKind::Sgd {
+            momentum: 0.9,
+            nesterov: false,
+            weight_decay: 0.0,
+        }));
+        assert!(!with(&|c| c.kind = OptimizerKind::Sgd {
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 1e-4,
+        }));
+        assert!(!with(&|c| c.lr = LrSchedule::Step {
+            lr: 0.1,
+            every: 10,
+            gamma: 0.5,
+        }));
+        assert!(!with(&|c| c.clip.max_norm = Some(1.0)));
+        assert!(!with(&|c| c.clip.max_value = Some(1.0)));
+    }
 
     #[test]
     fn schedules() {

@@ -20,6 +20,7 @@ use crate::store::LocalStore;
 use crate::testdata::{boston, split_every};
 use crate::{ModelSpec, OptimizerKind, build};
 
+mod sole;
 mod taken_away;
 
 fn write_shards(
@@ -286,6 +287,11 @@ struct LineJob {
 
 impl LineJob {
     async fn start(name: &str, passes: u32) -> LineJob {
+        Self::start_with(name, passes, 1).await
+    }
+
+    /// [`LineJob::start`] with tasks of `chunks` chunks each.
+    async fn start_with(name: &str, passes: u32, chunks: u32) -> LineJob {
         let dir = tempfile::tempdir().unwrap();
         let (train, _) = split_every(&boston(), 5);
         let glob = write_shards(dir.path(), &train, 3);
@@ -303,7 +309,7 @@ impl LineJob {
             MasterClientConfig::new(JobName::new(name).unwrap()),
             stop.child_token(),
         );
-        client.set_dataset(vec![glob], 1, passes).await.unwrap();
+        client.set_dataset(vec![glob], chunks, passes).await.unwrap();
         LineJob {
             _dir: dir,
             train,
@@ -366,7 +372,18 @@ async fn one_trainer_fits_a_line(
     local: &LocalStore,
     per_push: PerPush,
 ) -> Vec<Vec<f32>> {
-    let job = LineJob::start("one", 5).await;
+    alone_on_a_line(store, local, per_push, 1).await.0
+}
+
+/// [`one_trainer_fits_a_line`] with tasks of `chunks` chunks: the final parameters and
+/// the trainer's progress.
+async fn alone_on_a_line(
+    store: Arc<dyn crate::store::ParamStore>,
+    local: &LocalStore,
+    per_push: PerPush,
+    chunks: u32,
+) -> (Vec<Vec<f32>>, Progress) {
+    let job = LineJob::start_with("one", 5, chunks).await;
     let (train, backend, stop, client) = (
         job.train.clone(),
         job.backend.clone(),
@@ -390,7 +407,7 @@ async fn one_trainer_fits_a_line(
     .unwrap();
     assert_eq!(p.records, 5 * train.len() as u64);
     job.finish().await;
-    local.snapshot().await.expect("initialised").dense
+    (local.snapshot().await.expect("initialised").dense, p)
 }
 
 fn line_model(train: &[edl_proto::sample::Sample]) -> Arc<dyn crate::Model> {

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use edl_pserver_client::Origin;
 
 use super::*;
-use crate::store::{InitOutcome, StoreError};
+use crate::store::{InitOutcome, Position, StoreError};
 
 /// A trainer's store over [`PsStore`] that records every origin pushed. Trainer a's
 /// (`stalls`) also makes pushes take a while (a network: the adaptive pipeline sums the
@@ -66,7 +66,7 @@ impl ParamStore for Watched {
         step: u64,
         origin: Option<Origin>,
         grads: StepOutput,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Position, StoreError> {
         if self.stalls {
             if *self.applied.borrow() {
                 std::future::pending::<()>().await;
@@ -74,16 +74,17 @@ impl ParamStore for Watched {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.origins.lock().unwrap().extend(origin);
-        self.inner
+        let at = self
+            .inner
             .push_applied(trainer, step, origin, grads)
             .await?;
         if let Some(o) = origin.filter(|o| self.stalls && o.count > 1) {
             self.run.lock().unwrap().get_or_insert(o);
             self.applied.send_replace(true);
         }
-        Ok(())
+        Ok(at)
     }
-    async fn pull_current(&self, params: &mut Params) -> Result<(), StoreError> {
+    async fn pull_current(&self, params: &mut Params) -> Result<Position, StoreError> {
         self.inner.pull_current(params).await
     }
     async fn task_done(&self, trainer: &str, task: TaskRef) -> Result<Vec<u64>, StoreError> {

@@ -15,6 +15,21 @@
 //! condition variable the compute thread waits on (a push slot), and a [`Notify`] for
 //! the task. Pushes are numbered from 1 in the order they are handed over.
 //!
+//! A lone trainer skips the pull after its push (`sole`): when the pservers say the push
+//! was applied exactly one update after their previous answer to this trainer (a push's
+//! or a pull's, every shard of the same incarnation: [`Position::follows`]), and the
+//! update rule is additive ([`OptimizerConfig::is_additive`]: one update with the sum of
+//! the run's gradients is the run's local updates, up to rounding), the pservers hold
+//! what the working copy held when the push was handed over (its mark): the compute
+//! thread takes that mark as its new base without a pull ([`Shared::take_sole_through`]).
+//! A push that does not follow (another trainer's update between, a restored shard, a
+//! repeat) asks for a pull as before. A pull that raced another trainer's push may say
+//! one update more than its values hold (a shard counts a push before applying it): the
+//! working copy then misses that update until its next pull, at the latest at the next
+//! task's start, which rebases on the pservers' values whatever the marks claimed.
+//!
+//! [`OptimizerConfig::is_additive`]: edl_pserver_client::OptimizerConfig::is_additive
+//!
 //! A push a shard refuses because another attempt at its task applied part of its
 //! batches ([`StoreError::Superseded`]) is not a failure: the task was taken away from
 //! this trainer. Its lease is recorded as taken away (the compute thread computes no
@@ -32,7 +47,7 @@ use tracing::Instrument as _;
 
 use super::working::Values;
 use crate::model::{Params, StepOutput};
-use crate::store::{ParamStore, StoreError};
+use crate::store::{ParamStore, Position, StoreError};
 
 /// A task's lease: (pass, index, generation), unique per dispatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,6 +87,13 @@ pub(super) struct State {
     pulling: bool,
     /// A pull that landed and was not swapped in yet: (values, pushes it absorbed).
     landed: Option<(Values, u64)>,
+    /// Where the pservers' parameters stood at their last answer (a push's or a pull's).
+    at: Position,
+    /// The last push applied was the only update since the answer before it (and no
+    /// pull was due): see the module docs.
+    sole: bool,
+    /// The newest such push not yet taken by the compute thread (0: none).
+    sole_through: u64,
     /// A buffer to pull into, given back by the compute thread.
     spare: Option<Values>,
     /// The error that broke the store (nothing is sent after it).
@@ -85,6 +107,8 @@ pub(super) struct State {
 /// The pipeline's shared state.
 pub(super) struct Shared {
     state: Mutex<State>,
+    /// Whether the update rule is additive (a push may then be `sole`).
+    additive: bool,
     /// Wakes the compute thread: a push applied, a failure.
     changed: Condvar,
     /// Wakes the communication task: a push handed over, a pull wanted, a buffer
@@ -95,9 +119,11 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    pub(super) fn new() -> Arc<Self> {
+    /// `additive`: whether the update rule is ([`Position`]'s pulls may be skipped).
+    pub(super) fn new(additive: bool) -> Arc<Self> {
         Arc::new(Shared {
             state: Mutex::new(State::default()),
+            additive,
             changed: Condvar::new(),
             ready: Notify::new(),
             applied: watch::Sender::new((0, None)),
@@ -139,6 +165,20 @@ impl Shared {
     pub(super) fn comm_idle(&self) -> bool {
         let s = self.lock();
         s.queue.is_empty() && s.handed == s.applied && !s.want_pull && !s.pulling
+    }
+
+    /// Compute thread: whether the last push applied was the only update since the
+    /// pservers' answer before it (this trainer trains alone, for now).
+    pub(super) fn sole(&self) -> bool {
+        self.lock().sole
+    }
+
+    /// Compute thread: the newest push the pservers applied as the only update since
+    /// their previous answer, not taken before: the pservers hold its mark.
+    pub(super) fn take_sole_through(&self) -> Option<u64> {
+        let mut s = self.lock();
+        let n = std::mem::take(&mut s.sole_through);
+        (n > 0).then_some(n)
     }
 
     /// Whether `lease`'s task was taken away.
@@ -196,12 +236,19 @@ impl Shared {
         self.changed.notify_all();
     }
 
-    /// Push `number` was applied (or refused, or dropped): the next may go, and a pull
-    /// is due.
-    fn settled(&self, number: u64) {
+    /// Push `number` was applied at `at` (or refused, or dropped: nowhere): the next
+    /// may go, and a pull is due unless the push was the only update since the
+    /// pservers' previous answer (see the module docs).
+    fn settled(&self, number: u64, at: Position) {
         let mut s = self.lock();
         s.applied = number;
-        s.want_pull = true;
+        s.sole = self.additive && !s.want_pull && at.follows(&s.at);
+        s.at = at;
+        if s.sole {
+            s.sole_through = number;
+        } else {
+            s.want_pull = true;
+        }
         drop(s);
         self.applied.send_modify(|a| a.0 = number);
         self.changed.notify_all();
@@ -270,8 +317,8 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
                 let pushed = store
                     .push_applied(&trainer, out.step, Some(out.origin), out.grads)
                     .await;
-                match pushed {
-                    Ok(()) => {}
+                let at = match pushed {
+                    Ok(at) => at,
                     Err(StoreError::Superseded(why)) => {
                         tracing::warn!(
                             pass = out.origin.pass,
@@ -279,26 +326,31 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
                             "the task was taken away from this trainer: {why}"
                         );
                         shared.lock().taken_away.insert(out.lease, why);
+                        Position::default()
                     }
                     Err(e) => {
                         shared.fail(&e);
                         return;
                     }
-                }
-                shared.settled(number);
+                };
+                shared.settled(number, at);
             }
-            Some(CommStep::Dropped(number)) => shared.settled(number),
+            Some(CommStep::Dropped(number)) => shared.settled(number, Position::default()),
             Some(CommStep::Pull(buf, absorbed)) => {
                 let mut params = Params {
                     dense: buf,
                     sparse: Default::default(),
                 };
-                if let Err(e) = store.pull_current(&mut params).await {
-                    shared.fail(&e);
-                    return;
-                }
+                let at = match store.pull_current(&mut params).await {
+                    Ok(at) => at,
+                    Err(e) => {
+                        shared.fail(&e);
+                        return;
+                    }
+                };
                 let mut s = shared.lock();
                 s.landed = Some((params.dense, absorbed));
+                s.at = at;
                 s.pulling = false;
             }
         }

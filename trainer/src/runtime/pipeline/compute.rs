@@ -11,7 +11,11 @@
 //!   handed over before applied, the pull after it landed: [`Shared::comm_idle`]; the
 //!   pending push then sums the batches computed during the last one's round trip:
 //!   fewer, larger pushes when the traffic is heavy), or when it holds
-//!   [`ADAPTIVE_MAX_BATCHES`] batches (the staleness cap); and at the task's end.
+//!   [`ADAPTIVE_MAX_BATCHES`] batches (the staleness cap); and at the task's end. A
+//!   trainer whose last push was the only update the pservers applied since their
+//!   previous answer ([`Shared::sole`]: it trains alone, for now, under an additive
+//!   rule) hands a run over only at the cap or the task's end: nobody else reads its
+//!   pushes meanwhile, and fewer of them leave the cores to the computation.
 //!
 //! A batch shorter than the job's batch size weighs its part of a full one
 //! ([`StepOutput::weigh_partial`]).
@@ -198,11 +202,15 @@ impl Compute {
         self.stats
     }
 
-    /// Swaps in the pull that landed, if any.
+    /// Swaps in the pull that landed, if any, then takes the newest push the pservers
+    /// applied alone as the base (see `comm`).
     fn land(&mut self) {
         if let Some((values, absorbed)) = self.shared.take_landed() {
             self.working.land(values, absorbed);
             self.shared.recycle(self.working.spare());
+        }
+        if let Some(number) = self.shared.take_sole_through() {
+            self.working.advance(number);
         }
     }
 
@@ -274,7 +282,10 @@ impl Compute {
                 self.current.as_mut().expect("set by current()").skipped += 1;
             }
             let count = self.pending_count();
-            if adaptive && (count >= ADAPTIVE_MAX_BATCHES || self.shared.comm_idle()) {
+            if adaptive
+                && (count >= ADAPTIVE_MAX_BATCHES
+                    || (!self.shared.sole() && self.shared.comm_idle()))
+            {
                 self.hand_over();
             }
         }

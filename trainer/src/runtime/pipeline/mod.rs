@@ -12,7 +12,9 @@
 //!   applied, and pulls after each applied push and at each task's start (pushes and
 //!   pulls take turns, so a pull holds exactly the pushes applied before it); a pull lands
 //!   in a spare buffer that the compute thread swaps in between batches, rebasing its
-//!   own batches not yet absorbed on it ([`working`]).
+//!   own batches not yet absorbed on it ([`working`]). A trainer training alone under an
+//!   additive rule skips the pull after its pushes, and pushes less often (see [`comm`]
+//!   and [`compute`]).
 //! - When the compute thread is done with a task it says so ([`Done`]) with the number
 //!   of its last push: the task is acknowledged once that push is applied, in the
 //!   background. Nothing waits at a task's boundary.
@@ -75,7 +77,7 @@ impl Pipeline {
         step: u64,
         batch_size: usize,
     ) -> Result<Pipeline, RuntimeError> {
-        let shared = comm::Shared::new();
+        let shared = comm::Shared::new(optimizer.is_additive());
         let compute = Compute::new(
             model,
             shared.clone(),

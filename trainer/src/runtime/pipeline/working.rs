@@ -17,6 +17,9 @@
 //!   working values and to every later mark, and `P` becomes mark `k`;
 //! - a landing never moves the base backwards: a pull absorbing less than the base is
 //!   dropped (its buffer is recycled);
+//! - an advance to push `k` (the pservers said they hold mark `k`: a lone trainer's push
+//!   under an additive rule, see `comm`) makes mark `k` the base and changes no working
+//!   value; whatever it claimed, the next landing rebases on the values pulled;
 //! - with no other trainer and an update rule that adds, the working values equal the
 //!   pservers' values plus the updates not yet pushed or applied, whatever the order of
 //!   pushes, applications and landings.
@@ -76,6 +79,20 @@ impl Working {
         let mut buf = self.spare.pop().unwrap_or_default();
         copy_values(&mut buf, &self.work.dense);
         self.marks.push_back((number, buf));
+    }
+
+    /// The pservers hold mark `number` (see the module docs): it becomes the base, the
+    /// older marks are recycled. Returns whether it was a mark above the base.
+    pub(crate) fn advance(&mut self, number: u64) -> bool {
+        match self.marks.iter().position(|m| m.0 == number) {
+            Some(i) if i > 0 => {
+                for old in self.marks.drain(..i) {
+                    self.spare.push(old.1);
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     /// A buffer to pull into (recycled).

@@ -1,5 +1,6 @@
 //! [`Working`] against a model of the pservers: random interleavings of batches, hand-overs,
-//! applications, other trainers' pushes, pulls (exact, and racing a push) and landings.
+//! applications, other trainers' pushes, pulls (exact, and racing a push), landings and
+//! advances (claims that the pservers hold a mark, true or not).
 //! Values are small integers, so every sum is exact in f32.
 
 use std::collections::VecDeque;
@@ -23,9 +24,10 @@ struct World {
     /// Local updates not handed over.
     acc: Vec<f32>,
     working: Working,
-    /// Exact landings used, racing landings.
+    /// Exact landings used, racing landings, advances made.
     exact_landings: u64,
     racing_landings: u64,
+    advances: u64,
 }
 
 impl World {
@@ -43,6 +45,7 @@ impl World {
             acc: vec![0.0; LEN],
             exact_landings: 0,
             racing_landings: 0,
+            advances: 0,
         }
     }
 
@@ -98,7 +101,7 @@ impl World {
     }
 
     fn step(&mut self) {
-        match self.rng.below(8) {
+        match self.rng.below(9) {
             0 | 1 => self.batch(),
             2 => self.hand_over(),
             3 => {
@@ -115,7 +118,17 @@ impl World {
                 let exact = !self.apply();
                 self.pulls.push_back((self.z.clone(), absorbed, exact));
             }
-            _ => self.land(),
+            7 => self.land(),
+            _ => {
+                // The comm side says the pservers hold the newest applied push's mark
+                // (true when no other update came between; here, whatever came).
+                let base = self.working.base();
+                if self.working.advance(self.applied) {
+                    assert!(self.applied > base);
+                    assert_eq!(self.working.base(), self.applied);
+                    self.advances += 1;
+                }
+            }
         }
     }
 
@@ -147,8 +160,8 @@ fn add(a: &mut [f32], b: &[f32]) {
 
 #[test]
 fn the_working_values_are_the_pservers_plus_the_updates_not_absorbed() {
-    let (mut exact, mut racing) = (0, 0);
-    for seed in 0..2_000 {
+    let (mut exact, mut racing, mut advances) = (0, 0, 0);
+    for seed in 0..2_500 {
         let mut w = World::new(seed);
         for _ in 0..w.rng.below(60) + 1 {
             w.step();
@@ -156,10 +169,31 @@ fn the_working_values_are_the_pservers_plus_the_updates_not_absorbed() {
         w.settle();
         exact += w.exact_landings;
         racing += w.racing_landings;
+        advances += w.advances;
     }
     // Witnesses: both kinds of landing were reached, many times.
     assert!(exact > 10_000, "exact landings: {exact}");
     assert!(racing > 1_000, "racing landings: {racing}");
+    assert!(advances > 1_000, "advances: {advances}");
+}
+
+#[test]
+fn an_advance_moves_the_base_and_keeps_the_working_values() {
+    let mut w = Working::new(vec![vec![1.0, 2.0]]);
+    w.params().dense[0][0] += 1.0;
+    w.mark(1);
+    w.params().dense[0][1] += 1.0;
+    w.mark(2);
+    w.params().dense[0][1] += 1.0;
+    assert!(!w.advance(3), "push 3 was not handed over");
+    assert!(w.advance(1));
+    assert_eq!((w.base(), &w.params().dense[0]), (1, &vec![2.0, 4.0]));
+    assert!(!w.advance(1), "already the base");
+    assert!(w.advance(2));
+    assert!(!w.land(vec![vec![9.0, 9.0]], 1), "push 1 is older than the base");
+    // The pservers held 5, 5 at push 2, not the mark (2, 3): the landing rebases.
+    assert!(w.land(vec![vec![5.0, 5.0]], 2));
+    assert_eq!(w.params().dense[0], vec![5.0, 6.0]);
 }
 
 #[test]
