@@ -116,7 +116,9 @@ impl AsyncPush<'_> {
         let out = pushed.map_err(map_err)?;
         note_answered(self.answered, origin, &out.incarnations);
         self.stats.pushes.fetch_add(1, Ordering::Relaxed);
-        Ok(Position(out.incarnations.into_iter().zip(out.updates).collect()))
+        Ok(Position(
+            out.incarnations.into_iter().zip(out.updates).collect(),
+        ))
     }
 }
 
@@ -346,7 +348,11 @@ impl PsStore {
                     stats: &stats,
                     answered: &answered,
                 };
-                if let Err(e) = push.send(&trainer, step, origin, &names, &grads).await.map(drop) {
+                if let Err(e) = push
+                    .send(&trainer, step, origin, &names, &grads)
+                    .await
+                    .map(drop)
+                {
                     guard.failed = Some(e.to_string());
                     return Err(e);
                 }

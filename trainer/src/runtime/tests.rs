@@ -309,7 +309,10 @@ impl LineJob {
             MasterClientConfig::new(JobName::new(name).unwrap()),
             stop.child_token(),
         );
-        client.set_dataset(vec![glob], chunks, passes).await.unwrap();
+        client
+            .set_dataset(vec![glob], chunks, passes)
+            .await
+            .unwrap();
         LineJob {
             _dir: dir,
             train,

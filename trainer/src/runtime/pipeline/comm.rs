@@ -23,7 +23,10 @@
 //! what the working copy held when the push was handed over (its mark): the compute
 //! thread takes that mark as its new base without a pull ([`Shared::take_sole_through`]).
 //! A push that does not follow (another trainer's update between, a restored shard, a
-//! repeat) asks for a pull as before. A pull that raced another trainer's push may say
+//! repeat) asks for a pull as before. After [`SOLE_STREAK`] such pushes in a row the
+//! compute thread also hands its runs over less often ([`Shared::sole`]; one push that
+//! does not follow ends that): a lone trainer's pushes are read by nobody, while with
+//! other trainers, larger runs would make every trainer's view staler. A pull that raced another trainer's push may say
 //! one update more than its values hold (a shard counts a push before applying it): the
 //! working copy then misses that update until its next pull, at the latest at the next
 //! task's start, which rebases on the pservers' values whatever the marks claimed.
@@ -48,6 +51,10 @@ use tracing::Instrument as _;
 use super::working::Values;
 use crate::model::{Params, StepOutput};
 use crate::store::{ParamStore, Position, StoreError};
+
+/// Pushes in a row, each the only update since the pservers' answer before it, after
+/// which a trainer counts as training alone ([`Shared::sole`]).
+pub(crate) const SOLE_STREAK: u32 = 4;
 
 /// A task's lease: (pass, index, generation), unique per dispatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -89,9 +96,9 @@ pub(super) struct State {
     landed: Option<(Values, u64)>,
     /// Where the pservers' parameters stood at their last answer (a push's or a pull's).
     at: Position,
-    /// The last push applied was the only update since the answer before it (and no
-    /// pull was due): see the module docs.
-    sole: bool,
+    /// The pushes applied in a row as the only update since the answer before each
+    /// (with no pull due): see the module docs.
+    sole: u32,
     /// The newest such push not yet taken by the compute thread (0: none).
     sole_through: u64,
     /// A buffer to pull into, given back by the compute thread.
@@ -167,10 +174,12 @@ impl Shared {
         s.queue.is_empty() && s.handed == s.applied && !s.want_pull && !s.pulling
     }
 
-    /// Compute thread: whether the last push applied was the only update since the
-    /// pservers' answer before it (this trainer trains alone, for now).
+    /// Compute thread: whether the last [`SOLE_STREAK`] pushes applied were each the
+    /// only update since the pservers' answer before it: this trainer trains alone, for
+    /// now. (One such push proves little: another trainer's pushes may just have
+    /// fallen outside its round trip.)
     pub(super) fn sole(&self) -> bool {
-        self.lock().sole
+        self.lock().sole >= SOLE_STREAK
     }
 
     /// Compute thread: the newest push the pservers applied as the only update since
@@ -242,11 +251,13 @@ impl Shared {
     fn settled(&self, number: u64, at: Position) {
         let mut s = self.lock();
         s.applied = number;
-        s.sole = self.additive && !s.want_pull && at.follows(&s.at);
+        let sole = self.additive && !s.want_pull && at.follows(&s.at);
         s.at = at;
-        if s.sole {
+        if sole {
+            s.sole += 1;
             s.sole_through = number;
         } else {
+            s.sole = 0;
             s.want_pull = true;
         }
         drop(s);

@@ -12,8 +12,8 @@
 //!   pending push then sums the batches computed during the last one's round trip:
 //!   fewer, larger pushes when the traffic is heavy), or when it holds
 //!   [`ADAPTIVE_MAX_BATCHES`] batches (the staleness cap); and at the task's end. A
-//!   trainer whose last push was the only update the pservers applied since their
-//!   previous answer ([`Shared::sole`]: it trains alone, for now, under an additive
+//!   trainer whose last few pushes were each the only update the pservers applied since
+//!   their previous answer ([`Shared::sole`]: it trains alone, for now, under an additive
 //!   rule) hands a run over only at the cap or the task's end: nobody else reads its
 //!   pushes meanwhile, and fewer of them leave the cores to the computation.
 //!

@@ -33,6 +33,8 @@ mod compute;
 mod working;
 
 pub(crate) use comm::LeaseKey;
+#[cfg(test)]
+pub(crate) use comm::SOLE_STREAK;
 pub(crate) use compute::{Done, EndHow, Fatal, Work};
 
 use crate::local_optim::LocalOptimizer;

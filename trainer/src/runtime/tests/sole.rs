@@ -15,6 +15,7 @@ use edl_pserver_client::{OptimizerConfig, Origin};
 
 use super::*;
 use crate::model::{Params, StepOutput};
+use crate::runtime::pipeline::{PUSH_WINDOW, SOLE_STREAK};
 use crate::store::{ParamInit, ParamStore, Position, StoreError};
 
 /// A [`LocalStore`] that counts the pipeline's pulls and records its pushes' runs; with
@@ -26,6 +27,9 @@ struct Counting {
     other_every: u64,
     pulls: AtomicU64,
     pushes: AtomicU64,
+    /// What happened, in order: `o` another trainer's push, `P` a push of the
+    /// pipeline's, `l` a pull.
+    events: Mutex<String>,
     /// Per task (pass, index): the runs pushed, by first batch: their length.
     runs: Mutex<BTreeMap<(u32, u32), BTreeMap<u32, u32>>>,
 }
@@ -37,6 +41,7 @@ impl Counting {
             other_every,
             pulls: AtomicU64::new(0),
             pushes: AtomicU64::new(0),
+            events: Mutex::new(String::new()),
             runs: Mutex::new(BTreeMap::new()),
         }
     }
@@ -88,11 +93,15 @@ impl ParamStore for Counting {
             let mut zero = grads.clone();
             zero.dense.iter_mut().for_each(|g| g.fill(0.0));
             self.inner.push("other", n, None, &zero).await?;
+            self.events.lock().unwrap().push('o');
         }
-        self.inner.push_applied(trainer, step, origin, grads).await
+        let at = self.inner.push_applied(trainer, step, origin, grads).await;
+        self.events.lock().unwrap().push('P');
+        at
     }
     async fn pull_current(&self, params: &mut Params) -> Result<Position, StoreError> {
         self.pulls.fetch_add(1, Ordering::SeqCst);
+        self.events.lock().unwrap().push('l');
         self.inner.pull_current(params).await
     }
     fn local_updates(&self) -> Option<OptimizerConfig> {
@@ -125,36 +134,76 @@ async fn a_lone_trainer_under_sgd_pulls_once_a_task_and_hands_runs_over_at_the_c
     let runs = store.runs.lock().unwrap();
     assert_eq!(runs.len() as u64, p.tasks);
     // Every run but a task's last is of the cap (the last: what the task had left),
-    // except in the task of the first pushes, made before a push's answer followed an
-    // earlier one of the pipeline's.
-    let (mut capped, mut other) = (0, Vec::new());
+    // except the first pushes': until SOLE_STREAK pushes in a row followed the answers
+    // before them (the first push follows none of the pipeline's).
+    let (mut capped, mut short) = (0, Vec::new());
     for (task, runs) in runs.iter() {
         let lens: Vec<u32> = runs.values().copied().collect();
         let (last, whole) = lens.split_last().expect("a task pushes");
-        if whole.iter().all(|&n| n == ADAPTIVE_MAX_BATCHES) && *last <= ADAPTIVE_MAX_BATCHES {
-            capped += whole.len();
-        } else {
-            other.push((task, lens));
-        }
+        assert!(
+            *last <= ADAPTIVE_MAX_BATCHES,
+            "task {task:?}: runs {lens:?}"
+        );
+        capped += whole.iter().filter(|&&n| n == ADAPTIVE_MAX_BATCHES).count();
+        short.extend(
+            whole
+                .iter()
+                .filter(|&&n| n != ADAPTIVE_MAX_BATCHES)
+                .map(|n| (task, *n)),
+        );
     }
-    assert!(other.len() <= 1, "tasks not in runs of the cap: {other:?}");
+    assert!(
+        short.len() as u32 <= SOLE_STREAK + 1,
+        "runs cut before the cap, not a task's last: {short:?}"
+    );
     // Witness: the tasks were longer than the cap, and runs were cut at it.
     assert!(capped as u64 >= p.tasks / 2, "{capped} runs at the cap");
+}
+
+/// How many of the pushes `events` marks with `after` (`o`: those another trainer's
+/// update came before; `P`: every push) were followed by a pull within the next
+/// `PUSH_WINDOW + 1` pushes, and how many were not (the job's last pushes not counted).
+/// (The pull due after a push goes after the pushes already handed over, up to
+/// [`PUSH_WINDOW`], when the pull before it has not been swapped in yet: see `comm`.)
+fn pulled_after(events: &str, after: char) -> (usize, usize) {
+    let b = events.as_bytes();
+    let (mut pulled, mut not) = (0, 0);
+    for (i, &e) in b.iter().enumerate() {
+        let push = match after {
+            'o' if e == b'o' => i + 1,
+            'P' if e == b'P' => i,
+            _ => continue,
+        };
+        let rest = &b[push + 1..];
+        let Some(second) = rest
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| **e == b'P')
+            .nth(PUSH_WINDOW as usize)
+            .map(|(j, _)| j)
+        else {
+            continue;
+        };
+        if rest[..second].contains(&b'l') {
+            pulled += 1;
+        } else {
+            not += 1;
+        }
+    }
+    (pulled, not)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_writers_update_or_a_rule_that_is_not_additive_brings_the_pulls_back() {
     // Another trainer's update before every other push: each of those is followed by
     // a pull (the working copy would miss the update otherwise).
-    let (p, store) = alone(OptimizerKind::sgd(), 2).await;
-    let (pulls, pushes) = (
-        store.pulls.load(Ordering::SeqCst),
-        store.pushes.load(Ordering::SeqCst),
-    );
+    let (_, store) = alone(OptimizerKind::sgd(), 2).await;
+    let events = store.events.lock().unwrap().clone();
+    let (pulled, not) = pulled_after(&events, 'o');
+    assert_eq!(not, 0, "{events}");
     assert!(
-        pulls >= pushes / 2 + p.tasks,
-        "{pulls} pulls for {pushes} pushes, {} tasks",
-        p.tasks
+        pulled >= 10,
+        "witness: {pulled} pushes after another's update: {events}"
     );
     // SGD with weight decay: a pull after every push.
     let decay = OptimizerKind::Sgd {
@@ -162,12 +211,14 @@ async fn another_writers_update_or_a_rule_that_is_not_additive_brings_the_pulls_
         nesterov: false,
         weight_decay: 1e-3,
     };
-    let (_, store) = alone(decay, 0).await;
-    let (pulls, pushes) = (
-        store.pulls.load(Ordering::SeqCst),
-        store.pushes.load(Ordering::SeqCst),
+    let (p, store) = alone(decay, 0).await;
+    let events = store.events.lock().unwrap().clone();
+    let (pulled, not) = pulled_after(&events, 'P');
+    assert_eq!(not, 0, "{events}");
+    // Witness: more pushes than tasks (runs shorter than a task).
+    assert!(
+        pulled as u64 > p.tasks,
+        "{pulled} pushes for {} tasks",
+        p.tasks
     );
-    assert!(pulls >= pushes, "{pulls} pulls for {pushes} pushes");
-    // Witness: a push per run at most, and more pushes than tasks (runs shorter than a task).
-    assert!(pushes > p.tasks, "{pushes} pushes for {} tasks", p.tasks);
 }

@@ -190,7 +190,10 @@ fn an_advance_moves_the_base_and_keeps_the_working_values() {
     assert_eq!((w.base(), &w.params().dense[0]), (1, &vec![2.0, 4.0]));
     assert!(!w.advance(1), "already the base");
     assert!(w.advance(2));
-    assert!(!w.land(vec![vec![9.0, 9.0]], 1), "push 1 is older than the base");
+    assert!(
+        !w.land(vec![vec![9.0, 9.0]], 1),
+        "push 1 is older than the base"
+    );
     // The pservers held 5, 5 at push 2, not the mark (2, 3): the landing rebases.
     assert!(w.land(vec![vec![5.0, 5.0]], 2));
     assert_eq!(w.params().dense[0], vec![5.0, 6.0]);
