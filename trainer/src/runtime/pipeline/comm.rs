@@ -97,8 +97,12 @@ pub(super) struct State {
     /// Where the pservers' parameters stood at their last answer (a push's or a pull's).
     at: Position,
     /// The pushes applied in a row as the only update since the answer before each
-    /// (with no pull due): see the module docs.
+    /// (and not behind): see the module docs.
     sole: u32,
+    /// A push did not follow the answer before it, and no pull was sent since: the
+    /// pservers hold updates the working copy has not seen (a later push that follows
+    /// does not make it whole).
+    behind: bool,
     /// The newest such push not yet taken by the compute thread (0: none).
     sole_through: u64,
     /// A buffer to pull into, given back by the compute thread.
@@ -251,13 +255,14 @@ impl Shared {
     fn settled(&self, number: u64, at: Position) {
         let mut s = self.lock();
         s.applied = number;
-        let sole = self.additive && !s.want_pull && at.follows(&s.at);
+        let sole = self.additive && !s.behind && at.follows(&s.at);
         s.at = at;
         if sole {
             s.sole += 1;
             s.sole_through = number;
         } else {
             s.sole = 0;
+            s.behind = true;
             s.want_pull = true;
         }
         drop(s);
@@ -304,6 +309,7 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn ParamStore>, trainer: String) {
             }
             if s.want_pull && s.landed.is_none() && !s.closing {
                 s.want_pull = false;
+                s.behind = false;
                 s.pulling = true;
                 Some(CommStep::Pull(
                     s.spare.take().unwrap_or_default(),
