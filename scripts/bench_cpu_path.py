@@ -6,7 +6,7 @@ build's rows beside them. Rows are interleaved, --reps rounds; medians. The job 
 scripts/bench-peer's MLP without its held-out split (no evaluation between passes), on its
 data in target/peer-paddle/edl: run scripts/bench-peer once first. Standard library only.
 
-    python3 scripts/bench_cpu_path.py --edl target/release/edl [--before OLD_EDL] [--reps 3]
+    python3 scripts/bench_cpu_path.py --edl "$(scripts/target-dir)/release/edl" [--before OLD_EDL] [--reps 3]
 """
 
 import argparse

@@ -89,7 +89,7 @@ impl ParamStore for Counting {
                 .or_default()
                 .insert(o.seq, o.count);
         }
-        if self.other_every > 0 && n % self.other_every == 0 {
+        if self.other_every > 0 && n.is_multiple_of(self.other_every) {
             let mut zero = grads.clone();
             zero.dense.iter_mut().for_each(|g| g.fill(0.0));
             self.inner.push("other", n, None, &zero).await?;
