@@ -50,10 +50,13 @@ use working::Working;
 /// pushes on the pservers' side, and none of its batches (applied locally).
 pub const PUSH_WINDOW: u64 = 2;
 
-/// Groups sent to the compute thread ahead of it (the next group is being prepared
-/// meanwhile): enough to keep it busy, few, since a killed trainer's tasks in the
-/// pipeline are trained again.
-const WORK_AHEAD: usize = 1;
+/// Groups (and task ends) sent to the compute thread ahead of it (the next group is
+/// being prepared meanwhile): enough to keep it busy across a task's boundary, where the
+/// runtime takes the next task and prepares its first group while the compute thread
+/// finishes the last one (with one ahead, a lone trainer's compute thread waited for
+/// work about 1 ms at each boundary; with two, half as long in all, docs/benchmarks.md);
+/// few, since a killed trainer's groups in the pipeline are trained again.
+const WORK_AHEAD: usize = 2;
 
 /// The running pipeline (see the module docs).
 pub(crate) struct Pipeline {
