@@ -42,6 +42,9 @@ pub const ETCD_DOMAIN: &str = "EDL_ETCD_DOMAIN";
 pub const ETCD_USER: &str = "EDL_ETCD_USER";
 /// etcd password.
 pub const ETCD_PASSWORD: &str = "EDL_ETCD_PASSWORD";
+/// The operator's: the shared etcd's client URLs (comma-separated) that its
+/// [`ETCD_USER`] is for; it sends the credentials nowhere else.
+pub const ETCD_ENDPOINTS: &str = "EDL_ETCD_ENDPOINTS";
 /// CA certificate (PEM) for etcd TLS.
 pub const ETCD_CA: &str = "EDL_ETCD_CA";
 /// Client certificate (PEM) for etcd TLS, with [`ETCD_KEY`].

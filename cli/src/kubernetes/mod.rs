@@ -136,6 +136,11 @@ pub struct RunArgs {
     /// etcd password.
     #[arg(long, env = edl_job::env::ETCD_PASSWORD, hide_env_values = true)]
     pub etcd_password: Option<String>,
+    /// The client URLs of the shared etcd that --etcd-user is for (comma-separated; needed
+    /// with it): the operator sends its credentials only there, and refuses a job whose
+    /// `etcd.endpoints` names another.
+    #[arg(long, env = edl_job::env::ETCD_ENDPOINTS, value_delimiter = ',', value_name = "URLS")]
+    pub etcd_endpoints: Vec<String>,
     /// Run edl's autoscaler on the leading replica: it resizes every elastic TrainingJob
     /// (min_trainers < max_trainers) through its scale subresource, from the nodes' room,
     /// the jobs' priorities (their PriorityClass) and observed speeds (docs/autoscaler.md).

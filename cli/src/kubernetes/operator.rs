@@ -173,6 +173,12 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
         (None, None) => None,
         _ => anyhow::bail!("--etcd-user and --etcd-password go together"),
     };
+    anyhow::ensure!(
+        etcd_auth.is_none() || !args.etcd_endpoints.is_empty(),
+        "--etcd-user needs --etcd-endpoints (or {}): the shared etcd's client URLs, the only \
+         place the operator sends its credentials (a TrainingJob names its own endpoints)",
+        edl_job::env::ETCD_ENDPOINTS
+    );
     runtime()?.block_on(async move {
         let shutdown = shutdown_on_signals()?;
         let client = kube::Client::try_default().await.context(
@@ -203,6 +209,7 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
             namespace: args.namespace.clone(),
             resync: args.resync,
             etcd_auth,
+            etcd_endpoints: args.etcd_endpoints.clone(),
             instance: identity.clone(),
             operator_namespace: args.lease_namespace.clone(),
             kueue: args.kueue,

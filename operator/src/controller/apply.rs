@@ -42,7 +42,14 @@ pub(super) async fn apply(
             .map_err(kube_err("add the finalizer"))?;
         rv = written.resource_version();
     }
-    if !plan.etcd.is_empty() {
+    // A deleted job whose etcd the operator may not log in to: it never wrote there (no
+    // user, no keys of its making), so there is nothing to remove and the finalizer goes.
+    let cleanup_only = plan
+        .etcd
+        .iter()
+        .all(|a| matches!(a, EtcdAction::DeleteJob | EtcdAction::RemoveJobUser));
+    let skip_etcd = cleanup_only && ctx.check_shared_endpoints(tj).is_err();
+    if !plan.etcd.is_empty() && !skip_etcd {
         apply_etcd(ctx, tj, job, &plan.etcd, tls).await?;
     }
     if let Some(change) = &plan.workload {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use edl_coord::{EtcdBackend, EtcdConfig};
 use kube::ResourceExt;
 
-use super::{Ctx, secrets};
+use super::{Ctx, config, secrets};
 use crate::crd::TrainingJob;
 use crate::objects::etcd_endpoints;
 
@@ -26,6 +26,7 @@ impl Ctx {
             .map(|e| (self.config.resolve.0)(e))
             .collect();
         if !tj.spec.etcd.managed {
+            self.check_shared_endpoints(tj)?;
             let login = Login::Admin(self.config.etcd_auth.clone());
             return self.connect(endpoints, login).await;
         }
@@ -35,6 +36,19 @@ impl Ctx {
         let ns = tj.namespace().unwrap_or_else(|| "default".to_owned());
         let password = secrets::etcd_root_password(self, tj, &ns, tj.is_live()).await?;
         self.connect(endpoints, Login::Root { password, tls }).await
+    }
+
+    /// Whether the operator may log in to `tj`'s shared etcd: a job names its endpoints,
+    /// so the operator's credentials go only where its own configuration says they
+    /// belong ([`ControllerConfig::etcd_endpoints`]); an error says why not. Always `Ok`
+    /// for a managed etcd, and without credentials (none are sent).
+    ///
+    /// [`ControllerConfig::etcd_endpoints`]: super::ControllerConfig::etcd_endpoints
+    pub(super) fn check_shared_endpoints(&self, tj: &TrainingJob) -> Result<(), String> {
+        if tj.spec.etcd.managed || self.config.etcd_auth.is_none() {
+            return Ok(());
+        }
+        config::check_endpoints(&tj.spec.etcd.endpoints, &self.config.etcd_endpoints)
     }
 
     /// A client of `endpoints` logged in as `login`, kept for the next round.

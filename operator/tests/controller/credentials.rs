@@ -13,6 +13,9 @@
 //!   role (the finalizer);
 //! - an operator whose etcd user may not manage users says so in a condition and an
 //!   Event, and starts no job process;
+//! - the operator sends its credentials only to the etcd its configuration names: a job
+//!   naming another endpoint (a listener of its own) is refused in a condition and an
+//!   Event, and that endpoint is never dialled;
 //! - every request is one `deploy/rbac.yaml` allows in the namespace where it binds
 //!   edl-operator-credentials, each of that rule's verbs used.
 
@@ -35,10 +38,11 @@ async fn etcd_with_auth() -> (EtcdCluster, Arc<EtcdBackend>) {
         .expect("etcd with authentication on")
 }
 
-/// The controller for [`CRED_NS`] with `admin` as its etcd credentials.
+/// The controller for [`CRED_NS`] with `admin` as its credentials for the etcd at
+/// `endpoints`.
 fn start_operator(
     client: Client,
-    admin: EtcdAuth,
+    (admin, endpoints): (EtcdAuth, Vec<String>),
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
@@ -48,6 +52,7 @@ fn start_operator(
             namespace: Some(CRED_NS.to_owned()),
             resync: Duration::from_millis(300),
             etcd_auth: Some(admin),
+            etcd_endpoints: endpoints,
             ..ControllerConfig::default()
         },
         metrics,
@@ -122,7 +127,12 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
         user: "root".into(),
         password: ROOT_PASSWORD.into(),
     };
-    let operator = start_operator(operator_client, admin, metrics.clone(), stop.clone());
+    let operator = start_operator(
+        operator_client,
+        (admin, etcd.endpoints()),
+        metrics.clone(),
+        stop.clone(),
+    );
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), CRED_NS);
     jobs.create(&PostParams::default(), &training_job(etcd.endpoints()))
         .await
@@ -324,7 +334,12 @@ async fn credentials_the_operator_cannot_make_are_a_condition_and_no_job_process
     let (api, client, operator_client) = fake_api().await;
     let stop = CancellationToken::new();
     let metrics = Arc::new(Metrics::default());
-    let operator = start_operator(operator_client, ops, metrics, stop.clone());
+    let operator = start_operator(
+        operator_client,
+        (ops, etcd.endpoints()),
+        metrics,
+        stop.clone(),
+    );
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), CRED_NS);
     jobs.create(&PostParams::default(), &training_job(etcd.endpoints()))
         .await
@@ -358,4 +373,104 @@ async fn credentials_the_operator_cannot_make_are_a_condition_and_no_job_process
     assert!(api.get("secrets", CRED_NS, SECRET).is_none());
     stop.cancel();
     operator.await.expect("operator");
+}
+
+/// A TrainingJob names its etcd endpoints, so an operator with admin credentials that
+/// dialled whatever a job names would hand them to anyone allowed to create a job. Here a
+/// job names a listener of its own: the operator refuses the job (its `EtcdReachable`
+/// condition and an Event name the endpoint and the fix), starts nothing, makes no
+/// Secret, and never connects to the listener; the refusal is the witness that the
+/// operator reconciled the job as far as its etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_credentials_go_only_to_the_etcd_it_was_given() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let (etcd, _root) = etcd_with_auth().await;
+    let thief = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a listener");
+    let thief_url = format!("http://{}", thief.local_addr().expect("its address"));
+    let dialled = Arc::new(AtomicUsize::new(0));
+    let count = dialled.clone();
+    let listening = tokio::spawn(async move {
+        while thief.accept().await.is_ok() {
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let (api, client, operator_client) = fake_api().await;
+    let stop = CancellationToken::new();
+    let admin = EtcdAuth {
+        user: "root".into(),
+        password: ROOT_PASSWORD.into(),
+    };
+    let operator = start_operator(
+        operator_client,
+        (admin, etcd.endpoints()),
+        Arc::new(Metrics::default()),
+        stop.clone(),
+    );
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), CRED_NS);
+    jobs.create(
+        &PostParams::default(),
+        &training_job(vec![thief_url.clone()]),
+    )
+    .await
+    .expect("create the job");
+
+    let refused = wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            condition(&api, CRED_NS, JOB, "EtcdReachable").is_some_and(|(s, _, m)| {
+                s == "False"
+                    && m.contains(&format!("names {thief_url}"))
+                    && m.contains("--etcd-endpoints")
+            }) && api.list("events", CRED_NS).iter().any(|e| {
+                e["regarding"]["name"] == JOB
+                    && e["type"] == "Warning"
+                    && e["reason"] == "EtcdUnreachable"
+                    && e["note"].as_str().is_some_and(|n| n.contains(&thief_url))
+            })
+        },
+    )
+    .await;
+    assert!(
+        refused,
+        "{:?}, events {:?}",
+        api.get("trainingjobs", CRED_NS, JOB)
+            .map(|j| j["status"].clone()),
+        api.list("events", CRED_NS)
+    );
+    // Every path to the job's etcd (reading its progress, writing its keys) checks the
+    // endpoints before connecting; the refusal above is that check's.
+    assert_eq!(
+        dialled.load(Ordering::SeqCst),
+        0,
+        "the operator connected to an endpoint its configuration does not name"
+    );
+    assert!(job_pods(&api).is_empty(), "{:?}", job_pods(&api));
+    assert!(api.get("secrets", CRED_NS, SECRET).is_none());
+    // The refused job can still be deleted: the operator wrote nothing on that etcd, so
+    // its finalizer goes without a visit there.
+    let tj = api.get("trainingjobs", CRED_NS, JOB).expect("the job");
+    assert!(
+        tj["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty()),
+        "the job on a shared etcd holds the operator's finalizer: {tj}"
+    );
+    jobs.delete(JOB, &Default::default())
+        .await
+        .expect("delete the job");
+    let gone = wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async { api.get("trainingjobs", CRED_NS, JOB).is_none() },
+    )
+    .await;
+    assert!(gone, "{:?}", api.get("trainingjobs", CRED_NS, JOB));
+    assert_eq!(dialled.load(Ordering::SeqCst), 0, "nor while deleting it");
+    stop.cancel();
+    operator.await.expect("operator");
+    listening.abort();
 }

@@ -287,6 +287,7 @@ impl OnOperator {
                 namespace: Some(NS.to_owned()),
                 resync: Duration::from_millis(500),
                 etcd_auth,
+                etcd_endpoints: w.etcd.endpoints(),
                 // A managed etcd's members by the loopback ports the kubelet gave them.
                 resolve: controller::Resolve(kubelet.resolver()),
                 kueue,
@@ -686,3 +687,70 @@ mod kueue;
 mod managed_etcd;
 mod stand_in;
 mod suspend;
+
+/// `edl operator run` with admin credentials for a shared etcd but no `--etcd-endpoints`
+/// (where they belong) refuses to start, in one line with the fix, before it reaches for
+/// a Kubernetes API server; with the endpoints it gets past that check to its next step
+/// that can fail here (`--metrics-addr` on a port in use), the witness that the refusal
+/// is the check's.
+#[test]
+fn the_operator_refuses_admin_credentials_without_their_etcd() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: \
+         http://127.0.0.1:9\ncontexts:\n- name: c\n  context:\n    cluster: c\n    \
+         user: u\ncurrent-context: c\nusers:\n- name: u\n  user: {}\n",
+    )
+    .expect("write kubeconfig");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let busy = busy.local_addr().expect("addr").to_string();
+    let run = |extra: &[&str]| {
+        let mut child = std::process::Command::new(edl_bin())
+            .args([
+                "operator",
+                "run",
+                "--etcd-user",
+                "root",
+                "--etcd-password",
+                "pw",
+            ])
+            .args(["--metrics-addr", &busy])
+            .args(extra)
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove(edl_job::env::ETCD_ENDPOINTS)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run edl operator");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("edl operator run did not exit within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+            .expect("read stderr");
+        (status.success(), err)
+    };
+    let (ok, err) = run(&[]);
+    assert!(!ok, "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(
+        lines[0].contains("--etcd-user needs --etcd-endpoints")
+            && lines[0].contains(edl_job::env::ETCD_ENDPOINTS),
+        "{err}"
+    );
+    let (ok, err) = run(&["--etcd-endpoints", "http://127.0.0.1:2379"]);
+    assert!(!ok, "the metrics port is in use: {err}");
+    assert!(!err.contains("--etcd-endpoints"), "{err}");
+    assert!(err.contains("bind --metrics-addr"), "{err}");
+}
