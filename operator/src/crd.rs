@@ -447,6 +447,11 @@ pub struct TrainingJobStatus {
     /// The label selector of the trainer pods (the scale subresource's selector).
     #[serde(default)]
     pub selector: String,
+    /// The job's name in its etcd ([`crate::objects::etcd_job`]): `<namespace>.<name>`,
+    /// written from the first round on; a job whose status predates it keeps its bare
+    /// name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_job: Option<String>,
 }
 
 impl TrainingJob {

@@ -119,9 +119,14 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
             return d.ended(end);
         }
         if !p.spec_published {
+            // Under the job's name in etcd, which its processes are given (`EDL_JOB`).
+            let mut published = spec.clone();
+            if let Ok(name) = edl_job::JobName::new(crate::objects::etcd_job(tj)) {
+                published.name = name;
+            }
             d.plan
                 .etcd
-                .push(EtcdAction::PublishSpec(Box::new(spec.clone())));
+                .push(EtcdAction::PublishSpec(Box::new(published)));
         }
     }
     if tj.spec.suspend {

@@ -168,7 +168,8 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
             .await
             .expect("etcd client"),
     );
-    let keys = JobKeys::new(&JobName::new(JOB).expect("name"));
+    // The job's name in etcd carries its namespace.
+    let keys = JobKeys::new(&JobName::new(format!("{NS}.{JOB}")).expect("name"));
     assert!(
         backend.get(&keys.spec()).await.expect("get").is_some(),
         "the spec is published before the processes start"

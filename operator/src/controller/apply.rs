@@ -113,7 +113,7 @@ async fn apply_etcd(
             // Only an operator with admin credentials made the user.
             (EtcdAction::RemoveJobUser, Some(_)) if ctx.config.etcd_auth.is_none() => Ok(()),
             (EtcdAction::RemoveJobUser, Some(_)) => admin
-                .revoke_user(&job_etcd_user(tj.name_any().as_str()))
+                .revoke_user(&job_etcd_user(&crate::objects::etcd_job(tj)))
                 .await
                 .map_err(|e| e.to_string()),
             (_, None) => Ok(()),

@@ -105,7 +105,9 @@ async fn reconcile_job(cached: Arc<TrainingJob>, ctx: Arc<Ctx>) -> Result<Action
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
         Err(e) => return Err(kube_err("read the job")(e)),
     };
-    let job_name = JobName::new(name).ok();
+    // Its name in etcd (`<namespace>.<name>`, objects::etcd_job); Kubernetes names stay
+    // `<name>-...` in the namespace.
+    let job_name = JobName::new(objects::etcd_job(&tj)).ok();
     let (obs, tls) = observe(&ctx, &apis, &tj, &ns, job_name.as_ref()).await?;
     let plan = reconcile(&obs);
     apply(&ctx, &apis, &tj, job_name.as_ref(), &plan, tls.as_ref()).await?;

@@ -5,8 +5,9 @@
 //! Credentials: given admin credentials for the jobs' etcd
 //! ([`ControllerConfig::etcd_auth`](super::ControllerConfig::etcd_auth)), the controller
 //! makes sure, while observing a live job on a shared etcd, that the Secret
-//! `<job>-edl-credentials` exists: made once, with an etcd user `edl-job-<job>` whose only
-//! role may read and write `/edl/<job>/`
+//! `<job>-edl-credentials` exists: made once, with an etcd user `edl-job-<ns>.<job>` whose
+//! only role may read and write `/edl/<ns>.<job>/` (the job's name in etcd,
+//! [`objects::etcd_job`](crate::objects::etcd_job))
 //! ([`EtcdBackend::grant_prefix`](edl_coord::EtcdBackend::grant_prefix)) and a random job
 //! token; found, it is reused as it is (the password is not reset every round). The
 //! decision then gives every job pod the Secret as `envFrom`, so the job's processes work

@@ -85,7 +85,7 @@ pub(super) async fn ensure_credentials(
     job: &JobName,
 ) -> Result<Option<String>, String> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let name = credentials_secret_name(job.as_str());
+    let name = credentials_secret_name(&tj.name_any());
     if let Some(s) = own_secret(&secrets, tj, &name).await? {
         return Ok(token_of(&s));
     }

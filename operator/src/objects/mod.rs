@@ -145,6 +145,25 @@ fn env_field(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// `tj`'s name in its etcd: its keys are under `/edl/<it>/`, its etcd user is
+/// `edl-job-<it>`, and its processes get it as `EDL_JOB`. It is `<namespace>.<name>`, so
+/// that jobs of one name in two namespaces never meet on a shared etcd (a namespace has
+/// no `.`, a TrainingJob's name neither); the status keeps it (`etcdJob`). A job whose
+/// status predates it (a status without `etcdJob`: it started under an operator that
+/// keyed jobs by name alone) keeps its bare name, so that it goes on where its state is.
+/// A status naming anything else (the operator writes only these two) is not followed.
+pub fn etcd_job(tj: &TrainingJob) -> String {
+    let name = tj.metadata.name.clone().unwrap_or_default();
+    let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
+    let qualified = format!("{ns}.{name}");
+    match tj.status.as_ref().map(|s| s.etcd_job.as_deref()) {
+        None => qualified,
+        Some(None) => name,
+        Some(Some(kept)) if kept == name => name,
+        Some(Some(_)) => qualified,
+    }
+}
+
 /// The etcd client URLs of `tj`'s processes.
 pub fn etcd_endpoints(tj: &TrainingJob) -> Vec<String> {
     if tj.spec.etcd.managed {
@@ -276,7 +295,7 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     let mut parts = Parts {
         vars: vec![
             env(edl_job::env::ETCD, etcd_endpoints(tj).join(",")),
-            env(edl_job::env::JOB, job.clone()),
+            env(edl_job::env::JOB, etcd_job(tj)),
             env_field("POD_IP", "status.podIP"),
             env_field("POD_NAME", "metadata.name"),
             env_field("POD_UID", "metadata.uid"),

@@ -96,8 +96,9 @@ pub fn tls_secret(tj: &TrainingJob, ca: &edl_proto::tls::LocalCa) -> Secret {
     }
 }
 
-/// The etcd user (and role) of `job` (on a shared etcd, and on its managed one):
-/// `edl-job-<job>`, as `edl run --secure` names it.
+/// The etcd user (and role) of `job`, the job's name in etcd ([`super::etcd_job`]: on
+/// a shared etcd, and on its managed one): `edl-job-<job>`, as `edl run --secure` names
+/// it.
 pub fn job_etcd_user(job: &str) -> String {
     format!("edl-job-{job}")
 }

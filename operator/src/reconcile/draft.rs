@@ -29,6 +29,7 @@ impl<'a> Draft<'a> {
         let mut status = old.clone();
         status.observed_generation = tj.metadata.generation;
         status.selector = objects::selector(&job, Role::Trainer);
+        status.etcd_job = Some(objects::etcd_job(tj));
         Draft {
             obs,
             job,

@@ -30,7 +30,7 @@ pub enum EtcdAction {
     WriteScale(u32),
     /// Delete every key of the job (the finalizer's work).
     DeleteJob,
-    /// Delete the job's own etcd user and role (`edl-job-<job>`), if the operator made
+    /// Delete the job's own etcd user and role (`edl-job-<ns>.<job>`), if the operator made
     /// them (the finalizer's work, after the keys).
     RemoveJobUser,
 }

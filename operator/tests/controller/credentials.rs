@@ -4,7 +4,8 @@
 //! - a TrainingJob on the shared etcd gets the Secret `<job>-edl-credentials`, owned by
 //!   it, before its pods; a Secret of that name left by an earlier job (another owner
 //!   uid) is replaced;
-//! - the Secret's user may write `/edl/<job>/` and etcd refuses it another job's keys;
+//! - the Secret's user (`edl-job-<namespace>.<job>`) may write `/edl/<namespace>.<job>/`
+//!   and etcd refuses it another job's keys;
 //! - every job pod takes the Secret (`envFrom`, required);
 //! - the job's TLS Secret (its CA and the pods' certificate) is made before its pods,
 //!   each of which mounts it (not the CA's key) with mutual TLS on, and goes with it;
@@ -112,7 +113,7 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
         "metadata": {"name": SECRET, "ownerReferences": [{
             "apiVersion": "edl.dev/v1alpha1", "kind": "TrainingJob", "name": JOB,
             "uid": "00000000-0000-4000-8000-0000000000ff", "controller": true}]},
-        "stringData": {"EDL_ETCD_USER": "edl-job-mnist", "EDL_ETCD_PASSWORD": "stale",
+        "stringData": {"EDL_ETCD_USER": "edl-job-default.mnist", "EDL_ETCD_PASSWORD": "stale",
             "EDL_JOB_TOKEN": "stale"},
     }))
     .expect("a Secret");
@@ -158,7 +159,7 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
     );
     assert_eq!(Some(&owners[0].uid), tj.metadata.uid.as_ref());
     assert_eq!(owners[0].controller, Some(true));
-    assert_eq!(value(&secret, "EDL_ETCD_USER"), "edl-job-mnist");
+    assert_eq!(value(&secret, "EDL_ETCD_USER"), "edl-job-default.mnist");
     let password = value(&secret, "EDL_ETCD_PASSWORD");
     let token = value(&secret, "EDL_JOB_TOKEN");
     assert!(is_hex(&password, 64), "a random password: {password:?}");
@@ -216,14 +217,14 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
 
     // Its user may touch the job's keys, and only those.
     let as_job = EtcdBackend::connect(
-        EtcdConfig::new(etcd.endpoints()).with_auth("edl-job-mnist", password.clone()),
+        EtcdConfig::new(etcd.endpoints()).with_auth("edl-job-default.mnist", password.clone()),
     )
     .await
     .expect("connect as the job's user");
     as_job
-        .put("/edl/mnist/x", b"1".to_vec(), None)
+        .put("/edl/default.mnist/x", b"1".to_vec(), None)
         .await
-        .expect("the job's user writes /edl/mnist/x");
+        .expect("the job's user writes /edl/default.mnist/x");
     denied(
         as_job.put("/edl/other-job/x", b"1".to_vec(), None).await,
         "write /edl/other-job/x",
@@ -271,11 +272,11 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
     );
     assert_eq!(value(&again, "EDL_ETCD_PASSWORD"), password);
     let reconnected = EtcdBackend::connect(
-        EtcdConfig::new(etcd.endpoints()).with_auth("edl-job-mnist", password.clone()),
+        EtcdConfig::new(etcd.endpoints()).with_auth("edl-job-default.mnist", password.clone()),
     )
     .await
     .expect("connect as the job's user again");
-    let x = reconnected.get("/edl/mnist/x").await.expect("get");
+    let x = reconnected.get("/edl/default.mnist/x").await.expect("get");
     assert_eq!(x.map(|kv| kv.value), Some(b"1".to_vec()));
     assert_eq!(
         condition(&api, CRED_NS, JOB, "CredentialsReady").map(|(s, r, _)| (s, r)),
@@ -300,12 +301,12 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
     // And its etcd user: the password that worked is refused (the finalizer deleted the
     // user and its role before the job went).
     let revoked = match EtcdBackend::connect(
-        EtcdConfig::new(etcd.endpoints()).with_auth("edl-job-mnist", password.clone()),
+        EtcdConfig::new(etcd.endpoints()).with_auth("edl-job-default.mnist", password.clone()),
     )
     .await
     {
         Err(_) => true,
-        Ok(b) => b.get("/edl/mnist/x").await.is_err(),
+        Ok(b) => b.get("/edl/default.mnist/x").await.is_err(),
     };
     assert!(revoked, "the deleted job's etcd user still works");
 

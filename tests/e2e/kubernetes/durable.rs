@@ -90,7 +90,7 @@ async fn a_deleted_pserver_pod_restores_from_its_claim_on_the_defaults() {
         let jobs = jobs.clone();
         async move { jobs.get(DURABLE_JOB).await.ok().and_then(|j| j.status) }
     };
-    let keys = JobKeys::new(&JobName::new(DURABLE_JOB).expect("a job name"));
+    let keys = JobKeys::new(&super::etcd_job(DURABLE_JOB));
     let within = Duration::from_secs(120);
 
     // Training, with a checkpoint committed, on the claim the operator made.
@@ -142,7 +142,7 @@ async fn a_deleted_pserver_pod_restores_from_its_claim_on_the_defaults() {
 
     // Mutual TLS by default: the master answers the job's own certificate, and refuses
     // plain TCP and a certificate of another CA (made for the same name).
-    let job = JobName::new(DURABLE_JOB).expect("a job name");
+    let job = super::etcd_job(DURABLE_JOB);
     let own = tls_of(&api, &format!("{DURABLE_JOB}-edl-tls"), DURABLE_JOB);
     assert!(
         master_answers(&w.backend, &job, Some(own)).await,

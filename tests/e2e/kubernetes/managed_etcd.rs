@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edl_coord::{Backend, EtcdBackend, EtcdConfig};
-use edl_job::{JobKeys, JobName};
+use edl_job::JobKeys;
 use edl_operator::TrainingJob;
 use edl_operator::crd::{EtcdSpec, Phase};
 use edl_operator::metrics::Metrics;
@@ -111,8 +111,8 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
     )
     .await
     .expect("connect as the job's etcd user");
-    assert_eq!(text("EDL_ETCD_USER"), format!("edl-job-{MANAGED_JOB}"));
-    let keys = JobKeys::new(&JobName::new(MANAGED_JOB).expect("a job name"));
+    assert_eq!(text("EDL_ETCD_USER"), format!("edl-job-{NS}.{MANAGED_JOB}"));
+    let keys = JobKeys::new(&super::etcd_job(MANAGED_JOB));
     assert!(
         as_job
             .get(&keys.spec())

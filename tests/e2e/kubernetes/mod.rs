@@ -88,6 +88,12 @@ async fn edl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
 
 /// Runs the machine's real `kubectl ARGS` with `kubeconfig` (its discovery cache under
 /// `cache`): (success, stdout + stderr).
+/// The name in etcd of job `name` of [`NS`] on the operator: its namespace, a dot, its
+/// name (`edl_operator::objects::etcd_job`).
+fn etcd_job(name: &str) -> edl_job::JobName {
+    edl_job::JobName::new(format!("{NS}.{name}")).expect("a job name")
+}
+
 fn kubectl(kubeconfig: &std::path::Path, cache: &std::path::Path, args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new("kubectl")
         .args(args)
@@ -180,7 +186,7 @@ async fn final_ledger_holds(
     })
     .await;
     assert!(stopped, "the pserver never stopped: {}", pod_logs(pods_dir));
-    let keys = edl_job::JobKeys::new(&edl_job::JobName::new(name).expect("a job name"));
+    let keys = edl_job::JobKeys::new(&etcd_job(name));
     assert_eq!(
         crate::support::checkpointed_passes(backend, &keys, 1).await,
         vec![passes],
@@ -455,7 +461,7 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
         let backend = w.backend.clone();
         async move {
             use edl_job::Record;
-            let keys = edl_job::JobKeys::new(&edl_job::JobName::new(JOB).expect("a job name"));
+            let keys = edl_job::JobKeys::new(&etcd_job(JOB));
             let kv = backend.get(&keys.ps_group(0)).await.ok()??;
             edl_job::GroupRecord::decode(&kv.value).ok()
         }
@@ -555,7 +561,7 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
     let etcd = edl_coord::EtcdBackend::connect(edl_coord::EtcdConfig::new(w.etcd.endpoints()))
         .await
         .expect("connect to etcd");
-    let keys = edl_job::JobKeys::new(&edl_job::JobName::new(JOB).expect("a job name"));
+    let keys = edl_job::JobKeys::new(&etcd_job(JOB));
     let (left, _) = edl_coord::Backend::range(&etcd, keys.root())
         .await
         .expect("read etcd");
@@ -642,7 +648,7 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
         let data = secret.data.as_ref().expect("data");
         String::from_utf8(data[k].0.clone()).expect("UTF-8")
     };
-    assert_eq!(value("EDL_ETCD_USER"), format!("edl-job-{SECURE_JOB}"));
+    assert_eq!(value("EDL_ETCD_USER"), format!("edl-job-{NS}.{SECURE_JOB}"));
     assert!(!value("EDL_JOB_TOKEN").is_empty());
     let as_job = EtcdBackend::connect(
         EtcdConfig::new(w.etcd.endpoints())
@@ -650,7 +656,7 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
     )
     .await
     .expect("connect as the job's user");
-    let prefix = format!("/edl/{SECURE_JOB}/");
+    let prefix = format!("/edl/{NS}.{SECURE_JOB}/");
     let (own, _) = as_job.range(&prefix).await.expect("the job's keys");
     assert!(!own.is_empty(), "the job's user reads its keys");
     assert!(
@@ -687,6 +693,7 @@ mod kueue;
 mod managed_etcd;
 mod stand_in;
 mod suspend;
+mod tenants;
 
 /// `edl operator run` with admin credentials for a shared etcd but no `--etcd-endpoints`
 /// (where they belong) refuses to start, in one line with the fix, before it reaches for

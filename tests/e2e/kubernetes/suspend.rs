@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_job::{JobKeys, JobName};
+use edl_job::JobKeys;
 use edl_operator::TrainingJob;
 use edl_operator::crd::{EtcdSpec, Phase};
 use edl_operator::metrics::Metrics;
@@ -68,7 +68,7 @@ async fn a_job_suspended_with_kubectl_drains_stays_without_pods_and_resumes_with
         let jobs = jobs.clone();
         async move { jobs.get(SUSPEND_JOB).await.ok().and_then(|j| j.status) }
     };
-    let keys = JobKeys::new(&JobName::new(SUSPEND_JOB).expect("a job name"));
+    let keys = JobKeys::new(&super::etcd_job(SUSPEND_JOB));
     let job_pods = || {
         api.list("pods", NS)
             .into_iter()

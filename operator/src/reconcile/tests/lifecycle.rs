@@ -48,7 +48,18 @@ fn a_new_job_gets_its_finalizer_its_spec_in_etcd_and_every_pod() {
         [EtcdAction::PublishSpec(spec), EtcdAction::WriteScale(2)] => spec,
         other => panic!("{other:?}"),
     };
-    assert_eq!(spec.name, JOB);
+    // Published under the job's name in etcd, its namespace in it; its processes are
+    // given the same.
+    assert_eq!(spec.name.as_str(), "ml.mnist");
+    for pod in &plan.create_pods {
+        let env = &pod.spec.as_ref().expect("spec").containers[0].env;
+        let job = env
+            .iter()
+            .flatten()
+            .find(|e| e.name == edl_job::env::JOB)
+            .and_then(|e| e.value.clone());
+        assert_eq!(job.as_deref(), Some("ml.mnist"), "{:?}", pod.metadata.name);
+    }
     assert_eq!(
         spec.data.train.patterns(),
         vec!["/data/mnist-train-*.recordio".to_owned()],
@@ -103,6 +114,11 @@ fn a_new_job_gets_its_finalizer_its_spec_in_etcd_and_every_pod() {
     assert_eq!(status.phase, Phase::Pending);
     assert_eq!(status.trainers.desired, 2);
     assert_eq!(status.selector, "edl.dev/job=mnist,edl.dev/role=trainer");
+    assert_eq!(
+        status.etcd_job.as_deref(),
+        Some("ml.mnist"),
+        "kept from now on"
+    );
     assert_eq!(condition(&status, "Running").reason, "PodsStarting");
     assert_eq!(condition(&status, "CheckpointsDurable").status, "True");
 }
@@ -180,4 +196,46 @@ fn a_deleted_job_drops_its_keys_then_its_finalizer() {
     );
     assert_eq!(plan.finalizer, Some(FinalizerChange::Remove));
     assert!(plan.create_pods.is_empty() && plan.delete.is_empty() && plan.status.is_none());
+}
+
+/// A job's name in etcd: `<namespace>.<name>` for a new job and from its status on; a job
+/// whose status predates the field keeps its bare name (its state is under it), and the
+/// next status says so; a status naming another job is not followed.
+#[test]
+fn a_jobs_name_in_etcd_carries_its_namespace_and_a_job_from_before_keeps_its_own() {
+    use crate::objects::etcd_job;
+    let mut tj = training_job("");
+    tj.status = None;
+    assert_eq!(etcd_job(&tj), "ml.mnist", "a new job");
+    let mut other = tj.clone();
+    other.metadata.namespace = Some("team-b".into());
+    assert_eq!(
+        etcd_job(&other),
+        "team-b.mnist",
+        "the same name in another namespace"
+    );
+    tj.status = Some(TrainingJobStatus {
+        etcd_job: Some("ml.mnist".into()),
+        ..TrainingJobStatus::default()
+    });
+    assert_eq!(etcd_job(&tj), "ml.mnist", "kept");
+    // Started under an operator that keyed jobs by name alone.
+    tj.status = Some(TrainingJobStatus {
+        phase: Phase::Running,
+        ..TrainingJobStatus::default()
+    });
+    assert_eq!(etcd_job(&tj), "mnist", "a job from before keeps its keys");
+    let plan = reconcile(&observe(&tj, vec![], Ok(EtcdState::default())));
+    assert_eq!(
+        plan.status.and_then(|s| s.etcd_job).as_deref(),
+        Some("mnist"),
+        "and its status now says so"
+    );
+    for forged in ["team-b.mnist", "other", ""] {
+        tj.status = Some(TrainingJobStatus {
+            etcd_job: Some(forged.into()),
+            ..TrainingJobStatus::default()
+        });
+        assert_eq!(etcd_job(&tj), "ml.mnist", "{forged:?} is not followed");
+    }
 }
