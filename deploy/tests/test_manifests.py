@@ -153,6 +153,7 @@ def render(*args: str) -> List[Dict[str, Any]]:
     "source",
     [
         ["deploy/examples/mnist-mlp.yaml"],
+        ["deploy/examples/mnist-cnn-gpu.yaml"],
         ["examples/fit_a_line/job.toml", "--image", "edl:0.1.0", "--data", "claim:housing"],
     ],
 )
@@ -186,6 +187,13 @@ def test_every_object_the_operator_creates_is_valid(source: List[str], tmp_path:
     for p in pods:
         (owner,) = p["metadata"]["ownerReferences"]
         assert owner["kind"] == "TrainingJob" and owner["controller"] is True
+    # A job's placement reaches its pods: each role's own over every role's.
+    placement = objs[0]["spec"].get("placement", {})
+    for p in pods:
+        role = p["metadata"]["labels"]["edl.dev/role"]
+        want = {**placement.get("all", {}), **placement.get(role, {})}
+        for field in ("nodeSelector", "tolerations", "imagePullSecrets"):
+            assert p["spec"].get(field) == want.get(field), (role, field, p["spec"].get(field))
 
 
 def test_a_job_the_operator_would_fail_is_refused_naming_the_field(tmp_path: pathlib.Path) -> None:

@@ -103,6 +103,11 @@ pub struct TrainingJobSpec {
     /// The priority class of the job's pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// Where each role's pods may run and as whom: node selectors, tolerations, affinity,
+    /// topology spread, image pull Secrets, service account and priority class, for every
+    /// role (`all`) and per role (a role's setting replaces `all`'s, field by field).
+    #[serde(default, skip_serializing_if = "RolePlacement::is_empty")]
+    pub placement: RolePlacement,
     /// Seconds a deleted trainer has to drain (hand its task back) before it is killed
     /// (default 30).
     #[serde(default = "d_grace", skip_serializing_if = "is_d_grace")]
@@ -151,6 +156,112 @@ fn d_grace() -> u32 {
 
 fn is_d_grace(s: &u32) -> bool {
     *s == d_grace()
+}
+
+/// Where a job's pods go, for every role and per role ([`TrainingJobSpec::placement`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolePlacement {
+    /// Every role's pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all: Option<Placement>,
+    /// Masters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master: Option<Placement>,
+    /// Parameter servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pserver: Option<Placement>,
+    /// Trainers (GPU nodes: their `nodeSelector` and `tolerations`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer: Option<Placement>,
+    /// The job's own etcd (`etcd.managed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<Placement>,
+}
+
+impl RolePlacement {
+    fn is_empty(&self) -> bool {
+        self == &RolePlacement::default()
+    }
+}
+
+/// Where a pod may run and as whom: the fields of a Kubernetes `PodSpec` of the same names.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// Labels a node must have.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the pod tolerates (a GPU node's `nvidia.com/gpu`, for one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "opaque_list")]
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+    /// Node and pod affinity. A replicated pserver's own anti-affinity (replicas of a
+    /// shard on different nodes) is added to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "opaque_object")]
+    pub affinity: Option<k8s_openapi::api::core::v1::Affinity>,
+    /// How the pods spread over topology domains.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "opaque_list")]
+    pub topology_spread_constraints: Vec<k8s_openapi::api::core::v1::TopologySpreadConstraint>,
+    /// Secrets of the job's namespace to pull the image with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "opaque_list")]
+    pub image_pull_secrets: Vec<k8s_openapi::api::core::v1::LocalObjectReference>,
+    /// The pods' service account (its token is not mounted: job processes do not call
+    /// the API server; a workload identity webhook may still project its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// The pods' priority class (default: the job's `priorityClassName`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+/// The schema of a Kubernetes object kept as written (the API server checks it when the
+/// operator makes the pod): a `PodSpec` field's full schema in each of a job's five
+/// placements would take the CRD past what `kubectl apply` can annotate (256 KiB).
+fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// A list of [`opaque_object`]s.
+fn opaque_list(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": opaque_object(g)
+    })
+}
+
+impl Placement {
+    /// `role`'s placement over `all`'s: each field of `role` that is set replaces `all`'s.
+    pub fn over(role: Option<&Placement>, all: Option<&Placement>) -> Placement {
+        let (r, a) = (
+            role.cloned().unwrap_or_default(),
+            all.cloned().unwrap_or_default(),
+        );
+        fn pick<T>(r: T, a: T, set: impl Fn(&T) -> bool) -> T {
+            if set(&r) { r } else { a }
+        }
+        Placement {
+            node_selector: pick(r.node_selector, a.node_selector, |m| !m.is_empty()),
+            tolerations: pick(r.tolerations, a.tolerations, |v| !v.is_empty()),
+            affinity: r.affinity.or(a.affinity),
+            topology_spread_constraints: pick(
+                r.topology_spread_constraints,
+                a.topology_spread_constraints,
+                |v| !v.is_empty(),
+            ),
+            image_pull_secrets: pick(r.image_pull_secrets, a.image_pull_secrets, |v| {
+                !v.is_empty()
+            }),
+            service_account_name: r.service_account_name.or(a.service_account_name),
+            priority_class_name: r.priority_class_name.or(a.priority_class_name),
+        }
+    }
 }
 
 /// Resource requirements per role.
@@ -487,6 +598,7 @@ impl TrainingJob {
                 },
                 volumes: JobVolumes::default(),
                 priority_class_name: None,
+                placement: RolePlacement::default(),
                 drain_seconds: d_grace(),
                 suspend: false,
                 plaintext: false,
@@ -542,6 +654,15 @@ mod tests {
             have == want,
             "deploy/crd.yaml is not the CRD of operator/src/crd.rs: regenerate it with \
              `UPDATE_DEPLOY=1 cargo test -p edl-operator the_deployed_crd`"
+        );
+        // `kubectl apply` keeps the object it applied, as JSON, in an annotation, and the
+        // API server refuses annotations over 256 KiB.
+        use kube::CustomResourceExt;
+        let json = serde_json::to_string(&TrainingJob::crd()).expect("json");
+        assert!(
+            json.len() < 256 * 1024,
+            "the CRD is {} bytes of JSON: too large for `kubectl apply`",
+            json.len()
         );
     }
 

@@ -398,13 +398,15 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         )]));
         VOLCANO_SCHEDULER.to_owned()
     });
-    let affinity = (slot.role == Role::Pserver && c.pserver_replicas > 1).then(|| {
+    let placement = placement_of(tj, slot.role);
+    let apart = (slot.role == Role::Pserver && c.pserver_replicas > 1).then(|| {
         let shard = (slot.index % c.pservers.max(1)).to_string();
         if let Some(labels) = metadata.labels.as_mut() {
             labels.insert(SHARD_LABEL.to_owned(), shard.clone());
         }
         replicas_apart(&job, &shard)
     });
+    let affinity = with_affinity(placement.affinity, apart);
     Pod {
         metadata,
         spec: Some(PodSpec {
@@ -417,7 +419,16 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
             subdomain: Some(job),
             scheduler_name,
             termination_grace_period_seconds: Some(grace),
-            priority_class_name: s.priority_class_name.clone(),
+            priority_class_name: placement
+                .priority_class_name
+                .or_else(|| s.priority_class_name.clone()),
+            node_selector: (!placement.node_selector.is_empty()).then_some(placement.node_selector),
+            tolerations: (!placement.tolerations.is_empty()).then_some(placement.tolerations),
+            topology_spread_constraints: (!placement.topology_spread_constraints.is_empty())
+                .then_some(placement.topology_spread_constraints),
+            image_pull_secrets: (!placement.image_pull_secrets.is_empty())
+                .then_some(placement.image_pull_secrets),
+            service_account_name: placement.service_account_name,
             volumes: (!volumes.is_empty()).then_some(volumes),
             security_context: Some(PodSecurityContext {
                 run_as_non_root: Some(true),
@@ -575,6 +586,40 @@ fn trainer_parts(tj: &TrainingJob, parts: &mut Parts) -> RoleCommand {
 /// not preferred: two replicas on one node would be lost together, which is the loss
 /// replicas exist to survive. With fewer nodes than replicas, the extra pods stay
 /// Pending and the job runs with fewer replicas (its status says which are in sync).
+/// `role`'s placement in `tj` (`spec.placement`: the role's over `all`'s).
+fn placement_of(tj: &TrainingJob, role: Role) -> crate::crd::Placement {
+    let p = &tj.spec.placement;
+    let own = match role {
+        Role::Master => p.master.as_ref(),
+        Role::Pserver => p.pserver.as_ref(),
+        Role::Trainer => p.trainer.as_ref(),
+        Role::Etcd => p.etcd.as_ref(),
+    };
+    crate::crd::Placement::over(own, p.all.as_ref())
+}
+
+/// The user's affinity with the operator's own (a replicated pserver's anti-affinity)
+/// added: its required pod anti-affinity terms join the user's.
+fn with_affinity(user: Option<Affinity>, own: Option<Affinity>) -> Option<Affinity> {
+    let Some(own) = own else {
+        return user;
+    };
+    let Some(mut user) = user else {
+        return Some(own);
+    };
+    let own_terms = own
+        .pod_anti_affinity
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution)
+        .unwrap_or_default();
+    let anti = user
+        .pod_anti_affinity
+        .get_or_insert_with(PodAntiAffinity::default);
+    anti.required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(Vec::new)
+        .extend(own_terms);
+    Some(user)
+}
+
 fn replicas_apart(job: &str, shard: &str) -> Affinity {
     Affinity {
         pod_anti_affinity: Some(PodAntiAffinity {

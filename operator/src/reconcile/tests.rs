@@ -18,6 +18,7 @@ use crate::objects::{Role, Slot, desired_slots};
 mod admission;
 mod etcd;
 mod lifecycle;
+mod placement;
 mod pods;
 mod property;
 mod replicas;
