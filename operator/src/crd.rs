@@ -104,8 +104,8 @@ pub struct TrainingJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
     /// Where each role's pods may run and as whom: node selectors, tolerations, affinity,
-    /// topology spread, image pull Secrets, service account and priority class, for every
-    /// role (`all`) and per role (a role's setting replaces `all`'s, field by field).
+    /// topology spread, image pull Secrets and service account, for every role (`all`)
+    /// and per role (a role's setting replaces `all`'s, field by field).
     #[serde(default, skip_serializing_if = "RolePlacement::is_empty")]
     pub placement: RolePlacement,
     /// Seconds a deleted trainer has to drain (hand its task back) before it is killed
@@ -186,6 +186,8 @@ impl RolePlacement {
 }
 
 /// Where a pod may run and as whom: the fields of a Kubernetes `PodSpec` of the same names.
+/// (Priority is the job's, `priorityClassName`: the autoscaler, Kueue and Volcano read
+/// it there.)
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Placement {
@@ -194,33 +196,31 @@ pub struct Placement {
     pub node_selector: BTreeMap<String, String>,
     /// Taints the pod tolerates (a GPU node's `nvidia.com/gpu`, for one).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "opaque_list")]
     pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
-    /// Node and pod affinity. A replicated pserver's own anti-affinity (replicas of a
-    /// shard on different nodes) is added to it.
+    /// Node and pod affinity (a Kubernetes `Affinity`). A replicated pserver's own
+    /// anti-affinity (replicas of a shard on different nodes) is added to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "opaque_object")]
-    pub affinity: Option<k8s_openapi::api::core::v1::Affinity>,
-    /// How the pods spread over topology domains.
+    pub affinity: Option<serde_json::Value>,
+    /// How the pods spread over topology domains (Kubernetes
+    /// `TopologySpreadConstraint`s).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "opaque_list")]
-    pub topology_spread_constraints: Vec<k8s_openapi::api::core::v1::TopologySpreadConstraint>,
+    pub topology_spread_constraints: Vec<serde_json::Value>,
     /// Secrets of the job's namespace to pull the image with.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "opaque_list")]
     pub image_pull_secrets: Vec<k8s_openapi::api::core::v1::LocalObjectReference>,
     /// The pods' service account (its token is not mounted: job processes do not call
     /// the API server; a workload identity webhook may still project its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
-    /// The pods' priority class (default: the job's `priorityClassName`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority_class_name: Option<String>,
 }
 
-/// The schema of a Kubernetes object kept as written (the API server checks it when the
-/// operator makes the pod): a `PodSpec` field's full schema in each of a job's five
-/// placements would take the CRD past what `kubectl apply` can annotate (256 KiB).
+/// The schema of a Kubernetes object kept as written: an `Affinity` or a
+/// `TopologySpreadConstraint`'s full schema in each of a job's five placements would
+/// take the CRD past what `kubectl apply` can annotate (256 KiB). The operator reads
+/// them when it checks the job: one that is not what its field says is an invalid job,
+/// named by its field.
 fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
@@ -234,6 +234,23 @@ fn opaque_list(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "type": "array",
         "items": opaque_object(g)
     })
+}
+
+/// A [`Placement`] read: its kept-as-written fields as Kubernetes types.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodPlacement {
+    /// `nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// `tolerations`.
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+    /// `affinity`.
+    pub affinity: Option<k8s_openapi::api::core::v1::Affinity>,
+    /// `topologySpreadConstraints`.
+    pub topology_spread_constraints: Vec<k8s_openapi::api::core::v1::TopologySpreadConstraint>,
+    /// `imagePullSecrets`.
+    pub image_pull_secrets: Vec<k8s_openapi::api::core::v1::LocalObjectReference>,
+    /// `serviceAccountName`.
+    pub service_account_name: Option<String>,
 }
 
 impl Placement {
@@ -259,8 +276,33 @@ impl Placement {
                 !v.is_empty()
             }),
             service_account_name: r.service_account_name.or(a.service_account_name),
-            priority_class_name: r.priority_class_name.or(a.priority_class_name),
         }
+    }
+
+    /// Its fields as Kubernetes types; an error says which field (under `at`, e.g.
+    /// `spec.placement.trainer`) is not what it should be.
+    pub fn read(&self, at: &str) -> Result<PodPlacement, InvalidJob> {
+        let bad = |field: &str, e: serde_json::Error| {
+            InvalidJob::new(format!("{at}.{field}"), e.to_string())
+        };
+        let affinity = match &self.affinity {
+            Some(v) => Some(serde_json::from_value(v.clone()).map_err(|e| bad("affinity", e))?),
+            None => None,
+        };
+        let topology_spread_constraints = self
+            .topology_spread_constraints
+            .iter()
+            .map(|v| serde_json::from_value(v.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad("topologySpreadConstraints", e))?;
+        Ok(PodPlacement {
+            node_selector: self.node_selector.clone(),
+            tolerations: self.tolerations.clone(),
+            affinity,
+            topology_spread_constraints,
+            image_pull_secrets: self.image_pull_secrets.clone(),
+            service_account_name: self.service_account_name.clone(),
+        })
     }
 }
 
@@ -558,9 +600,8 @@ pub struct TrainingJobStatus {
     /// The label selector of the trainer pods (the scale subresource's selector).
     #[serde(default)]
     pub selector: String,
-    /// The job's name in its etcd ([`crate::objects::etcd_job`]): `<namespace>.<name>`,
-    /// written from the first round on; a job whose status predates it keeps its bare
-    /// name.
+    /// The job's name in its etcd: `<namespace>.<name>`, written before the job's first
+    /// key or pod; a job whose status predates it keeps its bare name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_job: Option<String>,
 }

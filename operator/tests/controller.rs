@@ -662,3 +662,87 @@ async fn bad_input_becomes_conditions_and_events_never_a_silent_pending() {
     stop.cancel();
     operator.await.expect("operator");
 }
+
+/// An operator newer than the installed CRD: the API server drops `status.etcdJob` (the
+/// stand-in prunes it, as a structural schema without the field does). The operator
+/// records a new job's name in etcd before its first key or pod and finds it dropped:
+/// it says so in a Warning Event with the fix, and makes nothing, so that no later round
+/// can take the job for one from before and give its pods another name. Once the field
+/// stays (the CRD applied), the same job goes on under `<namespace>.<name>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crd_older_than_the_operator_stops_a_new_job_before_its_first_key_or_pod() {
+    let etcd = EtcdCluster::start(1).await.expect("etcd");
+    let (api, client, _) = fake_api().await;
+    api.prune("trainingjobs", &["status", "etcdJob"]);
+    let stop = CancellationToken::new();
+    let operator = tokio::spawn(controller::run(
+        client.clone(),
+        ControllerConfig {
+            namespace: Some(NS.to_owned()),
+            resync: Duration::from_millis(300),
+            ..ControllerConfig::default()
+        },
+        Arc::new(Metrics::default()),
+        stop.clone(),
+    ));
+    let spec = edl_job::JobSpec::parse_toml(&format!(
+        "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
+         [cluster]\ntrainers = 1\n"
+    ))
+    .expect("spec");
+    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
+    tj.spec.etcd = EtcdSpec {
+        endpoints: etcd.endpoints(),
+        ..EtcdSpec::default()
+    };
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
+    jobs.create(&PostParams::default(), &tj)
+        .await
+        .expect("create the job");
+    let said = wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            api.list("events", NS).iter().any(|e| {
+                e["regarding"]["name"] == JOB
+                    && e["reason"] == "CrdOutdated"
+                    && e["note"]
+                        .as_str()
+                        .is_some_and(|n| n.contains("deploy/crd.yaml"))
+            })
+        },
+    )
+    .await;
+    assert!(said, "{:?}", api.list("events", NS));
+    let pods: Vec<_> = api
+        .list("pods", NS)
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["edl.dev/job"] == JOB)
+        .collect();
+    assert!(pods.is_empty(), "{pods:?}");
+    let backend = EtcdBackend::connect(EtcdConfig::new(etcd.endpoints()))
+        .await
+        .expect("etcd client");
+    let (keys, _) = backend.range("/edl/").await.expect("range");
+    assert!(keys.is_empty(), "nothing written under any name: {keys:?}");
+
+    // The CRD applied: the field stays, and the job goes on under its qualified name.
+    let qualified = JobKeys::new(&JobName::new(format!("{NS}.{JOB}")).expect("name"));
+    api.unprune("trainingjobs");
+    let published = wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            backend
+                .get(&qualified.spec())
+                .await
+                .is_ok_and(|v| v.is_some())
+        },
+    )
+    .await;
+    assert!(published, "the spec under /edl/{NS}.{JOB}/");
+    let (keys, _) = backend.range(&format!("/edl/{JOB}/")).await.expect("range");
+    assert!(keys.is_empty(), "nothing under the bare name: {keys:?}");
+    stop.cancel();
+    operator.await.expect("operator");
+}

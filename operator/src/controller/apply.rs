@@ -42,6 +42,33 @@ pub(super) async fn apply(
             .map_err(kube_err("add the finalizer"))?;
         rv = written.resource_version();
     }
+    // A new job's name in etcd goes into its status before its first key or pod, and
+    // must stay there: a CRD from before it would drop the field, and later rounds would
+    // take the job for one from before (its bare name).
+    let etcd_job = crate::objects::etcd_job(tj);
+    let recorded = tj.status.as_ref().and_then(|s| s.etcd_job.as_deref());
+    if recorded != Some(etcd_job.as_str()) && tj.metadata.deletion_timestamp.is_none() {
+        let patch = json!({"status": {"etcdJob": etcd_job}, "metadata": {"resourceVersion": rv}});
+        let written = apis
+            .jobs
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err("record the job's name in etcd"))?;
+        if written.status.as_ref().and_then(|s| s.etcd_job.as_deref()) != Some(etcd_job.as_str()) {
+            let message = "the API server dropped status.etcdJob: the installed TrainingJob \
+                           CRD is older than this operator; apply its deploy/crd.yaml, then \
+                           the job goes on"
+                .to_owned();
+            let event = JobEvent {
+                warning: true,
+                reason: "CrdOutdated".to_owned(),
+                message: message.clone(),
+            };
+            record_events(ctx, &written, &[event]).await;
+            return Err(Error::Crd(message));
+        }
+        rv = written.resource_version();
+    }
     // A deleted job whose etcd the operator may not log in to: it never wrote there (no
     // user, no keys of its making), so there is nothing to remove and the finalizer goes.
     let cleanup_only = plan
@@ -49,6 +76,23 @@ pub(super) async fn apply(
         .iter()
         .all(|a| matches!(a, EtcdAction::DeleteJob | EtcdAction::RemoveJobUser));
     let skip_etcd = cleanup_only && ctx.check_shared_endpoints(tj).is_err();
+    if skip_etcd && !plan.etcd.is_empty() {
+        // Had its endpoints been allowed once (a list changed since), what it left there
+        // stays: say what, so that an admin can remove it.
+        let name = crate::objects::etcd_job(tj);
+        let event = JobEvent {
+            warning: true,
+            reason: "EtcdNotCleaned".to_owned(),
+            message: format!(
+                "the operator may not log in to etcd.endpoints {}, so it removed nothing \
+                 there: if the job ever ran on it, remove /edl/{name}/ and the etcd user \
+                 edl-job-{name} by hand (etcdctl del --prefix /edl/{name}/; etcdctl user \
+                 delete edl-job-{name}; etcdctl role delete edl-job-{name})",
+                tj.spec.etcd.endpoints.join(",")
+            ),
+        };
+        record_events(ctx, tj, &[event]).await;
+    }
     if !plan.etcd.is_empty() && !skip_etcd {
         apply_etcd(ctx, tj, job, &plan.etcd, tls).await?;
     }

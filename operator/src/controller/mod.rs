@@ -73,6 +73,9 @@ pub enum Error {
         /// Why.
         message: String,
     },
+    /// The installed CustomResourceDefinition is not this operator's.
+    #[error("{0}")]
+    Crd(String),
 }
 
 fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {

@@ -18,7 +18,7 @@ pub struct InvalidJob {
 }
 
 impl InvalidJob {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> InvalidJob {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> InvalidJob {
         InvalidJob {
             field: field.into(),
             message: message.into(),
@@ -125,6 +125,19 @@ impl TrainingJob {
             ));
         }
         check_storage(s)?;
+        // What the schema keeps as written must be what its field says.
+        let p = &s.placement;
+        for (role, placement) in [
+            ("all", &p.all),
+            ("master", &p.master),
+            ("pserver", &p.pserver),
+            ("trainer", &p.trainer),
+            ("etcd", &p.etcd),
+        ] {
+            if let Some(placement) = placement {
+                placement.read(&format!("spec.placement.{role}"))?;
+            }
+        }
         // An object URL (`s3://...`) is not a path relative to the data volume.
         let relative = |g: &Globs| {
             g.patterns()

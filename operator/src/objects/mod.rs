@@ -148,19 +148,23 @@ fn env_field(name: &str, path: &str) -> EnvVar {
 /// `tj`'s name in its etcd: its keys are under `/edl/<it>/`, its etcd user is
 /// `edl-job-<it>`, and its processes get it as `EDL_JOB`. It is `<namespace>.<name>`, so
 /// that jobs of one name in two namespaces never meet on a shared etcd (a namespace has
-/// no `.`, a TrainingJob's name neither); the status keeps it (`etcdJob`). A job whose
-/// status predates it (a status without `etcdJob`: it started under an operator that
-/// keyed jobs by name alone) keeps its bare name, so that it goes on where its state is.
-/// A status naming anything else (the operator writes only these two) is not followed.
+/// no `.`, a TrainingJob's name neither); the status keeps it (`etcdJob`, written before
+/// the job's first key or pod). A job that ran under an operator that keyed jobs by name
+/// alone (a status it wrote, with the trainers' `selector`, and no `etcdJob`) keeps its
+/// bare name, so that it goes on where its state is. A status naming anything else (the
+/// operator writes only these two) is not followed.
 pub fn etcd_job(tj: &TrainingJob) -> String {
     let name = tj.metadata.name.clone().unwrap_or_default();
     let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
     let qualified = format!("{ns}.{name}");
-    match tj.status.as_ref().map(|s| s.etcd_job.as_deref()) {
+    let Some(status) = tj.status.as_ref() else {
+        return qualified;
+    };
+    match status.etcd_job.as_deref() {
+        Some(kept) if kept == name => name,
+        Some(_) => qualified,
+        None if !status.selector.is_empty() => name,
         None => qualified,
-        Some(None) => name,
-        Some(Some(kept)) if kept == name => name,
-        Some(Some(_)) => qualified,
     }
 }
 
@@ -419,9 +423,7 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
             subdomain: Some(job),
             scheduler_name,
             termination_grace_period_seconds: Some(grace),
-            priority_class_name: placement
-                .priority_class_name
-                .or_else(|| s.priority_class_name.clone()),
+            priority_class_name: s.priority_class_name.clone(),
             node_selector: (!placement.node_selector.is_empty()).then_some(placement.node_selector),
             tolerations: (!placement.tolerations.is_empty()).then_some(placement.tolerations),
             topology_spread_constraints: (!placement.topology_spread_constraints.is_empty())
@@ -581,13 +583,10 @@ fn trainer_parts(tj: &TrainingJob, parts: &mut Parts) -> RoleCommand {
     (command, vec![METRICS_PORT], s.resources.trainer.clone())
 }
 
-/// Keeps the replicas of one shard on different nodes: a pserver pod of shard `shard`
-/// is never scheduled on a node that runs another of the same job and shard. Required,
-/// not preferred: two replicas on one node would be lost together, which is the loss
-/// replicas exist to survive. With fewer nodes than replicas, the extra pods stay
-/// Pending and the job runs with fewer replicas (its status says which are in sync).
-/// `role`'s placement in `tj` (`spec.placement`: the role's over `all`'s).
-fn placement_of(tj: &TrainingJob, role: Role) -> crate::crd::Placement {
+/// `role`'s placement in `tj` (`spec.placement`: the role's over `all`'s). The job was
+/// checked ([`TrainingJob::job_spec`] reads every placement), so it reads; were it not,
+/// the pod would get none of it rather than part.
+fn placement_of(tj: &TrainingJob, role: Role) -> crate::crd::PodPlacement {
     let p = &tj.spec.placement;
     let own = match role {
         Role::Master => p.master.as_ref(),
@@ -596,6 +595,8 @@ fn placement_of(tj: &TrainingJob, role: Role) -> crate::crd::Placement {
         Role::Etcd => p.etcd.as_ref(),
     };
     crate::crd::Placement::over(own, p.all.as_ref())
+        .read("spec.placement")
+        .unwrap_or_default()
 }
 
 /// The user's affinity with the operator's own (a replicated pserver's anti-affinity)
@@ -620,6 +621,11 @@ fn with_affinity(user: Option<Affinity>, own: Option<Affinity>) -> Option<Affini
     Some(user)
 }
 
+/// Keeps the replicas of one shard on different nodes: a pserver pod of shard `shard`
+/// is never scheduled on a node that runs another of the same job and shard. Required,
+/// not preferred: two replicas on one node would be lost together, which is the loss
+/// replicas exist to survive. With fewer nodes than replicas, the extra pods stay
+/// Pending and the job runs with fewer replicas (its status says which are in sync).
 fn replicas_apart(job: &str, shard: &str) -> Affinity {
     Affinity {
         pod_anti_affinity: Some(PodAntiAffinity {

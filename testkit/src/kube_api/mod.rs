@@ -52,8 +52,11 @@
 //! test can check a client's RBAC rules cover what it did; the fake itself authorizes
 //! nothing.
 //!
-//! Not covered: schema validation and defaulting of custom resources (the manifests
-//! are validated against the real schemas by `deploy/tests`), admission, RBAC,
+//! A field a CRD's structural schema would prune is dropped only where a test says so
+//! ([`FakeApi::prune`]: a CRD older than its operator).
+//!
+//! Not covered: schema validation, pruning and defaulting of custom resources (the
+//! manifests are validated against the real schemas by `deploy/tests`), admission, RBAC,
 //! authentication, server-side apply, field managers, pagination, bookmarks, a Secret's
 //! other checks (key names, the 1 MiB limit, the keys `kubernetes.io/*` types need),
 //! and the other controllers of a cluster (scheduling and running pods is the test's own
@@ -473,6 +476,7 @@ impl FakeApi {
                 log: VecDeque::new(),
                 window: window.max(1),
                 oldest: 1,
+                pruned: BTreeMap::new(),
             }),
             tx,
             stop: CancellationToken::new(),
@@ -530,6 +534,25 @@ impl FakeApi {
             .objects
             .get(&(t, namespace.to_owned(), name.to_owned()))
             .cloned()
+    }
+
+    /// From now on the server drops the field at `path` (`["status", "etcdJob"]`) from
+    /// every object of `plural` it stores, as an API server does with a field its
+    /// custom resource's structural schema lacks (a CRD older than its operator).
+    pub fn prune(&self, plural: &str, path: &[&str]) {
+        let t = self.type_index(plural);
+        self.shared
+            .lock()
+            .pruned
+            .entry(t)
+            .or_default()
+            .push(path.iter().map(|p| (*p).to_owned()).collect());
+    }
+
+    /// Stops dropping fields of `plural` ([`FakeApi::prune`]): the CRD was updated.
+    pub fn unprune(&self, plural: &str) {
+        let t = self.type_index(plural);
+        self.shared.lock().pruned.remove(&t);
     }
 
     /// Every request served so far, in order, as RBAC would authorize it (the RBAC rules

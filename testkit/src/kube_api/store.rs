@@ -33,6 +33,27 @@ pub(super) struct Store {
     pub(super) window: usize,
     /// Watches may resume from resourceVersions at or after this.
     pub(super) oldest: u64,
+    /// Per type index, fields (paths of keys) the server drops from every object it
+    /// stores, as an API server drops what its CRD's structural schema lacks.
+    pub(super) pruned: BTreeMap<usize, Vec<Vec<String>>>,
+}
+
+impl Store {
+    /// Drops the pruned fields of type `t` from `obj`.
+    fn prune(&self, t: usize, obj: &mut Value) {
+        for path in self.pruned.get(&t).into_iter().flatten() {
+            let Some((last, parents)) = path.split_last() else {
+                continue;
+            };
+            let mut at = &mut *obj;
+            for p in parents {
+                at = &mut at[p.as_str()];
+            }
+            if let Some(o) = at.as_object_mut() {
+                o.remove(last);
+            }
+        }
+    }
 }
 
 pub(super) fn now_rfc3339() -> String {
@@ -314,6 +335,7 @@ impl Store {
         {
             o.remove("status");
         }
+        self.prune(t, &mut obj);
         self.objects.insert(key.clone(), obj.clone());
         self.record(&key, "ADDED", obj.clone(), tx);
         Ok(obj)
@@ -327,6 +349,7 @@ impl Store {
         mut new: Value,
         tx: &broadcast::Sender<WatchEvent>,
     ) -> Value {
+        self.prune(key.0, &mut new);
         let old = self.objects.get(key).cloned().unwrap_or(Value::Null);
         if spec_part(&old) != spec_part(&new) {
             let g = old["metadata"]["generation"].as_i64().unwrap_or(1);

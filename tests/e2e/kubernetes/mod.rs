@@ -86,14 +86,14 @@ async fn edl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// Runs the machine's real `kubectl ARGS` with `kubeconfig` (its discovery cache under
-/// `cache`): (success, stdout + stderr).
 /// The name in etcd of job `name` of [`NS`] on the operator: its namespace, a dot, its
 /// name (`edl_operator::objects::etcd_job`).
 fn etcd_job(name: &str) -> edl_job::JobName {
     edl_job::JobName::new(format!("{NS}.{name}")).expect("a job name")
 }
 
+/// Runs the machine's real `kubectl ARGS` with `kubeconfig` (its discovery cache under
+/// `cache`): (success, stdout + stderr).
 fn kubectl(kubeconfig: &std::path::Path, cache: &std::path::Path, args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new("kubectl")
         .args(args)

@@ -199,8 +199,8 @@ fn a_deleted_job_drops_its_keys_then_its_finalizer() {
 }
 
 /// A job's name in etcd: `<namespace>.<name>` for a new job and from its status on; a job
-/// whose status predates the field keeps its bare name (its state is under it), and the
-/// next status says so; a status naming another job is not followed.
+/// whose status an operator from before wrote keeps its bare name (its state is under
+/// it), and the next status says so; a status naming another job is not followed.
 #[test]
 fn a_jobs_name_in_etcd_carries_its_namespace_and_a_job_from_before_keeps_its_own() {
     use crate::objects::etcd_job;
@@ -219,9 +219,19 @@ fn a_jobs_name_in_etcd_carries_its_namespace_and_a_job_from_before_keeps_its_own
         ..TrainingJobStatus::default()
     });
     assert_eq!(etcd_job(&tj), "ml.mnist", "kept");
+    // A status without the field and without what every operator writes (the trainers'
+    // selector): the first write, of the name alone, was dropped (a CRD from before);
+    // still a new job.
+    tj.status = Some(TrainingJobStatus::default());
+    assert_eq!(
+        etcd_job(&tj),
+        "ml.mnist",
+        "a dropped first write is not a job from before"
+    );
     // Started under an operator that keyed jobs by name alone.
     tj.status = Some(TrainingJobStatus {
         phase: Phase::Running,
+        selector: "edl.dev/job=mnist,edl.dev/role=trainer".into(),
         ..TrainingJobStatus::default()
     });
     assert_eq!(etcd_job(&tj), "mnist", "a job from before keeps its keys");

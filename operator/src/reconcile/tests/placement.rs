@@ -1,6 +1,7 @@
 //! Where a job's pods go (`spec.placement`): every role's settings (`all`), a role's own
-//! replacing them field by field, the job's priority class as the default, and a
-//! replicated pserver's anti-affinity added to the user's affinity.
+//! replacing them field by field, and a replicated pserver's anti-affinity added to the
+//! user's affinity; a field the schema keeps as written that is not what it should be
+//! makes the job invalid, named by its field.
 
 use k8s_openapi::api::core::v1::{
     Affinity, LocalObjectReference, NodeAffinity, NodeSelector, NodeSelectorRequirement,
@@ -60,30 +61,32 @@ fn each_role_goes_where_its_placement_says_over_the_jobs_own() {
                 name: "registry".into(),
             }],
             service_account_name: Some("edl-jobs".into()),
-            topology_spread_constraints: vec![TopologySpreadConstraint {
-                max_skew: 1,
-                topology_key: "topology.kubernetes.io/zone".into(),
-                when_unsatisfiable: "ScheduleAnyway".into(),
-                ..TopologySpreadConstraint::default()
-            }],
+            topology_spread_constraints: vec![
+                serde_json::to_value(TopologySpreadConstraint {
+                    max_skew: 1,
+                    topology_key: "topology.kubernetes.io/zone".into(),
+                    when_unsatisfiable: "ScheduleAnyway".into(),
+                    ..TopologySpreadConstraint::default()
+                })
+                .expect("json"),
+            ],
             ..Placement::default()
         }),
         trainer: Some(Placement {
             node_selector: BTreeMap::from([("nvidia.com/gpu.present".into(), "true".into())]),
             tolerations: vec![toleration("nvidia.com/gpu")],
-            priority_class_name: Some("gpu-jobs".into()),
             ..Placement::default()
         }),
         pserver: Some(Placement {
-            affinity: Some(cpu_pool.clone()),
+            affinity: Some(serde_json::to_value(&cpu_pool).expect("json")),
             ..Placement::default()
         }),
         ..RolePlacement::default()
     };
     let plan = reconcile(&observe(&tj, vec![], Ok(EtcdState::default())));
 
-    // Trainers: their own selector, tolerations and class; `all`'s pull Secret, account
-    // and spread (fields they do not set).
+    // Trainers: their own selector and tolerations; `all`'s pull Secret, account and
+    // spread (fields they do not set); the job's priority class, as every pod.
     let t = spec_of(&plan, "trainer");
     assert_eq!(
         t.node_selector
@@ -95,7 +98,7 @@ fn each_role_goes_where_its_placement_says_over_the_jobs_own() {
         t.tolerations.as_deref(),
         Some(&[toleration("nvidia.com/gpu")][..])
     );
-    assert_eq!(t.priority_class_name.as_deref(), Some("gpu-jobs"));
+    assert_eq!(t.priority_class_name.as_deref(), Some("edl-default"));
     assert_eq!(
         t.image_pull_secrets.as_deref(),
         Some(
@@ -148,4 +151,39 @@ fn each_role_goes_where_its_placement_says_over_the_jobs_own() {
     assert!(t.node_selector.is_none() && t.tolerations.is_none() && t.affinity.is_none());
     assert!(t.image_pull_secrets.is_none() && t.service_account_name.is_none());
     assert_eq!(t.priority_class_name.as_deref(), Some("edl-default"));
+}
+
+/// The schema keeps `affinity` and `topologySpreadConstraints` as written, so the API
+/// server takes anything there: the operator's check names the field, the job fails
+/// with it (an invalid spec: no pods), and the job stays readable, as does every other.
+#[test]
+fn a_placement_that_is_not_what_its_field_says_is_an_invalid_job() {
+    let mut tj = training_job("");
+    tj.spec.placement = RolePlacement {
+        trainer: Some(Placement {
+            affinity: Some(serde_json::json!({"nodeAffinity": "gpu please"})),
+            ..Placement::default()
+        }),
+        ..RolePlacement::default()
+    };
+    let e = tj.job_spec().expect_err("an affinity that is not one");
+    assert_eq!(e.field, "spec.placement.trainer.affinity", "{e}");
+    let plan = reconcile(&observe(&tj, vec![], Ok(EtcdState::default())));
+    assert!(plan.create_pods.is_empty(), "{:?}", plan.create_pods);
+    let status = plan.status.expect("status");
+    assert_eq!(status.phase, Phase::Failed);
+    // The object round-trips: a list of jobs with this one in it still reads.
+    let json = serde_json::to_value(&tj).expect("json");
+    let back: TrainingJob = serde_json::from_value(json).expect("it still deserializes");
+    assert_eq!(back.spec.placement, tj.spec.placement);
+
+    tj.spec.placement.trainer = Some(Placement {
+        topology_spread_constraints: vec![serde_json::json!({"maxSkew": "one"})],
+        ..Placement::default()
+    });
+    let e = tj.job_spec().expect_err("a spread that is not one");
+    assert_eq!(
+        e.field, "spec.placement.trainer.topologySpreadConstraints",
+        "{e}"
+    );
 }
