@@ -357,6 +357,28 @@ pub struct EtcdSpec {
     /// The claims of the managed etcd's members (one each).
     #[serde(default, skip_serializing_if = "ClaimTemplate::is_default")]
     pub claims: ClaimTemplate,
+    /// TLS to the existing etcd (`endpoints`, `https://`): the job's pods verify it with
+    /// the CA in a Secret of the job's namespace. (A managed etcd always speaks the job's
+    /// own mutual TLS.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<SharedEtcdTls>,
+}
+
+/// How a job's pods reach an existing etcd over TLS ([`EtcdSpec::tls`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedEtcdTls {
+    /// The Secret of the job's namespace that holds the etcd's CA (`ca.crt`) and, with
+    /// `clientCertificate`, the pods' client certificate and key (`tls.crt`, `tls.key`).
+    /// Every master, pserver and trainer pod mounts it read-only at `/etc/edl/etcd-tls`.
+    pub secret_name: String,
+    /// The etcd requires client certificates (`--client-cert-auth`): the pods present
+    /// the Secret's `tls.crt` and `tls.key`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client_certificate: bool,
+    /// The name the etcd's certificate is checked against, instead of the host dialled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
 }
 
 fn d_members() -> u32 {
@@ -375,6 +397,7 @@ impl Default for EtcdSpec {
             image: None,
             members: d_members(),
             claims: ClaimTemplate::default(),
+            tls: None,
         }
     }
 }

@@ -1,12 +1,18 @@
 //! [`EtcdCluster`]: a [`LocalEtcd`] with fault injection for tests (`kill`,
-//! `restart`, `pause`, `resume`, and finding the raft leader).
+//! `restart`, `pause`, `resume`, and finding the raft leader); [`TlsEtcd`]: one member
+//! that serves clients over mutual TLS only.
 
 use std::io;
 use std::ops::Deref;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use edl_coord::local_etcd::{HEALTH_DEADLINE, LocalEtcd, Options};
+use edl_coord::local_etcd::{
+    HEALTH_DEADLINE, LocalEtcd, Options, etcd_binary, spawn_tied_to_process,
+};
+use edl_coord::{EtcdBackend, EtcdConfig, EtcdTls};
 use edl_proto::etcd::etcdserverpb::{self as pb, maintenance_client::MaintenanceClient};
+use edl_proto::tls::{LocalCa, TlsFiles};
 use nix::sys::signal::Signal;
 use tonic::transport::{Channel, Endpoint};
 
@@ -130,4 +136,111 @@ async fn channel(endpoint: &str) -> Option<Channel> {
         .connect()
         .await
         .ok()
+}
+
+/// One etcd member serving clients over mutual TLS (`--client-cert-auth`), with
+/// certificates from a private CA ([`LocalCa`]), on `https://127.0.0.1:<port>`;
+/// killed and reaped on drop.
+#[derive(Debug)]
+pub struct TlsEtcd {
+    child: Child,
+    /// Its client URL, `https://127.0.0.1:<port>`.
+    pub endpoint: String,
+    /// Its CA, and the certificate and key it serves with (also a client's: one name,
+    /// both usages).
+    pub files: TlsFiles,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for TlsEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    // etcd takes its ports as arguments: bound here to find a free one, then released.
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+impl TlsEtcd {
+    /// Starts the member and waits until a client with the job's certificate is
+    /// served.
+    pub async fn start() -> TlsEtcd {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let files = LocalCa::generate("tls-test")
+            .expect("a private CA")
+            .write(&dir.path().join("tls"))
+            .expect("write the certificates");
+        let (client_port, peer_port) = (free_port(), free_port());
+        let client = format!("https://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let path = |p: &std::path::Path| p.as_os_str().to_owned();
+        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("log file");
+        let mut cmd = Command::new(etcd_binary().expect("etcd binary"));
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ETCD") {
+                cmd.env_remove(&k);
+            }
+        }
+        cmd.arg("--name")
+            .arg("tls0")
+            .arg("--data-dir")
+            .arg(dir.path().join("tls0.etcd"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .arg("--initial-cluster")
+            .arg(format!("tls0={peer}"))
+            .arg("--cert-file")
+            .arg(path(files.cert.as_deref().expect("a certificate")))
+            .arg("--key-file")
+            .arg(path(files.key.as_deref().expect("a key")))
+            .arg("--trusted-ca-file")
+            .arg(path(&files.ca))
+            .arg("--client-cert-auth")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log);
+        let child = spawn_tied_to_process(cmd).expect("spawn etcd");
+        let etcd = TlsEtcd {
+            child,
+            endpoint: client,
+            files,
+            _dir: dir,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match EtcdBackend::connect(etcd.config(etcd.mutual())).await {
+                Ok(_) => return etcd,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "etcd over TLS not ready yet");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("etcd over TLS never served a client: {e}"),
+            }
+        }
+    }
+
+    /// The CA, the job's certificate and its key.
+    pub fn mutual(&self) -> EtcdTls {
+        EtcdTls {
+            ca_file: Some(self.files.ca.clone()),
+            cert_file: self.files.cert.clone(),
+            key_file: self.files.key.clone(),
+            domain: None,
+        }
+    }
+
+    /// A client configuration of its endpoint with `tls`.
+    pub fn config(&self, tls: EtcdTls) -> EtcdConfig {
+        EtcdConfig::new([self.endpoint.clone()])
+            .with_dial_timeout(Duration::from_secs(2))
+            .with_tls(tls)
+    }
 }

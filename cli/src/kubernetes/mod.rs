@@ -128,14 +128,12 @@ pub struct RunArgs {
     /// How often a job's progress is read from its etcd.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub resync: std::time::Duration,
-    /// etcd user of the jobs' etcd, if it needs one. A user that may manage users (root)
-    /// also gives each job on a shared etcd its own etcd user and token, in the Secret
-    /// `<job>-edl-credentials` (docs/kubernetes.md, "Credentials").
-    #[arg(long, env = edl_job::env::ETCD_USER)]
-    pub etcd_user: Option<String>,
-    /// etcd password.
-    #[arg(long, env = edl_job::env::ETCD_PASSWORD, hide_env_values = true)]
-    pub etcd_password: Option<String>,
+    /// The shared etcd's credentials and TLS (`--etcd-user`, `--etcd-password`: a user
+    /// that may manage users, e.g. root, also gives each job on it its own etcd user and
+    /// token in the Secret `<job>-edl-credentials`; `--etcd-ca`, `--etcd-cert`,
+    /// `--etcd-key`, `--etcd-domain`: TLS to it). docs/kubernetes.md, "Credentials".
+    #[command(flatten)]
+    pub etcd_access: crate::common::EtcdAccessArgs,
     /// The client URLs of the shared etcd that --etcd-user is for (comma-separated; needed
     /// with it): the operator sends its credentials only there, and refuses a job whose
     /// `etcd.endpoints` names another.

@@ -165,14 +165,7 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
         .clone()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("edl-operator-{}", std::process::id()));
-    let etcd_auth = match (&args.etcd_user, &args.etcd_password) {
-        (Some(user), Some(password)) => Some(edl_coord::EtcdAuth {
-            user: user.clone(),
-            password: password.clone(),
-        }),
-        (None, None) => None,
-        _ => anyhow::bail!("--etcd-user and --etcd-password go together"),
-    };
+    let etcd_auth = args.etcd_access.auth()?;
     anyhow::ensure!(
         etcd_auth.is_none() || !args.etcd_endpoints.is_empty(),
         "--etcd-user needs --etcd-endpoints (or {}): the shared etcd's client URLs, the only \
@@ -210,6 +203,7 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
             resync: args.resync,
             etcd_auth,
             etcd_endpoints: args.etcd_endpoints.clone(),
+            etcd_tls: args.etcd_access.tls(),
             instance: identity.clone(),
             operator_namespace: args.lease_namespace.clone(),
             kueue: args.kueue,

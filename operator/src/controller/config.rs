@@ -22,6 +22,9 @@ pub struct ControllerConfig {
     /// could otherwise collect the credentials with a listener of their own. Unused
     /// without `etcd_auth` (the operator then logs in nowhere).
     pub etcd_endpoints: Vec<String>,
+    /// TLS to the shared etcd (its CA; a client certificate if it asks for one): the
+    /// operator's own connection. The jobs' pods get theirs from `etcd.tls`.
+    pub etcd_tls: Option<edl_coord::EtcdTls>,
     /// How long one etcd request of the operator may take.
     pub etcd_timeout: Duration,
     /// The name events are reported under (`reportingInstance`).
@@ -62,6 +65,7 @@ impl Default for ControllerConfig {
             resync: Duration::from_secs(5),
             etcd_auth: None,
             etcd_endpoints: Vec::new(),
+            etcd_tls: None,
             etcd_timeout: Duration::from_secs(3),
             instance: "edl-operator".to_owned(),
             operator_namespace: "edl-system".to_owned(),

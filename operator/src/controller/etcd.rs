@@ -76,6 +76,7 @@ impl Ctx {
         let connected = match login {
             Login::Admin(auth) => {
                 cfg.auth = auth;
+                cfg.tls = self.config.etcd_tls.clone();
                 EtcdBackend::connect(cfg).await
             }
             Login::Root { password, tls } => {

@@ -118,6 +118,12 @@ impl TrainingJob {
                 ),
             ));
         }
+        if s.etcd.managed && s.etcd.tls.is_some() {
+            return Err(InvalidJob::new(
+                "spec.etcd.tls",
+                "only with etcd.endpoints: a managed etcd speaks the job's own mutual TLS",
+            ));
+        }
         if s.etcd.endpoints.is_empty() != s.etcd.managed {
             return Err(InvalidJob::new(
                 "spec.etcd",

@@ -33,9 +33,9 @@ mod workload;
 pub use claims::{checkpoint_claim_name, checkpoint_claims, claims, etcd_claim_name, etcd_claims};
 pub use network::{OPERATOR_LABEL, network_policy};
 pub use secrets::{
-    CREDENTIAL_KEYS, CredentialsRef, ETCD_ROOT_KEY, TLS_KEYS, TLS_MOUNT, credentials_secret,
-    credentials_secret_name, etcd_root_secret, etcd_root_secret_name, job_etcd_user, tls_domain,
-    tls_names, tls_secret, tls_secret_name,
+    CREDENTIAL_KEYS, CredentialsRef, ETCD_ROOT_KEY, ETCD_TLS_MOUNT, TLS_KEYS, TLS_MOUNT,
+    credentials_secret, credentials_secret_name, etcd_root_secret, etcd_root_secret_name,
+    job_etcd_user, tls_domain, tls_names, tls_secret, tls_secret_name,
 };
 use secrets::{mount_tls, tls_vars};
 pub use slots::{Role, Slot, desired_slots, desired_trainers};
@@ -333,6 +333,9 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
             let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
             vars.extend(tls_vars(&job, ns, s.etcd.managed));
         }
+    }
+    if let Some(t) = s.etcd.tls.as_ref().filter(|_| slot.role != Role::Etcd) {
+        vars.extend(secrets::shared_etcd_tls(t, &mut volumes, &mut mounts));
     }
     let image = match slot.role {
         Role::Etcd => s

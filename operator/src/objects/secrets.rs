@@ -185,6 +185,57 @@ pub(super) fn mount_tls(job: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<V
     });
 }
 
+/// Where a job's pods find the TLS files of an existing etcd ([`SharedEtcdTls`]).
+pub const ETCD_TLS_MOUNT: &str = "/etc/edl/etcd-tls";
+
+/// TLS to an existing etcd (`spec.etcd.tls`): its Secret as a read-only volume at
+/// [`ETCD_TLS_MOUNT`] and the variables that point edl's etcd client at it.
+pub(super) fn shared_etcd_tls(
+    t: &crate::crd::SharedEtcdTls,
+    volumes: &mut Vec<Volume>,
+    mounts: &mut Vec<VolumeMount>,
+) -> Vec<EnvVar> {
+    use edl_job::env as job_env;
+    let keys: &[&str] = if t.client_certificate {
+        &["ca.crt", "tls.crt", "tls.key"]
+    } else {
+        &["ca.crt"]
+    };
+    volumes.push(Volume {
+        name: "etcd-tls".to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(t.secret_name.clone()),
+            items: Some(
+                keys.iter()
+                    .map(|k| KeyToPath {
+                        key: (*k).to_owned(),
+                        path: (*k).to_owned(),
+                        mode: None,
+                    })
+                    .collect(),
+            ),
+            default_mode: Some(0o440),
+            optional: None,
+        }),
+        ..Volume::default()
+    });
+    mounts.push(VolumeMount {
+        name: "etcd-tls".to_owned(),
+        mount_path: ETCD_TLS_MOUNT.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    });
+    let mut vars = vec![env(job_env::ETCD_CA, format!("{ETCD_TLS_MOUNT}/ca.crt"))];
+    if t.client_certificate {
+        vars.push(env(job_env::ETCD_CERT, format!("{ETCD_TLS_MOUNT}/tls.crt")));
+        vars.push(env(job_env::ETCD_KEY, format!("{ETCD_TLS_MOUNT}/tls.key")));
+    }
+    if let Some(d) = &t.domain {
+        vars.push(env(job_env::ETCD_DOMAIN, d.clone()));
+    }
+    vars
+}
+
 /// The variables that turn mutual TLS on in every edl role (with the files of
 /// [`mount_tls`]), and with a managed etcd (`managed_etcd`) TLS to it with the same
 /// certificate.

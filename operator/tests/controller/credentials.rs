@@ -475,3 +475,145 @@ async fn the_operators_credentials_go_only_to_the_etcd_it_was_given() {
     operator.await.expect("operator");
     listening.abort();
 }
+
+/// A shared etcd that speaks only mutual TLS: the operator reaches it with the TLS its
+/// configuration gives (`etcd_tls`: without it, the job's `EtcdReachable` says what is
+/// missing, and nothing is made), makes the job's etcd user over it, and the job's pods
+/// mount the etcd's CA and their client certificate from the Secret `etcd.tls` names,
+/// with the variables that point edl's etcd client at them; with those files and the
+/// job's password, the job's user writes its keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_etcd_over_mutual_tls_is_reached_by_the_operator_and_the_jobs_pods() {
+    use edl_operator::crd::SharedEtcdTls;
+    use edl_operator::objects::ETCD_TLS_MOUNT;
+    use edl_testkit::etcd::TlsEtcd;
+
+    let etcd = TlsEtcd::start().await;
+    EtcdBackend::connect_as_root(etcd.config(etcd.mutual()), None, ROOT_PASSWORD)
+        .await
+        .expect("turn authentication on over TLS");
+    let (api, client, operator_client) = fake_api().await;
+    let admin = EtcdAuth {
+        user: "root".into(),
+        password: ROOT_PASSWORD.into(),
+    };
+    let operator = |tls: Option<edl_coord::EtcdTls>, stop: CancellationToken| {
+        tokio::spawn(controller::run(
+            operator_client.clone(),
+            ControllerConfig {
+                namespace: Some(CRED_NS.to_owned()),
+                resync: Duration::from_millis(300),
+                etcd_auth: Some(admin.clone()),
+                etcd_endpoints: vec![etcd.endpoint.clone()],
+                etcd_tls: tls,
+                ..ControllerConfig::default()
+            },
+            Arc::new(Metrics::default()),
+            stop,
+        ))
+    };
+    let mut tj = training_job(vec![etcd.endpoint.clone()]);
+    tj.spec.etcd.tls = Some(SharedEtcdTls {
+        secret_name: "shared-etcd-tls".into(),
+        client_certificate: true,
+        domain: None,
+    });
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), CRED_NS);
+    jobs.create(&PostParams::default(), &tj)
+        .await
+        .expect("create the job");
+
+    // An operator without TLS settings for it: said, nothing made.
+    let stop = CancellationToken::new();
+    let without = operator(None, stop.clone());
+    let said = wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            condition(&api, CRED_NS, JOB, "EtcdReachable")
+                .is_some_and(|(s, _, m)| s == "False" && m.contains("--etcd-ca"))
+        },
+    )
+    .await;
+    assert!(
+        said,
+        "{:?}",
+        api.get("trainingjobs", CRED_NS, JOB)
+            .map(|j| j["status"].clone())
+    );
+    assert!(api.get("secrets", CRED_NS, SECRET).is_none());
+    assert!(job_pods(&api).is_empty());
+    stop.cancel();
+    without.await.expect("operator");
+
+    // With them: the job's user is made over TLS, and its pods get the etcd's TLS.
+    let stop = CancellationToken::new();
+    let with = operator(Some(etcd.mutual()), stop.clone());
+    let ready = wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async { api.get("secrets", CRED_NS, SECRET).is_some() && !job_pods(&api).is_empty() },
+    )
+    .await;
+    assert!(
+        ready,
+        "{:?}",
+        api.get("trainingjobs", CRED_NS, JOB)
+            .map(|j| j["status"].clone())
+    );
+    for p in job_pods(&api) {
+        let volume = p["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["secret"]["secretName"] == "shared-etcd-tls")
+            .unwrap_or_else(|| panic!("no etcd TLS volume: {p}"));
+        let keys: Vec<&str> = volume["secret"]["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["key"].as_str())
+            .collect();
+        assert_eq!(keys, ["ca.crt", "tls.crt", "tls.key"]);
+        let mounted = p["spec"]["containers"][0]["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| m["name"] == volume["name"] && m["mountPath"] == ETCD_TLS_MOUNT);
+        assert!(mounted, "{p}");
+        let env = |name: &str| {
+            p["spec"]["containers"][0]["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == name)
+                .and_then(|e| e["value"].as_str())
+                .map(str::to_owned)
+        };
+        assert_eq!(env("EDL_ETCD_CA"), Some(format!("{ETCD_TLS_MOUNT}/ca.crt")));
+        assert_eq!(
+            env("EDL_ETCD_CERT"),
+            Some(format!("{ETCD_TLS_MOUNT}/tls.crt"))
+        );
+        assert_eq!(
+            env("EDL_ETCD_KEY"),
+            Some(format!("{ETCD_TLS_MOUNT}/tls.key"))
+        );
+    }
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), CRED_NS)
+        .get(SECRET)
+        .await
+        .expect("the credentials");
+    let as_job = EtcdBackend::connect(etcd.config(etcd.mutual()).with_auth(
+        value(&secret, "EDL_ETCD_USER"),
+        value(&secret, "EDL_ETCD_PASSWORD"),
+    ))
+    .await
+    .expect("the job's user over TLS");
+    as_job
+        .put("/edl/default.mnist/over-tls", b"1".to_vec(), None)
+        .await
+        .expect("the job's user writes its keys over TLS");
+    stop.cancel();
+    with.await.expect("operator");
+}
