@@ -185,7 +185,8 @@ pub(super) fn mount_tls(job: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<V
     });
 }
 
-/// Where a job's pods find the TLS files of an existing etcd ([`SharedEtcdTls`]).
+/// Where a job's pods find the TLS files of an existing etcd
+/// ([`SharedEtcdTls`](crate::crd::SharedEtcdTls)).
 pub const ETCD_TLS_MOUNT: &str = "/etc/edl/etcd-tls";
 
 /// TLS to an existing etcd (`spec.etcd.tls`): its Secret as a read-only volume at
