@@ -157,13 +157,24 @@ pub fn credentials_secret(
 /// The job's TLS Secret as a read-only volume at [`TLS_MOUNT`]: the CA's certificate
 /// and the pods' certificate and key, not the CA's key.
 pub(super) fn mount_tls(job: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
+    let secret = tls_secret_name(job);
+    mount_secret(("tls", &secret, &TLS_KEYS[..3]), TLS_MOUNT, volumes, mounts);
+}
+
+/// Keys `keys` of Secret `secret` as the read-only volume `name` at `at`, each file
+/// readable by the pod's group (fsGroup), not by others.
+fn mount_secret(
+    (name, secret, keys): (&str, &str, &[&str]),
+    at: &str,
+    volumes: &mut Vec<Volume>,
+    mounts: &mut Vec<VolumeMount>,
+) {
     volumes.push(Volume {
-        name: "tls".to_owned(),
+        name: name.to_owned(),
         secret: Some(SecretVolumeSource {
-            secret_name: Some(tls_secret_name(job)),
+            secret_name: Some(secret.to_owned()),
             items: Some(
-                TLS_KEYS[..3]
-                    .iter()
+                keys.iter()
                     .map(|k| KeyToPath {
                         key: (*k).to_owned(),
                         path: (*k).to_owned(),
@@ -171,15 +182,14 @@ pub(super) fn mount_tls(job: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<V
                     })
                     .collect(),
             ),
-            // Readable by the pod's group (fsGroup), not by others.
             default_mode: Some(0o440),
             optional: None,
         }),
         ..Volume::default()
     });
     mounts.push(VolumeMount {
-        name: "tls".to_owned(),
-        mount_path: TLS_MOUNT.to_owned(),
+        name: name.to_owned(),
+        mount_path: at.to_owned(),
         read_only: Some(true),
         ..VolumeMount::default()
     });
@@ -202,30 +212,12 @@ pub(super) fn shared_etcd_tls(
     } else {
         &["ca.crt"]
     };
-    volumes.push(Volume {
-        name: "etcd-tls".to_owned(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(t.secret_name.clone()),
-            items: Some(
-                keys.iter()
-                    .map(|k| KeyToPath {
-                        key: (*k).to_owned(),
-                        path: (*k).to_owned(),
-                        mode: None,
-                    })
-                    .collect(),
-            ),
-            default_mode: Some(0o440),
-            optional: None,
-        }),
-        ..Volume::default()
-    });
-    mounts.push(VolumeMount {
-        name: "etcd-tls".to_owned(),
-        mount_path: ETCD_TLS_MOUNT.to_owned(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    });
+    mount_secret(
+        ("etcd-tls", &t.secret_name, keys),
+        ETCD_TLS_MOUNT,
+        volumes,
+        mounts,
+    );
     let mut vars = vec![env(job_env::ETCD_CA, format!("{ETCD_TLS_MOUNT}/ca.crt"))];
     if t.client_certificate {
         vars.push(env(job_env::ETCD_CERT, format!("{ETCD_TLS_MOUNT}/tls.crt")));
