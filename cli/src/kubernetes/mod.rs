@@ -97,6 +97,8 @@ pub struct JobsArgs {
 }
 
 /// `edl operator` subcommands.
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
     /// Run the operator: reconcile TrainingJobs into pods against the API server of the
@@ -139,6 +141,36 @@ pub struct RunArgs {
     /// `etcd.endpoints` names another.
     #[arg(long, env = edl_job::env::ETCD_ENDPOINTS, value_delimiter = ',', value_name = "URLS")]
     pub etcd_endpoints: Vec<String>,
+    /// Namespaces whose pods may scrape the jobs' metrics port (9090), comma-separated:
+    /// where the cluster's Prometheus runs. Each job's NetworkPolicy denies everything it
+    /// does not name; without this only the operator's pods scrape.
+    #[arg(
+        long,
+        env = "EDL_METRICS_NAMESPACES",
+        value_delimiter = ',',
+        value_name = "NAMESPACES"
+    )]
+    pub metrics_namespaces: Vec<String>,
+    /// Namespaces the jobs' pods may connect to, on any port (comma-separated): where a
+    /// shared etcd or an object store runs in the cluster. Besides these, a job's pods
+    /// reach only one another and the cluster DNS.
+    #[arg(
+        long,
+        env = "EDL_EGRESS_NAMESPACES",
+        value_delimiter = ',',
+        value_name = "NAMESPACES"
+    )]
+    pub egress_namespaces: Vec<String>,
+    /// Networks outside the cluster the jobs' pods may connect to, on any port
+    /// (comma-separated CIDRs, like 10.20.0.0/16): a shared etcd or an object store
+    /// outside it, a NodeLocal DNS cache (169.254.20.10/32).
+    #[arg(
+        long,
+        env = "EDL_EGRESS_CIDRS",
+        value_delimiter = ',',
+        value_name = "CIDRS"
+    )]
+    pub egress_cidrs: Vec<String>,
     /// Run edl's autoscaler on the leading replica: it resizes every elastic TrainingJob
     /// (min_trainers < max_trainers) through its scale subresource, from the nodes' room,
     /// the jobs' priorities (their PriorityClass) and observed speeds (docs/autoscaler.md).

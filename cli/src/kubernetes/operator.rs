@@ -19,6 +19,7 @@ use edl_operator::controller::{self, ControllerConfig};
 use edl_operator::crd::EtcdSpec;
 use edl_operator::leader::{self, LeaseElection};
 use edl_operator::metrics::Metrics;
+use edl_operator::objects::JobNetwork;
 use edl_operator::reconcile::{Admission, EtcdState, JobCredentials, JobTls, Observed, reconcile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -128,9 +129,9 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         pods: Vec::new(),
         services: BTreeSet::new(),
         claims: BTreeSet::new(),
-        network_policies: BTreeSet::new(),
+        network_policies: Default::default(),
         pod_groups: Default::default(),
-        operator_namespace: "edl-system".to_owned(),
+        network: JobNetwork::default(),
         etcd: Ok(EtcdState::default()),
         // What an operator without admin credentials for the jobs' etcd creates: job pods
         // on a shared etcd take `<job>-edl-credentials` if it exists.
@@ -172,6 +173,15 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
          place the operator sends its credentials (a TrainingJob names its own endpoints)",
         edl_job::env::ETCD_ENDPOINTS
     );
+    let network = JobNetwork {
+        operator_namespace: args.lease_namespace.clone(),
+        metrics_namespaces: args.metrics_namespaces.clone(),
+        egress_namespaces: args.egress_namespaces.clone(),
+        egress_cidrs: args.egress_cidrs.clone(),
+    };
+    network
+        .check()
+        .map_err(|e| anyhow::anyhow!("{e}: --egress-cidrs or EDL_EGRESS_CIDRS"))?;
     runtime()?.block_on(async move {
         let shutdown = shutdown_on_signals()?;
         let client = kube::Client::try_default().await.context(
@@ -205,7 +215,7 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
             etcd_endpoints: args.etcd_endpoints.clone(),
             etcd_tls: args.etcd_access.tls(),
             instance: identity.clone(),
-            operator_namespace: args.lease_namespace.clone(),
+            network,
             kueue: args.kueue,
             ..ControllerConfig::default()
         };

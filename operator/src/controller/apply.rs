@@ -209,6 +209,12 @@ async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Er
             Err(e) => return Err(kube_err("create the job's NetworkPolicy")(e)),
         }
     }
+    for n in &plan.replace_network_policies {
+        apis.network_policies
+            .replace(&n.name_any(), &PostParams::default(), n)
+            .await
+            .map_err(kube_err("update the job's NetworkPolicy"))?;
+    }
     for g in &plan.create_pod_groups {
         let object: DynamicObject = serde_json::from_value(g.clone())
             .map_err(|e| kube_err("make the job's Volcano PodGroup")(kube::Error::SerdeError(e)))?;

@@ -29,9 +29,9 @@ pub struct ControllerConfig {
     pub etcd_timeout: Duration,
     /// The name events are reported under (`reportingInstance`).
     pub instance: String,
-    /// The operator's own namespace: each job's NetworkPolicy admits the operator's pods
-    /// from it.
-    pub operator_namespace: String,
+    /// What each job's NetworkPolicy lets through besides the job's own pods: the
+    /// operator's (from its namespace), scrapes, and where the job's pods may connect.
+    pub network: crate::objects::JobNetwork,
     /// Admit jobs that name a Kueue LocalQueue (label `kueue.x-k8s.io/queue-name`)
     /// through a Kueue Workload each: such a job runs only while Kueue admits it.
     /// Off: the label is only copied to the job's objects (Kueue's pod integration).
@@ -68,7 +68,7 @@ impl Default for ControllerConfig {
             etcd_tls: None,
             etcd_timeout: Duration::from_secs(3),
             instance: "edl-operator".to_owned(),
-            operator_namespace: "edl-system".to_owned(),
+            network: crate::objects::JobNetwork::default(),
             resolve: Resolve::default(),
             kueue: false,
         }

@@ -212,7 +212,11 @@ pub(super) async fn observe<'a>(
         pods: pods.items.iter().filter_map(pod_view).collect(),
         services: services.items.iter().map(ResourceExt::name_any).collect(),
         claims: claims.items.iter().map(ResourceExt::name_any).collect(),
-        network_policies: policies.items.iter().map(ResourceExt::name_any).collect(),
+        network_policies: policies
+            .items
+            .into_iter()
+            .map(|p| (p.name_any(), p.spec))
+            .collect(),
         pod_groups: pod_groups
             .iter()
             .map(|g| {
@@ -220,7 +224,7 @@ pub(super) async fn observe<'a>(
                 (g.name_any(), u32::try_from(min).unwrap_or(u32::MAX))
             })
             .collect(),
-        operator_namespace: ctx.config.operator_namespace.clone(),
+        network: ctx.config.network.clone(),
         etcd,
         credentials,
         tls,

@@ -31,7 +31,7 @@ mod volcano;
 mod workload;
 
 pub use claims::{checkpoint_claim_name, checkpoint_claims, claims, etcd_claim_name, etcd_claims};
-pub use network::{OPERATOR_LABEL, network_policy};
+pub use network::{DNS, JobNetwork, OPERATOR_LABEL, network_policy};
 pub use secrets::{
     CREDENTIAL_KEYS, CredentialsRef, ETCD_ROOT_KEY, ETCD_TLS_MOUNT, TLS_KEYS, TLS_MOUNT,
     credentials_secret, credentials_secret_name, etcd_root_secret, etcd_root_secret_name,

@@ -4,10 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use k8s_openapi::api::networking::v1::NetworkPolicySpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::crd::{TaskCounts, TrainingJob};
-use crate::objects::Slot;
+use crate::objects::{JobNetwork, Slot};
 
 /// A pod's phase (`status.phase`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,13 +148,13 @@ pub struct Observed<'a> {
     pub services: BTreeSet<String>,
     /// The names of its PersistentVolumeClaims.
     pub claims: BTreeSet<String>,
-    /// The names of its NetworkPolicies.
-    pub network_policies: BTreeSet<String>,
+    /// Its NetworkPolicies: name and spec.
+    pub network_policies: BTreeMap<String, Option<NetworkPolicySpec>>,
     /// Its Volcano PodGroups (looked for only when it asks for Volcano): name, and
     /// `spec.minMember` (0 if it has none).
     pub pod_groups: BTreeMap<String, u32>,
-    /// The operator's namespace (its NetworkPolicy admits the operator's pods from it).
-    pub operator_namespace: String,
+    /// What its NetworkPolicy lets through besides its own pods.
+    pub network: JobNetwork,
     /// Its state in etcd, or why etcd could not be read.
     pub etcd: Result<EtcdState, String>,
     /// Its etcd credentials.

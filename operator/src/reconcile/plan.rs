@@ -82,6 +82,8 @@ pub struct Plan {
     pub create_claims: Vec<PersistentVolumeClaim>,
     /// NetworkPolicies to create (before the pods).
     pub create_network_policies: Vec<NetworkPolicy>,
+    /// NetworkPolicies to write over (unconditionally: the operator's is the one).
+    pub replace_network_policies: Vec<NetworkPolicy>,
     /// Volcano PodGroups to create (before the pods).
     pub create_pod_groups: Vec<serde_json::Value>,
     /// Volcano PodGroups whose `spec.minMember` to set (the job held at 0 trainers, or

@@ -13,7 +13,7 @@ use crate::crd::{
     EtcdSpec, JobVolumes, Phase, RECENT_RECOVERIES, TaskCounts, TrainerCounts, TrainingJob,
     TrainingJobStatus, VolumeSource,
 };
-use crate::objects::{Role, Slot, desired_slots};
+use crate::objects::{JobNetwork, Role, Slot, desired_slots};
 
 mod admission;
 mod etcd;
@@ -118,9 +118,12 @@ fn observe<'a>(
             .into_iter()
             .filter_map(|c| c.metadata.name)
             .collect(),
-        network_policies: BTreeSet::from([format!("{JOB}-edl")]),
+        network_policies: BTreeMap::from([(
+            format!("{JOB}-edl"),
+            crate::objects::network_policy(tj, &JobNetwork::default()).spec,
+        )]),
         pod_groups: BTreeMap::new(),
-        operator_namespace: "edl-system".to_owned(),
+        network: JobNetwork::default(),
         etcd,
         credentials: JobCredentials::NotIssued,
         tls: JobTls::Ready,

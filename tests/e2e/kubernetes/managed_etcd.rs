@@ -206,13 +206,14 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
 }
 
 /// The job's NetworkPolicy, as a cluster enforcing it decides: the job's pods reach one
-/// another (trainer to master, trainer to etcd, etcd member to member) and the
-/// operator's pods reach the master and the etcd; a pod of another job in the same
-/// namespace, and a pod labelled as the job's in another namespace, reach neither, but
-/// every pod reaches the metrics port.
+/// another (trainer to master, trainer to etcd, etcd member to member), the cluster DNS
+/// and the namespace the operator names for egress (`storage`), and nothing else; the
+/// operator's pods reach the master and the etcd; Prometheus's namespace (`monitoring`)
+/// reaches the metrics port only; a pod of another job in the same namespace, and a pod
+/// labelled as the job's in another namespace, reach nothing.
 async fn network_policy_keeps_the_job_to_itself(client: &kube::Client, api: &FakeApi, job: &str) {
-    use edl_operator::objects::{ETCD_PEER_PORT, ETCD_PORT, MASTER_PORT, METRICS_PORT};
-    // Pod objects only (a stranger in the job's namespace runs `true` and ends).
+    use edl_operator::objects::{DNS, ETCD_PEER_PORT, ETCD_PORT, MASTER_PORT, METRICS_PORT};
+    // Pod objects only (each runs `true` and ends).
     let stranger = |name: &str, labels: serde_json::Value| -> Pod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "labels": labels},
@@ -229,60 +230,92 @@ async fn network_policy_keeps_the_job_to_itself(client: &kube::Client, api: &Fak
                 .expect("create a pod")
         }
     };
-    make(
-        NS,
-        stranger(
+    let strangers = [
+        (
+            NS,
             "other-job-trainer",
             serde_json::json!({"edl.dev/job": "other-job"}),
         ),
-    )
-    .await;
-    make(
-        "elsewhere",
-        stranger("lookalike", serde_json::json!({"edl.dev/job": job})),
-    )
-    .await;
-    make(
-        "edl-system",
-        stranger(
+        (
+            "elsewhere",
+            "lookalike",
+            serde_json::json!({"edl.dev/job": job}),
+        ),
+        (
+            "edl-system",
             "edl-operator-0",
             serde_json::json!({"app.kubernetes.io/name": "edl-operator"}),
         ),
-    )
-    .await;
-    let allows = |from: (&str, &str), to: &str, port: i32| {
-        api.network_allows(from, (NS, to), u16::try_from(port).expect("a port"))
+        (
+            "monitoring",
+            "prometheus-0",
+            serde_json::json!({"app": "prometheus"}),
+        ),
+        ("storage", "minio-0", serde_json::json!({"app": "minio"})),
+        (DNS.0, "coredns-0", serde_json::json!({DNS.1.0: DNS.1.1})),
+    ];
+    for (ns, name, labels) in strangers {
+        make(ns, stranger(name, labels)).await;
+    }
+    let allows = |from: (&str, &str), to: (&str, &str), port: i32| {
+        api.network_allows(from, to, u16::try_from(port).expect("a port"))
             .expect("both pods exist")
     };
     let (trainer, master) = (format!("{job}-trainer-0"), format!("{job}-master-0"));
     let (etcd0, etcd1) = (format!("{job}-etcd-0"), format!("{job}-etcd-1"));
+    let (trainer, master) = ((NS, trainer.as_str()), (NS, master.as_str()));
+    let (etcd0, etcd1) = ((NS, etcd0.as_str()), (NS, etcd1.as_str()));
     assert!(
         api.get("networkpolicies", NS, &format!("{job}-edl"))
             .is_some()
     );
+    let (operator, prometheus) = (
+        ("edl-system", "edl-operator-0"),
+        ("monitoring", "prometheus-0"),
+    );
+    let (other_job, lookalike) = ((NS, "other-job-trainer"), ("elsewhere", "lookalike"));
     for (from, to, port) in [
-        ((NS, trainer.as_str()), &master, MASTER_PORT),
-        ((NS, trainer.as_str()), &etcd0, ETCD_PORT),
-        ((NS, etcd1.as_str()), &etcd0, ETCD_PEER_PORT),
-        (("edl-system", "edl-operator-0"), &master, MASTER_PORT),
-        (("edl-system", "edl-operator-0"), &etcd0, ETCD_PORT),
-        ((NS, "other-job-trainer"), &trainer, METRICS_PORT),
+        (trainer, master, MASTER_PORT),
+        (trainer, etcd0, ETCD_PORT),
+        (etcd1, etcd0, ETCD_PEER_PORT),
+        (operator, master, MASTER_PORT),
+        (operator, etcd0, ETCD_PORT),
+        (prometheus, trainer, METRICS_PORT),
+        (trainer, (DNS.0, "coredns-0"), 53),
+        (trainer, ("storage", "minio-0"), 9000),
+        // The witness for the refusals below: neither has a policy of its own, so it
+        // takes anything a pod may send.
+        (prometheus, lookalike, MASTER_PORT),
+        (prometheus, other_job, METRICS_PORT),
     ] {
         assert!(
             allows(from, to, port),
-            "{from:?} -> {to}:{port} must be allowed"
+            "{from:?} -> {to:?}:{port} must be allowed"
         );
     }
-    for from in [(NS, "other-job-trainer"), ("elsewhere", "lookalike")] {
+    for from in [other_job, lookalike] {
         for (to, port) in [
-            (&master, MASTER_PORT),
-            (&etcd0, ETCD_PORT),
-            (&etcd0, ETCD_PEER_PORT),
+            (master, MASTER_PORT),
+            (etcd0, ETCD_PORT),
+            (etcd0, ETCD_PEER_PORT),
+            (trainer, METRICS_PORT),
         ] {
             assert!(
                 !allows(from, to, port),
-                "{from:?} -> {to}:{port} must be refused"
+                "{from:?} -> {to:?}:{port} must be refused"
             );
         }
+    }
+    for (from, to, port) in [
+        (prometheus, master, MASTER_PORT),
+        (trainer, lookalike, MASTER_PORT),
+        (trainer, other_job, METRICS_PORT),
+        (trainer, prometheus, METRICS_PORT),
+        (trainer, (DNS.0, "coredns-0"), 80),
+    ] {
+        assert!(
+            !allows(from, to, port),
+            "{from:?} -> {to:?}:{port} must be refused"
+        );
     }
 }

@@ -297,6 +297,13 @@ impl OnOperator {
                 // A managed etcd's members by the loopback ports the kubelet gave them.
                 resolve: controller::Resolve(kubelet.resolver()),
                 kueue,
+                // What the jobs' NetworkPolicies let through (checked by
+                // `managed_etcd::network_policy_keeps_the_job_to_itself`).
+                network: edl_operator::objects::JobNetwork {
+                    metrics_namespaces: vec!["monitoring".to_owned()],
+                    egress_namespaces: vec!["storage".to_owned()],
+                    ..edl_operator::objects::JobNetwork::default()
+                },
                 ..ControllerConfig::default()
             },
             metrics,
