@@ -31,7 +31,9 @@ mod volcano;
 mod workload;
 
 pub use claims::{checkpoint_claim_name, checkpoint_claims, claims, etcd_claim_name, etcd_claims};
+mod resources;
 pub use network::{DNS, JobNetwork, OPERATOR_LABEL, network_policy};
+pub use resources::{default_requests, with_requests};
 pub use secrets::{
     CREDENTIAL_KEYS, CredentialsRef, ETCD_ROOT_KEY, ETCD_TLS_MOUNT, TLS_KEYS, TLS_MOUNT,
     credentials_secret, credentials_secret_name, etcd_root_secret, etcd_root_secret_name,
@@ -62,6 +64,10 @@ pub const SHARD_LABEL: &str = "edl.dev/shard";
 pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// The node label that pserver anti-affinity spreads one shard's replicas over.
 pub const NODE_TOPOLOGY: &str = "kubernetes.io/hostname";
+
+/// Where every job container has its scratch space (an emptyDir; `TMPDIR`): the root
+/// filesystem is read-only.
+pub const TMP_MOUNT: &str = "/tmp";
 
 /// The master's gRPC port.
 pub const MASTER_PORT: i32 = 7164;
@@ -275,9 +281,12 @@ fn volume(name: &str, source: &VolumeSource) -> Volume {
     }
 }
 
+/// A job container: no privileges, no capabilities, not root, and a read-only root
+/// filesystem (what it writes goes to its volumes: /tmp, checkpoints, etcd's data).
 fn hardened() -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
         run_as_non_root: Some(true),
         capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
             drop: Some(vec!["ALL".to_owned()]),
@@ -327,6 +336,14 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         mut volumes,
         mut mounts,
     } = parts;
+    // The root filesystem is read-only: scratch space is an emptyDir at /tmp.
+    volumes.push(volume("tmp", &VolumeSource::default()));
+    mounts.push(VolumeMount {
+        name: "tmp".to_owned(),
+        mount_path: TMP_MOUNT.to_owned(),
+        ..VolumeMount::default()
+    });
+    vars.push(env("TMPDIR", TMP_MOUNT));
     if !s.plaintext {
         mount_tls(&job, &mut volumes, &mut mounts);
         if slot.role != Role::Etcd {
@@ -386,7 +403,7 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
                 })
                 .collect()
         }),
-        resources,
+        resources: Some(resources),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         security_context: Some(hardened()),
         ..Container::default()
@@ -406,13 +423,17 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         VOLCANO_SCHEDULER.to_owned()
     });
     let placement = placement_of(tj, slot.role);
-    let apart = (slot.role == Role::Pserver && c.pserver_replicas > 1).then(|| {
-        let shard = (slot.index % c.pservers.max(1)).to_string();
-        if let Some(labels) = metadata.labels.as_mut() {
-            labels.insert(SHARD_LABEL.to_owned(), shard.clone());
+    let apart = match slot.role {
+        Role::Pserver if c.pserver_replicas > 1 => {
+            let shard = (slot.index % c.pservers.max(1)).to_string();
+            if let Some(labels) = metadata.labels.as_mut() {
+                labels.insert(SHARD_LABEL.to_owned(), shard.clone());
+            }
+            Some(replicas_apart(&job, &shard))
         }
-        replicas_apart(&job, &shard)
-    });
+        Role::Etcd if s.etcd.members > 1 => Some(members_apart(&job)),
+        _ => None,
+    };
     let affinity = with_affinity(placement.affinity, apart);
     Pod {
         metadata,
@@ -461,7 +482,7 @@ struct Parts {
 }
 
 /// A role's command line, its container ports and its resources.
-type RoleCommand = (Vec<String>, Vec<i32>, Option<ResourceRequirements>);
+type RoleCommand = (Vec<String>, Vec<i32>, ResourceRequirements);
 
 /// `edl ARGS...`.
 fn edl(args: &[&str]) -> Vec<String> {
@@ -495,7 +516,7 @@ fn etcd_parts(tj: &TrainingJob, slot: Slot, parts: &mut Parts) -> RoleCommand {
     (
         args,
         vec![ETCD_PORT, ETCD_PEER_PORT],
-        tj.spec.resources.etcd.clone(),
+        with_requests(Role::Etcd, tj.spec.resources.etcd.clone()),
     )
 }
 
@@ -511,7 +532,11 @@ fn master_parts(tj: &TrainingJob) -> RoleCommand {
         &format!("$(POD_IP):{MASTER_PORT}"),
     ]);
     command.extend(MasterLaunch::of(&s.data, &s.cluster).args());
-    (command, vec![MASTER_PORT], s.resources.master.clone())
+    (
+        command,
+        vec![MASTER_PORT],
+        with_requests(Role::Master, s.resources.master.clone()),
+    )
 }
 
 /// Pserver slot `slot.index` (shard `index % pservers`): the job's settings of that slot
@@ -557,7 +582,7 @@ fn pserver_parts(tj: &TrainingJob, slot: Slot, parts: &mut Parts) -> RoleCommand
     (
         command,
         vec![PSERVER_PORT, METRICS_PORT],
-        s.resources.pserver.clone(),
+        with_requests(Role::Pserver, s.resources.pserver.clone()),
     )
 }
 
@@ -583,7 +608,11 @@ fn trainer_parts(tj: &TrainingJob, parts: &mut Parts) -> RoleCommand {
     } else {
         launch.entry.clone()
     };
-    (command, vec![METRICS_PORT], s.resources.trainer.clone())
+    (
+        command,
+        vec![METRICS_PORT],
+        with_requests(Role::Trainer, s.resources.trainer.clone()),
+    )
 }
 
 /// `role`'s placement in `tj` (`spec.placement`: the role's over `all`'s). The job was
@@ -630,15 +659,33 @@ fn with_affinity(user: Option<Affinity>, own: Option<Affinity>) -> Option<Affini
 /// replicas exist to survive. With fewer nodes than replicas, the extra pods stay
 /// Pending and the job runs with fewer replicas (its status says which are in sync).
 fn replicas_apart(job: &str, shard: &str) -> Affinity {
+    apart(&[
+        (JOB_LABEL, job),
+        (ROLE_LABEL, Role::Pserver.name()),
+        (SHARD_LABEL, shard),
+    ])
+}
+
+/// Keeps the members of a managed etcd on different nodes, required as for replicas: a
+/// node lost takes one member, never the quorum. With fewer nodes than members, the
+/// extra members stay Pending; the etcd serves while a quorum runs.
+fn members_apart(job: &str) -> Affinity {
+    apart(&[(JOB_LABEL, job), (ROLE_LABEL, Role::Etcd.name())])
+}
+
+/// A required pod anti-affinity: never on a node ([`NODE_TOPOLOGY`]) that runs a pod
+/// with all of `labels`.
+fn apart(labels: &[(&str, &str)]) -> Affinity {
     Affinity {
         pod_anti_affinity: Some(PodAntiAffinity {
             required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
                 label_selector: Some(LabelSelector {
-                    match_labels: Some(BTreeMap::from([
-                        (JOB_LABEL.to_owned(), job.to_owned()),
-                        (ROLE_LABEL.to_owned(), Role::Pserver.name().to_owned()),
-                        (SHARD_LABEL.to_owned(), shard.to_owned()),
-                    ])),
+                    match_labels: Some(
+                        labels
+                            .iter()
+                            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                            .collect(),
+                    ),
                     match_expressions: None,
                 }),
                 topology_key: NODE_TOPOLOGY.to_owned(),
@@ -683,4 +730,20 @@ pub fn services(tj: &TrainingJob) -> Vec<Service> {
         });
     }
     out
+}
+
+/// The namespace of [`test_job`].
+#[cfg(test)]
+pub(crate) const TEST_NAMESPACE: &str = "ml";
+
+/// A TrainingJob `mnist` in [`TEST_NAMESPACE`] with one trainer and one pserver, for
+/// the objects' tests.
+#[cfg(test)]
+pub(crate) fn test_job() -> TrainingJob {
+    let spec = edl_job::JobSpec::parse_toml(
+        "name = \"mnist\"\n[data]\ntrain = [\"mnist-train-*.recordio\"]\n[model]\n\
+         kind = \"mnist_mlp\"\n[cluster]\ntrainers = 1\n",
+    )
+    .expect("spec");
+    TrainingJob::from_job_spec(&spec, "edl:test", Some(TEST_NAMESPACE))
 }

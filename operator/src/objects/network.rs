@@ -219,16 +219,7 @@ mod tests {
     use super::*;
     use crate::objects::{CredentialsRef, MASTER_PORT, Role, Slot, pod};
 
-    const NS: &str = "ml";
-
-    fn job() -> TrainingJob {
-        let spec = edl_job::JobSpec::parse_toml(
-            "name = \"mnist\"\n[data]\ntrain = [\"mnist-train-*.recordio\"]\n[model]\n\
-             kind = \"mnist_mlp\"\n[cluster]\ntrainers = 1\n",
-        )
-        .expect("spec");
-        TrainingJob::from_job_spec(&spec, "edl:test", Some(NS))
-    }
+    const NS: &str = crate::objects::TEST_NAMESPACE;
 
     /// A job pod as the operator makes it, and a stranger's with `labels`.
     fn job_pod(tj: &TrainingJob, role: Role) -> Value {
@@ -283,7 +274,7 @@ mod tests {
     /// operator, and scrapes from the configured namespaces on the metrics port only.
     #[test]
     fn the_job_is_denied_all_but_what_it_names_both_ways() {
-        let tj = job();
+        let tj = crate::objects::test_job();
         let network = JobNetwork {
             metrics_namespaces: vec!["monitoring".to_owned()],
             egress_namespaces: vec!["storage".to_owned()],

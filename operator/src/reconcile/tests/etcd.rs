@@ -53,13 +53,19 @@ fn a_managed_etcd_comes_first_and_an_unreachable_one_is_a_condition_and_one_even
     ] {
         assert!(args.contains(want), "{want} in {args}");
     }
+    let volumes = member["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let tls = volumes
+        .iter()
+        .find(|v| v["name"] == "tls")
+        .expect("a tls volume");
+    assert_eq!(tls["secret"]["secretName"], "mnist-edl-tls");
     assert_eq!(
-        member["spec"]["volumes"][1]["secret"]["secretName"],
-        "mnist-edl-tls"
-    );
-    assert!(
-        member["spec"]["containers"][0]["env"].is_null(),
-        "no job process variables in an etcd member"
+        member["spec"]["containers"][0]["env"],
+        serde_json::json!([{"name": "TMPDIR", "value": "/tmp"}]),
+        "no job process variables in an etcd member, only its scratch space"
     );
     // A plaintext job's etcd: no TLS.
     let mut plain = tj.clone();
@@ -148,4 +154,59 @@ fn a_job_paused_by_a_full_etcd_is_a_condition_and_one_warning() {
     started(&mut fresh, 2);
     let s = fresh.status.clone().expect("status");
     assert!(s.conditions.iter().all(|c| c.type_ != "EtcdSpaceAlarm"));
+}
+
+/// A managed etcd's members repel one another by node (required anti-affinity on the
+/// node's hostname, selecting exactly the job's members), so a lost node takes one
+/// member and never the quorum; a single member has none.
+#[test]
+fn managed_etcd_members_are_kept_on_different_nodes() {
+    for (members, apart) in [(3, true), (1, false)] {
+        let mut tj = training_job("");
+        tj.spec.etcd = EtcdSpec {
+            managed: true,
+            members,
+            ..EtcdSpec::default()
+        };
+        let plan = reconcile(&Observed {
+            claims: BTreeSet::new(),
+            ..observe(&tj, vec![], Err("connection refused".into()))
+        });
+        assert_eq!(plan.create_pods.len(), members as usize);
+        for p in &plan.create_pods {
+            let spec = p.spec.as_ref().expect("a pod spec");
+            let terms = spec
+                .affinity
+                .as_ref()
+                .and_then(|a| a.pod_anti_affinity.as_ref())
+                .and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .clone()
+                });
+            let Some(terms) = terms else {
+                assert!(!apart, "{members} members: required anti-affinity");
+                continue;
+            };
+            assert!(apart, "one member needs no anti-affinity: {terms:?}");
+            assert_eq!(terms.len(), 1);
+            assert_eq!(terms[0].topology_key, crate::objects::NODE_TOPOLOGY);
+            let selects = terms[0]
+                .label_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.clone())
+                .unwrap_or_default();
+            // Every member's labels match every member's term.
+            for q in &plan.create_pods {
+                let labels = q.metadata.labels.clone().unwrap_or_default();
+                assert!(
+                    selects.iter().all(|(k, v)| labels.get(k) == Some(v)),
+                    "{selects:?} against {labels:?}"
+                );
+            }
+            assert_eq!(
+                selects.get(crate::objects::ROLE_LABEL).map(String::as_str),
+                Some("etcd")
+            );
+        }
+    }
 }
