@@ -333,10 +333,11 @@ def test_rbac_bindings_name_roles_and_accounts_that_exist() -> None:
         for rule in d.get("rules", []):
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], (d["metadata"]["name"], rule)
             if "secrets" in rule["resources"]:
-                # Only the jobs' credentials Secrets the operator makes: never listed or
-                # watched, and bound per namespace, never cluster-wide.
+                # Only the jobs' Secrets the operator makes: listed (a job's, by its label,
+                # once a round: `get` of any name reads as much) but never watched or
+                # changed, and bound per namespace, never cluster-wide.
                 assert (d["kind"], d["metadata"]["name"]) == ("ClusterRole", "edl-operator-credentials"), d["metadata"]["name"]
-                assert rule["resources"] == ["secrets"] and sorted(rule["verbs"]) == ["create", "delete", "get"], rule
+                assert rule["resources"] == ["secrets"] and sorted(rule["verbs"]) == ["create", "delete", "get", "list"], rule
                 secret_roles.add(d["metadata"]["name"])
     assert secret_roles == {"edl-operator-credentials"}
     for b in bindings:

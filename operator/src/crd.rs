@@ -122,8 +122,9 @@ pub struct TrainingJobSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
     /// No TLS between the job's pods. By default they talk over mutual TLS with the
-    /// job's own CA (the Secret `<job>-edl-tls`, which the operator makes and the job
-    /// owns): a pod accepts only peers with a certificate of that CA.
+    /// job's own CA (the Secret `<job>-edl-ca`, which the operator makes and the job
+    /// owns), each role with its own certificate (`<job>-edl-tls-<role>`): a pod
+    /// accepts only peers with a certificate of that CA.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub plaintext: bool,
     /// Schedule the job's pods with Volcano, as one gang: the operator makes a PodGroup

@@ -192,6 +192,38 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
         jobs.get(JOB).await
     );
 
+    // A NetworkPolicy not the operator's (edited by hand: everything let out) is
+    // written back at the next round.
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), NS);
+    let policy_name = format!("{JOB}-edl");
+    let own = policies
+        .get(&policy_name)
+        .await
+        .expect("the job's NetworkPolicy");
+    policies
+        .patch(
+            &policy_name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"egress": [{}]}})),
+        )
+        .await
+        .expect("edit the NetworkPolicy");
+    let edited = |p: &serde_json::Value| p["spec"]["egress"] == json!([{}]);
+    assert!(edited(
+        &api.get("networkpolicies", NS, &policy_name).expect("it")
+    ));
+    let restored = wait_until(within, every, || async {
+        api.get("networkpolicies", NS, &policy_name)
+            .is_some_and(|p| serde_json::to_value(&own.spec).ok() == Some(p["spec"].clone()))
+    })
+    .await;
+    assert!(
+        restored,
+        "{:?}",
+        api.get("networkpolicies", NS, &policy_name)
+    );
+
     // 2 -> 4 through the scale subresource.
     jobs.patch_scale(
         JOB,

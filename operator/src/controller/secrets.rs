@@ -1,19 +1,24 @@
 //! The job's Secrets, made by the controller while it observes a live job: its
 //! credentials (the job token and its own etcd user, made with the operator's admin
-//! credentials on a shared etcd, as root on its managed etcd), its TLS Secret (a CA for
-//! the job and its pods' certificate) and its managed etcd's root password. Each is made once and then used as it is; one left by an earlier job of
+//! credentials on a shared etcd, as root on its managed etcd), its TLS Secrets (a CA
+//! for the job with the operator's certificate, and one certificate per role) and its
+//! managed etcd's root password. Each is made once and then used as it is; one left by an earlier job of
 //! the same name (another owner) is replaced.
 
+use std::collections::BTreeMap;
+
+use edl_proto::tls::JobCa;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Resource, ResourceExt};
 
 use super::Ctx;
 use crate::crd::TrainingJob;
 use crate::objects::{
-    CREDENTIAL_KEYS, ETCD_ROOT_KEY, TLS_KEYS, credentials_secret, credentials_secret_name,
-    etcd_root_secret, etcd_root_secret_name, job_etcd_user, tls_domain, tls_names, tls_secret,
-    tls_secret_name,
+    CA_KEYS, CREDENTIAL_KEYS, ETCD_ROOT_KEY, JOB_LABEL, LEGACY_CA_KEY, Role, TLS_KEYS, ca_secret,
+    ca_secret_name, credentials_secret, credentials_secret_name, etcd_root_secret,
+    etcd_root_secret_name, job_etcd_user, legacy_tls_secret_name, role_certificate, tls_domain,
+    tls_secret, tls_secret_name,
 };
 use edl_job::{JobKeys, JobName};
 
@@ -171,10 +176,14 @@ pub(super) async fn etcd_root_password(
         })
 }
 
-/// Makes sure `tj`'s TLS Secret exists in `ns`: found, it is used as it is; missing (or
-/// left by an earlier job of the same name), a new CA and pod certificate are made into
-/// it when `create` (a live job). Returns the job's TLS setup as the operator uses it
-/// to ask the job's master and its managed etcd.
+/// Makes sure `tj`'s TLS Secrets exist in `ns`: its CA Secret (the CA and the
+/// operator's certificate) and one per role (the role's certificate; the managed
+/// etcd's only when it has one). Found, each is used as it is; missing (or left by an
+/// earlier job of the same name) and `create` (a live job), it is made: the CA anew, or
+/// taken from the one Secret an earlier operator made for every role
+/// (`<job>-edl-tls`), so the pods that mount that go on talking with new ones; a
+/// role's certificate issued by the CA. One list of the job's Secrets a round. Returns
+/// the job's TLS as the operator uses it to ask the job's master and its managed etcd.
 pub(super) async fn ensure_tls(
     ctx: &Ctx,
     tj: &TrainingJob,
@@ -183,26 +192,118 @@ pub(super) async fn ensure_tls(
 ) -> Result<edl_proto::tls::Tls, String> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let job = tj.name_any();
-    let name = tls_secret_name(&job);
-    let secret = match own_secret(&secrets, tj, &name).await? {
-        Some(s) => s,
+    let found = secrets
+        .list(&ListParams::default().labels(&format!("{JOB_LABEL}={job}")))
+        .await
+        .map_err(|e| format!("list the job's Secrets: {e}"))?;
+    let mut own = BTreeMap::new();
+    for s in found.items {
+        let name = s.name_any();
+        if left_by_another_job(&s, tj) {
+            delete_secret(&secrets, &s, &name).await?;
+        } else {
+            own.insert(name, s);
+        }
+    }
+    let ca_name = ca_secret_name(&job);
+    let ca_secret = match own.get(&ca_name) {
+        Some(s) => s.clone(),
         None if create => {
-            let ca = edl_proto::tls::LocalCa::generate_for(&job, tls_names(&job, ns), TLS_DAYS)
+            let ca = match legacy_ca(&own, &job)? {
+                Some(ca) => ca,
+                None => {
+                    JobCa::generate(&format!("{ns}.{job}"), TLS_DAYS).map_err(|e| e.to_string())?
+                }
+            };
+            let (cn, names, usage) = role_certificate(&job, ns, None);
+            let operator = ca
+                .issue(&cn, names, usage, TLS_DAYS)
                 .map_err(|e| e.to_string())?;
             secrets
-                .create(&PostParams::default(), &tls_secret(tj, &ca))
+                .create(&PostParams::default(), &ca_secret(tj, &ca, &operator))
                 .await
-                .map_err(|e| format!("create Secret {name}: {e}"))?
+                .map_err(|e| format!("create Secret {ca_name}: {e}"))?
         }
-        None => return Err(format!("Secret {name} is gone")),
+        // An ended job an earlier operator made: its one Secret has a certificate the
+        // operator may use to reach the job's managed etcd.
+        None => match own.get(&legacy_tls_secret_name(&job)) {
+            Some(legacy) => return legacy_identity(legacy, &job, ns),
+            None => return Err(format!("Secret {ca_name} is gone")),
+        },
     };
     let value = |k: &str| -> Result<Vec<u8>, String> {
-        secret
+        ca_secret
             .data
             .as_ref()
             .and_then(|d| d.get(k))
             .map(|b| b.0.clone())
-            .ok_or_else(|| format!("Secret {name} has no {k}: delete it for a new one"))
+            .ok_or_else(|| format!("Secret {ca_name} has no {k}: delete it for a new one"))
+    };
+    let text = |k: &str| -> Result<String, String> {
+        String::from_utf8(value(k)?).map_err(|_| format!("Secret {ca_name} {k} is not text"))
+    };
+    if create {
+        let roles = Role::ALL
+            .into_iter()
+            .filter(|r| *r != Role::Etcd || tj.spec.etcd.managed);
+        let mut ca = None;
+        for role in roles {
+            let name = tls_secret_name(&job, role);
+            if own.contains_key(&name) {
+                continue;
+            }
+            if ca.is_none() {
+                ca = Some(
+                    JobCa::from_pem(&text(CA_KEYS[0])?, &text(CA_KEYS[1])?)
+                        .map_err(|e| format!("Secret {ca_name}: {e}"))?,
+                );
+            }
+            let ca = ca.as_ref().expect("read above");
+            let (cn, names, usage) = role_certificate(&job, ns, Some(role));
+            let issued = ca
+                .issue(&cn, names, usage, TLS_DAYS)
+                .map_err(|e| e.to_string())?;
+            match secrets
+                .create(
+                    &PostParams::default(),
+                    &tls_secret(tj, role, &ca.ca_pem, &issued),
+                )
+                .await
+            {
+                Ok(_) => {}
+                // Made meanwhile (another replica), from the same CA.
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(format!("create Secret {name}: {e}")),
+            }
+        }
+    }
+    let identity = edl_proto::tls::PemIdentity {
+        cert: value(CA_KEYS[2])?,
+        key: value(CA_KEYS[3])?,
+        cert_name: format!("Secret {ca_name} {}", CA_KEYS[2]),
+        key_name: format!("Secret {ca_name} {}", CA_KEYS[3]),
+    };
+    edl_proto::tls::Tls::from_pem(
+        &value(CA_KEYS[0])?,
+        &format!("Secret {ca_name} {}", CA_KEYS[0]),
+        Some(identity),
+        Some(tls_domain(&job, ns)),
+        true,
+    )
+    .map_err(|e| format!("{e} (delete Secret {ca_name} for a new one)"))
+}
+
+/// The operator's TLS to `job` with the certificate of `legacy`, the one TLS Secret an
+/// earlier operator made for every role.
+fn legacy_identity(legacy: &Secret, job: &str, ns: &str) -> Result<edl_proto::tls::Tls, String> {
+    let name = legacy_tls_secret_name(job);
+    let value = |k: &str| -> Result<Vec<u8>, String> {
+        legacy
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| b.0.clone())
+            .ok_or_else(|| format!("Secret {name} has no {k}"))
     };
     let identity = edl_proto::tls::PemIdentity {
         cert: value(TLS_KEYS[1])?,
@@ -214,10 +315,33 @@ pub(super) async fn ensure_tls(
         &value(TLS_KEYS[0])?,
         &format!("Secret {name} {}", TLS_KEYS[0]),
         Some(identity),
-        Some(tls_domain(&job, ns)),
+        Some(tls_domain(job, ns)),
         true,
     )
-    .map_err(|e| format!("{e} (delete Secret {name} for a new one)"))
+    .map_err(|e| e.to_string())
+}
+
+/// The CA of the one TLS Secret an earlier operator made for every role of `job`
+/// (`<job>-edl-tls`, among `own`), if there is one.
+fn legacy_ca(own: &BTreeMap<String, Secret>, job: &str) -> Result<Option<JobCa>, String> {
+    let name = legacy_tls_secret_name(job);
+    let Some(s) = own.get(&name) else {
+        return Ok(None);
+    };
+    let text = |k: &str| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .and_then(|b| String::from_utf8(b.0.clone()).ok())
+    };
+    match (text(TLS_KEYS[0]), text(LEGACY_CA_KEY)) {
+        (Some(ca), Some(key)) => JobCa::from_pem(&ca, &key)
+            .map(Some)
+            .map_err(|e| format!("Secret {name} (an earlier operator's): {e}")),
+        // Without its key, the CA cannot issue: a new one (the pods that mount the
+        // old Secret cannot talk with new ones, as before when it was lost).
+        _ => Ok(None),
+    }
 }
 
 /// How long the certificates of a job's TLS Secret are valid.

@@ -25,19 +25,20 @@ use edl_job::{MasterLaunch, PserverLaunch, TrainerLaunch};
 
 mod claims;
 mod network;
+mod resources;
 mod secrets;
 mod slots;
 mod volcano;
 mod workload;
 
 pub use claims::{checkpoint_claim_name, checkpoint_claims, claims, etcd_claim_name, etcd_claims};
-mod resources;
 pub use network::{DNS, JobNetwork, OPERATOR_LABEL, network_policy};
 pub use resources::{default_requests, with_requests};
 pub use secrets::{
-    CREDENTIAL_KEYS, CredentialsRef, ETCD_ROOT_KEY, ETCD_TLS_MOUNT, TLS_KEYS, TLS_MOUNT,
-    credentials_secret, credentials_secret_name, etcd_root_secret, etcd_root_secret_name,
-    job_etcd_user, tls_domain, tls_names, tls_secret, tls_secret_name,
+    CA_KEYS, CREDENTIAL_KEYS, CredentialsRef, ETCD_ROOT_KEY, ETCD_TLS_MOUNT, LEGACY_CA_KEY,
+    TLS_KEYS, TLS_MOUNT, ca_secret, ca_secret_name, credentials_secret, credentials_secret_name,
+    etcd_root_secret, etcd_root_secret_name, job_etcd_user, legacy_tls_secret_name,
+    role_certificate, tls_domain, tls_names, tls_secret, tls_secret_name,
 };
 use secrets::{mount_tls, tls_vars};
 pub use slots::{Role, Slot, desired_slots, desired_trainers};
@@ -257,6 +258,9 @@ fn etcd_member_args(tj: &TrainingJob, index: u32) -> Vec<String> {
             format!("--peer-key-file={key}"),
             format!("--peer-trusted-ca-file={ca}"),
             "--peer-client-cert-auth".to_owned(),
+            // A peer only with the members' certificate (valid for their names), not
+            // with another role's of the same CA.
+            format!("--peer-cert-allowed-hostname={}", member_host(&job, ns, 0)),
         ]);
     }
     args
@@ -345,7 +349,7 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     });
     vars.push(env("TMPDIR", TMP_MOUNT));
     if !s.plaintext {
-        mount_tls(&job, &mut volumes, &mut mounts);
+        mount_tls(&job, slot.role, &mut volumes, &mut mounts);
         if slot.role != Role::Etcd {
             let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
             vars.extend(tls_vars(&job, ns, s.etcd.managed));

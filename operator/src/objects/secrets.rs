@@ -7,7 +7,9 @@ use k8s_openapi::api::core::v1::{
     EnvVar, KeyToPath, Secret, SecretVolumeSource, Volume, VolumeMount,
 };
 
-use super::{env, meta};
+use edl_proto::tls::{CertUse, Issued, JobCa};
+
+use super::{Role, env, meta};
 use crate::crd::TrainingJob;
 
 /// The keys of a job's credentials Secret: the job's etcd user and password, and the
@@ -19,22 +21,43 @@ pub fn credentials_secret_name(job: &str) -> String {
     format!("{job}-edl-credentials")
 }
 
-/// The Secret holding `job`'s CA (certificate and key) and the certificate its pods
-/// present and accept: `<job>-edl-tls`.
-pub fn tls_secret_name(job: &str) -> String {
+/// The Secret holding `job`'s CA (certificate and key) and the operator's own client
+/// certificate for the job: `<job>-edl-ca`. Only the operator reads it; no pod mounts it.
+pub fn ca_secret_name(job: &str) -> String {
+    format!("{job}-edl-ca")
+}
+
+/// The keys of [`ca_secret_name`]: the CA's certificate and key, the operator's
+/// certificate and key.
+pub const CA_KEYS: [&str; 4] = ["ca.crt", "ca.key", "operator.crt", "operator.key"];
+
+/// The Secret holding the certificate of `role` in `job` (and the CA's certificate),
+/// which only `role`'s pods mount: `<job>-edl-tls-<role>`.
+pub fn tls_secret_name(job: &str, role: Role) -> String {
+    format!("{job}-edl-tls-{}", role.name())
+}
+
+/// The one TLS Secret an earlier operator made for every role of `job`, with the CA's
+/// key in it: `<job>-edl-tls`. Its CA carries on in [`ca_secret_name`]; its CA key is
+/// taken out of it.
+pub fn legacy_tls_secret_name(job: &str) -> String {
     format!("{job}-edl-tls")
 }
 
-/// The name in `job`'s pod certificate, which every pod checks in its peers'
-/// (`EDL_TLS_DOMAIN`): pods dial one another by IP address.
+/// The key of the CA's key in [`legacy_tls_secret_name`].
+pub const LEGACY_CA_KEY: &str = "ca.key";
+
+/// The name every edl certificate of `job` carries and every edl process checks in its
+/// peers' (`EDL_TLS_DOMAIN`, `EDL_ETCD_DOMAIN`): pods dial one another by IP address.
 pub fn tls_domain(job: &str, namespace: &str) -> String {
     format!("{job}.{namespace}.edl.internal")
 }
 
-/// The names in `job`'s pod certificate: [`tls_domain`], which every edl process checks;
-/// the managed etcd members' DNS names under the job's headless service (etcd's peers
-/// check them, and the peer's address against them); `localhost` and `127.0.0.1`, for
-/// a probe or `etcdctl` inside a member's pod.
+/// The names in the managed etcd members' certificate: [`tls_domain`], which every edl
+/// process checks; the members' DNS names under the job's headless service (etcd's
+/// peers check them, and the peer's address against them, and accept as a peer only a
+/// certificate for them: `--peer-cert-allowed-hostname`); `localhost` and `127.0.0.1`,
+/// for a probe or `etcdctl` inside a member's pod.
 pub fn tls_names(job: &str, namespace: &str) -> Vec<String> {
     vec![
         tls_domain(job, namespace),
@@ -43,6 +66,41 @@ pub fn tls_names(job: &str, namespace: &str) -> Vec<String> {
         "localhost".to_owned(),
         "127.0.0.1".to_owned(),
     ]
+}
+
+/// The certificate of `role` in `job` (namespace `namespace`; `None`: the operator's
+/// own): its common name, the names it is valid for and what for. Only the managed
+/// etcd's is valid for the members' names (so only it joins the etcd as a peer); a
+/// trainer's and the operator's are for clients only (so neither can serve as a
+/// master or a pserver).
+pub fn role_certificate(
+    job: &str,
+    namespace: &str,
+    role: Option<Role>,
+) -> (String, Vec<String>, CertUse) {
+    let domain = vec![tls_domain(job, namespace)];
+    match role {
+        Some(Role::Etcd) => (
+            format!("edl etcd {namespace}.{job}"),
+            tls_names(job, namespace),
+            CertUse::ServerAndClient,
+        ),
+        Some(r @ (Role::Master | Role::Pserver)) => (
+            format!("edl {} {namespace}.{job}", r.name()),
+            domain,
+            CertUse::ServerAndClient,
+        ),
+        Some(Role::Trainer) => (
+            format!("edl trainer {namespace}.{job}"),
+            domain,
+            CertUse::Client,
+        ),
+        None => (
+            format!("edl operator {namespace}.{job}"),
+            domain,
+            CertUse::Client,
+        ),
+    }
 }
 
 /// The Secret holding the root password of `job`'s managed etcd:
@@ -74,26 +132,51 @@ pub fn etcd_root_secret(tj: &TrainingJob, password: &str) -> Secret {
 /// Where a pod mounts its TLS files.
 pub const TLS_MOUNT: &str = "/etc/edl/tls";
 
-/// The keys of the TLS Secret: the CA's certificate, the pods' certificate and key, and
-/// the CA's key (never mounted in a pod).
-pub const TLS_KEYS: [&str; 4] = ["ca.crt", "tls.crt", "tls.key", "ca.key"];
+/// The keys of a role's TLS Secret: the CA's certificate, the role's certificate and key.
+pub const TLS_KEYS: [&str; 3] = ["ca.crt", "tls.crt", "tls.key"];
 
-/// The TLS Secret of `tj`, with `ca`'s files, owned by `tj`.
-pub fn tls_secret(tj: &TrainingJob, ca: &edl_proto::tls::LocalCa) -> Secret {
-    let job = tj.metadata.name.clone().unwrap_or_default();
-    let values = [&ca.ca_pem, &ca.cert_pem, &ca.key_pem, &ca.ca_key_pem];
+fn opaque(tj: &TrainingJob, name: String, pairs: &[(&str, &str)]) -> Secret {
     Secret {
-        metadata: meta(tj, tls_secret_name(&job), None),
+        metadata: meta(tj, name, None),
         type_: Some("Opaque".to_owned()),
         data: Some(
-            TLS_KEYS
+            pairs
                 .iter()
-                .zip(values)
                 .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
                 .collect(),
         ),
         ..Secret::default()
     }
+}
+
+/// The CA Secret of `tj` ([`ca_secret_name`]), with `ca` and the operator's
+/// certificate `operator`, owned by `tj`.
+pub fn ca_secret(tj: &TrainingJob, ca: &JobCa, operator: &Issued) -> Secret {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let values = [
+        &ca.ca_pem,
+        &ca.ca_key_pem,
+        &operator.cert_pem,
+        &operator.key_pem,
+    ];
+    let pairs: Vec<(&str, &str)> = CA_KEYS
+        .iter()
+        .zip(values)
+        .map(|(k, v)| (*k, v.as_str()))
+        .collect();
+    opaque(tj, ca_secret_name(&job), &pairs)
+}
+
+/// The TLS Secret of `role` in `tj` ([`tls_secret_name`]): the CA's certificate
+/// `ca_pem` and the role's `issued`, owned by `tj`.
+pub fn tls_secret(tj: &TrainingJob, role: Role, ca_pem: &str, issued: &Issued) -> Secret {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let pairs = [
+        (TLS_KEYS[0], ca_pem),
+        (TLS_KEYS[1], issued.cert_pem.as_str()),
+        (TLS_KEYS[2], issued.key_pem.as_str()),
+    ];
+    opaque(tj, tls_secret_name(&job, role), &pairs)
 }
 
 /// The etcd user (and role) of `job`, the job's name in etcd ([`super::etcd_job`]: on
@@ -156,9 +239,14 @@ pub fn credentials_secret(
 
 /// The job's TLS Secret as a read-only volume at [`TLS_MOUNT`]: the CA's certificate
 /// and the pods' certificate and key, not the CA's key.
-pub(super) fn mount_tls(job: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
-    let secret = tls_secret_name(job);
-    mount_secret(("tls", &secret, &TLS_KEYS[..3]), TLS_MOUNT, volumes, mounts);
+pub(super) fn mount_tls(
+    job: &str,
+    role: Role,
+    volumes: &mut Vec<Volume>,
+    mounts: &mut Vec<VolumeMount>,
+) {
+    let secret = tls_secret_name(job, role);
+    mount_secret(("tls", &secret, &TLS_KEYS), TLS_MOUNT, volumes, mounts);
 }
 
 /// Keys `keys` of Secret `secret` as the read-only volume `name` at `at`, each file

@@ -41,8 +41,10 @@ impl Draft<'_> {
             JobTls::Plaintext => None,
             JobTls::Ready => {
                 let message = format!(
-                    "the job's pods talk over mutual TLS with the CA of Secret {}",
-                    objects::tls_secret_name(&self.job)
+                    "the job's pods talk over mutual TLS, each role with its own \
+                     certificate (Secrets {}-edl-tls-<role>) of the CA of Secret {}",
+                    self.job,
+                    objects::ca_secret_name(&self.job)
                 );
                 self.condition("TLSReady", true, "Issued", message);
                 None

@@ -29,8 +29,16 @@ use super::*;
 const CRED_NS: &str = "default";
 const ROOT_PASSWORD: &str = "pw";
 const SECRET: &str = "mnist-edl-credentials";
-/// The job's TLS Secret (its CA and the pods' certificate).
-const TLS_SECRET: &str = "mnist-edl-tls";
+/// The job's CA Secret (its CA and the operator's certificate): no pod mounts it.
+const CA_SECRET: &str = "mnist-edl-ca";
+/// The one TLS Secret an earlier operator made for every role, CA key and all.
+const LEGACY_TLS_SECRET: &str = "mnist-edl-tls";
+/// Each role's TLS Secret (its certificate and the CA's); no managed etcd here.
+const ROLE_SECRETS: [(&str, &str); 3] = [
+    ("master", "mnist-edl-tls-master"),
+    ("pserver", "mnist-edl-tls-pserver"),
+    ("trainer", "mnist-edl-tls-trainer"),
+];
 
 /// An etcd with authentication on (user root, [`ROOT_PASSWORD`]), and a client as root.
 async fn etcd_with_auth() -> (EtcdCluster, Arc<EtcdBackend>) {
@@ -122,6 +130,20 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
         .await
         .expect("create the stale Secret");
 
+    // An earlier operator's one TLS Secret for every role of the job, with the CA's key:
+    // its CA carries on, so pods that mount it talk with the new ones.
+    let legacy = edl_proto::tls::LocalCa::generate("mnist").expect("a CA");
+    let legacy_secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": LEGACY_TLS_SECRET, "labels": {"edl.dev/job": JOB}},
+        "stringData": {"ca.crt": legacy.ca_pem, "ca.key": legacy.ca_key_pem,
+            "tls.crt": legacy.cert_pem, "tls.key": legacy.key_pem},
+    }))
+    .expect("a Secret");
+    secrets
+        .create(&PostParams::default(), &legacy_secret)
+        .await
+        .expect("create the earlier operator's TLS Secret");
+
     let stop = CancellationToken::new();
     let metrics = Arc::new(Metrics::default());
     let admin = EtcdAuth {
@@ -173,41 +195,90 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
             .expect("a resourceVersion")
     };
     let secret_rv = rv(&api.get("secrets", CRED_NS, SECRET).expect("the Secret"));
-    // The job's TLS Secret too: its CA (key and certificate) and the pods' certificate,
-    // owned by the job, made before the pods, each of which mounts all of it but the
-    // CA's key and turns mutual TLS on.
-    let tls = api
-        .get("secrets", CRED_NS, TLS_SECRET)
-        .expect("the TLS Secret");
-    let keys: Vec<&str> = tls["data"]
-        .as_object()
-        .map(|d| d.keys().map(String::as_str).collect())
-        .unwrap_or_default();
-    assert_eq!(keys, ["ca.crt", "ca.key", "tls.crt", "tls.key"]);
-    assert_eq!(tls["metadata"]["ownerReferences"][0]["kind"], "TrainingJob");
-    for p in job_pods(&api) {
-        assert!(
-            secret_rv < rv(&p) && rv(&tls) < rv(&p),
-            "a Secret after pod {}",
-            p["metadata"]["name"]
+    // The job's TLS Secrets, owned by the job and made before the pods: its CA (the
+    // earlier operator's, carried on) with the operator's certificate, which no pod
+    // mounts; and one per role, which only that role's pods mount, without the CA's key.
+    let keys_of = |v: &serde_json::Value| -> Vec<String> {
+        v["data"]
+            .as_object()
+            .map(|d| d.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let text = |v: &serde_json::Value, k: &str| -> String {
+        let typed: k8s_openapi::api::core::v1::Secret =
+            serde_json::from_value(v.clone()).expect("a Secret");
+        value(&typed, k)
+    };
+    let ca = api
+        .get("secrets", CRED_NS, CA_SECRET)
+        .expect("the CA Secret");
+    assert_eq!(
+        keys_of(&ca),
+        ["ca.crt", "ca.key", "operator.crt", "operator.key"]
+    );
+    assert_eq!(
+        text(&ca, "ca.crt"),
+        legacy.ca_pem,
+        "the earlier CA carries on"
+    );
+    let mut tls_rvs = vec![rv(&ca)];
+    for (role, name) in ROLE_SECRETS {
+        let s = api
+            .get("secrets", CRED_NS, name)
+            .expect("a role's TLS Secret");
+        assert_eq!(keys_of(&s), ["ca.crt", "tls.crt", "tls.key"], "{name}");
+        assert_eq!(text(&s, "ca.crt"), legacy.ca_pem, "{name}");
+        assert_eq!(s["metadata"]["ownerReferences"][0]["kind"], "TrainingJob");
+        tls_rvs.push(rv(&s));
+        // The role's own certificate, which its peers take from this CA (a trainer's
+        // for clients only: `a_client_only_certificate_cannot_serve` in edl-proto).
+        let tls = edl_proto::tls::Tls::from_pem(
+            text(&s, "ca.crt").as_bytes(),
+            "ca",
+            Some(edl_proto::tls::PemIdentity {
+                cert: text(&s, "tls.crt").into_bytes(),
+                key: text(&s, "tls.key").into_bytes(),
+                cert_name: "tls.crt".to_owned(),
+                key_name: "tls.key".to_owned(),
+            }),
+            Some("mnist.default.edl.internal".to_owned()),
+            true,
         );
+        assert!(tls.is_ok(), "{role}: {:?}", tls.err());
+    }
+    for p in job_pods(&api) {
+        let name = p["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            secret_rv < rv(&p) && tls_rvs.iter().all(|r| *r < rv(&p)),
+            "a Secret after pod {name}"
+        );
+        let role = p["metadata"]["labels"]["edl.dev/role"]
+            .as_str()
+            .unwrap_or_default();
+        let own = format!("mnist-edl-tls-{role}");
+        let mounted: Vec<&str> = p["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["secret"]["secretName"].as_str())
+            .collect();
+        assert_eq!(mounted, [own.as_str()], "pod {name} mounts its role's only");
         let volume = p["spec"]["volumes"]
             .as_array()
             .into_iter()
             .flatten()
-            .find(|v| v["secret"]["secretName"] == TLS_SECRET)
-            .unwrap_or_else(|| panic!("pod {} mounts no TLS Secret", p["metadata"]["name"]));
-        let mounted: Vec<&str> = volume["secret"]["items"]
+            .find(|v| v["secret"]["secretName"] == own.as_str())
+            .expect("its TLS volume");
+        let items: Vec<&str> = volume["secret"]["items"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|i| i["key"].as_str())
             .collect();
-        assert_eq!(
-            mounted,
-            ["ca.crt", "tls.crt", "tls.key"],
-            "never the CA's key"
-        );
+        assert_eq!(items, ["ca.crt", "tls.crt", "tls.key"]);
         let env = p["spec"]["containers"][0]["env"].to_string();
         assert!(
             env.contains("EDL_TLS_CLIENT_AUTH") && env.contains("mnist.default.edl.internal"),
@@ -294,10 +365,12 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
     .await;
     assert!(gone, "secret {:?}", api.get("secrets", CRED_NS, SECRET));
     let tls_gone = wait_until(within, every, || async {
-        api.get("secrets", CRED_NS, TLS_SECRET).is_none()
+        std::iter::once(CA_SECRET)
+            .chain(ROLE_SECRETS.map(|(_, n)| n))
+            .all(|n| api.get("secrets", CRED_NS, n).is_none())
     })
     .await;
-    assert!(tls_gone, "the TLS Secret outlived its job");
+    assert!(tls_gone, "a TLS Secret outlived its job");
     // And its etcd user: the password that worked is refused (the finalizer deleted the
     // user and its role before the job went).
     let revoked = match EtcdBackend::connect(
@@ -319,9 +392,9 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
         .collect();
     assert!(
         secret_requests.iter().all(|a| a.namespace == CRED_NS
-            && a.name
-                .as_deref()
-                .is_none_or(|n| n == SECRET || n == TLS_SECRET)),
+            && a.name.as_deref().is_none_or(|n| n == SECRET
+                || n == CA_SECRET
+                || ROLE_SECRETS.iter().any(|(_, r)| *r == n))),
         "{secret_requests:?}"
     );
     check_rbac(&accesses, &|r, _| !credentials_rule(r));

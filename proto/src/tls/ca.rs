@@ -42,48 +42,18 @@ impl LocalCa {
     /// A new CA and one certificate for `job`, valid for `names` (DNS names or IP
     /// addresses) as a server and as a client, for `days` days.
     pub fn generate_for(job: &str, names: Vec<String>, days: i64) -> Result<LocalCa, TlsError> {
-        use rcgen::{
-            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-            KeyUsagePurpose,
-        };
-        let err = |e: rcgen::Error| TlsError::new(format!("make a certificate: {e}"));
-        let now = time::OffsetDateTime::now_utc();
-        let (not_before, not_after) = (
-            now - time::Duration::minutes(5),
-            now + time::Duration::days(days),
-        );
-        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
-        ca.distinguished_name
-            .push(DnType::CommonName, format!("edl job CA {job}"));
-        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        ca.not_before = not_before;
-        ca.not_after = not_after;
-        let ca_key = KeyPair::generate().map_err(err)?;
-        let ca_cert = ca.self_signed(&ca_key).map_err(err)?;
-        let ca_key_pem = ca_key.serialize_pem();
-        let issuer = rcgen::Issuer::new(ca, ca_key);
-
-        let mut leaf = CertificateParams::new(names).map_err(err)?;
-        leaf.distinguished_name
-            .push(DnType::CommonName, format!("edl job {job}"));
-        leaf.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        leaf.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        leaf.not_before = not_before;
-        leaf.not_after = not_after;
-        let key = KeyPair::generate().map_err(err)?;
-        let cert = leaf.signed_by(&key, &issuer).map_err(err)?;
+        let ca = JobCa::generate(job, days)?;
+        let leaf = ca.issue(
+            &format!("edl job {job}"),
+            names,
+            CertUse::ServerAndClient,
+            days,
+        )?;
         Ok(LocalCa {
-            ca_pem: ca_cert.pem(),
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            ca_key_pem,
+            ca_pem: ca.ca_pem,
+            cert_pem: leaf.cert_pem,
+            key_pem: leaf.key_pem,
+            ca_key_pem: ca.ca_key_pem,
         })
     }
 
@@ -110,6 +80,127 @@ impl LocalCa {
             key: Some(write("job.key", &self.key_pem, 0o600)?),
             domain: None,
             client_auth: true,
+        })
+    }
+}
+
+/// What a certificate is for: the extended key usages its peers check. A certificate
+/// made for clients only cannot serve (a client refuses it in the handshake), which is
+/// how a trainer's certificate is kept from posing as a pserver or a master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertUse {
+    /// Clients only (TLS client authentication).
+    Client,
+    /// Servers and clients.
+    ServerAndClient,
+}
+
+/// A certificate [`JobCa::issue`] made, and its key (PEM).
+pub struct Issued {
+    /// The certificate (PEM).
+    pub cert_pem: String,
+    /// Its private key (PEM, PKCS#8).
+    pub key_pem: String,
+}
+
+impl fmt::Debug for Issued {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Issued").finish_non_exhaustive()
+    }
+}
+
+/// A job's private CA (ECDSA P-256): its certificate and key, which issue the job's
+/// certificates, one per role.
+pub struct JobCa {
+    /// The CA certificate (PEM).
+    pub ca_pem: String,
+    /// The CA's private key (PEM, PKCS#8): for whoever keeps the CA only.
+    pub ca_key_pem: String,
+}
+
+impl fmt::Debug for JobCa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobCa").finish_non_exhaustive()
+    }
+}
+
+fn cert_err(e: rcgen::Error) -> TlsError {
+    TlsError::new(format!("make a certificate: {e}"))
+}
+
+/// From five minutes ago (clocks differ) to `days` days from now.
+fn validity(days: i64) -> (time::OffsetDateTime, time::OffsetDateTime) {
+    let now = time::OffsetDateTime::now_utc();
+    (
+        now - time::Duration::minutes(5),
+        now + time::Duration::days(days),
+    )
+}
+
+impl JobCa {
+    /// A new CA for `job`, valid for `days` days, that signs certificates only (no
+    /// intermediate CA under it).
+    pub fn generate(job: &str, days: i64) -> Result<JobCa, TlsError> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(cert_err)?;
+        ca.distinguished_name
+            .push(DnType::CommonName, format!("edl job CA {job}"));
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        (ca.not_before, ca.not_after) = validity(days);
+        let key = KeyPair::generate().map_err(cert_err)?;
+        let cert = ca.self_signed(&key).map_err(cert_err)?;
+        Ok(JobCa {
+            ca_pem: cert.pem(),
+            ca_key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// The CA of `ca_pem` with its key `ca_key_pem` (as [`JobCa::generate`] made them,
+    /// or an earlier [`LocalCa`]'s); `Err` says which does not read.
+    pub fn from_pem(ca_pem: &str, ca_key_pem: &str) -> Result<JobCa, TlsError> {
+        let key = rcgen::KeyPair::from_pem(ca_key_pem)
+            .map_err(|e| TlsError::new(format!("the CA's key does not read: {e}")))?;
+        rcgen::Issuer::from_ca_cert_pem(ca_pem, key)
+            .map_err(|e| TlsError::new(format!("the CA's certificate does not read: {e}")))?;
+        Ok(JobCa {
+            ca_pem: ca_pem.to_owned(),
+            ca_key_pem: ca_key_pem.to_owned(),
+        })
+    }
+
+    /// A new certificate and key named `common_name`, valid for `names` (DNS names,
+    /// wildcards or IP addresses) for `usage`, for `days` days, signed by this CA.
+    pub fn issue(
+        &self,
+        common_name: &str,
+        names: Vec<String>,
+        usage: CertUse,
+        days: i64,
+    ) -> Result<Issued, TlsError> {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+        let ca_key = KeyPair::from_pem(&self.ca_key_pem).map_err(cert_err)?;
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&self.ca_pem, ca_key).map_err(cert_err)?;
+        let mut leaf = CertificateParams::new(names).map_err(cert_err)?;
+        leaf.distinguished_name
+            .push(DnType::CommonName, common_name.to_owned());
+        leaf.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        leaf.extended_key_usages = match usage {
+            CertUse::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            CertUse::ServerAndClient => vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        };
+        (leaf.not_before, leaf.not_after) = validity(days);
+        let key = KeyPair::generate().map_err(cert_err)?;
+        let cert = leaf.signed_by(&key, &issuer).map_err(cert_err)?;
+        Ok(Issued {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
         })
     }
 }

@@ -45,7 +45,7 @@ mod conn;
 #[cfg(test)]
 mod tests;
 
-pub use ca::LocalCa;
+pub use ca::{CertUse, Issued, JobCa, LocalCa};
 pub use conn::{ClientConn, ServerConn, incoming};
 
 /// ALPN of gRPC (HTTP/2).
@@ -424,8 +424,19 @@ impl Tls {
         addr: &str,
         stream: TcpStream,
     ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        self.connect_alpn(addr, stream, ALPN_BULK).await
+    }
+
+    /// Opens a TLS connection on `stream`, connected to `addr`, that offers `alpn` only
+    /// (the bulk path's: [`Tls::connect`]; [`ALPN_HTTP1`] for HTTP/1.1).
+    pub async fn connect_alpn(
+        &self,
+        addr: &str,
+        stream: TcpStream,
+        alpn: &[u8],
+    ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
         let cfg = self
-            .client_config(ALPN_BULK)
+            .client_config(alpn)
             .map_err(|e| io::Error::other(e.to_string()))?;
         let name = self.server_name(addr)?;
         let connect = tokio_rustls::TlsConnector::from(cfg).connect(name, stream);

@@ -144,3 +144,94 @@ async fn handshakes_settle_the_protocol_and_refuse_strangers() {
     assert_eq!(results[0], Ok(Some(ALPN_BULK.to_vec())));
     assert!(results[1].is_err(), "{:?}", results[1]);
 }
+
+/// One CA, a certificate per role: a server's certificate serves and a client-only one
+/// (a trainer's) is taken from a client, but a client refuses it from a server, so a
+/// trainer cannot pose as a pserver or a master. A CA read back from its PEM issues
+/// certificates the same clients accept.
+#[tokio::test]
+async fn a_client_only_certificate_cannot_serve() {
+    let ca = JobCa::generate("j", 1).unwrap();
+    let domain = "j.ns.edl.internal";
+    let tls = |usage: CertUse, ca: &JobCa| {
+        let leaf = ca
+            .issue("edl test", vec![domain.to_owned()], usage, 1)
+            .unwrap();
+        Tls::from_pem(
+            ca.ca_pem.as_bytes(),
+            "ca",
+            Some(PemIdentity {
+                cert: leaf.cert_pem.into_bytes(),
+                key: leaf.key_pem.into_bytes(),
+                cert_name: "cert".to_owned(),
+                key_name: "key".to_owned(),
+            }),
+            Some(domain.to_owned()),
+            true,
+        )
+        .unwrap()
+    };
+    let again = JobCa::from_pem(&ca.ca_pem, &ca.ca_key_pem).unwrap();
+    let (server, trainer, other_server) = (
+        tls(CertUse::ServerAndClient, &ca),
+        tls(CertUse::Client, &ca),
+        tls(CertUse::ServerAndClient, &again),
+    );
+    // Serves two connections: each answers 5 bytes back, or fails its handshake.
+    async fn serve_two(tls: &Tls) -> (String, tokio::task::JoinHandle<Vec<bool>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let acceptor = tls.acceptor().unwrap();
+        let task = tokio::spawn(async move {
+            let mut ok = Vec::new();
+            for _ in 0..2 {
+                let (s, _) = listener.accept().await.unwrap();
+                ok.push(match ServerConn::accept(&acceptor, s).await {
+                    Ok(mut c) => {
+                        let mut buf = [0u8; 5];
+                        c.read_exact(&mut buf).await.is_ok()
+                            && c.write_all(&buf).await.is_ok()
+                            && c.flush().await.is_ok()
+                    }
+                    Err(_) => false,
+                });
+            }
+            ok
+        });
+        (addr, task)
+    }
+    async fn talk(client: &Tls, addr: &str) -> bool {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let Ok(s) = client.connect(addr, tcp).await else {
+            return false;
+        };
+        let mut s = ClientConn::Tls(Box::new(s));
+        let mut back = [0u8; 5];
+        s.write_all(b"hello").await.is_ok()
+            && s.flush().await.is_ok()
+            && s.read_exact(&mut back).await.is_ok()
+            && &back == b"hello"
+    }
+    // The server's certificate serves the trainer and a server of the CA read back.
+    let (addr, task) = serve_two(&server).await;
+    assert!(talk(&trainer, &addr).await, "a trainer is a client");
+    assert!(
+        talk(&other_server, &addr).await,
+        "the CA read back issues alike"
+    );
+    assert_eq!(task.await.unwrap(), [true, true]);
+    // The trainer's certificate serving: refused by clients.
+    let (addr, task) = serve_two(&trainer).await;
+    assert!(
+        !talk(&server, &addr).await,
+        "a client-only certificate served"
+    );
+    assert!(
+        !talk(&trainer, &addr).await,
+        "a client-only certificate served"
+    );
+    assert_eq!(task.await.unwrap(), [false, false]);
+    // What is not a CA and its key does not read as one.
+    let e = JobCa::from_pem(&ca.ca_pem, "junk").unwrap_err().to_string();
+    assert!(e.contains("the CA's key"), "{e}");
+}

@@ -143,7 +143,7 @@ async fn a_deleted_pserver_pod_restores_from_its_claim_on_the_defaults() {
     // Mutual TLS by default: the master answers the job's own certificate, and refuses
     // plain TCP and a certificate of another CA (made for the same name).
     let job = super::etcd_job(DURABLE_JOB);
-    let own = tls_of(&api, &format!("{DURABLE_JOB}-edl-tls"), DURABLE_JOB);
+    let own = tls_of(&api, &format!("{DURABLE_JOB}-edl-tls-trainer"), DURABLE_JOB);
     assert!(
         master_answers(&w.backend, &job, Some(own)).await,
         "the master refused the job's own certificate"

@@ -85,7 +85,24 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         endpoints.iter().all(|e| e.starts_with("https://")),
         "{endpoints:?}"
     );
-    let tls = tls_of(&api, &format!("{MANAGED_JOB}-edl-tls"), MANAGED_JOB);
+    // A trainer's certificate (a job pod's: every role's is of the job's CA).
+    let tls = tls_of(&api, &format!("{MANAGED_JOB}-edl-tls-trainer"), MANAGED_JOB);
+    // Only a member's certificate makes a peer: at a member's peer port, a trainer's is
+    // refused and a member's (the witness that the port answers) is not.
+    let member_tls = tls_of(&api, &format!("{MANAGED_JOB}-edl-tls-etcd"), MANAGED_JOB);
+    let peer = resolve(&format!(
+        "https://{MANAGED_JOB}-etcd-0.{MANAGED_JOB}.{NS}.svc:{}",
+        edl_operator::objects::ETCD_PEER_PORT
+    ));
+    let peer = peer.trim_start_matches("https://");
+    assert!(
+        peer_answers(peer, &member_tls).await,
+        "a member's certificate must reach the peer port at {peer}"
+    );
+    assert!(
+        !peer_answers(peer, &tls).await,
+        "a trainer's certificate must not be taken as an etcd peer"
+    );
     let cfg = EtcdConfig::new(endpoints.clone()).with_dial_timeout(Duration::from_secs(2));
     let plain = EtcdBackend::connect(EtcdConfig {
         endpoints: endpoints
@@ -203,6 +220,28 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
     }
     stop.cancel();
     operator.await.expect("operator");
+}
+
+/// Whether etcd's peer port at `addr` answers `GET /members` (what a member asks its
+/// peers) over TLS with `tls`'s certificate.
+async fn peer_answers(addr: &str, tls: &edl_proto::tls::Tls) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(tcp) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    let Ok(mut s) = tls
+        .connect_alpn(addr, tcp, edl_proto::tls::ALPN_HTTP1)
+        .await
+    else {
+        return false;
+    };
+    let request = format!("GET /members HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if s.write_all(request.as_bytes()).await.is_err() || s.flush().await.is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer)).await;
+    answer.starts_with(b"HTTP/1.1 200")
 }
 
 /// The job's NetworkPolicy, as a cluster enforcing it decides: the job's pods reach one

@@ -50,6 +50,8 @@ fn a_managed_etcd_comes_first_and_an_unreachable_one_is_a_condition_and_one_even
         "\"--client-cert-auth\"",
         "--peer-key-file=/etc/edl/tls/tls.key",
         "\"--peer-client-cert-auth\"",
+        // Peers only with the members' certificate.
+        "--peer-cert-allowed-hostname=mnist-etcd-0.mnist.ml.svc",
     ] {
         assert!(args.contains(want), "{want} in {args}");
     }
@@ -61,7 +63,7 @@ fn a_managed_etcd_comes_first_and_an_unreachable_one_is_a_condition_and_one_even
         .iter()
         .find(|v| v["name"] == "tls")
         .expect("a tls volume");
-    assert_eq!(tls["secret"]["secretName"], "mnist-edl-tls");
+    assert_eq!(tls["secret"]["secretName"], "mnist-edl-tls-etcd");
     assert_eq!(
         member["spec"]["containers"][0]["env"],
         serde_json::json!([{"name": "TMPDIR", "value": "/tmp"}]),
