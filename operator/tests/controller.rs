@@ -34,6 +34,8 @@ use tokio_util::sync::CancellationToken;
 mod autoscale;
 #[path = "controller/credentials.rs"]
 mod credentials;
+#[path = "controller/disruption.rs"]
+mod disruption;
 #[path = "controller/queues.rs"]
 mod queues;
 
@@ -347,6 +349,8 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
         (strings(&r["resources"]) == ["events"] && verb == "patch")
             || autoscaler_rule(r)
             || credentials_rule(r)
+            // Only jobs with replicated pservers or a managed etcd make budgets.
+            || (strings(&r["resources"]) == ["poddisruptionbudgets"] && verb == "create")
             || kueue_rule(r)
             || volcano_rule(r)
     });

@@ -132,6 +132,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         network_policies: Default::default(),
         pod_groups: Default::default(),
         network: JobNetwork::default(),
+        disruption_budgets: BTreeSet::new(),
         etcd: Ok(EtcdState::default()),
         // What an operator without admin credentials for the jobs' etcd creates: job pods
         // on a shared etcd take `<job>-edl-credentials` if it exists.
@@ -144,6 +145,9 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
     let mut docs = vec![serde_norway::to_string(&tj)?];
     for s in &plan.create_services {
         docs.push(serde_norway::to_string(s)?);
+    }
+    for b in &plan.create_disruption_budgets {
+        docs.push(serde_norway::to_string(b)?);
     }
     for n in &plan.create_network_policies {
         docs.push(serde_norway::to_string(n)?);

@@ -209,6 +209,17 @@ async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Er
             Err(e) => return Err(kube_err("create the job's NetworkPolicy")(e)),
         }
     }
+    for b in &plan.create_disruption_budgets {
+        match apis
+            .disruption_budgets
+            .create(&PostParams::default(), b)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kube_err("create a PodDisruptionBudget of the job")(e)),
+        }
+    }
     for n in &plan.replace_network_policies {
         apis.network_policies
             .replace(&n.name_any(), &PostParams::default(), n)

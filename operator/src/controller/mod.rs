@@ -124,6 +124,7 @@ struct JobApis {
     services: Api<Service>,
     claims: Api<PersistentVolumeClaim>,
     network_policies: Api<NetworkPolicy>,
+    disruption_budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
     pod_groups: Api<DynamicObject>,
 }
 
@@ -135,6 +136,7 @@ impl JobApis {
             services: Api::namespaced(client.clone(), ns),
             claims: Api::namespaced(client.clone(), ns),
             network_policies: Api::namespaced(client.clone(), ns),
+            disruption_budgets: Api::namespaced(client.clone(), ns),
             pod_groups: dynamic(client, ns, objects::POD_GROUP_API),
         }
     }

@@ -181,6 +181,11 @@ pub(super) async fn observe<'a>(
         .list(&selector)
         .await
         .map_err(kube_err("list the job's NetworkPolicies"))?;
+    let budgets = apis
+        .disruption_budgets
+        .list(&selector)
+        .await
+        .map_err(kube_err("list the job's PodDisruptionBudgets"))?;
     // Only a job that asks for Volcano: a cluster without it has no PodGroups.
     let pod_groups = if tj.spec.volcano.is_some() {
         apis.pod_groups
@@ -212,6 +217,7 @@ pub(super) async fn observe<'a>(
         pods: pods.items.iter().filter_map(pod_view).collect(),
         services: services.items.iter().map(ResourceExt::name_any).collect(),
         claims: claims.items.iter().map(ResourceExt::name_any).collect(),
+        disruption_budgets: budgets.items.iter().map(ResourceExt::name_any).collect(),
         network_policies: policies
             .items
             .into_iter()

@@ -24,6 +24,7 @@ use crate::crd::{CHECKPOINT_MOUNT, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSo
 use edl_job::{MasterLaunch, PserverLaunch, TrainerLaunch};
 
 mod claims;
+mod disruption;
 mod network;
 mod resources;
 mod secrets;
@@ -32,6 +33,7 @@ mod volcano;
 mod workload;
 
 pub use claims::{checkpoint_claim_name, checkpoint_claims, claims, etcd_claim_name, etcd_claims};
+pub use disruption::disruption_budgets;
 pub use network::{DNS, JobNetwork, OPERATOR_LABEL, network_policy};
 pub use resources::{default_requests, with_requests};
 pub use secrets::{

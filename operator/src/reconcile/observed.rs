@@ -148,6 +148,8 @@ pub struct Observed<'a> {
     pub services: BTreeSet<String>,
     /// The names of its PersistentVolumeClaims.
     pub claims: BTreeSet<String>,
+    /// The names of its PodDisruptionBudgets.
+    pub disruption_budgets: BTreeSet<String>,
     /// Its NetworkPolicies: name and spec.
     pub network_policies: BTreeMap<String, Option<NetworkPolicySpec>>,
     /// Its Volcano PodGroups (looked for only when it asks for Volcano): name, and

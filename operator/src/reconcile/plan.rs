@@ -3,6 +3,7 @@
 use edl_job::JobSpec;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 use crate::crd::TrainingJobStatus;
 
@@ -82,6 +83,8 @@ pub struct Plan {
     pub create_claims: Vec<PersistentVolumeClaim>,
     /// NetworkPolicies to create (before the pods).
     pub create_network_policies: Vec<NetworkPolicy>,
+    /// PodDisruptionBudgets to create.
+    pub create_disruption_budgets: Vec<PodDisruptionBudget>,
     /// NetworkPolicies to write over (unconditionally: the operator's is the one).
     pub replace_network_policies: Vec<NetworkPolicy>,
     /// Volcano PodGroups to create (before the pods).

@@ -124,6 +124,10 @@ fn observe<'a>(
         )]),
         pod_groups: BTreeMap::new(),
         network: JobNetwork::default(),
+        disruption_budgets: crate::objects::disruption_budgets(tj)
+            .into_iter()
+            .filter_map(|b| b.metadata.name)
+            .collect(),
         etcd,
         credentials: JobCredentials::NotIssued,
         tls: JobTls::Ready,

@@ -352,6 +352,12 @@ fn respond(
             };
             Ok((200, scale_of(&o, paths)))
         }
+        (Method::POST, Some("eviction")) if ty.plural == "pods" => {
+            let Some(pod) = current else {
+                return Err(not_found(&ty, &name));
+            };
+            evict(&mut store, &key, &pod, body, tx)
+        }
         (Method::DELETE, None) => {
             let opts: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
             let grace = opts["gracePeriodSeconds"]
@@ -662,4 +668,89 @@ fn pod_log(shared: &Arc<Shared>, target: &Target, q: &BTreeMap<String, String>) 
         Ok::<Bytes, std::io::Error>,
     );
     text_response(Body::from_stream(stream))
+}
+
+/// Whether `pod` counts for a disruption budget: Running, not being deleted, and Ready
+/// when it reports readiness at all.
+fn healthy(pod: &Value) -> bool {
+    let ready = pod["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .is_none_or(|c| c["status"] == "True");
+    pod["status"]["phase"] == "Running" && pod["metadata"]["deletionTimestamp"].is_null() && ready
+}
+
+/// `POST pods/NAME/eviction` of `pod` (at `key`): refused (429) when a budget that
+/// selects it would have fewer healthy pods than its `minAvailable`; else the pod is
+/// deleted with the eviction's `deleteOptions`.
+fn evict(
+    store: &mut super::store::Store,
+    key: &super::store::Key,
+    pod: &Value,
+    body: &Bytes,
+    tx: &tokio::sync::broadcast::Sender<super::store::WatchEvent>,
+) -> Result<(u16, Value), ApiError> {
+    let (pods_type, ns, name) = key.clone();
+    let budgets_type = store
+        .types
+        .iter()
+        .position(|t| t.plural == "poddisruptionbudgets");
+    let in_ns = |type_index: usize| -> Vec<Value> {
+        store
+            .objects
+            .iter()
+            .filter(|((t, o_ns, _), _)| *t == type_index && *o_ns == ns)
+            .map(|(_, o)| o.clone())
+            .collect()
+    };
+    let pods = in_ns(pods_type);
+    for budget in budgets_type.map(in_ns).unwrap_or_default() {
+        let selector = &budget["spec"]["selector"];
+        if selector.is_null()
+            || !super::network_policy::selector_matches(selector, &pod["metadata"]["labels"])
+        {
+            continue;
+        }
+        let budget_name = budget["metadata"]["name"].as_str().unwrap_or_default();
+        let Some(min) = budget["spec"]["minAvailable"].as_u64() else {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "PodDisruptionBudget {budget_name}: the fake API server honours an \
+                     integer minAvailable only"
+                ),
+            ));
+        };
+        let up = pods
+            .iter()
+            .filter(|p| {
+                healthy(p)
+                    && super::network_policy::selector_matches(selector, &p["metadata"]["labels"])
+            })
+            .count() as u64;
+        let after = if healthy(pod) {
+            up.saturating_sub(1)
+        } else {
+            up
+        };
+        if after < min {
+            return Err(ApiError::new(
+                429,
+                "TooManyRequests",
+                format!(
+                    "Cannot evict pod as it would violate the pod's disruption budget. \
+                     The disruption budget {budget_name} needs {min} healthy pods and has {up}"
+                ),
+            ));
+        }
+    }
+    let eviction: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let grace = eviction["deleteOptions"]["gracePeriodSeconds"].as_i64();
+    store.delete(&(pods_type, ns, name), grace, tx)?;
+    Ok((
+        201,
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success",
+               "code": 201}),
+    ))
 }

@@ -45,6 +45,15 @@
 //!   is `400 BadRequest`, as on a real server; `follow` streams what is appended until the
 //!   pod is removed or has ended.
 //! - Errors are `Status` objects with the standard reasons and codes.
+//! - **eviction** (`POST pods/NAME/eviction`, what `kubectl drain` sends): refused with
+//!   `429 TooManyRequests` when a PodDisruptionBudget of the pod's namespace selects the
+//!   pod and the pods it selects that are healthy (Running, not being deleted, and
+//!   Ready where the pod reports readiness) would fall below its `minAvailable` (an
+//!   integer); else the pod is deleted as a `DELETE` with the eviction's
+//!   `deleteOptions` would. Computed at the request from the pods stored, where a real
+//!   cluster reads the budget's status (`disruptionsAllowed`) that its disruption
+//!   controller keeps; `maxUnavailable` and percentages are not covered (such a budget
+//!   is `422 Invalid` at eviction).
 //! - **NetworkPolicies** are stored and evaluated ([`FakeApi::network_allows`], with the
 //!   semantics of a plugin that enforces them), but nothing filters the pods' sockets.
 //!
@@ -224,6 +233,20 @@ impl ResourceType {
         }
     }
 
+    /// `policy/v1` PodDisruptionBudgets, which the pods' eviction subresource honours
+    /// (see `http.rs`, `evict`).
+    pub fn pod_disruption_budgets() -> ResourceType {
+        ResourceType {
+            group: "policy",
+            version: "v1",
+            plural: "poddisruptionbudgets",
+            kind: "PodDisruptionBudget",
+            namespaced: true,
+            status: true,
+            scale: None,
+        }
+    }
+
     /// Kueue's `Workload` (`kueue.x-k8s.io/v1beta1`), with its status subresource:
     /// stored; no Kueue runs here, a test writes the status Kueue would.
     pub fn kueue_workloads() -> ResourceType {
@@ -253,7 +276,8 @@ impl ResourceType {
     }
 
     /// Every type the edl operator uses: pods, services, secrets (the jobs' TLS and
-    /// etcd credentials), PersistentVolumeClaims, NetworkPolicies, events,
+    /// etcd credentials), PersistentVolumeClaims, NetworkPolicies,
+    /// PodDisruptionBudgets, events,
     /// TrainingJobs, the leader election's leases, the nodes and PriorityClasses its
     /// autoscaler reads, Kueue's Workloads (`--kueue`) and Volcano's PodGroups.
     pub fn for_operator() -> Vec<ResourceType> {
@@ -263,6 +287,7 @@ impl ResourceType {
             ResourceType::secrets(),
             ResourceType::persistent_volume_claims(),
             ResourceType::network_policies(),
+            ResourceType::pod_disruption_budgets(),
             ResourceType::events_v1(),
             ResourceType::trainingjobs(),
             ResourceType::leases(),
