@@ -239,8 +239,8 @@ async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Er
             Err(e) => return Err(kube_err("create the job's Volcano PodGroup")(e)),
         }
     }
-    for (name, min) in &plan.pod_group_min_members {
-        let patch = serde_json::json!({"spec": {"minMember": min}});
+    for (name, min, resources) in &plan.pod_group_min_members {
+        let patch = serde_json::json!({"spec": {"minMember": min, "minResources": resources}});
         apis.pod_groups
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await

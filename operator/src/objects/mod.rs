@@ -45,7 +45,8 @@ pub use secrets::{
 use secrets::{mount_tls, tls_vars};
 pub use slots::{Role, Slot, desired_slots, desired_trainers};
 pub use volcano::{
-    POD_GROUP_ANNOTATION, POD_GROUP_API, VOLCANO_SCHEDULER, min_member, pod_group, pod_group_name,
+    POD_GROUP_ANNOTATION, POD_GROUP_API, VOLCANO_SCHEDULER, min_member, min_resources, pod_group,
+    pod_group_name,
 };
 pub use workload::{
     WORKLOAD_API, WorkloadState, finished_workload, queue_name, released_workload,

@@ -3,11 +3,13 @@
 //! job at its smallest fits at once (gang scheduling), so a job never holds half its
 //! pods while waiting for the rest; trainers beyond `min_trainers` are placed as room
 //! allows, as an elastic job grows. The pods name the scheduler and the group. The
-//! group's `minMember` follows the job: a job held at 0 trainers counts none.
+//! group's `minMember` follows the job: a job held at 0 trainers counts none; its
+//! `minResources` is what those pods request together, so Volcano's queues count the
+//! job at its smallest before any pod is bound.
 
 use serde_json::{Value, json};
 
-use super::{Role, desired_slots, meta};
+use super::{Role, desired_slots, meta, with_requests};
 use crate::crd::TrainingJob;
 
 /// Volcano's PodGroup API: group, version, kind, plural.
@@ -36,10 +38,41 @@ pub fn min_member(tj: &TrainingJob) -> u32 {
     others + c.min_trainers.min(c.trainers)
 }
 
+/// What the pods of `tj` at its smallest ([`min_member`]) request together: `cpu`,
+/// `memory` and `nvidia.com/gpu` (each role's requests: [`super::with_requests`]).
+pub fn min_resources(tj: &TrainingJob) -> Value {
+    let c = &tj.spec.cluster;
+    let r = &tj.spec.resources;
+    let mut total = edl_autoscaler::Resources::ZERO;
+    for slot in desired_slots(tj) {
+        if slot.role == Role::Trainer && slot.index >= c.min_trainers.min(c.trainers) {
+            continue;
+        }
+        let given = match slot.role {
+            Role::Etcd => &r.etcd,
+            Role::Master => &r.master,
+            Role::Pserver => &r.pserver,
+            Role::Trainer => &r.trainer,
+        };
+        let requests = with_requests(slot.role, given.clone())
+            .requests
+            .unwrap_or_default();
+        total += crate::autoscale::resources_of(&requests);
+    }
+    let mut out = json!({
+        "cpu": format!("{}m", total.cpu_milli),
+        "memory": format!("{}Mi", total.mem_mib),
+    });
+    if total.gpu > 0 {
+        out["nvidia.com/gpu"] = json!(total.gpu.to_string());
+    }
+    out
+}
+
 /// The PodGroup of `tj` (which asks for Volcano), owned by `tj`.
 pub fn pod_group(tj: &TrainingJob) -> Value {
     let job = tj.metadata.name.clone().unwrap_or_default();
-    let mut spec = json!({"minMember": min_member(tj)});
+    let mut spec = json!({"minMember": min_member(tj), "minResources": min_resources(tj)});
     if let Some(q) = tj.spec.volcano.as_ref().and_then(|v| v.queue.as_ref()) {
         spec["queue"] = json!(q);
     }

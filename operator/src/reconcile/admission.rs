@@ -54,7 +54,7 @@ impl Draft<'_> {
     }
 
     /// Creates the job's Volcano PodGroup when it asks for Volcano and has none, or sets
-    /// its `minMember` when it changed.
+    /// its `minMember` (and `minResources`) when it changed.
     pub(super) fn pod_group(&mut self) {
         let tj = self.obs.job;
         let group = objects::pod_group_name(&self.job);
@@ -63,7 +63,10 @@ impl Draft<'_> {
             match self.obs.pod_groups.get(&group) {
                 None => self.plan.create_pod_groups.push(objects::pod_group(tj)),
                 Some(&has) if has != want => {
-                    self.plan.pod_group_min_members.push((group, want));
+                    let resources = objects::min_resources(tj);
+                    self.plan
+                        .pod_group_min_members
+                        .push((group, want, resources));
                 }
                 Some(_) => {}
             }

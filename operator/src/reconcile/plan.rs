@@ -90,8 +90,8 @@ pub struct Plan {
     /// Volcano PodGroups to create (before the pods).
     pub create_pod_groups: Vec<serde_json::Value>,
     /// Volcano PodGroups whose `spec.minMember` to set (the job held at 0 trainers, or
-    /// no longer): name, minMember.
-    pub pod_group_min_members: Vec<(String, u32)>,
+    /// no longer): name, minMember, minResources.
+    pub pod_group_min_members: Vec<(String, u32, serde_json::Value)>,
     /// The change to the job's Kueue Workload.
     pub workload: Option<WorkloadChange>,
     /// The new status (`None`: leave it).

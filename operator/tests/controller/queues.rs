@@ -157,6 +157,11 @@ async fn a_volcano_job_gets_its_pod_group_before_its_pods() {
         "a master, a pserver, 2 trainers"
     );
     assert_eq!(group["spec"]["queue"], "research");
+    // What those four request (the roles' defaults: 250m + 500m + 2 x 1 CPU).
+    assert_eq!(
+        group["spec"]["minResources"],
+        json!({"cpu": "2750m", "memory": "2816Mi"})
+    );
     for p in api.list("pods", NS) {
         assert_eq!(
             p["spec"]["schedulerName"], "volcano",
@@ -185,9 +190,10 @@ async fn a_volcano_job_gets_its_pod_group_before_its_pods() {
     .expect("scale to 0");
     let held = wait_until(within, every, || async {
         pod_names(&api, "trainer").is_empty()
-            && api
-                .get("podgroups", NS, JOB)
-                .is_some_and(|g| g["spec"]["minMember"] == 2)
+            && api.get("podgroups", NS, JOB).is_some_and(|g| {
+                g["spec"]["minMember"] == 2
+                    && g["spec"]["minResources"] == json!({"cpu": "750m", "memory": "768Mi"})
+            })
     })
     .await;
     assert!(held, "{:?}", events(&api));

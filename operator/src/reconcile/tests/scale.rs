@@ -96,7 +96,15 @@ fn a_job_scaled_to_zero_drains_its_trainers_keeps_its_core_and_grows_again() {
         [("mnist-trainer-0", None), ("mnist-trainer-1", None)]
     );
     assert!(plan.create_pods.is_empty(), "{:?}", plan.create_pods);
-    assert_eq!(plan.pod_group_min_members, [(JOB.to_owned(), 2)]);
+    // The master's and the pserver's default requests.
+    assert_eq!(
+        plan.pod_group_min_members,
+        [(
+            JOB.to_owned(),
+            2,
+            serde_json::json!({"cpu": "750m", "memory": "768Mi"})
+        )]
+    );
     assert_eq!(plan.etcd, [EtcdAction::WriteScale(0)]);
     assert!(
         plan.events
@@ -132,7 +140,15 @@ fn a_job_scaled_to_zero_drains_its_trainers_keeps_its_core_and_grows_again() {
         names(&plan.create_pods),
         ["mnist-trainer-0", "mnist-trainer-1", "mnist-trainer-2"]
     );
-    assert_eq!(plan.pod_group_min_members, [(JOB.to_owned(), 3)]);
+    // ... and the one trainer of `min_trainers`.
+    assert_eq!(
+        plan.pod_group_min_members,
+        [(
+            JOB.to_owned(),
+            3,
+            serde_json::json!({"cpu": "1750m", "memory": "1792Mi"})
+        )]
+    );
     let status = plan.status.expect("status");
     assert!(status.recoveries.is_empty(), "{:?}", status.recoveries);
 }
