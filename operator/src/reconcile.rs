@@ -138,6 +138,7 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
         }
         Admission::Admitted {
             trainers: Some(admitted),
+            ..
         } => within_admission(desired, *admitted),
         _ => desired,
     };

@@ -1,6 +1,8 @@
 //! The job's admission objects of other systems, which edl has no types for: Kueue's
 //! Workload (read and written as JSON) and Volcano's PodGroup API.
 
+use std::collections::BTreeMap;
+
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::{Api, Client, ResourceExt};
 
@@ -48,10 +50,49 @@ pub(super) async fn observe_workload(
     let value = serde_json::to_value(&w).unwrap_or_default();
     Ok(match objects::workload_state(&value) {
         WorkloadState::Pending => Admission::Pending,
-        WorkloadState::Admitted(trainers) => Admission::Admitted { trainers },
+        WorkloadState::Admitted(trainers) => Admission::Admitted {
+            trainers,
+            placement: flavors(ctx, &value).await?,
+        },
         WorkloadState::Evicted(why) => Admission::Evicted(why),
         WorkloadState::Finished => Admission::Finished,
     })
+}
+
+/// Where the flavors Kueue admitted Workload `w` with put each pod set: the node labels
+/// and tolerations of each flavor (read from its ResourceFlavor), by pod set.
+async fn flavors(
+    ctx: &Ctx,
+    w: &serde_json::Value,
+) -> Result<BTreeMap<String, objects::FlavorPlacement>, Error> {
+    let [group, version, kind, plural] = objects::FLAVOR_API;
+    let resource = ApiResource {
+        group: group.to_owned(),
+        version: version.to_owned(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.to_owned(),
+        plural: plural.to_owned(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
+    let mut read: BTreeMap<String, objects::FlavorPlacement> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for (set, names) in objects::admitted_flavors(w) {
+        let mut placement = objects::FlavorPlacement::default();
+        for name in names {
+            if !read.contains_key(&name) {
+                let flavor = api
+                    .get(&name)
+                    .await
+                    .map_err(kube_err(format!("read ResourceFlavor {name}")))?;
+                let value = serde_json::to_value(&flavor).unwrap_or_default();
+                let p = objects::flavor_placement(&value).map_err(Error::Admission)?;
+                read.insert(name.clone(), p);
+            }
+            placement = placement.and(read[&name].clone());
+        }
+        out.insert(set, placement);
+    }
+    Ok(out)
 }
 
 /// Applies the plan's change to the job's Workload: made, or its status written (fenced

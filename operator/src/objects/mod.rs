@@ -49,8 +49,9 @@ pub use volcano::{
     pod_group_name,
 };
 pub use workload::{
-    WORKLOAD_API, WorkloadState, finished_workload, queue_name, released_workload,
-    set_workload_condition, workload, workload_name, workload_state,
+    FLAVOR_API, FlavorPlacement, WORKLOAD_API, WorkloadState, admitted_flavors, finished_workload,
+    flavor_placement, queue_name, released_workload, set_workload_condition, workload,
+    workload_name, workload_state,
 };
 
 /// The label naming a pod's job.

@@ -8,6 +8,8 @@
 //! it knows (makes the Workload, runs the job only while it is admitted, stops it on an
 //! eviction and then gives the quota back, marks it finished).
 
+use std::collections::BTreeMap;
+
 use serde_json::{Value, json};
 
 use super::{CredentialsRef, QUEUE_LABEL, Role, Slot, desired_slots, meta, pod};
@@ -15,6 +17,105 @@ use crate::crd::TrainingJob;
 
 /// Kueue's Workload API: group, version, kind, plural.
 pub const WORKLOAD_API: [&str; 4] = ["kueue.x-k8s.io", "v1beta1", "Workload", "workloads"];
+
+/// Kueue's ResourceFlavor API (cluster-wide): group, version, kind, plural.
+pub const FLAVOR_API: [&str; 4] = [
+    "kueue.x-k8s.io",
+    "v1beta1",
+    "ResourceFlavor",
+    "resourceflavors",
+];
+
+/// The flavors Kueue admitted each pod set with (`status.admission.podSetAssignments[]
+/// .flavors`, resource to flavor): pod set (a role's name) to its flavors' names, each
+/// once, in order.
+pub fn admitted_flavors(w: &Value) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for a in w["status"]["admission"]["podSetAssignments"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let Some(set) = a["name"].as_str() else {
+            continue;
+        };
+        let names = out.entry(set.to_owned()).or_default();
+        for flavor in a["flavors"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.values())
+            .filter_map(Value::as_str)
+        {
+            if !names.iter().any(|n| n == flavor) {
+                names.push(flavor.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Where a ResourceFlavor puts the pods admitted with it: its `spec.nodeLabels` (as a
+/// node selector) and `spec.tolerations`. `Err` names what does not read.
+pub fn flavor_placement(flavor: &Value) -> Result<FlavorPlacement, String> {
+    let name = flavor["metadata"]["name"].as_str().unwrap_or("?");
+    let node_selector = match &flavor["spec"]["nodeLabels"] {
+        Value::Null => BTreeMap::new(),
+        v => serde_json::from_value(v.clone())
+            .map_err(|e| format!("ResourceFlavor {name} spec.nodeLabels: {e}"))?,
+    };
+    let tolerations = match &flavor["spec"]["tolerations"] {
+        Value::Null => Vec::new(),
+        v => serde_json::from_value(v.clone())
+            .map_err(|e| format!("ResourceFlavor {name} spec.tolerations: {e}"))?,
+    };
+    Ok(FlavorPlacement {
+        node_selector,
+        tolerations,
+    })
+}
+
+/// What Kueue's admission adds to the pods of a pod set: the node labels and
+/// tolerations of the flavors it was admitted with.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FlavorPlacement {
+    /// Node labels a pod must run on (added to its node selector, over the job's).
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations (added to the job's).
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+}
+
+impl FlavorPlacement {
+    /// This one with `other`'s added (a pod set admitted with several flavors).
+    pub fn and(mut self, other: FlavorPlacement) -> FlavorPlacement {
+        self.node_selector.extend(other.node_selector);
+        for t in other.tolerations {
+            if !self.tolerations.contains(&t) {
+                self.tolerations.push(t);
+            }
+        }
+        self
+    }
+
+    /// Adds this placement to `pod`'s spec.
+    pub fn apply(&self, pod: &mut k8s_openapi::api::core::v1::Pod) {
+        let Some(spec) = pod.spec.as_mut() else {
+            return;
+        };
+        if !self.node_selector.is_empty() {
+            spec.node_selector
+                .get_or_insert_with(BTreeMap::new)
+                .extend(self.node_selector.clone());
+        }
+        if !self.tolerations.is_empty() {
+            let own = spec.tolerations.get_or_insert_with(Vec::new);
+            for t in &self.tolerations {
+                if !own.contains(t) {
+                    own.push(t.clone());
+                }
+            }
+        }
+    }
+}
 
 /// The name of `job`'s Workload: `trainingjob-<job>`, as Kueue names a job's.
 pub fn workload_name(job: &str) -> String {

@@ -129,6 +129,8 @@ pub enum Admission {
     Admitted {
         /// Trainers admitted.
         trainers: Option<u32>,
+        /// Where the admitted flavors put each pod set's pods (by role name).
+        placement: BTreeMap<String, crate::objects::FlavorPlacement>,
     },
     /// Kueue evicted it (preempted, its quota gone): why. The job drains, then gives
     /// the quota back.

@@ -127,6 +127,12 @@ impl Draft<'_> {
                     labels.remove(objects::QUEUE_LABEL);
                 }
             }
+            // Placed where the flavors it was admitted with say.
+            if let Admission::Admitted { placement, .. } = &self.obs.admission
+                && let Some(p) = placement.get(slot.role.name())
+            {
+                p.apply(&mut pod);
+            }
             self.plan.create_pods.push(pod);
         }
         let excess = self

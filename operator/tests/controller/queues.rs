@@ -40,7 +40,7 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
     };
     tj.spec.plaintext = true;
     tj.metadata.labels = Some([("kueue.x-k8s.io/queue-name".to_owned(), "q".to_owned())].into());
-    let jobs: Api<TrainingJob> = Api::namespaced(client, NS);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)
         .await
         .expect("create the job");
@@ -62,9 +62,40 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
         "a pod before admission"
     );
 
+    // The trainers admitted on a GPU flavor (its node labels and toleration go on
+    // their pods), the others on one without either.
+    let flavors: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource {
+            group: "kueue.x-k8s.io".to_owned(),
+            version: "v1beta1".to_owned(),
+            api_version: "kueue.x-k8s.io/v1beta1".to_owned(),
+            kind: "ResourceFlavor".to_owned(),
+            plural: "resourceflavors".to_owned(),
+        },
+    );
+    for flavor in [
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+               "metadata": {"name": "default-flavor"}, "spec": {}}),
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+               "metadata": {"name": "gpu-a100"},
+               "spec": {"nodeLabels": {"cloud.example/gpu": "a100"},
+                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                         "effect": "NoSchedule"}]}}),
+    ] {
+        flavors
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(flavor).expect("a flavor"),
+            )
+            .await
+            .expect("create a ResourceFlavor");
+    }
     let admitted = json!({
         "admission": {"clusterQueue": "cq", "podSetAssignments": [
-            {"name": "trainer", "count": 1}]},
+            {"name": "master", "count": 1, "flavors": {"cpu": "default-flavor"}},
+            {"name": "trainer", "count": 1,
+             "flavors": {"cpu": "default-flavor", "nvidia.com/gpu": "gpu-a100"}}]},
         "conditions": [{"type": "QuotaReserved", "status": "True"},
                        {"type": "Admitted", "status": "True"}]});
     api.patch_status("workloads", NS, WORKLOAD, &admitted)
@@ -74,6 +105,21 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
     })
     .await;
     assert!(running, "{:?}", events(&api));
+    for p in api.list("pods", NS) {
+        let trainer = p["metadata"]["labels"]["edl.dev/role"] == "trainer";
+        let on_gpu = p["spec"]["nodeSelector"]["cloud.example/gpu"] == "a100";
+        let tolerates = p["spec"]["tolerations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"] == "nvidia.com/gpu");
+        assert_eq!(
+            (on_gpu, tolerates),
+            (trainer, trainer),
+            "{}: the GPU flavor is the trainers'",
+            p["metadata"]["name"]
+        );
+    }
 
     let mut evicted = admitted.clone();
     evicted["conditions"]

@@ -261,6 +261,20 @@ impl ResourceType {
         }
     }
 
+    /// Kueue's `ResourceFlavor` (`kueue.x-k8s.io/v1beta1`, cluster-wide): stored; a
+    /// test makes the flavors a Workload is admitted with.
+    pub fn kueue_resource_flavors() -> ResourceType {
+        ResourceType {
+            group: "kueue.x-k8s.io",
+            version: "v1beta1",
+            plural: "resourceflavors",
+            kind: "ResourceFlavor",
+            namespaced: false,
+            status: false,
+            scale: None,
+        }
+    }
+
     /// Volcano's `PodGroup` (`scheduling.volcano.sh/v1beta1`): stored; no Volcano
     /// scheduler runs here.
     pub fn volcano_pod_groups() -> ResourceType {
@@ -279,7 +293,8 @@ impl ResourceType {
     /// etcd credentials), PersistentVolumeClaims, NetworkPolicies,
     /// PodDisruptionBudgets, events,
     /// TrainingJobs, the leader election's leases, the nodes and PriorityClasses its
-    /// autoscaler reads, Kueue's Workloads (`--kueue`) and Volcano's PodGroups.
+    /// autoscaler reads, Kueue's Workloads and ResourceFlavors (`--kueue`) and Volcano's
+    /// PodGroups.
     pub fn for_operator() -> Vec<ResourceType> {
         vec![
             ResourceType::pods(),
@@ -294,6 +309,7 @@ impl ResourceType {
             ResourceType::nodes(),
             ResourceType::priority_classes(),
             ResourceType::kueue_workloads(),
+            ResourceType::kueue_resource_flavors(),
             ResourceType::volcano_pod_groups(),
         ]
     }

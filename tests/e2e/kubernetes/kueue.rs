@@ -75,6 +75,27 @@ async fn a_job_queued_through_kueue_runs_only_while_admitted_and_an_eviction_los
     jobs.create(&PostParams::default(), &tj)
         .await
         .expect("create the job");
+    // The flavor Kueue admits it with (`default`: no node labels, no tolerations),
+    // which a cluster has before Kueue admits anything with it.
+    let flavors: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource {
+            group: "kueue.x-k8s.io".to_owned(),
+            version: "v1beta1".to_owned(),
+            api_version: "kueue.x-k8s.io/v1beta1".to_owned(),
+            kind: "ResourceFlavor".to_owned(),
+            plural: "resourceflavors".to_owned(),
+        },
+    );
+    let flavor = json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+                        "metadata": {"name": "default"}, "spec": {}});
+    flavors
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(flavor).expect("a ResourceFlavor"),
+        )
+        .await
+        .expect("create the ResourceFlavor");
     let status = || {
         let jobs = jobs.clone();
         async move { jobs.get(QUEUED_JOB).await.ok().and_then(|j| j.status) }

@@ -73,10 +73,37 @@ fn a_queued_job_makes_its_workload_and_no_pod_until_kueue_admits_it() {
 #[test]
 fn an_admitted_job_runs_with_the_trainers_admitted_and_its_pods_are_not_queued_again() {
     let tj = queued();
+    // The trainers' pod set admitted with a GPU flavor: its node labels and toleration.
+    let gpu: k8s_openapi::api::core::v1::Toleration = serde_json::from_value(
+        serde_json::json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}),
+    )
+    .expect("a toleration");
+    let flavor = crate::objects::FlavorPlacement {
+        node_selector: BTreeMap::from([("cloud.example/gpu".to_owned(), "a100".to_owned())]),
+        tolerations: vec![gpu.clone()],
+    };
     let plan = reconcile(&with(
         observe(&tj, vec![], Ok(progress(2))),
-        Admission::Admitted { trainers: Some(1) },
+        Admission::Admitted {
+            trainers: Some(1),
+            placement: BTreeMap::from([("trainer".to_owned(), flavor)]),
+        },
     ));
+    for p in &plan.create_pods {
+        let spec = p.spec.as_ref().expect("spec");
+        let on_gpu = spec
+            .node_selector
+            .as_ref()
+            .is_some_and(|s| s.get("cloud.example/gpu").map(String::as_str) == Some("a100"));
+        let tolerates = spec.tolerations.iter().flatten().any(|t| *t == gpu);
+        let trainer = p.metadata.name.as_deref() == Some("mnist-trainer-0");
+        assert_eq!(
+            (on_gpu, tolerates),
+            (trainer, trainer),
+            "{:?}: the flavor is the trainers' only",
+            p.metadata.name
+        );
+    }
     assert_eq!(
         names(&plan.create_pods),
         ["mnist-master-0", "mnist-pserver-0", "mnist-trainer-0"],
@@ -131,7 +158,10 @@ fn an_evicted_job_drains_and_gives_its_quota_back_only_once_it_has_no_pods() {
     // Admitted again: it resumes, one event, no recovery counted.
     let plan = reconcile(&with(
         observe(&tj, vec![], Ok(progress(2))),
-        Admission::Admitted { trainers: None },
+        Admission::Admitted {
+            trainers: None,
+            placement: BTreeMap::new(),
+        },
     ));
     assert_eq!(plan.create_pods.len(), 4, "{plan:?}");
     let status = plan.status.expect("status");
@@ -154,7 +184,10 @@ fn a_job_that_ends_marks_its_workload_finished_once() {
     };
     let plan = reconcile(&with(
         observe(&tj, running(2), Ok(done.clone())),
-        Admission::Admitted { trainers: None },
+        Admission::Admitted {
+            trainers: None,
+            placement: BTreeMap::new(),
+        },
     ));
     assert!(
         matches!(plan.workload, Some(WorkloadChange::Finish(_))),
