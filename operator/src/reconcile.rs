@@ -157,6 +157,7 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
     // Job processes need the etcd (and, there, the spec) and their credentials.
     let processes_ready = progress.is_some() && credentials_failed.is_none();
     d.missing_pods(&desired, processes_ready);
+    d.pods_ready(&desired);
     let running_trainers = d.scale(want, progress);
     d.phase_and_conditions(
         &desired,

@@ -50,9 +50,10 @@ pub(super) async fn observe_workload(
     let value = serde_json::to_value(&w).unwrap_or_default();
     Ok(match objects::workload_state(&value) {
         WorkloadState::Pending => Admission::Pending,
-        WorkloadState::Admitted(trainers) => Admission::Admitted {
+        WorkloadState::Admitted(trainers, pods_ready) => Admission::Admitted {
             trainers,
             placement: flavors(ctx, &value).await?,
+            pods_ready,
         },
         WorkloadState::Evicted(why) => Admission::Evicted(why),
         WorkloadState::Finished => Admission::Finished,
@@ -117,8 +118,13 @@ pub(super) async fn apply_workload(
                 Err(e) => Err(kube_err(format!("create Workload {name}"))(e)),
             };
         }
-        WorkloadChange::Release(why) => (why, true),
-        WorkloadChange::Finish(message) => (message, false),
+        WorkloadChange::Release(why) => (why.as_str(), Some(true)),
+        WorkloadChange::Finish(message) => (message.as_str(), Some(false)),
+        WorkloadChange::PodsReady(true) => (
+            "All pods reached readiness and the workload is running",
+            None,
+        ),
+        WorkloadChange::PodsReady(false) => ("Not all pods are ready or succeeded", None),
     };
     let found = api
         .get(&name)
@@ -126,8 +132,15 @@ pub(super) async fn apply_workload(
         .map_err(kube_err(format!("read Workload {name}")))?;
     let value = serde_json::to_value(&found).unwrap_or_default();
     let new = match status {
-        (why, true) => objects::released_workload(value, why, &now),
-        (message, false) => objects::finished_workload(value, message, &now),
+        (why, Some(true)) => objects::released_workload(value, why, &now),
+        (message, Some(false)) => objects::finished_workload(value, message, &now),
+        (message, None) => {
+            let ready = matches!(change, WorkloadChange::PodsReady(true));
+            let reason = if ready { "PodsReady" } else { "WaitForStart" };
+            let mut w = value;
+            objects::set_workload_condition(&mut w, "PodsReady", ready, reason, message, &now);
+            w
+        }
     };
     let object: DynamicObject = serde_json::from_value(new)
         .map_err(|e| kube_err(format!("read Workload {name}"))(kube::Error::SerdeError(e)))?;

@@ -177,8 +177,9 @@ pub fn workload(tj: &TrainingJob) -> Value {
 pub enum WorkloadState {
     /// Not admitted (no quota reserved, or admission checks pending).
     Pending,
-    /// Admitted, with the trainers admitted (`podSetAssignments`).
-    Admitted(Option<u32>),
+    /// Admitted, with the trainers admitted (`podSetAssignments`) and its `PodsReady`
+    /// condition, if it has one.
+    Admitted(Option<u32>, Option<bool>),
     /// Admitted, then evicted: Kueue's message.
     Evicted(String),
     /// Marked finished.
@@ -209,6 +210,7 @@ pub fn workload_state(w: &Value) -> WorkloadState {
             .unwrap_or("evicted");
         WorkloadState::Evicted(why.to_owned())
     } else if is_true(w, "Admitted") {
+        let pods_ready = condition(w, "PodsReady").map(|c| c["status"] == "True");
         let trainers = admission["podSetAssignments"]
             .as_array()
             .into_iter()
@@ -216,7 +218,7 @@ pub fn workload_state(w: &Value) -> WorkloadState {
             .find(|a| a["name"] == Role::Trainer.name())
             .and_then(|a| a["count"].as_u64())
             .and_then(|n| u32::try_from(n).ok());
-        WorkloadState::Admitted(trainers)
+        WorkloadState::Admitted(trainers, pods_ready)
     } else {
         WorkloadState::Pending
     }

@@ -39,6 +39,25 @@ impl Draft<'_> {
         d.plan_if_changed()
     }
 
+    /// The admitted job's Workload says whether every pod it wants (`desired`) runs
+    /// (`PodsReady`, which Kueue's wait-for-pods-ready reads: a job whose pods do not
+    /// come up in its timeout is evicted and queued again), written when that changes.
+    pub(super) fn pods_ready(&mut self, desired: &[Slot]) {
+        let Admission::Admitted { pods_ready, .. } = &self.obs.admission else {
+            return;
+        };
+        let running = |slot: &Slot| {
+            self.obs
+                .pods
+                .iter()
+                .any(|p| p.slot == *slot && p.phase == super::PodPhase::Running && !p.terminating)
+        };
+        let ready = desired.iter().all(running);
+        if *pods_ready != Some(ready) && self.plan.workload.is_none() {
+            self.plan.workload = Some(WorkloadChange::PodsReady(ready));
+        }
+    }
+
     /// The job ended: its Workload, if Kueue has it and it is not marked yet, is marked
     /// finished.
     pub(super) fn finish_workload(&mut self) {

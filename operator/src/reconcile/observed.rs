@@ -131,6 +131,8 @@ pub enum Admission {
         trainers: Option<u32>,
         /// Where the admitted flavors put each pod set's pods (by role name).
         placement: BTreeMap<String, crate::objects::FlavorPlacement>,
+        /// Its `PodsReady` condition, as the operator last wrote it (`None`: not yet).
+        pods_ready: Option<bool>,
     },
     /// Kueue evicted it (preempted, its quota gone): why. The job drains, then gives
     /// the quota back.

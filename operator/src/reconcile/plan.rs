@@ -20,6 +20,9 @@ pub enum WorkloadChange {
     Release(String),
     /// The job ended: mark it finished (Kueue frees its quota); the message.
     Finish(String),
+    /// Set its `PodsReady` condition (Kueue's wait for pods ready): whether every pod
+    /// of the admitted job runs.
+    PodsReady(bool),
 }
 
 /// A change to the job's etcd keys.

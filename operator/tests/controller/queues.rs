@@ -105,6 +105,18 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
     })
     .await;
     assert!(running, "{:?}", events(&api));
+    // Its pods up, the Workload says so (Kueue's wait for pods ready).
+    let ready = wait_until(within, every, || async {
+        api.get("workloads", NS, WORKLOAD).is_some_and(|w| {
+            w["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "PodsReady" && c["status"] == "True")
+        })
+    })
+    .await;
+    assert!(ready, "{:?}", api.get("workloads", NS, WORKLOAD));
     for p in api.list("pods", NS) {
         let trainer = p["metadata"]["labels"]["edl.dev/role"] == "trainer";
         let on_gpu = p["spec"]["nodeSelector"]["cloud.example/gpu"] == "a100";

@@ -87,6 +87,7 @@ fn an_admitted_job_runs_with_the_trainers_admitted_and_its_pods_are_not_queued_a
         Admission::Admitted {
             trainers: Some(1),
             placement: BTreeMap::from([("trainer".to_owned(), flavor)]),
+            pods_ready: None,
         },
     ));
     for p in &plan.create_pods {
@@ -118,7 +119,11 @@ fn an_admitted_job_runs_with_the_trainers_admitted_and_its_pods_are_not_queued_a
         "admitted as a whole: no pod is Kueue's to queue"
     );
     assert_eq!(plan.status.expect("status").trainers.desired, 1);
-    assert!(plan.workload.is_none());
+    assert!(
+        matches!(plan.workload, Some(WorkloadChange::PodsReady(false))),
+        "its pods are only being made: {:?}",
+        plan.workload
+    );
 }
 
 #[test]
@@ -161,6 +166,7 @@ fn an_evicted_job_drains_and_gives_its_quota_back_only_once_it_has_no_pods() {
         Admission::Admitted {
             trainers: None,
             placement: BTreeMap::new(),
+            pods_ready: None,
         },
     ));
     assert_eq!(plan.create_pods.len(), 4, "{plan:?}");
@@ -175,6 +181,42 @@ fn an_evicted_job_drains_and_gives_its_quota_back_only_once_it_has_no_pods() {
     );
 }
 
+/// An admitted job's Workload says whether all its pods run (`PodsReady`, for Kueue's
+/// wait-for-pods-ready), written only when that changes.
+#[test]
+fn an_admitted_job_reports_whether_its_pods_are_ready() {
+    let mut tj = queued();
+    started(&mut tj, 2);
+    let admitted = |pods_ready| Admission::Admitted {
+        trainers: None,
+        placement: BTreeMap::new(),
+        pods_ready,
+    };
+    for (pods, written, want) in [
+        (running(2), None, Some(true)),
+        (running(2), Some(false), Some(true)),
+        (running(2), Some(true), None),
+        (running(1), Some(true), Some(false)),
+        (running(1), Some(false), None),
+    ] {
+        let plan = reconcile(&with(
+            observe(&tj, pods.clone(), Ok(progress(2))),
+            admitted(written),
+        ));
+        let got = match plan.workload {
+            Some(WorkloadChange::PodsReady(r)) => Some(r),
+            None => None,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            got,
+            want,
+            "{} pods running, {written:?} written",
+            pods.len()
+        );
+    }
+}
+
 #[test]
 fn a_job_that_ends_marks_its_workload_finished_once() {
     let tj = queued();
@@ -187,6 +229,7 @@ fn a_job_that_ends_marks_its_workload_finished_once() {
         Admission::Admitted {
             trainers: None,
             placement: BTreeMap::new(),
+            pods_ready: None,
         },
     ));
     assert!(
@@ -207,7 +250,19 @@ fn a_workload_state_is_read_as_kueue_writes_it() {
         "conditions": [
             {"type": "QuotaReserved", "status": "True"},
             {"type": "Admitted", "status": "True"}]}});
-    assert_eq!(workload_state(&admitted), WorkloadState::Admitted(Some(3)));
+    assert_eq!(
+        workload_state(&admitted),
+        WorkloadState::Admitted(Some(3), None)
+    );
+    let mut ready = admitted.clone();
+    ready["status"]["conditions"]
+        .as_array_mut()
+        .expect("conditions")
+        .push(json!({"type": "PodsReady", "status": "True"}));
+    assert_eq!(
+        workload_state(&ready),
+        WorkloadState::Admitted(Some(3), Some(true))
+    );
     let mut reserved_only = admitted.clone();
     reserved_only["status"]["conditions"][1]["status"] = json!("False");
     assert_eq!(
