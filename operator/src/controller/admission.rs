@@ -18,15 +18,18 @@ pub(super) fn workloads_api(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
 
 /// The API in `ns` of a kind edl has no types for: group, version, kind, plural.
 pub(super) fn dynamic(client: &Client, ns: &str, api: [&str; 4]) -> Api<DynamicObject> {
-    let [group, version, kind, plural] = api;
-    let resource = ApiResource {
+    Api::namespaced_with(client.clone(), ns, &resource(api))
+}
+
+/// A kind edl has no types for: group, version, kind, plural.
+fn resource([group, version, kind, plural]: [&str; 4]) -> ApiResource {
+    ApiResource {
         group: group.to_owned(),
         version: version.to_owned(),
         api_version: format!("{group}/{version}"),
         kind: kind.to_owned(),
         plural: plural.to_owned(),
-    };
-    Api::namespaced_with(client.clone(), ns, &resource)
+    }
 }
 
 /// `tj`'s Kueue Workload, when the operator admits jobs through Kueue and `tj` names a
@@ -66,15 +69,7 @@ async fn flavors(
     ctx: &Ctx,
     w: &serde_json::Value,
 ) -> Result<BTreeMap<String, objects::FlavorPlacement>, Error> {
-    let [group, version, kind, plural] = objects::FLAVOR_API;
-    let resource = ApiResource {
-        group: group.to_owned(),
-        version: version.to_owned(),
-        api_version: format!("{group}/{version}"),
-        kind: kind.to_owned(),
-        plural: plural.to_owned(),
-    };
-    let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
+    let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource(objects::FLAVOR_API));
     let mut read: BTreeMap<String, objects::FlavorPlacement> = BTreeMap::new();
     let mut out = BTreeMap::new();
     for (set, names) in objects::admitted_flavors(w) {

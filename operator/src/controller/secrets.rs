@@ -227,7 +227,11 @@ pub(super) async fn ensure_tls(
         // An ended job an earlier operator made: its one Secret has a certificate the
         // operator may use to reach the job's managed etcd.
         None => match own.get(&legacy_tls_secret_name(&job)) {
-            Some(legacy) => return legacy_identity(legacy, &job, ns),
+            // The one certificate of every pod: a client's too.
+            Some(legacy) => {
+                let name = legacy_tls_secret_name(&job);
+                return tls_of(legacy, &name, TLS_KEYS, &job, ns);
+            }
             None => return Err(format!("Secret {ca_name} is gone")),
         },
     };
@@ -277,28 +281,27 @@ pub(super) async fn ensure_tls(
             }
         }
     }
-    let identity = edl_proto::tls::PemIdentity {
-        cert: value(CA_KEYS[2])?,
-        key: value(CA_KEYS[3])?,
-        cert_name: format!("Secret {ca_name} {}", CA_KEYS[2]),
-        key_name: format!("Secret {ca_name} {}", CA_KEYS[3]),
-    };
-    edl_proto::tls::Tls::from_pem(
-        &value(CA_KEYS[0])?,
-        &format!("Secret {ca_name} {}", CA_KEYS[0]),
-        Some(identity),
-        Some(tls_domain(&job, ns)),
-        true,
+    tls_of(
+        &ca_secret,
+        &ca_name,
+        [CA_KEYS[0], CA_KEYS[2], CA_KEYS[3]],
+        &job,
+        ns,
     )
     .map_err(|e| format!("{e} (delete Secret {ca_name} for a new one)"))
 }
 
-/// The operator's TLS to `job` with the certificate of `legacy`, the one TLS Secret an
-/// earlier operator made for every role.
-fn legacy_identity(legacy: &Secret, job: &str, ns: &str) -> Result<edl_proto::tls::Tls, String> {
-    let name = legacy_tls_secret_name(job);
+/// The operator's TLS to `job` (in `ns`) from `secret` (named `name`): the CA's
+/// certificate and the operator's certificate and key under `keys`, in that order.
+fn tls_of(
+    secret: &Secret,
+    name: &str,
+    [ca, cert, key]: [&str; 3],
+    job: &str,
+    ns: &str,
+) -> Result<edl_proto::tls::Tls, String> {
     let value = |k: &str| -> Result<Vec<u8>, String> {
-        legacy
+        secret
             .data
             .as_ref()
             .and_then(|d| d.get(k))
@@ -306,14 +309,14 @@ fn legacy_identity(legacy: &Secret, job: &str, ns: &str) -> Result<edl_proto::tl
             .ok_or_else(|| format!("Secret {name} has no {k}"))
     };
     let identity = edl_proto::tls::PemIdentity {
-        cert: value(TLS_KEYS[1])?,
-        key: value(TLS_KEYS[2])?,
-        cert_name: format!("Secret {name} {}", TLS_KEYS[1]),
-        key_name: format!("Secret {name} {}", TLS_KEYS[2]),
+        cert: value(cert)?,
+        key: value(key)?,
+        cert_name: format!("Secret {name} {cert}"),
+        key_name: format!("Secret {name} {key}"),
     };
     edl_proto::tls::Tls::from_pem(
-        &value(TLS_KEYS[0])?,
-        &format!("Secret {name} {}", TLS_KEYS[0]),
+        &value(ca)?,
+        &format!("Secret {name} {ca}"),
         Some(identity),
         Some(tls_domain(job, ns)),
         true,
