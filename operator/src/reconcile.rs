@@ -133,7 +133,10 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
         return d.suspended(Hold::Suspend);
     }
     let desired = match &obs.admission {
-        Admission::NoWorkload | Admission::Pending | Admission::Evicted(_) => {
+        Admission::NoWorkload
+        | Admission::Pending
+        | Admission::Unplaced(_)
+        | Admission::Evicted(_) => {
             return d.awaiting_admission();
         }
         Admission::Admitted {

@@ -53,10 +53,13 @@ pub(super) async fn observe_workload(
     let value = serde_json::to_value(&w).unwrap_or_default();
     Ok(match objects::workload_state(&value) {
         WorkloadState::Pending => Admission::Pending,
-        WorkloadState::Admitted(trainers, pods_ready) => Admission::Admitted {
-            trainers,
-            placement: flavors(ctx, &value).await?,
-            pods_ready,
+        WorkloadState::Admitted(trainers, pods_ready) => match flavors(ctx, &value).await {
+            Ok(placement) => Admission::Admitted {
+                trainers,
+                placement,
+                pods_ready,
+            },
+            Err(why) => Admission::Unplaced(why),
         },
         WorkloadState::Evicted(why) => Admission::Evicted(why),
         WorkloadState::Finished => Admission::Finished,
@@ -64,11 +67,12 @@ pub(super) async fn observe_workload(
 }
 
 /// Where the flavors Kueue admitted Workload `w` with put each pod set: the node labels
-/// and tolerations of each flavor (read from its ResourceFlavor), by pod set.
+/// and tolerations of each flavor (read from its ResourceFlavor), by pod set; `Err`
+/// says which flavor could not be read, and why.
 async fn flavors(
     ctx: &Ctx,
     w: &serde_json::Value,
-) -> Result<BTreeMap<String, objects::FlavorPlacement>, Error> {
+) -> Result<BTreeMap<String, objects::FlavorPlacement>, String> {
     let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource(objects::FLAVOR_API));
     let mut read: BTreeMap<String, objects::FlavorPlacement> = BTreeMap::new();
     let mut out = BTreeMap::new();
@@ -76,12 +80,11 @@ async fn flavors(
         let mut placement = objects::FlavorPlacement::default();
         for name in names {
             if !read.contains_key(&name) {
-                let flavor = api
-                    .get(&name)
-                    .await
-                    .map_err(kube_err(format!("read ResourceFlavor {name}")))?;
+                let flavor = api.get(&name).await.map_err(|e| {
+                    format!("its ResourceFlavor {name} cannot be read ({e}): create it, or let Kueue admit the job again")
+                })?;
                 let value = serde_json::to_value(&flavor).unwrap_or_default();
-                let p = objects::flavor_placement(&value).map_err(Error::Admission)?;
+                let p = objects::flavor_placement(&value)?;
                 read.insert(name.clone(), p);
             }
             placement = placement.and(read[&name].clone());

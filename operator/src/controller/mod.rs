@@ -76,9 +76,6 @@ pub enum Error {
     /// The installed CustomResourceDefinition is not this operator's.
     #[error("{0}")]
     Crd(String),
-    /// An admission system's object does not read (a Kueue ResourceFlavor).
-    #[error("{0}")]
-    Admission(String),
 }
 
 fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {

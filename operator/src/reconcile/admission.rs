@@ -23,6 +23,9 @@ impl Draft<'_> {
                 self.plan.workload = Some(WorkloadChange::Create(Box::new(objects::workload(tj))));
                 waiting()
             }
+            Admission::Unplaced(why) => Hold::Queued {
+                why: format!("Kueue admitted Workload {name} (LocalQueue {queue}), but {why}"),
+            },
             Admission::Evicted(why) => Hold::Evicted {
                 why: format!("Kueue evicted Workload {name}: {why}"),
             },
@@ -63,7 +66,10 @@ impl Draft<'_> {
     pub(super) fn finish_workload(&mut self) {
         if matches!(
             self.obs.admission,
-            Admission::Pending | Admission::Admitted { .. } | Admission::Evicted(_)
+            Admission::Pending
+                | Admission::Admitted { .. }
+                | Admission::Unplaced(_)
+                | Admission::Evicted(_)
         ) {
             self.plan.workload = Some(WorkloadChange::Finish(format!(
                 "TrainingJob {} ended",

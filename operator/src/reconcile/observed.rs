@@ -134,6 +134,10 @@ pub enum Admission {
         /// Its `PodsReady` condition, as the operator last wrote it (`None`: not yet).
         pods_ready: Option<bool>,
     },
+    /// Kueue admitted it with a flavor the operator cannot read (a ResourceFlavor
+    /// that is gone, or does not read): why. The job waits as if not admitted: placed
+    /// without the flavor, its pods could land where the flavor does not allow.
+    Unplaced(String),
     /// Kueue evicted it (preempted, its quota gone): why. The job drains, then gives
     /// the quota back.
     Evicted(String),

@@ -74,6 +74,31 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
             plural: "resourceflavors".to_owned(),
         },
     );
+    let admitted = json!({
+        "admission": {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": "master", "count": 1, "flavors": {"cpu": "default-flavor"}},
+            {"name": "trainer", "count": 1,
+             "flavors": {"cpu": "default-flavor", "nvidia.com/gpu": "gpu-a100"}}]},
+        "conditions": [{"type": "QuotaReserved", "status": "True"},
+                       {"type": "Admitted", "status": "True"}]});
+    api.patch_status("workloads", NS, WORKLOAD, &admitted)
+        .expect("admit");
+    // Admitted with flavors that are not there yet: the job waits, saying which, and
+    // makes no pod (placed without its flavor, a trainer could land off its nodes).
+    let said = wait_until(within, every, || async {
+        condition(&api, NS, JOB, "Suspended").is_some_and(|(status, reason, message)| {
+            status == "True"
+                && reason == "AwaitingAdmission"
+                && message.contains("ResourceFlavor")
+                && message.contains("create it")
+        })
+    })
+    .await;
+    assert!(said, "{:?}", condition(&api, NS, JOB, "Suspended"));
+    assert!(
+        pod_names(&api, "master").is_empty(),
+        "a pod without its flavor"
+    );
     for flavor in [
         json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
                "metadata": {"name": "default-flavor"}, "spec": {}}),
@@ -91,15 +116,7 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
             .await
             .expect("create a ResourceFlavor");
     }
-    let admitted = json!({
-        "admission": {"clusterQueue": "cq", "podSetAssignments": [
-            {"name": "master", "count": 1, "flavors": {"cpu": "default-flavor"}},
-            {"name": "trainer", "count": 1,
-             "flavors": {"cpu": "default-flavor", "nvidia.com/gpu": "gpu-a100"}}]},
-        "conditions": [{"type": "QuotaReserved", "status": "True"},
-                       {"type": "Admitted", "status": "True"}]});
-    api.patch_status("workloads", NS, WORKLOAD, &admitted)
-        .expect("admit");
+
     let running = wait_until(within, every, || async {
         pod_names(&api, "master").len() == 1 && pod_names(&api, "trainer").len() == 1
     })
