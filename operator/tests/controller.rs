@@ -82,6 +82,22 @@ fn kubelet(api: Arc<FakeApi>, stop: CancellationToken) -> tokio::task::JoinHandl
     })
 }
 
+/// TrainingJob `JOB` in `NS` (MNIST's MLP) with `cluster` (TOML lines of `[cluster]`), on
+/// the etcd at `endpoints`.
+fn mnist_on(endpoints: Vec<String>, cluster: &str) -> TrainingJob {
+    let spec = edl_job::JobSpec::parse_toml(&format!(
+        "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
+         [cluster]\n{cluster}"
+    ))
+    .expect("spec");
+    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
+    tj.spec.etcd = EtcdSpec {
+        endpoints,
+        ..EtcdSpec::default()
+    };
+    tj
+}
+
 fn pod_names(api: &FakeApi, role: &str) -> Vec<String> {
     let mut names: Vec<String> = api
         .list("pods", NS)
@@ -131,16 +147,10 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
         ))
     };
 
-    let spec = edl_job::JobSpec::parse_toml(&format!(
-        "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
-         [cluster]\ntrainers = 2\nmin_trainers = 1\nmax_trainers = 4\n"
-    ))
-    .expect("spec");
-    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
-    tj.spec.etcd = EtcdSpec {
-        endpoints: etcd.endpoints(),
-        ..EtcdSpec::default()
-    };
+    let mut tj = mnist_on(
+        etcd.endpoints(),
+        "trainers = 2\nmin_trainers = 1\nmax_trainers = 4\n",
+    );
     // deploy/rbac.yaml lets the operator at Secrets only in namespaces that bind
     // edl-operator-credentials (default): a job here runs without TLS between its pods.
     // The credentials test (namespace default) covers the job's TLS Secret.
@@ -721,16 +731,7 @@ async fn a_crd_older_than_the_operator_stops_a_new_job_before_its_first_key_or_p
         Arc::new(Metrics::default()),
         stop.clone(),
     ));
-    let spec = edl_job::JobSpec::parse_toml(&format!(
-        "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
-         [cluster]\ntrainers = 1\n"
-    ))
-    .expect("spec");
-    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
-    tj.spec.etcd = EtcdSpec {
-        endpoints: etcd.endpoints(),
-        ..EtcdSpec::default()
-    };
+    let tj = mnist_on(etcd.endpoints(), "trainers = 1\n");
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)
         .await

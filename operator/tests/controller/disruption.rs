@@ -33,16 +33,10 @@ async fn a_drain_takes_one_replica_of_a_shard_at_a_time() {
         Arc::new(Metrics::default()),
         stop.clone(),
     ));
-    let spec = edl_job::JobSpec::parse_toml(&format!(
-        "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
-         [cluster]\ntrainers = 1\npservers = 2\npserver_replicas = 2\n"
-    ))
-    .expect("spec");
-    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
-    tj.spec.etcd = EtcdSpec {
-        endpoints: etcd.endpoints(),
-        ..EtcdSpec::default()
-    };
+    let mut tj = mnist_on(
+        etcd.endpoints(),
+        "trainers = 1\npservers = 2\npserver_replicas = 2\n",
+    );
     tj.spec.plaintext = true;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)

@@ -28,16 +28,10 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
         metrics.clone(),
         stop.clone(),
     ));
-    let spec = edl_job::JobSpec::parse_toml(&format!(
-        "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
-         [cluster]\ntrainers = 2\nmin_trainers = 1\nmax_trainers = 4\n"
-    ))
-    .expect("spec");
-    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
-    tj.spec.etcd = EtcdSpec {
-        endpoints: etcd.endpoints(),
-        ..EtcdSpec::default()
-    };
+    let mut tj = mnist_on(
+        etcd.endpoints(),
+        "trainers = 2\nmin_trainers = 1\nmax_trainers = 4\n",
+    );
     tj.spec.plaintext = true;
     tj.metadata.labels = Some([("kueue.x-k8s.io/queue-name".to_owned(), "q".to_owned())].into());
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
@@ -202,16 +196,10 @@ async fn a_volcano_job_gets_its_pod_group_before_its_pods() {
         metrics.clone(),
         stop.clone(),
     ));
-    let spec = edl_job::JobSpec::parse_toml(&format!(
-        "name = \"{JOB}\"\n[data]\ntrain = [\"/d/a-*.recordio\"]\n[model]\nkind = \"mnist_mlp\"\n\
-         [cluster]\ntrainers = 3\nmin_trainers = 2\nmax_trainers = 4\n"
-    ))
-    .expect("spec");
-    let mut tj = TrainingJob::from_job_spec(&spec, "edl:test", Some(NS));
-    tj.spec.etcd = EtcdSpec {
-        endpoints: etcd.endpoints(),
-        ..EtcdSpec::default()
-    };
+    let mut tj = mnist_on(
+        etcd.endpoints(),
+        "trainers = 3\nmin_trainers = 2\nmax_trainers = 4\n",
+    );
     tj.spec.plaintext = true;
     tj.spec.volcano = Some(edl_operator::crd::VolcanoSpec {
         queue: Some("research".to_owned()),
