@@ -67,6 +67,13 @@ pub const SHARD_LABEL: &str = "edl.dev/shard";
 /// TrainingJob to every object the operator makes for it, so the job's pods are
 /// accounted to that queue.
 pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+/// Kueue's label gathering pods into one workload (its pod integration's pod groups):
+/// the managed etcd's members of a queued job are one group, admitted and preempted
+/// together, so that Kueue never takes part of a quorum.
+pub const KUEUE_POD_GROUP_LABEL: &str = "kueue.x-k8s.io/pod-group-name";
+/// Kueue's annotation giving a pod group's size: the group is admitted once that many
+/// of its pods exist.
+pub const KUEUE_POD_GROUP_TOTAL: &str = "kueue.x-k8s.io/pod-group-total-count";
 /// The node label that pserver anti-affinity spreads one shard's replicas over.
 pub const NODE_TOPOLOGY: &str = "kubernetes.io/hostname";
 
@@ -430,6 +437,7 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         )]));
         VOLCANO_SCHEDULER.to_owned()
     });
+    kueue_pod_group(tj, slot, &mut metadata);
     let placement = placement_of(tj, slot.role);
     let apart = match slot.role {
         Role::Pserver if c.pserver_replicas > 1 => {
@@ -479,6 +487,41 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
             ..PodSpec::default()
         }),
         status: None,
+    }
+}
+
+/// A managed etcd member of a job queued through Kueue's pod integration joins the
+/// members' pod group (`<job>-etcd`, all its members): Kueue admits and preempts them
+/// as one workload. The job's other pods stay workloads of their own (trainers are
+/// admitted one by one as quota allows). Their group cannot hold the other roles: those
+/// are made once the etcd answers, which a group admitted whole would never do.
+fn kueue_pod_group(tj: &TrainingJob, slot: Slot, metadata: &mut ObjectMeta) {
+    let queued = metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(QUEUE_LABEL));
+    if slot.role != Role::Etcd || !queued {
+        return;
+    }
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    if let Some(labels) = metadata.labels.as_mut() {
+        labels.insert(KUEUE_POD_GROUP_LABEL.to_owned(), format!("{job}-etcd"));
+    }
+    metadata.annotations.get_or_insert_with(BTreeMap::new).insert(
+        KUEUE_POD_GROUP_TOTAL.to_owned(),
+        tj.spec.etcd.members.max(1).to_string(),
+    );
+}
+
+/// A pod that Kueue admitted as part of its job's Workload: without the labels that
+/// would make Kueue's pod integration queue it again.
+pub fn admitted_through_workload(pod: &mut Pod) {
+    if let Some(labels) = pod.metadata.labels.as_mut() {
+        labels.remove(QUEUE_LABEL);
+        labels.remove(KUEUE_POD_GROUP_LABEL);
+    }
+    if let Some(annotations) = pod.metadata.annotations.as_mut() {
+        annotations.remove(KUEUE_POD_GROUP_TOTAL);
     }
 }
 

@@ -123,9 +123,7 @@ impl Draft<'_> {
             if self.obs.admission != Admission::NotQueued {
                 // Admitted as a whole through the Workload: Kueue's pod integration must
                 // not queue each pod again.
-                if let Some(labels) = pod.metadata.labels.as_mut() {
-                    labels.remove(objects::QUEUE_LABEL);
-                }
+                objects::admitted_through_workload(&mut pod);
             }
             // Placed where the flavors it was admitted with say.
             if let Admission::Admitted { placement, .. } = &self.obs.admission

@@ -287,3 +287,67 @@ fn a_workload_state_is_read_as_kueue_writes_it() {
     assert_eq!(workload_state(&released), WorkloadState::Pending);
     assert_eq!(workload_state(&json!({})), WorkloadState::Pending);
 }
+
+/// Kueue's pod integration (no Workload of the operator's): the managed etcd's members
+/// are one pod group of all of them, so Kueue admits and preempts them together and
+/// never takes part of the quorum; the job's other pods are workloads of their own.
+/// Admitted through a Workload instead, no pod carries the group.
+#[test]
+fn under_kueues_pod_integration_the_etcd_members_are_one_pod_group() {
+    let mut tj = queued();
+    tj.spec.etcd = EtcdSpec {
+        managed: true,
+        members: 3,
+        ..EtcdSpec::default()
+    };
+    fn group(p: &Pod) -> (Option<&str>, Option<&str>) {
+        let label = p.metadata.labels.as_ref().and_then(|l| {
+            l.get(crate::objects::KUEUE_POD_GROUP_LABEL)
+                .map(String::as_str)
+        });
+        let total = p.metadata.annotations.as_ref().and_then(|a| {
+            a.get(crate::objects::KUEUE_POD_GROUP_TOTAL)
+                .map(String::as_str)
+        });
+        (label, total)
+    }
+    let plan = reconcile(&with(
+        Observed {
+            claims: BTreeSet::new(),
+            ..observe(&tj, vec![], Err("connection refused".into()))
+        },
+        Admission::NotQueued,
+    ));
+    assert_eq!(
+        names(&plan.create_pods),
+        ["mnist-etcd-0", "mnist-etcd-1", "mnist-etcd-2"]
+    );
+    for p in &plan.create_pods {
+        assert_eq!(group(p), (Some("mnist-etcd"), Some("3")), "{:?}", p.metadata);
+    }
+    // The etcd up: the other roles come, each a workload of its own.
+    let plan = reconcile(&with(observe(&tj, vec![], Ok(progress(2))), Admission::NotQueued));
+    assert!(
+        plan.create_pods.len() > 3,
+        "the witness: the other roles are made ({:?})",
+        names(&plan.create_pods)
+    );
+    for p in &plan.create_pods {
+        let etcd = p.metadata.name.as_deref().is_some_and(|n| n.contains("-etcd-"));
+        let want = if etcd { (Some("mnist-etcd"), Some("3")) } else { (None, None) };
+        assert_eq!(group(p), want, "{:?}", p.metadata.name);
+    }
+    // Admitted through the operator's Workload: no pod is Kueue's to queue again.
+    let plan = reconcile(&with(
+        observe(&tj, vec![], Ok(progress(2))),
+        Admission::Admitted {
+            trainers: None,
+            placement: BTreeMap::new(),
+            pods_ready: None,
+        },
+    ));
+    assert!(plan.create_pods.len() > 3, "{:?}", names(&plan.create_pods));
+    for p in &plan.create_pods {
+        assert_eq!(group(p), (None, None), "{:?}", p.metadata.name);
+    }
+}
