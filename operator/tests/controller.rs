@@ -36,6 +36,8 @@ mod autoscale;
 mod credentials;
 #[path = "controller/disruption.rs"]
 mod disruption;
+#[path = "controller/pod_security.rs"]
+mod pod_security;
 #[path = "controller/queues.rs"]
 mod queues;
 

@@ -100,7 +100,7 @@ pub(super) async fn apply(
         apply_workload(ctx, tj, change).await?;
     }
     delete_pods(ctx, &apis.pods, &plan.delete).await?;
-    create_objects(ctx, apis, plan).await?;
+    create_objects(ctx, apis, tj, plan).await?;
     if let Some(status) = &plan.status {
         // A 409 here means the job changed since it was read: the next round decides
         // again from the new version.
@@ -190,7 +190,12 @@ async fn delete_pods(ctx: &Ctx, pods: &Api<Pod>, deletions: &[Deletion]) -> Resu
 
 /// Creates the plan's services, NetworkPolicy, PodGroup and claims, then its pods (one
 /// that exists already is fine).
-async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Error> {
+async fn create_objects(
+    ctx: &Ctx,
+    apis: &JobApis,
+    tj: &TrainingJob,
+    plan: &Plan,
+) -> Result<(), Error> {
     for s in &plan.create_services {
         match apis.services.create(&PostParams::default(), s).await {
             Ok(_) => {}
@@ -259,6 +264,25 @@ async fn create_objects(ctx: &Ctx, apis: &JobApis, plan: &Plan) -> Result<(), Er
                 ctx.metrics.pods_created.inc();
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                // Refused by an admission policy (Pod Security admission, a webhook):
+                // the job's people see why on the job, not only in the operator's log.
+                let refused = JobEvent {
+                    warning: true,
+                    reason: "PodRefused".to_owned(),
+                    message: format!(
+                        "the API server refused pod {}: {} (the namespace's admission \
+                         policy; docs/kubernetes.md, \"Pod Security\", says what edl's \
+                         pods meet and what a job's spec can break)",
+                        p.name_any(),
+                        s.message
+                    ),
+                };
+                record_events(ctx, tj, std::slice::from_ref(&refused)).await;
+                return Err(kube_err(format!("create pod {}", p.name_any()))(
+                    kube::Error::Api(s),
+                ));
+            }
             Err(e) => {
                 return Err(kube_err(format!("create pod {}", p.name_any()))(e));
             }

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::store::{
     at_path, fields_match, labels_match, merge_patch, not_found, secret_rules, set_path,
 };
-use super::{ApiError, ResourceType, ScalePaths, Shared};
+use super::{ApiError, ResourceType, ScalePaths, Shared, pod_security};
 
 /// What a request is about.
 struct Target {
@@ -325,6 +325,9 @@ fn respond(
             }
             Method::POST => {
                 let obj = parse_body(body)?;
+                if ty.plural == "pods" && ty.group.is_empty() {
+                    admit_pod(&store, &ns, &obj)?;
+                }
                 store
                     .create(target.type_index, &ns, obj, tx)
                     .map(|o| (201, o))
@@ -672,6 +675,35 @@ fn pod_log(shared: &Arc<Shared>, target: &Target, q: &BTreeMap<String, String>) 
 
 /// Whether `pod` counts for a disruption budget: Running, not being deleted, and Ready
 /// when it reports readiness at all.
+/// Pod Security admission of a pod created in `ns`: refused (403) when it fails the
+/// level the namespace's labels enforce ([`pod_security`]).
+fn admit_pod(store: &super::store::Store, ns: &str, pod: &Value) -> Result<(), ApiError> {
+    let namespaces = store.types.iter().position(|t| t.plural == "namespaces");
+    let labels = namespaces
+        .and_then(|t| store.objects.get(&(t, String::new(), ns.to_owned())))
+        .map(|n| n["metadata"]["labels"].clone())
+        .unwrap_or(Value::Null);
+    let Some(level) = pod_security::enforced(&labels) else {
+        return Ok(());
+    };
+    let failed = pod_security::violations(level, pod);
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .or(pod["metadata"]["generateName"].as_str())
+        .unwrap_or("");
+    Err(ApiError::new(
+        403,
+        "Forbidden",
+        format!(
+            "pods {name:?} is forbidden: violates PodSecurity \"{level}:latest\": {}",
+            failed.join(", ")
+        ),
+    ))
+}
+
 fn healthy(pod: &Value) -> bool {
     let ready = pod["status"]["conditions"]
         .as_array()

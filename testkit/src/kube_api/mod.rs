@@ -54,6 +54,10 @@
 //!   cluster reads the budget's status (`disruptionsAllowed`) that its disruption
 //!   controller keeps; `maxUnavailable` and percentages are not covered (such a budget
 //!   is `422 Invalid` at eviction).
+//! - **Pod Security admission**: a pod created in a namespace whose Namespace object is
+//!   labelled `pod-security.kubernetes.io/enforce: baseline` or `restricted` is refused
+//!   (`403 Forbidden`, naming each check it fails) unless it meets that Pod Security
+//!   Standard (`pod_security.rs` says which checks, and where it differs).
 //! - **NetworkPolicies** are stored and evaluated ([`FakeApi::network_allows`], with the
 //!   semantics of a plugin that enforces them), but nothing filters the pods' sockets.
 //!
@@ -65,7 +69,8 @@
 //! ([`FakeApi::prune`]: a CRD older than its operator).
 //!
 //! Not covered: schema validation, pruning and defaulting of custom resources (the
-//! manifests are validated against the real schemas by `deploy/tests`), admission, RBAC,
+//! manifests are validated against the real schemas by `deploy/tests`), admission other
+//! than Pod Security, RBAC,
 //! authentication, server-side apply, field managers, pagination, bookmarks, a Secret's
 //! other checks (key names, the 1 MiB limit, the keys `kubernetes.io/*` types need),
 //! and the other controllers of a cluster (scheduling and running pods is the test's own
@@ -87,6 +92,7 @@ use tokio_util::sync::CancellationToken;
 
 mod http;
 pub mod network_policy;
+pub mod pod_security;
 mod store;
 
 use store::{Store, WatchEvent, not_found};
