@@ -107,9 +107,10 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
     let want = desired.iter().filter(|s| s.role == Role::Trainer).count() as u32;
     d.status.trainers.desired = want;
     if d.old.phase.is_finished() {
-        // Over: stop what still runs, change nothing else.
+        // Over: stop what still runs but the managed etcd, which stays whole.
         d.finish_workload();
         stop_running(&mut d.plan, &obs.pods);
+        d.keep_managed_etcd(&desired);
         return d.plan_if_changed();
     }
     let progress = d.etcd_state();

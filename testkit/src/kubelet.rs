@@ -31,7 +31,9 @@
 //!   rewritten to the host directory.
 //!
 //! A pod's output goes to `<dir>/<pod>.log`, which the API server serves as the pod's
-//! `log` subresource. It reports the pod `Running` (pod IP `127.0.0.1`), then `Succeeded` or `Failed` with
+//! `log` subresource. It runs the container's `httpGet` probes (`probes.rs`: readiness
+//! sets the pod's `Ready` condition, a failed liveness or startup probe kills the
+//! process). It reports the pod `Running` (pod IP `127.0.0.1`), then `Succeeded` or `Failed` with
 //! the exit code and the start and end times when the process ends. A pod being deleted
 //! gets SIGTERM, then SIGKILL after its grace period, and is removed once its process
 //! has stopped (a delete with grace 0). Processes are killed when the kubelet is dropped.
@@ -47,6 +49,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::kube_api::FakeApi;
+
+mod probes;
 
 /// What the kubelet runs pods with.
 #[derive(Debug, Clone)]
@@ -413,6 +417,12 @@ impl Kubelet {
         }
     }
 
+    /// The process id of `pod`'s container, while it runs.
+    pub fn pid(&self, pod: &str) -> Option<u32> {
+        let table = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        table.get(pod).map(|r| r.pid)
+    }
+
     /// Maps the pod addresses in a text (`<pod>.<subdomain>.<ns>.svc:<port>`) to the
     /// loopback ports their pods use here, for a client outside the pods (an operator).
     pub fn resolver(&self) -> Arc<dyn Fn(&str) -> String + Send + Sync> {
@@ -614,14 +624,30 @@ fn sync(
                 uid: uid.clone(),
             },
         );
+        // With a readiness probe, not Ready until it passes.
+        let probed = probes::has_readiness(&pod);
+        let ready = if probed { "False" } else { "True" };
         let _ = api.patch_status(
             "pods",
             ns,
             &name,
             &json!({"phase": "Running", "podIP": "127.0.0.1", "startTime": started_at,
-                    "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0,
+                    "conditions": [{"type": "Ready", "status": ready}],
+                    "containerStatuses": [{"name": "c", "ready": !probed, "restartCount": 0,
                         "image": "", "imageID": "",
                         "state": {"running": {"startedAt": started_at}}}]}),
+        );
+        let ended = stop.child_token();
+        probes::start(
+            &pod,
+            |p| ports.of(&name, p),
+            probes::Target {
+                api: api.clone(),
+                namespace: ns.to_owned(),
+                pod: name.clone(),
+                pid,
+                ended: ended.clone(),
+            },
         );
         let (api, ns, procs, stop) = (api.clone(), ns.to_owned(), procs.clone(), stop.clone());
         tokio::spawn(async move {
@@ -629,6 +655,7 @@ fn sync(
                 _ = stop.cancelled() => return,
                 s = child.wait() => s,
             };
+            ended.cancel();
             let code = status.ok().and_then(|s| {
                 use std::os::unix::process::ExitStatusExt;
                 s.code().or_else(|| s.signal().map(|sig| 128 + sig))
@@ -650,6 +677,7 @@ fn sync(
                 &ns,
                 &name,
                 &json!({"phase": if code == 0 { "Succeeded" } else { "Failed" },
+                        "conditions": [{"type": "Ready", "status": "False"}],
                         "containerStatuses": [{"name": "c", "ready": false, "restartCount": 0,
                             "image": "", "imageID": "",
                             "state": {"terminated": {"exitCode": code,

@@ -13,11 +13,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
-    HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
-    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, ResourceRequirements,
-    SecretEnvSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource,
+    Pod, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, Probe,
+    ResourceRequirements, SecretEnvSource, SecurityContext, Service, ServicePort, ServiceSpec,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
 use crate::crd::{CHECKPOINT_MOUNT, DATA_MOUNT, ETCD_IMAGE, TrainingJob, VolumeSource};
@@ -89,6 +91,9 @@ pub const PSERVER_PORT: i32 = 7165;
 pub const ETCD_PORT: i32 = 2379;
 /// etcd's peer port (between the members of a managed etcd).
 pub const ETCD_PEER_PORT: i32 = 2380;
+/// Where a managed etcd member serves `/health` and `/metrics` in plain HTTP, without
+/// client certificates (`--listen-metrics-urls`): what its probes ask.
+pub const ETCD_METRICS_PORT: i32 = 2381;
 /// Where pservers and trainers serve `/metrics` (`EDL_METRICS_ADDR`); masters serve it
 /// on their gRPC port.
 pub const METRICS_PORT: i32 = 9090;
@@ -253,6 +258,7 @@ fn etcd_member_args(tj: &TrainingJob, index: u32) -> Vec<String> {
         "--auto-compaction-mode=periodic".to_owned(),
         "--auto-compaction-retention=1h".to_owned(),
         format!("--quota-backend-bytes={}", 2u64 << 30),
+        format!("--listen-metrics-urls=http://0.0.0.0:{ETCD_METRICS_PORT}"),
     ];
     if !tj.spec.plaintext {
         let (ca, cert, key) = (
@@ -423,6 +429,10 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         security_context: Some(hardened()),
         ..Container::default()
     };
+    let container = match slot.role {
+        Role::Etcd => with_etcd_probes(container),
+        _ => container,
+    };
     let grace = match slot.role {
         // A trainer drains on SIGTERM: hands its task back, then leaves.
         Role::Trainer => i64::from(s.drain_seconds),
@@ -507,10 +517,13 @@ fn kueue_pod_group(tj: &TrainingJob, slot: Slot, metadata: &mut ObjectMeta) {
     if let Some(labels) = metadata.labels.as_mut() {
         labels.insert(KUEUE_POD_GROUP_LABEL.to_owned(), format!("{job}-etcd"));
     }
-    metadata.annotations.get_or_insert_with(BTreeMap::new).insert(
-        KUEUE_POD_GROUP_TOTAL.to_owned(),
-        tj.spec.etcd.members.max(1).to_string(),
-    );
+    metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(
+            KUEUE_POD_GROUP_TOTAL.to_owned(),
+            tj.spec.etcd.members.max(1).to_string(),
+        );
 }
 
 /// A pod that Kueue admitted as part of its job's Workload: without the labels that
@@ -522,6 +535,36 @@ pub fn admitted_through_workload(pod: &mut Pod) {
     }
     if let Some(annotations) = pod.metadata.annotations.as_mut() {
         annotations.remove(KUEUE_POD_GROUP_TOTAL);
+    }
+}
+
+/// A managed etcd member's probes, on its plain-HTTP `/health`
+/// ([`ETCD_METRICS_PORT`]; kubeadm's for its etcd): *startup* until the member answers
+/// at all (up to 5 minutes: a member replaying a large log); *liveness* asks only this
+/// member (`serializable=true`, and a full disk is not a reason to restart it), so a
+/// member that hangs (a stopped process, a deadlock) is killed and its pod replaced
+/// within about 15 s, while a lost quorum restarts no member; *readiness* asks for a
+/// quorum read, so a member cut off from its peers is not Ready (and, for the
+/// disruption budget, not healthy).
+fn with_etcd_probes(container: Container) -> Container {
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::Int(ETCD_METRICS_PORT),
+            scheme: Some("HTTP".to_owned()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(3),
+        failure_threshold: Some(failures),
+        ..Probe::default()
+    };
+    let local = "/health?exclude=NOSPACE&serializable=true";
+    Container {
+        startup_probe: Some(probe(local, 5, 60)),
+        liveness_probe: Some(probe(local, 5, 3)),
+        readiness_probe: Some(probe("/health", 5, 1)),
+        ..container
     }
 }
 
@@ -566,7 +609,7 @@ fn etcd_parts(tj: &TrainingJob, slot: Slot, parts: &mut Parts) -> RoleCommand {
     parts.vars.clear();
     (
         args,
-        vec![ETCD_PORT, ETCD_PEER_PORT],
+        vec![ETCD_PORT, ETCD_PEER_PORT, ETCD_METRICS_PORT],
         with_requests(Role::Etcd, tj.spec.resources.etcd.clone()),
     )
 }

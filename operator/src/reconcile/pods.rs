@@ -50,6 +50,31 @@ impl Draft<'_> {
         crash_loop
     }
 
+    /// A finished job's managed etcd holds its final state (status, checkpoints'
+    /// manifests, ledgers) until the job is deleted: an ended member (killed by its
+    /// liveness probe, say) is replaced, and a missing one made again, on its claim.
+    pub(super) fn keep_managed_etcd(&mut self, desired: &[Slot]) {
+        if !self.obs.job.spec.etcd.managed {
+            return;
+        }
+        let ended: Vec<PodView> = self
+            .obs
+            .pods
+            .iter()
+            .filter(|p| p.slot.role == Role::Etcd && !p.terminating && p.phase.ended())
+            .cloned()
+            .collect();
+        for p in &ended {
+            self.replace(p, describe_end(p));
+        }
+        let members: Vec<Slot> = desired
+            .iter()
+            .filter(|s| s.role == Role::Etcd)
+            .copied()
+            .collect();
+        self.missing_pods(&members, false);
+    }
+
     /// Deletes the ended pod `p` at once, to be created again: a recovery and an event.
     pub(super) fn replace(&mut self, p: &PodView, what: String) {
         self.plan.delete.push(Deletion {

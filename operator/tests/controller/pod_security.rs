@@ -77,11 +77,8 @@ async fn every_role_runs_under_the_restricted_pod_security_standard() {
         }
     };
     let (within, every) = (Duration::from_secs(30), Duration::from_millis(50));
-    let (tls_pods, managed_pods, host_pods) = (
-        named("mnist-"),
-        named("managed-etcd-"),
-        named("host-"),
-    );
+    let (tls_pods, managed_pods, host_pods) =
+        (named("mnist-"), named("managed-etcd-"), named("host-"));
     let admitted = wait_until(within, every, || async {
         tls_pods().len() == 3 && managed_pods().len() == 3
     })

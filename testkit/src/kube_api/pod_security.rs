@@ -277,7 +277,10 @@ mod tests {
     fn a_hardened_pod_passes_restricted_and_each_lapse_is_named() {
         assert_eq!(violations("restricted", &hardened()), Vec::<String>::new());
         let plain = json!({"spec": {"containers": [{"name": "c"}]}});
-        assert!(violations("baseline", &plain).is_empty(), "baseline asks nothing of it");
+        assert!(
+            violations("baseline", &plain).is_empty(),
+            "baseline asks nothing of it"
+        );
         let v = violations("restricted", &plain);
         for check in [
             "allowPrivilegeEscalation",
@@ -294,7 +297,10 @@ mod tests {
             json!(["SYS_ADMIN"]);
         let v = violations("baseline", &host);
         assert_eq!(v.len(), 3, "{v:?}");
-        assert!(v[0].starts_with("host namespaces") && v[2].contains("\"data\""), "{v:?}");
+        assert!(
+            v[0].starts_with("host namespaces") && v[2].contains("\"data\""),
+            "{v:?}"
+        );
         let mut nfs = hardened();
         nfs["spec"]["volumes"][0] = json!({"name": "n", "nfs": {"server": "s", "path": "/"}});
         assert!(violations("baseline", &nfs).is_empty());
@@ -302,7 +308,10 @@ mod tests {
         let mut root = hardened();
         root["spec"]["containers"][0]["securityContext"]["runAsUser"] = json!(0);
         assert_eq!(violations("restricted", &root).len(), 1);
-        assert_eq!(enforced(&json!({ENFORCE_LABEL: "restricted"})), Some("restricted"));
+        assert_eq!(
+            enforced(&json!({ENFORCE_LABEL: "restricted"})),
+            Some("restricted")
+        );
         assert_eq!(enforced(&json!({ENFORCE_LABEL: "privileged"})), None);
     }
 }

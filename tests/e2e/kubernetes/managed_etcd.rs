@@ -31,6 +31,8 @@ use crate::trainer::mnist;
 /// its pserver keeps its shard (no restore: the same incarnation), and it succeeds with
 /// every pass in its final checkpoint's ledger, read from the managed etcd, which stays
 /// up after the job ended (it holds the job's final state) until the job is deleted.
+/// Then member 1 hangs (SIGSTOP): its liveness probe has the kubelet kill it, and its
+/// pod is replaced and Ready again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
     const MANAGED_JOB: &str = "mnist-managed";
@@ -203,6 +205,61 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         "the job stalled after the loss: {:?}\n{}",
         status().await,
         pod_logs(&pods_dir)
+    );
+
+    // Member 1 hangs (its process stopped, as a deadlock or a stuck disk would leave
+    // it): alive to the kernel, its liveness probe fails, the kubelet kills it, and its
+    // pod, ended, is replaced on its claim. First the witness that its probes pass
+    // while it is well: its pod is Ready.
+    let hung = format!("{MANAGED_JOB}-etcd-1");
+    let ready = |name: String| {
+        let api = api.clone();
+        move || {
+            let api = api.clone();
+            let name = name.clone();
+            async move {
+                api.get("pods", NS, &name).is_some_and(|p| {
+                    p["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+                })
+            }
+        }
+    };
+    assert!(
+        wait_until(within, ready(hung.clone())).await,
+        "member 1 never Ready: {:?}",
+        api.get("pods", NS, &hung)
+    );
+    let old = uid(&api, &hung);
+    let pid = _kubelet.pid(&hung).expect("member 1's process");
+    edl_testkit::child::signal(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    let replaced = wait_until(within, || async {
+        api.get("pods", NS, &hung).is_some_and(|p| {
+            p["metadata"]["uid"].as_str() != old.as_deref() && p["status"]["phase"] == "Running"
+        })
+    })
+    .await;
+    assert!(
+        replaced,
+        "the hung member was not replaced:\n{}",
+        pod_logs(&pods_dir)
+    );
+    let killed = status().await.is_some_and(|s| {
+        s.recoveries
+            .iter()
+            .any(|r| r.pod == hung && r.reason.contains("137"))
+    });
+    assert!(
+        killed,
+        "no recovery of {hung} killed (137): {:?}",
+        status().await
+    );
+    assert!(
+        wait_until(within, ready(hung.clone())).await,
+        "the new member 1 never Ready: {:?}",
+        api.get("pods", NS, &hung)
     );
 
     succeeded(&jobs, MANAGED_JOB, &pods_dir).await;

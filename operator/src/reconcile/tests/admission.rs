@@ -323,18 +323,34 @@ fn under_kueues_pod_integration_the_etcd_members_are_one_pod_group() {
         ["mnist-etcd-0", "mnist-etcd-1", "mnist-etcd-2"]
     );
     for p in &plan.create_pods {
-        assert_eq!(group(p), (Some("mnist-etcd"), Some("3")), "{:?}", p.metadata);
+        assert_eq!(
+            group(p),
+            (Some("mnist-etcd"), Some("3")),
+            "{:?}",
+            p.metadata
+        );
     }
     // The etcd up: the other roles come, each a workload of its own.
-    let plan = reconcile(&with(observe(&tj, vec![], Ok(progress(2))), Admission::NotQueued));
+    let plan = reconcile(&with(
+        observe(&tj, vec![], Ok(progress(2))),
+        Admission::NotQueued,
+    ));
     assert!(
         plan.create_pods.len() > 3,
         "the witness: the other roles are made ({:?})",
         names(&plan.create_pods)
     );
     for p in &plan.create_pods {
-        let etcd = p.metadata.name.as_deref().is_some_and(|n| n.contains("-etcd-"));
-        let want = if etcd { (Some("mnist-etcd"), Some("3")) } else { (None, None) };
+        let etcd = p
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.contains("-etcd-"));
+        let want = if etcd {
+            (Some("mnist-etcd"), Some("3"))
+        } else {
+            (None, None)
+        };
         assert_eq!(group(p), want, "{:?}", p.metadata.name);
     }
     // Admitted through the operator's Workload: no pod is Kueue's to queue again.

@@ -212,6 +212,58 @@ fn a_finished_job_stops_its_pods_and_says_so_once() {
     assert_eq!(again, Plan::default(), "nothing more to do");
 }
 
+/// A finished job's managed etcd keeps its final state until the job is deleted, so it
+/// stays whole: a member that ended (killed by its liveness probe) is replaced, one that
+/// is gone is made again; nothing else of the job comes back.
+#[test]
+fn a_finished_jobs_managed_etcd_stays_whole() {
+    let mut tj = training_job("");
+    started(&mut tj, 2);
+    tj.spec.etcd = EtcdSpec {
+        managed: true,
+        members: 3,
+        ..EtcdSpec::default()
+    };
+    if let Some(s) = tj.status.as_mut() {
+        s.phase = Phase::Succeeded;
+    }
+    let mut killed = pod(Role::Etcd, 1, PodPhase::Failed);
+    killed.exit_code = Some(137);
+    let pods = vec![pod(Role::Etcd, 0, PodPhase::Running), killed];
+    let plan = reconcile(&observe(&tj, pods, Ok(progress(2))));
+    assert_eq!(
+        plan.delete,
+        [Deletion {
+            name: "mnist-etcd-1".to_owned(),
+            grace: Some(0)
+        }],
+        "the ended member goes, to be made again"
+    );
+    assert_eq!(
+        names(&plan.create_pods),
+        ["mnist-etcd-2"],
+        "the gone one comes back"
+    );
+    let status = plan.status.expect("status");
+    assert_eq!(status.phase, Phase::Succeeded);
+    assert!(
+        status
+            .recoveries
+            .iter()
+            .any(|r| r.pod == "mnist-etcd-1" && r.reason.contains("137")),
+        "{:?}",
+        status.recoveries
+    );
+    // Without a managed etcd, a finished job makes nothing (the witness above: it does).
+    let mut plain = training_job("");
+    started(&mut plain, 2);
+    if let Some(s) = plain.status.as_mut() {
+        s.phase = Phase::Succeeded;
+    }
+    let plan = reconcile(&observe(&plain, vec![], Ok(progress(2))));
+    assert!(plan.create_pods.is_empty(), "{plan:?}");
+}
+
 #[test]
 fn a_deleted_job_drops_its_keys_then_its_finalizer() {
     let mut tj = training_job("");
