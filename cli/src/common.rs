@@ -211,6 +211,10 @@ pub struct JobArgs {
     /// Shared job token every RPC must carry (optional).
     #[arg(long, env = edl_job::env::TOKEN, hide_env_values = true)]
     pub token: Option<String>,
+    /// The token a `/metrics` scrape must carry instead of the job token (optional): it
+    /// grants nothing else, so a scraper never holds the job token.
+    #[arg(long, env = edl_job::env::METRICS_TOKEN, hide_env_values = true)]
+    pub metrics_token: Option<String>,
     /// TLS between the job's processes.
     #[command(flatten)]
     pub tls: TlsArgs,

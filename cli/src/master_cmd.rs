@@ -39,6 +39,10 @@ pub struct MasterArgs {
     /// Shortest adaptive task timeout.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub min_task_timeout: Duration,
+    /// Also serve Prometheus metrics at http://ADDR/metrics, in plain HTTP (behind the
+    /// metrics token, else the job token, if any); they are always on the gRPC port.
+    #[arg(long, env = edl_job::env::METRICS_ADDR)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl MasterArgs {
@@ -64,6 +68,8 @@ pub fn run(args: MasterArgs) -> anyhow::Result<()> {
     let job = &args.role.job;
     let mut cfg = MasterConfig::launch(job.job.clone(), &args.launch());
     cfg.token = job.token.clone();
+    cfg.metrics_token = job.metrics_token.clone();
+    cfg.metrics_addr = args.metrics_addr;
     cfg.tls = job.tls.load()?;
     cfg.advertise = args.listen.advertise.clone();
     // Once connected, the master retries etcd for as long as it runs.

@@ -54,7 +54,8 @@ pub struct PserverArgs {
     /// lost pserver is restored from its checkpoint.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub replicas: u32,
-    /// Serve Prometheus metrics at http://ADDR/metrics (behind the job token, if any).
+    /// Serve Prometheus metrics at http://ADDR/metrics (behind the metrics token, else
+    /// the job token, if any).
     #[arg(long, env = edl_job::env::METRICS_ADDR)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
@@ -86,6 +87,7 @@ pub fn run(args: PserverArgs) -> anyhow::Result<()> {
     let job = &args.role.job;
     let mut cfg = PsConfig::launch(job.job.clone(), &args.launch());
     cfg.token = job.token.clone();
+    cfg.metrics_token = job.metrics_token.clone();
     cfg.tls = job.tls.load()?;
     cfg.advertise = args.listen.advertise.clone();
     cfg.etcd_wait = args.role.wait.etcd_wait;

@@ -71,6 +71,9 @@ pub fn run(args: TrainerArgs) -> anyhow::Result<()> {
     if let Some(token) = &role.job.token {
         t = t.token(token.clone());
     }
+    if let Some(token) = &role.job.metrics_token {
+        t = t.metrics_token(token.clone());
+    }
     if let Some(tls) = role.job.tls.load()? {
         t = t.tls(tls);
     }

@@ -26,6 +26,9 @@ pub const REPORT: &str = "EDL_REPORT";
 pub const MODE: &str = "EDL_MODE";
 /// The job token every RPC carries (optional).
 pub const TOKEN: &str = "EDL_JOB_TOKEN";
+/// The token a `/metrics` scrape must carry instead of the job token (optional): it
+/// grants nothing else, so a scraper never holds the job token.
+pub const METRICS_TOKEN: &str = "EDL_METRICS_TOKEN";
 /// The CA (PEM) of TLS between the job's processes: TLS is on when set. With it:
 /// `EDL_TLS_CERT`, `EDL_TLS_KEY` (this process's certificate, for mutual TLS),
 /// `EDL_TLS_DOMAIN`, `EDL_TLS_CLIENT_AUTH` ([`edl_proto::tls::env`]).

@@ -53,12 +53,16 @@ pub fn credentials(md: &MetadataMap) -> (&str, Option<&str>) {
     (job, token)
 }
 
-/// What a service accepts: requests for its job, with its token when it has one.
+/// What a service accepts: requests for its job, with its token when it has one; and
+/// `/metrics` scrapes with the job's scrape-only token when it has one (else the job
+/// token), so that a scraper never holds, nor sends in the clear, the token every RPC
+/// carries.
 #[derive(Clone)]
 pub struct Credentials {
     service: &'static str,
     job: String,
     token: Option<String>,
+    metrics_token: Option<String>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -67,6 +71,10 @@ impl std::fmt::Debug for Credentials {
             .field("service", &self.service)
             .field("job", &self.job)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field(
+                "metrics_token",
+                &self.metrics_token.as_ref().map(|_| "<set>"),
+            )
             .finish()
     }
 }
@@ -78,7 +86,15 @@ impl Credentials {
             service,
             job: job.into(),
             token,
+            metrics_token: None,
         }
+    }
+
+    /// With `metrics_token` (`EDL_METRICS_TOKEN`) as the one token a `/metrics` scrape
+    /// may carry: it grants nothing else, and the job token is then refused there.
+    pub fn with_metrics_token(mut self, metrics_token: Option<String>) -> Self {
+        self.metrics_token = metrics_token;
+        self
     }
 
     /// Checks a request's job and token: the message of the refusal, if refused.
@@ -97,10 +113,11 @@ impl Credentials {
         Ok(())
     }
 
-    /// Checks an HTTP `Authorization` header (a `/metrics` scrape): with a job token it
-    /// must be `Bearer <token>`; without one, anything passes.
+    /// Checks an HTTP `Authorization` header (a `/metrics` scrape): it must be `Bearer
+    /// <metrics token>` with a metrics token, else `Bearer <job token>` with a job token;
+    /// without either, anything passes.
     pub fn check_bearer(&self, authorization: Option<&[u8]>) -> bool {
-        let Some(want) = &self.token else {
+        let Some(want) = self.metrics_token.as_ref().or(self.token.as_ref()) else {
             return true;
         };
         authorization
@@ -208,6 +225,23 @@ mod tests {
             !format!("{c:?}").contains("s3cret"),
             "the token is not in Debug"
         );
+        // A scrape: the job token, until a scrape-only token is set; then that alone.
+        let bearer = |t: &str| format!("Bearer {t}").into_bytes();
+        assert!(c.check_bearer(Some(&bearer("s3cret"))));
+        assert!(!c.check_bearer(None) && !c.check_bearer(Some(b"s3cret")));
+        let scrape = c.clone().with_metrics_token(Some("m3trics".into()));
+        assert!(scrape.check_bearer(Some(&bearer("m3trics"))));
+        assert!(
+            !scrape.check_bearer(Some(&bearer("s3cret"))),
+            "the job token is refused where a scrape-only token is set"
+        );
+        assert!(!format!("{scrape:?}").contains("m3trics"));
+        let mut scrape = scrape;
+        assert!(
+            scrape.call(req("mnist", Some("m3trics"))).is_err(),
+            "the scrape-only token grants no RPC"
+        );
+        assert!(open.check_bearer(None));
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));

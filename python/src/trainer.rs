@@ -191,6 +191,7 @@ const SETTINGS: &[(&str, &str, Kind)] = &[
     ("id", env::TRAINER_ID, Kind::Text),
     ("device", env::DEVICE, Kind::Text),
     ("token", env::TOKEN, Kind::Text),
+    ("metrics_token", env::METRICS_TOKEN, Kind::Text),
     ("lease_ttl", env::LEASE_TTL, Kind::Seconds),
     ("etcd_wait", env::ETCD_WAIT, Kind::Seconds),
     ("spec_wait", env::SPEC_WAIT, Kind::Seconds),

@@ -15,8 +15,10 @@
 //!   not evaluated (a real scheduler keeps the replicas of a pserver shard on different
 //!   nodes; here they share the host);
 //! - `--listen ADDR` and `--advertise ADDR` are dropped, so every process binds
-//!   `127.0.0.1:0` and registers the address it got (pods share this host), and
-//!   `EDL_METRICS_ADDR` becomes `127.0.0.1:0`;
+//!   `127.0.0.1:0` and registers the address it got (pods share this host); a pod's
+//!   own `0.0.0.0:PORT` elsewhere (`EDL_METRICS_ADDR`, etcd's URLs) becomes the loopback
+//!   port standing in for that pod's port ([`Kubelet::resolver`] maps the pod's DNS
+//!   name to it);
 //! - volume mounts become host directories: a `hostPath` is itself, a claim is the
 //!   directory given for it or else, for a PersistentVolumeClaim object of the
 //!   namespace, a directory of its own (`<dir>/claims/<claim uid>`, provisioned when a
@@ -305,10 +307,6 @@ fn command_of(
             }
         };
         env.insert(key, value);
-    }
-    // Pods share this host: `/metrics` on a port of its own.
-    if let Some(addr) = env.get_mut("EDL_METRICS_ADDR") {
-        *addr = "127.0.0.1:0".to_owned();
     }
     let mut mounts = Vec::new();
     for m in c["volumeMounts"].as_array().into_iter().flatten() {

@@ -14,7 +14,7 @@ const TOKEN: &str = "monitoring-token";
 
 /// `GET /metrics` from `addr` over HTTP/1.1, with `token` as the bearer token: the
 /// status line and the body.
-async fn scrape(addr: &str, token: Option<&str>) -> String {
+pub(crate) async fn scrape(addr: &str, token: Option<&str>) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));

@@ -249,6 +249,7 @@ impl Trainer {
             })?);
         }
         t.cfg.token = var(env::TOKEN);
+        t.cfg.metrics_token = var(env::METRICS_TOKEN);
         t.cfg.tls = tls;
         if let Some(w) = duration(env::ETCD_WAIT)? {
             t.cfg.etcd_wait = w;
@@ -298,6 +299,12 @@ impl Trainer {
     /// The job token every RPC carries.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.cfg.token = Some(token.into());
+        self
+    }
+
+    /// The token a `/metrics` scrape must carry instead of the job token.
+    pub fn metrics_token(mut self, token: impl Into<String>) -> Self {
+        self.cfg.metrics_token = Some(token.into());
         self
     }
 

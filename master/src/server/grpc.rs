@@ -182,21 +182,33 @@ impl pb::master_server::Master for MasterGrpc {
 /// The master's routes: the gRPC API, behind the job's credentials (job and token are
 /// checked from the headers, before a request's body is decoded), and `/metrics`.
 pub(super) fn router(grpc: MasterGrpc, cfg: &MasterConfig, shared: Arc<Shared>) -> axum::Router {
-    let credentials =
-        edl_proto::headers::Credentials::new("master", cfg.job.as_str(), cfg.token.clone());
+    let credentials = credentials(cfg);
     let svc = tonic::service::interceptor::InterceptedService::new(
         pb::master_server::MasterServer::new(grpc)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        credentials.clone(),
+        credentials,
     );
-    let metrics_shared = shared;
-    let metrics_job = cfg.job.to_string();
-    tonic::service::Routes::new(svc).into_axum_router().route(
+    tonic::service::Routes::new(svc)
+        .into_axum_router()
+        .merge(metrics_router(cfg, shared))
+}
+
+/// What the master's requests and scrapes must carry.
+fn credentials(cfg: &MasterConfig) -> edl_proto::headers::Credentials {
+    edl_proto::headers::Credentials::new("master", cfg.job.as_str(), cfg.token.clone())
+        .with_metrics_token(cfg.metrics_token.clone())
+}
+
+/// `GET /metrics` of the master: on its gRPC port, and on `cfg.metrics_addr` when set.
+pub(super) fn metrics_router(cfg: &MasterConfig, shared: Arc<Shared>) -> axum::Router {
+    let credentials = credentials(cfg);
+    let job = cfg.job.to_string();
+    axum::Router::new().route(
         "/metrics",
         axum::routing::get(move |headers: axum::http::HeaderMap| {
-            let shared = metrics_shared.clone();
-            let job = metrics_job.clone();
+            let shared = shared.clone();
+            let job = job.clone();
             let allowed = edl_proto::metrics::authorized(&credentials, &headers);
             async move {
                 if !allowed {

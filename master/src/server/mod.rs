@@ -43,6 +43,12 @@ pub struct MasterConfig {
     pub job: JobName,
     /// The shared job token every request must carry, if set.
     pub token: Option<String>,
+    /// The token a `/metrics` scrape must carry instead of the job token, if set: it
+    /// grants nothing else.
+    pub metrics_token: Option<String>,
+    /// Also serve `/metrics` in plain HTTP on this address (it is always on the gRPC
+    /// port, behind the gRPC port's TLS).
+    pub metrics_addr: Option<SocketAddr>,
     /// The address trainers reach this master at; defaults to the listener's address.
     pub advertise: Option<String>,
     /// TTL of the master's etcd lease: a dead leader is replaced within about this long
@@ -68,6 +74,8 @@ impl MasterConfig {
         MasterConfig {
             job,
             token: None,
+            metrics_token: None,
+            metrics_addr: None,
             advertise: None,
             lease_ttl: edl_coord::lease::DEFAULT_TTL,
             queue: QueueConfig::default(),
@@ -130,6 +138,19 @@ pub async fn run(
         .map(|t| t.acceptor())
         .transpose()
         .map_err(|e| MasterError::Unavailable(e.to_string()))?;
+    if let Some(addr) = cfg.metrics_addr {
+        let metrics = edl_proto::metrics::bind(addr)
+            .map_err(|e| MasterError::Unavailable(format!("bind --metrics-addr {addr}: {e}")))?;
+        let local = metrics.local_addr().map_or(addr, |a| a);
+        let app = grpc::metrics_router(&cfg, shared.clone());
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(metrics, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
+        });
+        tracing::info!(addr = %local, "serving /metrics");
+    }
     let router = grpc::router(grpc, &cfg, shared.clone());
     let server_stop = shutdown.clone();
     let server = tokio::spawn(

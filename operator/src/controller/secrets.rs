@@ -17,8 +17,8 @@ use crate::crd::TrainingJob;
 use crate::objects::{
     CA_KEYS, CREDENTIAL_KEYS, ETCD_ROOT_KEY, JOB_LABEL, LEGACY_CA_KEY, Role, TLS_KEYS, ca_secret,
     ca_secret_name, credentials_secret, credentials_secret_name, etcd_root_secret,
-    etcd_root_secret_name, job_etcd_user, legacy_tls_secret_name, role_certificate, tls_domain,
-    tls_secret, tls_secret_name,
+    etcd_root_secret_name, job_etcd_user, legacy_tls_secret_name, metrics_secret,
+    metrics_secret_name, role_certificate, tls_domain, tls_secret, tls_secret_name,
 };
 use edl_job::{JobKeys, JobName};
 
@@ -80,8 +80,9 @@ fn token_of(secret: &Secret) -> Option<String> {
 /// earlier round, or by hand), it is used as it is; missing, the job's etcd user is
 /// created (or its password reset) with `admin` (the operator's admin user on a shared
 /// etcd, root on the job's managed etcd) and the Secret made with it and a new token.
-/// One left by an earlier job of the same name is replaced. Returns the job's token
-/// (the operator asks the job's master with it).
+/// One left by an earlier job of the same name is replaced. Then its metrics Secret
+/// ([`ensure_metrics_token`]). Returns the job's token (the operator asks the job's
+/// master with it).
 pub(super) async fn ensure_credentials(
     ctx: &Ctx,
     admin: &edl_coord::EtcdBackend,
@@ -90,6 +91,35 @@ pub(super) async fn ensure_credentials(
     job: &JobName,
 ) -> Result<Option<String>, String> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let token = job_credentials(&secrets, admin, tj, job).await?;
+    ensure_metrics_token(&secrets, tj).await?;
+    Ok(token)
+}
+
+/// Makes sure `tj`'s metrics Secret exists: the scrape-only token its processes take
+/// (`EDL_METRICS_TOKEN`) and a scraper is given, instead of the job token. Found, it
+/// is used as it is; one left by an earlier job of the same name is replaced.
+async fn ensure_metrics_token(secrets: &Api<Secret>, tj: &TrainingJob) -> Result<(), String> {
+    let name = metrics_secret_name(&tj.name_any());
+    if own_secret(secrets, tj, &name).await?.is_some() {
+        return Ok(());
+    }
+    let made = metrics_secret(tj, &edl_coord::random_secret());
+    match secrets.create(&PostParams::default(), &made).await {
+        Ok(_) => Ok(()),
+        // Made meanwhile (another replica): that one is used.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(format!("create Secret {name}: {e}")),
+    }
+}
+
+/// The job's credentials Secret (see [`ensure_credentials`]).
+async fn job_credentials(
+    secrets: &Api<Secret>,
+    admin: &edl_coord::EtcdBackend,
+    tj: &TrainingJob,
+    job: &JobName,
+) -> Result<Option<String>, String> {
     let name = credentials_secret_name(&tj.name_any());
     if let Some(s) = own_secret(&secrets, tj, &name).await? {
         return Ok(token_of(&s));

@@ -41,8 +41,8 @@ pub use resources::{default_requests, with_requests};
 pub use secrets::{
     CA_KEYS, CREDENTIAL_KEYS, CredentialsRef, ETCD_ROOT_KEY, ETCD_TLS_MOUNT, LEGACY_CA_KEY,
     TLS_KEYS, TLS_MOUNT, ca_secret, ca_secret_name, credentials_secret, credentials_secret_name,
-    etcd_root_secret, etcd_root_secret_name, job_etcd_user, legacy_tls_secret_name,
-    role_certificate, tls_domain, tls_names, tls_secret, tls_secret_name,
+    etcd_root_secret, etcd_root_secret_name, job_etcd_user, legacy_tls_secret_name, metrics_secret,
+    metrics_secret_name, role_certificate, tls_domain, tls_names, tls_secret, tls_secret_name,
 };
 use secrets::{mount_tls, tls_vars};
 pub use slots::{Role, Slot, desired_slots, desired_trainers};
@@ -348,7 +348,7 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     }
     let (command, ports, resources) = match slot.role {
         Role::Etcd => etcd_parts(tj, slot, &mut parts),
-        Role::Master => master_parts(tj),
+        Role::Master => master_parts(tj, &mut parts),
         Role::Pserver => pserver_parts(tj, slot, &mut parts),
         Role::Trainer => trainer_parts(tj, &mut parts),
     };
@@ -400,6 +400,7 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
         .filter(|_| slot.role != Role::Etcd)
         .map(|name| secret(name.clone(), None))
         .chain(optional.map(|optional| secret(credentials_secret_name(&job), optional)))
+        .chain(optional.map(|optional| secret(metrics_secret_name(&job), optional)))
         .collect();
     let env_from = (!env_from.is_empty()).then_some(env_from);
     let container = Container {
@@ -615,8 +616,12 @@ fn etcd_parts(tj: &TrainingJob, slot: Slot, parts: &mut Parts) -> RoleCommand {
 }
 
 /// A master: the job's settings of a master (`edl_job::launch`), `/metrics` on its gRPC
-/// port.
-fn master_parts(tj: &TrainingJob) -> RoleCommand {
+/// port and in plain HTTP on [`METRICS_PORT`] (scraped without a job certificate).
+fn master_parts(tj: &TrainingJob, parts: &mut Parts) -> RoleCommand {
+    parts.vars.push(env(
+        edl_job::env::METRICS_ADDR,
+        format!("0.0.0.0:{METRICS_PORT}"),
+    ));
     let s = &tj.spec;
     let mut command = edl(&[
         "master",
@@ -628,7 +633,7 @@ fn master_parts(tj: &TrainingJob) -> RoleCommand {
     command.extend(MasterLaunch::of(&s.data, &s.cluster).args());
     (
         command,
-        vec![MASTER_PORT],
+        vec![MASTER_PORT, METRICS_PORT],
         with_requests(Role::Master, s.resources.master.clone()),
     )
 }

@@ -21,6 +21,30 @@ pub fn credentials_secret_name(job: &str) -> String {
     format!("{job}-edl-credentials")
 }
 
+/// The Secret holding `job`'s scrape-only token (`EDL_METRICS_TOKEN`): what a
+/// Prometheus scraping the job's `/metrics` is given instead of the job token, which
+/// it then never holds nor sends: `<job>-edl-metrics`.
+pub fn metrics_secret_name(job: &str) -> String {
+    format!("{job}-edl-metrics")
+}
+
+/// The Secret [`metrics_secret_name`] with `token`, owned by `tj`.
+pub fn metrics_secret(tj: &TrainingJob, token: &str) -> Secret {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    Secret {
+        metadata: meta(tj, metrics_secret_name(&job), None),
+        type_: Some("Opaque".to_owned()),
+        data: Some(
+            [(
+                edl_job::env::METRICS_TOKEN.to_owned(),
+                ByteString(token.as_bytes().to_vec()),
+            )]
+            .into(),
+        ),
+        ..Secret::default()
+    }
+}
+
 /// The Secret holding `job`'s CA (certificate and key) and the operator's own client
 /// certificate for the job: `<job>-edl-ca`. Only the operator reads it; no pod mounts it.
 pub fn ca_secret_name(job: &str) -> String {

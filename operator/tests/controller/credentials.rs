@@ -309,14 +309,35 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
         "the refused write left nothing"
     );
 
-    // Every job pod takes it, and must.
-    let want = vec![EnvFromSource {
+    // Its scrape-only token, in a Secret of its own (what a Prometheus is given, so
+    // it never holds the job token): owned by the job, another random value.
+    let scrape = secrets
+        .get("mnist-edl-metrics")
+        .await
+        .expect("the job's metrics Secret");
+    let metrics_token = value(&scrape, "EDL_METRICS_TOKEN");
+    assert!(is_hex(&metrics_token, 64), "{metrics_token:?}");
+    assert_ne!(metrics_token, token);
+    assert_eq!(
+        scrape.data.as_ref().map(|d| d.len()),
+        Some(1),
+        "the metrics token alone"
+    );
+    let owner = scrape.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(
+        owner.iter().map(|o| Some(&o.uid)).collect::<Vec<_>>(),
+        [tj.metadata.uid.as_ref()]
+    );
+
+    // Every job pod takes both, and must.
+    let take = |name: &str| EnvFromSource {
         secret_ref: Some(SecretEnvSource {
-            name: SECRET.to_owned(),
+            name: name.to_owned(),
             optional: None,
         }),
         ..EnvFromSource::default()
-    }];
+    };
+    let want = vec![take(SECRET), take("mnist-edl-metrics")];
     for p in job_pods(&api) {
         let pod: Pod = serde_json::from_value(p).expect("a pod");
         let c = &pod.spec.as_ref().expect("spec").containers[0];
@@ -393,6 +414,7 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
     assert!(
         secret_requests.iter().all(|a| a.namespace == CRED_NS
             && a.name.as_deref().is_none_or(|n| n == SECRET
+                || n == "mnist-edl-metrics"
                 || n == CA_SECRET
                 || ROLE_SECRETS.iter().any(|(_, r)| *r == n))),
         "{secret_requests:?}"

@@ -22,6 +22,8 @@ pub struct PsConfig {
     pub job: JobName,
     /// The shared job token every request must carry, if set.
     pub token: Option<String>,
+    /// The token a `/metrics` scrape must carry instead of the job token, if set.
+    pub metrics_token: Option<String>,
     /// The address clients reach this pserver at; defaults to the listener's address.
     pub advertise: Option<String>,
     /// TTL of the pserver's lease: a dead pserver's index frees within about this long
@@ -68,6 +70,7 @@ impl PsConfig {
         PsConfig {
             job,
             token: None,
+            metrics_token: None,
             advertise: None,
             lease_ttl: edl_coord::lease::DEFAULT_TTL,
             etcd_wait: edl_coord::DEFAULT_STARTUP_WAIT,

@@ -319,7 +319,8 @@ fn start_serving(
         let local = listener.local_addr().map_or(addr, |a| a);
         super::metrics::serve(
             listener,
-            edl_proto::headers::Credentials::new("pserver", cfg.job.as_str(), cfg.token.clone()),
+            edl_proto::headers::Credentials::new("pserver", cfg.job.as_str(), cfg.token.clone())
+                .with_metrics_token(cfg.metrics_token.clone()),
             cfg.job.to_string(),
             s.shard.clone(),
             gate.clone(),

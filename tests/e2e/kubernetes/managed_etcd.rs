@@ -160,6 +160,31 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
 
     network_policy_keeps_the_job_to_itself(&client, &api, MANAGED_JOB).await;
 
+    // `/metrics` of the master and a trainer, each on its pod's metrics port: with the
+    // job's scrape-only token (what a Prometheus is given), not with the job token.
+    let metrics_token = String::from_utf8(secret_value(
+        &api,
+        &format!("{MANAGED_JOB}-edl-metrics"),
+        "EDL_METRICS_TOKEN",
+    ))
+    .expect("UTF-8");
+    for pod in ["master-0", "trainer-0"] {
+        let addr = resolve(&format!(
+            "{MANAGED_JOB}-{pod}.{MANAGED_JOB}.{NS}.svc:{}",
+            edl_operator::objects::METRICS_PORT
+        ));
+        let scraped = crate::monitoring::scrape(&addr, Some(&metrics_token)).await;
+        assert!(
+            scraped.starts_with("HTTP/1.1 200") && scraped.contains("edl_"),
+            "{pod} at {addr}: {scraped}"
+        );
+        let with_job_token = crate::monitoring::scrape(&addr, Some(&text("EDL_JOB_TOKEN"))).await;
+        assert!(
+            with_job_token.starts_with("HTTP/1.1 401"),
+            "{pod}: the job token must not open /metrics: {with_job_token}"
+        );
+    }
+
     // Member 0 on its claim, then its pod lost.
     let member = format!("{MANAGED_JOB}-etcd-0");
     let claim = api

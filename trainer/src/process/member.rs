@@ -171,7 +171,8 @@ impl Member {
                     "trainer",
                     cfg.job.as_str(),
                     cfg.token.clone(),
-                ),
+                )
+                .with_metrics_token(cfg.metrics_token.clone()),
                 metrics::Labels {
                     job: cfg.job.to_string(),
                     id: id.clone(),

@@ -134,6 +134,8 @@ pub struct TrainerConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// The job token.
     pub token: Option<String>,
+    /// The token a `/metrics` scrape must carry instead of the job token.
+    pub metrics_token: Option<String>,
     /// Dial masters and pservers over TLS; `None`: plain.
     pub tls: Option<edl_proto::tls::Tls>,
     /// How long to wait for the job spec to appear in etcd.
@@ -157,6 +159,7 @@ impl TrainerConfig {
             lease_ttl: None,
             metrics_addr: None,
             token: None,
+            metrics_token: None,
             tls: None,
             spec_wait: Duration::from_secs(60),
             etcd_wait: edl_coord::DEFAULT_STARTUP_WAIT,
