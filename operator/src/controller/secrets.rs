@@ -121,7 +121,7 @@ async fn job_credentials(
     job: &JobName,
 ) -> Result<Option<String>, String> {
     let name = credentials_secret_name(&tj.name_any());
-    if let Some(s) = own_secret(&secrets, tj, &name).await? {
+    if let Some(s) = own_secret(secrets, tj, &name).await? {
         return Ok(token_of(&s));
     }
     let user = job_etcd_user(job.as_str());
@@ -159,7 +159,7 @@ async fn job_credentials(
                     .iter()
                     .any(|r| Some(&r.uid) == tj.uid().as_ref())
             {
-                delete_secret(&secrets, &s, &name).await?;
+                delete_secret(secrets, &s, &name).await?;
             }
             Err(format!(
                 "Secret {name} appeared while the operator made it (the password of etcd \
