@@ -34,6 +34,27 @@ fn left_by_another_job(secret: &Secret, tj: &TrainingJob) -> bool {
     refs.iter().any(|r| r.kind == kind) && !refs.iter().any(|r| Some(&r.uid) == tj.uid().as_ref())
 }
 
+/// The namespace of `tj`.
+fn namespace_of(tj: &TrainingJob) -> String {
+    tj.namespace().unwrap_or_else(|| "default".to_owned())
+}
+
+/// What a request about the Secrets of namespace `ns` (`what`) failing with `e` says:
+/// a refusal (403) also says how an administrator grants the operator that namespace's
+/// Secrets, which each namespace needs once (docs/kubernetes.md, "RBAC").
+fn secrets_error(what: &str, ns: &str, e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => format!(
+            "{what}: {e}. The operator may not manage Secrets in namespace {ns}: bind its \
+             edl-operator-credentials ClusterRole there (with deploy/'s names: kubectl -n \
+             {ns} create rolebinding edl-operator-credentials --clusterrole \
+             edl-operator-credentials --serviceaccount edl-system:edl-operator \
+             --dry-run=client -o yaml | kubectl apply -f -)"
+        ),
+        _ => format!("{what}: {e}"),
+    }
+}
+
 /// Secret `name` of `tj` as it is now: `None` when missing, or when one left by an
 /// earlier job of the same name was there (it is deleted).
 async fn own_secret(
@@ -44,7 +65,7 @@ async fn own_secret(
     let found = secrets
         .get_opt(name)
         .await
-        .map_err(|e| format!("read Secret {name}: {e}"))?;
+        .map_err(|e| secrets_error(&format!("read Secret {name}"), &namespace_of(tj), &e))?;
     match found {
         Some(s) if left_by_another_job(&s, tj) => {
             delete_secret(secrets, &s, name).await?;
@@ -66,7 +87,11 @@ async fn delete_secret(secrets: &Api<Secret>, old: &Secret, name: &str) -> Resul
     match secrets.delete(name, &params).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(format!("delete Secret {name} of an earlier job: {e}")),
+        Err(e) => Err(secrets_error(
+            &format!("delete Secret {name} of an earlier job"),
+            old.metadata.namespace.as_deref().unwrap_or("default"),
+            &e,
+        )),
     }
 }
 
@@ -109,7 +134,11 @@ async fn ensure_metrics_token(secrets: &Api<Secret>, tj: &TrainingJob) -> Result
         Ok(_) => Ok(()),
         // Made meanwhile (another replica): that one is used.
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(format!("create Secret {name}: {e}")),
+        Err(e) => Err(secrets_error(
+            &format!("create Secret {name}"),
+            &namespace_of(tj),
+            &e,
+        )),
     }
 }
 
@@ -166,7 +195,11 @@ async fn job_credentials(
                  user {user} was reset)"
             ))
         }
-        Err(e) => Err(format!("create Secret {name}: {e}")),
+        Err(e) => Err(secrets_error(
+            &format!("create Secret {name}"),
+            &namespace_of(tj),
+            &e,
+        )),
     }
 }
 
@@ -190,7 +223,7 @@ pub(super) async fn etcd_root_password(
                 &etcd_root_secret(tj, &edl_coord::random_secret()),
             )
             .await
-            .map_err(|e| format!("create Secret {name}: {e}"))?,
+            .map_err(|e| secrets_error(&format!("create Secret {name}"), ns, &e))?,
         None => return Err(format!("Secret {name} is gone")),
     };
     secret
@@ -225,7 +258,7 @@ pub(super) async fn ensure_tls(
     let found = secrets
         .list(&ListParams::default().labels(&format!("{JOB_LABEL}={job}")))
         .await
-        .map_err(|e| format!("list the job's Secrets: {e}"))?;
+        .map_err(|e| secrets_error("list the job's Secrets", ns, &e))?;
     let mut own = BTreeMap::new();
     for s in found.items {
         let name = s.name_any();
@@ -252,7 +285,7 @@ pub(super) async fn ensure_tls(
             secrets
                 .create(&PostParams::default(), &ca_secret(tj, &ca, &operator))
                 .await
-                .map_err(|e| format!("create Secret {ca_name}: {e}"))?
+                .map_err(|e| secrets_error(&format!("create Secret {ca_name}"), ns, &e))?
         }
         // An ended job an earlier operator made: its one Secret has a certificate the
         // operator may use to reach the job's managed etcd.
@@ -307,7 +340,7 @@ pub(super) async fn ensure_tls(
                 Ok(_) => {}
                 // Made meanwhile (another replica), from the same CA.
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(format!("create Secret {name}: {e}")),
+                Err(e) => return Err(secrets_error(&format!("create Secret {name}"), ns, &e)),
             }
         }
     }

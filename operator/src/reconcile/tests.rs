@@ -160,10 +160,20 @@ fn condition<'a>(s: &'a TrainingJobStatus, type_: &str) -> &'a Condition {
         .unwrap_or_else(|| panic!("no {type_} condition in {s:?}"))
 }
 
-/// The credentials Secret a pod takes (`envFrom`), if any.
+/// The credentials Secret a pod takes (`envFrom`), if any; the metrics Secret is taken
+/// beside it, the same way.
 fn env_from_secret(p: &Pod) -> Option<k8s_openapi::api::core::v1::SecretEnvSource> {
     let c = &p.spec.as_ref()?.containers[0];
     let sources = c.env_from.as_ref()?;
-    assert_eq!(sources.len(), 1, "{sources:?}");
-    sources[0].secret_ref.clone()
+    assert_eq!(sources.len(), 2, "{sources:?}");
+    let (credentials, metrics) = (
+        sources[0].secret_ref.clone()?,
+        sources[1].secret_ref.clone()?,
+    );
+    assert_eq!(
+        (metrics.name.as_str(), metrics.optional),
+        ("mnist-edl-metrics", credentials.optional),
+        "{sources:?}"
+    );
+    Some(credentials)
 }

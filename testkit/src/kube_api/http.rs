@@ -220,24 +220,38 @@ pub(super) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
             (&Method::DELETE, false) => "deletecollection",
             _ => "unknown",
         };
+        let access = super::Access {
+            verb,
+            group: t.group,
+            resource: t.plural,
+            subresource: target.sub.clone(),
+            name: target.name.clone(),
+            user: req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_owned),
+            namespace: target.namespace.clone(),
+        };
         shared
             .accesses
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(super::Access {
-                verb,
-                group: t.group,
-                resource: t.plural,
-                subresource: target.sub.clone(),
-                name: target.name.clone(),
-                user: req
-                    .headers()
-                    .get(header::AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-                    .map(str::to_owned),
-                namespace: target.namespace.clone(),
-            });
+            .push(access.clone());
+        let enforced = access.user.as_ref().filter(|u| {
+            shared
+                .rbac_users
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(*u)
+        });
+        if let Some(user) = enforced
+            && !super::rbac::authorized(&shared.lock(), user, &access)
+        {
+            let message = super::rbac::forbidden_message(user, &access);
+            return error_response(&ApiError::new(403, "Forbidden", message));
+        }
     }
     let content_type = req
         .headers()
@@ -255,6 +269,13 @@ pub(super) async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> R
     let watch = q.get("watch").is_some_and(|w| w == "true" || w == "1");
     if method == Method::GET && watch {
         return watch_response(&shared, &target, &q);
+    }
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") && !body.is_empty() {
+        return error_response(&ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            format!("the fake API server reads JSON only, not {content_type}"),
+        ));
     }
     match respond(&shared, &target, &method, &q, &content_type, &body) {
         Ok((code, v)) => json_response(code, &v),

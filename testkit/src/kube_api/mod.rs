@@ -62,15 +62,17 @@
 //!   semantics of a plugin that enforces them), but nothing filters the pods' sockets.
 //!
 //! Every request is recorded as RBAC would authorize it ([`FakeApi::accesses`]), so a
-//! test can check a client's RBAC rules cover what it did; the fake itself authorizes
-//! nothing.
+//! test can check a client's RBAC rules cover what it did; for the users a test names
+//! ([`FakeApi::enforce_rbac`]) requests are authorized by the stored RBAC objects
+//! (`rbac.rs`: `403 Forbidden` as the real authorizer words it), everyone else's are not.
 //!
 //! A field a CRD's structural schema would prune is dropped only where a test says so
 //! ([`FakeApi::prune`]: a CRD older than its operator).
 //!
 //! Not covered: schema validation, pruning and defaulting of custom resources (the
 //! manifests are validated against the real schemas by `deploy/tests`), admission other
-//! than Pod Security, RBAC,
+//! than Pod Security, protobuf bodies (`415`), RBAC for users not named to
+//! [`FakeApi::enforce_rbac`],
 //! authentication, server-side apply, field managers, pagination, bookmarks, a Secret's
 //! other checks (key names, the 1 MiB limit, the keys `kubernetes.io/*` types need),
 //! and the other controllers of a cluster (scheduling and running pods is the test's own
@@ -93,6 +95,7 @@ use tokio_util::sync::CancellationToken;
 mod http;
 pub mod network_policy;
 pub mod pod_security;
+mod rbac;
 mod store;
 
 use store::{Store, WatchEvent, not_found};
@@ -459,6 +462,8 @@ struct Shared {
     pod_logs: Mutex<BTreeMap<String, std::path::PathBuf>>,
     /// Every request, as RBAC sees it.
     accesses: Mutex<Vec<Access>>,
+    /// The users whose requests RBAC authorizes ([`FakeApi::enforce_rbac`]).
+    rbac_users: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// A request as RBAC authorizes it: verb, API group, resource, subresource, namespace.
@@ -529,6 +534,7 @@ impl FakeApi {
             stop: CancellationToken::new(),
             pod_logs: Mutex::default(),
             accesses: Mutex::default(),
+            rbac_users: Mutex::default(),
         });
         let app = axum::Router::new()
             .fallback(http::handle)
@@ -600,6 +606,17 @@ impl FakeApi {
     pub fn unprune(&self, plural: &str) {
         let t = self.type_index(plural);
         self.shared.lock().pruned.remove(&t);
+    }
+
+    /// From now on, `user`'s requests (its bearer token is its name; a service account's
+    /// is `system:serviceaccount:<namespace>:<name>`) are authorized by the stored RBAC
+    /// objects (`rbac.rs`): one no rule bound to it allows is `403 Forbidden`.
+    pub fn enforce_rbac(&self, user: &str) {
+        self.shared
+            .rbac_users
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(user.to_owned());
     }
 
     /// Every request served so far, in order, as RBAC would authorize it (the RBAC rules

@@ -246,6 +246,31 @@ fn spec_part(obj: &Value) -> Value {
 }
 
 impl Store {
+    /// The object `name` of the type served as `plural`, in `namespace` (`""`:
+    /// cluster-wide), if stored.
+    pub(super) fn get_by_plural(
+        &self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<&Value> {
+        let t = self.types.iter().position(|t| t.plural == plural)?;
+        self.objects
+            .get(&(t, namespace.to_owned(), name.to_owned()))
+    }
+
+    /// The objects of the type served as `plural` in `namespace` (`""`: cluster-wide).
+    pub(super) fn list_by_plural(&self, plural: &str, namespace: &str) -> Vec<&Value> {
+        let Some(t) = self.types.iter().position(|t| t.plural == plural) else {
+            return Vec::new();
+        };
+        self.objects
+            .iter()
+            .filter(|((ty, ns, _), _)| *ty == t && ns == namespace)
+            .map(|(_, o)| o)
+            .collect()
+    }
+
     pub(super) fn bump(&mut self) -> u64 {
         self.rv += 1;
         self.rv

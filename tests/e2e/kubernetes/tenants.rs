@@ -4,6 +4,10 @@
 //! etcd). Each job's name in etcd carries its namespace (`<namespace>.mnist`): its own etcd
 //! user, prefix and published spec, and its pods' `EDL_JOB`. Neither job's user may read
 //! or write the other's keys, and deleting one job removes its keys and its user only.
+//! The operator runs under RBAC as `deploy/rbac.yaml` grants it (applied with `kubectl`,
+//! enforced by the stand-in for the operator's service account): in a namespace where
+//! nobody bound it the Secrets rule, a job waits with the command that grants it, and
+//! once that documented command is run, the job gets its credentials and pods.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +25,8 @@ use super::write_kubeconfig;
 use crate::support::wait_until;
 
 const TENANTS: [&str; 2] = ["team-a", "team-b"];
+/// The operator's user: deploy/'s service account.
+const OPERATOR: &str = "system:serviceaccount:edl-system:edl-operator";
 const JOB: &str = "mnist";
 
 /// Job `mnist` of namespace `ns` on the etcd at `endpoints`, as JSON for `kubectl apply`.
@@ -76,11 +82,9 @@ async fn two_namespaces_run_jobs_of_one_name_on_one_shared_etcd_without_meeting(
     let (etcd, root) = EtcdCluster::start_with_auth("pw")
         .await
         .expect("etcd with authentication on");
-    let api = Arc::new(
-        FakeApi::start(ResourceType::for_operator())
-            .await
-            .expect("fake API server"),
-    );
+    let mut types = ResourceType::for_operator();
+    types.extend(ResourceType::for_deploy());
+    let api = Arc::new(FakeApi::start(types).await.expect("fake API server"));
     let kubeconfig = dir.path().join("kubeconfig");
     write_kubeconfig(&kubeconfig, &api);
     let cache = dir.path().join("kube-cache");
@@ -89,7 +93,17 @@ async fn two_namespaces_run_jobs_of_one_name_on_one_shared_etcd_without_meeting(
         assert!(ok, "kubectl {args:?}: {text}");
         text
     };
-    let client = Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+    // The operator as deploy/'s service account, under deploy/'s RBAC.
+    let rbac = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
+    let out = kubectl(&["apply", "--validate=false", "-f", rbac]);
+    assert!(out.contains("edl-operator-credentials"), "{out}");
+    api.enforce_rbac(OPERATOR);
+    let mut config = Config::new(api.url().parse().expect("url"));
+    config.headers.push((
+        axum::http::header::AUTHORIZATION,
+        axum::http::HeaderValue::from_str(&format!("Bearer {OPERATOR}")).expect("header"),
+    ));
+    let client = Client::try_from(config).expect("client");
     let stop = CancellationToken::new();
     let operator = tokio::spawn(controller::run(
         client,
@@ -116,6 +130,48 @@ async fn two_namespaces_run_jobs_of_one_name_on_one_shared_etcd_without_meeting(
             ns,
             "-f",
             &file.display().to_string(),
+        ]);
+        assert!(out.contains("created"), "{out}");
+    }
+
+    // deploy/ grants the operator the Secrets of `default` only: each job waits, saying
+    // how to grant it its namespace's, and makes no pod.
+    let grant = |ns: &str| {
+        format!(
+            "kubectl -n {ns} create rolebinding edl-operator-credentials --clusterrole \
+             edl-operator-credentials --serviceaccount edl-system:edl-operator \
+             --dry-run=client -o yaml | kubectl apply -f -"
+        )
+    };
+    let messages = |ns: &str| -> String {
+        api.get("trainingjobs", ns, JOB)
+            .map(|j| j["status"]["conditions"].to_string())
+            .unwrap_or_default()
+    };
+    let waiting = wait_until(Duration::from_secs(30), || async {
+        TENANTS.iter().all(|ns| messages(ns).contains(&grant(ns)))
+    })
+    .await;
+    assert!(waiting, "{:?}", TENANTS.map(messages));
+    for ns in TENANTS {
+        assert!(messages(ns).contains("is forbidden"), "{}", messages(ns));
+        assert!(
+            pods_job_names(&api, ns).is_empty(),
+            "{ns}: no pod without its Secrets"
+        );
+        // The documented command, as an administrator runs it: its two halves.
+        let command = grant(ns);
+        let (make, apply) = command.split_once(" | ").expect("a pipe");
+        let args: Vec<&str> = make.split_whitespace().skip(1).collect();
+        let binding = dir.path().join(format!("{ns}-binding.yaml"));
+        std::fs::write(&binding, kubectl(&args)).expect("write the binding");
+        assert_eq!(apply, "kubectl apply -f -");
+        // (`--validate=false`: the stand-in serves no OpenAPI documents.)
+        let out = kubectl(&[
+            "apply",
+            "--validate=false",
+            "-f",
+            &binding.display().to_string(),
         ]);
         assert!(out.contains("created"), "{out}");
     }
