@@ -36,6 +36,8 @@ mod autoscale;
 mod credentials;
 #[path = "controller/disruption.rs"]
 mod disruption;
+#[path = "controller/nodes.rs"]
+mod nodes;
 #[path = "controller/pod_security.rs"]
 mod pod_security;
 #[path = "controller/queues.rs"]
@@ -488,12 +490,11 @@ fn strings(v: &serde_json::Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The rules only `--autoscale` uses.
+/// The rules only `--autoscale` uses (the nodes' rule every operator uses: it watches
+/// them).
 fn autoscaler_rule(r: &serde_json::Value) -> bool {
     let resources = strings(&r["resources"]);
-    resources == ["nodes"]
-        || resources == ["priorityclasses"]
-        || resources == ["trainingjobs/scale"]
+    resources == ["priorityclasses"] || resources == ["trainingjobs/scale"]
 }
 
 /// The rule only jobs with `spec.volcano` use.

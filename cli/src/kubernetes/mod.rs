@@ -199,6 +199,11 @@ pub struct RunArgs {
     /// only while Kueue admits it (docs/kubernetes.md, Kueue).
     #[arg(long)]
     pub kueue: bool,
+    /// How long a node may be not Ready before the job pods bound to it are deleted at
+    /// once and made again elsewhere (the cluster itself evicts them only after 5
+    /// minutes, and then leaves them terminating until the node answers).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
+    pub node_lost_after: std::time::Duration,
 }
 
 /// Arguments of `edl operator render`.

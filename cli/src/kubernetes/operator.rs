@@ -140,6 +140,8 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         // The job's TLS Secret, which the operator makes before any pod.
         tls: JobTls::Ready,
         admission: Admission::NotQueued,
+        lost_nodes: Default::default(),
+        node_lost_after: ControllerConfig::default().node_lost_after,
         now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     });
     let mut docs = vec![serde_norway::to_string(&tj)?];
@@ -221,6 +223,7 @@ fn run_operator(args: RunArgs) -> anyhow::Result<()> {
             instance: identity.clone(),
             network,
             kueue: args.kueue,
+            node_lost_after: args.node_lost_after,
             ..ControllerConfig::default()
         };
         let election = LeaseElection {

@@ -36,6 +36,11 @@ pub struct ControllerConfig {
     /// through a Kueue Workload each: such a job runs only while Kueue admits it.
     /// Off: the label is only copied to the job's objects (Kueue's pod integration).
     pub kueue: bool,
+    /// How long a node may be not Ready before the job pods bound to it are deleted at
+    /// once (grace 0) and made again elsewhere, instead of waiting for the cluster
+    /// (which evicts them after its own toleration, 5 minutes by default, and then
+    /// leaves them terminating until the node answers or a person removes them).
+    pub node_lost_after: Duration,
     /// How the operator reaches an address inside the cluster (a managed etcd member's
     /// DNS name): as it is on a cluster; the stand-in's test kubelet maps pod addresses
     /// to this host's ports.
@@ -68,6 +73,7 @@ impl Default for ControllerConfig {
             etcd_tls: None,
             etcd_timeout: Duration::from_secs(3),
             instance: "edl-operator".to_owned(),
+            node_lost_after: Duration::from_secs(120),
             network: crate::objects::JobNetwork::default(),
             resolve: Resolve::default(),
             kueue: false,

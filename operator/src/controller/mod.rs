@@ -24,12 +24,12 @@ use std::time::Duration;
 use edl_coord::EtcdBackend;
 use edl_job::JobName;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::DynamicObject;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
@@ -91,6 +91,8 @@ struct Ctx {
     /// One etcd client per endpoint list and password (a job made again under the same
     /// name has a new managed etcd, with a new root password).
     etcd: Mutex<BTreeMap<EtcdKey, Arc<EtcdBackend>>>,
+    /// The cluster's nodes, as a watch last saw them: whether a job pod's node is lost.
+    nodes: reflector::Store<Node>,
 }
 
 /// One round for one job: observe, decide ([`reconcile`]), apply.
@@ -161,6 +163,23 @@ pub async fn run(
         ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
+    // The nodes, watched: a job pod on a node not Ready for long is replaced.
+    let (nodes_reader, nodes_writer) = reflector::store::<Node>();
+    let node_watch = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(nodes_writer)
+        .for_each(|event| async move {
+            if let Err(e) = event {
+                tracing::warn!(error = %e, "watching the nodes (a job pod on a lost node is not replaced until the watch works)");
+            }
+        });
+    let node_stop = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = node_stop.cancelled() => {}
+            _ = node_watch => {}
+        }
+    });
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -174,6 +193,7 @@ pub async fn run(
         recorder,
         metrics,
         etcd: Mutex::new(BTreeMap::new()),
+        nodes: nodes_reader,
     });
     let managed = watcher::Config::default().labels("app.kubernetes.io/managed-by=edl-operator");
     Controller::new(jobs, watcher::Config::default())

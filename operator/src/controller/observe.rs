@@ -95,6 +95,7 @@ pub fn pod_view(pod: &Pod) -> Option<PodView> {
         problem: waiting.or(unschedulable),
         ran_for,
         exit_code: terminated.map(|t| t.exit_code),
+        node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
     })
 }
 
@@ -235,9 +236,44 @@ pub(super) async fn observe<'a>(
         credentials,
         tls,
         admission,
+        lost_nodes: lost_nodes(ctx, &pods.items),
+        node_lost_after: ctx.config.node_lost_after,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     Ok((observed, job_tls))
+}
+
+/// The nodes of `pods` that are not Ready (as the nodes' watch last saw them), each
+/// with the time its `Ready` condition last changed. A node unknown to the watch (not
+/// seen yet, or the nodes not readable) is taken as Ready: nothing is replaced on a
+/// guess.
+fn lost_nodes(ctx: &Ctx, pods: &[Pod]) -> std::collections::BTreeMap<String, Time> {
+    let mut lost = std::collections::BTreeMap::new();
+    for node in pods
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.as_deref())
+    {
+        if lost.contains_key(node) {
+            continue;
+        }
+        let Some(n) = ctx
+            .nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(node))
+        else {
+            continue;
+        };
+        let ready = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+        if let Some(c) = ready.filter(|c| c.status != "True")
+            && let Some(since) = &c.last_transition_time
+        {
+            lost.insert(node.to_owned(), since.clone());
+        }
+    }
+    lost
 }
 
 /// The job's own credentials, for a live, valid job on its managed etcd, or on a shared

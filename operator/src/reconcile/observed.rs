@@ -50,6 +50,8 @@ pub struct PodView {
     pub ran_for: Option<Duration>,
     /// Its container's exit code, once it ended.
     pub exit_code: Option<i32>,
+    /// The node it is bound to, once scheduled.
+    pub node: Option<String>,
 }
 
 /// How the job ended, as its state in etcd says.
@@ -173,6 +175,12 @@ pub struct Observed<'a> {
     pub tls: JobTls,
     /// Its Kueue Workload.
     pub admission: Admission,
+    /// The nodes of its pods that are not Ready, each with the time it stopped being
+    /// Ready (its `Ready` condition's `lastTransitionTime`).
+    pub lost_nodes: BTreeMap<String, Time>,
+    /// How long a node may be not Ready before its pods are replaced without waiting for
+    /// it ([`ControllerConfig::node_lost_after`](crate::controller::ControllerConfig)).
+    pub node_lost_after: Duration,
     /// Now.
     pub now: Time,
 }

@@ -11,14 +11,29 @@ use crate::objects::{self, CredentialsRef, Role, Slot};
 
 impl Draft<'_> {
     /// Drains the pods of slots the job does not want (surplus trainers) and replaces
-    /// the ended ones, counting restarts; why the job is crash-looping, if a pod ended
-    /// too often too soon.
+    /// the ended ones, counting restarts, and those lost with their node; why the job
+    /// is crash-looping, if a pod ended too often too soon.
     pub(super) fn ended_and_surplus_pods(&mut self, desired: &[Slot]) -> Option<String> {
         let wanted: BTreeSet<Slot> = desired.iter().copied().collect();
         let cluster = &self.obs.job.spec.cluster;
         let (healthy_after, max_restarts) = (cluster.healthy_after, cluster.max_restarts);
         let mut crash_loop: Option<String> = None;
-        for p in self.obs.pods.iter().filter(|p| !p.terminating) {
+        for p in self.obs.pods.iter() {
+            if let Some(what) = self.lost_with_node(p) {
+                if wanted.contains(&p.slot) {
+                    self.replace(p, what);
+                } else {
+                    // Surplus: gone for good, without waiting for its node.
+                    self.plan.delete.push(Deletion {
+                        name: p.name.clone(),
+                        grace: Some(0),
+                    });
+                }
+                continue;
+            }
+            if p.terminating {
+                continue;
+            }
             if !wanted.contains(&p.slot) {
                 // A trainer beyond the desired count (or a slot the spec no longer has):
                 // SIGTERM, so it drains.
@@ -50,6 +65,28 @@ impl Draft<'_> {
         crash_loop
     }
 
+    /// Why `p` is lost with its node, when its node has not been Ready for
+    /// [`Observed::node_lost_after`](super::Observed::node_lost_after) or longer: a
+    /// pod there may never end by itself (its node's kubelet cannot confirm it), and
+    /// the cluster evicts it only after its own toleration, so it is deleted at once
+    /// (grace 0) and made again where the scheduler puts it. A pod whose process still
+    /// runs on a node cut off from the cluster is fenced by etcd (its lease, its
+    /// incarnation), as any duplicate is.
+    fn lost_with_node(&self, p: &PodView) -> Option<String> {
+        let node = p.node.as_deref()?;
+        let since = self.obs.lost_nodes.get(node)?;
+        let secs = self.obs.now.0.as_second() - since.0.as_second();
+        let bound = self.obs.node_lost_after;
+        (secs >= 0 && secs as u64 >= bound.as_secs()).then(|| {
+            format!(
+                "lost with node {node} (not Ready for {}, over the operator's \
+                 --node-lost-after {})",
+                humantime::format_duration(std::time::Duration::from_secs(secs as u64)),
+                humantime::format_duration(bound)
+            )
+        })
+    }
+
     /// A finished job's managed etcd holds its final state (status, checkpoints'
     /// manifests, ledgers) until the job is deleted: an ended member (killed by its
     /// liveness probe, say) is replaced, and a missing one made again, on its claim.
@@ -57,15 +94,19 @@ impl Draft<'_> {
         if !self.obs.job.spec.etcd.managed {
             return;
         }
-        let ended: Vec<PodView> = self
+        let etcd_pods: Vec<PodView> = self
             .obs
             .pods
             .iter()
-            .filter(|p| p.slot.role == Role::Etcd && !p.terminating && p.phase.ended())
+            .filter(|p| p.slot.role == Role::Etcd)
             .cloned()
             .collect();
-        for p in &ended {
-            self.replace(p, describe_end(p));
+        for p in &etcd_pods {
+            if let Some(what) = self.lost_with_node(p) {
+                self.replace(p, what);
+            } else if !p.terminating && p.phase.ended() {
+                self.replace(p, describe_end(p));
+            }
         }
         let members: Vec<Slot> = desired
             .iter()

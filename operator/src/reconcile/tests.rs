@@ -74,6 +74,7 @@ fn pod(role: Role, index: u32, phase: PodPhase) -> PodView {
         problem: None,
         ran_for: None,
         exit_code: None,
+        node: None,
     }
 }
 
@@ -132,6 +133,8 @@ fn observe<'a>(
         credentials: JobCredentials::NotIssued,
         tls: JobTls::Ready,
         admission: Admission::NotQueued,
+        lost_nodes: BTreeMap::new(),
+        node_lost_after: Duration::from_secs(120),
         now: at(100),
     }
 }

@@ -58,6 +58,10 @@
 //!   labelled `pod-security.kubernetes.io/enforce: baseline` or `restricted` is refused
 //!   (`403 Forbidden`, naming each check it fails) unless it meets that Pod Security
 //!   Standard (`pod_security.rs` says which checks, and where it differs).
+//! - **nodes**: [`FakeApi::bind`] binds a pod (`spec.nodeName`, as the `binding`
+//!   subresource), [`FakeApi::node_not_ready`] loses a node as the node lifecycle
+//!   controller records it; the timed parts (its grace, the taint's eviction) are the
+//!   test's.
 //! - **NetworkPolicies** are stored and evaluated ([`FakeApi::network_allows`], with the
 //!   semantics of a plugin that enforces them), but nothing filters the pods' sockets.
 //!
@@ -638,6 +642,75 @@ impl FakeApi {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(namespace.to_owned(), dir);
+    }
+
+    /// Binds pod `name` of `namespace` to `node`, as the scheduler's `binding`
+    /// subresource does (`spec.nodeName`; a bound pod cannot be bound again: `409`).
+    pub fn bind(&self, namespace: &str, name: &str, node: &str) -> Result<Value, ApiError> {
+        let t = self.type_index("pods");
+        let key = (t, namespace.to_owned(), name.to_owned());
+        let mut store = self.shared.lock();
+        let Some(mut pod) = store.objects.get(&key).cloned() else {
+            return Err(not_found(&store.types[t], name));
+        };
+        if let Some(bound) = pod["spec"]["nodeName"].as_str() {
+            return Err(ApiError::new(
+                409,
+                "Conflict",
+                format!("pod {name} is already assigned to node \"{bound}\""),
+            ));
+        }
+        pod["spec"]["nodeName"] = json!(node);
+        Ok(store.write(&key, pod, &self.shared.tx))
+    }
+
+    /// Node `node` stops answering, as the node lifecycle controller then records it:
+    /// its `Ready` condition `Unknown` since `since` (its kubelet stopped posting its
+    /// status), the `node.kubernetes.io/unreachable` `NoExecute` taint, and each pod
+    /// bound to it no longer `Ready`. The taint's eviction (after a pod's toleration, 300
+    /// s by default) is the test's to do ([`FakeApi::delete`] with a grace period): a
+    /// pod deleted so stays terminating, as no kubelet confirms it.
+    pub fn node_not_ready(&self, node: &str, since: std::time::SystemTime) -> Result<(), ApiError> {
+        let (t, pods) = (self.type_index("nodes"), self.type_index("pods"));
+        let key = (t, String::new(), node.to_owned());
+        let mut store = self.shared.lock();
+        let Some(mut n) = store.objects.get(&key).cloned() else {
+            return Err(not_found(&store.types[t], node));
+        };
+        let mut conditions: Vec<Value> = n["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        conditions.retain(|c| c["type"] != "Ready");
+        conditions.push(json!({"type": "Ready", "status": "Unknown",
+            "reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status.",
+            "lastTransitionTime": rfc3339(since), "lastHeartbeatTime": rfc3339(since)}));
+        n["status"]["conditions"] = json!(conditions);
+        let mut taints: Vec<Value> = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
+        taints.retain(|t| t["key"] != "node.kubernetes.io/unreachable");
+        taints.push(
+            json!({"key": "node.kubernetes.io/unreachable", "effect": "NoExecute",
+                           "timeAdded": rfc3339(since)}),
+        );
+        n["spec"]["taints"] = json!(taints);
+        store.write(&key, n, &self.shared.tx);
+        let bound: Vec<_> = store
+            .objects
+            .iter()
+            .filter(|((ty, _, _), p)| *ty == pods && p["spec"]["nodeName"] == node)
+            .map(|(k, p)| (k.clone(), p.clone()))
+            .collect();
+        for (k, mut p) in bound {
+            let mut conditions: Vec<Value> = p["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            conditions.retain(|c| c["type"] != "Ready");
+            conditions.push(json!({"type": "Ready", "status": "False"}));
+            p["status"]["conditions"] = json!(conditions);
+            store.write(&k, p, &self.shared.tx);
+        }
+        Ok(())
     }
 
     /// Merges `patch` into an object's status (as a kubelet reports a pod's).

@@ -133,3 +133,88 @@ fn a_pod_that_cannot_start_is_a_condition_and_one_event_not_a_silent_pending() {
     let again = reconcile(&observe(&tj, pods, Ok(progress(2))));
     assert!(again.events.is_empty(), "{:?}", again.events);
 }
+
+/// A node that has not been Ready for `node_lost_after` takes its pods with it: each is
+/// deleted at once (grace 0), a terminating one too (its node will never confirm it),
+/// counted as a recovery naming the node, and made again; a node not Ready for less,
+/// or a Ready one, changes nothing (the witness: the same pods on a node lost long
+/// enough are replaced).
+#[test]
+fn pods_on_a_node_lost_past_the_bound_are_replaced_at_once() {
+    let mut tj = training_job("");
+    started(&mut tj, 2);
+    let on = |mut p: PodView, node: &str, terminating: bool| {
+        p.node = Some(node.to_owned());
+        p.terminating = terminating;
+        p
+    };
+    let pods = vec![
+        on(pod(Role::Master, 0, PodPhase::Running), "n2", false),
+        on(pod(Role::Pserver, 0, PodPhase::Running), "n1", false),
+        on(pod(Role::Trainer, 0, PodPhase::Running), "n1", true),
+        on(pod(Role::Trainer, 1, PodPhase::Running), "n2", false),
+    ];
+    let lost_since = |secs: i64| Observed {
+        lost_nodes: BTreeMap::from([("n1".to_owned(), at(100 - secs))]),
+        ..observe(&tj, pods.clone(), Ok(progress(2)))
+    };
+    // Not Ready for a minute, under the two-minute bound: the cluster may yet recover it.
+    let plan = reconcile(&lost_since(60));
+    assert!(plan.delete.is_empty(), "{:?}", plan.delete);
+    // Past it.
+    let plan = reconcile(&lost_since(150));
+    assert_eq!(
+        plan.delete,
+        [
+            Deletion {
+                name: "mnist-pserver-0".to_owned(),
+                grace: Some(0)
+            },
+            Deletion {
+                name: "mnist-trainer-0".to_owned(),
+                grace: Some(0)
+            },
+        ]
+    );
+    let status = plan.status.expect("status");
+    for name in ["mnist-pserver-0", "mnist-trainer-0"] {
+        assert!(
+            status
+                .recoveries
+                .iter()
+                .any(|r| r.pod == name
+                    && r.reason.contains("lost with node n1 (not Ready for 2m 30s")),
+            "{name}: {:?}",
+            status.recoveries
+        );
+    }
+    assert_eq!(status.replacing, ["mnist-pserver-0", "mnist-trainer-0"]);
+    // Gone, they are made again (not counted twice).
+    let plan = reconcile(&Observed {
+        pods: pods
+            .iter()
+            .filter(|p| p.node.as_deref() == Some("n2"))
+            .cloned()
+            .collect(),
+        ..observe(
+            &{
+                let mut t = tj.clone();
+                t.status = Some(status.clone());
+                t
+            },
+            Vec::new(),
+            Ok(progress(2)),
+        )
+    });
+    assert_eq!(
+        names(&plan.create_pods),
+        ["mnist-pserver-0", "mnist-trainer-0"]
+    );
+    let after = plan.status.expect("status");
+    assert_eq!(
+        after.recoveries.len(),
+        status.recoveries.len(),
+        "{:?}",
+        after.recoveries
+    );
+}
