@@ -51,26 +51,35 @@ const JOB: &str = "mnist";
 /// Marks new pods Running and removes terminating ones (as a kubelet whose containers
 /// stop at once), until `stop`.
 fn kubelet(api: Arc<FakeApi>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    on_pod_changes(api, stop, |api| {
+        for pod in api.list("pods", NS) {
+            let name = pod["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if !pod["metadata"]["deletionTimestamp"].is_null() {
+                let _ = api.delete("pods", NS, &name, Some(0));
+            } else if pod["status"]["phase"].is_null() {
+                let _ = api.patch_status(
+                    "pods",
+                    NS,
+                    &name,
+                    &json!({"phase": "Running", "podIP": "127.0.0.1"}),
+                );
+            }
+        }
+    })
+}
+
+/// Runs `settle` at once and after every change to a pod, until `stop`: a test's
+/// kubelet.
+fn on_pod_changes(
+    api: Arc<FakeApi>,
+    stop: CancellationToken,
+    settle: impl Fn(&FakeApi) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut changes = api.subscribe("pods").boxed();
-        let settle = |api: &FakeApi| {
-            for pod in api.list("pods", NS) {
-                let name = pod["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                if !pod["metadata"]["deletionTimestamp"].is_null() {
-                    let _ = api.delete("pods", NS, &name, Some(0));
-                } else if pod["status"]["phase"].is_null() {
-                    let _ = api.patch_status(
-                        "pods",
-                        NS,
-                        &name,
-                        &json!({"phase": "Running", "podIP": "127.0.0.1"}),
-                    );
-                }
-            }
-        };
         settle(&api);
         loop {
             tokio::select! {

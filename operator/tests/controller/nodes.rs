@@ -25,39 +25,24 @@ fn node_kubelet(
     nodes: Arc<std::sync::Mutex<Nodes>>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut changes = api.subscribe("pods").boxed();
-        let settle = |api: &FakeApi| {
-            let n = nodes.lock().unwrap_or_else(|e| e.into_inner());
-            for pod in api.list("pods", NS) {
-                let name = pod["metadata"]["name"].as_str().unwrap_or_default();
-                let node = pod["spec"]["nodeName"].as_str();
-                if node.is_some_and(|node| n.lost.contains(node)) {
-                    continue;
-                }
-                if !pod["metadata"]["deletionTimestamp"].is_null() {
-                    let _ = api.delete("pods", NS, name, Some(0));
-                } else if node.is_none() {
-                    let _ = api.bind(NS, name, &n.current);
-                    let _ = api.patch_status(
-                        "pods",
-                        NS,
-                        name,
-                        &json!({"phase": "Running", "podIP": "127.0.0.1"}),
-                    );
-                }
+    on_pod_changes(api, stop, move |api| {
+        let n = nodes.lock().unwrap_or_else(|e| e.into_inner());
+        for pod in api.list("pods", NS) {
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+            let node = pod["spec"]["nodeName"].as_str();
+            if node.is_some_and(|node| n.lost.contains(node)) {
+                continue;
             }
-        };
-        settle(&api);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                change = changes.next() => {
-                    if change.is_none() {
-                        return;
-                    }
-                    settle(&api);
-                }
+            if !pod["metadata"]["deletionTimestamp"].is_null() {
+                let _ = api.delete("pods", NS, name, Some(0));
+            } else if node.is_none() {
+                let _ = api.bind(NS, name, &n.current);
+                let _ = api.patch_status(
+                    "pods",
+                    NS,
+                    name,
+                    &json!({"phase": "Running", "podIP": "127.0.0.1"}),
+                );
             }
         }
     })
