@@ -72,7 +72,7 @@ impl Draft<'_> {
     /// (grace 0) and made again where the scheduler puts it. A pod whose process still
     /// runs on a node cut off from the cluster is fenced by etcd (its lease, its
     /// incarnation), as any duplicate is.
-    fn lost_with_node(&self, p: &PodView) -> Option<String> {
+    pub(super) fn lost_with_node(&self, p: &PodView) -> Option<String> {
         let node = p.node.as_deref()?;
         let since = self.obs.lost_nodes.get(node)?;
         let secs = self.obs.now.0.as_second() - since.0.as_second();

@@ -44,12 +44,19 @@ impl Draft<'_> {
     /// [`Draft::suspended`], the plan not yet made.
     pub(super) fn held(mut self, hold: Hold) -> Self {
         let live = |p: &&PodView| !p.terminating && !p.phase.ended();
-        let trainers_left = self
-            .obs
-            .pods
-            .iter()
-            .any(|p| p.slot.role == Role::Trainer && !p.phase.ended());
+        // A trainer lost with its node drains nothing: none waits for it.
+        let trainers_left = self.obs.pods.iter().any(|p| {
+            p.slot.role == Role::Trainer && !p.phase.ended() && self.lost_with_node(p).is_none()
+        });
         for p in self.obs.pods.iter().filter(|p| p.slot.role != Role::Etcd) {
+            if self.lost_with_node(p).is_some() {
+                // Its node would never confirm a graceful end: it goes at once.
+                self.plan.delete.push(Deletion {
+                    name: p.name.clone(),
+                    grace: Some(0),
+                });
+                continue;
+            }
             // A master or pserver still running waits for the trainers to drain.
             let waits = !p.phase.ended() && p.slot.role != Role::Trainer && trainers_left;
             if !p.terminating && !waits {

@@ -160,3 +160,69 @@ fn a_job_created_suspended_makes_no_pods_and_a_managed_etcd_stays() {
     );
     assert_eq!(plan.delete.len(), 1, "the trainer first: {:?}", plan.delete);
 }
+
+/// Suspended while a trainer is on a node lost past the bound: that trainer goes at once
+/// (grace 0; its node would never confirm a graceful end) and nothing waits for it, so
+/// the master and the pserver stop once the other trainer, terminating, is gone; a
+/// trainer whose node is lost for less than the bound is waited for as any (the witness
+/// that the bound, not the node's name, decides).
+#[test]
+fn a_suspension_does_not_wait_for_a_pod_on_a_lost_node() {
+    let mut tj = training_job("");
+    started(&mut tj, 2);
+    tj.spec.suspend = true;
+    let mut pods = running(2);
+    for p in &mut pods {
+        p.node = Some(
+            if p.name == "mnist-trainer-1" {
+                "n1"
+            } else {
+                "n2"
+            }
+            .to_owned(),
+        );
+    }
+    pods[2].terminating = true;
+    let lost_since = |secs: i64| Observed {
+        lost_nodes: BTreeMap::from([("n1".to_owned(), at(100 - secs))]),
+        ..observe(&tj, pods.clone(), Ok(progress(2)))
+    };
+    let deleted = |plan: &Plan| -> Vec<(String, Option<i64>)> {
+        plan.delete
+            .iter()
+            .map(|d| (d.name.clone(), d.grace))
+            .collect()
+    };
+    assert_eq!(
+        pods[2].name, "mnist-trainer-0",
+        "the trainer still draining"
+    );
+    // Lost for a minute: waited for, as the draining one is.
+    assert_eq!(
+        deleted(&reconcile(&lost_since(60))),
+        [("mnist-trainer-1".to_owned(), None)]
+    );
+    // Lost past the bound: it goes at once.
+    assert_eq!(
+        deleted(&reconcile(&lost_since(600))),
+        [("mnist-trainer-1".to_owned(), Some(0))]
+    );
+    // The other trainer gone: the master and the pserver stop, not waiting for it.
+    let rest: Vec<PodView> = pods
+        .iter()
+        .filter(|p| p.slot.role != Role::Trainer || p.name == "mnist-trainer-1")
+        .cloned()
+        .collect();
+    let plan = reconcile(&Observed {
+        lost_nodes: BTreeMap::from([("n1".to_owned(), at(-500))]),
+        ..observe(&tj, rest, Ok(progress(2)))
+    });
+    assert_eq!(
+        deleted(&plan),
+        [
+            ("mnist-master-0".to_owned(), None),
+            ("mnist-pserver-0".to_owned(), None),
+            ("mnist-trainer-1".to_owned(), Some(0)),
+        ]
+    );
+}
