@@ -2,7 +2,9 @@
 //! same port), trainers and the commands that talk to them.
 //!
 //! - [`TlsFiles`] names the PEM files (a CA, and this process's certificate and key);
-//!   [`TlsFiles::load`] reads and checks them once, into a [`Tls`].
+//!   [`TlsFiles::load`] reads and checks them into a [`Tls`]. The certificate and key
+//!   are read again when their files change (`identity`): a rotated certificate is
+//!   presented from the next handshake on, without a restart; the CA is read once.
 //! - A server ([`Tls::acceptor`]) presents its certificate and, with `client_auth`,
 //!   accepts only clients whose certificate the CA signed (mutual TLS). It offers two
 //!   ALPN protocols on one port: `h2` (gRPC) and [`ALPN_BULK`] (the pserver's bulk
@@ -22,7 +24,7 @@
 //!
 //! Layout: this file holds the settings ([`TlsFiles`], [`Tls`], [`endpoint`]); `conn` the
 //! connections ([`ServerConn`], [`ClientConn`], [`incoming`]); `ca` the private CA
-//! ([`LocalCa`]).
+//! ([`LocalCa`]); `identity` this process's certificate, read again when it changes.
 
 use std::fmt;
 use std::io;
@@ -32,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::net::TcpStream;
@@ -42,11 +44,13 @@ pub use tokio_rustls::TlsAcceptor;
 
 mod ca;
 mod conn;
+mod identity;
 #[cfg(test)]
 mod tests;
 
 pub use ca::{CertUse, Issued, JobCa, LocalCa};
 pub use conn::{ClientConn, ServerConn, incoming};
+use identity::{Identity as Presented, Pair, Resolver};
 
 /// ALPN of gRPC (HTTP/2).
 pub const ALPN_H2: &[u8] = b"h2";
@@ -91,12 +95,17 @@ impl TlsFiles {
     pub fn load(&self) -> Result<Tls, TlsError> {
         let ca = read_pem(&self.ca, "CA")?;
         let identity = match (&self.cert, &self.key) {
-            (Some(c), Some(k)) => Some(PemIdentity {
-                cert: read_pem(c, "certificate")?,
-                key: read_pem(k, "key")?,
-                cert_name: c.display().to_string(),
-                key_name: k.display().to_string(),
-            }),
+            (Some(c), Some(k)) => {
+                let pair = Pair::of(PemIdentity {
+                    cert: read_pem(c, "certificate")?,
+                    key: read_pem(k, "key")?,
+                    cert_name: c.display().to_string(),
+                    key_name: k.display().to_string(),
+                })?;
+                // Read again when the files change: a rotated certificate needs no
+                // restart.
+                Some(Presented::from_files(pair, c, k))
+            }
             (None, None) => None,
             (Some(_), None) => {
                 return Err(TlsError::new(
@@ -109,7 +118,7 @@ impl TlsFiles {
                 ));
             }
         };
-        Tls::from_pem(
+        Tls::build(
             &ca,
             &self.ca.display().to_string(),
             identity,
@@ -153,6 +162,18 @@ impl Tls {
         domain: Option<String>,
         client_auth: bool,
     ) -> Result<Tls, TlsError> {
+        let identity = identity.map(Pair::of).transpose()?.map(Presented::fixed);
+        Tls::build(ca_pem, ca_name, identity, domain, client_auth)
+    }
+
+    /// [`Tls::from_pem`] with this process's identity already checked.
+    fn build(
+        ca_pem: &[u8],
+        ca_name: &str,
+        identity: Option<Presented>,
+        domain: Option<String>,
+        client_auth: bool,
+    ) -> Result<Tls, TlsError> {
         let ca_pem = ca_pem.to_vec();
         let mut roots = RootCertStore::empty();
         for c in certs(&ca_pem, ca_name)? {
@@ -160,21 +181,7 @@ impl Tls {
                 .add(c)
                 .map_err(|e| TlsError::new(format!("CA {ca_name}: not a usable CA: {e}")))?;
         }
-        let identity = match identity {
-            Some(id) => {
-                let chain = certs(&id.cert, &id.cert_name)?;
-                let key = PrivateKeyDer::from_pem_slice(&id.key).map_err(|e| {
-                    TlsError::new(format!("key {}: no private key in PEM: {e}", id.key_name))
-                })?;
-                Some(Ident {
-                    cert_pem: id.cert,
-                    key_pem: id.key,
-                    chain,
-                    key: Arc::new(key),
-                })
-            }
-            None => None,
-        };
+        let identity = identity.map(Arc::new);
         if client_auth && identity.is_none() {
             return Err(TlsError::new(
                 "client authentication needs this process's own certificate: give \
@@ -278,17 +285,10 @@ impl TlsFiles {
     }
 }
 
-struct Ident {
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
-    chain: Vec<CertificateDer<'static>>,
-    key: Arc<PrivateKeyDer<'static>>,
-}
-
 struct Inner {
     ca_pem: Vec<u8>,
     roots: Arc<RootCertStore>,
-    identity: Option<Ident>,
+    identity: Option<Arc<Presented>>,
     domain: Option<String>,
     client_auth: bool,
 }
@@ -340,9 +340,7 @@ impl Tls {
         } else {
             builder.with_no_client_auth()
         };
-        let mut cfg = builder
-            .with_single_cert(id.chain.clone(), id.key.clone_key())
-            .map_err(|e| TlsError::new(format!("certificate and key do not go together: {e}")))?;
+        let mut cfg = builder.with_cert_resolver(Arc::new(Resolver(id.clone())));
         cfg.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_BULK.to_vec(), ALPN_HTTP1.to_vec()];
         Ok(Arc::new(cfg))
     }
@@ -358,11 +356,7 @@ impl Tls {
             .map_err(|e| TlsError::new(e.to_string()))?
             .with_root_certificates(self.inner.roots.clone());
         let mut cfg = match &self.inner.identity {
-            Some(id) => builder
-                .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
-                .map_err(|e| {
-                    TlsError::new(format!("certificate and key do not go together: {e}"))
-                })?,
+            Some(id) => builder.with_client_cert_resolver(Arc::new(Resolver(id.clone()))),
             None => builder.with_no_client_auth(),
         };
         cfg.alpn_protocols = vec![alpn.to_vec()];
@@ -402,7 +396,9 @@ impl Tls {
         let mut cfg =
             ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.inner.ca_pem));
         if let Some(id) = &self.inner.identity {
-            cfg = cfg.identity(Identity::from_pem(&id.cert_pem, &id.key_pem));
+            // The certificate of now: a channel made after a rotation presents the new one.
+            let pair = id.current();
+            cfg = cfg.identity(Identity::from_pem(&pair.cert_pem, &pair.key_pem));
         }
         let domain = match &self.inner.domain {
             Some(d) => d.clone(),

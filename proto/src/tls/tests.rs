@@ -235,3 +235,99 @@ async fn a_client_only_certificate_cannot_serve() {
     let e = JobCa::from_pem(&ca.ca_pem, "junk").unwrap_err().to_string();
     assert!(e.contains("the CA's key"), "{e}");
 }
+
+/// A server's certificate rotated on disk (as the kubelet swaps a renewed Secret in: new
+/// files renamed over the old) is presented from the next handshake on, without a
+/// restart; a changed pair that does not go together is refused and the one before
+/// stays (the witness: the change was looked at).
+#[tokio::test]
+async fn a_rotated_certificate_is_presented_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = JobCa::generate("j", 1).unwrap();
+    let domain = "j.ns.edl.internal";
+    let issue = |usage| {
+        ca.issue("edl test", vec![domain.to_owned()], usage, 1)
+            .unwrap()
+    };
+    let (first, second, client) = (
+        issue(CertUse::ServerAndClient),
+        issue(CertUse::ServerAndClient),
+        issue(CertUse::Client),
+    );
+    let path = |name: &str| dir.path().join(name);
+    std::fs::write(path("ca.crt"), &ca.ca_pem).unwrap();
+    // Written beside, then renamed over: what a reader sees is always whole.
+    let put = |cert: &str, key: &str| {
+        std::fs::write(path("tls.crt.new"), cert).unwrap();
+        std::fs::write(path("tls.key.new"), key).unwrap();
+        std::fs::rename(path("tls.crt.new"), path("tls.crt")).unwrap();
+        std::fs::rename(path("tls.key.new"), path("tls.key")).unwrap();
+    };
+    put(&first.cert_pem, &first.key_pem);
+    let server = TlsFiles {
+        ca: path("ca.crt"),
+        cert: Some(path("tls.crt")),
+        key: Some(path("tls.key")),
+        domain: Some(domain.to_owned()),
+        client_auth: true,
+    }
+    .load()
+    .unwrap();
+    let client = Tls::from_pem(
+        ca.ca_pem.as_bytes(),
+        "ca",
+        Some(PemIdentity {
+            cert: client.cert_pem.into_bytes(),
+            key: client.key_pem.into_bytes(),
+            cert_name: "cert".to_owned(),
+            key_name: "key".to_owned(),
+        }),
+        Some(domain.to_owned()),
+        true,
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    // One acceptor for the server's life, as a role's.
+    let acceptor = server.acceptor().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut c) = ServerConn::accept(&acceptor, s).await {
+                    let mut buf = [0u8; 1];
+                    let _ = c.read_exact(&mut buf).await;
+                }
+            });
+        }
+    });
+    // The certificate the server presents to a new connection.
+    let presented = || async {
+        let tcp = TcpStream::connect(&addr).await.unwrap();
+        let s = client.connect(&addr, tcp).await.expect("handshake");
+        let der = s.get_ref().1.peer_certificates().expect("a certificate")[0].clone();
+        der.as_ref().to_vec()
+    };
+    let der = |pem: &str| certs(pem.as_bytes(), "pem").unwrap()[0].as_ref().to_vec();
+    assert_eq!(presented().await, der(&first.cert_pem));
+    let identity = server.inner.identity.clone().expect("an identity");
+
+    put(&second.cert_pem, &second.key_pem);
+    identity.look_again();
+    assert_eq!(presented().await, der(&second.cert_pem), "the renewed one");
+    assert!(identity.seen_as_they_are());
+
+    // A pair that does not go together (the first's key with the second's certificate).
+    put(&second.cert_pem, &first.key_pem);
+    assert!(!identity.seen_as_they_are(), "the files changed");
+    identity.look_again();
+    assert_eq!(
+        presented().await,
+        der(&second.cert_pem),
+        "the previous pair stays"
+    );
+    assert!(
+        identity.seen_as_they_are(),
+        "the witness: the change was looked at"
+    );
+}
