@@ -95,6 +95,15 @@ fn on_pod_changes(
     })
 }
 
+/// The controller as these tests run it: `NS` only, resynced every 300 ms.
+fn test_config() -> ControllerConfig {
+    ControllerConfig {
+        namespace: Some(NS.to_owned()),
+        resync: Duration::from_millis(300),
+        ..ControllerConfig::default()
+    }
+}
+
 /// TrainingJob `JOB` in `NS` (MNIST's MLP) with `cluster` (TOML lines of `[cluster]`), on
 /// the etcd at `endpoints`.
 fn mnist_on(endpoints: Vec<String>, cluster: &str) -> TrainingJob {
@@ -138,11 +147,7 @@ async fn the_controller_runs_scales_recovers_and_cleans_up_a_job() {
     let stop = CancellationToken::new();
     let kubelet = kubelet(api.clone(), stop.clone());
     let metrics = Arc::new(Metrics::default());
-    let config = ControllerConfig {
-        namespace: Some(NS.to_owned()),
-        resync: Duration::from_millis(300),
-        ..ControllerConfig::default()
-    };
+    let config = test_config();
     let election = LeaseElection {
         namespace: LEASE_NS.to_owned(),
         name: "edl-operator".to_owned(),
@@ -570,11 +575,7 @@ async fn bad_input_becomes_conditions_and_events_never_a_silent_pending() {
     let metrics = Arc::new(Metrics::default());
     let operator = tokio::spawn(controller::run(
         client.clone(),
-        ControllerConfig {
-            namespace: Some(NS.to_owned()),
-            resync: Duration::from_millis(300),
-            ..ControllerConfig::default()
-        },
+        test_config(),
         metrics.clone(),
         stop.clone(),
     ));
@@ -735,11 +736,7 @@ async fn a_crd_older_than_the_operator_stops_a_new_job_before_its_first_key_or_p
     let stop = CancellationToken::new();
     let operator = tokio::spawn(controller::run(
         client.clone(),
-        ControllerConfig {
-            namespace: Some(NS.to_owned()),
-            resync: Duration::from_millis(300),
-            ..ControllerConfig::default()
-        },
+        test_config(),
         Arc::new(Metrics::default()),
         stop.clone(),
     ));

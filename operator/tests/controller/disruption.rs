@@ -25,11 +25,7 @@ async fn a_drain_takes_one_replica_of_a_shard_at_a_time() {
     let first_kubelet = kubelet(api.clone(), kubelet_stop.clone());
     let operator = tokio::spawn(controller::run(
         operator_client,
-        ControllerConfig {
-            namespace: Some(NS.to_owned()),
-            resync: Duration::from_millis(300),
-            ..ControllerConfig::default()
-        },
+        test_config(),
         Arc::new(Metrics::default()),
         stop.clone(),
     ));

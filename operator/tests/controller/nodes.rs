@@ -74,10 +74,8 @@ async fn pods_on_a_node_lost_past_the_bound_are_made_again_elsewhere() {
     let operator = tokio::spawn(controller::run(
         operator_client,
         ControllerConfig {
-            namespace: Some(NS.to_owned()),
-            resync: Duration::from_millis(300),
             node_lost_after: Duration::from_secs(120),
-            ..ControllerConfig::default()
+            ..test_config()
         },
         metrics.clone(),
         stop.clone(),

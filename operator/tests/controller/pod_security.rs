@@ -32,11 +32,7 @@ async fn every_role_runs_under_the_restricted_pod_security_standard() {
     let kubelet = kubelet(api.clone(), stop.clone());
     let operator = tokio::spawn(controller::run(
         client.clone(),
-        ControllerConfig {
-            namespace: Some(NS.to_owned()),
-            resync: Duration::from_millis(300),
-            ..ControllerConfig::default()
-        },
+        test_config(),
         Arc::new(Metrics::default()),
         stop.clone(),
     ));

@@ -20,10 +20,8 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
     let operator = tokio::spawn(controller::run(
         operator_client,
         ControllerConfig {
-            namespace: Some(NS.to_owned()),
-            resync: Duration::from_millis(300),
             kueue: true,
-            ..ControllerConfig::default()
+            ..test_config()
         },
         metrics.clone(),
         stop.clone(),
@@ -188,11 +186,7 @@ async fn a_volcano_job_gets_its_pod_group_before_its_pods() {
     let metrics = Arc::new(Metrics::default());
     let operator = tokio::spawn(controller::run(
         operator_client,
-        ControllerConfig {
-            namespace: Some(NS.to_owned()),
-            resync: Duration::from_millis(300),
-            ..ControllerConfig::default()
-        },
+        test_config(),
         metrics.clone(),
         stop.clone(),
     ));
