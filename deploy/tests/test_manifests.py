@@ -334,10 +334,10 @@ def test_rbac_bindings_name_roles_and_accounts_that_exist() -> None:
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], (d["metadata"]["name"], rule)
             if "secrets" in rule["resources"]:
                 # Only the jobs' Secrets the operator makes: listed (a job's, by its label,
-                # once a round: `get` of any name reads as much) but never watched or
-                # changed, and bound per namespace, never cluster-wide.
+                # once a round: `get` of any name reads as much) but never watched, updated
+                # only to renew a certificate, and bound per namespace, never cluster-wide.
                 assert (d["kind"], d["metadata"]["name"]) == ("ClusterRole", "edl-operator-credentials"), d["metadata"]["name"]
-                assert rule["resources"] == ["secrets"] and sorted(rule["verbs"]) == ["create", "delete", "get", "list"], rule
+                assert rule["resources"] == ["secrets"] and sorted(rule["verbs"]) == ["create", "delete", "get", "list", "update"], rule
                 secret_roles.add(d["metadata"]["name"])
     assert secret_roles == {"edl-operator-credentials"}
     for b in bindings:

@@ -73,6 +73,7 @@ use suspension::Hold;
 
 pub use observed::{
     Admission, EtcdState, Finished, JobCredentials, JobTls, Observed, PodPhase, PodView,
+    TlsRenewals,
 };
 pub use plan::{Deletion, EtcdAction, FINALIZER, FinalizerChange, JobEvent, Plan, WorkloadChange};
 

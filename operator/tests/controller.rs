@@ -32,6 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 #[path = "controller/autoscale.rs"]
 mod autoscale;
+#[path = "controller/certificates.rs"]
+mod certificates;
 #[path = "controller/credentials.rs"]
 mod credentials;
 #[path = "controller/disruption.rs"]

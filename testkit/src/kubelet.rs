@@ -29,8 +29,10 @@
 //!   deletes it: a pod made again under the same name starts with an empty one;
 //!   a Secret volume is its keys (`items`, or all) written as files into a directory of
 //!   the pod, deleted with it like an `emptyDir` (a missing Secret keeps the pod waiting,
-//!   tried again, as for `envFrom`); arguments and variables under a mount path are
-//!   rewritten to the host directory.
+//!   tried again, as for `envFrom`), each file a link through `..data` to a directory
+//!   of the Secret's version, swapped whole when the Secret changes while the pod runs
+//!   (as a kubelet refreshes it: here within a second, there within about a minute);
+//!   arguments and variables under a mount path are rewritten to the host directory.
 //!
 //! A pod's output goes to `<dir>/<pod>.log`, which the API server serves as the pod's
 //! `log` subresource. It runs the container's `httpGet` probes (`probes.rs`: readiness
@@ -218,8 +220,13 @@ impl Ports {
     }
 }
 
-/// Writes Secret `name`'s keys (its `items`, or every key) into `dir` as files, with
-/// the volume's `defaultMode` (or an item's `mode`), as a kubelet projects a Secret.
+/// Projects Secret `name` into `dir` as a kubelet does: its keys (its `items`, or
+/// every key) as files with the volume's `defaultMode` (or an item's `mode`), written
+/// into a directory named for the Secret's resourceVersion (`..<version>`) that the
+/// link `..data` points to, each file a link through `..data`. A Secret changed since
+/// is written into a new directory and `..data` swapped to it at once (a rename), so
+/// a reader sees the old files or the new ones, never a mix; as it is, nothing is
+/// written.
 fn write_secret_volume(
     api: &FakeApi,
     ns: &str,
@@ -231,6 +238,16 @@ fn write_secret_volume(
     let secret = api
         .get("secrets", ns, name)
         .ok_or_else(|| format!("secret \"{name}\" not found"))?;
+    let version = format!(
+        "..{}",
+        secret["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+    );
+    let data_link = dir.join("..data");
+    if std::fs::read_link(&data_link).is_ok_and(|to| to.as_os_str() == version.as_str()) {
+        return Ok(());
+    }
     let data = secret["data"].as_object().cloned().unwrap_or_default();
     let items: Vec<(String, String, Option<u64>)> = match source["items"].as_array() {
         Some(items) => items
@@ -246,14 +263,15 @@ fn write_secret_volume(
         None => data.keys().map(|k| (k.clone(), k.clone(), None)).collect(),
     };
     let default_mode = source["defaultMode"].as_u64().unwrap_or(0o644);
-    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    for (key, path, mode) in items {
+    let files = dir.join(&version);
+    std::fs::create_dir_all(&files).map_err(|e| e.to_string())?;
+    for (key, path, mode) in &items {
         let bytes = data
-            .get(&key)
+            .get(key)
             .and_then(Value::as_str)
             .and_then(crate::kube_api::base64_decode)
             .ok_or_else(|| format!("secret \"{name}\": no key {key:?}"))?;
-        let file = dir.join(&path);
+        let file = files.join(path);
         std::fs::write(&file, bytes).map_err(|e| e.to_string())?;
         // The process runs as this user here (no fsGroup): owner bits as the group's.
         let mode = mode.unwrap_or(default_mode) as u32;
@@ -261,7 +279,47 @@ fn write_secret_volume(
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode))
             .map_err(|e| e.to_string())?;
     }
+    let link = |to: &str, at: &std::path::Path| {
+        std::os::unix::fs::symlink(to, at).map_err(|e| format!("link {}: {e}", at.display()))
+    };
+    let swap = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&swap);
+    link(&version, &swap)?;
+    std::fs::rename(&swap, &data_link).map_err(|e| e.to_string())?;
+    for (_, path, _) in &items {
+        let at = dir.join(path);
+        if std::fs::symlink_metadata(&at).is_err() {
+            link(&format!("..data/{path}"), &at)?;
+        }
+    }
+    // The versions before: gone once nothing links to them.
+    for e in std::fs::read_dir(dir).map_err(|e| e.to_string())?.flatten() {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        if n.starts_with("..") && n != "..data" && n != version.as_str() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
     Ok(())
+}
+
+/// Writes the Secret volumes of running `pod` again where their Secret changed, as a
+/// kubelet refreshes them (a real one within its sync period, about a minute; this
+/// one on its next round, within a second).
+fn refresh_secret_volumes(api: &FakeApi, cfg: &KubeletConfig, pod: &Value) {
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+        let (Some(secret), Some(vname)) = (v["secret"]["secretName"].as_str(), v["name"].as_str())
+        else {
+            continue;
+        };
+        let d = empty_dirs(cfg).join(uid).join(vname);
+        if d.is_dir()
+            && let Err(e) = write_secret_volume(api, &cfg.namespace, secret, &v["secret"], &d)
+        {
+            tracing::warn!(pod = %pod["metadata"]["name"], volume = vname, error = %e, "cannot refresh a Secret volume");
+        }
+    }
 }
 
 /// `Err` naming the first Secret a volume of `pod` needs that is not there (the pod
@@ -542,6 +600,9 @@ fn sync(
             continue;
         }
         if started {
+            if table.get(&name).is_some_and(|r| r.uid == uid) {
+                refresh_secret_volumes(api, cfg, &pod);
+            }
             continue;
         }
         let from = match env_from(api, &pod, ns).and_then(|env| {

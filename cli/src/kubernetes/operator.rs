@@ -138,7 +138,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         // on a shared etcd take `<job>-edl-credentials` if it exists.
         credentials: JobCredentials::NotIssued,
         // The job's TLS Secret, which the operator makes before any pod.
-        tls: JobTls::Ready,
+        tls: JobTls::Ready(Default::default()),
         admission: Admission::NotQueued,
         lost_nodes: Default::default(),
         node_lost_after: ControllerConfig::default().node_lost_after,

@@ -203,11 +203,12 @@ pub(super) async fn observe<'a>(
         (JobTls::Plaintext, None)
     } else if tj.is_live() {
         match ensure_tls(ctx, tj, ns, true).await {
-            Ok(t) => (JobTls::Ready, Some(t)),
+            Ok((t, renewals)) => (JobTls::Ready(renewals), Some(t)),
             Err(why) => (JobTls::Failed(why), None),
         }
     } else if tj.spec.etcd.managed {
-        (JobTls::Plaintext, ensure_tls(ctx, tj, ns, false).await.ok())
+        let tls = ensure_tls(ctx, tj, ns, false).await.ok().map(|(t, _)| t);
+        (JobTls::Plaintext, tls)
     } else {
         (JobTls::Plaintext, None)
     };

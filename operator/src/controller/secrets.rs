@@ -7,7 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use edl_proto::tls::JobCa;
+use edl_proto::tls::{JobCa, Renewal};
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Resource, ResourceExt};
@@ -20,6 +21,7 @@ use crate::objects::{
     etcd_root_secret_name, job_etcd_user, legacy_tls_secret_name, metrics_secret,
     metrics_secret_name, role_certificate, tls_domain, tls_secret, tls_secret_name,
 };
+use crate::reconcile::TlsRenewals;
 use edl_job::{JobKeys, JobName};
 
 /// Whether `secret` was left by an earlier TrainingJob of the same name (owned by a
@@ -252,7 +254,7 @@ pub(super) async fn ensure_tls(
     tj: &TrainingJob,
     ns: &str,
     create: bool,
-) -> Result<edl_proto::tls::Tls, String> {
+) -> Result<(edl_proto::tls::Tls, TlsRenewals), String> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let job = tj.name_any();
     let found = secrets
@@ -275,12 +277,12 @@ pub(super) async fn ensure_tls(
             let ca = match legacy_ca(&own, &job)? {
                 Some(ca) => ca,
                 None => {
-                    JobCa::generate(&format!("{ns}.{job}"), TLS_DAYS).map_err(|e| e.to_string())?
+                    JobCa::generate(&format!("{ns}.{job}"), CA_DAYS).map_err(|e| e.to_string())?
                 }
             };
             let (cn, names, usage) = role_certificate(&job, ns, None);
             let operator = ca
-                .issue(&cn, names, usage, TLS_DAYS)
+                .issue(&cn, names, usage, LEAF_DAYS)
                 .map_err(|e| e.to_string())?;
             secrets
                 .create(&PostParams::default(), &ca_secret(tj, &ca, &operator))
@@ -293,7 +295,8 @@ pub(super) async fn ensure_tls(
             // The one certificate of every pod: a client's too.
             Some(legacy) => {
                 let name = legacy_tls_secret_name(&job);
-                return tls_of(legacy, &name, TLS_KEYS, &job, ns);
+                let tls = tls_of(legacy, &name, TLS_KEYS, &job, ns)?;
+                return Ok((tls, TlsRenewals::default()));
             }
             None => return Err(format!("Secret {ca_name} is gone")),
         },
@@ -328,7 +331,7 @@ pub(super) async fn ensure_tls(
             let ca = ca.as_ref().expect("read above");
             let (cn, names, usage) = role_certificate(&job, ns, Some(role));
             let issued = ca
-                .issue(&cn, names, usage, TLS_DAYS)
+                .issue(&cn, names, usage, LEAF_DAYS)
                 .map_err(|e| e.to_string())?;
             match secrets
                 .create(
@@ -344,14 +347,126 @@ pub(super) async fn ensure_tls(
             }
         }
     }
-    tls_of(
+    let (ca_secret, renewals) = renew_certificates(&secrets, tj, ca_secret, &own, ns).await?;
+    let tls = tls_of(
         &ca_secret,
         &ca_name,
         [CA_KEYS[0], CA_KEYS[2], CA_KEYS[3]],
         &job,
         ns,
     )
-    .map_err(|e| format!("{e} (delete Secret {ca_name} for a new one)"))
+    .map_err(|e| format!("{e} (delete Secret {ca_name} for a new one)"))?;
+    Ok((tls, renewals))
+}
+
+/// Issues again each of `tj`'s certificates that has a third of its life left or less
+/// (every role's Secret among `own`, and the operator's own in `ca_secret`), from the
+/// job's CA, and replaces its Secret: an update at the Secret's resourceVersion, so of
+/// two replicas renewing at once one wins (409) and the other keeps the winner's. A
+/// role's pods see the new files once the kubelet refreshes their Secret volume (within
+/// about a minute on a real cluster) and present the new certificate from their next
+/// handshake (edl-proto reads its files again when they change; etcd reads them at
+/// each handshake): no restart. Returns the CA Secret as it is now, with what was done.
+async fn renew_certificates(
+    secrets: &Api<Secret>,
+    tj: &TrainingJob,
+    mut ca_secret: Secret,
+    own: &BTreeMap<String, Secret>,
+    ns: &str,
+) -> Result<(Secret, TlsRenewals), String> {
+    let job = tj.name_any();
+    let ca_name = ca_secret_name(&job);
+    let text = |s: &Secret, k: &str| -> Option<String> {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .and_then(|b| String::from_utf8(b.0.clone()).ok())
+    };
+    let (Some(ca_pem), Some(ca_key)) = (text(&ca_secret, CA_KEYS[0]), text(&ca_secret, CA_KEYS[1]))
+    else {
+        return Err(format!(
+            "Secret {ca_name} has no {}: delete it for a new one",
+            CA_KEYS[1]
+        ));
+    };
+    let now = std::time::SystemTime::now();
+    let mut renewals = TlsRenewals::default();
+    // (the Secret, its role: None for the operator's, its certificate's and key's keys)
+    let mut held: Vec<(Secret, Option<Role>, [&str; 2])> =
+        vec![(ca_secret.clone(), None, [CA_KEYS[2], CA_KEYS[3]])];
+    for role in Role::ALL {
+        if let Some(s) = own.get(&tls_secret_name(&job, role)) {
+            held.push((s.clone(), Some(role), [TLS_KEYS[1], TLS_KEYS[2]]));
+        }
+    }
+    let mut ca = None;
+    for (mut secret, role, [cert_key, key_key]) in held {
+        let name = secret.name_any();
+        let Some(cert) = text(&secret, cert_key) else {
+            continue;
+        };
+        match edl_proto::tls::renewal(&cert, &ca_pem, now) {
+            Ok(Renewal::Keep) => continue,
+            Ok(Renewal::CaEnds(ends)) => {
+                renewals.ca_ends = Some(rfc3339(ends));
+                continue;
+            }
+            Ok(Renewal::Renew) => {}
+            // Not ours to read (made by hand): left as it is.
+            Err(e) => {
+                tracing::warn!(job = %job, secret = %name, error = %e, "a certificate that does not read is not renewed");
+                continue;
+            }
+        }
+        if ca.is_none() {
+            ca = Some(
+                JobCa::from_pem(&ca_pem, &ca_key).map_err(|e| format!("Secret {ca_name}: {e}"))?,
+            );
+        }
+        let ca = ca.as_ref().expect("read above");
+        let (cn, names, usage) = role_certificate(&job, ns, role);
+        let issued = ca
+            .issue(&cn, names, usage, LEAF_DAYS)
+            .map_err(|e| e.to_string())?;
+        let data = secret.data.get_or_insert_with(BTreeMap::new);
+        data.insert(
+            cert_key.to_owned(),
+            ByteString(issued.cert_pem.clone().into_bytes()),
+        );
+        data.insert(key_key.to_owned(), ByteString(issued.key_pem.into_bytes()));
+        match secrets
+            .replace(&name, &PostParams::default(), &secret)
+            .await
+        {
+            Ok(replaced) => {
+                let ends = edl_proto::tls::validity_of(&issued.cert_pem)
+                    .map(|(_, end)| rfc3339(end))
+                    .unwrap_or_default();
+                tracing::info!(job = %job, secret = %name, until = %ends, "certificate renewed");
+                renewals.renewed.push((name, ends));
+                if role.is_none() {
+                    ca_secret = replaced;
+                }
+            }
+            // Renewed meanwhile (another replica): the next round reads that one.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => {
+                return Err(secrets_error(
+                    &format!("renew the certificate in Secret {name}"),
+                    ns,
+                    &e,
+                ));
+            }
+        }
+    }
+    Ok((ca_secret, renewals))
+}
+
+/// `t` as RFC 3339 (UTC).
+fn rfc3339(t: std::time::SystemTime) -> String {
+    k8s_openapi::jiff::Timestamp::try_from(t)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| format!("{t:?}"))
 }
 
 /// The operator's TLS to `job` (in `ns`) from `secret` (named `name`): the CA's
@@ -410,5 +525,10 @@ fn legacy_ca(own: &BTreeMap<String, Secret>, job: &str) -> Result<Option<JobCa>,
     }
 }
 
-/// How long the certificates of a job's TLS Secret are valid.
-const TLS_DAYS: i64 = 365;
+/// How long a job's CA is valid: longer than any job runs, as its certificates cannot
+/// outlive it and replacing it means new Secrets for every pod.
+const CA_DAYS: i64 = 3650;
+
+/// How long the certificates a job's CA issues are valid; each is issued again with a
+/// third of its life left ([`renew_certificates`]).
+const LEAF_DAYS: i64 = 90;

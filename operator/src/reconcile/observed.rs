@@ -108,10 +108,21 @@ pub enum JobTls {
     /// The job asked for none (`spec.plaintext`).
     #[default]
     Plaintext,
-    /// The Secret exists: every job pod mounts it.
-    Ready,
+    /// The Secrets exist: every job pod mounts its role's.
+    Ready(TlsRenewals),
     /// The operator could not make it: why. No job process starts without it.
     Failed(String),
+}
+
+/// What the controller's look at the job's certificates found this round.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TlsRenewals {
+    /// The Secrets whose certificate was issued again this round (a third of its life
+    /// or less was left), with when the new one ends (RFC 3339).
+    pub renewed: Vec<(String, String)>,
+    /// When the job's CA ends (RFC 3339), if a certificate due for renewal already
+    /// ends with it: only a new CA helps then.
+    pub ca_ends: Option<String>,
 }
 
 /// The job's Kueue `Workload`, when the operator admits jobs through Kueue (`--kueue`)

@@ -39,14 +39,53 @@ impl Draft<'_> {
     pub(super) fn tls(&mut self) -> Option<String> {
         match &self.obs.tls {
             JobTls::Plaintext => None,
-            JobTls::Ready => {
-                let message = format!(
-                    "the job's pods talk over mutual TLS, each role with its own \
-                     certificate (Secrets {}-edl-tls-<role>) of the CA of Secret {}",
-                    self.job,
-                    objects::ca_secret_name(&self.job)
-                );
-                self.condition("TLSReady", true, "Issued", message);
+            JobTls::Ready(renewals) => {
+                // One event a round (an event repeated soon after is a series of the
+                // first, its note kept).
+                if !renewals.renewed.is_empty() {
+                    let renewed: Vec<String> = renewals
+                        .renewed
+                        .iter()
+                        .map(|(secret, ends)| format!("Secret {secret} (valid until {ends})"))
+                        .collect();
+                    self.plan.event(
+                        false,
+                        "CertificateRenewed",
+                        format!(
+                            "certificates issued again: {}; the pods present them from their \
+                             next connection, without a restart",
+                            renewed.join(", ")
+                        ),
+                    );
+                }
+                let (reason, message) = match &renewals.ca_ends {
+                    None => (
+                        "Issued",
+                        format!(
+                            "the job's pods talk over mutual TLS, each role with its own \
+                             certificate (Secrets {}-edl-tls-<role>) of the CA of Secret {}, \
+                             renewed with a third of its life left",
+                            self.job,
+                            objects::ca_secret_name(&self.job)
+                        ),
+                    ),
+                    Some(ends) => (
+                        "CAEnding",
+                        format!(
+                            "the job's CA (Secret {}) ends at {ends} and its certificates \
+                             cannot be renewed past it: the job's pods cannot talk after \
+                             that. Suspend the job, delete Secret {} and the job's \
+                             {}-edl-tls-<role> Secrets (a new CA is made), and resume it",
+                            objects::ca_secret_name(&self.job),
+                            objects::ca_secret_name(&self.job),
+                            self.job,
+                        ),
+                    ),
+                };
+                let warn = renewals.ca_ends.is_some();
+                if self.condition("TLSReady", true, reason, message.clone()) && warn {
+                    self.plan.event(true, "CAEnding", message);
+                }
                 None
             }
             JobTls::Failed(why) => {

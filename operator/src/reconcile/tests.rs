@@ -131,7 +131,7 @@ fn observe<'a>(
             .collect(),
         etcd,
         credentials: JobCredentials::NotIssued,
-        tls: JobTls::Ready,
+        tls: JobTls::Ready(TlsRenewals::default()),
         admission: Admission::NotQueued,
         lost_nodes: BTreeMap::new(),
         node_lost_after: Duration::from_secs(120),

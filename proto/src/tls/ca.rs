@@ -4,6 +4,7 @@
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use super::{TlsError, TlsFiles};
 
@@ -170,13 +171,28 @@ impl JobCa {
     }
 
     /// A new certificate and key named `common_name`, valid for `names` (DNS names,
-    /// wildcards or IP addresses) for `usage`, for `days` days, signed by this CA.
+    /// wildcards or IP addresses) for `usage`, for `days` days (never past the CA's
+    /// end), signed by this CA.
     pub fn issue(
         &self,
         common_name: &str,
         names: Vec<String>,
         usage: CertUse,
         days: i64,
+    ) -> Result<Issued, TlsError> {
+        let (from, until) = validity(days);
+        self.issue_between(common_name, names, usage, from.into(), until.into())
+    }
+
+    /// As [`JobCa::issue`], valid from `from` until `until` (never past the CA's end):
+    /// a certificate as though issued earlier, such as one close to its end.
+    pub fn issue_between(
+        &self,
+        common_name: &str,
+        names: Vec<String>,
+        usage: CertUse,
+        from: SystemTime,
+        until: SystemTime,
     ) -> Result<Issued, TlsError> {
         use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
         let ca_key = KeyPair::from_pem(&self.ca_key_pem).map_err(cert_err)?;
@@ -195,7 +211,9 @@ impl JobCa {
                 ExtendedKeyUsagePurpose::ClientAuth,
             ],
         };
-        (leaf.not_before, leaf.not_after) = validity(days);
+        // Never past the CA's own end: such a certificate would not verify then.
+        let (_, ca_ends) = validity_of(&self.ca_pem)?;
+        (leaf.not_before, leaf.not_after) = (from.into(), until.min(ca_ends).into());
         let key = KeyPair::generate().map_err(cert_err)?;
         let cert = leaf.signed_by(&key, &issuer).map_err(cert_err)?;
         Ok(Issued {
@@ -203,4 +221,50 @@ impl JobCa {
             key_pem: key.serialize_pem(),
         })
     }
+}
+
+/// When the first certificate in `pem` starts and ends being valid.
+pub fn validity_of(pem: &str) -> Result<(SystemTime, SystemTime), TlsError> {
+    let der = super::certs(pem.as_bytes(), "certificate")?;
+    let first = der
+        .first()
+        .ok_or_else(|| TlsError::new("no certificate in PEM"))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(first.as_ref())
+        .map_err(|e| TlsError::new(format!("the certificate does not parse: {e}")))?;
+    let v = cert.validity();
+    Ok((
+        v.not_before.to_datetime().into(),
+        v.not_after.to_datetime().into(),
+    ))
+}
+
+/// What to do about a certificate a job's CA issued, at a given time (see [`renewal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// More than a third of its life is left.
+    Keep,
+    /// A third of its life or less is left (or it has ended): issue it again.
+    Renew,
+    /// It is due, but it already ends with its CA (at the time given): a certificate
+    /// issued again would end no later, so only a new CA helps.
+    CaEnds(SystemTime),
+}
+
+/// Whether `leaf_pem`, issued by the CA `ca_pem`, is to be issued again at `now`: once
+/// no more than a third of its life is left (cert-manager's default), so a renewal that
+/// fails is tried again for weeks before anything stops working. A certificate that
+/// already ends within a minute of its CA's end is not renewed (a new one could not
+/// outlive the CA either): [`Renewal::CaEnds`].
+pub fn renewal(leaf_pem: &str, ca_pem: &str, now: SystemTime) -> Result<Renewal, TlsError> {
+    let (start, end) = validity_of(leaf_pem)?;
+    let life = end.duration_since(start).unwrap_or_default();
+    let left = end.duration_since(now).unwrap_or_default();
+    if left > life / 3 {
+        return Ok(Renewal::Keep);
+    }
+    let (_, ca_ends) = validity_of(ca_pem)?;
+    if end + Duration::from_secs(60) >= ca_ends {
+        return Ok(Renewal::CaEnds(ca_ends));
+    }
+    Ok(Renewal::Renew)
 }

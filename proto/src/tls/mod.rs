@@ -48,7 +48,7 @@ mod identity;
 #[cfg(test)]
 mod tests;
 
-pub use ca::{CertUse, Issued, JobCa, LocalCa};
+pub use ca::{CertUse, Issued, JobCa, LocalCa, Renewal, renewal, validity_of};
 pub use conn::{ClientConn, ServerConn, incoming};
 use identity::{Identity as Presented, Pair, Resolver};
 

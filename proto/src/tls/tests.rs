@@ -331,3 +331,37 @@ async fn a_rotated_certificate_is_presented_without_a_restart() {
         "the witness: the change was looked at"
     );
 }
+
+#[test]
+fn a_certificate_is_renewed_with_a_third_of_its_life_left_and_never_past_its_ca() {
+    use std::time::Duration;
+    let (day, minute) = (Duration::from_secs(86_400), Duration::from_secs(60));
+    let ca = JobCa::generate("j", 3650).unwrap();
+    let leaf = ca
+        .issue("edl test", vec!["j".to_owned()], CertUse::Client, 90)
+        .unwrap();
+    let (start, end) = validity_of(&leaf.cert_pem).unwrap();
+    let life = end.duration_since(start).unwrap();
+    // 90 days and the five minutes before now that allow for clocks.
+    assert_eq!(life, 90 * day + 5 * minute);
+    // With more than a third of its life left it stays; from a third on, and once
+    // ended, it is renewed.
+    let third = life / 3;
+    let renewal_at = |t| renewal(&leaf.cert_pem, &ca.ca_pem, t).unwrap();
+    assert_eq!(renewal_at(end - third - minute), Renewal::Keep);
+    assert_eq!(renewal_at(end - third + minute), Renewal::Renew);
+    assert_eq!(renewal_at(end + day), Renewal::Renew);
+    // A certificate never outlives its CA: under a CA of 30 days a 90-day one ends with
+    // it, and once due it cannot be renewed to end any later.
+    let short_ca = JobCa::generate("j", 30).unwrap();
+    let (_, ca_end) = validity_of(&short_ca.ca_pem).unwrap();
+    let capped = short_ca
+        .issue("edl test", vec!["j".to_owned()], CertUse::Client, 90)
+        .unwrap();
+    assert_eq!(validity_of(&capped.cert_pem).unwrap().1, ca_end);
+    assert_eq!(
+        renewal(&capped.cert_pem, &short_ca.ca_pem, ca_end - day).unwrap(),
+        Renewal::CaEnds(ca_end)
+    );
+    assert!(renewal("not a certificate", &ca.ca_pem, end).is_err());
+}

@@ -185,6 +185,8 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         );
     }
 
+    certificates_rotate_without_a_restart(&api, &client, &_kubelet, &etcd, &keys).await;
+
     // Member 0 on its claim, then its pod lost.
     let member = format!("{MANAGED_JOB}-etcd-0");
     let claim = api
@@ -439,4 +441,112 @@ async fn network_policy_keeps_the_job_to_itself(client: &kube::Client, api: &Fak
             "{from:?} -> {to:?}:{port} must be refused"
         );
     }
+}
+
+/// Rotation without a restart: the master's and the etcd members' certificates, each
+/// put in its Secret two thirds through its life (one of the job's CA, for the role's
+/// names, as though issued 70 days ago), are issued again by the operator in the same
+/// Secrets; the kubelet swaps the new files into the running pods' volumes, and the
+/// master and an etcd member present the renewed certificate from their next
+/// handshake, the same processes all along (their pids).
+async fn certificates_rotate_without_a_restart(
+    api: &FakeApi,
+    client: &kube::Client,
+    kubelet: &edl_testkit::kubelet::Kubelet,
+    etcd: &Arc<dyn Backend>,
+    keys: &JobKeys,
+) {
+    use edl_operator::objects::{Role, role_certificate, tls_secret_name};
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    use std::time::SystemTime;
+    const JOB: &str = "mnist-managed";
+    const DAY: Duration = Duration::from_secs(86_400);
+    let text =
+        |secret: &str, key: &str| String::from_utf8(secret_value(api, secret, key)).expect("UTF-8");
+    let ca_secret = format!("{JOB}-edl-ca");
+    let ca =
+        edl_proto::tls::JobCa::from_pem(&text(&ca_secret, "ca.crt"), &text(&ca_secret, "ca.key"))
+            .expect("the job's CA");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    // Where each presents its certificate: the leading master's address, and member
+    // 0's client port.
+    let (masters, _) = etcd
+        .range(&keys.master_election())
+        .await
+        .expect("the masters");
+    let master_addr = masters
+        .iter()
+        .min_by_key(|kv| kv.create_revision)
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+        .expect("a master");
+    let member_addr = kubelet.resolver()(&format!(
+        "{JOB}-etcd-0.{JOB}.{NS}.svc:{}",
+        edl_operator::objects::ETCD_PORT
+    ));
+    let pids =
+        |pods: &[&str]| -> Vec<Option<u32>> { pods.iter().map(|p| kubelet.pid(p)).collect() };
+    let pods = [format!("{JOB}-master-0"), format!("{JOB}-etcd-0")];
+    let pods: Vec<&str> = pods.iter().map(String::as_str).collect();
+    let before = pids(&pods);
+    assert!(before.iter().all(Option::is_some), "{before:?}");
+    let mut due = Vec::new();
+    for (role, addr) in [(Role::Master, &master_addr), (Role::Etcd, &member_addr)] {
+        let name = tls_secret_name(JOB, role);
+        let (cn, names, usage) = role_certificate(JOB, NS, Some(role));
+        let now = SystemTime::now();
+        let old = ca
+            .issue_between(&cn, names, usage, now - 70 * DAY, now + 20 * DAY)
+            .expect("a certificate");
+        let mut s = secrets.get(&name).await.expect("the role's Secret");
+        let data = s.data.get_or_insert_with(Default::default);
+        data.insert(
+            "tls.crt".into(),
+            ByteString(old.cert_pem.clone().into_bytes()),
+        );
+        data.insert("tls.key".into(), ByteString(old.key_pem.into_bytes()));
+        secrets
+            .replace(&name, &PostParams::default(), &s)
+            .await
+            .expect("put the certificate that is due");
+        due.push((name, addr.clone(), old.cert_pem));
+    }
+    // Any of the job's own certificates verifies the servers.
+    let tls = tls_of(api, &format!("{JOB}-edl-tls-trainer"), JOB);
+    for (name, addr, old) in &due {
+        let renewed = wait_until(Duration::from_secs(60), || async {
+            let now = text(name, "tls.crt");
+            now != *old && presented(addr, &tls).await == Some(der(&now))
+        })
+        .await;
+        assert!(
+            renewed,
+            "{name}: at {addr}, the certificate presented is not the renewed one in the \
+             Secret (the due one is {}presented)",
+            if presented(addr, &tls).await == Some(der(old)) {
+                ""
+            } else {
+                "not "
+            }
+        );
+    }
+    assert_eq!(pids(&pods), before, "the processes were not restarted");
+}
+
+/// The (first) certificate of `pem`, as DER.
+fn der(pem: &str) -> Vec<u8> {
+    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    edl_testkit::kube_api::base64_decode(&body).expect("base64")
+}
+
+/// The certificate the TLS server at `addr` presents to a new connection made with
+/// `tls` (DER), if the handshake succeeds.
+async fn presented(addr: &str, tls: &edl_proto::tls::Tls) -> Option<Vec<u8>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let s = tls
+        .connect_alpn(addr, tcp, edl_proto::tls::ALPN_H2)
+        .await
+        .ok()?;
+    let chain = s.get_ref().1.peer_certificates()?;
+    Some(chain.first()?.as_ref().to_vec())
 }
