@@ -910,3 +910,60 @@ async fn authentication_on_credentials_work_and_bad_ones_are_refused() {
         .expect_err("no credentials are refused");
     assert!(!anonymous.is_retryable(), "{anonymous}");
 }
+
+/// A member that lost its data is replaced in the membership: with member 2 SIGKILLed
+/// (as when its node and volume are gone), `replace_member` at its peer URL removes it
+/// and adds a new, not yet started member there; repeated (an operator's next round, or
+/// a retry after a lost answer), it changes nothing; the other two keep a quorum and
+/// take writes throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_lost_its_data_is_replaced_in_the_membership() {
+    let cluster = EtcdCluster::start(3).await.unwrap();
+    let backend = EtcdBackend::connect(
+        EtcdConfig::new(cluster.endpoints()).with_dial_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .expect("connect");
+    let before = backend.members().await.expect("the members");
+    assert_eq!(before.len(), 3);
+    assert!(before.iter().all(|m| m.started()), "{before:?}");
+    let lost = before
+        .iter()
+        .find(|m| m.name.ends_with("-m2"))
+        .expect("member 2")
+        .clone();
+    cluster.kill(2).expect("SIGKILL member 2");
+    let url = lost.peer_urls[0].clone();
+    // etcd takes a change of membership only once the members that stay have been
+    // connected for its health interval (5 s; `--strict-reconfig-check`): tried
+    // again, as the operator's rounds do.
+    let replaced = wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async { backend.replace_member(&url).await.is_ok() },
+    )
+    .await;
+    assert!(replaced, "{:?}", backend.replace_member(&url).await);
+    let after = backend.members().await.expect("the members");
+    assert_eq!(after.len(), 3, "{after:?}");
+    assert!(
+        !after.iter().any(|m| m.id == lost.id),
+        "the old member went"
+    );
+    let new = after
+        .iter()
+        .find(|m| m.peer_urls.contains(&url))
+        .expect("a member at its URL")
+        .clone();
+    assert!(!new.started(), "added, not started: {new:?}");
+    backend.replace_member(&url).await.expect("again");
+    assert_eq!(
+        backend.members().await.expect("the members"),
+        after,
+        "unchanged"
+    );
+    backend
+        .put("/faults/replaced", b"x".to_vec(), None)
+        .await
+        .expect("the other two take writes");
+}

@@ -621,6 +621,11 @@ pub struct TrainingJobStatus {
     /// is created.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replacing: Vec<String>,
+    /// The managed etcd has formed (the operator read its membership once): a member
+    /// made from now on joins it (`--initial-cluster-state=existing`), and one whose
+    /// claim is lost is replaced in the membership first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub etcd_formed: bool,
     /// The label selector of the trainer pods (the scale subresource's selector).
     #[serde(default)]
     pub selector: String,

@@ -111,6 +111,7 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
         // Over: stop what still runs but the managed etcd, which stays whole.
         d.finish_workload();
         stop_running(&mut d.plan, &obs.pods);
+        d.lost_members();
         d.keep_managed_etcd(&desired);
         return d.plan_if_changed();
     }
@@ -156,6 +157,7 @@ pub fn reconcile(obs: &Observed<'_>) -> Plan {
     d.pod_group();
     d.services();
     d.checkpoint_volumes();
+    d.lost_members();
     if let Some(why) = d.ended_and_surplus_pods(&desired) {
         return d.crash_loop(why);
     }

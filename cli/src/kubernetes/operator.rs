@@ -134,6 +134,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         network: JobNetwork::default(),
         disruption_budgets: BTreeSet::new(),
         etcd: Ok(EtcdState::default()),
+        etcd_members: None,
         // What an operator without admin credentials for the jobs' etcd creates: job pods
         // on a shared etcd take `<job>-edl-credentials` if it exists.
         credentials: JobCredentials::NotIssued,

@@ -38,6 +38,7 @@ mod codec;
 mod config;
 mod conn;
 mod failure;
+mod members;
 mod ops;
 mod space;
 mod watch;
@@ -57,6 +58,7 @@ pub use config::{EtcdAuth, EtcdConfig, EtcdTls};
 pub(crate) use conn::probe_channel;
 use conn::{Conn, connect_channel, load_tls};
 use failure::{Failure, Resend, unavailable_msg, with_endpoint};
+pub use members::EtcdMember;
 
 use crate::error::{Error, Result};
 

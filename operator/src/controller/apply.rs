@@ -155,6 +155,10 @@ async fn apply_etcd(
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
             // Only an operator with admin credentials made the user.
+            (EtcdAction::ReplaceMember(peer_url), _) => admin
+                .replace_member(&(ctx.config.resolve.0)(peer_url))
+                .await
+                .map_err(|e| e.to_string()),
             (EtcdAction::RemoveJobUser, Some(_)) if ctx.config.etcd_auth.is_none() => Ok(()),
             (EtcdAction::RemoveJobUser, Some(_)) => admin
                 .revoke_user(&job_etcd_user(&crate::objects::etcd_job(tj)))

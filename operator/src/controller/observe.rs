@@ -30,6 +30,7 @@ use super::{Ctx, Error, JobApis, kube_err};
 use crate::crd::{TaskCounts, TrainingJob};
 use crate::objects::{INDEX_LABEL, JOB_LABEL, ROLE_LABEL, Role, Slot};
 use crate::reconcile::{EtcdState, Finished, JobCredentials, JobTls, Observed, PodPhase, PodView};
+use edl_coord::EtcdMember;
 
 /// The pod as the decision sees it (`None`: not one of the job's pods).
 pub fn pod_view(pod: &Pod) -> Option<PodView> {
@@ -212,7 +213,7 @@ pub(super) async fn observe<'a>(
     } else {
         (JobTls::Plaintext, None)
     };
-    let (etcd, credentials) = observe_etcd(ctx, tj, ns, job, job_tls.as_ref()).await;
+    let (etcd, credentials, etcd_members) = observe_etcd(ctx, tj, ns, job, job_tls.as_ref()).await;
     let admission = observe_workload(ctx, tj, ns).await?;
     let observed = Observed {
         job: tj,
@@ -234,6 +235,7 @@ pub(super) async fn observe<'a>(
             .collect(),
         network: ctx.config.network.clone(),
         etcd,
+        etcd_members,
         credentials,
         tls,
         admission,
@@ -279,24 +281,37 @@ fn lost_nodes(ctx: &Ctx, pods: &[Pod]) -> std::collections::BTreeMap<String, Tim
 
 /// The job's own credentials, for a live, valid job on its managed etcd, or on a shared
 /// etcd when the operator may make users; then the job's state, its master asked with the job's token (over
-/// the job's TLS, `tls`, when it has it).
+/// the job's TLS, `tls`, when it has it); and a managed etcd's membership.
 async fn observe_etcd(
     ctx: &Ctx,
     tj: &TrainingJob,
     ns: &str,
     job: Option<&JobName>,
     tls: Option<&edl_proto::tls::Tls>,
-) -> (Result<EtcdState, String>, JobCredentials) {
+) -> (
+    Result<EtcdState, String>,
+    JobCredentials,
+    Option<Vec<EtcdMember>>,
+) {
     let Some(job) = job else {
         // An invalid name fails the job in the decision; etcd is not needed.
-        return (Ok(EtcdState::default()), JobCredentials::NotIssued);
+        return (Ok(EtcdState::default()), JobCredentials::NotIssued, None);
     };
     // A job gets its own etcd user and token: on a shared etcd when the operator may
     // make users, always on its managed etcd.
     let issues = (ctx.config.etcd_auth.is_some() || tj.spec.etcd.managed) && tj.is_live();
     let b = match ctx.backend(tj, tls).await {
         Ok(b) => b,
-        Err(e) => return (Err(e), JobCredentials::NotIssued),
+        Err(e) => return (Err(e), JobCredentials::NotIssued, None),
+    };
+    // The managed etcd's membership (a lost member is replaced in it).
+    let members = if tj.spec.etcd.managed {
+        b.members()
+            .await
+            .ok()
+            .map(|m| as_pods_name_them(ctx, tj, m))
+    } else {
+        None
     };
     let (credentials, token) = if issues {
         match ensure_credentials(ctx, &b, tj, ns, job).await {
@@ -314,5 +329,23 @@ async fn observe_etcd(
         (Err(_), JobCredentials::Failed(_)) => JobCredentials::NotIssued,
         (_, c) => c,
     };
-    (etcd, credentials)
+    (etcd, credentials, members)
+}
+
+/// `members` of `tj`'s managed etcd with each peer URL as the job's pods name it
+/// ([`crate::objects::etcd_peer_url`]), where the operator reaches the members at other
+/// addresses ([`ControllerConfig::resolve`](super::ControllerConfig): the stand-in's).
+fn as_pods_name_them(ctx: &Ctx, tj: &TrainingJob, mut members: Vec<EtcdMember>) -> Vec<EtcdMember> {
+    let named: Vec<(String, String)> = (0..tj.spec.etcd.members.max(1))
+        .map(|i| {
+            let url = crate::objects::etcd_peer_url(tj, i);
+            ((ctx.config.resolve.0)(&url), url)
+        })
+        .collect();
+    for url in members.iter_mut().flat_map(|m| m.peer_urls.iter_mut()) {
+        if let Some((_, name)) = named.iter().find(|(reached, _)| reached == url) {
+            *url = name.clone();
+        }
+    }
+    members
 }

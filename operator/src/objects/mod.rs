@@ -222,13 +222,25 @@ fn member_host(job: &str, ns: &str, i: u32) -> String {
     format!("{pod}.{job}.{ns}.svc")
 }
 
+/// The URL the other members of `tj`'s managed etcd reach member `i` at.
+pub fn etcd_peer_url(tj: &TrainingJob, i: u32) -> String {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
+    format!(
+        "{}://{}:{ETCD_PEER_PORT}",
+        etcd_scheme(tj),
+        member_host(&job, ns, i)
+    )
+}
+
 /// The command line of member `index` of `tj`'s managed etcd: named `etcd-<index>`, its
 /// data on its claim, the members found by their pods' DNS names, old revisions
 /// compacted every hour, a 2 GiB space quota (past it etcd raises its space alarm and
 /// refuses writes; the job's master then pauses the job and says so). Clients and peers
 /// over mutual TLS with the job's certificate (unless `plaintext`): only holders of a
 /// certificate of the job's CA connect at all. A member that comes back on its claim
-/// rejoins with its data. Authentication is turned on by the operator once the members
+/// rejoins with its data; once the etcd has formed, one made on a new claim (its own
+/// lost) joins it as the new member the operator added (`existing`). Authentication is turned on by the operator once the members
 /// answer (`EtcdBackend::connect_as_root`).
 fn etcd_member_args(tj: &TrainingJob, index: u32) -> Vec<String> {
     let job = tj.metadata.name.clone().unwrap_or_default();
@@ -236,13 +248,12 @@ fn etcd_member_args(tj: &TrainingJob, index: u32) -> Vec<String> {
     let members = tj.spec.etcd.members.max(1);
     let scheme = etcd_scheme(tj);
     let cluster: Vec<String> = (0..members)
-        .map(|i| {
-            format!(
-                "etcd-{i}={scheme}://{}:{ETCD_PEER_PORT}",
-                member_host(&job, ns, i)
-            )
-        })
+        .map(|i| format!("etcd-{i}={}", etcd_peer_url(tj, i)))
         .collect();
+    // Once formed, a member made again on an empty claim joins the cluster (after the
+    // operator replaced it in the membership); one on its own claim ignores this.
+    let formed = tj.status.as_ref().is_some_and(|s| s.etcd_formed);
+    let state = if formed { "existing" } else { "new" };
     let me = member_host(&job, ns, index);
     let mut args = vec![
         "etcd".to_owned(),
@@ -253,7 +264,7 @@ fn etcd_member_args(tj: &TrainingJob, index: u32) -> Vec<String> {
         format!("--listen-peer-urls={scheme}://0.0.0.0:{ETCD_PEER_PORT}"),
         format!("--initial-advertise-peer-urls={scheme}://{me}:{ETCD_PEER_PORT}"),
         format!("--initial-cluster={}", cluster.join(",")),
-        "--initial-cluster-state=new".to_owned(),
+        format!("--initial-cluster-state={state}"),
         format!("--initial-cluster-token={job}"),
         "--auto-compaction-mode=periodic".to_owned(),
         "--auto-compaction-retention=1h".to_owned(),

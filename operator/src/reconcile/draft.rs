@@ -2,6 +2,8 @@
 //! made, and the plan so far. Conditions keep their transition time when their status
 //! holds.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::{Observed, Plan};
@@ -19,6 +21,9 @@ pub(super) struct Draft<'a> {
     /// The status being made (written only if it differs from `old`).
     pub(super) status: TrainingJobStatus,
     pub(super) plan: Plan,
+    /// Pods not to be made this round ([`Draft::lost_members`]: a managed etcd's member
+    /// whose claim is lost while the etcd does not answer).
+    pub(super) held: BTreeSet<String>,
 }
 
 impl<'a> Draft<'a> {
@@ -36,6 +41,7 @@ impl<'a> Draft<'a> {
             old,
             status,
             plan: Plan::default(),
+            held: BTreeSet::new(),
         }
     }
 

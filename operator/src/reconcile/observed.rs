@@ -180,6 +180,9 @@ pub struct Observed<'a> {
     pub network: JobNetwork,
     /// Its state in etcd, or why etcd could not be read.
     pub etcd: Result<EtcdState, String>,
+    /// Its managed etcd's membership, as the operator (root) read it this round; `None`
+    /// when it has none or it did not answer.
+    pub etcd_members: Option<Vec<edl_coord::EtcdMember>>,
     /// Its etcd credentials.
     pub credentials: JobCredentials,
     /// Its TLS Secret.

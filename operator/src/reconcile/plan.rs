@@ -37,6 +37,9 @@ pub enum EtcdAction {
     /// Delete the job's own etcd user and role (`edl-job-<ns>.<job>`), if the operator made
     /// them (the finalizer's work, after the keys).
     RemoveJobUser,
+    /// Make the managed etcd's member at this peer URL a new one (its claim was lost):
+    /// remove the started member there, add one (`EtcdBackend::replace_member`).
+    ReplaceMember(String),
 }
 
 /// A pod to delete.

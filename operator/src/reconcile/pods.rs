@@ -165,7 +165,7 @@ impl Draft<'_> {
             if existing.contains(name.as_str()) {
                 continue;
             }
-            if slot.role != Role::Etcd && !processes_ready {
+            if (slot.role != Role::Etcd && !processes_ready) || self.held.contains(&name) {
                 continue;
             }
             let known = slot.role != Role::Trainer || slot.index < self.old.trainers.desired;

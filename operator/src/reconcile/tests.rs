@@ -130,6 +130,7 @@ fn observe<'a>(
             .filter_map(|b| b.metadata.name)
             .collect(),
         etcd,
+        etcd_members: None,
         credentials: JobCredentials::NotIssued,
         tls: JobTls::Ready(TlsRenewals::default()),
         admission: Admission::NotQueued,

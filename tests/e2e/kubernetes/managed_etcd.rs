@@ -289,6 +289,91 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         api.get("pods", NS, &hung)
     );
 
+    // Member 2's claim lost with its pod (its node gone with a local volume): the
+    // operator takes the member out of the etcd's membership and adds a new one at its
+    // URL; the member's new pod, on a new and empty claim, joins the others and gets
+    // their data.
+    let root_password = String::from_utf8(secret_value(
+        &api,
+        &edl_operator::objects::etcd_root_secret_name(MANAGED_JOB),
+        edl_operator::objects::ETCD_ROOT_KEY,
+    ))
+    .expect("UTF-8");
+    let root =
+        EtcdBackend::connect_with_tls(cfg.clone().with_auth("root", root_password), tls.clone())
+            .await
+            .expect("connect as root");
+    let lost = format!("{MANAGED_JOB}-etcd-2");
+    let lost_claim = format!("{MANAGED_JOB}-etcd-data-2");
+    let members = root.members().await.expect("the members");
+    let old_id = members
+        .iter()
+        .find(|m| m.name == "etcd-2")
+        .map(|m| m.id)
+        .expect("member 2 in the membership");
+    let old_claim = api
+        .get("persistentvolumeclaims", NS, &lost_claim)
+        .and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned))
+        .expect("member 2's claim");
+    let old = uid(&api, &lost);
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), NS);
+    claims
+        .delete(&lost_claim, &DeleteParams::default())
+        .await
+        .expect("delete member 2's claim");
+    pods.delete(&lost, &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete member 2's pod");
+    let rejoined = wait_until(Duration::from_secs(180), || async {
+        let claim = api
+            .get("persistentvolumeclaims", NS, &lost_claim)
+            .and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned));
+        let pod_new = api.get("pods", NS, &lost).is_some_and(|p| {
+            p["metadata"]["uid"].as_str() != old.as_deref() && p["status"]["phase"] == "Running"
+        });
+        let member_new = root.members().await.is_ok_and(|ms| {
+            ms.len() == 3
+                && ms.iter().all(|m| m.started())
+                && ms.iter().any(|m| m.name == "etcd-2" && m.id != old_id)
+        });
+        claim.is_some_and(|c| c != old_claim) && pod_new && member_new
+    })
+    .await;
+    assert!(
+        rejoined,
+        "member 2 did not rejoin on a new claim: {:?}\n{}",
+        root.members().await,
+        pod_logs(&pods_dir)
+    );
+    // Its data came from the others: the job's spec, read through member 2 alone.
+    let member_2 = resolve(&format!(
+        "https://{MANAGED_JOB}-etcd-2.{MANAGED_JOB}.{NS}.svc:{}",
+        edl_operator::objects::ETCD_PORT
+    ));
+    let through_2 = EtcdBackend::connect_with_tls(
+        EtcdConfig::new([member_2])
+            .with_dial_timeout(Duration::from_secs(2))
+            .with_auth(text("EDL_ETCD_USER"), text("EDL_ETCD_PASSWORD")),
+        tls.clone(),
+    )
+    .await
+    .expect("connect to member 2");
+    assert!(
+        through_2
+            .get(&keys.spec())
+            .await
+            .expect("read through member 2")
+            .is_some(),
+        "member 2 has the job's keys"
+    );
+    let replaced_events: Vec<_> = api
+        .list("events", NS)
+        .into_iter()
+        .filter(|e| e["reason"] == "EtcdMemberReplaced")
+        .collect();
+    assert!(!replaced_events.is_empty(), "no EtcdMemberReplaced event");
+
     succeeded(&jobs, MANAGED_JOB, &pods_dir).await;
     let after = restore(&etcd, &keys).await.expect("the restore record");
     assert_eq!(

@@ -212,3 +212,143 @@ fn managed_etcd_members_are_kept_on_different_nodes() {
         }
     }
 }
+
+/// A managed etcd's membership as the operator reads it: members 0..3 started at their
+/// peer URLs.
+fn membership(tj: &TrainingJob) -> Vec<edl_coord::EtcdMember> {
+    (0..3)
+        .map(|i| edl_coord::EtcdMember {
+            id: 100 + u64::from(i),
+            name: format!("etcd-{i}"),
+            peer_urls: vec![crate::objects::etcd_peer_url(tj, i)],
+        })
+        .collect()
+}
+
+/// The managed etcd's first members bootstrap it (`new`); once it answered (formed),
+/// a member whose claim is gone is replaced in the membership before its claim and pod
+/// are made again, which joins it (`existing`); while the etcd does not answer, such a
+/// member waits, its claim and pod not made; one added and not yet started needs no
+/// change; a member on its own claim is left alone.
+#[test]
+fn a_member_whose_claim_is_lost_is_replaced_in_the_membership_first() {
+    let managed = |tj: &mut TrainingJob| {
+        tj.spec.etcd = EtcdSpec {
+            managed: true,
+            ..EtcdSpec::default()
+        };
+    };
+    let mut tj = training_job("");
+    managed(&mut tj);
+    let state = |p: &Pod| {
+        let args =
+            serde_json::to_value(p).expect("json")["spec"]["containers"][0]["command"].to_string();
+        args.contains("--initial-cluster-state=existing")
+    };
+    // Not formed yet: the members bootstrap, and reading the membership marks it formed.
+    let plan = reconcile(&Observed {
+        claims: BTreeSet::new(),
+        ..observe(&tj, vec![], Err("connection refused".into()))
+    });
+    assert_eq!(plan.create_pods.len(), 3);
+    assert!(plan.create_pods.iter().all(|p| !state(p)), "new at first");
+    assert!(plan.etcd.is_empty());
+    let plan = reconcile(&Observed {
+        etcd_members: Some(membership(&tj)),
+        ..observe(&tj, vec![], Ok(progress(2)))
+    });
+    assert!(plan.status.expect("status").etcd_formed, "formed");
+
+    let mut tj = training_job("");
+    started(&mut tj, 2);
+    managed(&mut tj);
+    tj.status.as_mut().expect("status").etcd_formed = true;
+    let mut pods = running(2);
+    pods.extend([
+        pod(Role::Etcd, 0, PodPhase::Running),
+        pod(Role::Etcd, 1, PodPhase::Running),
+    ]);
+    let all_claims = observe(&tj, vec![], Ok(progress(2))).claims;
+    let without_2: BTreeSet<String> = all_claims
+        .iter()
+        .filter(|c| *c != "mnist-etcd-data-2")
+        .cloned()
+        .collect();
+    let url = crate::objects::etcd_peer_url(&tj, 2);
+    // Member 2's pod and claim gone (its node and local volume lost), the etcd answering.
+    let plan = reconcile(&Observed {
+        claims: without_2.clone(),
+        etcd_members: Some(membership(&tj)),
+        ..observe(&tj, pods.clone(), Ok(progress(2)))
+    });
+    assert_eq!(plan.etcd, [EtcdAction::ReplaceMember(url.clone())]);
+    assert_eq!(
+        plan.create_claims
+            .iter()
+            .filter_map(|c| c.metadata.name.as_deref())
+            .collect::<Vec<_>>(),
+        ["mnist-etcd-data-2"]
+    );
+    assert_eq!(names(&plan.create_pods), ["mnist-etcd-2"]);
+    assert!(state(&plan.create_pods[0]), "it joins the formed etcd");
+    assert!(
+        plan.events
+            .iter()
+            .any(|e| e.warning && e.reason == "EtcdMemberReplaced")
+    );
+    let status = plan.status.expect("status");
+    assert_eq!(
+        condition(&status, "EtcdMembersWhole").reason,
+        "MemberReplaced"
+    );
+
+    // Replaced already (a round whose claim or pod was not made): nothing to change.
+    let mut replaced = membership(&tj);
+    replaced[2] = edl_coord::EtcdMember {
+        id: 999,
+        name: String::new(),
+        peer_urls: vec![url.clone()],
+    };
+    let plan = reconcile(&Observed {
+        claims: without_2.clone(),
+        etcd_members: Some(replaced),
+        ..observe(&tj, pods.clone(), Ok(progress(2)))
+    });
+    assert!(plan.etcd.is_empty(), "{:?}", plan.etcd);
+    assert_eq!(names(&plan.create_pods), ["mnist-etcd-2"]);
+
+    // The etcd not answering: member 2 waits, said once.
+    let plan = reconcile(&Observed {
+        claims: without_2,
+        ..observe(&tj, pods.clone(), Err("no quorum".into()))
+    });
+    assert!(plan.etcd.is_empty());
+    assert!(
+        !names(&plan.create_pods).contains(&"mnist-etcd-2".to_owned()),
+        "{:?}",
+        names(&plan.create_pods)
+    );
+    assert!(
+        !plan
+            .create_claims
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some("mnist-etcd-data-2")),
+        "no empty claim for it"
+    );
+    assert!(plan.events.iter().any(|e| e.reason == "EtcdMemberLost"));
+    let status = plan.status.expect("status");
+    assert_eq!(condition(&status, "EtcdMembersWhole").reason, "MemberLost");
+    assert!(
+        status.recoveries.iter().all(|r| r.pod != "mnist-etcd-2"),
+        "a member waiting is not a recovery yet"
+    );
+
+    // Every claim there (member 2's pod only gone): made again on its claim, as before.
+    let plan = reconcile(&Observed {
+        claims: all_claims,
+        etcd_members: Some(membership(&tj)),
+        ..observe(&tj, pods, Ok(progress(2)))
+    });
+    assert!(plan.etcd.is_empty());
+    assert_eq!(names(&plan.create_pods), ["mnist-etcd-2"]);
+}
