@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use serde_json::json;
 
 use super::{Ctx, Error, kube_err};
 use crate::crd::TrainingJob;
@@ -94,8 +95,24 @@ async fn flavors(
     Ok(out)
 }
 
-/// Applies the plan's change to the job's Workload: made, or its status written (fenced
-/// by the resourceVersion it is read at).
+/// The field manager of the Workload conditions the operator owns (`PodsReady`,
+/// `Finished`).
+const FIELD_MANAGER: &str = "edl-operator";
+
+/// The field manager of a Workload's admission, Kueue's: the admission is cleared
+/// under it, as Kueue's own job integrations do after an eviction.
+const ADMISSION_MANAGER: &str = "kueue-admission";
+
+/// The Workload conditions the operator applies as [`FIELD_MANAGER`].
+const OWN_CONDITIONS: [&str; 2] = ["PodsReady", "Finished"];
+
+/// Applies the plan's change to the job's Workload: made, or its status applied
+/// (server-side apply). The operator's own conditions as [`FIELD_MANAGER`], each apply
+/// naming all it keeps (an apply that leaves one out removes it). A release (after an
+/// eviction) as Kueue's job integrations do it: under Kueue's admission manager, with
+/// force, the status without its admission (so the admission, which that manager owns,
+/// goes) and `QuotaReserved`/`Admitted` False, fenced by the resourceVersion it was read
+/// at (a Workload admitted again meanwhile is not released).
 pub(super) async fn apply_workload(
     ctx: &Ctx,
     tj: &TrainingJob,
@@ -129,21 +146,54 @@ pub(super) async fn apply_workload(
         .await
         .map_err(kube_err(format!("read Workload {name}")))?;
     let value = serde_json::to_value(&found).unwrap_or_default();
-    let new = match status {
-        (why, Some(true)) => objects::released_workload(value, why, &now),
-        (message, Some(false)) => objects::finished_workload(value, message, &now),
-        (message, None) => {
-            let ready = matches!(change, WorkloadChange::PodsReady(true));
-            let reason = if ready { "PodsReady" } else { "WaitForStart" };
-            let mut w = value;
-            objects::set_workload_condition(&mut w, "PodsReady", ready, reason, message, &now);
-            w
+    let identity = json!({
+        "apiVersion": value["apiVersion"], "kind": value["kind"],
+        "metadata": {"name": name, "namespace": ns},
+    });
+    let (manager, config) = match status {
+        (why, Some(true)) => {
+            let released = objects::released_workload(value.clone(), why, &now);
+            let mut config = identity;
+            config["metadata"]["resourceVersion"] = value["metadata"]["resourceVersion"].clone();
+            config["status"] = released["status"].clone();
+            (ADMISSION_MANAGER, config)
+        }
+        (message, finished) => {
+            let new = match finished {
+                Some(_) => objects::finished_workload(value, message, &now),
+                None => {
+                    let ready = matches!(change, WorkloadChange::PodsReady(true));
+                    let reason = if ready { "PodsReady" } else { "WaitForStart" };
+                    let mut w = value;
+                    objects::set_workload_condition(
+                        &mut w,
+                        "PodsReady",
+                        ready,
+                        reason,
+                        message,
+                        &now,
+                    );
+                    w
+                }
+            };
+            let own: Vec<serde_json::Value> = new["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| OWN_CONDITIONS.iter().any(|t| c["type"] == *t))
+                .cloned()
+                .collect();
+            let mut config = identity;
+            config["status"] = json!({ "conditions": own });
+            (FIELD_MANAGER, config)
         }
     };
-    let object: DynamicObject = serde_json::from_value(new)
-        .map_err(|e| kube_err(format!("read Workload {name}"))(kube::Error::SerdeError(e)))?;
-    api.replace_status(&name, &PostParams::default(), &object)
-        .await
-        .map_err(kube_err(format!("write the status of Workload {name}")))?;
+    api.patch_status(
+        &name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&config),
+    )
+    .await
+    .map_err(kube_err(format!("apply the status of Workload {name}")))?;
     Ok(())
 }

@@ -73,8 +73,16 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
              "flavors": {"cpu": "default-flavor", "nvidia.com/gpu": "gpu-a100"}}]},
         "conditions": [{"type": "QuotaReserved", "status": "True"},
                        {"type": "Admitted", "status": "True"}]});
-    api.patch_status("workloads", NS, WORKLOAD, &admitted)
-        .expect("admit");
+    // Kueue writes the admission by server-side apply, as its admission manager.
+    api.apply_status(
+        "workloads",
+        NS,
+        WORKLOAD,
+        "kueue-admission",
+        &admitted,
+        true,
+    )
+    .expect("admit");
     // Admitted with flavors that are not there yet: the job waits, saying which, and
     // makes no pod (placed without its flavor, a trainer could land off its nodes).
     let said = wait_until(within, every, || async {
@@ -150,7 +158,7 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
             json!({"type": "Evicted", "status": "True", "reason": "Preempted",
                      "message": "preempted"}),
         );
-    api.patch_status("workloads", NS, WORKLOAD, &evicted)
+    api.apply_status("workloads", NS, WORKLOAD, "kueue-admission", &evicted, true)
         .expect("evict");
     let released = wait_until(within, every, || async {
         pod_names(&api, "master").is_empty()
@@ -161,6 +169,23 @@ async fn a_queued_job_waits_for_its_workload_runs_when_admitted_and_stops_when_e
     })
     .await;
     assert!(released, "{:?}", api.get("workloads", NS, WORKLOAD));
+    // The operator's own conditions are applied under its field manager, which owns them
+    // and nothing of Kueue's.
+    let wl = api.get("workloads", NS, WORKLOAD).expect("the Workload");
+    let own = wl["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["manager"] == "edl-operator")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(own["operation"], "Apply", "{wl}");
+    assert_eq!(own["subresource"], "status");
+    let owned: Vec<&String> = own["fieldsV1"]["f:status"]["f:conditions"]
+        .as_object()
+        .map(|m| m.keys().collect())
+        .unwrap_or_default();
+    assert_eq!(owned, [r#"k:{"type":"PodsReady"}"#], "{own}");
     assert!(
         events(&api).iter().any(|e| e == "Evicted"),
         "{:?}",

@@ -401,6 +401,28 @@ fn respond(
                 return Err(not_found(&ty, &name));
             };
             let input = parse_body(body)?;
+            if *method == Method::PATCH && content_type.starts_with("application/apply-patch") {
+                check_rv(&current, &input, &ty, &name)?;
+                let subresource = match sub {
+                    None => None,
+                    Some("status") if ty.status => Some("status"),
+                    Some(_) => return Err(not_found(&ty, &name)),
+                };
+                let manager = q
+                    .get("fieldManager")
+                    .map(String::as_str)
+                    .unwrap_or_default();
+                let force = q.get("force").is_some_and(|f| f == "true");
+                let new = super::apply::apply(
+                    &current,
+                    &input,
+                    manager,
+                    force,
+                    subresource,
+                    &super::store::now_rfc3339(),
+                )?;
+                return Ok((200, store.write(&key, new, tx)));
+            }
             let mut new = if *method == Method::PATCH {
                 if !(content_type.starts_with("application/merge-patch+json")
                     || content_type.starts_with("application/strategic-merge-patch+json"))

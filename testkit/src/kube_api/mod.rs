@@ -24,7 +24,9 @@
 //!   patch** (`application/merge-patch+json`; `strategic-merge-patch+json` is applied as a
 //!   JSON merge patch, the same for every field edl patches) with **optimistic
 //!   concurrency**: a `metadata.resourceVersion` in the body that is not the current one
-//!   is `409 Conflict`. JSON patch and server-side apply are `415`.
+//!   is `409 Conflict`. JSON patch is `415`. **Server-side apply**
+//!   (`application/apply-patch+yaml`, `fieldManager`, `force`) with field ownership in
+//!   `metadata.managedFields` (`apply.rs`, which says where it differs).
 //! - **status subresource** (`/status`): the main resource ignores status changes (and a
 //!   create drops the status); `/status` changes only the status.
 //! - **scale subresource** (`/scale`, an `autoscaling/v1` Scale) over the paths given in
@@ -77,7 +79,7 @@
 //! manifests are validated against the real schemas by `deploy/tests`), admission other
 //! than Pod Security, protobuf bodies (`415`), RBAC for users not named to
 //! [`FakeApi::enforce_rbac`],
-//! authentication, server-side apply, field managers, pagination, bookmarks, a Secret's
+//! authentication, the ownership of updates (only applies record it), pagination, bookmarks, a Secret's
 //! other checks (key names, the 1 MiB limit, the keys `kubernetes.io/*` types need),
 //! and the other controllers of a cluster (scheduling and running pods is the test's own
 //! kubelet, over [`FakeApi`]'s direct methods).
@@ -96,6 +98,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+mod apply;
 mod http;
 pub mod network_policy;
 pub mod pod_security;
@@ -729,6 +732,30 @@ impl FakeApi {
         };
         merge_patch(&mut obj["status"], patch);
         Ok(store.write(&key, obj, &self.shared.tx))
+    }
+
+    /// Applies `status` (server-side apply, through `/status`) to an object as
+    /// `manager` (`force`: taking fields another manager owns), as a controller such as
+    /// Kueue writes a Workload's status.
+    pub fn apply_status(
+        &self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        manager: &str,
+        status: &Value,
+        force: bool,
+    ) -> Result<Value, ApiError> {
+        let t = self.type_index(plural);
+        let key = (t, namespace.to_owned(), name.to_owned());
+        let mut store = self.shared.lock();
+        let Some(obj) = store.objects.get(&key).cloned() else {
+            return Err(not_found(&store.types[t], name));
+        };
+        let applied = json!({ "status": status });
+        let now = store::now_rfc3339();
+        let new = apply::apply(&obj, &applied, manager, force, Some("status"), &now)?;
+        Ok(store.write(&key, new, &self.shared.tx))
     }
 
     /// Deletes an object (`grace`: a pod's grace period; `Some(0)` removes a pod at once,

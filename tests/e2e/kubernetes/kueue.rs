@@ -131,9 +131,17 @@ async fn a_job_queued_through_kueue_runs_only_while_admitted_and_an_eviction_los
     assert!(looked, "the operator stopped reconciling");
     assert!(job_pods().is_empty(), "a pod was made before admission");
 
-    // Admitted with one trainer.
-    api.patch_status("workloads", NS, &workload, &admitted(1))
-        .expect("admit");
+    // Admitted with one trainer: Kueue writes the admission by server-side apply, as its
+    // admission manager (which the release must clear under).
+    api.apply_status(
+        "workloads",
+        NS,
+        &workload,
+        "kueue-admission",
+        &admitted(1),
+        true,
+    )
+    .expect("admit");
     let training = wait_until(within, || async {
         status()
             .await
@@ -163,8 +171,15 @@ async fn a_job_queued_through_kueue_runs_only_while_admitted_and_an_eviction_los
     evicted["conditions"][2] = json!({"type": "Evicted", "status": "True",
         "reason": "Preempted", "message": "Preempted to accommodate a workload of priority 100",
         "lastTransitionTime": "2026-11-27T00:01:00Z"});
-    api.patch_status("workloads", NS, &workload, &evicted)
-        .expect("evict");
+    api.apply_status(
+        "workloads",
+        NS,
+        &workload,
+        "kueue-admission",
+        &evicted,
+        true,
+    )
+    .expect("evict");
     let released = wait_until(within, || async {
         let wl = api.get("workloads", NS, &workload).unwrap_or_default();
         job_pods().is_empty() && wl["status"]["admission"].is_null()
@@ -197,8 +212,15 @@ async fn a_job_queued_through_kueue_runs_only_while_admitted_and_an_eviction_los
     );
 
     // Admitted again, with both trainers.
-    api.patch_status("workloads", NS, &workload, &admitted(2))
-        .expect("admit again");
+    api.apply_status(
+        "workloads",
+        NS,
+        &workload,
+        "kueue-admission",
+        &admitted(2),
+        true,
+    )
+    .expect("admit again");
     let s = succeeded(&jobs, QUEUED_JOB, &pods_dir).await;
     assert!(s.recoveries.is_empty(), "{:?}", s.recoveries);
     assert_eq!(s.trainers.desired, 2);
