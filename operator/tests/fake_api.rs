@@ -108,11 +108,35 @@ async fn create_get_list_conflicts_and_selectors() {
         .patch("a", &PatchParams::default(), &Patch::Merge(&patch))
         .await;
     assert_eq!(code(refused.expect_err("stale patch")), 409);
+    // Server-side apply: the label set and owned by its manager; without a manager,
+    // refused.
     let apply = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": {"z": "1"}}});
-    let refused = pods
+    let applied = pods
         .patch("a", &PatchParams::apply("edl"), &Patch::Apply(&apply))
+        .await
+        .expect("apply");
+    assert_eq!(
+        applied
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("z"))
+            .map(String::as_str),
+        Some("1")
+    );
+    let owned = applied.metadata.managed_fields.unwrap_or_default();
+    assert_eq!(owned.len(), 1, "{owned:?}");
+    assert_eq!(owned[0].manager.as_deref(), Some("edl"));
+    assert_eq!(owned[0].operation.as_deref(), Some("Apply"));
+    let fields = serde_json::to_value(&owned[0].fields_v1).expect("json");
+    assert!(
+        fields["f:metadata"]["f:labels"]["f:z"].is_object(),
+        "{fields}"
+    );
+    let refused = pods
+        .patch("a", &PatchParams::default(), &Patch::Apply(&apply))
         .await;
-    assert_eq!(code(refused.expect_err("unsupported")), 415);
+    assert_eq!(code(refused.expect_err("no manager")), 400);
 }
 
 #[tokio::test]

@@ -189,10 +189,17 @@ async fn certificates_are_renewed_in_place_before_they_end_and_never_past_their_
         trainer.metadata.resource_version, trainer_before.metadata.resource_version,
         "a certificate with time left is not issued again"
     );
-    let notes = events_of(&api, "CertificateRenewed");
+    // Recorded at the end of the round that renewed it.
+    let said = wait_until(within, every, || async {
+        events_of(&api, "CertificateRenewed")
+            .iter()
+            .any(|n| n.contains(MASTER_SECRET))
+    })
+    .await;
     assert!(
-        notes.iter().any(|n| n.contains(MASTER_SECRET)),
-        "no CertificateRenewed event for {MASTER_SECRET}: {notes:?}"
+        said,
+        "no CertificateRenewed event for {MASTER_SECRET}: {:?}",
+        events_of(&api, "CertificateRenewed")
     );
     // The operator's own certificate, in the CA Secret, once it has ended.
     let ended = ca
@@ -260,10 +267,15 @@ async fn certificates_are_renewed_in_place_before_they_end_and_never_past_their_
         ca_secret.metadata.resource_version, put.metadata.resource_version,
         "a certificate that cannot outlive its CA is not issued again"
     );
-    assert_eq!(events_of(&api, "CAEnding").len(), 1, "one Warning Event");
+    let warned = wait_until(within, every, || async {
+        !events_of(&api, "CAEnding").is_empty()
+    })
+    .await;
+    assert!(warned, "no CAEnding event");
 
     stop.cancel();
     operator.await.expect("operator");
+    assert_eq!(events_of(&api, "CAEnding").len(), 1, "one Warning Event");
     // Renewals are updates of the job's Secrets, found by one list a round; no Secret
     // of an earlier job was here to delete, and no credentials Secret to get (the
     // credentials test uses those).
