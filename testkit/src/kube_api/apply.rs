@@ -355,6 +355,16 @@ pub(super) fn apply(
 mod tests {
     use super::*;
 
+    /// The types of `w`'s conditions, in order.
+    fn types(w: &Value) -> Vec<&str> {
+        w["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["type"].as_str())
+            .collect()
+    }
+
     fn condition(t: &str, status: &str) -> Value {
         json!({"type": t, "status": status, "reason": "R", "message": "", "lastTransitionTime": "t"})
     }
@@ -373,13 +383,7 @@ mod tests {
         assert_eq!(w["spec"]["x"], 1, "a status apply leaves the spec");
         let edl = json!({"status": {"conditions": [condition("PodsReady", "True")]}});
         let w = apply(&w, &edl, "edl-operator", false, Some("status"), "t").unwrap();
-        let types: Vec<&str> = w["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|c| c["type"].as_str())
-            .collect();
-        assert_eq!(types, ["QuotaReserved", "Admitted", "PodsReady"]);
+        assert_eq!(types(&w), ["QuotaReserved", "Admitted", "PodsReady"]);
         let entries = w["metadata"]["managedFields"].as_array().unwrap();
         assert_eq!(entries.len(), 2, "{entries:?}");
         let edl_entry = entries
@@ -434,13 +438,7 @@ mod tests {
             "t",
         )
         .unwrap();
-        let types: Vec<&str> = w["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|c| c["type"].as_str())
-            .collect();
-        assert_eq!(types, ["QuotaReserved", "Admitted", "Finished"]);
+        assert_eq!(types(&w), ["QuotaReserved", "Admitted", "Finished"]);
         // Without a manager: refused.
         assert_eq!(
             apply(&w, &edl, "", false, Some("status"), "t")
