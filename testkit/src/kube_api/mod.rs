@@ -41,7 +41,11 @@
 //!   `gracePeriodSeconds`), the object gets a `deletionTimestamp` and stays; a write that
 //!   empties the finalizers of such an object (or a delete with grace 0 of such a pod)
 //!   removes it. **Owner references**: removing an object deletes its dependents
-//!   (background propagation).
+//!   (background propagation). **Claim protection**: a PersistentVolumeClaim gets the
+//!   `kubernetes.io/pvc-protection` finalizer at creation, as the admission plugin adds
+//!   it, and a claim being deleted loses it once no pod that has not ended mounts it, as
+//!   the controller does: a claim deleted while its pod runs stays (Terminating) until
+//!   that pod is gone.
 //! - **pod logs** (`pods/NAME/log`, text; `tailLines`, `follow`): from the files a test
 //!   kubelet writes ([`FakeApi::serve_pod_logs`]); a pod whose container has not started
 //!   is `400 BadRequest`, as on a real server; `follow` streams what is appended until the
@@ -396,6 +400,10 @@ impl ResourceType {
 
     fn is_secret(&self) -> bool {
         self.group.is_empty() && self.plural == "secrets"
+    }
+
+    fn is_claim(&self) -> bool {
+        self.group.is_empty() && self.plural == "persistentvolumeclaims"
     }
 
     fn api_version(&self) -> String {

@@ -3,7 +3,7 @@
 //! write rules (generation, finalizers, graceful pod deletion, owner references, a
 //! Secret's `stringData`, `type` and `immutable`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
@@ -360,10 +360,69 @@ impl Store {
         {
             o.remove("status");
         }
+        if ty.is_claim() {
+            // As the PVC protection admission plugin does.
+            let finalizers = obj["metadata"]["finalizers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if !finalizers.iter().any(|f| f == PVC_PROTECTION) {
+                let mut finalizers = finalizers;
+                finalizers.push(json!(PVC_PROTECTION));
+                obj["metadata"]["finalizers"] = json!(finalizers);
+            }
+        }
         self.prune(t, &mut obj);
         self.objects.insert(key.clone(), obj.clone());
         self.record(&key, "ADDED", obj.clone(), tx);
         Ok(obj)
+    }
+
+    /// The PVC protection controller: each claim of `ns` being deleted that no pod uses
+    /// any more (a pod that has not ended and mounts it) loses [`PVC_PROTECTION`], and
+    /// so goes (with nothing else holding it).
+    fn release_unused_claims(&mut self, ns: &str, tx: &broadcast::Sender<WatchEvent>) {
+        let Some(claims) = self.types.iter().position(ResourceType::is_claim) else {
+            return;
+        };
+        let pods = self
+            .types
+            .iter()
+            .position(|t| t.plural == "pods" && t.group.is_empty());
+        let in_use: BTreeSet<String> = self
+            .objects
+            .iter()
+            .filter(|((t, o_ns, _), p)| Some(*t) == pods && o_ns == ns && !ended(p))
+            .flat_map(|(_, p)| {
+                p["spec"]["volumes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let releasable: Vec<(Key, Value)> = self
+            .objects
+            .iter()
+            .filter(|((t, o_ns, name), c)| {
+                *t == claims
+                    && o_ns == ns
+                    && !c["metadata"]["deletionTimestamp"].is_null()
+                    && !in_use.contains(name)
+                    && c["metadata"]["finalizers"]
+                        .as_array()
+                        .is_some_and(|f| f.iter().any(|f| f == PVC_PROTECTION))
+            })
+            .map(|(k, c)| (k.clone(), c.clone()))
+            .collect();
+        for (key, mut claim) in releasable {
+            if let Some(f) = claim["metadata"]["finalizers"].as_array_mut() {
+                f.retain(|f| f != PVC_PROTECTION);
+            }
+            self.write(&key, claim, tx);
+        }
     }
 
     /// Writes `new` over the object at `key` (already checked and merged), removing it if
@@ -401,6 +460,9 @@ impl Store {
         }
         self.objects.insert(key.clone(), new.clone());
         self.record(key, "MODIFIED", new.clone(), tx);
+        if self.types[key.0].plural == "pods" && ended(&new) && !ended(&old) {
+            self.release_unused_claims(&key.1, tx);
+        }
         new
     }
 
@@ -412,6 +474,9 @@ impl Store {
     ) -> Value {
         self.objects.remove(key);
         self.record(key, "DELETED", obj.clone(), tx);
+        if self.types[key.0].plural == "pods" {
+            self.release_unused_claims(&key.1, tx);
+        }
         // Background propagation: the dependents go too.
         if let Some(uid) = obj["metadata"]["uid"].as_str() {
             let dependents: Vec<Key> = self
@@ -467,8 +532,20 @@ impl Store {
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
         self.objects.insert(key.clone(), new.clone());
         self.record(key, "MODIFIED", new.clone(), tx);
+        if self.types[key.0].is_claim() {
+            self.release_unused_claims(&key.1, tx);
+            return Ok(self.objects.get(key).cloned().unwrap_or(new));
+        }
         Ok(new)
     }
+}
+
+/// The finalizer that keeps a claim a pod uses until no pod does.
+pub(super) const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+
+/// Whether pod `p` has ended.
+fn ended(p: &Value) -> bool {
+    matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
 }
 
 pub(super) fn not_found(ty: &ResourceType, name: &str) -> ApiError {

@@ -89,7 +89,8 @@ async fn an_empty_dir_lives_as_long_as_its_pod() {
 
 /// A PersistentVolumeClaim's directory outlives the pods that mount it and goes with the
 /// claim, as a dynamically provisioned volume with the `Delete` policy does: what a pod
-/// wrote is there for the next pod, and gone once the claim is deleted.
+/// wrote is there for the next pod, and gone once the claim is deleted; a claim deleted
+/// while a running pod mounts it waits for that pod (claim protection).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_outlives_its_pods_and_goes_with_the_claim() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -185,10 +186,34 @@ async fn a_claim_outlives_its_pods_and_goes_with_the_claim() {
         .await
         .expect("create reader");
     succeeds("reader").await;
+    // Deleted while a running pod mounts it, the claim stays (Terminating, its
+    // directory kept) until the pod is gone, as a cluster's claim protection keeps it.
+    let holder = pod("holder", vec!["sleep", "120"]);
+    pods.create(&Default::default(), &holder)
+        .await
+        .expect("create holder");
+    let running = wait_until(Duration::from_secs(30), || async {
+        api.get("pods", NS, "holder")
+            .is_some_and(|p| p["status"]["phase"] == "Running")
+    })
+    .await;
+    assert!(running, "{:?}", api.get("pods", NS, "holder"));
     claims
         .delete("state", &DeleteParams::default())
         .await
         .expect("delete claim");
+    let terminating = api
+        .get("persistentvolumeclaims", NS, "state")
+        .expect("the claim stays while its pod runs");
+    assert!(!terminating["metadata"]["deletionTimestamp"].is_null());
+    assert_eq!(
+        terminating["metadata"]["finalizers"],
+        json!(["kubernetes.io/pvc-protection"])
+    );
+    assert!(file.try_exists().expect("stat"), "its directory is kept");
+    pods.delete("holder", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete holder");
     let deleted = wait_until(Duration::from_secs(30), || async {
         !file.try_exists().expect("stat")
     })
