@@ -129,6 +129,7 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         pods: Vec::new(),
         services: BTreeSet::new(),
         claims: BTreeSet::new(),
+        claims_going: BTreeSet::new(),
         network_policies: Default::default(),
         pod_groups: Default::default(),
         network: JobNetwork::default(),

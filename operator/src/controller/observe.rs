@@ -220,6 +220,12 @@ pub(super) async fn observe<'a>(
         pods: pods.items.iter().filter_map(pod_view).collect(),
         services: services.items.iter().map(ResourceExt::name_any).collect(),
         claims: claims.items.iter().map(ResourceExt::name_any).collect(),
+        claims_going: claims
+            .items
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_some())
+            .map(ResourceExt::name_any)
+            .collect(),
         disruption_budgets: budgets.items.iter().map(ResourceExt::name_any).collect(),
         network_policies: policies
             .items

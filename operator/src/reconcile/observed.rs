@@ -169,6 +169,9 @@ pub struct Observed<'a> {
     pub services: BTreeSet<String>,
     /// The names of its PersistentVolumeClaims.
     pub claims: BTreeSet<String>,
+    /// Those of them being deleted (kept while a pod that has not ended mounts them):
+    /// no pod that mounts one is made, or it would keep it for ever.
+    pub claims_going: BTreeSet<String>,
     /// The names of its PodDisruptionBudgets.
     pub disruption_budgets: BTreeSet<String>,
     /// Its NetworkPolicies: name and spec.

@@ -168,6 +168,18 @@ impl Draft<'_> {
             if (slot.role != Role::Etcd && !processes_ready) || self.held.contains(&name) {
                 continue;
             }
+            let mut pod = objects::pod(tj, *slot, credentials);
+            // A claim being deleted goes once no pod mounts it: the pod waits for its
+            // new one (a lost etcd member's is [`Draft::lost_members`]'s to replace).
+            let mounts_going = pod
+                .spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .filter_map(|v| v.persistent_volume_claim.as_ref())
+                .any(|c| self.obs.claims_going.contains(&c.claim_name));
+            if mounts_going {
+                continue;
+            }
             let known = slot.role != Role::Trainer || slot.index < self.old.trainers.desired;
             if let Some(i) = self.status.replacing.iter().position(|n| *n == name) {
                 // The replacement of an ended pod, already counted.
@@ -185,7 +197,6 @@ impl Draft<'_> {
                     format!("pod {name} is gone (deleted or lost with its node): recreating it"),
                 );
             }
-            let mut pod = objects::pod(tj, *slot, credentials);
             if self.obs.admission != Admission::NotQueued {
                 // Admitted as a whole through the Workload: Kueue's pod integration must
                 // not queue each pod again.

@@ -119,6 +119,7 @@ fn observe<'a>(
             .into_iter()
             .filter_map(|c| c.metadata.name)
             .collect(),
+        claims_going: BTreeSet::new(),
         network_policies: BTreeMap::from([(
             format!("{JOB}-edl"),
             crate::objects::network_policy(tj, &JobNetwork::default()).spec,

@@ -275,6 +275,23 @@ fn a_member_whose_claim_is_lost_is_replaced_in_the_membership_first() {
         .cloned()
         .collect();
     let url = crate::objects::etcd_peer_url(&tj, 2);
+    // Member 2's claim being deleted (kept while a pod mounts it), its pod gone: no pod
+    // is made on it (it would keep the claim for ever), nor is the member replaced yet.
+    let plan = reconcile(&Observed {
+        claims_going: BTreeSet::from(["mnist-etcd-data-2".to_owned()]),
+        etcd_members: Some(membership(&tj)),
+        ..observe(&tj, pods.clone(), Ok(progress(2)))
+    });
+    assert!(
+        plan.create_pods.is_empty(),
+        "{:?}",
+        names(&plan.create_pods)
+    );
+    assert!(plan.etcd.is_empty());
+    assert!(
+        plan.status.as_ref().is_none_or(|s| s.recoveries.is_empty()),
+        "not a recovery while it waits"
+    );
     // Member 2's pod and claim gone (its node and local volume lost), the etcd answering.
     let plan = reconcile(&Observed {
         claims: without_2.clone(),
