@@ -382,13 +382,14 @@ async fn renew_certificates(
             .and_then(|d| d.get(k))
             .and_then(|b| String::from_utf8(b.0.clone()).ok())
     };
-    let (Some(ca_pem), Some(ca_key)) = (text(&ca_secret, CA_KEYS[0]), text(&ca_secret, CA_KEYS[1]))
-    else {
+    let Some(ca_pem) = text(&ca_secret, CA_KEYS[0]) else {
         return Err(format!(
             "Secret {ca_name} has no {}: delete it for a new one",
-            CA_KEYS[1]
+            CA_KEYS[0]
         ));
     };
+    // Needed only to renew one (a CA Secret made by hand may lack it).
+    let ca_key = text(&ca_secret, CA_KEYS[1]);
     let now = std::time::SystemTime::now();
     let mut renewals = TlsRenewals::default();
     // (the Secret, its role: None for the operator's, its certificate's and key's keys)
@@ -419,9 +420,17 @@ async fn renew_certificates(
             }
         }
         if ca.is_none() {
-            ca = Some(
-                JobCa::from_pem(&ca_pem, &ca_key).map_err(|e| format!("Secret {ca_name}: {e}"))?,
-            );
+            let Some(key) = &ca_key else {
+                // Made by hand without it: what is there is used until it ends.
+                tracing::warn!(
+                    job = %job,
+                    secret = %name,
+                    "a certificate is due for renewal, but the job's CA Secret has no key"
+                );
+                continue;
+            };
+            let read = JobCa::from_pem(&ca_pem, key);
+            ca = Some(read.map_err(|e| format!("Secret {ca_name}: {e}"))?);
         }
         let ca = ca.as_ref().expect("read above");
         let (cn, names, usage) = role_certificate(&job, ns, role);
