@@ -560,13 +560,48 @@ fn condition(api: &FakeApi, ns: &str, job: &str, type_: &str) -> Option<(String,
 
 /// Warning events about `job` with `reason`.
 fn warnings(api: &FakeApi, job: &str, reason: &str) -> Vec<String> {
-    api.list("events", NS)
+    event_notes(api, NS, job, reason, Some("Warning"))
+}
+
+/// The notes of the events in `ns` about `job` with `reason` (of `type_`, if given).
+fn event_notes(
+    api: &FakeApi,
+    ns: &str,
+    job: &str,
+    reason: &str,
+    type_: Option<&str>,
+) -> Vec<String> {
+    api.list("events", ns)
         .into_iter()
         .filter(|e| {
-            e["regarding"]["name"] == job && e["reason"] == reason && e["type"] == "Warning"
+            e["regarding"]["name"] == job
+                && e["reason"] == reason
+                && type_.is_none_or(|t| e["type"] == t)
         })
         .map(|e| e["note"].as_str().unwrap_or_default().to_owned())
         .collect()
+}
+
+/// The TLS setup of a job process with the CA `ca` and the certificate `cert` with its
+/// `key` (PEM), checking its peers' certificates against `domain`.
+fn pem_tls(
+    ca: &str,
+    cert: &str,
+    key: &str,
+    domain: String,
+) -> Result<edl_proto::tls::Tls, edl_proto::tls::TlsError> {
+    edl_proto::tls::Tls::from_pem(
+        ca.as_bytes(),
+        "ca",
+        Some(edl_proto::tls::PemIdentity {
+            cert: cert.as_bytes().to_vec(),
+            key: key.as_bytes().to_vec(),
+            cert_name: "tls.crt".into(),
+            key_name: "tls.key".into(),
+        }),
+        Some(domain),
+        true,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

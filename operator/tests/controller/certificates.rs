@@ -52,11 +52,7 @@ fn with_pair(mut secret: Secret, [cert_key, key_key]: [&str; 2], cert: &str, key
 }
 
 fn events_of(api: &FakeApi, reason: &str) -> Vec<String> {
-    api.list("events", CERT_NS)
-        .into_iter()
-        .filter(|e| e["regarding"]["name"] == JOB && e["reason"] == reason)
-        .map(|e| e["note"].as_str().unwrap_or_default().to_owned())
-        .collect()
+    event_notes(api, CERT_NS, JOB, reason, None)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,18 +131,8 @@ async fn certificates_are_renewed_in_place_before_they_end_and_never_past_their_
     assert_ne!(cert, first);
     // Of the job's CA, for the job's name (what every edl process checks), and its key
     // goes with it.
-    let tls = edl_proto::tls::Tls::from_pem(
-        ca.ca_pem.as_bytes(),
-        "ca",
-        Some(edl_proto::tls::PemIdentity {
-            cert: cert.clone().into_bytes(),
-            key: key.into_bytes(),
-            cert_name: "tls.crt".into(),
-            key_name: "tls.key".into(),
-        }),
-        Some(edl_operator::objects::tls_domain(JOB, CERT_NS)),
-        true,
-    );
+    let domain = edl_operator::objects::tls_domain(JOB, CERT_NS);
+    let tls = pem_tls(&ca.ca_pem, &cert, &key, domain.clone());
     assert!(tls.is_ok(), "{:?}", tls.err());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -164,17 +150,11 @@ async fn certificates_are_renewed_in_place_before_they_end_and_never_past_their_
             .is_ok()
     });
     let trainer = secrets.get(TRAINER_SECRET).await.expect("the trainer's");
-    let client_tls = edl_proto::tls::Tls::from_pem(
-        ca.ca_pem.as_bytes(),
-        "ca",
-        Some(edl_proto::tls::PemIdentity {
-            cert: text(&trainer, "tls.crt").into_bytes(),
-            key: text(&trainer, "tls.key").into_bytes(),
-            cert_name: "tls.crt".into(),
-            key_name: "tls.key".into(),
-        }),
-        Some(edl_operator::objects::tls_domain(JOB, CERT_NS)),
-        true,
+    let client_tls = pem_tls(
+        &ca.ca_pem,
+        &text(&trainer, "tls.crt"),
+        &text(&trainer, "tls.key"),
+        domain,
     )
     .expect("the trainer's TLS");
     let tcp = tokio::net::TcpStream::connect(&addr)

@@ -232,17 +232,11 @@ async fn a_job_on_a_shared_etcd_gets_its_own_etcd_user_in_a_secret_it_owns() {
         tls_rvs.push(rv(&s));
         // The role's own certificate, which its peers take from this CA (a trainer's
         // for clients only: `a_client_only_certificate_cannot_serve` in edl-proto).
-        let tls = edl_proto::tls::Tls::from_pem(
-            text(&s, "ca.crt").as_bytes(),
-            "ca",
-            Some(edl_proto::tls::PemIdentity {
-                cert: text(&s, "tls.crt").into_bytes(),
-                key: text(&s, "tls.key").into_bytes(),
-                cert_name: "tls.crt".to_owned(),
-                key_name: "tls.key".to_owned(),
-            }),
-            Some("mnist.default.edl.internal".to_owned()),
-            true,
+        let tls = pem_tls(
+            &text(&s, "ca.crt"),
+            &text(&s, "tls.crt"),
+            &text(&s, "tls.key"),
+            "mnist.default.edl.internal".to_owned(),
         );
         assert!(tls.is_ok(), "{role}: {:?}", tls.err());
     }
