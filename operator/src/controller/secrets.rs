@@ -99,7 +99,12 @@ async fn delete_secret(secrets: &Api<Secret>, old: &Secret, name: &str) -> Resul
 
 /// The job token in `secret`, if it holds one.
 fn token_of(secret: &Secret) -> Option<String> {
-    let bytes = secret.data.as_ref()?.get(CREDENTIAL_KEYS[2])?;
+    secret_text(secret, CREDENTIAL_KEYS[2])
+}
+
+/// The value of `key` in `secret`, if it is there and is text.
+fn secret_text(secret: &Secret, key: &str) -> Option<String> {
+    let bytes = secret.data.as_ref()?.get(key)?;
     String::from_utf8(bytes.0.clone()).ok()
 }
 
@@ -228,17 +233,12 @@ pub(super) async fn etcd_root_password(
             .map_err(|e| secrets_error(&format!("create Secret {name}"), ns, &e))?,
         None => return Err(format!("Secret {name} is gone")),
     };
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(ETCD_ROOT_KEY))
-        .and_then(|b| String::from_utf8(b.0.clone()).ok())
-        .ok_or_else(|| {
-            format!(
-                "Secret {name} has no {ETCD_ROOT_KEY}: the managed etcd's root password is \
+    secret_text(&secret, ETCD_ROOT_KEY).ok_or_else(|| {
+        format!(
+            "Secret {name} has no {ETCD_ROOT_KEY}: the managed etcd's root password is \
                  lost (its members and claims must be deleted for a new one)"
-            )
-        })
+        )
+    })
 }
 
 /// Makes sure `tj`'s TLS Secrets exist in `ns`: its CA Secret (the CA and the
@@ -376,20 +376,14 @@ async fn renew_certificates(
 ) -> Result<(Secret, TlsRenewals), String> {
     let job = tj.name_any();
     let ca_name = ca_secret_name(&job);
-    let text = |s: &Secret, k: &str| -> Option<String> {
-        s.data
-            .as_ref()
-            .and_then(|d| d.get(k))
-            .and_then(|b| String::from_utf8(b.0.clone()).ok())
-    };
-    let Some(ca_pem) = text(&ca_secret, CA_KEYS[0]) else {
+    let Some(ca_pem) = secret_text(&ca_secret, CA_KEYS[0]) else {
         return Err(format!(
             "Secret {ca_name} has no {}: delete it for a new one",
             CA_KEYS[0]
         ));
     };
     // Needed only to renew one (a CA Secret made by hand may lack it).
-    let ca_key = text(&ca_secret, CA_KEYS[1]);
+    let ca_key = secret_text(&ca_secret, CA_KEYS[1]);
     let now = std::time::SystemTime::now();
     let mut renewals = TlsRenewals::default();
     // (the Secret, its role: None for the operator's, its certificate's and key's keys)
@@ -403,7 +397,7 @@ async fn renew_certificates(
     let mut ca = None;
     for (mut secret, role, [cert_key, key_key]) in held {
         let name = secret.name_any();
-        let Some(cert) = text(&secret, cert_key) else {
+        let Some(cert) = secret_text(&secret, cert_key) else {
             continue;
         };
         match edl_proto::tls::renewal(&cert, &ca_pem, now) {
@@ -518,13 +512,7 @@ fn legacy_ca(own: &BTreeMap<String, Secret>, job: &str) -> Result<Option<JobCa>,
     let Some(s) = own.get(&name) else {
         return Ok(None);
     };
-    let text = |k: &str| {
-        s.data
-            .as_ref()
-            .and_then(|d| d.get(k))
-            .and_then(|b| String::from_utf8(b.0.clone()).ok())
-    };
-    match (text(TLS_KEYS[0]), text(LEGACY_CA_KEY)) {
+    match (secret_text(s, TLS_KEYS[0]), secret_text(s, LEGACY_CA_KEY)) {
         (Some(ca), Some(key)) => JobCa::from_pem(&ca, &key)
             .map(Some)
             .map_err(|e| format!("Secret {name} (an earlier operator's): {e}")),
