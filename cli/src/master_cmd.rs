@@ -4,8 +4,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use edl_job::MasterLaunch;
+use edl_coord::{EtcdAuth, EtcdBackend, EtcdConfig};
+use edl_job::{MasterLaunch, SnapshotLaunch};
 use edl_master::MasterConfig;
+use edl_master::snapshots::SnapshotConfig;
 
 use crate::common::{ListenArgs, RoleArgs};
 
@@ -43,6 +45,105 @@ pub struct MasterArgs {
     /// metrics token, else the job token, if any); they are always on the gRPC port.
     #[arg(long, env = edl_job::env::METRICS_ADDR)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Snapshots of the job's own etcd.
+    #[command(flatten)]
+    pub snapshots: SnapshotArgs,
+}
+
+/// Snapshots of the job's own etcd (a managed etcd), taken by the leading master.
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// Take periodic snapshots of the job's etcd (what `etcdctl snapshot save` writes)
+    /// into this folder (a URL of an object store, or a path). Needs a user with etcd's
+    /// root role: EDL_ETCD_SNAPSHOT_USER (default root) and EDL_ETCD_SNAPSHOT_PASSWORD,
+    /// unless etcd has authentication off.
+    #[arg(long)]
+    pub etcd_snapshots: Option<String>,
+    /// One snapshot every this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30m")]
+    pub etcd_snapshot_every: Duration,
+    /// Snapshots kept; the oldest are deleted.
+    #[arg(long, default_value_t = SnapshotLaunch::DEFAULT_KEEP)]
+    pub etcd_snapshot_keep: u32,
+    /// The user snapshots are taken as (it needs the root role).
+    #[arg(long, env = edl_job::env::ETCD_SNAPSHOT_USER, default_value = "root")]
+    pub etcd_snapshot_user: String,
+    /// Its password (only from the environment: a process's arguments are visible to
+    /// every user of the machine).
+    #[arg(skip = std::env::var(edl_job::env::ETCD_SNAPSHOT_PASSWORD).ok())]
+    pub etcd_snapshot_password: Option<String>,
+}
+
+impl SnapshotArgs {
+    /// The settings these arguments say.
+    pub fn launch(&self) -> Option<SnapshotLaunch> {
+        self.etcd_snapshots.as_ref().map(|location| SnapshotLaunch {
+            location: location.clone(),
+            every: self.etcd_snapshot_every,
+            keep: self.etcd_snapshot_keep,
+        })
+    }
+
+    /// How the master reaches etcd to take snapshots (`job`: how the role reaches it),
+    /// and where they go; `None` when none are asked for.
+    fn config(&self, job: &EtcdConfig) -> anyhow::Result<Option<Snapshots>> {
+        let Some(launch) = self.launch() else {
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            !launch.every.is_zero() && launch.keep > 0,
+            "--etcd-snapshot-every and --etcd-snapshot-keep must be positive"
+        );
+        let (store, folder) = edl_storage::Location::parse(&launch.location)
+            .and_then(|l| l.open())
+            .with_context(|| format!("--etcd-snapshots {}", launch.location))?;
+        let auth = match (&self.etcd_snapshot_password, &job.auth) {
+            (Some(password), _) => Some(EtcdAuth {
+                user: self.etcd_snapshot_user.clone(),
+                password: password.clone(),
+            }),
+            (None, None) => None,
+            (None, Some(_)) => anyhow::bail!(
+                "--etcd-snapshots: etcd has authentication on, and a snapshot needs a user with \
+                 its root role: set {} (and {} if not root)",
+                edl_job::env::ETCD_SNAPSHOT_PASSWORD,
+                edl_job::env::ETCD_SNAPSHOT_USER
+            ),
+        };
+        Ok(Some(Snapshots {
+            etcd: EtcdConfig {
+                auth,
+                ..job.clone()
+            },
+            store,
+            folder,
+            every: launch.every,
+            keep: launch.keep as usize,
+        }))
+    }
+}
+
+/// Snapshots as asked for, before etcd is connected.
+struct Snapshots {
+    etcd: EtcdConfig,
+    store: edl_storage::Store,
+    folder: String,
+    every: Duration,
+    keep: usize,
+}
+
+impl Snapshots {
+    async fn connect(self) -> anyhow::Result<SnapshotConfig> {
+        Ok(SnapshotConfig {
+            etcd: EtcdBackend::connect(self.etcd)
+                .await
+                .context("--etcd-snapshots: connecting to etcd")?,
+            store: self.store,
+            folder: self.folder,
+            every: self.every,
+            keep: self.keep,
+        })
+    }
 }
 
 impl MasterArgs {
@@ -55,6 +156,7 @@ impl MasterArgs {
             lease_ttl: self.lease_ttl,
             task_timeout: self.task_timeout,
             min_task_timeout: self.min_task_timeout,
+            snapshots: self.snapshots.launch(),
         }
     }
 }
@@ -72,8 +174,12 @@ pub fn run(args: MasterArgs) -> anyhow::Result<()> {
     cfg.metrics_addr = args.metrics_addr;
     cfg.tls = job.tls.load()?;
     cfg.advertise = args.listen.advertise.clone();
+    let snapshots = args.snapshots.config(&args.role.etcd.config()?)?;
     // Once connected, the master retries etcd for as long as it runs.
     args.role.run(|backend, shutdown| async move {
+        if let Some(s) = snapshots {
+            cfg.snapshots = Some(s.connect().await?);
+        }
         let listener = args.listen.bind("master").await?;
         edl_master::run(backend, cfg, listener, shutdown)
             .await

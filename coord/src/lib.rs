@@ -70,7 +70,10 @@ pub mod types;
 pub use backend::{Backend, WatchStream};
 pub use election::{Election, LeaderInfo, Leadership, fenced_txn};
 pub use error::{Error, Result};
-pub use etcd::{EtcdAuth, EtcdBackend, EtcdConfig, EtcdMember, EtcdTls, random_secret};
+pub use etcd::{
+    EtcdAuth, EtcdBackend, EtcdConfig, EtcdMember, EtcdSnapshot, EtcdTls, SNAPSHOT_HASH_LEN,
+    SnapshotCheck, random_secret,
+};
 pub use follow::{PrefixView, follow_prefix};
 pub use index::{IndexClaim, claim_index, claim_index_wait};
 pub use lease::{Lease, LeaseState};

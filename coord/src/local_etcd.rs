@@ -1,7 +1,8 @@
 //! A local etcd of real processes: `edl run` starts one for a job when no etcd is
 //! given, and the test kit (`edl-testkit`) builds its fault-injecting clusters on it.
 //!
-//! - [`etcd_binary`]: finds the `etcd` binary (`EDL_ETCD_BIN`, else `PATH`).
+//! - [`etcd_binary`]: finds the `etcd` binary (`EDL_ETCD_BIN`, else `PATH`);
+//!   [`snapshot_tool`] the tool that restores a snapshot (`etcdutl`, `etcdctl`).
 //! - [`LocalEtcd`]: 1 or more members on free loopback ports in a temporary
 //!   directory. Dropping it kills and reaps every member and removes the directory.
 //! - [`spawn_tied_to_process`]: spawns a child that dies with this process.
@@ -143,6 +144,33 @@ pub fn etcd_binary() -> io::Result<PathBuf> {
     ))
 }
 
+/// etcd's tool that restores a snapshot: `etcdutl` (etcd >= 3.5), else `etcdctl`
+/// (etcd 3.4, with `ETCDCTL_API=3`), beside the etcd binary or on `PATH`.
+pub fn snapshot_tool() -> io::Result<PathBuf> {
+    let beside = etcd_binary()
+        .ok()
+        .and_then(|b| b.parent().map(Path::to_path_buf));
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = beside
+        .into_iter()
+        .chain(std::env::split_paths(&path))
+        .collect();
+    for tool in ["etcdutl", "etcdctl"] {
+        if let Some(found) = dirs
+            .iter()
+            .map(|d| d.join(tool))
+            .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file()))
+        {
+            return Ok(found);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        "neither etcdutl nor etcdctl found beside etcd or on PATH: install etcd's tools \
+         (scripts/setup installs Debian's etcd-client)",
+    ))
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -274,6 +302,25 @@ impl LocalEtcd {
     /// [`start`](Self::start) with other options (a test's shorter compaction window,
     /// a small space quota).
     pub async fn start_with(members: usize, options: Options) -> io::Result<LocalEtcd> {
+        LocalEtcd::start_from(members, options, None).await
+    }
+
+    /// Starts `members` members on the data of an etcd snapshot (what `etcdctl snapshot
+    /// save` writes, or [`EtcdBackend::snapshot`](crate::EtcdBackend::snapshot)), as an
+    /// etcd is restored: each member's data directory made by etcd's own tool
+    /// ([`snapshot_tool`]: `etcdutl snapshot restore`, or `etcdctl snapshot restore`
+    /// with etcd 3.4), a new cluster token, then the members started on them. Fails,
+    /// with the tool's words, when it refuses the snapshot (one whose hash does not
+    /// match its data).
+    pub async fn start_restored(members: usize, snapshot: &Path) -> io::Result<LocalEtcd> {
+        LocalEtcd::start_from(members, Options::default(), Some(snapshot)).await
+    }
+
+    async fn start_from(
+        members: usize,
+        options: Options,
+        snapshot: Option<&Path>,
+    ) -> io::Result<LocalEtcd> {
         if members == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -299,6 +346,11 @@ impl LocalEtcd {
                 token,
                 options,
             };
+            if let Some(file) = snapshot {
+                for i in 0..members {
+                    cluster.restore(i, file)?;
+                }
+            }
             for i in 0..members {
                 cluster.spawn(i, "new")?;
             }
@@ -327,16 +379,67 @@ impl LocalEtcd {
             .join(format!("{}.log", self.members[i].name))
     }
 
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn data_dir(&self, i: usize) -> PathBuf {
+        self.dir
+            .path()
+            .join(format!("{}.etcd", self.members[i].name))
+    }
+
+    /// Makes member `i`'s data directory from `snapshot` with etcd's own tool.
+    fn restore(&self, i: usize, snapshot: &Path) -> io::Result<()> {
+        let m = &self.members[i];
+        let tool = snapshot_tool()?;
+        let mut cmd = Command::new(&tool);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ETCD") {
+                cmd.env_remove(&k);
+            }
+        }
+        let out = cmd
+            .env("ETCDCTL_API", "3")
+            .arg("snapshot")
+            .arg("restore")
+            .arg(snapshot)
+            .arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(self.data_dir(i))
+            .arg("--initial-cluster")
+            .arg(self.initial_cluster())
+            .arg("--initial-cluster-token")
+            .arg(&self.token)
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://127.0.0.1:{}", m.peer_port))
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} snapshot restore {} failed ({}): {}",
+                    tool.display(),
+                    snapshot.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn spawn(&self, i: usize, state: &str) -> io::Result<()> {
         let m = &self.members[i];
         let client = format!("http://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
-        let initial_cluster = self
-            .members
-            .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
-            .collect::<Vec<_>>()
-            .join(",");
+        let initial_cluster = self.initial_cluster();
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -351,7 +454,7 @@ impl LocalEtcd {
             "--name".into(),
             m.name.clone().into(),
             "--data-dir".into(),
-            self.dir.path().join(format!("{}.etcd", m.name)).into(),
+            self.data_dir(i).into(),
             "--listen-client-urls".into(),
             client.clone().into(),
             "--advertise-client-urls".into(),

@@ -3,8 +3,11 @@
 //! restarted, and a three-member cluster losing a member or its quorum.
 //!
 //! Every wait is a condition with a deadline; ports come from port 0. Also here (one test
-//! binary): TLS to a real etcd that requires client certificates ([`tls`]).
+//! binary): TLS to a real etcd that requires client certificates ([`tls`]); a snapshot
+//! restored by etcd's own tool ([`snapshot`]).
 
+#[path = "etcd/snapshot.rs"]
+mod snapshot;
 #[path = "etcd/tls.rs"]
 mod tls;
 

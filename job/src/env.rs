@@ -45,6 +45,10 @@ pub const ETCD_DOMAIN: &str = "EDL_ETCD_DOMAIN";
 pub const ETCD_USER: &str = "EDL_ETCD_USER";
 /// etcd password.
 pub const ETCD_PASSWORD: &str = "EDL_ETCD_PASSWORD";
+/// A user with etcd's `root` role, for `edl master --etcd-snapshots` (default `root`).
+pub const ETCD_SNAPSHOT_USER: &str = "EDL_ETCD_SNAPSHOT_USER";
+/// Its password.
+pub const ETCD_SNAPSHOT_PASSWORD: &str = "EDL_ETCD_SNAPSHOT_PASSWORD";
 /// The operator's: the shared etcd's client URLs (comma-separated) that its
 /// [`ETCD_USER`] is for; it sends the credentials nowhere else.
 pub const ETCD_ENDPOINTS: &str = "EDL_ETCD_ENDPOINTS";

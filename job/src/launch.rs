@@ -40,6 +40,39 @@ pub struct MasterLaunch {
     pub task_timeout: Duration,
     /// Shortest adaptive task timeout.
     pub min_task_timeout: Duration,
+    /// Snapshots of the job's own etcd, taken by the leader; `None`: none.
+    pub snapshots: Option<SnapshotLaunch>,
+}
+
+/// Snapshots of the job's own etcd (a managed etcd) that the leading master takes into
+/// a folder of the job's storage (`edl master --etcd-snapshots`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotLaunch {
+    /// The folder (a URL of the job's object store, or a path).
+    pub location: String,
+    /// One snapshot every this long.
+    pub every: Duration,
+    /// Snapshots kept (the oldest are deleted).
+    pub keep: u32,
+}
+
+impl SnapshotLaunch {
+    /// One snapshot every half hour unless the job says.
+    pub const DEFAULT_EVERY: Duration = Duration::from_secs(30 * 60);
+    /// Four kept unless the job says.
+    pub const DEFAULT_KEEP: u32 = 4;
+
+    /// The arguments of `edl master` that say these settings.
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            "--etcd-snapshots".into(),
+            self.location.clone(),
+            "--etcd-snapshot-every".into(),
+            duration(self.every),
+            "--etcd-snapshot-keep".into(),
+            self.keep.to_string(),
+        ]
+    }
 }
 
 impl Default for MasterLaunch {
@@ -52,6 +85,7 @@ impl Default for MasterLaunch {
             lease_ttl: DEFAULT_LEASE_TTL,
             task_timeout: Duration::from_secs(300),
             min_task_timeout: Duration::from_secs(10),
+            snapshots: None,
         }
     }
 }
@@ -69,7 +103,7 @@ impl MasterLaunch {
 
     /// The arguments of `edl master` that say these settings.
     pub fn args(&self) -> Vec<String> {
-        vec![
+        let mut args: Vec<String> = vec![
             "--chunks-per-task".into(),
             self.chunks_per_task.to_string(),
             "--max-failures".into(),
@@ -82,7 +116,9 @@ impl MasterLaunch {
             duration(self.task_timeout),
             "--min-task-timeout".into(),
             duration(self.min_task_timeout),
-        ]
+        ];
+        args.extend(self.snapshots.iter().flat_map(SnapshotLaunch::args));
+        args
     }
 }
 

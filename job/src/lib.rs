@@ -36,7 +36,7 @@ pub mod records;
 pub mod spec;
 
 pub use keys::JobKeys;
-pub use launch::{MasterLaunch, PserverLaunch, TrainerLaunch};
+pub use launch::{MasterLaunch, PserverLaunch, SnapshotLaunch, TrainerLaunch};
 pub use name::{InvalidJobName, JobName, valid_member_id};
 pub use records::{
     Control, ControlRecord, FailedRecord, FinalState, GroupRecord, JobStateRecord, MemberRecord,

@@ -12,6 +12,8 @@
 //! - [`core`]: the leader's actor: batches requests, group-commits them, long-polls.
 //! - [`server`]: the master process (election, gRPC adapter, trainer follower).
 //! - [`metrics`]: `/metrics` in Prometheus text format.
+//! - [`snapshots`]: the leader's periodic snapshots of the job's own etcd (a managed
+//!   etcd) to the job's storage.
 //! - [`error`]: errors and their mapping to gRPC status codes.
 //! - `testing` (this crate's tests, and the `testing` feature): an in-process master for
 //!   the tests of the master and of its clients.
@@ -28,6 +30,7 @@ pub mod error;
 pub mod metrics;
 pub mod queue;
 pub mod server;
+pub mod snapshots;
 pub mod store;
 
 #[cfg(any(test, feature = "testing"))]

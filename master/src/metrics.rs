@@ -10,7 +10,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use std::sync::atomic::Ordering;
+
 use crate::core::StatusReport;
+use crate::snapshots::SnapshotStats;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
@@ -29,8 +32,13 @@ fn gauge(reg: &mut Registry, name: &str, help: &str, v: i64) {
     reg.register(name, help, g);
 }
 
-/// Renders the metrics of a master: `report` is `None` on a standby.
-pub fn render(job: &str, report: Option<&StatusReport>) -> String {
+/// Renders the metrics of a master: `report` is `None` on a standby; `snapshots` what
+/// its etcd snapshots did, when it takes them.
+pub fn render(
+    job: &str,
+    report: Option<&StatusReport>,
+    snapshots: Option<&SnapshotStats>,
+) -> String {
     let mut reg = Registry::with_prefix_and_labels(
         "edl_master",
         [("job".into(), job.to_owned().into())].into_iter(),
@@ -142,6 +150,33 @@ pub fn render(job: &str, report: Option<&StatusReport>) -> String {
             counter(&mut reg, name, help, v);
         }
     }
+    if let Some(s) = snapshots {
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        counter(
+            &mut reg,
+            "etcd_snapshots",
+            "Snapshots of the job's etcd this master wrote whole",
+            get(&s.taken),
+        );
+        counter(
+            &mut reg,
+            "etcd_snapshot_failures",
+            "Snapshots of the job's etcd that failed (nothing written)",
+            get(&s.failed),
+        );
+        gauge(
+            &mut reg,
+            "etcd_snapshot_last_timestamp_seconds",
+            "When the newest snapshot this master wrote was taken (unix time; 0: none)",
+            get(&s.last_unix_seconds) as i64,
+        );
+        gauge(
+            &mut reg,
+            "etcd_snapshot_last_bytes",
+            "Size of the newest snapshot this master wrote",
+            get(&s.last_bytes) as i64,
+        );
+    }
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, &reg).is_err() {
         out.clear();
@@ -163,7 +198,7 @@ mod tests {
         s.counts.todo = 3;
         s.counters.dispatched = 7;
         s.counters.restores = 1;
-        let text = render("mnist", Some(&s));
+        let text = render("mnist", Some(&s), None);
         assert!(
             text.contains("edl_master_leader{job=\"mnist\"} 1"),
             "{text}"
@@ -182,7 +217,7 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
-        let standby = render("mnist", None);
+        let standby = render("mnist", None, None);
         assert!(standby.contains("edl_master_leader{job=\"mnist\"} 0"));
         assert!(!standby.contains("tasks_dispatched"));
     }

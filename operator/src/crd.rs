@@ -363,6 +363,68 @@ pub struct EtcdSpec {
     /// own mutual TLS.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<SharedEtcdTls>,
+    /// Periodic snapshots of the managed etcd (what `etcdctl snapshot save` writes), taken
+    /// by the job's leading master into the job's object store; restored with `etcdutl
+    /// snapshot restore` (docs/kubernetes.md, "Restoring the managed etcd"). By default,
+    /// with an object-store `cluster.checkpoint_dir`: into its `etcd-snapshots` folder
+    /// every 30 minutes, the newest 4 kept.
+    #[serde(default, skip_serializing_if = "EtcdSnapshots::is_default")]
+    pub snapshots: EtcdSnapshots,
+}
+
+/// Snapshots of a managed etcd ([`EtcdSpec::snapshots`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdSnapshots {
+    /// The folder they go to: an object URL (s3://, gs://, az://), reached with the
+    /// credentials of `storageSecret`. Default: `<cluster.checkpoint_dir>/etcd-snapshots`
+    /// when that is an object URL; otherwise none are taken unless this is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// Time between snapshots ("30m" by default, "1h", ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
+    /// Snapshots kept; the oldest are deleted (default 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub keep: Option<u32>,
+    /// Take none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
+}
+
+impl EtcdSnapshots {
+    fn is_default(&self) -> bool {
+        *self == EtcdSnapshots::default()
+    }
+
+    /// The folder snapshots go to, for a job whose checkpoints go to `checkpoint_dir`;
+    /// `None`: none are taken.
+    pub fn location(&self, checkpoint_dir: Option<&str>) -> Option<String> {
+        if self.disabled {
+            return None;
+        }
+        self.location.clone().or_else(|| {
+            checkpoint_dir
+                .filter(|d| d.contains("://"))
+                .map(|d| format!("{}/etcd-snapshots", d.trim_end_matches('/')))
+        })
+    }
+
+    /// What the leading master is told (the spec must be valid:
+    /// [`TrainingJob::job_spec`]).
+    pub fn launch(&self, checkpoint_dir: Option<&str>) -> Option<edl_job::SnapshotLaunch> {
+        let every = self
+            .every
+            .as_deref()
+            .and_then(|e| humantime::parse_duration(e).ok())
+            .unwrap_or(edl_job::SnapshotLaunch::DEFAULT_EVERY);
+        Some(edl_job::SnapshotLaunch {
+            location: self.location(checkpoint_dir)?,
+            every,
+            keep: self.keep.unwrap_or(edl_job::SnapshotLaunch::DEFAULT_KEEP),
+        })
+    }
 }
 
 /// How a job's pods reach an existing etcd over TLS ([`EtcdSpec::tls`]).
@@ -399,6 +461,7 @@ impl Default for EtcdSpec {
             members: d_members(),
             claims: ClaimTemplate::default(),
             tls: None,
+            snapshots: EtcdSnapshots::default(),
         }
     }
 }

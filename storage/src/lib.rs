@@ -11,8 +11,9 @@
 //!   `AZURE_STORAGE_ACCOUNT_KEY`), never from a job spec. Missing credentials are one
 //!   error, said before any request ([`Error::Credentials`]).
 //! - A [`Store`] reads whole objects and byte ranges, writes objects (each write
-//!   replaces the object whole: readers see the old or the new bytes, never a mix),
-//!   lists a prefix, deletes, and expands globs ([`Store::glob`]).
+//!   replaces the object whole: readers see the old or the new bytes, never a mix; one
+//!   too large to hold in memory goes in parts through an [`ObjectWriter`]), lists a
+//!   prefix, deletes, and expands globs ([`Store::glob`]).
 //! - Errors say the URL ([`Error`]); [`Error::is_transient`] tells what a retry may
 //!   cure (a store that is down or slow) from what it cannot (a missing object, a bad
 //!   URL, refused credentials).
@@ -31,4 +32,4 @@ mod store;
 
 pub use error::{Error, Result};
 pub use location::{Location, Scheme};
-pub use store::{ObjectInfo, PARALLEL, PART, Store};
+pub use store::{ObjectInfo, ObjectWriter, PARALLEL, PART, Store};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
 use crate::error::{Error, Result};
 use crate::location::Scheme;
@@ -16,6 +16,12 @@ use crate::location::Scheme;
 pub const PART: u64 = 1 << 20;
 /// The requests of [`Store::get_range_parallel`] in flight at once.
 pub const PARALLEL: usize = 8;
+
+/// The bytes of each part an [`ObjectWriter`] uploads (S3's smallest part is 5 MiB).
+const WRITER_PART: usize = 8 << 20;
+/// The parts an [`ObjectWriter`] has in flight at once: what it holds in memory is at
+/// most this many parts.
+const WRITER_PARALLEL: usize = 4;
 
 /// An object (or file) found by a listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,6 +204,25 @@ impl Store {
             .map_err(|e| Error::from_store(&self.url(key), e))
     }
 
+    /// A writer of object `key` in parts, for what is too large to hold in memory (a
+    /// multipart upload; a file written aside locally): the object appears whole when
+    /// [`ObjectWriter::finish`] returns, and never if the writer is aborted or dropped
+    /// before, so readers see the old object or the new one, never a part.
+    pub async fn writer(&self, key: &str) -> Result<ObjectWriter> {
+        let path = self.path(key)?;
+        let url = self.url(key);
+        let upload = self
+            .inner
+            .put_multipart(&path)
+            .await
+            .map_err(|e| Error::from_store(&url, e))?;
+        Ok(ObjectWriter {
+            upload: WriteMultipart::new_with_chunk_size(upload, WRITER_PART),
+            url,
+            written: 0,
+        })
+    }
+
     /// Deletes object `key`; one that is not there is fine.
     pub async fn delete(&self, key: &str) -> Result<()> {
         let path = self.path(key)?;
@@ -254,5 +279,48 @@ impl Store {
             .into_iter()
             .filter(|o| glob.matches_with(&o.key, options))
             .collect())
+    }
+}
+
+/// An object being written in parts ([`Store::writer`]).
+#[derive(Debug)]
+pub struct ObjectWriter {
+    upload: WriteMultipart,
+    url: String,
+    written: u64,
+}
+
+impl ObjectWriter {
+    /// Appends `bytes`; waits while [`WRITER_PARALLEL`] parts are in flight.
+    pub async fn write(&mut self, bytes: Bytes) -> Result<()> {
+        self.upload
+            .wait_for_capacity(WRITER_PARALLEL)
+            .await
+            .map_err(|e| Error::from_store(&self.url, e))?;
+        self.written += bytes.len() as u64;
+        self.upload.put(bytes);
+        Ok(())
+    }
+
+    /// Makes the object whole, with every byte written; returns their count.
+    pub async fn finish(self) -> Result<u64> {
+        let ObjectWriter {
+            upload,
+            url,
+            written,
+        } = self;
+        upload
+            .finish()
+            .await
+            .map_err(|e| Error::from_store(&url, e))?;
+        Ok(written)
+    }
+
+    /// Drops what was written: the object stays as it was.
+    pub async fn abort(self) -> Result<()> {
+        self.upload
+            .abort()
+            .await
+            .map_err(|e| Error::from_store(&self.url, e))
     }
 }

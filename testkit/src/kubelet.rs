@@ -8,7 +8,8 @@
 //!   `optional` leaves the pod waiting with `CreateContainerConfigError`, as a kubelet
 //!   does), then its `env` (values, with `$(VAR)` of earlier variables expanded, and
 //!   the field references `metadata.name`, `metadata.uid`, `metadata.namespace`,
-//!   `status.podIP` = `127.0.0.1`), which wins over `envFrom`; a pod waiting for its
+//!   `status.podIP` = `127.0.0.1`, and a Secret's key by `secretKeyRef`, whose Secret
+//!   and key must be there as for `envFrom`), which wins over `envFrom`; a pod waiting for its
 //!   Secret is tried again on every change and every second;
 //! - `$(VAR)` in the command is expanded from it, as Kubernetes does;
 //! - every pod runs on this one machine: node selection, affinity and anti-affinity are
@@ -152,7 +153,37 @@ fn env_from(api: &FakeApi, pod: &Value, ns: &str) -> Result<BTreeMap<String, Str
             env.insert(key, String::from_utf8_lossy(&bytes).into_owned());
         }
     }
+    // An `env` variable from a Secret's key: the Secret and key must be there too.
+    for e in pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        secret_key(api, ns, &e["valueFrom"]["secretKeyRef"])?;
+    }
     Ok(env)
+}
+
+/// The value of a `secretKeyRef` (`Ok(None)`: not one, or an optional one missing).
+fn secret_key(api: &FakeApi, ns: &str, selector: &Value) -> Result<Option<String>, String> {
+    let Some(name) = selector["name"].as_str() else {
+        return Ok(None);
+    };
+    let key = selector["key"].as_str().unwrap_or_default();
+    let value = api
+        .serves("secrets")
+        .then(|| api.get("secrets", ns, name))
+        .flatten()
+        .and_then(|s| s["data"][key].as_str().map(str::to_owned));
+    match value {
+        Some(v) => {
+            let bytes = crate::kube_api::base64_decode(&v)
+                .ok_or_else(|| format!("secret \"{name}\": data[{key}] is not base64"))?;
+            Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+        }
+        None if selector["optional"] == json!(true) => Ok(None),
+        None => Err(format!("couldn't find key {key} in Secret {ns}/{name}")),
+    }
 }
 
 /// The loopback port standing in for each pod's container port: pods share this host,
@@ -352,6 +383,11 @@ fn command_of(
         let value = if let Some(v) = e["value"].as_str() {
             // `$(VAR)` of a variable defined before, as Kubernetes expands it.
             expand(v, &env)
+        } else if e["valueFrom"]["secretKeyRef"].is_object() {
+            match secret_key(api, &cfg.namespace, &e["valueFrom"]["secretKeyRef"])? {
+                Some(v) => v,
+                None => continue,
+            }
         } else {
             match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                 Some("metadata.name") => name.to_owned(),

@@ -71,6 +71,9 @@ pub(super) fn status_failure(s: &tonic::Status) -> Failure {
         Code::ResourceExhausted if msg.contains("database space exceeded") => {
             Error::NoSpace { msg }
         }
+        // etcd's Maintenance API returns its auth store's error unconverted (code
+        // Unknown): a refusal, not an outage.
+        Code::Unknown if msg.starts_with("auth: permission denied") => Error::PermissionDenied(msg),
         Code::Unavailable
         | Code::ResourceExhausted
         | Code::Unknown

@@ -30,7 +30,9 @@
 //! Layout: [`config`](EtcdConfig) (how to reach etcd), `conn` (one endpoint's
 //! connection, auth and TLS), `failure` (errors and whether a request may be re-sent),
 //! `codec` (edl's types to etcd's messages), `ops` (the [`Backend`](crate::Backend) operations),
-//! `watch` (watch streams), `space` (freeing a full etcd); this file holds the backend, its pinned endpoint and the
+//! `watch` (watch streams), `space` (freeing a full etcd), `snapshot` (a member's
+//! database, as `etcdctl snapshot save` writes it), `members` and `admin` (the
+//! membership, users and roles, for a tool that runs the etcd); this file holds the backend, its pinned endpoint and the
 //! call loop.
 
 mod admin;
@@ -40,6 +42,7 @@ mod conn;
 mod failure;
 mod members;
 mod ops;
+mod snapshot;
 mod space;
 mod watch;
 
@@ -59,6 +62,7 @@ pub(crate) use conn::probe_channel;
 use conn::{Conn, connect_channel, load_tls};
 use failure::{Failure, Resend, unavailable_msg, with_endpoint};
 pub use members::EtcdMember;
+pub use snapshot::{EtcdSnapshot, SNAPSHOT_HASH_LEN, SnapshotCheck};
 
 use crate::error::{Error, Result};
 

@@ -204,6 +204,7 @@ fn credentials(cfg: &MasterConfig) -> edl_proto::headers::Credentials {
 pub(super) fn metrics_router(cfg: &MasterConfig, shared: Arc<Shared>) -> axum::Router {
     let credentials = credentials(cfg);
     let job = cfg.job.to_string();
+    let snapshots = cfg.snapshots.is_some();
     axum::Router::new().route(
         "/metrics",
         axum::routing::get(move |headers: axum::http::HeaderMap| {
@@ -221,7 +222,8 @@ pub(super) fn metrics_router(cfg: &MasterConfig, shared: Arc<Shared>) -> axum::R
                     Some(h) => h.recent_status(Duration::from_secs(1)).await.ok(),
                     None => None,
                 };
-                edl_proto::metrics::answer(crate::metrics::render(&job, report.as_ref()))
+                let snapshots = snapshots.then_some(&shared.snapshots);
+                edl_proto::metrics::answer(crate::metrics::render(&job, report.as_ref(), snapshots))
             }
         }),
     )

@@ -91,7 +91,8 @@ pub(super) async fn lead_loop(
     Ok(())
 }
 
-/// One leader term: rebuild the queue, serve it, follow the trainers.
+/// One leader term: rebuild the queue, serve it, follow the trainers, snapshot the
+/// job's etcd if asked to.
 async fn lead(
     backend: &Arc<dyn Backend>,
     cfg: &MasterConfig,
@@ -125,6 +126,14 @@ async fn lead(
         follow_restores(backend.clone(), keys.clone(), handle.clone(), term.clone())
             .in_current_span(),
     );
+    let snapshots = cfg.snapshots.clone().map(|s| {
+        let shared = shared.clone();
+        let term = term.clone();
+        tokio::spawn(
+            async move { crate::snapshots::run(s, &shared.snapshots, term).await }
+                .in_current_span(),
+        )
+    });
     *shared.core.write().await = Some(handle);
     *shared.loading.write().await = None;
     tracing::info!(
@@ -135,6 +144,9 @@ async fn lead(
     term.cancel();
     let _ = follower.await;
     let _ = restores.await;
+    if let Some(s) = snapshots {
+        let _ = s.await;
+    }
     result
 }
 

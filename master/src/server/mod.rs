@@ -66,6 +66,8 @@ pub struct MasterConfig {
     pub default_chunks_per_task: u32,
     /// Serve over TLS (needs a certificate and key); `None`: plain HTTP/2.
     pub tls: Option<edl_proto::tls::Tls>,
+    /// Snapshots of the job's etcd, taken while leading; `None`: none.
+    pub snapshots: Option<crate::snapshots::SnapshotConfig>,
 }
 
 impl MasterConfig {
@@ -83,6 +85,7 @@ impl MasterConfig {
             max_batch: crate::core::DEFAULT_MAX_BATCH,
             default_chunks_per_task: 1,
             tls: None,
+            snapshots: None,
         }
     }
 
@@ -113,6 +116,8 @@ struct Shared {
     leader: RwLock<Option<String>>,
     /// Since when this master, elected, has been loading the queue.
     loading: RwLock<Option<std::time::Instant>>,
+    /// What its etcd snapshots did.
+    snapshots: crate::snapshots::SnapshotStats,
 }
 
 /// Runs a master on `listener` until `shutdown` fires.

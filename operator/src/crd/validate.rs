@@ -37,6 +37,15 @@ fn check_storage(s: &TrainingJobSpec) -> Result<(), InvalidJob> {
     for p in s.data.test.iter().flat_map(Globs::patterns) {
         urls.push(("spec.data.test", p));
     }
+    if let Some(l) = &s.etcd.snapshots.location {
+        if !l.contains("://") {
+            return Err(InvalidJob::new(
+                "spec.etcd.snapshots.location",
+                format!("{l:?}: snapshots go to an object URL (s3://, gs://, az://)"),
+            ));
+        }
+        urls.push(("spec.etcd.snapshots.location", l.clone()));
+    }
     if let Some(dir) = &s.cluster.checkpoint_dir {
         if !dir.contains("://") {
             return Err(InvalidJob::new(
@@ -61,6 +70,36 @@ fn check_storage(s: &TrainingJobSpec) -> Result<(), InvalidJob> {
             "the job's data or checkpoints are object URLs: name the Secret with the \
              store's credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) in \
              spec.storageSecret",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `spec.etcd.snapshots`: only for a managed etcd (a shared etcd is its
+/// admins' to back up), a positive period and count.
+fn check_snapshots(s: &TrainingJobSpec) -> Result<(), InvalidJob> {
+    let snap = &s.etcd.snapshots;
+    if !s.etcd.managed && *snap != super::EtcdSnapshots::default() {
+        return Err(InvalidJob::new(
+            "spec.etcd.snapshots",
+            "only with etcd.managed: a shared etcd is backed up by its administrators",
+        ));
+    }
+    if let Some(every) = &snap.every {
+        match humantime::parse_duration(every) {
+            Ok(d) if !d.is_zero() => {}
+            _ => {
+                return Err(InvalidJob::new(
+                    "spec.etcd.snapshots.every",
+                    format!("{every:?}: give a positive time, such as \"30m\" or \"1h\""),
+                ));
+            }
+        }
+    }
+    if snap.keep == Some(0) {
+        return Err(InvalidJob::new(
+            "spec.etcd.snapshots.keep",
+            "0: keep at least 1 (or set disabled: true)",
         ));
     }
     Ok(())
@@ -130,6 +169,7 @@ impl TrainingJob {
                 "set exactly one of etcd.endpoints and etcd.managed",
             ));
         }
+        check_snapshots(s)?;
         check_storage(s)?;
         // What the schema keeps as written must be what its field says.
         let p = &s.placement;

@@ -168,6 +168,22 @@ fn env_field(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// A variable from key `key` of Secret `secret` (never in the pod's spec itself).
+fn env_secret_key(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(k8s_openapi::api::core::v1::SecretKeySelector {
+                name: secret.to_owned(),
+                key: key.to_owned(),
+                optional: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
 /// `tj`'s name in its etcd: its keys are under `/edl/<it>/`, its etcd user is
 /// `edl-job-<it>`, and its processes get it as `EDL_JOB`. It is `<namespace>.<name>`, so
 /// that jobs of one name in two namespaces never meet on a shared etcd (a namespace has
@@ -641,7 +657,19 @@ fn master_parts(tj: &TrainingJob, parts: &mut Parts) -> RoleCommand {
         "--advertise",
         &format!("$(POD_IP):{MASTER_PORT}"),
     ]);
-    command.extend(MasterLaunch::of(&s.data, &s.cluster).args());
+    let mut launch = MasterLaunch::of(&s.data, &s.cluster);
+    if s.etcd.managed {
+        launch.snapshots = s.etcd.snapshots.launch(s.cluster.checkpoint_dir.as_deref());
+    }
+    if launch.snapshots.is_some() {
+        // The managed etcd's root, which a snapshot needs.
+        parts.vars.push(env_secret_key(
+            edl_job::env::ETCD_SNAPSHOT_PASSWORD,
+            &secrets::etcd_root_secret_name(&tj.metadata.name.clone().unwrap_or_default()),
+            secrets::ETCD_ROOT_KEY,
+        ));
+    }
+    command.extend(launch.args());
     (
         command,
         vec![MASTER_PORT, METRICS_PORT],

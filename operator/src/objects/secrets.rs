@@ -128,7 +128,8 @@ pub fn role_certificate(
 }
 
 /// The Secret holding the root password of `job`'s managed etcd:
-/// `<job>-etcd-root`. Only the operator reads it; no pod mounts it.
+/// `<job>-etcd-root`. The operator reads it; of the job's pods, only the masters get it
+/// (as `EDL_ETCD_SNAPSHOT_PASSWORD`), when they snapshot the etcd.
 pub fn etcd_root_secret_name(job: &str) -> String {
     format!("{job}-etcd-root")
 }

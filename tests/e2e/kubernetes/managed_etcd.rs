@@ -8,13 +8,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use edl_coord::SNAPSHOT_HASH_LEN;
 use edl_coord::{Backend, EtcdBackend, EtcdConfig};
 use edl_job::JobKeys;
 use edl_operator::TrainingJob;
+use edl_operator::crd::EtcdSnapshots;
 use edl_operator::crd::{EtcdSpec, Phase};
 use edl_operator::metrics::Metrics;
 use edl_testkit::kube_api::FakeApi;
-use k8s_openapi::api::core::v1::Pod;
+use edl_testkit::s3::S3Server;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
@@ -24,6 +27,58 @@ use super::{
 };
 use crate::support::{World, wait_until};
 use crate::trainer::mnist;
+
+/// Where the job's etcd snapshots go.
+const SNAPSHOTS: &str = "s3://snaps/mnist-managed/etcd";
+
+/// The leading master snapshots the managed etcd (as its root, with the password it
+/// got by reference to `<job>-etcd-root`, over the job's mutual TLS) into the job's
+/// object store: at least two snapshots, each whole (its hash matches its data), at
+/// most the two kept.
+async fn snapshots_are_taken_whole(s3: &S3Server, pods_dir: &std::path::Path) {
+    let (store, folder) = edl_storage::Location::parse(SNAPSHOTS)
+        .and_then(|l| l.open_with(s3.env()))
+        .expect("the store");
+    let snapshots = || {
+        let (store, folder) = (store.clone(), folder.clone());
+        async move {
+            store
+                .list(&folder)
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|o| {
+                    o.key
+                        .rsplit('/')
+                        .next()
+                        .is_some_and(|n| n.starts_with("snapshot-"))
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    // Two: the first at once, the second two seconds later (and the newest kept).
+    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let two = wait_until(Duration::from_secs(60), || async {
+        let now = snapshots().await;
+        let mut seen = seen.lock().expect("lock");
+        seen.extend(now.into_iter().map(|o| o.key));
+        seen.len() >= 2
+    })
+    .await;
+    assert!(two, "snapshots: {seen:?}\n{}", pod_logs(pods_dir));
+    let now = snapshots().await;
+    assert!(!now.is_empty() && now.len() <= 2, "{now:?}");
+    for o in now {
+        let b = store.get(&o.key).await.expect("read the snapshot");
+        let (data, hash) = b.split_at(b.len() - SNAPSHOT_HASH_LEN);
+        assert_eq!(
+            ring::digest::digest(&ring::digest::SHA256, data).as_ref(),
+            hash,
+            "{} is whole",
+            o.key
+        );
+    }
+}
 
 /// The job trains with its managed etcd's three members; member 0's pod is deleted with
 /// no grace period (SIGKILL, as when its node is lost) after its data is on its claim;
@@ -59,6 +114,34 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         },
     );
     assert_eq!(tj.spec.etcd.members, 3, "the default");
+    // Its snapshots go to an object store (the S3 server), with the job's storage Secret.
+    let s3 = S3Server::start(&w.dir.path().join("s3")).expect("the S3 server");
+    s3.create_bucket("snaps").expect("a bucket");
+    let storage = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("storage".into()),
+            ..Default::default()
+        },
+        data: Some(
+            s3.env()
+                .into_iter()
+                .map(|(k, v)| (k, k8s_openapi::ByteString(v.into_bytes())))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &storage)
+        .await
+        .expect("the storage Secret");
+    let mut tj = tj;
+    tj.spec.storage_secret = Some("storage".into());
+    tj.spec.etcd.snapshots = EtcdSnapshots {
+        location: Some(SNAPSHOTS.into()),
+        every: Some("2s".into()),
+        keep: Some(2),
+        disabled: false,
+    };
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)
         .await
@@ -154,8 +237,13 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
     let trainer = api
         .get("pods", NS, &format!("{MANAGED_JOB}-trainer-0"))
         .expect("a trainer");
-    let from = &trainer["spec"]["containers"][0]["envFrom"][0]["secretRef"];
-    assert_eq!(from["name"], credentials);
+    let from = trainer["spec"]["containers"][0]["envFrom"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| &f["secretRef"])
+        .find(|r| r["name"] == credentials.as_str())
+        .unwrap_or_else(|| panic!("the trainer takes {credentials}: {trainer}"));
     assert!(from["optional"].is_null(), "required: {from}");
 
     network_policy_keeps_the_job_to_itself(&client, &api, MANAGED_JOB).await;
@@ -184,6 +272,8 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
             "{pod}: the job token must not open /metrics: {with_job_token}"
         );
     }
+
+    snapshots_are_taken_whole(&s3, &pods_dir).await;
 
     certificates_rotate_without_a_restart(&api, &client, &_kubelet, &etcd, &keys).await;
 

@@ -369,3 +369,134 @@ fn a_member_whose_claim_is_lost_is_replaced_in_the_membership_first() {
     assert!(plan.etcd.is_empty());
     assert_eq!(names(&plan.create_pods), ["mnist-etcd-2"]);
 }
+
+/// The leading master of a job on a managed etcd snapshots it: by default into the
+/// `etcd-snapshots` folder of an object-store checkpoint dir every 30 minutes, the
+/// newest 4 kept; where the job says otherwise, as it says; with none to go to, or
+/// disabled, none. Only the master gets the etcd's root password (by reference to
+/// `<job>-etcd-root`, never in the pod's spec). A shared etcd's snapshots are its
+/// administrators' (refused), as are a period of 0, a count of 0 and a local path.
+#[test]
+fn the_leading_master_snapshots_a_managed_etcd_into_the_jobs_object_store() {
+    use crate::crd::EtcdSnapshots;
+    use crate::objects::{CredentialsRef, pod};
+    let job = |snapshots: EtcdSnapshots, checkpoint_dir: Option<&str>| {
+        let mut tj = training_job("");
+        tj.spec.etcd = EtcdSpec {
+            managed: true,
+            snapshots,
+            ..EtcdSpec::default()
+        };
+        tj.spec.cluster.checkpoint_dir = checkpoint_dir.map(str::to_owned);
+        tj.spec.storage_secret = Some("store".into());
+        tj
+    };
+    // The master's snapshot arguments, and whether the root password is in its env.
+    let master = |tj: &TrainingJob| {
+        tj.job_spec().expect("a valid job");
+        let p = pod(tj, slot(Role::Master, 0), CredentialsRef::Required);
+        let c = &p.spec.expect("spec").containers[0];
+        let command = c.command.clone().unwrap_or_default();
+        let args: Vec<String> = command
+            .iter()
+            .skip_while(|a| *a != "--etcd-snapshots")
+            .take(6)
+            .cloned()
+            .collect();
+        let root = c
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "EDL_ETCD_SNAPSHOT_PASSWORD");
+        let root = root.map(|e| {
+            assert!(e.value.is_none(), "never the password itself");
+            let r = e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.clone())
+                .expect("from a Secret's key");
+            (r.name, r.key)
+        });
+        (args.join(" "), root)
+    };
+    let root = Some(("mnist-etcd-root".to_owned(), "password".to_owned()));
+    let tj = job(EtcdSnapshots::default(), Some("s3://bucket/ckpt/"));
+    assert_eq!(
+        master(&tj),
+        (
+            "--etcd-snapshots s3://bucket/ckpt/etcd-snapshots --etcd-snapshot-every 30m \
+             --etcd-snapshot-keep 4"
+                .to_owned(),
+            root.clone()
+        )
+    );
+    // No other role gets the password.
+    for role in [Role::Pserver, Role::Trainer, Role::Etcd] {
+        let p = pod(&tj, slot(role, 0), CredentialsRef::Required);
+        let env = p.spec.expect("spec").containers[0]
+            .env
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            env.iter().all(|e| e.name != "EDL_ETCD_SNAPSHOT_PASSWORD"),
+            "{role:?}"
+        );
+    }
+    let asked = EtcdSnapshots {
+        location: Some("gs://snaps/mnist".into()),
+        every: Some("10m".into()),
+        keep: Some(2),
+        disabled: false,
+    };
+    assert_eq!(
+        master(&job(asked.clone(), None)),
+        (
+            "--etcd-snapshots gs://snaps/mnist --etcd-snapshot-every 10m --etcd-snapshot-keep 2"
+                .to_owned(),
+            root
+        )
+    );
+    assert_eq!(
+        master(&job(EtcdSnapshots::default(), None)),
+        (String::new(), None)
+    );
+    let off = EtcdSnapshots {
+        disabled: true,
+        ..EtcdSnapshots::default()
+    };
+    assert_eq!(
+        master(&job(off, Some("s3://bucket/ckpt"))),
+        (String::new(), None)
+    );
+
+    let invalid = |tj: TrainingJob| tj.job_spec().expect_err("invalid").field;
+    let mut shared = job(asked.clone(), None);
+    shared.spec.etcd.managed = false;
+    shared.spec.etcd.endpoints = vec!["http://etcd:2379".into()];
+    assert_eq!(invalid(shared), "spec.etcd.snapshots");
+    for (bad, field) in [
+        (
+            EtcdSnapshots {
+                every: Some("0s".into()),
+                ..asked.clone()
+            },
+            "spec.etcd.snapshots.every",
+        ),
+        (
+            EtcdSnapshots {
+                keep: Some(0),
+                ..asked.clone()
+            },
+            "spec.etcd.snapshots.keep",
+        ),
+        (
+            EtcdSnapshots {
+                location: Some("/var/snapshots".into()),
+                ..asked.clone()
+            },
+            "spec.etcd.snapshots.location",
+        ),
+    ] {
+        assert_eq!(invalid(job(bad, None)), field);
+    }
+}

@@ -1,0 +1,412 @@
+//! Periodic snapshots of the job's own etcd (the operator's managed etcd), taken by the
+//! leading master into a folder of the job's storage (its object store), so that an
+//! etcd that lost its quorum with its data can be restored (docs/kubernetes.md, "Restoring
+//! the managed etcd").
+//!
+//! A snapshot is a member's whole database as `etcdctl snapshot save` writes it
+//! ([`edl_coord::EtcdSnapshot`]: the data, then its SHA-256), named
+//! `snapshot-<unix ms, 13 digits>-r<revision>.db`, so names sort by time. It is written
+//! in parts and appears only once every byte arrived and the hash matched: a snapshot
+//! cut short (a member lost, the leader deposed, a store that fails) leaves nothing.
+//! After each snapshot the oldest are deleted until `keep` are left; files of other names
+//! in the folder are never touched.
+//!
+//! The schedule ([`due`], pure: time is an argument): one snapshot every `every`, counted
+//! from the newest in the folder, so a new leader does not take one at once when its
+//! predecessor just did; after a failure, again in [`RETRY`] (or `every`, if shorter).
+//! Taking one needs an etcd user with the `root` role; only the leader takes them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use edl_coord::EtcdBackend;
+use edl_storage::Store;
+use tokio_util::sync::CancellationToken;
+
+/// Wait after a failed snapshot before the next try (or `every`, if shorter).
+pub const RETRY: Duration = Duration::from_secs(30);
+
+/// Where and how often a leading master snapshots the job's etcd.
+#[derive(Clone, Debug)]
+pub struct SnapshotConfig {
+    /// The job's etcd, connected as a user with the `root` role.
+    pub etcd: EtcdBackend,
+    /// The store the snapshots go to ...
+    pub store: Store,
+    /// ... and their folder in it (a key prefix, without a trailing `/`).
+    pub folder: String,
+    /// One snapshot every this long.
+    pub every: Duration,
+    /// Snapshots kept (at least 1).
+    pub keep: usize,
+}
+
+/// What the snapshots did, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct SnapshotStats {
+    /// Snapshots written whole.
+    pub taken: AtomicU64,
+    /// Attempts that failed (nothing written).
+    pub failed: AtomicU64,
+    /// When the newest snapshot this master wrote was taken (unix seconds; 0: none).
+    pub last_unix_seconds: AtomicU64,
+    /// Its size in bytes.
+    pub last_bytes: AtomicU64,
+}
+
+/// The name of a snapshot taken at `at` of an etcd at `revision`.
+pub fn name_of(at: SystemTime, revision: i64) -> String {
+    let ms = at
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    format!("snapshot-{ms:013}-r{revision}.db")
+}
+
+/// When the snapshot named `name` was taken, if it is a snapshot's name.
+pub fn taken_at(name: &str) -> Option<SystemTime> {
+    let rest = name.strip_prefix("snapshot-")?.strip_suffix(".db")?;
+    let (ms, revision) = rest.split_once("-r")?;
+    if ms.len() != 13 || revision.parse::<i64>().is_err() {
+        return None;
+    }
+    let ms: u64 = ms.parse().ok()?;
+    Some(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+/// Of the files `names` in the folder, the snapshots to delete so that the newest `keep`
+/// are left; other files are never among them.
+pub fn to_delete<'a>(names: &[&'a str], keep: usize) -> Vec<&'a str> {
+    let mut snapshots: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| taken_at(n).is_some())
+        .collect();
+    snapshots.sort_unstable();
+    let excess = snapshots.len().saturating_sub(keep.max(1));
+    snapshots.truncate(excess);
+    snapshots
+}
+
+/// When the next snapshot is due, given the newest one (`None`: none yet, due at
+/// once) and whether the last attempt failed at `failed_at`.
+pub fn due(
+    newest: Option<SystemTime>,
+    failed_at: Option<SystemTime>,
+    every: Duration,
+) -> Option<SystemTime> {
+    let after_newest = newest.map(|t| t + every);
+    let after_failure = failed_at.map(|t| t + RETRY.min(every));
+    match (after_newest, after_failure) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Takes snapshots while `term` lasts (one leader term).
+pub async fn run(cfg: SnapshotConfig, stats: &SnapshotStats, term: CancellationToken) {
+    let (store, folder) = (&cfg.store, cfg.folder.trim_end_matches('/'));
+    let mut newest = match newest_in(store, folder).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "etcd snapshots: cannot list their folder; taking one now");
+            None
+        }
+    };
+    let mut failed_at = None;
+    loop {
+        let wait = due(newest, failed_at, cfg.every)
+            .and_then(|t| t.duration_since(SystemTime::now()).ok())
+            .unwrap_or_default();
+        tokio::select! {
+            _ = term.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let at = SystemTime::now();
+        let taken = tokio::select! {
+            _ = term.cancelled() => return,
+            r = take(&cfg.etcd, store, folder, at) => r,
+        };
+        match taken {
+            Ok((name, bytes)) => {
+                tracing::info!(snapshot = %store.url(&key(folder, &name)), bytes, "etcd snapshot taken");
+                stats.taken.fetch_add(1, Ordering::Relaxed);
+                stats.last_bytes.store(bytes, Ordering::Relaxed);
+                stats.last_unix_seconds.store(
+                    at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs(),
+                    Ordering::Relaxed,
+                );
+                newest = Some(at);
+                failed_at = None;
+                if let Err(e) = prune(store, folder, cfg.keep).await {
+                    tracing::warn!(error = %e, "etcd snapshots: cannot delete the oldest");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "etcd snapshot failed; trying again later");
+                stats.failed.fetch_add(1, Ordering::Relaxed);
+                failed_at = Some(at);
+            }
+        }
+    }
+}
+
+fn key(folder: &str, name: &str) -> String {
+    if folder.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{folder}/{name}")
+    }
+}
+
+/// The snapshot names in the folder.
+async fn names_in(store: &Store, folder: &str) -> edl_storage::Result<Vec<String>> {
+    Ok(store
+        .list(folder)
+        .await?
+        .into_iter()
+        .filter_map(|o| o.key.rsplit('/').next().map(str::to_owned))
+        .collect())
+}
+
+async fn newest_in(store: &Store, folder: &str) -> edl_storage::Result<Option<SystemTime>> {
+    Ok(names_in(store, folder)
+        .await?
+        .iter()
+        .filter_map(|n| taken_at(n))
+        .max())
+}
+
+async fn prune(store: &Store, folder: &str, keep: usize) -> edl_storage::Result<()> {
+    let names = names_in(store, folder).await?;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    for n in to_delete(&names, keep) {
+        store.delete(&key(folder, n)).await?;
+    }
+    Ok(())
+}
+
+/// Takes one snapshot into the folder: its name and size.
+async fn take(
+    etcd: &EtcdBackend,
+    store: &Store,
+    folder: &str,
+    at: SystemTime,
+) -> Result<(String, u64), SnapshotError> {
+    let mut snapshot = etcd.snapshot().await?;
+    let name = name_of(at, snapshot.revision());
+    let mut writer = store.writer(&key(folder, &name)).await?;
+    let copied = async {
+        while let Some(bytes) = snapshot.next().await? {
+            writer.write(bytes).await?;
+        }
+        Ok::<_, SnapshotError>(())
+    }
+    .await;
+    match copied {
+        Ok(()) => Ok((name, writer.finish().await?)),
+        Err(e) => {
+            if let Err(abort) = writer.abort().await {
+                tracing::debug!(error = %abort, "etcd snapshots: aborting the upload failed");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Why a snapshot was not taken: etcd's part or the store's.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// etcd refused the snapshot to this user.
+    #[error(
+        "etcd refused the snapshot ({0}): it needs a user with the root role (EDL_ETCD_SNAPSHOT_USER, EDL_ETCD_SNAPSHOT_PASSWORD)"
+    )]
+    NotRoot(String),
+    /// etcd failed or sent a damaged stream.
+    #[error("etcd: {0}")]
+    Etcd(edl_coord::Error),
+    /// The store failed.
+    #[error("{0}")]
+    Store(#[from] edl_storage::Error),
+}
+
+impl From<edl_coord::Error> for SnapshotError {
+    fn from(e: edl_coord::Error) -> Self {
+        match e {
+            edl_coord::Error::PermissionDenied(m) => SnapshotError::NotRoot(m),
+            e => SnapshotError::Etcd(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn names_sort_by_time_and_read_back() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_764_460_800_123);
+        let n = name_of(t, 42);
+        assert_eq!(n, "snapshot-1764460800123-r42.db");
+        assert_eq!(taken_at(&n), Some(t));
+        assert!(
+            name_of(UNIX_EPOCH + Duration::from_secs(9), 7) < n,
+            "zero-padded"
+        );
+        for other in [
+            "snapshot-1-r2.db",
+            "checkpoint-1764460800123-r42.db",
+            "snapshot-1764460800123-rx.db",
+            "snapshot-1764460800123-r42.db.part",
+        ] {
+            assert_eq!(taken_at(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn the_next_is_due_every_after_the_newest_and_sooner_after_a_failure() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let every = Duration::from_secs(600);
+        assert_eq!(due(None, None, every), None, "none yet: at once");
+        assert_eq!(due(Some(t), None, every), Some(t + every));
+        // A failure long after the newest: tried again after RETRY, not `every`.
+        let failed = t + Duration::from_secs(900);
+        assert_eq!(due(Some(t), Some(failed), every), Some(failed + RETRY));
+        // A short period bounds the retry.
+        let short = Duration::from_secs(5);
+        assert_eq!(due(None, Some(t), short), Some(t + short));
+    }
+
+    /// Against a real etcd with authentication on and a real S3 server: the loop takes a
+    /// snapshot at once and then every period, keeps the newest `keep` (each whole: its
+    /// hash matches), leaves a file of another name alone, and stops with its term. As a
+    /// user without the root role it writes nothing and counts the failures.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn snapshots_are_taken_every_period_and_the_oldest_deleted() {
+        use edl_coord::{Backend, SNAPSHOT_HASH_LEN};
+        use edl_testkit::EtcdCluster;
+        use edl_testkit::s3::S3Server;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s3 = S3Server::start(&dir.path().join("s3")).expect("the S3 server");
+        s3.create_bucket("ckpt").expect("bucket");
+        let (store, folder) = edl_storage::Location::parse("s3://ckpt/job/etcd-snapshots")
+            .and_then(|l| l.open_with(s3.env()))
+            .expect("the store");
+        store
+            .put(
+                &format!("{folder}/notes.txt"),
+                bytes::Bytes::from_static(b"mine"),
+            )
+            .await
+            .expect("a file of another name");
+        let (etcd, root) = EtcdCluster::start_with_auth("pw").await.expect("etcd");
+        root.put("/edl/j/k", vec![1; 4096], None)
+            .await
+            .expect("put");
+        let cfg = SnapshotConfig {
+            etcd: (*root).clone(),
+            store: store.clone(),
+            folder: folder.clone(),
+            every: Duration::from_millis(300),
+            keep: 2,
+        };
+        let stats = std::sync::Arc::new(SnapshotStats::default());
+        let term = CancellationToken::new();
+        let task = {
+            let (stats, term) = (stats.clone(), term.clone());
+            tokio::spawn(async move { run(cfg, &stats, term).await })
+        };
+        let four = edl_testkit::wait_until(
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            || async { stats.taken.load(Ordering::Relaxed) >= 4 },
+        )
+        .await;
+        term.cancel();
+        task.await.expect("the loop stops with its term");
+        assert!(four, "four snapshots: {stats:?}");
+        assert_eq!(stats.failed.load(Ordering::Relaxed), 0, "{stats:?}");
+        let names = names_in(&store, &folder).await.expect("list");
+        let snaps: Vec<&String> = names.iter().filter(|n| taken_at(n).is_some()).collect();
+        assert_eq!(snaps.len(), 2, "the newest two kept: {names:?}");
+        assert!(names.iter().any(|n| n == "notes.txt"), "{names:?}");
+        let last = stats.last_unix_seconds.load(Ordering::Relaxed);
+        let newest = snaps.iter().filter_map(|n| taken_at(n)).max().expect("one");
+        assert_eq!(
+            newest.duration_since(UNIX_EPOCH).expect("time").as_secs(),
+            last,
+            "the newest kept is the last taken"
+        );
+        for n in snaps {
+            let b = store.get(&key(&folder, n)).await.expect("read it");
+            let (data, hash) = b.split_at(b.len() - SNAPSHOT_HASH_LEN);
+            assert_eq!(
+                ring::digest::digest(&ring::digest::SHA256, data).as_ref(),
+                hash
+            );
+            if taken_at(n) == Some(newest) {
+                assert_eq!(b.len() as u64, stats.last_bytes.load(Ordering::Relaxed));
+            }
+        }
+
+        // The job's own user may not take one: nothing is written, failures counted.
+        let auth = root
+            .grant_prefix("edl-job-j", "/edl/j/")
+            .await
+            .expect("user");
+        let job = EtcdBackend::connect(etcd.config().with_auth(&auth.user, &auth.password))
+            .await
+            .expect("connect as the job");
+        let (store2, folder2) = edl_storage::Location::parse("s3://ckpt/job/other")
+            .and_then(|l| l.open_with(s3.env()))
+            .expect("the store");
+        let stats = std::sync::Arc::new(SnapshotStats::default());
+        let term = CancellationToken::new();
+        let cfg = SnapshotConfig {
+            etcd: job,
+            store: store2.clone(),
+            folder: folder2.clone(),
+            every: Duration::from_millis(100),
+            keep: 2,
+        };
+        let task = {
+            let (stats, term) = (stats.clone(), term.clone());
+            tokio::spawn(async move { run(cfg, &stats, term).await })
+        };
+        let failed = edl_testkit::wait_until(
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            || async { stats.failed.load(Ordering::Relaxed) >= 1 },
+        )
+        .await;
+        term.cancel();
+        task.await.expect("stops");
+        assert!(failed, "{stats:?}");
+        assert_eq!(stats.taken.load(Ordering::Relaxed), 0);
+        assert!(names_in(&store2, &folder2).await.expect("list").is_empty());
+    }
+
+    proptest! {
+        /// The newest `keep` snapshots stay, the rest go, and no other file is touched.
+        #[test]
+        fn retention_keeps_the_newest(times in proptest::collection::btree_set(0u64..10_000_000, 0..12), keep in 0usize..6, others in 0usize..3) {
+            let mut names: Vec<String> = times
+                .iter()
+                .map(|ms| name_of(UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + ms), 1))
+                .collect();
+            names.extend((0..others).map(|i| format!("notes-{i}.txt")));
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let gone = to_delete(&refs, keep);
+            let kept: Vec<&str> = refs.iter().copied().filter(|n| taken_at(n).is_some() && !gone.contains(n)).collect();
+            prop_assert_eq!(kept.len(), times.len().min(keep.max(1)));
+            prop_assert!(gone.iter().all(|g| taken_at(g).is_some()));
+            let newest_gone = gone.iter().filter_map(|g| taken_at(g)).max();
+            let oldest_kept = kept.iter().filter_map(|k| taken_at(k)).min();
+            if let (Some(g), Some(k)) = (newest_gone, oldest_kept) {
+                prop_assert!(g < k);
+            }
+        }
+    }
+}
