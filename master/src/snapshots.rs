@@ -114,6 +114,7 @@ pub async fn run(cfg: SnapshotConfig, stats: &SnapshotStats, term: CancellationT
         }
     };
     let mut failed_at = None;
+    let mut last_failure: Option<String> = None;
     loop {
         let wait = due(newest, failed_at, cfg.every)
             .and_then(|t| t.duration_since(SystemTime::now()).ok())
@@ -123,11 +124,8 @@ pub async fn run(cfg: SnapshotConfig, stats: &SnapshotStats, term: CancellationT
             _ = tokio::time::sleep(wait) => {}
         }
         let at = SystemTime::now();
-        let taken = tokio::select! {
-            _ = term.cancelled() => return,
-            r = take(&cfg.etcd, store, folder, at) => r,
-        };
-        match taken {
+        match take(&cfg.etcd, store, folder, at, &term).await {
+            Err(SnapshotError::Cancelled) => return,
             Ok((name, bytes)) => {
                 tracing::info!(snapshot = %store.url(&key(folder, &name)), bytes, "etcd snapshot taken");
                 stats.taken.fetch_add(1, Ordering::Relaxed);
@@ -138,12 +136,20 @@ pub async fn run(cfg: SnapshotConfig, stats: &SnapshotStats, term: CancellationT
                 );
                 newest = Some(at);
                 failed_at = None;
+                last_failure = None;
                 if let Err(e) = prune(store, folder, cfg.keep).await {
                     tracing::warn!(error = %e, "etcd snapshots: cannot delete the oldest");
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "etcd snapshot failed; trying again later");
+                // Said once while it fails the same way.
+                let said = e.to_string();
+                if last_failure.as_deref() != Some(said.as_str()) {
+                    tracing::warn!(error = %said, "etcd snapshot failed; trying again every {:?} while it fails", RETRY.min(cfg.every));
+                    last_failure = Some(said);
+                } else {
+                    tracing::debug!(error = %said, "etcd snapshot failed again");
+                }
                 stats.failed.fetch_add(1, Ordering::Relaxed);
                 failed_at = Some(at);
             }
@@ -192,15 +198,26 @@ async fn take(
     store: &Store,
     folder: &str,
     at: SystemTime,
+    term: &CancellationToken,
 ) -> Result<(String, u64), SnapshotError> {
-    let mut snapshot = etcd.snapshot().await?;
+    let mut snapshot = tokio::select! {
+        _ = term.cancelled() => return Err(SnapshotError::Cancelled),
+        s = etcd.snapshot() => s?,
+    };
     let name = name_of(at, snapshot.revision());
     let mut writer = store.writer(&key(folder, &name)).await?;
+    // The term's end aborts the upload too: no part of it is left in the store.
     let copied = async {
-        while let Some(bytes) = snapshot.next().await? {
+        loop {
+            let next = tokio::select! {
+                _ = term.cancelled() => return Err(SnapshotError::Cancelled),
+                n = snapshot.next() => n?,
+            };
+            let Some(bytes) = next else {
+                return Ok::<_, SnapshotError>(());
+            };
             writer.write(bytes).await?;
         }
-        Ok::<_, SnapshotError>(())
     }
     .await;
     match copied {
@@ -228,6 +245,9 @@ pub enum SnapshotError {
     /// The store failed.
     #[error("{0}")]
     Store(#[from] edl_storage::Error),
+    /// The leader's term ended first.
+    #[error("the leader's term ended")]
+    Cancelled,
 }
 
 impl From<edl_coord::Error> for SnapshotError {

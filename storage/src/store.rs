@@ -291,7 +291,7 @@ pub struct ObjectWriter {
 }
 
 impl ObjectWriter {
-    /// Appends `bytes`; waits while [`WRITER_PARALLEL`] parts are in flight.
+    /// Appends `bytes`; waits while four parts (of 8 MiB) are in flight.
     pub async fn write(&mut self, bytes: Bytes) -> Result<()> {
         self.upload
             .wait_for_capacity(WRITER_PARALLEL)
