@@ -204,4 +204,27 @@ mod tests {
         };
         assert_eq!(m.launch(), edl_job::MasterLaunch::default());
     }
+
+    /// What the operator renders for a master that snapshots its etcd parses back into
+    /// the same settings.
+    #[test]
+    fn snapshot_settings_go_through_the_arguments_unchanged() {
+        let launch = edl_job::MasterLaunch {
+            snapshots: Some(edl_job::SnapshotLaunch {
+                location: "s3://b/job/etcd-snapshots".into(),
+                every: std::time::Duration::from_secs(600),
+                keep: 2,
+            }),
+            ..edl_job::MasterLaunch::default()
+        };
+        let mut argv: Vec<String> = ["edl", "master", "--etcd", "http://e:1", "--job", "j"]
+            .map(str::to_owned)
+            .to_vec();
+        argv.extend(launch.args());
+        let cli = Cli::try_parse_from(argv).expect("parses");
+        let Some(Command::Master(m)) = cli.command else {
+            panic!("not a master");
+        };
+        assert_eq!(m.launch(), launch);
+    }
 }

@@ -98,7 +98,11 @@ async fn every_metric_the_dashboard_and_the_alerts_name_is_served() {
     }
     let w = World::new("monitored").await;
     let spec = mnist_spec(&w, 50);
-    let token = ["--token", TOKEN];
+    // The master snapshots its etcd (authentication off here), so its snapshot
+    // metrics are served too.
+    let snapshots = w.dir.path().join("etcd-snapshots");
+    let snapshots = snapshots.display().to_string();
+    let token = ["--token", TOKEN, "--etcd-snapshots", &snapshots];
     let (_master, master_addr) = w.master("master", &token).await;
     let (ps, _) = w
         .pserver(
