@@ -138,27 +138,19 @@ impl EtcdSnapshot {
     /// hash checked. An error (a stream cut short, damaged, or a member that stopped
     /// answering) means the bytes yielded so far must not be kept.
     pub async fn next(&mut self) -> Result<Option<Bytes>> {
-        if self.check.done() {
-            // Anything after the hash is an error too.
-            return match self.message().await? {
-                None => Ok(None),
-                Some(m) => self
-                    .check
-                    .message(m.remaining_bytes, m.blob.into())
-                    .map(|_| None)
-                    .map_err(|e| self.damaged(e)),
-            };
-        }
+        let done = self.check.done();
         match self.message().await? {
+            None if done => Ok(None),
+            None => Err(self.damaged(format!(
+                "the stream ended after {} data bytes, before the snapshot's hash",
+                self.check.data_bytes()
+            ))),
+            // After the hash, any message is an error ([`SnapshotCheck::message`]).
             Some(m) => self
                 .check
                 .message(m.remaining_bytes, m.blob.into())
                 .map(Some)
                 .map_err(|e| self.damaged(e)),
-            None => Err(self.damaged(format!(
-                "the stream ended after {} data bytes, before the snapshot's hash",
-                self.check.data_bytes()
-            ))),
         }
     }
 
