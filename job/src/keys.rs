@@ -271,6 +271,23 @@ impl JobKeys {
         rest.parse().ok()
     }
 
+    /// While the leading master snapshots the job's etcd, the manifests are held:
+    /// none is deleted and every file they name is kept (the key lives on the
+    /// master's lease; `CheckpointPin` says why).
+    pub fn checkpoint_hold(&self) -> String {
+        self.key("checkpoints/hold")
+    }
+
+    /// Every pin of checkpoints an etcd snapshot names.
+    pub fn checkpoint_pins(&self) -> String {
+        self.key("checkpoints/pins/")
+    }
+
+    /// The pin of the checkpoints that etcd snapshot `snapshot` (its file name) names.
+    pub fn checkpoint_pin(&self, snapshot: &str) -> String {
+        self.key(&format!("checkpoints/pins/{snapshot}"))
+    }
+
     /// The step of the newest complete manifest.
     pub fn latest(&self) -> String {
         self.key("checkpoints/latest")
@@ -348,6 +365,14 @@ mod tests {
         assert_eq!(k.part(5, 1), "/edl/j/checkpoints/parts/5/1");
         assert!(k.part(5, 1).starts_with(&k.parts(5)));
         assert!(k.parts(5).starts_with(&k.all_parts()));
+        // The hold and the pins are followed with the manifests, and are none.
+        let pin = k.checkpoint_pin("snapshot-1764460800123-r42.db");
+        assert_eq!(pin, "/edl/j/checkpoints/pins/snapshot-1764460800123-r42.db");
+        assert!(pin.starts_with(&k.checkpoint_pins()));
+        for key in [k.checkpoint_hold(), pin] {
+            assert!(key.starts_with(&k.checkpoints()));
+            assert_eq!(k.manifest_step(&key), None, "{key}");
+        }
     }
 
     #[test]

@@ -39,8 +39,8 @@ pub use keys::JobKeys;
 pub use launch::{MasterLaunch, PserverLaunch, SnapshotLaunch, TrainerLaunch};
 pub use name::{InvalidJobName, JobName, valid_member_id};
 pub use records::{
-    Control, ControlRecord, FailedRecord, FinalState, GroupRecord, JobStateRecord, MemberRecord,
-    PserverRecord, RECORD_VERSION, Record, RecordError, RestoreRecord, RunRecord, ScaleRecord,
-    TrainerRecord,
+    CheckpointPin, Control, ControlRecord, FailedRecord, FinalState, GroupRecord, JobStateRecord,
+    MemberRecord, PserverRecord, RECORD_VERSION, Record, RecordError, RestoreRecord, RunRecord,
+    ScaleRecord, TrainerRecord,
 };
 pub use spec::{JobSpec, SpecError};

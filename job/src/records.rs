@@ -448,6 +448,23 @@ pub struct RestoreRecord {
 }
 record!(RestoreRecord, "restores/<index>");
 
+/// `checkpoints/pins/<snapshot>`: the checkpoint manifests an etcd snapshot holds, as
+/// they were stored. A job restored from that snapshot restores its shards from them,
+/// so the pservers keep every file they name while the pin lasts (their retention
+/// otherwise deletes the files of all but the newest manifests within seconds, and a
+/// restored job would start over). The leading master writes it once the snapshot is
+/// stored whole, while the manifests are held (`checkpoints/hold`: nothing is deleted
+/// between the snapshot and its pin), and deletes it with the snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointPin {
+    /// [`RECORD_VERSION`].
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// The manifests (`checkpoints/<step>`) as stored, newest first.
+    pub manifests: Vec<serde_json::Value>,
+}
+record!(CheckpointPin, "checkpoints/pins/<snapshot>");
+
 /// `job/failed/<pass>`: the tasks of pass `pass` that failed for good. Written by the
 /// master in the same fenced transaction as the failure; each pserver shard settles them
 /// (counts them as complete in its ledger, so the pass seals, and no restore trains it

@@ -15,11 +15,22 @@
 //! from the newest in the folder, so a new leader does not take one at once when its
 //! predecessor just did; after a failure, again in [`RETRY`] (or `every`, if shorter).
 //! Taking one needs an etcd user with the `root` role; only the leader takes them.
+//!
+//! Each snapshot pins the checkpoints it names ([`edl_job::CheckpointPin`]): a job
+//! restored from it restores its shards from those checkpoints, which the pservers'
+//! retention would otherwise delete within seconds (the restored job would then start
+//! over). The leader holds the manifests (`checkpoints/hold`, on its lease: the pservers
+//! delete no manifest and no file a manifest names meanwhile), takes the snapshot, and
+//! in one fenced transaction writes the pin (every manifest stored now: those the
+//! snapshot holds and any committed since) and releases the hold. A snapshot whose pin
+//! cannot be written is deleted; a pin goes with its snapshot.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use edl_coord::EtcdBackend;
+use edl_coord::{Backend, Compare, EtcdBackend, Fence, LeaseId, Op, Txn, fenced_txn};
+use edl_job::{CheckpointPin, JobKeys, RECORD_VERSION, Record};
 use edl_storage::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -39,6 +50,31 @@ pub struct SnapshotConfig {
     pub every: Duration,
     /// Snapshots kept (at least 1).
     pub keep: usize,
+}
+
+/// How one leader term writes the job's records about its snapshots (the hold and the
+/// pins): through the master's own connection, fenced by its election key, the hold on
+/// its lease.
+#[derive(Clone)]
+pub struct Term {
+    /// The master's connection to the job's etcd.
+    pub backend: Arc<dyn Backend>,
+    /// The job's keys.
+    pub keys: JobKeys,
+    /// The leader's election key.
+    pub fence: Fence,
+    /// The leader's lease.
+    pub lease: LeaseId,
+}
+
+impl std::fmt::Debug for Term {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Term")
+            .field("keys", &self.keys)
+            .field("fence", &self.fence)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the snapshots did, for `/metrics`.
@@ -104,7 +140,12 @@ pub fn due(
 }
 
 /// Takes snapshots while `term` lasts (one leader term).
-pub async fn run(cfg: SnapshotConfig, stats: &SnapshotStats, term: CancellationToken) {
+pub async fn run(
+    cfg: SnapshotConfig,
+    leader: Term,
+    stats: &SnapshotStats,
+    term: CancellationToken,
+) {
     let (store, folder) = (&cfg.store, cfg.folder.trim_end_matches('/'));
     let mut newest = match newest_in(store, folder).await {
         Ok(t) => t,
@@ -124,7 +165,7 @@ pub async fn run(cfg: SnapshotConfig, stats: &SnapshotStats, term: CancellationT
             _ = tokio::time::sleep(wait) => {}
         }
         let at = SystemTime::now();
-        match take(&cfg.etcd, store, folder, at, &term).await {
+        match take_pinned(&cfg.etcd, &leader, store, folder, at, &term).await {
             Err(SnapshotError::Cancelled) => return,
             Ok((name, bytes)) => {
                 tracing::info!(snapshot = %store.url(&key(folder, &name)), bytes, "etcd snapshot taken");
@@ -137,7 +178,7 @@ pub async fn run(cfg: SnapshotConfig, stats: &SnapshotStats, term: CancellationT
                 newest = Some(at);
                 failed_at = None;
                 last_failure = None;
-                if let Err(e) = prune(store, folder, cfg.keep).await {
+                if let Err(e) = prune(&leader, store, folder, cfg.keep).await {
                     tracing::warn!(error = %e, "etcd snapshots: cannot delete the oldest");
                 }
             }
@@ -183,11 +224,116 @@ async fn newest_in(store: &Store, folder: &str) -> edl_storage::Result<Option<Sy
         .max())
 }
 
-async fn prune(store: &Store, folder: &str, keep: usize) -> edl_storage::Result<()> {
+/// Deletes the oldest snapshots until `keep` are left, then every pin whose snapshot
+/// is not in the folder (theirs, and any left by a deletion cut short).
+async fn prune(
+    leader: &Term,
+    store: &Store,
+    folder: &str,
+    keep: usize,
+) -> Result<(), SnapshotError> {
     let names = names_in(store, folder).await?;
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    for n in to_delete(&names, keep) {
+    let gone = to_delete(&names, keep);
+    for n in &gone {
         store.delete(&key(folder, n)).await?;
+    }
+    let pins = leader.keys.checkpoint_pins();
+    let (kvs, _) = leader.backend.range(&pins).await?;
+    let orphans: Vec<Op> = kvs
+        .iter()
+        .filter(|kv| {
+            kv.key
+                .strip_prefix(&pins)
+                .is_none_or(|n| gone.contains(&n) || !names.contains(&n))
+        })
+        .map(|kv| Op::delete(kv.key.clone()))
+        .collect();
+    for chunk in orphans.chunks(100) {
+        fenced_txn(
+            &*leader.backend,
+            &leader.fence,
+            Txn::new().and_then(chunk.to_vec()),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Takes one snapshot with the manifests held, then pins them ([`Term`]): its name and
+/// size. On any failure the hold is released and nothing is left in the folder.
+async fn take_pinned(
+    etcd: &EtcdBackend,
+    leader: &Term,
+    store: &Store,
+    folder: &str,
+    at: SystemTime,
+    term: &CancellationToken,
+) -> Result<(String, u64), SnapshotError> {
+    let (backend, keys, fence) = (&*leader.backend, &leader.keys, &leader.fence);
+    let hold = keys.checkpoint_hold();
+    fenced_txn(
+        backend,
+        fence,
+        Txn::new().and_then([Op::put_with_lease(hold.clone(), Vec::new(), leader.lease)]),
+    )
+    .await?;
+    let taken = match take(etcd, store, folder, at, term).await {
+        // A snapshot whose checkpoints may be gone is not kept.
+        Ok((name, bytes)) => match pin(leader, &name).await {
+            Ok(()) => Ok((name, bytes)),
+            Err(e) => Err((e, Some(name))),
+        },
+        Err(e) => Err((e, None)),
+    };
+    match taken {
+        Ok(taken) => Ok(taken),
+        Err((e, stored)) => {
+            if let Some(name) = stored
+                && let Err(d) = store.delete(&key(folder, &name)).await
+            {
+                tracing::warn!(snapshot = %name, error = %d, "etcd snapshots: cannot delete a snapshot left without its pin");
+            }
+            if let Err(r) =
+                fenced_txn(backend, fence, Txn::new().and_then([Op::delete(hold)])).await
+            {
+                tracing::debug!(error = %r, "etcd snapshots: releasing the hold failed; it ends with the lease");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Pins every manifest stored now (the hold kept the snapshot's) for snapshot `name`,
+/// and releases the hold, in one fenced transaction that requires the hold.
+async fn pin(leader: &Term, name: &str) -> Result<(), SnapshotError> {
+    let (backend, keys) = (&*leader.backend, &leader.keys);
+    let (kvs, _) = backend.range(&keys.checkpoints()).await?;
+    let mut manifests: Vec<(u64, serde_json::Value)> = kvs
+        .iter()
+        .filter_map(|kv| {
+            let step = keys.manifest_step(&kv.key)?;
+            match serde_json::from_slice(&kv.value) {
+                Ok(m) => Some((step, m)),
+                Err(e) => {
+                    tracing::warn!(key = %kv.key, error = %e, "etcd snapshots: an unreadable manifest is not pinned");
+                    None
+                }
+            }
+        })
+        .collect();
+    manifests.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
+    let record = CheckpointPin {
+        version: RECORD_VERSION,
+        manifests: manifests.into_iter().map(|(_, m)| m).collect(),
+    };
+    let hold = keys.checkpoint_hold();
+    let txn = Txn::new().when([Compare::exists(hold.clone())]).and_then([
+        Op::put(keys.checkpoint_pin(name), record.encode()),
+        Op::delete(hold),
+    ]);
+    if !fenced_txn(backend, &leader.fence, txn).await?.succeeded {
+        return Err(SnapshotError::HoldLost);
     }
     Ok(())
 }
@@ -245,6 +391,10 @@ pub enum SnapshotError {
     /// The store failed.
     #[error("{0}")]
     Store(#[from] edl_storage::Error),
+    /// The hold on the manifests ended before their pin was written (the leader's lease
+    /// ended): the snapshot was deleted.
+    #[error("the hold on the checkpoint manifests ended before the snapshot's pin was written")]
+    HoldLost,
     /// The leader's term ended first.
     #[error("the leader's term ended")]
     Cancelled,
@@ -325,6 +475,15 @@ mod tests {
         root.put("/edl/j/k", vec![1; 4096], None)
             .await
             .expect("put");
+        // The leader's records: a manifest to pin, and a pin of no snapshot in the folder.
+        let leader = leader_of(&root, "j").await;
+        let keys = leader.keys.clone();
+        let manifest = br#"{"step":7,"shards":1,"mode":"sync","created_ms":1,"entries":[]}"#;
+        root.put(&keys.manifest(7), manifest.to_vec(), None)
+            .await
+            .expect("put");
+        let orphan = keys.checkpoint_pin(&name_of(UNIX_EPOCH + Duration::from_secs(9), 1));
+        root.put(&orphan, b"{}".to_vec(), None).await.expect("put");
         let cfg = SnapshotConfig {
             etcd: (*root).clone(),
             store: store.clone(),
@@ -335,8 +494,8 @@ mod tests {
         let stats = std::sync::Arc::new(SnapshotStats::default());
         let term = CancellationToken::new();
         let task = {
-            let (stats, term) = (stats.clone(), term.clone());
-            tokio::spawn(async move { run(cfg, &stats, term).await })
+            let (stats, term, leader) = (stats.clone(), term.clone(), leader.clone());
+            tokio::spawn(async move { run(cfg, leader, &stats, term).await })
         };
         let four = edl_testkit::wait_until(
             Duration::from_secs(30),
@@ -358,6 +517,29 @@ mod tests {
             newest.duration_since(UNIX_EPOCH).expect("time").as_secs(),
             last,
             "the newest kept is the last taken"
+        );
+        // Each snapshot kept has its pin, holding the manifest; the others' pins and the
+        // orphan are gone, and so is the hold.
+        let (pins, _) = root.range(&keys.checkpoint_pins()).await.expect("range");
+        let pinned: Vec<&str> = pins
+            .iter()
+            .filter_map(|kv| kv.key.strip_prefix(&keys.checkpoint_pins()))
+            .collect();
+        let mut kept: Vec<&str> = snaps.iter().map(|n| n.as_str()).collect();
+        kept.sort_unstable();
+        assert_eq!(pinned, kept, "a pin per snapshot kept, no other");
+        for kv in &pins {
+            let pin = CheckpointPin::decode(&kv.value).expect("a pin");
+            assert_eq!(
+                pin.manifests,
+                vec![serde_json::from_slice::<serde_json::Value>(manifest).expect("json")]
+            );
+        }
+        assert!(
+            root.get(&keys.checkpoint_hold())
+                .await
+                .expect("get")
+                .is_none()
         );
         for n in snaps {
             let b = store.get(&key(&folder, n)).await.expect("read it");
@@ -393,7 +575,7 @@ mod tests {
         };
         let task = {
             let (stats, term) = (stats.clone(), term.clone());
-            tokio::spawn(async move { run(cfg, &stats, term).await })
+            tokio::spawn(async move { run(cfg, leader, &stats, term).await })
         };
         let failed = edl_testkit::wait_until(
             Duration::from_secs(30),
@@ -406,6 +588,36 @@ mod tests {
         assert!(failed, "{stats:?}");
         assert_eq!(stats.taken.load(Ordering::Relaxed), 0);
         assert!(names_in(&store2, &folder2).await.expect("list").is_empty());
+        assert!(
+            root.get(&keys.checkpoint_hold())
+                .await
+                .expect("get")
+                .is_none(),
+            "the hold is released after a failure"
+        );
+    }
+
+    /// A leader of job `job` on `etcd`: an election key, fenced by its revision, and a
+    /// lease.
+    async fn leader_of(etcd: &std::sync::Arc<EtcdBackend>, job: &str) -> Term {
+        let keys = JobKeys::new(&edl_job::JobName::new(job).expect("name"));
+        let backend: Arc<dyn Backend> = etcd.clone();
+        let lease = backend
+            .lease_grant(Duration::from_secs(30))
+            .await
+            .expect("lease")
+            .id;
+        let key = keys.master_election() + "leader";
+        let revision = backend
+            .put(&key, b"me".to_vec(), Some(lease))
+            .await
+            .expect("put");
+        Term {
+            backend,
+            keys,
+            fence: Fence { key, revision },
+            lease,
+        }
     }
 
     proptest! {

@@ -52,6 +52,17 @@ impl EtcdCluster {
         })
     }
 
+    /// Starts `members` members on the data of an etcd snapshot, restored by etcd's own
+    /// tool (see [`LocalEtcd::start_restored`]).
+    pub async fn start_restored(
+        members: usize,
+        snapshot: &std::path::Path,
+    ) -> io::Result<EtcdCluster> {
+        Ok(EtcdCluster {
+            local: LocalEtcd::start_restored(members, snapshot).await?,
+        })
+    }
+
     /// Starts one member with authentication on (user `root` with `root_password`, as
     /// `etcdctl user add root && etcdctl auth enable` would do); the cluster and a
     /// backend connected as root.

@@ -17,6 +17,7 @@
 //! - [`pserver`]: parameter servers across pserver and trainer failures.
 //! - [`replicas`]: replicated shards: a primary SIGKILLed, SIGSTOPped, or partitioned
 //!   from etcd, and its backup promoted with every acknowledged push.
+//! - [`restore`]: a job whose etcd is lost whole, restored from the master's snapshot.
 //! - [`run`]: `edl run` of the examples, operator commands, bad input.
 //! - [`scale`]: `edl bench scale`, short: every record once through a master failover.
 //! - [`secure`]: `edl run --secure` over mutual TLS as a job user; jobs isolated by
@@ -34,6 +35,7 @@ mod monitoring;
 mod objects;
 mod pserver;
 mod replicas;
+mod restore;
 mod run;
 mod scale;
 mod secure;

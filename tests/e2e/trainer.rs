@@ -52,7 +52,7 @@ fn write_lines(path: &Path, lines: &[String]) {
 }
 
 /// UCI Housing as RecordIO: (train glob, test glob), every 5th row held out.
-fn housing(dir: &Path) -> (String, String) {
+pub(crate) fn housing(dir: &Path) -> (String, String) {
     let text =
         std::fs::read_to_string(repo().join("examples/data/boston_housing.csv")).expect("csv");
     let lines: Vec<String> = text.lines().map(str::to_owned).collect();
@@ -196,14 +196,14 @@ fn ptb(dir: &Path) -> (String, String, u64) {
 
 impl World {
     /// Writes a job spec for this world's job; `body` is everything after `name`.
-    fn spec(&self, file: &str, body: &str) -> PathBuf {
+    pub(crate) fn spec(&self, file: &str, body: &str) -> PathBuf {
         let p = self.dir.path().join(file);
         std::fs::write(&p, format!("name = \"{}\"\n{body}", self.job)).expect("write spec");
         p
     }
 
     /// `edl trainer --spec SPEC` writing its report to `<name>.json`.
-    fn trainer(&self, name: &str, spec: &Path) -> Proc {
+    pub(crate) fn trainer(&self, name: &str, spec: &Path) -> Proc {
         self.trainer_with(name, spec, &[])
     }
 
@@ -245,7 +245,7 @@ impl World {
 }
 
 /// Waits for every trainer to exit 0; returns their reports.
-async fn finish(w: &World, trainers: &mut [Proc], within: Duration) -> Vec<Value> {
+pub(crate) async fn finish(w: &World, trainers: &mut [Proc], within: Duration) -> Vec<Value> {
     let mut out = Vec::new();
     for t in trainers.iter_mut() {
         let status = t.wait_exit(within).await;
@@ -260,7 +260,7 @@ async fn finish(w: &World, trainers: &mut [Proc], within: Duration) -> Vec<Value
     out
 }
 
-fn final_metric(reports: &[Value]) -> (String, f64) {
+pub(crate) fn final_metric(reports: &[Value]) -> (String, f64) {
     let last = reports
         .iter()
         .filter_map(|r| r["evals"].as_array().and_then(|e| e.last()).cloned())
@@ -513,7 +513,7 @@ lease_ttl = "2s"
 }
 
 /// Polls the master until `cond` holds for its status.
-async fn wait_status(
+pub(crate) async fn wait_status(
     w: &World,
     within: Duration,
     what: &str,

@@ -68,7 +68,13 @@ pub(super) async fn lead_loop(
 .in_current_span())
             };
         let store = Store::new(backend.clone(), keys.clone(), leadership.fence().clone());
-        match lead(backend, cfg, keys, store, shared, &term).await {
+        let leader = crate::snapshots::Term {
+            backend: backend.clone(),
+            keys: keys.clone(),
+            fence: leadership.fence().clone(),
+            lease: lease.id(),
+        };
+        match lead(backend, cfg, keys, store, leader, shared, &term).await {
             Ok(()) => {}
             Err(e) => tracing::warn!(error = %e, "leader term ended"),
         }
@@ -98,6 +104,7 @@ async fn lead(
     cfg: &MasterConfig,
     keys: &JobKeys,
     store: Store,
+    leader: crate::snapshots::Term,
     shared: &Arc<Shared>,
     term: &CancellationToken,
 ) -> Result<(), MasterError> {
@@ -130,7 +137,7 @@ async fn lead(
         let shared = shared.clone();
         let term = term.clone();
         tokio::spawn(
-            async move { crate::snapshots::run(s, &shared.snapshots, term).await }
+            async move { crate::snapshots::run(s, leader, &shared.snapshots, term).await }
                 .in_current_span(),
         )
     });

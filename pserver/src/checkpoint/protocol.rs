@@ -427,7 +427,9 @@ pub async fn commit_solo(
 }
 
 /// Deletes manifests beyond the newest `keep`, and parts of steps older than the newest
-/// manifest (abandoned rounds). Fenced by the caller's claim.
+/// manifest (abandoned rounds). Fenced by the caller's claim; nothing is deleted while
+/// the master holds the manifests for an etcd snapshot (`checkpoints/hold`, checked in
+/// the same transaction): the next commit prunes.
 pub async fn prune(
     backend: &dyn Backend,
     keys: &JobKeys,
@@ -463,7 +465,13 @@ pub async fn prune(
             .map(|s| Op::delete_prefix(keys.parts(*s))),
     );
     for chunk in ops.chunks(100) {
-        fenced_txn(backend, fence, Txn::new().and_then(chunk.to_vec())).await?;
+        let txn = Txn::new()
+            .when([Compare::absent(keys.checkpoint_hold())])
+            .and_then(chunk.to_vec());
+        if !fenced_txn(backend, fence, txn).await?.succeeded {
+            tracing::debug!("checkpoint records held for an etcd snapshot; pruned later");
+            return Ok(());
+        }
     }
     if !ops.is_empty() {
         tracing::debug!(deleted = ops.len(), keep, "old checkpoint records pruned");
@@ -471,14 +479,64 @@ pub async fn prune(
     Ok(())
 }
 
+/// What a shard's files are kept for: the manifests its retention keeps, and those
+/// pinned by etcd snapshots.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Retention {
+    /// The newest `keep` manifests (every manifest while they are held for an etcd
+    /// snapshot): files of their steps or newer are kept (newer ones may be parts of a
+    /// round not committed yet), and every file they name.
+    pub kept: Vec<Manifest>,
+    /// The manifests etcd snapshots hold (`checkpoints/pins/`): every file they name
+    /// is kept, so a job restored from one of those snapshots restores its shards.
+    pub pinned: Vec<Manifest>,
+}
+
+/// The retention the records under `checkpoints/` ask for (the pserver follows them).
+pub fn retention<'a>(
+    keys: &JobKeys,
+    kvs: impl Iterator<Item = &'a KeyValue> + Clone,
+    keep: usize,
+) -> Retention {
+    let held = kvs.clone().any(|kv| kv.key == keys.checkpoint_hold());
+    let manifests = parse_manifests(keys, kvs.clone());
+    let kept = if held {
+        manifests
+    } else {
+        manifests.into_iter().take(keep.max(1)).collect()
+    };
+    let pins = keys.checkpoint_pins();
+    let mut pinned = Vec::new();
+    for kv in kvs.filter(|kv| kv.key.starts_with(&pins)) {
+        match edl_job::CheckpointPin::decode(&kv.value) {
+            Ok(pin) => {
+                for m in pin.manifests {
+                    match serde_json::from_value::<Manifest>(m) {
+                        Ok(m) => pinned.push(m),
+                        Err(e) => {
+                            tracing::warn!(key = %kv.key, error = %e, "unreadable manifest in a checkpoint pin ignored")
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(key = %kv.key, error = %e, "unreadable checkpoint pin ignored")
+            }
+        }
+    }
+    Retention { kept, pinned }
+}
+
 /// Deletes this shard's files of steps older than the oldest manifest kept (called
-/// after manifests change). Never deletes a file a kept manifest names.
-pub fn prune_files(dir: &CheckpointDir, kept: &[Manifest], shard: u32) {
-    let Some(oldest) = kept.iter().map(|m| m.step).min() else {
+/// after the retention changes). Never deletes a file a kept or pinned manifest names.
+pub fn prune_files(dir: &CheckpointDir, retention: &Retention, shard: u32) {
+    let Some(oldest) = retention.kept.iter().map(|m| m.step).min() else {
         return;
     };
-    let named: Vec<&str> = kept
+    let named: Vec<&str> = retention
+        .kept
         .iter()
+        .chain(&retention.pinned)
         .filter_map(|m| m.entry(shard))
         .map(|e| e.path.as_str())
         .collect();
@@ -543,6 +601,107 @@ pub async fn write_snapshot(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The files a shard keeps: those of the newest `keep` manifests and newer, those a
+    /// pin names (an etcd snapshot holds their manifests), and every manifest's while
+    /// the manifests are held for a snapshot.
+    #[test]
+    fn pinned_and_held_checkpoints_keep_their_files() {
+        use crate::checkpoint::format::tests::sample;
+        let keys = JobKeys::new(&edl_job::JobName::new("j").unwrap());
+        let root = tempfile::tempdir().unwrap();
+        // The sample snapshots are shard 1's.
+        let dir = CheckpointDir::new(root.path(), &edl_job::JobName::new("j").unwrap(), 1);
+        let manifest = |step: u64| Manifest {
+            step,
+            shards: 1,
+            mode: "sync".into(),
+            created_ms: step,
+            entries: vec![dir.write(&sample(step, 2, 2)).unwrap()],
+        };
+        let ms: Vec<Manifest> = [10, 20, 30, 40].map(manifest).to_vec();
+        let kv = |key: String, value: Vec<u8>| KeyValue {
+            key,
+            value,
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: None,
+        };
+        let mut kvs: Vec<KeyValue> = ms
+            .iter()
+            .map(|m| kv(keys.manifest(m.step), serde_json::to_vec(m).unwrap()))
+            .collect();
+        let pin = edl_job::CheckpointPin {
+            version: 1,
+            manifests: vec![serde_json::to_value(&ms[0]).unwrap()],
+        };
+        kvs.push(kv(keys.checkpoint_pin("snapshot-a"), pin.encode()));
+        let steps = |ms: &[Manifest]| ms.iter().map(|m| m.step).collect::<Vec<_>>();
+        let files = || {
+            let mut steps: Vec<u64> = dir.files().unwrap().into_iter().map(|f| f.0).collect();
+            steps.sort_unstable();
+            steps
+        };
+
+        // Held: every manifest is kept, and every file.
+        let mut held = kvs.clone();
+        held.push(kv(keys.checkpoint_hold(), Vec::new()));
+        let r = retention(&keys, held.iter(), 2);
+        assert_eq!(steps(&r.kept), [40, 30, 20, 10]);
+        prune_files(&dir, &r, 1);
+        assert_eq!(files(), [10, 20, 30, 40]);
+
+        // Released: the newest two and the pinned one.
+        let r = retention(&keys, kvs.iter(), 2);
+        assert_eq!(steps(&r.kept), [40, 30]);
+        assert_eq!(steps(&r.pinned), [10]);
+        prune_files(&dir, &r, 1);
+        assert_eq!(files(), [10, 30, 40]);
+
+        // The pin gone: only the newest two.
+        kvs.pop();
+        let r = retention(&keys, kvs.iter(), 2);
+        assert!(r.pinned.is_empty());
+        prune_files(&dir, &r, 1);
+        assert_eq!(files(), [30, 40]);
+    }
+
+    /// The manifests' records are not pruned while held for an etcd snapshot; they are
+    /// once the hold is gone.
+    #[tokio::test]
+    async fn held_manifests_are_not_pruned() {
+        use edl_coord::MemBackend;
+        let backend = MemBackend::new();
+        let keys = JobKeys::new(&edl_job::JobName::new("j").unwrap());
+        let claim = keys.ps(0);
+        let revision = backend.put(&claim, b"x".to_vec(), None).await.unwrap();
+        let fence = Fence {
+            key: claim,
+            revision,
+        };
+        for step in [1u64, 2, 3] {
+            backend
+                .put(&keys.manifest(step), b"{}".to_vec(), None)
+                .await
+                .unwrap();
+        }
+        backend
+            .put(&keys.checkpoint_hold(), Vec::new(), None)
+            .await
+            .unwrap();
+        prune(&backend, &keys, &fence, 1).await.unwrap();
+        let count = || async {
+            let (kvs, _) = backend.range(&keys.checkpoints()).await.unwrap();
+            kvs.iter()
+                .filter(|kv| keys.manifest_step(&kv.key).is_some())
+                .count()
+        };
+        assert_eq!(count().await, 3, "held: nothing pruned");
+        backend.delete(&keys.checkpoint_hold()).await.unwrap();
+        prune(&backend, &keys, &fence, 1).await.unwrap();
+        assert_eq!(count().await, 1, "released: the newest one left");
+    }
 
     #[test]
     fn complete_part_sets_are_found() {

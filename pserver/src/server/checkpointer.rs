@@ -48,7 +48,7 @@ impl Checkpointer {
         );
         let slot = self.shard.checkpoints().slot.clone();
         let mut handled = 0u64;
-        let mut manifest_steps: Vec<u64> = Vec::new();
+        let mut retained = protocol::Retention::default();
         let mut newest_manifest = 0u64;
         // Coordinator state (shard 0).
         let mut requested_step = 0u64;
@@ -74,9 +74,9 @@ impl Checkpointer {
                     if v.revision == 0 {
                         continue;
                     }
-                    let ms = protocol::parse_manifests(&self.keys, v.kvs.values());
-                    let steps: Vec<u64> = ms.iter().map(|m| m.step).collect();
-                    newest_manifest = steps.first().copied().unwrap_or(0);
+                    newest_manifest = protocol::parse_manifests(&self.keys, v.kvs.values())
+                        .first()
+                        .map_or(0, |m| m.step);
                     if self.shard.index() == 0 {
                         let complete =
                             protocol::complete_parts(&self.keys, v.kvs.values(), self.shard.shards());
@@ -86,12 +86,12 @@ impl Checkpointer {
                             uncommitted.entry(s).or_insert(now);
                         }
                     }
-                    if steps != manifest_steps {
-                        manifest_steps = steps;
-                        let kept: Vec<_> = ms.into_iter().take(self.cfg.keep.max(1)).collect();
+                    let retention = protocol::retention(&self.keys, v.kvs.values(), self.cfg.keep);
+                    if retention != retained {
+                        retained = retention.clone();
                         let dir = self.dir.clone();
                         let index = self.shard.index();
-                        let _ = tokio::task::spawn_blocking(move || protocol::prune_files(&dir, &kept, index)).await;
+                        let _ = tokio::task::spawn_blocking(move || protocol::prune_files(&dir, &retention, index)).await;
                     }
                     let req = v
                         .kvs
