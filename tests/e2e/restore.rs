@@ -9,7 +9,7 @@ use edl_master::snapshots::taken_at;
 use edl_testkit::EtcdCluster;
 
 use crate::support::World;
-use crate::trainer::{final_metric, finish, housing, wait_status};
+use crate::trainer::{final_metric, finish, fit_a_line_spec, wait_status};
 
 const PASSES: u64 = 60;
 /// Each pserver checkpoints every 20 sync steps (a pass is 21 batches of 20) and keeps
@@ -23,31 +23,10 @@ const PSERVER: [&str; 6] = [
     "2",
 ];
 
-/// The fit_a_line job, in sync mode with one trainer: two runs of it train in the same
+/// The fit_a_line job in sync mode: with one trainer, two runs of it train in the same
 /// order, so their final costs compare.
 fn spec(w: &World) -> PathBuf {
-    let (train, test) = housing(w.dir.path());
-    w.spec(
-        "job.toml",
-        &format!(
-            r#"
-[data]
-train = "{train}"
-test = "{test}"
-[model]
-kind = "fit_a_line"
-[train]
-mode = "sync"
-passes = {PASSES}
-batch_size = 20
-optimizer = "sgd"
-learning_rate = 0.01
-step_timeout = "10s"
-[cluster]
-lease_ttl = "2s"
-"#
-        ),
-    )
+    fit_a_line_spec(w, "sync", PASSES)
 }
 
 /// The steps of the manifests stored in the job's etcd now.

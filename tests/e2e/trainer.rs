@@ -52,7 +52,7 @@ fn write_lines(path: &Path, lines: &[String]) {
 }
 
 /// UCI Housing as RecordIO: (train glob, test glob), every 5th row held out.
-pub(crate) fn housing(dir: &Path) -> (String, String) {
+fn housing(dir: &Path) -> (String, String) {
     let text =
         std::fs::read_to_string(repo().join("examples/data/boston_housing.csv")).expect("csv");
     let lines: Vec<String> = text.lines().map(str::to_owned).collect();
@@ -324,10 +324,11 @@ fn least_squares_cost(train_csv: &Path, test_csv: &Path) -> f64 {
     sum / test.len() as f64
 }
 
-async fn fit_a_line(mode: &str) {
-    let w = World::new(&format!("housing-{mode}")).await;
+/// The fit_a_line job of this world (its data written by [`housing`]): `passes` passes
+/// in `mode`, batches of 20, SGD, a 2 s lease.
+pub(crate) fn fit_a_line_spec(w: &World, mode: &str, passes: u64) -> PathBuf {
     let (train, test) = housing(w.dir.path());
-    let spec = w.spec(
+    w.spec(
         "job.toml",
         &format!(
             r#"
@@ -338,7 +339,7 @@ test = "{test}"
 kind = "fit_a_line"
 [train]
 mode = "{mode}"
-passes = 60
+passes = {passes}
 batch_size = 20
 optimizer = "sgd"
 learning_rate = 0.01
@@ -347,7 +348,12 @@ step_timeout = "10s"
 lease_ttl = "2s"
 "#
         ),
-    );
+    )
+}
+
+async fn fit_a_line(mode: &str) {
+    let w = World::new(&format!("housing-{mode}")).await;
+    let spec = fit_a_line_spec(&w, mode, 60);
     let (_m, _) = w.master("master", &[]).await;
     let (_p, _) = w.pserver("ps0", &["--shards", "1"]).await;
     let mut trainers = vec![w.trainer("t0", &spec), w.trainer("t1", &spec)];
