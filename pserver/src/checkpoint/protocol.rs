@@ -21,7 +21,9 @@
 //!    (a commit lost all the same).
 //! 4. **Retention.** After a commit, manifests beyond the newest `keep` are deleted; each
 //!    shard then deletes its files older than the oldest manifest kept. A file is deleted
-//!    only after a newer manifest is committed.
+//!    only after a newer manifest is committed. While the leading master snapshots the
+//!    job's etcd (`checkpoints/hold`) nothing is deleted, and no file a snapshot's pin
+//!    names (`checkpoints/pins/`) is deleted while the pin lasts ([`retention`]).
 //! 5. **Restore.** A pserver that claims index `i` reads the manifests newest first and
 //!    restores the first whose file for `i` reads back intact (size, crc32c, uuid); a bad
 //!    file is logged with the reason and the previous manifest is tried. It then writes
