@@ -441,9 +441,13 @@ async fn mnist_on_s3_data_and_checkpoints_survives_pserver_and_trainer_sigkills(
     .await;
     assert_eq!(sealed, [PASSES], "the final checkpoint holds every pass");
 
+    // Nothing lost shows as an accuracy no lower than the fault-free run's (2 points of
+    // noise allowed). Not bounded above: the records the kills cut off are trained again,
+    // more training than the run without faults (a run at e05d46f: 1,083 records cut
+    // off, 0.942 against 0.92).
     let (_, accuracy) = metric(&r);
     assert!(
-        accuracy >= 0.90 && (accuracy - reference_accuracy).abs() <= 0.02,
+        accuracy >= 0.90 && accuracy >= reference_accuracy - 0.02,
         "held-out accuracy {accuracy} from s3:// under chaos, {reference_accuracy} from local \
          files without faults: {r}"
     );
