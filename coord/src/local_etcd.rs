@@ -171,6 +171,65 @@ pub fn snapshot_tool() -> io::Result<PathBuf> {
     ))
 }
 
+/// A member of a cluster made from a snapshot: the flags of `etcdutl snapshot restore`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoredMember {
+    /// `--name`: the member's name, as its etcd's `--name`.
+    pub name: String,
+    /// `--data-dir`: made by the tool; it must not exist.
+    pub data_dir: PathBuf,
+    /// `--initial-cluster`: every member's `name=peer URL`, as the members' etcd has it.
+    pub initial_cluster: String,
+    /// `--initial-advertise-peer-urls`: this member's peer URL.
+    pub peer_url: String,
+    /// `--initial-cluster-token`: the new cluster's token.
+    pub token: String,
+}
+
+/// Makes `member`'s data directory from `snapshot` with etcd's own tool
+/// ([`snapshot_tool`]: `etcdutl snapshot restore`, or `etcdctl snapshot restore` of etcd
+/// 3.4). The tool checks the snapshot's hash and refuses a damaged one; its words are in
+/// the error.
+pub fn restore_snapshot(snapshot: &Path, member: &RestoredMember) -> io::Result<()> {
+    let tool = snapshot_tool()?;
+    let mut cmd = Command::new(&tool);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("ETCD") {
+            cmd.env_remove(&k);
+        }
+    }
+    let out = cmd
+        .env("ETCDCTL_API", "3")
+        .arg("snapshot")
+        .arg("restore")
+        .arg(snapshot)
+        .arg("--name")
+        .arg(&member.name)
+        .arg("--data-dir")
+        .arg(&member.data_dir)
+        .arg("--initial-cluster")
+        .arg(&member.initial_cluster)
+        .arg("--initial-cluster-token")
+        .arg(&member.token)
+        .arg("--initial-advertise-peer-urls")
+        .arg(&member.peer_url)
+        .stdin(Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} snapshot restore {} failed ({}): {}",
+                tool.display(),
+                snapshot.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -396,43 +455,16 @@ impl LocalEtcd {
     /// Makes member `i`'s data directory from `snapshot` with etcd's own tool.
     fn restore(&self, i: usize, snapshot: &Path) -> io::Result<()> {
         let m = &self.members[i];
-        let tool = snapshot_tool()?;
-        let mut cmd = Command::new(&tool);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("ETCD") {
-                cmd.env_remove(&k);
-            }
-        }
-        let out = cmd
-            .env("ETCDCTL_API", "3")
-            .arg("snapshot")
-            .arg("restore")
-            .arg(snapshot)
-            .arg("--name")
-            .arg(&m.name)
-            .arg("--data-dir")
-            .arg(self.data_dir(i))
-            .arg("--initial-cluster")
-            .arg(self.initial_cluster())
-            .arg("--initial-cluster-token")
-            .arg(&self.token)
-            .arg("--initial-advertise-peer-urls")
-            .arg(format!("http://127.0.0.1:{}", m.peer_port))
-            .stdin(Stdio::null())
-            .output()?;
-        if !out.status.success() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "{} snapshot restore {} failed ({}): {}",
-                    tool.display(),
-                    snapshot.display(),
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            ));
-        }
-        Ok(())
+        restore_snapshot(
+            snapshot,
+            &RestoredMember {
+                name: m.name.clone(),
+                data_dir: self.data_dir(i),
+                initial_cluster: self.initial_cluster(),
+                peer_url: format!("http://127.0.0.1:{}", m.peer_port),
+                token: self.token.clone(),
+            },
+        )
     }
 
     fn spawn(&self, i: usize, state: &str) -> io::Result<()> {
