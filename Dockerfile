@@ -8,6 +8,10 @@
 # this one, adding the program and its runtime; deploy/ and docs/kubernetes.md say how
 # the image is used.
 
+# etcd's own restore tool, for `edl operator restore-etcd-member` (the pods that restore a
+# managed etcd from a snapshot): the etcd image the operator runs members with.
+FROM quay.io/coreos/etcd:v3.5.17 AS etcd
+
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 COPY . .
@@ -18,6 +22,7 @@ RUN cargo build --release --locked -p edl \
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /edl /usr/local/bin/edl
+COPY --from=etcd /usr/local/bin/etcdutl /usr/local/bin/etcdutl
 # distroless' "nonroot" user; the pods' securityContext asks for the same.
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/edl"]

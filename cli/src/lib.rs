@@ -124,7 +124,10 @@ pub fn init_logging(cli: &Cli) {
             | Command::Sim(_)
             | Command::Bench(_)
             | Command::Operator(
-                kubernetes::OperatorCommand::Crd | kubernetes::OperatorCommand::Render(_),
+                kubernetes::OperatorCommand::Crd
+                | kubernetes::OperatorCommand::Render(_)
+                | kubernetes::OperatorCommand::RestoreEtcd(_)
+                | kubernetes::OperatorCommand::RestoreEtcdMember(_),
             ),
         ) => logging::Verbosity::Quiet,
         Some(

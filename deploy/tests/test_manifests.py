@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from typing import Any, Dict, List
@@ -359,6 +360,12 @@ def test_the_dockerfile_builds_in_stages_and_ships_a_non_root_image() -> None:
     (deployment,) = [d for d in documents((DEPLOY / "operator.yaml").read_text()) if d["kind"] == "Deployment"]
     run_as = deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
     assert str(run_as) == users[-1].split(":")[0]
+    # etcd's restore tool (`edl operator restore-etcd-member`), from the image the
+    # operator runs the managed etcd with.
+    crd = (REPO / "operator" / "src" / "crd.rs").read_text()
+    etcd_image = re.search(r'pub const ETCD_IMAGE: &str = "([^"]+)"', crd).group(1)
+    assert f"FROM {etcd_image} AS etcd" in lines, etcd_image
+    assert "COPY --from=etcd /usr/local/bin/etcdutl /usr/local/bin/etcdutl" in last
     ignored = (REPO / ".dockerignore").read_text().split()
     assert "target/" in ignored, "the build context leaves out target/"
 

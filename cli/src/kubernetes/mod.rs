@@ -11,6 +11,7 @@
 //! - this module: the verbs' arguments and the calls into their implementations.
 //! - `verbs`: the verbs against a cluster (over `edl_operator::verbs`).
 //! - `operator`: `edl operator` (over the `edl-operator` crate).
+//! - `etcd_restore`: `edl operator restore-etcd` and `restore-etcd-member`.
 
 // Without the feature the arguments are parsed and not used.
 #![cfg_attr(not(feature = "kubernetes"), allow(unused_variables, dead_code))]
@@ -21,6 +22,8 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use edl_job::JobName;
 
+#[cfg(feature = "kubernetes")]
+mod etcd_restore;
 #[cfg(feature = "kubernetes")]
 mod operator;
 #[cfg(feature = "kubernetes")]
@@ -110,6 +113,53 @@ pub enum OperatorCommand {
     /// Print, as YAML, the TrainingJob of a job spec (JOB.toml) or of a TrainingJob
     /// file, then the pods and services the operator creates for it.
     Render(RenderArgs),
+    /// Print the pods that restore a TrainingJob's managed etcd from a snapshot, one per
+    /// member, to `kubectl apply -f -` while the operator is stopped (docs/kubernetes.md,
+    /// "Restoring the managed etcd").
+    RestoreEtcd(RestoreEtcdArgs),
+    /// Make one managed etcd member's data directory from a snapshot with etcd's own
+    /// tool (what the pods of `restore-etcd` run; the data it replaces is kept beside it).
+    RestoreEtcdMember(RestoreEtcdMemberArgs),
+}
+
+/// Arguments of `edl operator restore-etcd`.
+#[derive(Debug, Args)]
+pub struct RestoreEtcdArgs {
+    /// The TrainingJob (`kubectl get trainingjob JOB -o yaml > job.yaml`).
+    #[command(flatten)]
+    pub job: JobSource,
+    /// Its namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
+    /// The snapshot: an object URL (read with the job's `storageSecret`), as the job's
+    /// master names them (`.../snapshot-<unix ms>-r<revision>.db`).
+    #[arg(long, value_name = "URL")]
+    pub from: String,
+}
+
+/// Arguments of `edl operator restore-etcd-member`: `etcdutl snapshot restore`'s.
+#[derive(Debug, Args)]
+pub struct RestoreEtcdMemberArgs {
+    /// The snapshot: an object URL (credentials from the environment, as for data) or a
+    /// file.
+    #[arg(long, value_name = "URL")]
+    pub from: String,
+    /// The member's name (its etcd's `--name`).
+    #[arg(long)]
+    pub name: String,
+    /// The member's data directory (its etcd's `--data-dir`); what is there is moved to
+    /// `<dir>.replaced` first (an older one is deleted).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Every member's `name=peer URL` (its etcd's `--initial-cluster`).
+    #[arg(long)]
+    pub initial_cluster: String,
+    /// This member's peer URL.
+    #[arg(long)]
+    pub initial_advertise_peer_urls: String,
+    /// The restored cluster's token.
+    #[arg(long)]
+    pub initial_cluster_token: String,
 }
 
 /// Arguments of `edl operator run`.

@@ -38,6 +38,14 @@ pub fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
             print!("{}", render(&args)?);
             Ok(ExitCode::SUCCESS)
         }
+        OperatorCommand::RestoreEtcd(args) => {
+            print!("{}", super::etcd_restore::restore_pods(&args)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        OperatorCommand::RestoreEtcdMember(args) => {
+            super::etcd_restore::restore_member(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

@@ -94,6 +94,10 @@ pub const ETCD_PEER_PORT: i32 = 2380;
 /// Where a managed etcd member serves `/health` and `/metrics` in plain HTTP, without
 /// client certificates (`--listen-metrics-urls`): what its probes ask.
 pub const ETCD_METRICS_PORT: i32 = 2381;
+/// Where a managed etcd member's claim is mounted.
+pub const ETCD_MOUNT: &str = "/var/lib/etcd";
+/// A managed etcd member's data directory, on its claim.
+pub const ETCD_DATA_DIR: &str = "/var/lib/etcd/data";
 /// Where pservers and trainers serve `/metrics` (`EDL_METRICS_ADDR`); masters serve it
 /// on their gRPC port.
 pub const METRICS_PORT: i32 = 9090;
@@ -249,6 +253,37 @@ pub fn etcd_peer_url(tj: &TrainingJob, i: u32) -> String {
     )
 }
 
+/// The name of member `index` of a managed etcd (its etcd's `--name`).
+fn etcd_member_name(index: u32) -> String {
+    format!("etcd-{index}")
+}
+
+/// Every member of `tj`'s managed etcd as `name=peer URL`, comma-separated (etcd's
+/// `--initial-cluster`).
+fn etcd_initial_cluster(tj: &TrainingJob) -> String {
+    (0..tj.spec.etcd.members.max(1))
+        .map(|i| format!("{}={}", etcd_member_name(i), etcd_peer_url(tj, i)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// What etcd's tool needs to make member `index` of `tj`'s managed etcd from a
+/// snapshot (`edl operator restore-etcd`, docs/kubernetes.md "Restoring the managed
+/// etcd"): the name, data directory, members and peer URL of the member's own command
+/// (its `etcd_member_args`), so the member's pod starts on the restored data as it is;
+/// the token `<job>-restored` (the restored cluster's identity differs from the lost
+/// one's, so no member of the lost cluster could talk to it).
+pub fn etcd_restored_member(tj: &TrainingJob, index: u32) -> edl_coord::local_etcd::RestoredMember {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    edl_coord::local_etcd::RestoredMember {
+        name: etcd_member_name(index),
+        data_dir: ETCD_DATA_DIR.into(),
+        initial_cluster: etcd_initial_cluster(tj),
+        peer_url: etcd_peer_url(tj, index),
+        token: format!("{job}-restored"),
+    }
+}
+
 /// The command line of member `index` of `tj`'s managed etcd: named `etcd-<index>`, its
 /// data on its claim, the members found by their pods' DNS names, old revisions
 /// compacted every hour, a 2 GiB space quota (past it etcd raises its space alarm and
@@ -261,11 +296,7 @@ pub fn etcd_peer_url(tj: &TrainingJob, i: u32) -> String {
 fn etcd_member_args(tj: &TrainingJob, index: u32) -> Vec<String> {
     let job = tj.metadata.name.clone().unwrap_or_default();
     let ns = tj.metadata.namespace.as_deref().unwrap_or("default");
-    let members = tj.spec.etcd.members.max(1);
     let scheme = etcd_scheme(tj);
-    let cluster: Vec<String> = (0..members)
-        .map(|i| format!("etcd-{i}={}", etcd_peer_url(tj, i)))
-        .collect();
     // Once formed, a member made again on an empty claim joins the cluster (after the
     // operator replaced it in the membership); one on its own claim ignores this.
     let formed = tj.status.as_ref().is_some_and(|s| s.etcd_formed);
@@ -273,13 +304,13 @@ fn etcd_member_args(tj: &TrainingJob, index: u32) -> Vec<String> {
     let me = member_host(&job, ns, index);
     let mut args = vec![
         "etcd".to_owned(),
-        format!("--name=etcd-{index}"),
-        "--data-dir=/var/lib/etcd/data".to_owned(),
+        format!("--name={}", etcd_member_name(index)),
+        format!("--data-dir={ETCD_DATA_DIR}"),
         format!("--listen-client-urls={scheme}://0.0.0.0:{ETCD_PORT}"),
         format!("--advertise-client-urls={scheme}://{me}:{ETCD_PORT}"),
         format!("--listen-peer-urls={scheme}://0.0.0.0:{ETCD_PEER_PORT}"),
         format!("--initial-advertise-peer-urls={scheme}://{me}:{ETCD_PEER_PORT}"),
-        format!("--initial-cluster={}", cluster.join(",")),
+        format!("--initial-cluster={}", etcd_initial_cluster(tj)),
         format!("--initial-cluster-state={state}"),
         format!("--initial-cluster-token={job}"),
         "--auto-compaction-mode=periodic".to_owned(),
@@ -528,6 +559,75 @@ pub fn pod(tj: &TrainingJob, slot: Slot, credentials: CredentialsRef) -> Pod {
     }
 }
 
+/// The label of the pods that restore `<job>`'s managed etcd ([`etcd_restore_pods`]).
+pub const ETCD_RESTORE_LABEL: &str = "edl.dev/etcd-restore";
+
+/// The pods that make each member's claim of `tj`'s managed etcd hold the snapshot at
+/// `snapshot` (an object URL, read with `spec.storageSecret`'s credentials, or a file
+/// on the members' claims), one per member, each run once (`edl operator
+/// restore-etcd-member`, with etcd's own tool in the edl image): the member pod's
+/// claim, security and placement, the edl image, labelled [`ETCD_RESTORE_LABEL`] (no
+/// job label: the operator neither counts nor deletes them). docs/kubernetes.md,
+/// "Restoring the managed etcd".
+pub fn etcd_restore_pods(tj: &TrainingJob, snapshot: &str) -> Vec<Pod> {
+    let job = tj.metadata.name.clone().unwrap_or_default();
+    (0..tj.spec.etcd.members.max(1))
+        .map(|index| {
+            let slot = Slot {
+                role: Role::Etcd,
+                index,
+            };
+            let mut pod = pod(tj, slot, CredentialsRef::None);
+            pod.metadata.name = Some(format!("{}-restore", slot.pod_name(&job)));
+            pod.metadata.labels = Some(BTreeMap::from([(
+                ETCD_RESTORE_LABEL.to_owned(),
+                job.clone(),
+            )]));
+            pod.metadata.annotations = None;
+            let member = etcd_restored_member(tj, index);
+            let mut command = edl(&["operator", "restore-etcd-member", "--from", snapshot]);
+            command.extend([
+                "--name".to_owned(),
+                member.name,
+                "--data-dir".to_owned(),
+                member.data_dir.display().to_string(),
+                "--initial-cluster".to_owned(),
+                member.initial_cluster,
+                "--initial-advertise-peer-urls".to_owned(),
+                member.peer_url,
+                "--initial-cluster-token".to_owned(),
+                member.token,
+            ]);
+            if let Some(spec) = pod.spec.as_mut() {
+                spec.hostname = None;
+                spec.subdomain = None;
+                spec.affinity = None;
+                spec.scheduler_name = None;
+                spec.termination_grace_period_seconds = Some(30);
+                for c in &mut spec.containers {
+                    c.name = "restore".to_owned();
+                    c.image = Some(tj.spec.image.clone());
+                    c.command = Some(command.clone());
+                    c.ports = None;
+                    c.liveness_probe = None;
+                    c.readiness_probe = None;
+                    c.startup_probe = None;
+                    c.env_from = tj.spec.storage_secret.as_ref().map(|name| {
+                        vec![EnvFromSource {
+                            secret_ref: Some(SecretEnvSource {
+                                name: name.clone(),
+                                optional: None,
+                            }),
+                            ..EnvFromSource::default()
+                        }]
+                    });
+                }
+            }
+            pod
+        })
+        .collect()
+}
+
 /// A managed etcd member of a job queued through Kueue's pod integration joins the
 /// members' pod group (`<job>-etcd`, all its members): Kueue admits and preempts them
 /// as one workload. The job's other pods stay workloads of their own (trainers are
@@ -631,7 +731,7 @@ fn etcd_parts(tj: &TrainingJob, slot: Slot, parts: &mut Parts) -> RoleCommand {
     parts.mounts.retain(|m| m.name != "data");
     parts.mounts.push(VolumeMount {
         name: "etcd-data".to_owned(),
-        mount_path: "/var/lib/etcd".to_owned(),
+        mount_path: ETCD_MOUNT.to_owned(),
         ..VolumeMount::default()
     });
     parts.vars.clear();

@@ -33,41 +33,32 @@ const SNAPSHOTS: &str = "s3://snaps/mnist-managed/etcd";
 
 /// The leading master snapshots the managed etcd (as its root, with the password it
 /// got by reference to `<job>-etcd-root`, over the job's mutual TLS) into the job's
-/// object store: at least two snapshots, each whole (its hash matches its data), at
-/// most the two kept.
+/// object store: three snapshots or more over time, the older deleted (a new one is
+/// whole in the folder before the oldest goes, so a third is there for a moment), each
+/// whole (its hash matches its data).
 async fn snapshots_are_taken_whole(s3: &S3Server, pods_dir: &std::path::Path) {
-    let (store, folder) = edl_storage::Location::parse(SNAPSHOTS)
+    let (store, _) = edl_storage::Location::parse(SNAPSHOTS)
         .and_then(|l| l.open_with(s3.env()))
         .expect("the store");
-    let snapshots = || {
-        let (store, folder) = (store.clone(), folder.clone());
-        async move {
-            store
-                .list(&folder)
-                .await
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|o| {
-                    o.key
-                        .rsplit('/')
-                        .next()
-                        .is_some_and(|n| n.starts_with("snapshot-"))
-                })
-                .collect::<Vec<_>>()
-        }
-    };
-    // Two: the first at once, the second two seconds later (and the newest kept).
+    let snapshots = || snapshots_in(s3, SNAPSHOTS);
+    // Three: the first at once, the others every two seconds.
     let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let two = wait_until(Duration::from_secs(60), || async {
+    let three = wait_until(Duration::from_secs(60), || async {
         let now = snapshots().await;
         let mut seen = seen.lock().expect("lock");
         seen.extend(now.into_iter().map(|o| o.key));
-        seen.len() >= 2
+        seen.len() >= 3
     })
     .await;
-    assert!(two, "snapshots: {seen:?}\n{}", pod_logs(pods_dir));
+    assert!(three, "snapshots: {seen:?}\n{}", pod_logs(pods_dir));
+    // The newest two kept: at most two once the oldest is deleted.
+    let kept = wait_until(Duration::from_secs(30), || async {
+        let now = snapshots().await.len();
+        (1..=2).contains(&now)
+    })
+    .await;
     let now = snapshots().await;
-    assert!(!now.is_empty() && now.len() <= 2, "{now:?}");
+    assert!(kept && !now.is_empty() && now.len() <= 3, "{now:?}");
     for o in now {
         let b = store.get(&o.key).await.expect("read the snapshot");
         let (data, hash) = b.split_at(b.len() - SNAPSHOT_HASH_LEN);
@@ -78,6 +69,65 @@ async fn snapshots_are_taken_whole(s3: &S3Server, pods_dir: &std::path::Path) {
             o.key
         );
     }
+}
+
+/// The snapshots in the folder `location` of `s3`, oldest first.
+pub(super) async fn snapshots_in(s3: &S3Server, location: &str) -> Vec<edl_storage::ObjectInfo> {
+    let (store, folder) = edl_storage::Location::parse(location)
+        .and_then(|l| l.open_with(s3.env()))
+        .expect("the store");
+    let mut found: Vec<_> = store
+        .list(&folder)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|o| {
+            o.key
+                .rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("snapshot-"))
+        })
+        .collect();
+    found.sort_by(|a, b| a.key.cmp(&b.key));
+    found
+}
+
+/// An S3 server (under `w`'s directory) with the bucket `snaps`, the job's storage
+/// Secret `storage` holding its credentials, and `tj`'s etcd snapshots taken into
+/// `location` every two seconds, the newest two kept.
+pub(super) async fn snapshots_to_s3(
+    w: &World,
+    client: &kube::Client,
+    tj: &mut TrainingJob,
+    location: &str,
+) -> S3Server {
+    let s3 = S3Server::start(&w.dir.path().join("s3")).expect("the S3 server");
+    s3.create_bucket("snaps").expect("a bucket");
+    let storage = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("storage".into()),
+            ..Default::default()
+        },
+        data: Some(
+            s3.env()
+                .into_iter()
+                .map(|(k, v)| (k, k8s_openapi::ByteString(v.into_bytes())))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &storage)
+        .await
+        .expect("the storage Secret");
+    tj.spec.storage_secret = Some("storage".into());
+    tj.spec.etcd.snapshots = EtcdSnapshots {
+        location: Some(location.into()),
+        every: Some("2s".into()),
+        keep: Some(2),
+        disabled: false,
+    };
+    s3
 }
 
 /// The job trains with its managed etcd's three members; member 0's pod is deleted with
@@ -114,34 +164,8 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         },
     );
     assert_eq!(tj.spec.etcd.members, 3, "the default");
-    // Its snapshots go to an object store (the S3 server), with the job's storage Secret.
-    let s3 = S3Server::start(&w.dir.path().join("s3")).expect("the S3 server");
-    s3.create_bucket("snaps").expect("a bucket");
-    let storage = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some("storage".into()),
-            ..Default::default()
-        },
-        data: Some(
-            s3.env()
-                .into_iter()
-                .map(|(k, v)| (k, k8s_openapi::ByteString(v.into_bytes())))
-                .collect(),
-        ),
-        ..Default::default()
-    };
-    Api::<Secret>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &storage)
-        .await
-        .expect("the storage Secret");
     let mut tj = tj;
-    tj.spec.storage_secret = Some("storage".into());
-    tj.spec.etcd.snapshots = EtcdSnapshots {
-        location: Some(SNAPSHOTS.into()),
-        every: Some("2s".into()),
-        keep: Some(2),
-        disabled: false,
-    };
+    let s3 = snapshots_to_s3(&w, &client, &mut tj, SNAPSHOTS).await;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)
         .await
@@ -441,21 +465,25 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         "https://{MANAGED_JOB}-etcd-2.{MANAGED_JOB}.{NS}.svc:{}",
         edl_operator::objects::ETCD_PORT
     ));
-    let through_2 = EtcdBackend::connect_with_tls(
-        EtcdConfig::new([member_2])
+    // A member started is not yet one that answers at once on a loaded machine: asked
+    // until it does (the dial timeout alone once failed the first ask).
+    let last = std::sync::Mutex::new(String::new());
+    let through_2 = wait_until(Duration::from_secs(30), || async {
+        let cfg = EtcdConfig::new([member_2.clone()])
             .with_dial_timeout(Duration::from_secs(2))
-            .with_auth(text("EDL_ETCD_USER"), text("EDL_ETCD_PASSWORD")),
-        tls.clone(),
-    )
-    .await
-    .expect("connect to member 2");
+            .with_auth(text("EDL_ETCD_USER"), text("EDL_ETCD_PASSWORD"));
+        let read = match EtcdBackend::connect_with_tls(cfg, tls.clone()).await {
+            Ok(b) => b.get(&keys.spec()).await.map(|v| v.is_some()),
+            Err(e) => Err(e),
+        };
+        *last.lock().expect("lock") = format!("{read:?}");
+        read.is_ok_and(|found| found)
+    })
+    .await;
     assert!(
-        through_2
-            .get(&keys.spec())
-            .await
-            .expect("read through member 2")
-            .is_some(),
-        "member 2 has the job's keys"
+        through_2,
+        "member 2 does not serve the job's keys: {}",
+        last.lock().expect("lock")
     );
     let replaced_events: Vec<_> = api
         .list("events", NS)

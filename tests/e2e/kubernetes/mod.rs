@@ -262,6 +262,8 @@ struct OnOperator {
     _kubelet: Kubelet,
     stop: CancellationToken,
     operator: tokio::task::JoinHandle<()>,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
 }
 
 impl OnOperator {
@@ -286,27 +288,28 @@ impl OnOperator {
         let (api, kubelet) = stand_in(&pods_dir).await;
         let client =
             Client::try_from(Config::new(api.url().parse().expect("url"))).expect("client");
+        let config = ControllerConfig {
+            namespace: Some(NS.to_owned()),
+            resync: Duration::from_millis(500),
+            etcd_auth,
+            etcd_endpoints: w.etcd.endpoints(),
+            // A managed etcd's members by the loopback ports the kubelet gave them.
+            resolve: controller::Resolve(kubelet.resolver()),
+            kueue,
+            // What the jobs' NetworkPolicies let through (checked by
+            // `managed_etcd::network_policy_keeps_the_job_to_itself`).
+            network: edl_operator::objects::JobNetwork {
+                metrics_namespaces: vec!["monitoring".to_owned()],
+                egress_namespaces: vec!["storage".to_owned()],
+                ..edl_operator::objects::JobNetwork::default()
+            },
+            ..ControllerConfig::default()
+        };
         let stop = CancellationToken::new();
         let operator = tokio::spawn(controller::run(
             client.clone(),
-            ControllerConfig {
-                namespace: Some(NS.to_owned()),
-                resync: Duration::from_millis(500),
-                etcd_auth,
-                etcd_endpoints: w.etcd.endpoints(),
-                // A managed etcd's members by the loopback ports the kubelet gave them.
-                resolve: controller::Resolve(kubelet.resolver()),
-                kueue,
-                // What the jobs' NetworkPolicies let through (checked by
-                // `managed_etcd::network_policy_keeps_the_job_to_itself`).
-                network: edl_operator::objects::JobNetwork {
-                    metrics_namespaces: vec!["monitoring".to_owned()],
-                    egress_namespaces: vec!["storage".to_owned()],
-                    ..edl_operator::objects::JobNetwork::default()
-                },
-                ..ControllerConfig::default()
-            },
-            metrics,
+            config.clone(),
+            metrics.clone(),
             stop.clone(),
         ));
         OnOperator {
@@ -317,7 +320,24 @@ impl OnOperator {
             _kubelet: kubelet,
             stop,
             operator,
+            config,
+            metrics,
         }
+    }
+
+    /// Stops the operator (as `kubectl scale deployment edl-operator --replicas=0`
+    /// does) and, once it has stopped, waits for `meanwhile` before starting it again.
+    async fn restart_around<F: std::future::Future<Output = ()>>(&mut self, meanwhile: F) {
+        self.stop.cancel();
+        (&mut self.operator).await.expect("the operator stopped");
+        meanwhile.await;
+        self.stop = CancellationToken::new();
+        self.operator = tokio::spawn(controller::run(
+            self.client.clone(),
+            self.config.clone(),
+            self.metrics.clone(),
+            self.stop.clone(),
+        ));
     }
 }
 
@@ -334,6 +354,7 @@ async fn a_training_job_is_scaled_survives_deleted_pods_and_succeeds_on_the_oper
         _kubelet,
         stop,
         operator,
+        ..
     } = OnOperator::start(&w, None, metrics.clone()).await;
 
     // A kubeconfig whose context "fake" is the fake API server, namespace NS.
@@ -614,6 +635,7 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
         _kubelet,
         stop,
         operator,
+        ..
     } = OnOperator::start(&w, Some(admin), Arc::new(Metrics::default())).await;
     let spec = edl_job::JobSpec::parse_toml(&format!(
         "name = \"{SECURE_JOB}\"\n[data]\ntrain = [\"{train}\"]\ntest = [\"{test}\"]\n\
@@ -696,6 +718,7 @@ async fn a_job_on_a_shared_etcd_trains_as_its_own_etcd_user_on_the_operator() {
 }
 
 mod durable;
+mod etcd_restore;
 mod kueue;
 mod managed_etcd;
 mod stand_in;

@@ -500,3 +500,98 @@ fn the_leading_master_snapshots_a_managed_etcd_into_the_jobs_object_store() {
         assert_eq!(invalid(job(bad, None)), field);
     }
 }
+
+/// The pods that restore the managed etcd from a snapshot: one per member, each on its
+/// member's claim with the member's own name, data directory, members and peer URL (so
+/// the member's pod starts on the restored data), a token of the restored cluster's own,
+/// the job's image (which ships etcd's restore tool), the storage Secret's credentials
+/// for the snapshot's object store, run once, hardened like the member, and without the
+/// job's label (the operator neither counts nor deletes them).
+#[test]
+fn the_etcd_restore_pods_make_each_member_on_its_claim_as_its_pod_runs_it() {
+    let mut tj = training_job("");
+    tj.spec.etcd = EtcdSpec {
+        managed: true,
+        ..EtcdSpec::default()
+    };
+    tj.spec.storage_secret = Some("store".into());
+    let url = "s3://snaps/mnist/etcd/snapshot-1-r2.db";
+    let pods = crate::objects::etcd_restore_pods(&tj, url);
+    assert_eq!(
+        names(&pods),
+        [
+            "mnist-etcd-0-restore",
+            "mnist-etcd-1-restore",
+            "mnist-etcd-2-restore"
+        ]
+    );
+    let members = reconcile(&Observed {
+        claims: BTreeSet::new(),
+        ..observe(&tj, vec![], Err("connection refused".into()))
+    })
+    .create_pods;
+    for (i, (restore, member)) in pods.iter().zip(&members).enumerate() {
+        let (r, m) = (
+            serde_json::to_value(restore).expect("json"),
+            serde_json::to_value(member).expect("json"),
+        );
+        let command: Vec<String> =
+            serde_json::from_value(r["spec"]["containers"][0]["command"].clone()).expect("argv");
+        let member_args: Vec<String> =
+            serde_json::from_value(m["spec"]["containers"][0]["command"].clone()).expect("argv");
+        let flag = |args: &[String], name: &str| -> Option<String> {
+            let eq = format!("{name}=");
+            args.iter().enumerate().find_map(|(k, a)| {
+                a.strip_prefix(&eq)
+                    .map(str::to_owned)
+                    .or_else(|| (a == name).then(|| args.get(k + 1).cloned()).flatten())
+            })
+        };
+        assert_eq!(
+            command[..5],
+            ["edl", "operator", "restore-etcd-member", "--from", url]
+        );
+        for name in [
+            "--name",
+            "--data-dir",
+            "--initial-cluster",
+            "--initial-advertise-peer-urls",
+        ] {
+            let (got, want) = (flag(&command, name), flag(&member_args, name));
+            assert!(want.is_some(), "member {i} has {name}");
+            assert_eq!(got, want, "member {i}: {name}");
+        }
+        assert_eq!(
+            flag(&command, "--initial-cluster-token").as_deref(),
+            Some("mnist-restored")
+        );
+        let container = &r["spec"]["containers"][0];
+        assert_eq!(container["image"], tj.spec.image.as_str());
+        assert_eq!(
+            container["envFrom"],
+            serde_json::json!([{"secretRef": {"name": "store"}}])
+        );
+        assert!(
+            container["livenessProbe"].is_null() && container["ports"].is_null(),
+            "{container}"
+        );
+        assert_eq!(
+            container["securityContext"],
+            m["spec"]["containers"][0]["securityContext"]
+        );
+        assert_eq!(r["spec"]["securityContext"], m["spec"]["securityContext"]);
+        assert_eq!(r["spec"]["restartPolicy"], "Never");
+        assert_eq!(
+            r["spec"]["volumes"], m["spec"]["volumes"],
+            "the member's claim"
+        );
+        assert_eq!(
+            container["volumeMounts"],
+            m["spec"]["containers"][0]["volumeMounts"]
+        );
+        assert_eq!(
+            r["metadata"]["labels"],
+            serde_json::json!({crate::objects::ETCD_RESTORE_LABEL: "mnist"})
+        );
+    }
+}
