@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::{Role, Slot, meta};
+use super::{Role, Slot, etcd_member_slots, meta};
 use crate::crd::{ClaimTemplate, TrainingJob};
 
 /// The claim the operator makes for the checkpoints of pserver slot `slot` of `job`
@@ -45,13 +45,14 @@ pub fn etcd_claims(tj: &TrainingJob) -> Vec<PersistentVolumeClaim> {
         return Vec::new();
     }
     let job = tj.metadata.name.clone().unwrap_or_default();
-    (0..tj.spec.etcd.members.max(1))
-        .map(|index| {
-            let slot = Slot {
-                role: Role::Etcd,
-                index,
-            };
-            claim(tj, etcd_claim_name(&job, index), slot, &tj.spec.etcd.claims)
+    etcd_member_slots(tj)
+        .map(|slot| {
+            claim(
+                tj,
+                etcd_claim_name(&job, slot.index),
+                slot,
+                &tj.spec.etcd.claims,
+            )
         })
         .collect()
 }

@@ -45,7 +45,7 @@ pub use secrets::{
     metrics_secret_name, role_certificate, tls_domain, tls_names, tls_secret, tls_secret_name,
 };
 use secrets::{mount_tls, tls_vars};
-pub use slots::{Role, Slot, desired_slots, desired_trainers};
+pub use slots::{Role, Slot, desired_slots, desired_trainers, etcd_member_slots};
 pub use volcano::{
     POD_GROUP_ANNOTATION, POD_GROUP_API, VOLCANO_SCHEDULER, min_member, min_resources, pod_group,
     pod_group_name,
@@ -571,12 +571,9 @@ pub const ETCD_RESTORE_LABEL: &str = "edl.dev/etcd-restore";
 /// "Restoring the managed etcd".
 pub fn etcd_restore_pods(tj: &TrainingJob, snapshot: &str) -> Vec<Pod> {
     let job = tj.metadata.name.clone().unwrap_or_default();
-    (0..tj.spec.etcd.members.max(1))
-        .map(|index| {
-            let slot = Slot {
-                role: Role::Etcd,
-                index,
-            };
+    etcd_member_slots(tj)
+        .map(|slot| {
+            let index = slot.index;
             let mut pod = pod(tj, slot, CredentialsRef::None);
             pod.metadata.name = Some(format!("{}-restore", slot.pod_name(&job)));
             pod.metadata.labels = Some(BTreeMap::from([(

@@ -64,16 +64,21 @@ pub fn desired_trainers(tj: &TrainingJob) -> u32 {
     }
 }
 
+/// The slots of `tj`'s managed etcd's members (its `etcd.members`, at least one).
+pub fn etcd_member_slots(tj: &TrainingJob) -> impl Iterator<Item = Slot> {
+    (0..tj.spec.etcd.members.max(1)).map(|index| Slot {
+        role: Role::Etcd,
+        index,
+    })
+}
+
 /// The slots `tj` wants, in start order.
 pub fn desired_slots(tj: &TrainingJob) -> Vec<Slot> {
     let c = &tj.spec.cluster;
     let trainers = desired_trainers(tj);
     let mut out = Vec::new();
     if tj.spec.etcd.managed {
-        out.extend((0..tj.spec.etcd.members.max(1)).map(|index| Slot {
-            role: Role::Etcd,
-            index,
-        }));
+        out.extend(etcd_member_slots(tj));
     }
     for (role, n) in [
         (Role::Master, c.masters),
