@@ -172,7 +172,8 @@ pub(crate) async fn accept(
                     );
                     return;
                 };
-                if let Err(e) = serve(conn, svc, &slots).await {
+                let role = conn.peer_role();
+                if let Err(e) = serve(conn, svc, &slots, role.as_deref()).await {
                     tracing::debug!(%peer, error = %e, "bulk connection ended");
                 }
             }
@@ -238,6 +239,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     mut stream: S,
     svc: Arc<Service>,
     slots: &Arc<BulkSlots>,
+    role: Option<&str>,
 ) -> io::Result<()> {
     let hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream))
         .await
@@ -385,6 +387,15 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 }
             }
             KIND_REPLICATE => {
+                // Only another replica of the shard streams its operations here: a
+                // client whose certificate names another role (a trainer's) may not.
+                if let Some(role) = role.filter(|r| *r != "pserver") {
+                    let e = PsError::PermissionDenied(format!(
+                        "a {role}'s certificate may not open a replication stream: only a \
+                         pserver's may"
+                    ));
+                    return write_error(&mut stream, e).await;
+                }
                 let rep = svc.replication();
                 if rep.replicas() < 2 {
                     return write_error(

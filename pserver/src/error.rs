@@ -108,6 +108,9 @@ pub enum PsError {
     /// The request names another job or carries a wrong token.
     #[error("{0}")]
     Unauthenticated(String),
+    /// The caller's certificate names a role that may not make this request.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The pserver's etcd lease was lost: it stopped serving (a replacement may hold its
     /// index now).
     #[error("lost the etcd lease of shard {0}; stopped serving")]
@@ -188,6 +191,7 @@ impl From<PsError> for tonic::Status {
             }
             PsError::StaleStep { .. } | PsError::Overlap { .. } => Code::Aborted,
             PsError::Unauthenticated(_) => Code::Unauthenticated,
+            PsError::PermissionDenied(_) => Code::PermissionDenied,
             PsError::Checkpoint(_) | PsError::Config(_) | PsError::Internal(_) => Code::Internal,
         };
         let mut status = tonic::Status::new(code, msg);

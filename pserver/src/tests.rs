@@ -982,6 +982,65 @@ async fn the_grpc_and_bulk_paths_agree_over_mutual_tls() {
     }
 }
 
+/// With one certificate per role (as the operator issues them), only a pserver's opens
+/// a replication stream on the bulk path: a trainer's (a client of the same CA, with
+/// the job's token) is refused with PermissionDenied before anything of the stream is
+/// read, and a pserver's passes that check (the witness: it reaches the next one, this
+/// unreplicated shard's refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_pservers_certificate_opens_a_replication_stream() {
+    use edl_proto::tls::{CertUse, JobCa, PemIdentity, Tls};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut h = Harness::new("roles", 1);
+    h.token = Some("s3cret".into());
+    let ca = JobCa::generate("roles", 1).unwrap();
+    let names = || vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+    let tls = |cn: &str, usage: CertUse| {
+        let issued = ca.issue(cn, names(), usage, 1).unwrap();
+        let id = PemIdentity {
+            cert: issued.cert_pem.into_bytes(),
+            key: issued.key_pem.into_bytes(),
+            cert_name: cn.to_owned(),
+            key_name: cn.to_owned(),
+        };
+        Tls::from_pem(ca.ca_pem.as_bytes(), "ca", Some(id), None, true).unwrap()
+    };
+    let pserver_tls = tls("edl pserver ml.roles", CertUse::ServerAndClient);
+    h.tls = Some(pserver_tls.clone());
+    let _p0 = h.pserver(0, None).await;
+    let addr = ps_addr(&h, 0).await;
+    let replicate = |t: Tls| {
+        let addr = addr.clone();
+        async move {
+            let mut conn = edl_pserver_api::bulk::open(&addr, "roles", Some("s3cret"), Some(&t))
+                .await
+                .expect("the hello is accepted");
+            conn.write_all(&crate::server::replication::replicate_frame(0, "intruder"))
+                .await
+                .unwrap();
+            conn.flush().await.unwrap();
+            let mut head = [0u8; 8];
+            conn.read_exact(&mut head).await.unwrap();
+            assert_ne!(
+                edl_pserver_api::bulk::u32_at(&head[..4]),
+                edl_pserver_api::bulk::STATUS_OK
+            );
+            let len = edl_pserver_api::bulk::u32_at(&head[4..]) as usize;
+            let mut body = vec![0u8; len];
+            conn.read_exact(&mut body).await.unwrap();
+            edl_pserver_api::bulk::pb_to_status(
+                <pb::BulkError as prost::Message>::decode(&body[..]).unwrap(),
+            )
+        }
+    };
+    let trainer = replicate(tls("edl trainer ml.roles", CertUse::Client)).await;
+    assert_eq!(trainer.code(), tonic::Code::PermissionDenied, "{trainer:?}");
+    assert!(trainer.message().contains("trainer"), "{trainer:?}");
+    let pserver = replicate(pserver_tls).await;
+    assert_eq!(pserver.code(), tonic::Code::InvalidArgument, "{pserver:?}");
+    assert!(pserver.message().contains("not replicated"), "{pserver:?}");
+}
+
 async fn paths_agree_and_check_the_token(h: &Harness) {
     let _p0 = h.pserver(0, None).await;
     let _p1 = h.pserver(1, None).await;

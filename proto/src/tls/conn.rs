@@ -30,6 +30,18 @@ impl ServerConn {
         }
     }
 
+    /// The role the client's certificate names ([`role_of_common_name`]): `None` over
+    /// plain TCP, without a client certificate, or with one that names no role.
+    pub fn peer_role(&self) -> Option<String> {
+        let ServerConn::Tls(s) = self else {
+            return None;
+        };
+        let der = s.get_ref().1.peer_certificates()?.first()?;
+        let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+        let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
+        role_of_common_name(cn).map(str::to_owned)
+    }
+
     /// Completes the TLS handshake of `stream` within [`HANDSHAKE_TIMEOUT`].
     pub async fn accept(acceptor: &TlsAcceptor, stream: TcpStream) -> io::Result<ServerConn> {
         let s = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
@@ -47,6 +59,23 @@ impl Connected for ServerConn {
             ServerConn::Plain(s) => s.connect_info(),
             ServerConn::Tls(s) => s.get_ref().0.connect_info(),
         }
+    }
+}
+
+/// The role a certificate's common name names, as the operator issues one certificate
+/// per role of a job (`edl <role> <namespace>.<job>`: `etcd`, `master`, `pserver`,
+/// `trainer`, `operator`); `None` for any other name, such as the one certificate every
+/// process of an `edl run --secure` job shares (`edl job <job>`).
+pub fn role_of_common_name(common_name: &str) -> Option<&str> {
+    let mut words = common_name.split(' ');
+    match (words.next(), words.next(), words.next(), words.next()) {
+        (
+            Some("edl"),
+            Some(role @ ("etcd" | "master" | "pserver" | "trainer" | "operator")),
+            Some(_),
+            None,
+        ) => Some(role),
+        _ => None,
     }
 }
 

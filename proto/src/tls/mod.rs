@@ -49,7 +49,7 @@ mod identity;
 mod tests;
 
 pub use ca::{CertUse, Issued, JobCa, LocalCa, Renewal, renewal, validity_of};
-pub use conn::{ClientConn, ServerConn, incoming};
+pub use conn::{ClientConn, ServerConn, incoming, role_of_common_name};
 use identity::{Identity as Presented, Pair, Resolver};
 
 /// ALPN of gRPC (HTTP/2).

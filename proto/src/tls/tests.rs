@@ -365,3 +365,25 @@ fn a_certificate_is_renewed_with_a_third_of_its_life_left_and_never_past_its_ca(
     );
     assert!(renewal("not a certificate", &ca.ca_pem, end).is_err());
 }
+
+/// The role a certificate's common name names: the operator's per-role names only.
+#[test]
+fn a_common_name_names_a_role_only_as_the_operator_issues_them() {
+    use super::role_of_common_name;
+    for (cn, role) in [
+        ("edl pserver ml.mnist", Some("pserver")),
+        ("edl trainer ml.mnist", Some("trainer")),
+        ("edl master ml.mnist", Some("master")),
+        ("edl etcd ml.mnist", Some("etcd")),
+        ("edl operator ml.mnist", Some("operator")),
+        // `edl run --secure`'s one certificate for every process, and the CA.
+        ("edl job mnist", None),
+        ("edl job CA mnist", None),
+        ("edl pserver", None),
+        ("edl pserver ml.mnist extra", None),
+        ("pserver ml.mnist", None),
+        ("edl admin ml.mnist", None),
+    ] {
+        assert_eq!(role_of_common_name(cn), role, "{cn}");
+    }
+}
