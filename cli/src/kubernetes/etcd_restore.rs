@@ -95,8 +95,17 @@ pub fn restore_member(args: &RestoreEtcdMemberArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Copies the snapshot at `from` (an object URL or a file) to `to`; its size.
+/// Copies the snapshot at `from` (an object URL or a file) to `to`; its size. Nothing is
+/// left at `to` when it fails.
 fn fetch(from: &str, to: &Path) -> anyhow::Result<u64> {
+    let copied = copy_snapshot(from, to);
+    if copied.is_err() {
+        let _ = std::fs::remove_file(to);
+    }
+    copied
+}
+
+fn copy_snapshot(from: &str, to: &Path) -> anyhow::Result<u64> {
     let mut out = std::fs::File::create(to).with_context(|| format!("create {}", to.display()))?;
     let copied = if from.contains("://") {
         let mut reader = edl_storage::blocking::ObjectReader::open(from)

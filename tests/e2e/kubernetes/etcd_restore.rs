@@ -254,8 +254,9 @@ async fn a_managed_etcd_lost_whole_is_restored_from_its_snapshot_by_the_document
     on.stop.cancel();
 }
 
-/// A snapshot that etcd's tool refuses (damaged) fails the restore pod with the tool's
-/// words, and the member keeps the data it had: nothing is moved aside or left behind.
+/// A snapshot that etcd's tool refuses (damaged), or one that cannot be read, fails the
+/// restore pod with the cause, and the member keeps the data it had: nothing is moved
+/// aside or left behind.
 #[test]
 fn a_damaged_snapshot_fails_the_member_restore_and_keeps_its_data() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -264,34 +265,37 @@ fn a_damaged_snapshot_fails_the_member_restore_and_keeps_its_data() {
     std::fs::write(data.join("member").join("kept"), b"the member's data").expect("write");
     let snapshot = dir.path().join("snapshot.db");
     std::fs::write(&snapshot, vec![7u8; 4096]).expect("write a damaged snapshot");
-    let out = std::process::Command::new(edl_bin())
-        .args(["operator", "restore-etcd-member", "--from"])
-        .arg(&snapshot)
-        .args(["--name", "etcd-0", "--data-dir"])
-        .arg(&data)
-        .args([
-            "--initial-cluster",
-            "etcd-0=http://127.0.0.1:1",
-            "--initial-advertise-peer-urls",
-            "http://127.0.0.1:1",
-            "--initial-cluster-token",
-            "t",
-        ])
-        .output()
-        .expect("run edl");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("restore etcd member etcd-0") && stderr.contains("snapshot restore"),
-        "{stderr}"
-    );
-    assert_eq!(
-        std::fs::read(data.join("member").join("kept")).expect("the data is kept"),
-        b"the member's data"
-    );
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .expect("ls")
-        .map(|e| e.expect("entry").file_name())
-        .collect();
-    assert_eq!(left.len(), 2, "only the data and the snapshot: {left:?}");
+    let missing = dir.path().join("no-such-snapshot.db");
+    for (from, says) in [
+        (&snapshot, "snapshot restore"),
+        (&missing, "read the snapshot"),
+    ] {
+        let out = std::process::Command::new(edl_bin())
+            .args(["operator", "restore-etcd-member", "--from"])
+            .arg(from)
+            .args(["--name", "etcd-0", "--data-dir"])
+            .arg(&data)
+            .args([
+                "--initial-cluster",
+                "etcd-0=http://127.0.0.1:1",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:1",
+                "--initial-cluster-token",
+                "t",
+            ])
+            .output()
+            .expect("run edl");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains(says), "{says}: {stderr}");
+        assert_eq!(
+            std::fs::read(data.join("member").join("kept")).expect("the data is kept"),
+            b"the member's data"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(left.len(), 2, "only the data and the snapshot: {left:?}");
+    }
 }
