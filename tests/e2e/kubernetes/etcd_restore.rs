@@ -10,15 +10,15 @@ use std::time::Duration;
 use edl_coord::{Backend, EtcdBackend, EtcdConfig};
 use edl_job::JobKeys;
 use edl_operator::TrainingJob;
-use edl_operator::crd::{EtcdSpec, Phase};
+use edl_operator::crd::Phase;
 use edl_operator::metrics::Metrics;
 use kube::Api;
 use kube::api::PostParams;
 
-use super::managed_etcd::{snapshots_in, snapshots_to_s3};
+use super::managed_etcd::{managed_mnist_job, snapshots_in, snapshots_to_s3};
 use super::{
-    NS, OnOperator, final_ledger_holds, kubectl, mnist_job, pod_logs, restore, secret_value,
-    succeeded, tls_of, write_kubeconfig,
+    NS, OnOperator, final_ledger_holds, kubectl, pod_logs, restore, secret_value, succeeded,
+    tls_of, write_kubeconfig,
 };
 use crate::support::{World, edl_bin, wait_until};
 use crate::trainer::mnist;
@@ -41,16 +41,7 @@ async fn a_managed_etcd_lost_whole_is_restored_from_its_snapshot_by_the_document
     let w = World::new("unused").await;
     let (train, test) = mnist(w.dir.path());
     let mut on = OnOperator::start(&w, None, Arc::new(Metrics::default())).await;
-    let mut tj = mnist_job(
-        JOB,
-        (&train, &test),
-        PASSES,
-        "5s",
-        EtcdSpec {
-            managed: true,
-            ..EtcdSpec::default()
-        },
-    );
+    let mut tj = managed_mnist_job(JOB, (&train, &test), PASSES);
     let s3 = snapshots_to_s3(&w, &on.client, &mut tj, SNAPSHOTS).await;
     let jobs: Api<TrainingJob> = Api::namespaced(on.client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)

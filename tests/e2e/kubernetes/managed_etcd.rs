@@ -92,6 +92,20 @@ pub(super) async fn snapshots_in(s3: &S3Server, location: &str) -> Vec<edl_stora
     found
 }
 
+/// MNIST job `name` ([`mnist_job`], a 5 s lease) on the etcd the operator runs for it.
+pub(super) fn managed_mnist_job(name: &str, data: (&str, &str), passes: u32) -> TrainingJob {
+    mnist_job(
+        name,
+        data,
+        passes,
+        "5s",
+        EtcdSpec {
+            managed: true,
+            ..EtcdSpec::default()
+        },
+    )
+}
+
 /// An S3 server (under `w`'s directory) with the bucket `snaps`, the job's storage
 /// Secret `storage` holding its credentials, and `tj`'s etcd snapshots taken into
 /// `location` every two seconds, the newest two kept.
@@ -153,18 +167,8 @@ async fn a_managed_etcd_loses_a_member_pod_and_the_job_loses_nothing() {
         operator,
         ..
     } = OnOperator::start(&w, None, Arc::new(Metrics::default())).await;
-    let tj = mnist_job(
-        MANAGED_JOB,
-        (&train, &test),
-        PASSES,
-        "5s",
-        EtcdSpec {
-            managed: true,
-            ..EtcdSpec::default()
-        },
-    );
+    let mut tj = managed_mnist_job(MANAGED_JOB, (&train, &test), PASSES);
     assert_eq!(tj.spec.etcd.members, 3, "the default");
-    let mut tj = tj;
     let s3 = snapshots_to_s3(&w, &client, &mut tj, SNAPSHOTS).await;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &tj)
