@@ -7,7 +7,8 @@ same GPU (the ceiling):
     batch 32 and 256, on the GPU, and at batch 32 on the CPU;
   - the same on the GPU with one trainer SIGKILLed mid-job (lost records, recovery);
   - the PyTorch example (examples/pytorch_mnist) with its trainers on the GPU;
-  - the plain PyTorch loop at batch 32 and 256.
+  - the plain PyTorch loop at batch 32 and 256;
+  - edl's own single-process loop of the CNN (`edl bench local`) at batch 32 and 256.
 Prints one table (also results.md) and writes results.json. Exit status 1 when a job
 failed or lost records; the speed goals are reported, not enforced.
 
@@ -41,13 +42,16 @@ def spec(template: Path, out: Path, **train: object) -> Path:
     return out
 
 
+JOB_TIMEOUT = "10m"
+
+
 def edl_run(name: str, job: Path, device: str, extra=()) -> dict:
     """`edl run job --device device`, its report, and the trainers' figures."""
     run_dir = HERE / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     report = HERE / "runs" / f"{name}.json"
     cmd = ["edl", "run", str(job), "--device", device, "--quiet", "--run-dir", str(run_dir),
-           "--report", str(report), "--timeout", "10m", *extra]
+           "--report", str(report), "--timeout", JOB_TIMEOUT, *extra]
     print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -91,6 +95,28 @@ def plain(batch: int, passes: int, device: str) -> dict:
     return r
 
 
+def local(batch: int, passes: int, device: str, cnn: Path) -> dict:
+    """edl's own single-process loop of the CNN (`edl bench local`): no etcd, master or
+    pserver, the parameters uploaded and the gradients downloaded each step as a
+    trainer does; it splits the model's step on the device from the job's machinery."""
+    name = f"edl single-process loop, batch {batch}"
+    out = HERE / "runs" / f"local-{batch}-{device.replace(':', '')}.json"
+    cmd = ["edl", "bench", "local", str(cnn), "--batch", str(batch), "--passes", str(passes),
+           "--device", device, "--json", str(out)]
+    print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0 or not out.exists():
+        sys.stderr.write(p.stdout[-4000:] + p.stderr[-4000:])
+        return {"name": name, "ok": False, "error": f"exit {p.returncode}"}
+    r = json.loads(out.read_text())[0]
+    print(f"   per step: prepare {r['prepare_us']:.0f} us, forward+backward "
+          f"{r['forward_backward_us']:.0f} us, update {r['update_us']:.0f} us; apart: "
+          f"forward {r['forward_only_us']:.0f} us, forward+backward "
+          f"{r['forward_backward_only_us']:.0f} us", flush=True)
+    return {"name": name, "ok": True, "device": r["device"], "lost": 0,
+            "steps_per_s": r["samples_per_s"], "accuracy": r["metric"], **r}
+
+
 def cell(x: object, fmt: str = "{:,.0f}") -> str:
     if x is None or (isinstance(x, float) and x != x):
         return "-"
@@ -118,7 +144,11 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=60, help="passes of the GPU jobs")
     ap.add_argument("--cpu-passes", type=int, default=10, help="passes of the CPU job")
     ap.add_argument("--quick", action="store_true", help="3 passes each (a smoke test)")
+    ap.add_argument("--job-timeout", default="10m",
+                    help="each edl job's --timeout (a hung job fails its row, not the check)")
     args = ap.parse_args()
+    global JOB_TIMEOUT
+    JOB_TIMEOUT = args.job_timeout
     if args.quick:
         args.passes = args.cpu_passes = 3
     gpu = os.environ.get("EDL_GPU_CHECK_DEVICE", "cuda:0")
@@ -136,22 +166,32 @@ def main() -> int:
     ex = HERE / "examples"
     cnn = ex / "mnist" / "cnn.toml"
     jobs = ex / "mnist"
-    rows = [
-        plain(32, args.passes, gpu),
-        plain(256, args.passes, gpu),
-        edl_run("edl CNN, 2 trainers, batch 32",
-                spec(cnn, jobs / "b32.toml", passes=args.passes, batch_size=32), gpu),
-        edl_run("edl CNN, 2 trainers, batch 256",
-                spec(cnn, jobs / "b256.toml", passes=args.passes, batch_size=256), gpu),
-        edl_run("edl CNN, 2 trainers, batch 32, CPU",
-                spec(cnn, jobs / "cpu.toml", passes=args.cpu_passes, batch_size=32), "cpu"),
-        edl_run("edl CNN, batch 32, a trainer SIGKILLed",
-                spec(cnn, jobs / "kill.toml", passes=max(args.passes // 3, 10), batch_size=32),
-                gpu, ["--chaos", "kill-trainer=4s,until=5s,seed=1"]),
-        edl_run("PyTorch example (edl.torch), 2 trainers, batch 32",
-                ex / "pytorch_mnist" / "job.toml", gpu),
+    steps = [
+        lambda: plain(32, args.passes, gpu),
+        lambda: plain(256, args.passes, gpu),
+        lambda: local(32, max(args.passes // 10, 1), gpu, cnn),
+        lambda: local(256, max(args.passes // 10, 1), gpu, cnn),
+        lambda: edl_run("edl CNN, 2 trainers, batch 32",
+                        spec(cnn, jobs / "b32.toml", passes=args.passes, batch_size=32), gpu),
+        lambda: edl_run("edl CNN, 2 trainers, batch 256",
+                        spec(cnn, jobs / "b256.toml", passes=args.passes, batch_size=256), gpu),
+        lambda: edl_run("edl CNN, 2 trainers, batch 32, CPU",
+                        spec(cnn, jobs / "cpu.toml", passes=args.cpu_passes, batch_size=32),
+                        "cpu"),
+        lambda: edl_run("edl CNN, batch 32, a trainer SIGKILLed",
+                        spec(cnn, jobs / "kill.toml", passes=max(args.passes // 3, 10),
+                             batch_size=32),
+                        gpu, ["--chaos", "kill-trainer=4s,until=5s,seed=1"]),
+        lambda: edl_run("PyTorch example (edl.torch), 2 trainers, batch 32",
+                        ex / "pytorch_mnist" / "job.toml", gpu),
     ]
-    kill = rows[5]
+    rows = []
+    for step in steps:
+        rows.append(step())
+        # What is done so far, in case the machine's time runs out before the rest.
+        (HERE / "results.json").write_text(json.dumps(rows, indent=1))
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    kill = next(r for r in rows if "SIGKILLed" in r["name"])
     if kill.get("ok") and not kill.get("recoveries"):
         kill.update(ok=False, error="no trainer was killed and recovered (the job ended first?)")
     by = {r["name"]: r for r in rows}

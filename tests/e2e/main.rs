@@ -19,7 +19,8 @@
 //!   from etcd, and its backup promoted with every acknowledged push.
 //! - [`restore`]: a job whose etcd is lost whole, restored from the master's snapshot.
 //! - [`run`]: `edl run` of the examples, operator commands, bad input.
-//! - [`scale`]: `edl bench scale`, short: every record once through a master failover.
+//! - [`scale`]: `edl bench scale`, short: every record once through a master failover;
+//!   `edl bench local`, edl's own single-process loop.
 //! - [`secure`]: `edl run --secure` over mutual TLS as a job user; jobs isolated by
 //!   etcd; a pserver's memory under an unauthenticated flood.
 //! - [`soak`]: a seeded soak with faults in every role and in etcd (`scripts/soak`).

@@ -5,11 +5,14 @@
 //!   pservers and etcd (docs/benchmarks.md, "Scale").
 //! - [`push`]: `edl bench push`, the latency, rate and memory of pushes to one shard
 //!   with 1 and with 2 replicas (docs/benchmarks.md, "Replicated pservers").
+//! - [`local`]: `edl bench local`, edl's own single-process loop on a job's built-in
+//!   model, data and device: the ceiling its trainers are compared with (docs/gpu.md).
 
 use clap::Subcommand;
 
 mod cluster;
 mod dataset;
+pub mod local;
 mod probe;
 pub mod push;
 pub mod scale;
@@ -28,6 +31,10 @@ pub enum BenchCommand {
     /// processes per replica count asked, one client timing each push from send to
     /// acknowledgement; prints latency p50/p99, pushes/s and the pservers' peak memory.
     Push(push::PushArgs),
+    /// edl's own single-process loop on a job's built-in model and data, on a device
+    /// (`--device`): per batch size (`--batch 32,256`), samples/s and each step's
+    /// prepare / forward and backward / update time; no etcd, master or pserver.
+    Local(local::LocalArgs),
 }
 
 /// Runs `edl bench`.
@@ -35,5 +42,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Scale(args) => scale::run(args),
         BenchCommand::Push(args) => push::run(args),
+        BenchCommand::Local(args) => local::run(args),
     }
 }

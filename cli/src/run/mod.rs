@@ -65,7 +65,7 @@ mod supervisor;
 
 pub use args::{CoordChoice, RunArgs};
 pub use chaos::Chaos;
-pub(crate) use prepare::check_checkpoint_dir;
+pub(crate) use prepare::{check_checkpoint_dir, prepare_data};
 pub use report::{
     FailedTaskReport, FinalMetric, RUN_REPORT_VERSION, Recovery, RunReport, ScaleEvent,
 };
