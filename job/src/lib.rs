@@ -13,6 +13,8 @@
 //! - [`records`]: the typed, versioned values ([`JobStateRecord`], [`ControlRecord`],
 //!   [`RunRecord`], [`ScaleRecord`], [`TrainerRecord`], [`PserverRecord`]) and their
 //!   encoding.
+//! - [`holders`]: the etcd leases a job's process holds, revoked at once by whoever sees
+//!   it die ([`holders::Holder`], [`holders::revoke_held`]).
 //! - [`ledger`]: which tasks' updates a shard contains ([`LedgerSummary`](ledger::LedgerSummary)),
 //!   as a restored pserver tells the master.
 //! - [`model`]: [`ModelSpec`](model::ModelSpec), the built-in model a job trains (the
@@ -26,6 +28,7 @@
 #![warn(missing_docs)]
 
 pub mod env;
+pub mod holders;
 pub mod keys;
 pub mod launch;
 pub mod ledger;

@@ -476,3 +476,53 @@ async fn pserver_kills_with_a_replica_in_sync_recompute_and_restore_nothing() {
         }
     }
 }
+
+/// A process that dies is noticed from its exit, not its lease (issue 56): with a
+/// 60 s lease, a SIGKILLed trainer's tasks, pserver's shard and leading master's
+/// leadership pass on within a fraction of it, because `edl run` revokes the dead
+/// process's leases as soon as it reaps it (`edl_job::holders`). Without that each
+/// recovery below would take the whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_process_is_replaced_from_its_exit_not_after_its_lease() {
+    const LEASE_S: f64 = 60.0;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
+        assert!(
+            s.contains("lease_ttl = \"10s\""),
+            "the example's lease TTL moved"
+        );
+        s.replace("passes = 30", "passes = 60")
+            .replace("masters = 1", "masters = 2")
+            .replace("lease_ttl = \"10s\"", "lease_ttl = \"60s\"")
+            .replace("checkpoint_every = \"10s\"", "checkpoint_every = \"2s\"")
+    });
+    let (ok, r, log) = edl_run(
+        dir.path(),
+        "kills",
+        &[
+            &spec.display().to_string(),
+            "--chaos",
+            "kill-trainer=3s,kill-pserver=5s,kill-master=7s,until=8s,seed=1",
+        ],
+        Duration::from_secs(600),
+    )
+    .await;
+    assert!(ok, "edl run --chaos failed: {r}\n{log}");
+    assert_eq!(r["lost_records"], 0, "{r}");
+    let recoveries = r["recoveries"].as_array().expect("recoveries");
+    for role in ["trainer", "pserver", "master"] {
+        // The witness: each role was killed, and its recovery was seen.
+        let seconds: Vec<f64> = recoveries
+            .iter()
+            .filter(|x| x["role"] == role && x["fault"] == "sigkill")
+            .filter_map(|x| x["seconds"].as_f64())
+            .collect();
+        assert!(!seconds.is_empty(), "no recovery of a killed {role}: {r}");
+        // A third of the lease: the lease's expiry cannot be what ended it.
+        assert!(
+            seconds.iter().all(|&s| s < LEASE_S / 3.0),
+            "a killed {role} took {seconds:?} s with a {LEASE_S} s lease: {r}"
+        );
+    }
+    eprintln!("recoveries with a {LEASE_S} s lease: {recoveries:?}");
+}

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use edl_coord::Backend;
+use edl_job::holders::Holder;
 use edl_job::{ControlRecord, JobKeys, JobSpec, Record, ScaleRecord};
 use edl_master_client::MasterClient;
 use edl_proto::master::StatusResponse;
@@ -322,7 +323,10 @@ impl Shell {
     /// stopped processes resumed, restarts that are due started (trainers' too unless
     /// `skip_trainers`), recoveries checked.
     async fn step(&mut self, skip_trainers: bool) -> anyhow::Result<()> {
-        for (id, status) in self.children.exited()? {
+        for (id, status, pid) in self.children.exited()? {
+            if let Some(p) = self.sup.proc(id) {
+                self.release(p.role, &p.name.clone(), pid).await;
+            }
             let success = status.success();
             let job_finished = self.sup.exit_needs_job_status(id, success)
                 && self.status().await.is_some_and(|s| s.finished);
@@ -350,6 +354,39 @@ impl Shell {
         self.apply(tick)?;
         self.faults.check_recoveries(&mut self.sup).await;
         Ok(())
+    }
+
+    /// Process `name` of `role` (`pid`) was seen dead: the etcd leases it held are
+    /// revoked at once ([`edl_job::holders`]), so the master hands its tasks out again,
+    /// its shard is claimed or its replica replaced, or a standby master leads, now
+    /// instead of a lease TTL later. Best effort, within a second: what is not revoked
+    /// expires.
+    async fn release(&self, role: Role, name: &str, pid: u32) {
+        let addr = std::fs::read_to_string(self.launch.addr_file(name)).ok();
+        let holder = match (role, &addr) {
+            (Role::Trainer, _) => Holder::Trainer { id: name },
+            (Role::Pserver, _) => Holder::Pserver {
+                pid: Some(pid),
+                addr: None,
+            },
+            (Role::Master, Some(addr)) => Holder::Master { addr: addr.trim() },
+            (Role::Master, None) => return,
+        };
+        let revoked = tokio::time::timeout(
+            Duration::from_secs(1),
+            edl_job::holders::revoke_held(&self.backend, &self.keys, &holder),
+        )
+        .await;
+        match revoked {
+            Ok(Ok(leases)) if !leases.is_empty() => {
+                tracing::info!(process = %name, ?leases, "exited: the leases it held are revoked");
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(process = %name, error = %e, "exited: its leases expire instead");
+            }
+            Err(_) => tracing::debug!(process = %name, "exited: its leases expire instead"),
+        }
     }
 
     /// Runs the supervisor's effects.

@@ -405,16 +405,16 @@ impl Children {
         }
     }
 
-    /// The children that have exited, with their status, reaped and forgotten (in id
-    /// order).
-    pub(crate) fn exited(&mut self) -> anyhow::Result<Vec<(ProcId, ExitStatus)>> {
+    /// The children that have exited, with their status and process id, reaped and
+    /// forgotten (in id order).
+    pub(crate) fn exited(&mut self) -> anyhow::Result<Vec<(ProcId, ExitStatus, u32)>> {
         let mut done = Vec::new();
         for (&id, child) in &mut self.children {
             if let Some(status) = child.try_wait().context("wait for a child")? {
-                done.push((id, status));
+                done.push((id, status, child.id()));
             }
         }
-        for (id, _) in &done {
+        for (id, _, _) in &done {
             self.children.remove(id);
         }
         Ok(done)

@@ -1,0 +1,199 @@
+//! The etcd leases a job's process holds, found from its records, so that whoever sees
+//! the process die (`edl run`'s supervisor from `waitpid`; on Kubernetes, the kubelet's
+//! status of its pod) revokes them at once instead of waiting for their TTL: a trainer's
+//! registration (and with it its tasks, which the master hands out again when the
+//! registration goes), a pserver's shard claim and replica registration, a master's
+//! candidacy in the election. Revoking is what the lease's expiry would do a TTL later;
+//! it is safe only for a process known dead (a live process's lease is its own), and the
+//! TTL stays the detector for everything else (a partition, a hung process, a lost
+//! machine).
+//!
+//! [`leases_held`] is the pure part: which of the keys read under [`Holder::prefixes`]
+//! the holder's leases hold. A key counts only when its record names the holder (a
+//! trainer by its id; a pserver by its process id or its address; a master by the
+//! address it leads with): a replacement that already claimed the same shard or slot is
+//! never touched.
+
+use std::sync::Arc;
+
+use edl_coord::{Backend, KeyValue, LeaseId};
+
+use crate::{JobKeys, MemberRecord, PserverRecord, Record};
+
+/// A process of a job, as the one who saw it die knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder<'a> {
+    /// A trainer: its id (`trainers/<id>`).
+    Trainer {
+        /// The trainer id.
+        id: &'a str,
+    },
+    /// A pserver process: its shard claims (`ps/<index>`) and replica registration
+    /// (`ps-member/<id>`) whose record names this process id (on this machine) or this
+    /// address (where it served).
+    Pserver {
+        /// Its process id, where it ran on the caller's machine.
+        pid: Option<u32>,
+        /// The address it served at.
+        addr: Option<&'a str>,
+    },
+    /// A master: its keys under the election prefix, whose value is the address it
+    /// serves at.
+    Master {
+        /// The address it advertised.
+        addr: &'a str,
+    },
+}
+
+impl Holder<'_> {
+    /// The key prefixes (or whole keys) to read for [`leases_held`].
+    pub fn prefixes(&self, keys: &JobKeys) -> Vec<String> {
+        match self {
+            Holder::Trainer { id } => vec![keys.trainer(id)],
+            Holder::Pserver { .. } => vec![keys.ps_prefix(), keys.ps_members()],
+            Holder::Master { .. } => vec![keys.master_election()],
+        }
+    }
+}
+
+/// The leases (each once) that hold those of `kvs`, read under [`Holder::prefixes`],
+/// that belong to `holder`. Keys without a lease and records that do not name the
+/// holder are left alone.
+pub fn leases_held(keys: &JobKeys, holder: &Holder<'_>, kvs: &[KeyValue]) -> Vec<LeaseId> {
+    let mut leases: Vec<LeaseId> = kvs
+        .iter()
+        .filter(|kv| held_by(keys, holder, kv))
+        .filter_map(|kv| kv.lease)
+        .collect();
+    leases.sort_by_key(|l| l.0);
+    leases.dedup();
+    leases
+}
+
+fn held_by(keys: &JobKeys, holder: &Holder<'_>, kv: &KeyValue) -> bool {
+    match *holder {
+        Holder::Trainer { id } => kv.key == keys.trainer(id),
+        Holder::Pserver { pid, addr } => {
+            let names = |(p, a): (u32, &str)| {
+                pid.is_some_and(|pid| pid != 0 && pid == p) || addr.is_some_and(|addr| addr == a)
+            };
+            if keys.ps_index(&kv.key).is_some() {
+                PserverRecord::decode(&kv.value).is_ok_and(|r| names((r.pid, &r.addr)))
+            } else if keys.ps_member_id(&kv.key).is_some() {
+                MemberRecord::decode(&kv.value).is_ok_and(|r| names((r.pid, &r.addr)))
+            } else {
+                false
+            }
+        }
+        Holder::Master { addr } => {
+            kv.key.starts_with(&keys.master_election()) && kv.value == addr.as_bytes()
+        }
+    }
+}
+
+/// Reads `holder`'s keys and revokes the leases that hold them (a dead process's:
+/// see the [module docs](self)); returns the leases revoked. A lease already gone
+/// counts as revoked.
+pub async fn revoke_held(
+    backend: &Arc<dyn Backend>,
+    keys: &JobKeys,
+    holder: &Holder<'_>,
+) -> edl_coord::Result<Vec<LeaseId>> {
+    let mut kvs = Vec::new();
+    for prefix in holder.prefixes(keys) {
+        kvs.extend(backend.range(&prefix).await?.0);
+    }
+    let leases = leases_held(keys, holder, &kvs);
+    for lease in &leases {
+        match backend.lease_revoke(*lease).await {
+            Ok(()) | Err(edl_coord::Error::LeaseLost) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(leases)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{JobName, TrainerRecord};
+
+    fn kv(key: String, value: Vec<u8>, lease: i64) -> KeyValue {
+        KeyValue {
+            key,
+            value,
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: (lease != 0).then_some(LeaseId(lease)),
+        }
+    }
+
+    fn ps(addr: &str, pid: u32) -> Vec<u8> {
+        PserverRecord {
+            pid,
+            ..PserverRecord::at(addr)
+        }
+        .encode()
+    }
+
+    #[test]
+    fn only_the_dead_holders_own_keys_count() {
+        let keys = JobKeys::new(&JobName::new("j").unwrap());
+        let trainer = TrainerRecord::model_less().encode();
+        let member = MemberRecord {
+            version: 1,
+            addr: "10.0.0.1:7000".into(),
+            pid: 41,
+            started_ms: 0,
+        }
+        .encode();
+        let kvs = vec![
+            kv(keys.trainer("trainer-0.1"), trainer.clone(), 11),
+            kv(keys.trainer("trainer-0.10"), trainer, 12),
+            kv(keys.ps(0), ps("10.0.0.1:7000", 41), 21),
+            // The replacement's claim of shard 1, another process.
+            kv(keys.ps(1), ps("10.0.0.2:7000", 42), 22),
+            kv(keys.ps_member("a"), member.clone(), 23),
+            // The same lease on two keys counts once.
+            kv(keys.ps_member("b"), member, 23),
+            kv(keys.ps_group(0), b"{}".to_vec(), 0),
+            kv(
+                format!("{}0001", keys.master_election()),
+                b"10.0.0.9:6000".to_vec(),
+                31,
+            ),
+            kv(
+                format!("{}0002", keys.master_election()),
+                b"10.0.0.8:6000".to_vec(),
+                32,
+            ),
+        ];
+        let held = |h: Holder<'_>| leases_held(&keys, &h, &kvs);
+        assert_eq!(held(Holder::Trainer { id: "trainer-0.1" }), [LeaseId(11)]);
+        // By process id (its claim and its replica registrations), or by address.
+        let by_pid = Holder::Pserver {
+            pid: Some(41),
+            addr: None,
+        };
+        assert_eq!(held(by_pid), [LeaseId(21), LeaseId(23)]);
+        let by_addr = Holder::Pserver {
+            pid: None,
+            addr: Some("10.0.0.2:7000"),
+        };
+        assert_eq!(held(by_addr), [LeaseId(22)]);
+        // A pid of 0 (a record that does not say) names nobody.
+        let nobody = Holder::Pserver {
+            pid: Some(0),
+            addr: None,
+        };
+        assert!(held(nobody).is_empty());
+        assert_eq!(
+            held(Holder::Master {
+                addr: "10.0.0.8:6000"
+            }),
+            [LeaseId(32)]
+        );
+        assert!(held(Holder::Trainer { id: "trainer-9.9" }).is_empty());
+    }
+}
