@@ -21,12 +21,12 @@ use edl_coord::{Backend, KeyValue, LeaseId};
 use crate::{JobKeys, MemberRecord, PserverRecord, Record};
 
 /// A process of a job, as the one who saw it die knows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Holder<'a> {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
     /// A trainer: its id (`trainers/<id>`).
     Trainer {
         /// The trainer id.
-        id: &'a str,
+        id: String,
     },
     /// A pserver process: its shard claims (`ps/<index>`) and replica registration
     /// (`ps-member/<id>`) whose record names this process id (on this machine) or this
@@ -35,17 +35,17 @@ pub enum Holder<'a> {
         /// Its process id, where it ran on the caller's machine.
         pid: Option<u32>,
         /// The address it served at.
-        addr: Option<&'a str>,
+        addr: Option<String>,
     },
     /// A master: its keys under the election prefix, whose value is the address it
     /// serves at.
     Master {
         /// The address it advertised.
-        addr: &'a str,
+        addr: String,
     },
 }
 
-impl Holder<'_> {
+impl Holder {
     /// The key prefixes (or whole keys) to read for [`leases_held`].
     pub fn prefixes(&self, keys: &JobKeys) -> Vec<String> {
         match self {
@@ -59,7 +59,7 @@ impl Holder<'_> {
 /// The leases (each once) that hold those of `kvs`, read under [`Holder::prefixes`],
 /// that belong to `holder`. Keys without a lease and records that do not name the
 /// holder are left alone.
-pub fn leases_held(keys: &JobKeys, holder: &Holder<'_>, kvs: &[KeyValue]) -> Vec<LeaseId> {
+pub fn leases_held(keys: &JobKeys, holder: &Holder, kvs: &[KeyValue]) -> Vec<LeaseId> {
     let mut leases: Vec<LeaseId> = kvs
         .iter()
         .filter(|kv| held_by(keys, holder, kv))
@@ -70,12 +70,12 @@ pub fn leases_held(keys: &JobKeys, holder: &Holder<'_>, kvs: &[KeyValue]) -> Vec
     leases
 }
 
-fn held_by(keys: &JobKeys, holder: &Holder<'_>, kv: &KeyValue) -> bool {
-    match *holder {
+fn held_by(keys: &JobKeys, holder: &Holder, kv: &KeyValue) -> bool {
+    match holder {
         Holder::Trainer { id } => kv.key == keys.trainer(id),
         Holder::Pserver { pid, addr } => {
             let names = |(p, a): (u32, &str)| {
-                pid.is_some_and(|pid| pid != 0 && pid == p) || addr.is_some_and(|addr| addr == a)
+                pid.is_some_and(|pid| pid != 0 && pid == p) || addr.as_deref() == Some(a)
             };
             if keys.ps_index(&kv.key).is_some() {
                 PserverRecord::decode(&kv.value).is_ok_and(|r| names((r.pid, &r.addr)))
@@ -97,7 +97,7 @@ fn held_by(keys: &JobKeys, holder: &Holder<'_>, kv: &KeyValue) -> bool {
 pub async fn revoke_held(
     backend: &Arc<dyn Backend>,
     keys: &JobKeys,
-    holder: &Holder<'_>,
+    holder: &Holder,
 ) -> edl_coord::Result<Vec<LeaseId>> {
     let mut kvs = Vec::new();
     for prefix in holder.prefixes(keys) {
@@ -169,8 +169,13 @@ mod tests {
                 32,
             ),
         ];
-        let held = |h: Holder<'_>| leases_held(&keys, &h, &kvs);
-        assert_eq!(held(Holder::Trainer { id: "trainer-0.1" }), [LeaseId(11)]);
+        let held = |h: Holder| leases_held(&keys, &h, &kvs);
+        assert_eq!(
+            held(Holder::Trainer {
+                id: "trainer-0.1".into()
+            }),
+            [LeaseId(11)]
+        );
         // By process id (its claim and its replica registrations), or by address.
         let by_pid = Holder::Pserver {
             pid: Some(41),
@@ -179,7 +184,7 @@ mod tests {
         assert_eq!(held(by_pid), [LeaseId(21), LeaseId(23)]);
         let by_addr = Holder::Pserver {
             pid: None,
-            addr: Some("10.0.0.2:7000"),
+            addr: Some("10.0.0.2:7000".into()),
         };
         assert_eq!(held(by_addr), [LeaseId(22)]);
         // A pid of 0 (a record that does not say) names nobody.
@@ -190,10 +195,15 @@ mod tests {
         assert!(held(nobody).is_empty());
         assert_eq!(
             held(Holder::Master {
-                addr: "10.0.0.8:6000"
+                addr: "10.0.0.8:6000".into()
             }),
             [LeaseId(32)]
         );
-        assert!(held(Holder::Trainer { id: "trainer-9.9" }).is_empty());
+        assert!(
+            held(Holder::Trainer {
+                id: "trainer-9.9".into()
+            })
+            .is_empty()
+        );
     }
 }

@@ -363,13 +363,15 @@ impl Shell {
     /// expires.
     async fn release(&self, role: Role, name: &str, pid: u32) {
         let addr = std::fs::read_to_string(self.launch.addr_file(name)).ok();
-        let holder = match (role, &addr) {
-            (Role::Trainer, _) => Holder::Trainer { id: name },
+        let holder = match (role, addr) {
+            (Role::Trainer, _) => Holder::Trainer { id: name.into() },
             (Role::Pserver, _) => Holder::Pserver {
                 pid: Some(pid),
                 addr: None,
             },
-            (Role::Master, Some(addr)) => Holder::Master { addr: addr.trim() },
+            (Role::Master, Some(addr)) => Holder::Master {
+                addr: addr.trim().into(),
+            },
             (Role::Master, None) => return,
         };
         let revoked = tokio::time::timeout(

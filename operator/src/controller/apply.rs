@@ -159,6 +159,14 @@ async fn apply_etcd(
                 .replace_member(&(ctx.config.resolve.0)(peer_url))
                 .await
                 .map_err(|e| e.to_string()),
+            // Best effort: what is not revoked expires with its lease, and the pod's
+            // replacement must not wait on it.
+            (EtcdAction::Revoke(holder), Some(keys)) => {
+                if let Err(e) = edl_job::holders::revoke_held(&backend, keys, holder).await {
+                    tracing::warn!(?holder, error = %e, "could not revoke the leases of an ended process; they expire");
+                }
+                Ok(())
+            }
             (EtcdAction::RemoveJobUser, Some(_)) if ctx.config.etcd_auth.is_none() => Ok(()),
             (EtcdAction::RemoveJobUser, Some(_)) => admin
                 .revoke_user(&job_etcd_user(&crate::objects::etcd_job(tj)))

@@ -97,6 +97,7 @@ pub fn pod_view(pod: &Pod) -> Option<PodView> {
         ran_for,
         exit_code: terminated.map(|t| t.exit_code),
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        uid: pod.metadata.uid.clone(),
     })
 }
 

@@ -52,6 +52,8 @@ pub struct PodView {
     pub exit_code: Option<i32>,
     /// The node it is bound to, once scheduled.
     pub node: Option<String>,
+    /// Its uid (with its name, a trainer's id: `<name>.<uid>`).
+    pub uid: Option<String>,
 }
 
 /// How the job ended, as its state in etcd says.

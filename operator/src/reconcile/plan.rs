@@ -40,6 +40,9 @@ pub enum EtcdAction {
     /// Make the managed etcd's member at this peer URL a new one (its claim was lost):
     /// remove the started member there, add one (`EtcdBackend::replace_member`).
     ReplaceMember(String),
+    /// Revoke the etcd leases a process that ended held (`edl_job::holders`), so that
+    /// what it held passes on now instead of a lease TTL later: its tasks, its claim.
+    Revoke(edl_job::holders::Holder),
 }
 
 /// A pod to delete.

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use super::draft::Draft;
 use super::ending::stop_running;
-use super::{Admission, Deletion, JobCredentials, Plan, PodPhase, PodView};
+use super::{Admission, Deletion, EtcdAction, JobCredentials, Plan, PodPhase, PodView};
 use crate::crd::{Phase, RECENT_RECOVERIES, Recovery};
 use crate::objects::{self, CredentialsRef, Role, Slot};
 
@@ -60,9 +60,30 @@ impl Draft<'_> {
                 ));
                 continue;
             }
+            self.revoke_leases_of_ended(p);
             self.replace(p, what);
         }
         crash_loop
+    }
+
+    /// A trainer pod whose container ended (the kubelet saw its process exit): the
+    /// leases its trainer held are revoked before it is replaced, so the master hands
+    /// its tasks out again at once instead of a lease TTL later. Only for a process known
+    /// dead: a pod lost with its node may still run there, and its lease decides; and
+    /// only while etcd answers (else the lease ends by itself meanwhile). (A
+    /// pserver's or master's record names the address it advertised, which the operator
+    /// does not know exactly; their leases expire.)
+    fn revoke_leases_of_ended(&mut self, p: &PodView) {
+        let etcd_up = self.obs.etcd.is_ok();
+        if let (Role::Trainer, true, true, Some(uid)) =
+            (p.slot.role, p.phase.ended(), etcd_up, &p.uid)
+        {
+            // The trainer's id, as its pod's environment makes it (`objects`).
+            let id = format!("{}.{uid}", p.name);
+            self.plan
+                .etcd
+                .push(EtcdAction::Revoke(edl_job::holders::Holder::Trainer { id }));
+        }
     }
 
     /// Why `p` is lost with its node, when its node has not been Ready for

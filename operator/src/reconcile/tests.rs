@@ -75,6 +75,7 @@ fn pod(role: Role, index: u32, phase: PodPhase) -> PodView {
         ran_for: None,
         exit_code: None,
         node: None,
+        uid: Some(format!("uid-{index}")),
     }
 }
 

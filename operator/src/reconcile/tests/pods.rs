@@ -34,6 +34,14 @@ fn a_failed_pod_is_replaced_once_and_counted_and_a_crash_loop_fails_the_job() {
         "{:?}",
         plan.events
     );
+    // The ended trainer's leases are revoked before it is replaced (its tasks go back
+    // now), by the id its pod gave it; no other pod's.
+    assert_eq!(
+        plan.etcd,
+        [EtcdAction::Revoke(edl_job::holders::Holder::Trainer {
+            id: "mnist-trainer-1.uid-1".into()
+        })]
+    );
     let status = plan.status.expect("status");
     assert_eq!(status.restarts["mnist-trainer-1"], 1);
     assert_eq!(status.recoveries.len(), 1);
@@ -163,6 +171,12 @@ fn pods_on_a_node_lost_past_the_bound_are_replaced_at_once() {
     assert!(plan.delete.is_empty(), "{:?}", plan.delete);
     // Past it.
     let plan = reconcile(&lost_since(150));
+    // A pod lost with its node may still run there: its lease decides, nothing revoked.
+    assert!(
+        !plan.etcd.iter().any(|a| matches!(a, EtcdAction::Revoke(_))),
+        "{:?}",
+        plan.etcd
+    );
     assert_eq!(
         plan.delete,
         [
