@@ -9,7 +9,9 @@
 //! removes it and, through the finalizer, its etcd keys. A second job runs on a shared
 //! etcd with authentication on, under an operator given admin credentials: its pods
 //! train as the job's own etcd user, with the job's token, from the Secret the operator
-//! made.
+//! made. The other modules: durable and managed etcd, its restore, Kueue, suspension,
+//! tenants, the stand-in's own semantics, and `recovery` (a SIGKILLed trainer pod noticed
+//! from its status, not its lease).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -721,6 +723,7 @@ mod durable;
 mod etcd_restore;
 mod kueue;
 mod managed_etcd;
+mod recovery;
 mod stand_in;
 mod suspend;
 mod tenants;
