@@ -197,6 +197,12 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                     if m.leader { " (leader)" } else { "" }
                 );
             }
+            for t in &j.stuck {
+                println!(
+                    "  stuck trainer {}: no report on task {} for {:.1}s ({:.0}s ago; the task was handed out again)",
+                    t.trainer, t.task, t.held_s, t.ago_s
+                );
+            }
             for f in &j.failures {
                 println!("  failed {}: {}", f.task, f.reason);
             }

@@ -97,6 +97,7 @@ impl MasterLaunch {
         MasterLaunch {
             chunks_per_task: data.chunks_per_task.max(1),
             lease_ttl: cluster.lease_ttl,
+            min_task_timeout: cluster.min_task_timeout,
             ..MasterLaunch::default()
         }
     }

@@ -165,6 +165,20 @@ pub struct TaskFailure {
     pub reason: String,
 }
 
+/// A trainer whose task lease timed out while it stayed registered (stuck, or far
+/// slower than the job's other tasks): its task was handed out again.
+#[derive(Debug, Clone, Serialize)]
+pub struct StuckTrainer {
+    /// The trainer id.
+    pub trainer: String,
+    /// The task it held.
+    pub task: String,
+    /// Seconds it held the task without a report.
+    pub held_s: f64,
+    /// Seconds since its lease timed out.
+    pub ago_s: f64,
+}
+
 /// One job in `edl status`.
 #[derive(Debug, Serialize)]
 pub struct JobStatus {
@@ -190,6 +204,8 @@ pub struct JobStatus {
     pub masters: Vec<MasterStatus>,
     /// The last (at most five) tasks failed for good.
     pub failures: Vec<TaskFailure>,
+    /// Trainers stuck on a task (their lease timed out while they stayed registered).
+    pub stuck: Vec<StuckTrainer>,
     /// Why the job is paused (etcd is full), with what to do (state `paused`).
     pub paused: Option<String>,
 }
@@ -321,6 +337,20 @@ pub async fn job_status_with(
         desired_trainers,
         pservers,
         masters,
+        stuck: status
+            .as_ref()
+            .map(|s| {
+                s.stuck
+                    .iter()
+                    .map(|t| StuckTrainer {
+                        trainer: t.trainer.clone(),
+                        task: t.task.clone(),
+                        held_s: t.held_ms as f64 / 1000.0,
+                        ago_s: t.ago_ms as f64 / 1000.0,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         failures: status
             .map(|s| {
                 s.failed_tasks

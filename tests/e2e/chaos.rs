@@ -526,3 +526,61 @@ async fn a_killed_process_is_replaced_from_its_exit_not_after_its_lease() {
     }
     eprintln!("recoveries with a {LEASE_S} s lease: {recoveries:?}");
 }
+
+/// A trainer alive but making no progress is stuck (issue 56): with a 60 s lease and
+/// `cluster.min_task_timeout = "2s"`, a SIGSTOPped trainer (its lease keeper stopped
+/// with it, so only the lease would otherwise tell) holds its task past the task
+/// timeout; the master hands the task out again and names the trainer stuck, and `edl
+/// run` kills it, so its registration is gone within a fraction of the lease and the
+/// job trains on to the end with nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_trainer_is_named_stuck_and_restarted_after_the_task_timeout() {
+    const LEASE_S: f64 = 60.0;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
+        assert!(
+            s.contains("lease_ttl = \"10s\""),
+            "the example's lease TTL moved"
+        );
+        s.replace("passes = 30", "passes = 60").replace(
+            "lease_ttl = \"10s\"",
+            "lease_ttl = \"60s\"\nmin_task_timeout = \"2s\"",
+        )
+    });
+    let (ok, r, log) = edl_run(
+        dir.path(),
+        "stuck",
+        &[
+            &spec.display().to_string(),
+            "--chaos",
+            "stop-trainer=3s,until=4s,seed=1",
+        ],
+        Duration::from_secs(600),
+    )
+    .await;
+    assert!(ok, "edl run --chaos failed: {r}\n{log}");
+    assert_eq!(r["lost_records"], 0, "{r}");
+    assert_eq!(r["passes"], 60, "{r}");
+    // The witness: a trainer was stopped, and edl run killed it as stuck.
+    let stopped: Vec<f64> = r["recoveries"]
+        .as_array()
+        .expect("recoveries")
+        .iter()
+        .filter(|x| x["role"] == "trainer" && x["fault"] == "sigstop")
+        .filter_map(|x| x["seconds"].as_f64())
+        .collect();
+    assert_eq!(stopped.len(), 1, "one stopped trainer: {r}");
+    assert!(
+        log.contains("stuck: no report on its task for the task timeout"),
+        "edl run did not kill it as stuck:\n{log}"
+    );
+    assert!(
+        stopped[0] < LEASE_S / 3.0,
+        "the stopped trainer's registration went after {} s with a {LEASE_S} s lease: {r}",
+        stopped[0]
+    );
+    eprintln!(
+        "a stopped trainer's registration went after {} s",
+        stopped[0]
+    );
+}

@@ -205,6 +205,9 @@ impl Shell {
                 }
                 self.check_registrations().await?;
                 let status = self.status().await;
+                if let Some(s) = &status {
+                    self.restart_stuck(s)?;
+                }
                 let alive = self.registered_trainers().await;
                 self.autoscale(status.as_ref(), alive).await?;
                 display.update(
@@ -353,6 +356,24 @@ impl Shell {
         let tick = self.sup.tick(Instant::now(), skip_trainers);
         self.apply(tick)?;
         self.faults.check_recoveries(&mut self.sup).await;
+        Ok(())
+    }
+
+    /// The trainers the master names stuck (alive, no report on a task for the task
+    /// timeout; their tasks are already handed out again) are SIGKILLed, so that they
+    /// are restarted (`Supervisor::stuck`).
+    fn restart_stuck(&mut self, status: &StatusResponse) -> anyhow::Result<()> {
+        let names: Vec<String> = status.stuck.iter().map(|t| t.trainer.clone()).collect();
+        for (effect, name) in self.sup.stuck(&names) {
+            let task = status.stuck.iter().find(|t| t.trainer == name);
+            tracing::warn!(
+                process = %name,
+                task = task.map_or("", |t| t.task.as_str()),
+                held_s = task.map_or(0.0, |t| t.held_ms as f64 / 1000.0),
+                "stuck: no report on its task for the task timeout; killing it to restart it"
+            );
+            self.apply(vec![effect])?;
+        }
         Ok(())
     }
 

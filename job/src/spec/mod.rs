@@ -363,6 +363,9 @@ fn d_restarts() -> u32 {
 fn d_healthy_after() -> Duration {
     Duration::from_secs(30)
 }
+fn d_min_task_timeout() -> Duration {
+    Duration::from_secs(10)
+}
 
 /// `[cluster]`.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -390,10 +393,11 @@ pub struct ClusterSpec {
     /// Most trainers `edl scale` may ask for (default: max(trainers, 4)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_trainers: Option<u32>,
-    /// TTL of every process's etcd lease (default 10s): a dead process is noticed within
-    /// it (its tasks requeued, its shard or leadership taken over), and etcd's leader may
-    /// go this long without hearing a renewal (a slow fsync, a congested network) before
-    /// it ends a lease. An etcd without a leader (an election, a quorum loss) ends no
+    /// TTL of every process's etcd lease (default 10s): a process cut off or hung is
+    /// noticed within it (one that dies under `edl run`, or a trainer pod the operator
+    /// sees fail, at once: its lease is revoked), its tasks requeued, its shard or
+    /// leadership taken over; and etcd's leader may go this long without hearing a
+    /// renewal (a slow fsync, a congested network) before it ends a lease. An etcd without a leader (an election, a quorum loss) ends no
     /// lease: processes wait such outages out whatever the TTL. Shorter suits a fast,
     /// dedicated etcd (and tests); see [`edl_coord::lease::DEFAULT_TTL`].
     #[serde(default = "d_ttl", with = "dur")]
@@ -424,6 +428,14 @@ pub struct ClusterSpec {
     #[serde(default = "d_healthy_after", with = "dur")]
     #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub healthy_after: Duration,
+    /// The shortest a task's lease may last (default 10s, at least 1s). A task's lease
+    /// lasts four times the 95th percentile of the job's recent task times, at least
+    /// this (300 s until five tasks are done); a trainer that holds a task that long
+    /// without a report while it stays registered is stuck: its task is handed out
+    /// again, the master names it (`edl status`), and `edl run` restarts it.
+    #[serde(default = "d_min_task_timeout", with = "dur")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
+    pub min_task_timeout: Duration,
     /// etcd endpoints (optional; `edl run --etcd` wins).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub etcd: Vec<String>,

@@ -198,6 +198,11 @@ impl JobSpec {
             "must be at least 1s",
         )?;
         ensure(
+            c.min_task_timeout >= Duration::from_secs(1),
+            "cluster.min_task_timeout",
+            "must be at least 1s",
+        )?;
+        ensure(
             c.checkpoint_keep >= 1,
             "cluster.checkpoint_keep",
             "must be at least 1",

@@ -39,6 +39,24 @@ pub struct StatusReport {
     pub timeout_ms: u64,
     /// Why the job is paused (etcd is full), with what to do; `None` while it runs.
     pub paused: Option<String>,
+    /// Trainers whose task lease timed out while they stayed registered, most recent
+    /// last: stuck (alive, no progress), or far slower than the job's other tasks.
+    pub stuck: Vec<StuckTrainer>,
+}
+
+/// A trainer whose task lease timed out while it stayed registered (its process lives:
+/// a lost one's tasks go back at once): its task was handed out again, and whoever runs
+/// it (`edl run`, the operator) may restart it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StuckTrainer {
+    /// The trainer.
+    pub trainer: String,
+    /// The task it held.
+    pub task: String,
+    /// How long it held the task without a report.
+    pub held_ms: u64,
+    /// How long ago the lease timed out.
+    pub ago_ms: u64,
 }
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, MasterError>>;

@@ -9,6 +9,7 @@
 //! is full the job pauses (`space`): requests are refused with `EtcdFull` until a write
 //! fits again, then the queue is rebuilt and served.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::dataset::{self, Dataset, DatasetSpec};
 use crate::error::MasterError;
-use crate::queue::{self, Ack, GetTask, Millis, Queue, QueueConfig, Task};
+use crate::queue::{self, Ack, Expired, GetTask, Millis, Queue, QueueConfig, Task};
 use crate::store::Store;
 use edl_master_api::task::{Answer, LeasedTask};
 
@@ -29,7 +30,7 @@ mod space;
 mod tests;
 
 use handle::{Cmd, Reply};
-pub use handle::{CoreHandle, StatusReport};
+pub use handle::{CoreHandle, StatusReport, StuckTrainer};
 
 /// Most requests applied in one batch by default. Each request changes at most one task
 /// record, so a batch's changes usually fit one etcd transaction
@@ -73,8 +74,15 @@ pub(crate) struct Core {
     full: Option<String>,
     /// When this master last freed etcd's space (compaction and defragmentation).
     freed_at: Option<Instant>,
+    /// Trainers whose lease timed out while they stayed registered, by trainer, with
+    /// when ([`StuckTrainer`]); forgotten when the trainer's registration goes, or after
+    /// [`STUCK_KEPT`].
+    stuck: BTreeMap<String, (Expired, Millis)>,
     rx: mpsc::Receiver<Cmd>,
 }
+
+/// How long a stuck trainer that is still registered is reported.
+const STUCK_KEPT: Millis = 10 * 60 * 1000;
 
 impl std::fmt::Debug for Core {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -104,6 +112,7 @@ impl Core {
             epoch: Instant::now(),
             full: None,
             freed_at: None,
+            stuck: BTreeMap::new(),
             rx,
         };
         match core.reload().await {
@@ -206,11 +215,19 @@ impl Core {
             }
             let now = self.now();
             if let Some(q) = &mut self.queue {
-                let expired = q.tick(now);
-                if !expired.is_empty() {
-                    tracing::warn!(tasks = ?expired, "task leases timed out");
+                for e in q.tick(now) {
+                    tracing::warn!(
+                        trainer = %e.trainer,
+                        task = %e.task,
+                        held_s = e.held_ms as f64 / 1000.0,
+                        "trainer stuck: no report on its task for the task timeout; the \
+                         task is handed out again"
+                    );
+                    self.stuck.insert(e.trainer.clone(), (e, now));
                 }
             }
+            self.stuck
+                .retain(|_, (_, at)| now.saturating_sub(*at) < STUCK_KEPT);
             self.serve_parked(&mut replies);
             let changes = match &mut self.queue {
                 Some(q) => q.take_changes(),
@@ -384,6 +401,9 @@ impl Core {
             }
             Cmd::Status { reply } => replies.push(Pending::Status(reply, self.status())),
             Cmd::TrainersLost { trainers } => {
+                for t in &trainers {
+                    self.stuck.remove(t);
+                }
                 if let Some(q) = &mut self.queue {
                     for t in trainers {
                         let revoked = q.trainer_lost(&t);
@@ -507,6 +527,23 @@ impl Core {
     }
 
     /// The status report.
+    /// The stuck trainers, most recent last.
+    fn stuck_report(&self) -> Vec<StuckTrainer> {
+        let now = self.now();
+        let mut stuck: Vec<StuckTrainer> = self
+            .stuck
+            .values()
+            .map(|(e, at)| StuckTrainer {
+                trainer: e.trainer.clone(),
+                task: e.task.clone(),
+                held_ms: e.held_ms,
+                ago_ms: now.saturating_sub(*at),
+            })
+            .collect();
+        stuck.sort_by_key(|s| std::cmp::Reverse(s.ago_ms));
+        stuck
+    }
+
     fn status(&self) -> StatusReport {
         let Some(q) = &self.queue else {
             return StatusReport {
@@ -526,6 +563,7 @@ impl Core {
             failed: q.meta().failed.clone(),
             timeout_ms: q.timeout(),
             paused: self.full.clone(),
+            stuck: self.stuck_report(),
         }
     }
 }

@@ -260,3 +260,70 @@ async fn a_full_etcd_pauses_the_queue_and_training_goes_on_once_it_has_space() {
         }
     }
 }
+
+/// A trainer that holds a task past its lease's timeout while staying registered is
+/// named stuck in the status, with its task, which is handed out again; the name goes
+/// when its registration does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_silent_past_the_task_timeout_is_named_stuck_until_it_is_lost() {
+    let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
+    let keys = JobKeys::new(&JobName::new("stuck").unwrap());
+    let key = format!("{}master/election/x", keys.root());
+    let revision = backend.put(&key, b"x".to_vec(), None).await.unwrap();
+    let store = Store::new(backend.clone(), keys.clone(), Fence { key, revision });
+    let mut cfg = QueueConfig::default();
+    cfg.timeout.initial = 300;
+    cfg.timeout.floor = 300;
+    let (core, handle) = Core::start(store, cfg, 10).await.unwrap();
+    let cancel = CancellationToken::new();
+    let _stop = cancel.clone().drop_guard();
+    tokio::spawn(core.run(cancel));
+    let dir = tempfile::tempdir().unwrap();
+    handle
+        .set_dataset(DatasetSpec {
+            globs: vec![dataset(dir.path(), 1, 2)],
+            chunks_per_task: 1,
+            records_per_task: 0,
+            passes: 1,
+        })
+        .await
+        .unwrap();
+    let Answer::Task(held) = handle
+        .get_task("hung".into(), 0, 1, Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("no task")
+    };
+    assert!(handle.status().await.unwrap().stuck.is_empty());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let stuck = loop {
+        let st = handle.status().await.unwrap();
+        if !st.stuck.is_empty() {
+            break st.stuck;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never named stuck: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    assert_eq!(
+        (stuck[0].trainer.as_str(), &stuck[0].task),
+        ("hung", &held.id)
+    );
+    assert!(stuck[0].held_ms >= 300, "{stuck:?}");
+    // Its task is handed out again, to another trainer.
+    let Answer::Task(again) = handle
+        .get_task("t2".into(), 0, 1, Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("the task was not handed out again")
+    };
+    assert_eq!(again.id, held.id);
+    handle.trainers_lost(vec!["hung".into()]).await;
+    let st = handle.status().await.unwrap();
+    assert!(st.stuck.is_empty(), "{st:?}");
+}

@@ -5,7 +5,7 @@
 //! lost, leases timed out, training taken away by pserver restores). Losses are counted
 //! apart from failures, so that chaos among trainers does not fail healthy tasks.
 
-use super::{FailedTask, MAX_FAILED_REPORTED, Millis, Queue, TaskState};
+use super::{Expired, FailedTask, MAX_FAILED_REPORTED, Millis, Queue, TaskState};
 
 impl Queue {
     /// A trainer's registration vanished (its etcd lease expired): every task it holds
@@ -26,8 +26,10 @@ impl Queue {
             .collect()
     }
 
-    /// Expires the leases whose deadline is at or before `now`. Returns their ids.
-    pub fn tick(&mut self, now: Millis) -> Vec<String> {
+    /// Expires the leases whose deadline is at or before `now`: each task goes back to
+    /// todo (or fails for good), and its holder, still registered but silent past the
+    /// timeout, is named with it.
+    pub fn tick(&mut self, now: Millis) -> Vec<Expired> {
         let expired: Vec<(usize, Millis, String)> = self
             .pending
             .iter()
@@ -51,8 +53,12 @@ impl Queue {
         }
         self.check_pass_end();
         expired
-            .iter()
-            .map(|(i, _, _)| self.tasks[*i].spec.id.clone())
+            .into_iter()
+            .map(|(i, held_ms, trainer)| Expired {
+                task: self.tasks[i].spec.id.clone(),
+                trainer,
+                held_ms,
+            })
             .collect()
     }
 

@@ -51,9 +51,9 @@ pub(crate) mod tests;
 
 pub use rewind::Rewind;
 pub use types::{
-    Ack, Changes, FailedTask, GetTask, MAX_FAILED_REPORTED, MAX_REASON_BYTES, Meta, Millis,
-    QueueConfig, QueueCounters, Reject, StateCounts, Task, TaskSpec, TaskState, TimeoutPolicy,
-    bounded_reason,
+    Ack, Changes, Expired, FailedTask, GetTask, MAX_FAILED_REPORTED, MAX_REASON_BYTES, Meta,
+    Millis, QueueConfig, QueueCounters, Reject, StateCounts, Task, TaskSpec, TaskState,
+    TimeoutPolicy, bounded_reason,
 };
 
 /// The task queue.

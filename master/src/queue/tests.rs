@@ -191,7 +191,14 @@ fn timeouts_requeue_and_adapt_to_task_durations() {
     let t = take(&mut q, "hung", 10_000);
     assert_eq!(q.next_deadline(), Some(12_000));
     assert!(q.tick(11_999).is_empty());
-    assert_eq!(q.tick(12_000), vec![t.spec.id.clone()]);
+    assert_eq!(
+        q.tick(12_000),
+        vec![Expired {
+            task: t.spec.id.clone(),
+            trainer: "hung".into(),
+            held_ms: 2_000
+        }]
+    );
     assert_eq!(q.meta().counters.timeouts, 1);
     assert!(matches!(
         q.finished(&t.spec.id, t.generation, 1, &[], 12_001),

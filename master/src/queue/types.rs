@@ -208,6 +208,20 @@ pub struct Meta {
     pub restores: std::collections::BTreeMap<u32, u64>,
 }
 
+/// A task lease that ran past its deadline ([`Queue::tick`](super::Queue::tick)): the
+/// task went back to todo, and its holder, still registered (a lost trainer's tasks go
+/// back at once), reported nothing for the whole timeout: stuck, or far slower than the
+/// job's other tasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired {
+    /// The task.
+    pub task: String,
+    /// The trainer that held it.
+    pub trainer: String,
+    /// How long it held it.
+    pub held_ms: Millis,
+}
+
 /// How long a lease lasts: a multiple of a high percentile of observed task durations,
 /// within `[floor, ceiling]`, and `initial` until enough durations were observed. Trainer
 /// loss is detected through etcd leases within seconds; this timeout is only the backstop

@@ -275,5 +275,15 @@ fn status_to_pb(job: &str, leader: String, s: StatusReport) -> pb::StatusRespons
         timeout_ms: s.timeout_ms,
         total_records: s.total_records,
         paused: s.paused.unwrap_or_default(),
+        stuck: s
+            .stuck
+            .into_iter()
+            .map(|t| pb::StuckTrainer {
+                trainer: t.trainer,
+                task: t.task,
+                held_ms: t.held_ms,
+                ago_ms: t.ago_ms,
+            })
+            .collect(),
     }
 }

@@ -39,6 +39,10 @@
 //!   (or after etcd last answered, whichever is later) is SIGKILLed; its exit is a fast
 //!   failure of its slot (never a preemption), so a trainer program that hangs fails the
 //!   job under the same budget as one that crashes.
+//! - A trainer the master names stuck (its task lease timed out while it stayed
+//!   registered: alive, no report for the task timeout) is SIGKILLed once; its exit is
+//!   a crash like any other (after a healthy run restarted at once, else a fast failure
+//!   of its slot), so a trainer that hangs again and again fails the job.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -131,6 +135,8 @@ pub(crate) struct Proc {
     pub registered: bool,
     /// A trainer killed because it did not register in time.
     pub unregistered: bool,
+    /// A trainer killed because the master named it stuck.
+    pub stuck: bool,
 }
 
 /// A crash that [`Supervisor::exited`] restarts: the shell measures its recovery.
@@ -245,6 +251,7 @@ impl Supervisor {
                 spawned: now,
                 registered: false,
                 unregistered: false,
+                stuck: false,
             },
         );
         Effect::Spawn {
@@ -292,6 +299,8 @@ impl Supervisor {
                 "killed: it did not register with the job within trainer.register_within ({})",
                 humantime::format_duration(self.limits.register_within)
             )
+        } else if p.stuck {
+            "killed: stuck (no report on its task for the task timeout)".to_owned()
         } else {
             status.to_owned()
         };
@@ -397,6 +406,23 @@ impl Supervisor {
                 && now.saturating_duration_since(p.spawned.max(etcd_since)) >= within
             {
                 p.unregistered = true;
+                kills.push((Effect::Kill { id }, p.name.clone()));
+            }
+        }
+        kills
+    }
+
+    /// The trainers the master names stuck (`names`: their task leases timed out while
+    /// they stayed registered): each of ours, not already stopping or killed, is
+    /// SIGKILLed (returned with its name).
+    pub(crate) fn stuck(&mut self, names: &[String]) -> Vec<(Effect, String)> {
+        let mut kills = Vec::new();
+        for (&id, p) in &mut self.procs {
+            if p.role == Role::Trainer
+                && !(p.stopping || p.unregistered || p.stuck)
+                && names.contains(&p.name)
+            {
+                p.stuck = true;
                 kills.push((Effect::Kill { id }, p.name.clone()));
             }
         }

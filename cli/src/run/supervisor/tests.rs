@@ -560,6 +560,44 @@ fn a_trainer_that_never_registers_is_killed_and_counts_as_a_failed_start() {
 }
 
 #[test]
+fn a_trainer_the_master_names_stuck_is_killed_once_and_restarted_as_a_crash() {
+    let (mut sup, t0, _) = started();
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // Not one of ours (a trainer of another run, say): nothing.
+    assert!(sup.stuck(&names(&["trainer-9"])).is_empty());
+    let t1 = id_of(&sup, "trainer-1");
+    assert_eq!(
+        sup.stuck(&names(&["trainer-1", "trainer-9"])),
+        vec![(Effect::Kill { id: t1 }, "trainer-1".to_owned())]
+    );
+    // Named again by the next status before its exit is seen: killed once only.
+    assert!(sup.stuck(&names(&["trainer-1"])).is_empty());
+    // After a healthy run its exit is a crash restarted at once, said as what it was.
+    let now = t0 + 40 * SECOND;
+    let crash = sup
+        .exited(t1, false, "signal: 9 (SIGKILL)", false, now)
+        .expect("within the budget")
+        .expect("a crash");
+    assert!(crash.healthy, "{crash:?}");
+    assert_eq!(spawned(&sup.tick(now, false)), ["trainer-1.1"]);
+    // Stuck again soon after its start: a fast failure of its slot (the crash budget).
+    let t11 = id_of(&sup, "trainer-1.1");
+    assert_eq!(sup.stuck(&names(&["trainer-1.1"])).len(), 1);
+    let crash = sup
+        .exited(t11, false, "signal: 9 (SIGKILL)", false, now + 5 * SECOND)
+        .expect("within the budget")
+        .expect("a crash");
+    assert!(!crash.healthy);
+    // A trainer asked to stop is not killed for being stuck.
+    let drained = sup.scale(1, now + 6 * SECOND);
+    let Some(Effect::Signal { id, .. }) = drained.first() else {
+        panic!("a drain: {drained:?}")
+    };
+    let name = sup.proc(*id).expect("the drained trainer").name.clone();
+    assert!(sup.stuck(&[name]).is_empty());
+}
+
+#[test]
 fn a_slot_whose_replacement_a_scale_down_drained_is_retired() {
     let (mut sup, t0, _) = started();
     let t1 = id_of(&sup, "trainer-1");
