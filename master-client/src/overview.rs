@@ -167,7 +167,7 @@ pub struct TaskFailure {
 
 /// A trainer whose task lease timed out while it stayed registered (stuck, or far
 /// slower than the job's other tasks): its task was handed out again.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StuckTrainer {
     /// The trainer id.
     pub trainer: String,

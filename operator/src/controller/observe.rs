@@ -150,6 +150,7 @@ async fn progress(
         scale: s.desired_trainers,
         finished,
         paused: s.paused.clone(),
+        stuck: s.stuck.clone(),
     })
 }
 

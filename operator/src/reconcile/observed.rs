@@ -87,6 +87,9 @@ pub struct EtcdState {
     /// Why the master paused the job (its etcd raised the space alarm: full), with
     /// what to do.
     pub paused: Option<String>,
+    /// Trainers the master names stuck (a task lease timed out while they stayed
+    /// registered), by trainer id (`<pod>.<uid>`).
+    pub stuck: Vec<edl_master_client::overview::StuckTrainer>,
 }
 
 /// The job's own credentials (the Secret `<job>-edl-credentials`: its token, and on a

@@ -43,6 +43,14 @@ impl Draft<'_> {
                 });
                 continue;
             }
+            if let Some(what) = self.stuck(p) {
+                // Alive but stuck: its task is already handed out again. Its leases go
+                // and it is deleted at once, to be made again (not counted against
+                // max_restarts: a running pod does not say how long it ran).
+                self.revoke_leases_of(p);
+                self.replace(p, what);
+                continue;
+            }
             if !p.phase.ended() {
                 continue;
             }
@@ -74,16 +82,32 @@ impl Draft<'_> {
     /// pserver's or master's record names the address it advertised, which the operator
     /// does not know exactly; their leases expire.)
     fn revoke_leases_of_ended(&mut self, p: &PodView) {
-        let etcd_up = self.obs.etcd.is_ok();
-        if let (Role::Trainer, true, true, Some(uid)) =
-            (p.slot.role, p.phase.ended(), etcd_up, &p.uid)
+        if p.phase.ended() {
+            self.revoke_leases_of(p);
+        }
+    }
+
+    /// Revokes the leases of trainer pod `p`'s trainer (while etcd answers).
+    fn revoke_leases_of(&mut self, p: &PodView) {
+        if let (Role::Trainer, true, Some(id)) = (p.slot.role, self.obs.etcd.is_ok(), trainer_id(p))
         {
-            // The trainer's id, as its pod's environment makes it (`objects`).
-            let id = format!("{}.{uid}", p.name);
             self.plan
                 .etcd
                 .push(EtcdAction::Revoke(edl_job::holders::Holder::Trainer { id }));
         }
+    }
+
+    /// Why trainer pod `p`, still running, is stuck, when the master names its trainer
+    /// stuck: a task lease timed out while it stayed registered.
+    fn stuck(&self, p: &PodView) -> Option<String> {
+        let id = trainer_id(p).filter(|_| p.slot.role == Role::Trainer && !p.phase.ended())?;
+        let etcd = self.obs.etcd.as_ref().ok()?;
+        let s = etcd.stuck.iter().find(|s| s.trainer == id)?;
+        Some(format!(
+            "stuck: no report on its task {} for {:.1}s (the task timeout); its task was \
+             handed out again",
+            s.task, s.held_s
+        ))
     }
 
     /// Why `p` is lost with its node, when its node has not been Ready for
@@ -238,6 +262,11 @@ impl Draft<'_> {
             .saturating_sub(RECENT_RECOVERIES);
         self.status.recoveries.drain(..excess);
     }
+}
+
+/// A trainer pod's trainer id, as its environment makes it (`objects`: `<pod>.<uid>`).
+fn trainer_id(p: &PodView) -> Option<String> {
+    Some(format!("{}.{}", p.name, p.uid.as_ref()?))
 }
 
 fn describe_end(p: &PodView) -> String {

@@ -104,6 +104,7 @@ fn progress(scale: u32) -> EtcdState {
         scale: Some(scale),
         finished: None,
         paused: None,
+        stuck: Vec::new(),
     }
 }
 

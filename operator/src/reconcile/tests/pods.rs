@@ -232,3 +232,52 @@ fn pods_on_a_node_lost_past_the_bound_are_replaced_at_once() {
         after.recoveries
     );
 }
+
+/// A trainer the master names stuck (alive, its task lease timed out) has its leases
+/// revoked and its pod deleted at once, with an event naming it and its task; the
+/// other trainer, and a stuck name that is no pod of the job, are left alone.
+#[test]
+fn a_trainer_the_master_names_stuck_is_replaced_with_its_leases_revoked() {
+    let mut tj = training_job("");
+    started(&mut tj, 2);
+    let stuck = |trainer: &str| edl_master_client::overview::StuckTrainer {
+        trainer: trainer.into(),
+        task: "0-00007".into(),
+        held_s: 12.5,
+        ago_s: 0.4,
+    };
+    let state = EtcdState {
+        stuck: vec![stuck("mnist-trainer-1.uid-1"), stuck("gone.uid-9")],
+        ..progress(2)
+    };
+    let plan = reconcile(&observe(&tj, running(2), Ok(state)));
+    assert_eq!(
+        plan.delete,
+        [Deletion {
+            name: "mnist-trainer-1".into(),
+            grace: Some(0)
+        }]
+    );
+    assert_eq!(
+        plan.etcd,
+        [EtcdAction::Revoke(edl_job::holders::Holder::Trainer {
+            id: "mnist-trainer-1.uid-1".into()
+        })]
+    );
+    assert_eq!(plan.events.len(), 1, "{:?}", plan.events);
+    assert_eq!(plan.events[0].reason, "PodReplaced");
+    assert!(
+        plan.events[0].message.contains("stuck") && plan.events[0].message.contains("0-00007"),
+        "{:?}",
+        plan.events
+    );
+    let status = plan.status.expect("status");
+    assert!(
+        status
+            .recoveries
+            .iter()
+            .any(|r| r.pod == "mnist-trainer-1" && r.reason.starts_with("stuck")),
+        "{:?}",
+        status.recoveries
+    );
+}
