@@ -67,7 +67,8 @@ pub use args::{CoordChoice, RunArgs};
 pub use chaos::Chaos;
 pub(crate) use prepare::{check_checkpoint_dir, prepare_data};
 pub use report::{
-    FailedTaskReport, FinalMetric, RUN_REPORT_VERSION, Recovery, RunReport, ScaleEvent,
+    FailedTaskReport, FinalMetric, RUN_REPORT_VERSION, Recovery, RecoveryKind, RunReport,
+    ScaleEvent, recoveries_by_kind,
 };
 
 /// `--device` for a built-in model, resolved and checked before anything starts, so

@@ -18,6 +18,55 @@ pub struct Recovery {
     pub seconds: f64,
 }
 
+/// The recoveries of one kind of fault (`fault` of `role`): how many, and their times.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RecoveryKind {
+    /// `sigkill`, `sigstop`, `sigterm`, `crash`.
+    pub fault: String,
+    /// The role hit.
+    pub role: String,
+    /// Recoveries seen.
+    pub count: usize,
+    /// Seconds: the median, the 95th percentile (nearest rank) and the longest.
+    pub median_s: f64,
+    /// See `median_s`.
+    pub p95_s: f64,
+    /// See `median_s`.
+    pub max_s: f64,
+}
+
+/// `recoveries` by kind (fault, then role), each kind's times summed up.
+pub fn recoveries_by_kind(recoveries: &[Recovery]) -> Vec<RecoveryKind> {
+    let mut kinds: std::collections::BTreeMap<(&str, &str), Vec<f64>> = Default::default();
+    for r in recoveries {
+        kinds
+            .entry((r.fault.as_str(), r.role.as_str()))
+            .or_default()
+            .push(r.seconds);
+    }
+    kinds
+        .into_iter()
+        .map(|((fault, role), mut xs)| {
+            xs.sort_by(f64::total_cmp);
+            let n = xs.len();
+            // Nearest rank: the smallest value at or above the fraction q of the times.
+            let rank = |q: f64| xs[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+            let median_s = match n % 2 {
+                1 => xs[n / 2],
+                _ => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+            };
+            RecoveryKind {
+                fault: fault.to_owned(),
+                role: role.to_owned(),
+                count: n,
+                median_s,
+                p95_s: rank(0.95),
+                max_s: xs[n - 1],
+            }
+        })
+        .collect()
+}
+
 /// A scale event.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScaleEvent {
@@ -95,6 +144,8 @@ pub struct RunReport {
     pub final_metric: Option<FinalMetric>,
     /// Recoveries, one per injected fault or crash.
     pub recoveries: Vec<Recovery>,
+    /// The recoveries by kind of fault and role: count, median, p95, max.
+    pub recoveries_by_kind: Vec<RecoveryKind>,
     /// Faults injected and crashes whose recovery was not seen before the job ended.
     pub unrecovered: Vec<String>,
     /// Crash restarts: restarts after an unexpected exit (injected faults not counted),
@@ -181,6 +232,7 @@ impl RunReport {
                 })
                 .unwrap_or_default(),
             final_metric: o.final_metric,
+            recoveries_by_kind: recoveries_by_kind(&o.recoveries),
             recoveries: o.recoveries,
             unrecovered: o.unrecovered,
             restarts: o.restarts,
@@ -227,10 +279,19 @@ impl RunReport {
                 f.task, f.pass, f.records, f.reason
             );
         }
-        for rec in &r.recoveries {
+        // Each recovery while they are few; by kind always.
+        if r.recoveries.len() <= 10 {
+            for rec in &r.recoveries {
+                println!(
+                    "   recovered from {} of {} {} in {:.2}s",
+                    rec.fault, rec.role, rec.process, rec.seconds
+                );
+            }
+        }
+        for k in &r.recoveries_by_kind {
             println!(
-                "   recovered from {} of {} {} in {:.2}s",
-                rec.fault, rec.role, rec.process, rec.seconds
+                "   recoveries from {} of a {}: {}, median {:.2}s, p95 {:.2}s, max {:.2}s",
+                k.fault, k.role, k.count, k.median_s, k.p95_s, k.max_s
             );
         }
         if r.restarts > 0 {
@@ -291,6 +352,42 @@ mod tests {
             run_dir: "/r".into(),
             wall_s: 1.0,
         }
+    }
+
+    #[test]
+    fn recoveries_are_summed_up_by_kind() {
+        let rec = |fault: &str, role: &str, seconds: f64| Recovery {
+            fault: fault.into(),
+            role: role.into(),
+            process: "p".into(),
+            seconds,
+        };
+        let mut all: Vec<Recovery> = (1..=20)
+            .map(|i| rec("sigkill", "trainer", f64::from(i) / 10.0))
+            .collect();
+        all.push(rec("sigkill", "master", 3.0));
+        all.push(rec("sigkill", "master", 1.0));
+        all.push(rec("sigstop", "trainer", 2.5));
+        let kinds = recoveries_by_kind(&all);
+        let k = |fault: &str, role: &str| {
+            kinds
+                .iter()
+                .find(|k| k.fault == fault && k.role == role)
+                .cloned()
+                .unwrap_or_else(|| panic!("no {fault} of {role}: {kinds:?}"))
+        };
+        assert_eq!(kinds.len(), 3, "{kinds:?}");
+        // 0.1 ..= 2.0: the median of 20 is between the 10th and 11th, the p95 the 19th.
+        let t = k("sigkill", "trainer");
+        assert_eq!(t.count, 20);
+        assert!((t.median_s - 1.05).abs() < 1e-9, "{t:?}");
+        assert!((t.p95_s - 1.9).abs() < 1e-9, "{t:?}");
+        assert!((t.max_s - 2.0).abs() < 1e-9, "{t:?}");
+        let m = k("sigkill", "master");
+        assert_eq!((m.count, m.median_s, m.p95_s, m.max_s), (2, 2.0, 3.0, 3.0));
+        let s = k("sigstop", "trainer");
+        assert_eq!((s.count, s.median_s, s.p95_s, s.max_s), (1, 2.5, 2.5, 2.5));
+        assert!(recoveries_by_kind(&[]).is_empty());
     }
 
     #[test]

@@ -366,6 +366,9 @@ fn d_healthy_after() -> Duration {
 fn d_min_task_timeout() -> Duration {
     Duration::from_secs(10)
 }
+fn is_d_min_task_timeout(d: &Duration) -> bool {
+    *d == d_min_task_timeout()
+}
 
 /// `[cluster]`.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -433,7 +436,13 @@ pub struct ClusterSpec {
     /// this (300 s until five tasks are done); a trainer that holds a task that long
     /// without a report while it stays registered is stuck: its task is handed out
     /// again, the master names it (`edl status`), and `edl run` restarts it.
-    #[serde(default = "d_min_task_timeout", with = "dur")]
+    /// Written only when set otherwise: a stored spec without it stays readable by
+    /// processes older than it.
+    #[serde(
+        default = "d_min_task_timeout",
+        with = "dur",
+        skip_serializing_if = "is_d_min_task_timeout"
+    )]
     #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub min_task_timeout: Duration,
     /// etcd endpoints (optional; `edl run --etcd` wins).

@@ -91,6 +91,35 @@ fn unknown_and_missing_keys_name_the_key_and_file() {
         "{e:#}"
     );
 
+    let bad = WINE.replace("lease_ttl = \"3s\"", "min_task_timeout = \"500ms\"");
+    let e = JobSpec::load(&write(dir.path(), &bad)).expect_err("too short");
+    assert!(
+        format!("{e:#}").contains("cluster.min_task_timeout: must be at least 1s"),
+        "{e:#}"
+    );
+    // Stored only when set: a spec on the default stays readable by older processes.
+    let set = WINE.replace("lease_ttl = \"3s\"", "min_task_timeout = \"2s\"");
+    let set = JobSpec::load(&write(dir.path(), &set)).expect("a valid spec");
+    assert_eq!(
+        set.cluster.min_task_timeout,
+        std::time::Duration::from_secs(2)
+    );
+    assert!(
+        serde_json::to_string(&set)
+            .unwrap()
+            .contains("min_task_timeout")
+    );
+    let default = JobSpec::load(&write(dir.path(), WINE)).expect("a valid spec");
+    assert_eq!(
+        default.cluster.min_task_timeout,
+        std::time::Duration::from_secs(10)
+    );
+    assert!(
+        !serde_json::to_string(&default)
+            .unwrap()
+            .contains("min_task_timeout")
+    );
+
     // Groups of batches per push: async only, 1..=1024; a spec without it stores
     // none (specs stored by an older edl read the same).
     let bad = WINE.replace("batch_size = 32", "batch_size = 32\nbatches_per_push = 4");
