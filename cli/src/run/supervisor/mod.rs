@@ -41,8 +41,9 @@
 //!   job under the same budget as one that crashes.
 //! - A trainer the master names stuck (its task lease timed out while it stayed
 //!   registered: alive, no report for the task timeout) is SIGKILLed once; its exit is
-//!   a crash like any other (after a healthy run restarted at once, else a fast failure
-//!   of its slot), so a trainer that hangs again and again fails the job.
+//!   restarted at once and counted as a preemption, never against the budget: a stall
+//!   of the job's own (a pserver unreachable past the task timeout makes every trainer
+//!   stuck) must not fail the job.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -293,7 +294,10 @@ impl Supervisor {
             return Ok(None);
         }
         let ran = now.saturating_duration_since(p.spawned);
-        let healthy = ran >= self.limits.healthy_after && !p.unregistered;
+        // A stuck trainer is restarted at once and not counted: the cause may be the
+        // job's (a pserver unreachable for longer than the task timeout makes every
+        // trainer stuck), which a crash budget must not turn into a failed job.
+        let healthy = (ran >= self.limits.healthy_after || p.stuck) && !p.unregistered;
         let status = if p.unregistered {
             format!(
                 "killed: it did not register with the job within trainer.register_within ({})",

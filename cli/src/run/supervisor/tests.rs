@@ -580,14 +580,24 @@ fn a_trainer_the_master_names_stuck_is_killed_once_and_restarted_as_a_crash() {
         .expect("a crash");
     assert!(crash.healthy, "{crash:?}");
     assert_eq!(spawned(&sup.tick(now, false)), ["trainer-1.1"]);
-    // Stuck again soon after its start: a fast failure of its slot (the crash budget).
-    let t11 = id_of(&sup, "trainer-1.1");
-    assert_eq!(sup.stuck(&names(&["trainer-1.1"])).len(), 1);
-    let crash = sup
-        .exited(t11, false, "signal: 9 (SIGKILL)", false, now + 5 * SECOND)
-        .expect("within the budget")
-        .expect("a crash");
-    assert!(!crash.healthy);
+    // Stuck again and again soon after each start (a pserver away, say): restarted at
+    // once each time, never counted against the budget (2).
+    let mut now = now;
+    for n in 1..=4 {
+        let name = format!("trainer-1.{n}");
+        let t = id_of(&sup, &name);
+        assert_eq!(sup.stuck(&[name]).len(), 1);
+        now += 5 * SECOND;
+        let crash = sup
+            .exited(t, false, "signal: 9 (SIGKILL)", false, now)
+            .expect("never a crash loop")
+            .expect("a crash");
+        assert!(crash.healthy, "{crash:?}");
+        assert_eq!(
+            spawned(&sup.tick(now, false)),
+            [format!("trainer-1.{}", n + 1)]
+        );
+    }
     // A trainer asked to stop is not killed for being stuck.
     let drained = sup.scale(1, now + 6 * SECOND);
     let Some(Effect::Signal { id, .. }) = drained.first() else {
