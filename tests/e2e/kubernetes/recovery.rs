@@ -37,7 +37,7 @@ async fn a_killed_trainer_pod_is_noticed_from_its_status_not_after_its_lease() {
     let tj = mnist_job(
         JOB,
         (&train, &test),
-        8,
+        4,
         &format!("{LEASE_S}s"),
         EtcdSpec {
             endpoints: w.etcd.endpoints(),
