@@ -16,6 +16,23 @@ use crate::queue::QueueConfig;
 use crate::store::Store;
 use crate::testing::dataset;
 
+/// A leading master's actor for job `job` on `backend` with `cfg`, running until the
+/// guard drops, and its handle.
+async fn started(
+    backend: &Arc<dyn Backend>,
+    job: &str,
+    cfg: QueueConfig,
+) -> (super::CoreHandle, tokio_util::sync::DropGuard) {
+    let keys = JobKeys::new(&JobName::new(job).unwrap());
+    let key = format!("{}master/election/x", keys.root());
+    let revision = backend.put(&key, b"x".to_vec(), None).await.unwrap();
+    let store = Store::new(backend.clone(), keys.clone(), Fence { key, revision });
+    let (core, handle) = Core::start(store, cfg, 10).await.unwrap();
+    let cancel = CancellationToken::new();
+    tokio::spawn(core.run(cancel.clone()));
+    (handle, cancel.drop_guard())
+}
+
 /// A restore of shard `shard` at `incarnation` holding nothing: a shard's first start.
 fn first_start(shard: u32, incarnation: u64) -> RestoreRecord {
     RestoreRecord {
@@ -146,16 +163,7 @@ async fn a_full_etcd_pauses_the_queue_and_training_goes_on_once_it_has_space() {
     use crate::error::MasterError;
     const PASSES: u32 = 2;
     let backend: Arc<dyn Backend> = Arc::new(MemBackend::new().with_quota(2_000_000));
-    let keys = JobKeys::new(&JobName::new("full").unwrap());
-    let key = format!("{}master/election/x", keys.root());
-    let revision = backend.put(&key, b"x".to_vec(), None).await.unwrap();
-    let store = Store::new(backend.clone(), keys.clone(), Fence { key, revision });
-    let (core, handle) = Core::start(store, QueueConfig::default(), 10)
-        .await
-        .unwrap();
-    let cancel = CancellationToken::new();
-    let _stop = cancel.clone().drop_guard();
-    tokio::spawn(core.run(cancel));
+    let (handle, _stop) = started(&backend, "full", QueueConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
     handle
         .set_dataset(DatasetSpec {
@@ -267,17 +275,10 @@ async fn a_full_etcd_pauses_the_queue_and_training_goes_on_once_it_has_space() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trainer_silent_past_the_task_timeout_is_named_stuck_until_it_is_lost() {
     let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
-    let keys = JobKeys::new(&JobName::new("stuck").unwrap());
-    let key = format!("{}master/election/x", keys.root());
-    let revision = backend.put(&key, b"x".to_vec(), None).await.unwrap();
-    let store = Store::new(backend.clone(), keys.clone(), Fence { key, revision });
     let mut cfg = QueueConfig::default();
     cfg.timeout.initial = 300;
     cfg.timeout.floor = 300;
-    let (core, handle) = Core::start(store, cfg, 10).await.unwrap();
-    let cancel = CancellationToken::new();
-    let _stop = cancel.clone().drop_guard();
-    tokio::spawn(core.run(cancel));
+    let (handle, _stop) = started(&backend, "stuck", cfg).await;
     let dir = tempfile::tempdir().unwrap();
     handle
         .set_dataset(DatasetSpec {
