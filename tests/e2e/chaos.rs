@@ -509,14 +509,14 @@ async fn a_killed_process_is_replaced_from_its_exit_not_after_its_lease() {
     .await;
     assert!(ok, "edl run --chaos failed: {r}\n{log}");
     assert_eq!(r["lost_records"], 0, "{r}");
-    let recoveries = r["recoveries"].as_array().expect("recoveries");
+    let (_, cost) = metric(&r);
+    assert!(
+        cost < HOUSING_COST_BOUND,
+        "held-out cost after the kills {cost}"
+    );
     for role in ["trainer", "pserver", "master"] {
         // The witness: each role was killed, and its recovery was seen.
-        let seconds: Vec<f64> = recoveries
-            .iter()
-            .filter(|x| x["role"] == role && x["fault"] == "sigkill")
-            .filter_map(|x| x["seconds"].as_f64())
-            .collect();
+        let seconds = recovery_seconds(&r, role, "sigkill");
         assert!(!seconds.is_empty(), "no recovery of a killed {role}: {r}");
         // A third of the lease: the lease's expiry cannot be what ended it.
         assert!(
@@ -524,7 +524,7 @@ async fn a_killed_process_is_replaced_from_its_exit_not_after_its_lease() {
             "a killed {role} took {seconds:?} s with a {LEASE_S} s lease: {r}"
         );
     }
-    eprintln!("recoveries with a {LEASE_S} s lease: {recoveries:?}");
+    eprintln!("recoveries with a {LEASE_S} s lease: {}", r["recoveries"]);
 }
 
 /// A trainer alive but making no progress is stuck (issue 56): with a 60 s lease and
@@ -532,7 +532,7 @@ async fn a_killed_process_is_replaced_from_its_exit_not_after_its_lease() {
 /// with it, so only the lease would otherwise tell) holds its task past the task
 /// timeout; the master hands the task out again and names the trainer stuck, and `edl
 /// run` kills it, so its registration is gone within a fraction of the lease and the
-/// job trains on to the end with nothing lost.
+/// job trains on to the end with no record lost and the example's held-out cost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_trainer_is_named_stuck_and_restarted_after_the_task_timeout() {
     const LEASE_S: f64 = 60.0;
@@ -561,14 +561,13 @@ async fn a_stopped_trainer_is_named_stuck_and_restarted_after_the_task_timeout()
     assert!(ok, "edl run --chaos failed: {r}\n{log}");
     assert_eq!(r["lost_records"], 0, "{r}");
     assert_eq!(r["passes"], 60, "{r}");
+    let (_, cost) = metric(&r);
+    assert!(
+        cost < HOUSING_COST_BOUND,
+        "held-out cost after the stop {cost}"
+    );
     // The witness: a trainer was stopped, and edl run killed it as stuck.
-    let stopped: Vec<f64> = r["recoveries"]
-        .as_array()
-        .expect("recoveries")
-        .iter()
-        .filter(|x| x["role"] == "trainer" && x["fault"] == "sigstop")
-        .filter_map(|x| x["seconds"].as_f64())
-        .collect();
+    let stopped = recovery_seconds(&r, "trainer", "sigstop");
     assert_eq!(stopped.len(), 1, "one stopped trainer: {r}");
     assert!(
         log.contains("stuck: no report on its task for the task timeout"),
@@ -583,4 +582,15 @@ async fn a_stopped_trainer_is_named_stuck_and_restarted_after_the_task_timeout()
         "a stopped trainer's registration went after {} s",
         stopped[0]
     );
+}
+
+/// The seconds of the report's recoveries from `fault` of `role`.
+fn recovery_seconds(report: &serde_json::Value, role: &str, fault: &str) -> Vec<f64> {
+    report["recoveries"]
+        .as_array()
+        .expect("recoveries")
+        .iter()
+        .filter(|x| x["role"] == role && x["fault"] == fault)
+        .filter_map(|x| x["seconds"].as_f64())
+        .collect()
 }

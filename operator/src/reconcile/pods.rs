@@ -100,7 +100,10 @@ impl Draft<'_> {
     /// Why trainer pod `p`, still running, is stuck, when the master names its trainer
     /// stuck: a task lease timed out while it stayed registered.
     fn stuck(&self, p: &PodView) -> Option<String> {
-        let id = trainer_id(p).filter(|_| p.slot.role == Role::Trainer && !p.phase.ended())?;
+        if p.slot.role != Role::Trainer || p.phase.ended() {
+            return None;
+        }
+        let id = trainer_id(p)?;
         let etcd = self.obs.etcd.as_ref().ok()?;
         let s = etcd.stuck.iter().find(|s| s.trainer == id)?;
         Some(format!(
