@@ -217,7 +217,7 @@ impl MasterClient {
                         {
                             Attempt::Paused(s.message().to_owned())
                         }
-                        Err(s) if retryable(&s) => {
+                        Err(s) if headers::transient(&s) => {
                             // Reconnect: the leader may have moved.
                             *self.conn.lock().await = None;
                             Attempt::Retry(format!("{}: {}", s.code(), s.message()))
@@ -385,14 +385,6 @@ impl MasterClient {
         )
         .await
     }
-}
-
-/// Errors worth retrying at the (possibly new) leader.
-fn retryable(s: &tonic::Status) -> bool {
-    matches!(
-        s.code(),
-        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
-    )
 }
 
 /// A watch of the leading master's address (for clients).

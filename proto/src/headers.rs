@@ -174,6 +174,24 @@ pub fn detail<'a>(status: &'a Status, key: &str) -> Option<&'a str> {
     status.metadata().get(key).and_then(|v| v.to_str().ok())
 }
 
+/// Whether a call that ended with `status` is worth making again (at the same server or
+/// at one that took its place): the server was unreachable, timed out, or went away, or
+/// the connection itself failed — a status made from a transport error, such as the
+/// GOAWAY of a server shutting down (which tonic reports as `Internal`), is the
+/// connection's word, not the service's. Every edl RPC is safe to repeat.
+pub fn transient(status: &Status) -> bool {
+    use std::error::Error as _;
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+    ) || status
+        .source()
+        .is_some_and(|e| e.is::<tonic::transport::Error>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +213,26 @@ mod tests {
         assert_eq!(detail(&s, ERROR_KIND), Some("stale-step"));
         assert_eq!(detail(&s, NEXT_STEP), Some("7"));
         assert_eq!(detail(&s, LEADER), None, "not a metadata value: left out");
+    }
+
+    #[test]
+    fn a_server_gone_is_transient_and_a_refusal_is_not() {
+        for s in [
+            Status::unavailable("down"),
+            Status::deadline_exceeded("slow"),
+            Status::unknown("reset"),
+            Status::cancelled("gone"),
+        ] {
+            assert!(transient(&s), "{s:?}");
+        }
+        for s in [
+            Status::internal("a bug in the service"),
+            Status::aborted("stale"),
+            Status::invalid_argument("bad"),
+            Status::unauthenticated("no token"),
+        ] {
+            assert!(!transient(&s), "{s:?}");
+        }
     }
 
     #[test]

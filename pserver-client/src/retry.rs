@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use edl_coord::{CallError, call_until};
-use tonic::Code;
 
 use crate::connection::Target;
 use crate::error::{ErrorKind, next_step_of};
@@ -14,10 +13,7 @@ use crate::{PsClient, PsClientError, Result};
 
 /// Codes worth retrying (possibly at a replacement pserver).
 fn retryable(s: &tonic::Status) -> bool {
-    matches!(
-        s.code(),
-        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
-    ) || ErrorKind::of(s) == Some(ErrorKind::NotServing)
+    edl_proto::headers::transient(s) || ErrorKind::of(s) == Some(ErrorKind::NotServing)
 }
 
 /// How one attempt of a call ended.
