@@ -79,9 +79,15 @@ impl ClientError {
 pub enum TaskSize {
     /// Consecutive chunks of a file per task (0: the master's default).
     Chunks(u32),
-    /// Sized by samples: the fewest consecutive chunks of a file holding this many
-    /// records, lowered so that a pass has at least 32 tasks.
-    Records(u64),
+    /// Sized by samples: the fewest consecutive chunks of a file holding `records`
+    /// records, lowered so that a pass has at least 32 tasks, but never below `floor`
+    /// (the job's batch size).
+    Records {
+        /// The records asked for per task.
+        records: u64,
+        /// The fewest records a task is lowered to (0: 1).
+        floor: u64,
+    },
 }
 
 /// Client settings.
@@ -259,15 +265,16 @@ impl MasterClient {
         size: TaskSize,
         passes: u32,
     ) -> Result<pb::SetDatasetResponse, ClientError> {
-        let (chunks_per_task, records_per_task) = match size {
-            TaskSize::Chunks(n) => (n, 0),
-            TaskSize::Records(n) => (0, n),
+        let (chunks_per_task, records_per_task, min_records_per_task) = match size {
+            TaskSize::Chunks(n) => (n, 0, 0),
+            TaskSize::Records { records, floor } => (0, records, floor),
         };
         let msg = pb::SetDatasetRequest {
             globs,
             chunks_per_task,
             passes,
             records_per_task,
+            min_records_per_task,
         };
         // Indexing a large dataset takes a while.
         let timeout = self.cfg.call_timeout.max(Duration::from_secs(120));

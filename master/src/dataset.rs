@@ -5,8 +5,10 @@
 //! (a task never spans files): `chunks_per_task` chunks each, or, sized by samples, the
 //! fewest chunks holding `records_per_task` records, lowered (to at most a 32nd of the
 //! pass, and then to the largest target that still makes them) so that a pass has at
-//! least [`MIN_TASKS_PER_PASS`] tasks, or every task is one chunk (work for every trainer of an elastic job to the end of a
-//! pass). Task ids come from the file's position in the sorted file list and the chunk
+//! least [`MIN_TASKS_PER_PASS`] tasks, or every task is one chunk (work for every
+//! trainer of an elastic job to the end of a pass) — but never below
+//! `min_records_per_task`, the job's batch: a task holding fewer records than a batch
+//! would make the trainer's steps smaller than the batch the job asked for. Task ids come from the file's position in the sorted file list and the chunk
 //! range, so the same dataset always gives the same tasks.
 
 use std::ops::Range;
@@ -32,6 +34,10 @@ pub struct DatasetSpec {
     /// the module docs); 0: `chunks_per_task` chunks.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub records_per_task: u64,
+    /// Tasks sized by records are never lowered below this many (the job's batch size,
+    /// so that no step is smaller than the batch for want of records; 0: 1).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub min_records_per_task: u64,
     /// Passes over the dataset.
     pub passes: u32,
 }
@@ -109,8 +115,9 @@ impl DatasetSpec {
             return files.iter().map(|f| f.ranges(per).collect()).collect();
         }
         // The largest target at most the one asked for (and a 32nd of the pass) that
-        // still makes MIN_TASKS_PER_PASS tasks (or a task per chunk, at 1): the task
-        // count falls as the target grows, so a binary search finds it.
+        // still makes MIN_TASKS_PER_PASS tasks (or a task per chunk, at 1), but never
+        // below the floor: the task count falls as the target grows, so a binary search
+        // finds it.
         let records: u64 = files.iter().map(ChunkIndex::records).sum();
         let count = |t: u64| -> u64 {
             files
@@ -118,11 +125,12 @@ impl DatasetSpec {
                 .map(|f| f.ranges_of_records(t).len() as u64)
                 .sum()
         };
+        let floor = self.min_records_per_task.max(1);
         let (mut lo, mut hi) = (
-            1,
+            floor,
             self.records_per_task
                 .min(records / MIN_TASKS_PER_PASS)
-                .max(1),
+                .max(floor),
         );
         while lo < hi {
             let mid = lo + (hi - lo).div_ceil(2);
@@ -272,6 +280,7 @@ mod tests {
             globs: vec![format!("{}/*.recordio", dir.path().display())],
             chunks_per_task: 2,
             records_per_task: 0,
+            min_records_per_task: 0,
             passes: 1,
         };
         let (ds, tasks) = index(&spec).unwrap();
@@ -304,6 +313,7 @@ mod tests {
             globs: vec![format!("{}/*.recordio", dir.path().display())],
             chunks_per_task: 1,
             records_per_task,
+            min_records_per_task: 0,
             passes: 1,
         };
         let (ds, tasks) = index(&spec(95)).unwrap();
@@ -344,6 +354,23 @@ mod tests {
         };
         let (ds, _) = index(&few).unwrap();
         assert_eq!(ds.tasks, u64::from(ds.files[0].chunks), "one chunk each");
+        // A batch of 300: no task is lowered below it, though a pass then has fewer than
+        // MIN_TASKS_PER_PASS tasks, nor below it when fewer records were asked for.
+        for asked in [4096, 95] {
+            let batch = DatasetSpec {
+                min_records_per_task: 300,
+                ..spec(asked)
+            };
+            let (ds, tasks) = index(&batch).unwrap();
+            assert!(ds.tasks < MIN_TASKS_PER_PASS, "{} tasks", ds.tasks);
+            for (fi, f) in ds.files.iter().enumerate() {
+                let mine: Vec<_> = tasks.iter().filter(|t| t.file == fi as u32).collect();
+                assert_eq!(mine.last().unwrap().chunk_end, f.chunks);
+                for t in &mine[..mine.len() - 1] {
+                    assert!((300..300 + 10).contains(&t.records), "{t:?}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -352,6 +379,7 @@ mod tests {
             globs: vec![],
             chunks_per_task: 1,
             records_per_task: 0,
+            min_records_per_task: 0,
             passes: 1,
         };
         assert!(matches!(index(&bad), Err(DatasetError::Invalid(_))));
@@ -359,6 +387,7 @@ mod tests {
             globs: vec!["/nonexistent/edl/*.recordio".into()],
             chunks_per_task: 1,
             records_per_task: 0,
+            min_records_per_task: 0,
             passes: 1,
         };
         let err = index(&missing).unwrap_err().to_string();
@@ -367,6 +396,7 @@ mod tests {
             globs: vec!["x".into()],
             chunks_per_task: 2,
             records_per_task: 0,
+            min_records_per_task: 0,
             passes: 1,
         };
         let mut b = a.clone();

@@ -98,6 +98,7 @@ async fn an_own_model_trained_by_entry_programs_survives_a_trainer_sigkill() {
                 globs: spec.data.train.patterns(),
                 chunks_per_task: 1,
                 records_per_task: spec.data.records_per_task,
+                min_records_per_task: spec.train.batch_size as u64,
                 passes: 3,
             })
             .expect("index the example's data");

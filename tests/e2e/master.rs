@@ -303,6 +303,7 @@ async fn a_million_task_transitions_leave_the_etcd_database_bounded() {
             globs: vec!["/data/part-*".into()],
             chunks_per_task: 1,
             records_per_task: 0,
+            min_records_per_task: 0,
             passes: u32::MAX,
         },
         files: Vec::new(),

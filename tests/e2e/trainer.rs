@@ -403,6 +403,67 @@ async fn fit_a_line_async_two_trainers_one_pserver() {
     fit_a_line("async").await;
 }
 
+/// A batch larger than a chunk and than a 32nd of the data: the master cuts no task
+/// smaller than the batch, so every step but a task's last trains a whole batch (tasks
+/// of one chunk, 34 records, made every step a third of the batch before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_task_is_cut_smaller_than_the_jobs_batch() {
+    const BATCH: u64 = 100;
+    const PASSES: u64 = 2;
+    let w = World::new("housing-batch").await;
+    let (train, test) = housing(w.dir.path());
+    let spec = w.spec(
+        "job.toml",
+        &format!(
+            r#"
+[data]
+train = "{train}"
+test = "{test}"
+[model]
+kind = "fit_a_line"
+[train]
+mode = "async"
+passes = {PASSES}
+batch_size = {BATCH}
+batches_per_push = 1
+optimizer = "sgd"
+learning_rate = 0.01
+[cluster]
+lease_ttl = "2s"
+"#
+        ),
+    );
+    let (_m, _) = w.master("master", &[]).await;
+    let (_p, _) = w.pserver("ps0", &["--shards", "1"]).await;
+    let mut trainers = vec![w.trainer("t0", &spec)];
+    let reports = finish(&w, &mut trainers, Duration::from_secs(120)).await;
+    let (_, tasks) = edl_master::dataset::index(&edl_master::dataset::DatasetSpec {
+        globs: vec![train],
+        chunks_per_task: 1,
+        records_per_task: edl_job::JobSpec::load(&spec)
+            .expect("the spec")
+            .data
+            .records_per_task,
+        min_records_per_task: BATCH,
+        passes: 1,
+    })
+    .expect("index the data");
+    let chunks: u32 = tasks.iter().map(|t| t.chunk_end - t.chunk_begin).sum();
+    assert!(
+        tasks.len() < chunks as usize && tasks.len() < 32,
+        "the state where the floor matters: {} tasks of {chunks} chunks",
+        tasks.len()
+    );
+    // Each file's tasks but its last hold a batch or more.
+    for w in tasks.windows(2).filter(|w| w[0].file == w[1].file) {
+        assert!(w[0].records >= BATCH, "{:?}", w[0]);
+    }
+    let steps: u64 = tasks.iter().map(|t| t.records.div_ceil(BATCH)).sum();
+    let r = &reports[0];
+    assert_eq!(r["records"], PASSES * 405, "{r}");
+    assert_eq!(r["steps"], PASSES * steps, "{r}");
+}
+
 pub(crate) fn mnist_spec(w: &World, passes: u32) -> PathBuf {
     let (train, test) = mnist(w.dir.path());
     w.spec(

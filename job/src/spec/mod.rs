@@ -140,7 +140,8 @@ pub struct DataSpec {
     pub chunks_per_task: u32,
     /// Records per task, when `chunks_per_task` is 0 (default 4096): each task the
     /// fewest consecutive chunks of a file holding this many, fewer when a pass would
-    /// otherwise have under 32 tasks; 0: the master's chunks per task. Tasks large
+    /// otherwise have under 32 tasks, but never fewer than `batch_size` (a smaller task
+    /// would make its steps smaller than the batch); 0: the master's chunks per task. Tasks large
     /// enough make the per-task costs (two etcd commits and a `TaskDone` per task) a
     /// small part of the time; a lost trainer's task is trained again whole.
     #[serde(default = "d_records_per_task")]

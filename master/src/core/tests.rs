@@ -89,6 +89,7 @@ async fn restore_before_its_acknowledgements(backend: Arc<dyn Backend>) {
             globs: vec![glob],
             chunks_per_task: 1,
             records_per_task: 0,
+            min_records_per_task: 0,
             passes: 3,
         })
         .await
@@ -170,6 +171,7 @@ async fn a_full_etcd_pauses_the_queue_and_training_goes_on_once_it_has_space() {
             globs: vec![dataset(dir.path(), 2, 20)],
             chunks_per_task: 1,
             records_per_task: 0,
+            min_records_per_task: 0,
             passes: PASSES,
         })
         .await
@@ -285,6 +287,7 @@ async fn a_trainer_silent_past_the_task_timeout_is_named_stuck_until_it_is_lost(
             globs: vec![dataset(dir.path(), 1, 2)],
             chunks_per_task: 1,
             records_per_task: 0,
+            min_records_per_task: 0,
             passes: 1,
         })
         .await

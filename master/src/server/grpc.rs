@@ -72,6 +72,7 @@ impl pb::master_server::Master for MasterGrpc {
                 n => n,
             },
             records_per_task: r.records_per_task,
+            min_records_per_task: r.min_records_per_task,
             passes: r.passes.max(1),
         };
         let (ds, created) = self.core().await?.set_dataset(spec).await?;

@@ -135,6 +135,7 @@ fn dataset(tasks: u64) -> Dataset {
             globs: vec!["none".into()],
             chunks_per_task: 1,
             records_per_task: 0,
+            min_records_per_task: 0,
             passes: 2,
         },
         files: Vec::new(),

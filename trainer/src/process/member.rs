@@ -121,7 +121,10 @@ impl Member {
             r = session.master().set_dataset_sized(
                 spec.data.train.patterns(),
                 match spec.data.chunks_per_task {
-                    0 => TaskSize::Records(spec.data.records_per_task),
+                    0 => TaskSize::Records {
+                        records: spec.data.records_per_task,
+                        floor: spec.train.batch_size as u64,
+                    },
                     n => TaskSize::Chunks(n),
                 },
                 spec.train.passes,
