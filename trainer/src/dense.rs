@@ -514,27 +514,44 @@ impl DenseModel {
         target: &Target,
         batch: &Batch,
     ) -> Result<StepOutput> {
-        let vars = self
-            .params
-            .iter()
-            .zip(&params.dense)
-            .map(|(p, v)| Var::from_slice(v, p.shape.as_slice(), &self.device))
-            .collect::<candle_core::Result<Vec<_>>>()?;
+        // One copy of every parameter to the device and one of the loss and every
+        // gradient back: each copy between the host and a GPU waits for the GPU.
+        let host = params.dense.concat();
+        let len = host.len();
+        let all = Tensor::from_vec(host, len, &self.device)?;
+        let mut at = 0;
+        let mut vars = Vec::with_capacity(self.params.len());
+        for p in &self.params {
+            let t = all.narrow(0, at, p.len())?.reshape(p.shape.as_slice())?;
+            vars.push(Var::from_tensor(&t)?);
+            at += p.len();
+        }
         let tensors = vars
             .iter()
             .map(|v| v.as_tensor().to_dtype(self.dtype))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let out = self.forward(&tensors, x)?;
         let loss = self.loss(&out, target)?;
-        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let grads = loss.backward()?;
+        let mut parts = vec![loss.to_dtype(DType::F32)?.reshape(1)?];
+        for var in &vars {
+            if let Some(g) = grads.get(var.as_tensor()) {
+                parts.push(g.to_dtype(DType::F32)?.flatten_all()?);
+            }
+        }
+        let flat = Tensor::cat(&parts, 0)?.to_vec1::<f32>()?;
+        let value = f64::from(flat[0]);
         if !value.is_finite() {
             return self.step_output(value, batch, Vec::new());
         }
-        let grads = loss.backward()?;
+        let mut at = 1;
         let mut dense = Vec::with_capacity(vars.len());
         for (var, p) in vars.iter().zip(&self.params) {
             dense.push(match grads.get(var.as_tensor()) {
-                Some(g) => g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                Some(_) => {
+                    at += p.len();
+                    flat[at - p.len()..at].to_vec()
+                }
                 None => vec![0.0; p.len()],
             });
         }
