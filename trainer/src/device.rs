@@ -190,31 +190,13 @@ pub fn select_device(choice: DeviceChoice) -> Result<Device> {
 
 fn open_cuda(n: usize) -> Result<Device> {
     match std::panic::catch_unwind(|| Device::new_cuda(n)) {
-        Ok(Ok(d)) => {
-            single_stream(&d);
-            Ok(d)
-        }
+        Ok(Ok(d)) => Ok(d),
         Ok(Err(e)) => Err(Error::Device(format!("cannot open cuda:{n}: {e}"))),
         Err(_) => Err(Error::Device(format!(
             "cannot open cuda:{n}: the CUDA runtime failed to load"
         ))),
     }
 }
-
-/// edl computes on the device's one stream, so cudarc's cross-stream event tracking
-/// (two CUDA events created and destroyed with every tensor) buys nothing and costs
-/// every allocation of a step.
-#[cfg(feature = "cuda")]
-fn single_stream(d: &Device) {
-    if let Device::Cuda(c) = d {
-        // SAFETY: every kernel, copy and cuBLAS call of this device runs on its one
-        // stream (`Device::new_cuda` makes no other), which orders them without events.
-        unsafe { c.disable_event_tracking() }
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-fn single_stream(_: &Device) {}
 
 #[cfg(test)]
 mod tests {

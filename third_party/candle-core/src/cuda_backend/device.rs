@@ -276,6 +276,12 @@ impl BackendDevice for CudaDevice {
 
     fn new(ordinal: usize) -> Result<Self> {
         let context = cudarc::driver::CudaContext::new(ordinal).w()?;
+        // edl: this device computes on its context's default stream alone, so cudarc's
+        // cross-stream event tracking orders nothing and costs two CUDA events created
+        // and destroyed with every tensor.
+        // SAFETY: no other stream of this context is made here (`new_with_stream` makes
+        // its own context), so every use of its memory is ordered by the one stream.
+        unsafe { context.disable_event_tracking() };
         let stream = context.default_stream();
         let blas = cudarc::cublas::CudaBlas::new(stream.clone()).w()?;
         let curand = cudarc::curand::CudaRng::new(299792458, stream.clone()).w()?;
