@@ -524,6 +524,17 @@ async fn a_killed_process_is_replaced_from_its_exit_not_after_its_lease() {
             "a killed {role} took {seconds:?} s with a {LEASE_S} s lease: {r}"
         );
     }
+    // And the killed trainers' tasks were leased to another trainer within the same
+    // bound (the witness: some killed trainer held a task).
+    let again = recovery_field(&r, "trainer", "sigkill", "task_again_s");
+    assert!(
+        !again.is_empty(),
+        "no killed trainer's task seen leased again: {r}"
+    );
+    assert!(
+        again.iter().all(|&s| s < LEASE_S / 3.0),
+        "a killed trainer's tasks were leased again after {again:?} s: {r}"
+    );
     eprintln!("recoveries with a {LEASE_S} s lease: {}", r["recoveries"]);
 }
 
@@ -578,19 +589,36 @@ async fn a_stopped_trainer_is_named_stuck_and_restarted_after_the_task_timeout()
         "the stopped trainer's registration went after {} s with a {LEASE_S} s lease: {r}",
         stopped[0]
     );
+    // Its task trains elsewhere: leased to another trainer after the task timeout.
+    let again = recovery_field(&r, "trainer", "sigstop", "task_again_s");
+    assert_eq!(
+        again.len(),
+        1,
+        "the stopped trainer's task seen leased again: {r}"
+    );
+    assert!(
+        again[0] < LEASE_S / 3.0,
+        "the stopped trainer's task was leased again after {} s: {r}",
+        again[0]
+    );
     eprintln!(
-        "a stopped trainer's registration went after {} s",
-        stopped[0]
+        "a stopped trainer's registration went after {} s, its task leased again after {} s",
+        stopped[0], again[0]
     );
 }
 
 /// The seconds of the report's recoveries from `fault` of `role`.
 fn recovery_seconds(report: &serde_json::Value, role: &str, fault: &str) -> Vec<f64> {
+    recovery_field(report, role, fault, "seconds")
+}
+
+/// Field `field` (seconds) of the report's recoveries from `fault` of `role` that have it.
+fn recovery_field(report: &serde_json::Value, role: &str, fault: &str, field: &str) -> Vec<f64> {
     report["recoveries"]
         .as_array()
         .expect("recoveries")
         .iter()
         .filter(|x| x["role"] == role && x["fault"] == fault)
-        .filter_map(|x| x["seconds"].as_f64())
+        .filter_map(|x| x[field].as_f64())
         .collect()
 }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use edl_coord::{Backend, Election};
 use edl_job::{JobKeys, JobName, PserverRecord, Record};
+use edl_master::queue::{Task, TaskState};
 use edl_master_client::MasterClient;
 use edl_proto::master::StatusResponse;
 use rand::{Rng, SeedableRng};
@@ -67,6 +68,12 @@ struct Pending {
     process: String,
     at: Instant,
     check: Check,
+    /// A trainer's: the tasks it held at the fault (id and pass), and when they were
+    /// all leased to another trainer or done (seconds after `at`).
+    held: Vec<(String, u32)>,
+    again: Option<f64>,
+    /// When the role served again (seconds after `at`).
+    served: Option<f64>,
 }
 
 /// The faults of a run: when they are due, and those not recovered from yet.
@@ -168,6 +175,7 @@ impl Faults {
         let p = sup.proc(pick)?.clone();
         let stop = action == Action::Stop;
         let check = self.check(role, p.slot, &p.name, stop, launch).await;
+        let held = self.tasks_held(role, &p.name).await;
         // Measured from the fault itself, after the queries above.
         let now = Instant::now();
         let effect = sup.inject(pick, action, now)?;
@@ -179,6 +187,9 @@ impl Faults {
             process: p.name,
             at: now,
             check,
+            held,
+            again: None,
+            served: None,
         });
         Some(effect)
     }
@@ -189,12 +200,16 @@ impl Faults {
         let check = self
             .check(crash.role, crash.slot, &crash.process, false, launch)
             .await;
+        let held = self.tasks_held(crash.role, &crash.process).await;
         self.pending.push(Pending {
             fault: "crash",
             role: crash.role,
             process: crash.process,
             at,
             check,
+            held,
+            again: None,
+            served: None,
         });
     }
 
@@ -241,24 +256,84 @@ impl Faults {
     }
 
     /// Checks the faults and crashes not recovered from yet; each recovery is recorded
-    /// in `sup`.
+    /// in `sup` once its role serves again and a trainer's tasks are leased again.
     pub(crate) async fn check_recoveries(&mut self, sup: &mut Supervisor) {
         let mut i = 0;
         while i < self.pending.len() {
-            if self.recovered(&self.pending[i].check, sup).await {
+            let p = &self.pending[i];
+            let served = match p.served {
+                Some(s) => Some(s),
+                None => self
+                    .recovered(&p.check, sup)
+                    .await
+                    .then(|| p.at.elapsed().as_secs_f64()),
+            };
+            let again = match p.again {
+                None if !p.held.is_empty() && self.leased_again(&p.held, &p.process).await => {
+                    Some(p.at.elapsed().as_secs_f64())
+                }
+                a => a,
+            };
+            let p = &mut self.pending[i];
+            (p.served, p.again) = (served, again);
+            if served.is_some() && (p.held.is_empty() || again.is_some()) {
                 let p = self.pending.remove(i);
-                let secs = p.at.elapsed().as_secs_f64();
-                tracing::info!(process = %p.process, fault = p.fault, seconds = secs, "recovered");
-                sup.recovered(Recovery {
-                    fault: p.fault.into(),
-                    role: p.role.name().into(),
-                    process: p.process,
-                    seconds: secs,
-                });
+                record(sup, p);
             } else {
                 i += 1;
             }
         }
+    }
+
+    /// At the run's end: the faults whose role serves again but whose tasks were not
+    /// leased again (the job ended first) are recorded without that time.
+    pub(crate) fn settle(&mut self, sup: &mut Supervisor) {
+        let (done, left): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| p.served.is_some());
+        self.pending = left;
+        for p in done {
+            record(sup, p);
+        }
+    }
+
+    /// The tasks a trainer holds now (id and pass), from the queue's records in etcd;
+    /// none for other roles.
+    async fn tasks_held(&self, role: Role, name: &str) -> Vec<(String, u32)> {
+        if role != Role::Trainer {
+            return Vec::new();
+        }
+        let Ok((kvs, _)) = self.backend.range(&self.keys.tasks()).await else {
+            return Vec::new();
+        };
+        kvs.iter()
+            .filter_map(|kv| serde_json::from_slice::<Task>(&kv.value).ok())
+            .filter(|t| matches!(&t.state, TaskState::Pending { trainer, .. } if trainer == name))
+            .map(|t| (t.spec.id, t.pass))
+            .collect()
+    }
+
+    /// Whether every one of `held` is leased to a trainer other than `victim`, done, or
+    /// of a later pass (done in its own).
+    async fn leased_again(&self, held: &[(String, u32)], victim: &str) -> bool {
+        for (id, pass) in held {
+            let task = match self.backend.get(&self.keys.task(id)).await {
+                Ok(Some(kv)) => serde_json::from_slice::<Task>(&kv.value).ok(),
+                Ok(None) => None,
+                Err(_) => return false,
+            };
+            let Some(t) = task else { continue };
+            let again = t.pass > *pass
+                || match &t.state {
+                    TaskState::Pending { trainer, .. } => trainer != victim,
+                    TaskState::Todo => false,
+                    TaskState::Done | TaskState::Failed => true,
+                };
+            if !again {
+                return false;
+            }
+        }
+        true
     }
 
     async fn recovered(&self, check: &Check, sup: &Supervisor) -> bool {
@@ -359,6 +434,19 @@ impl Faults {
             .await
             .ok()
     }
+}
+
+/// Records `p`'s recovery in `sup`.
+fn record(sup: &mut Supervisor, p: Pending) {
+    let seconds = p.served.unwrap_or_else(|| p.at.elapsed().as_secs_f64());
+    tracing::info!(process = %p.process, fault = p.fault, seconds, task_again_s = ?p.again, "recovered");
+    sup.recovered(Recovery {
+        fault: p.fault.into(),
+        role: p.role.name().into(),
+        process: p.process,
+        seconds,
+        task_again_s: p.again,
+    });
 }
 
 /// The leading master's election key and value (its address): the oldest key under

@@ -123,6 +123,7 @@ pub(crate) async fn run(
     };
     let status = shell.status().await;
     shell.stop_all().await;
+    shell.faults.settle(&mut shell.sup);
     let mut outcome = Outcome {
         job: shell.spec.name.to_string(),
         coordination: job.coordination,

@@ -16,6 +16,47 @@ pub struct Recovery {
     /// Seconds from the fault (for a crash: from its exit seen) until the role served
     /// again (see the README).
     pub seconds: f64,
+    /// A trainer's fault: seconds from the fault until every task it held was leased to
+    /// another trainer (or done): its work training again elsewhere. `None` when it held
+    /// none, or the job ended first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_again_s: Option<f64>,
+}
+
+/// How long: of `count` times, the median, the 95th percentile (nearest rank) and the
+/// longest, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Times {
+    /// How many.
+    pub count: usize,
+    /// The median.
+    pub median_s: f64,
+    /// The 95th percentile (nearest rank: the smallest time at or above 95% of them).
+    pub p95_s: f64,
+    /// The longest.
+    pub max_s: f64,
+}
+
+impl Times {
+    /// `xs` summed up; `None` when empty.
+    pub fn of(mut xs: Vec<f64>) -> Option<Times> {
+        if xs.is_empty() {
+            return None;
+        }
+        xs.sort_by(f64::total_cmp);
+        let n = xs.len();
+        let rank = |q: f64| xs[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+        let median_s = match n % 2 {
+            1 => xs[n / 2],
+            _ => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+        };
+        Some(Times {
+            count: n,
+            median_s,
+            p95_s: rank(0.95),
+            max_s: xs[n - 1],
+        })
+    }
 }
 
 /// The recoveries of one kind of fault (`fault` of `role`): how many, and their times.
@@ -33,36 +74,36 @@ pub struct RecoveryKind {
     pub p95_s: f64,
     /// See `median_s`.
     pub max_s: f64,
+    /// A trainer's faults: until the tasks it held were leased to another trainer
+    /// ([`Recovery::task_again_s`]), over those that held any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_again: Option<Times>,
 }
 
 /// `recoveries` by kind (fault, then role), each kind's times summed up.
 pub fn recoveries_by_kind(recoveries: &[Recovery]) -> Vec<RecoveryKind> {
-    let mut kinds: std::collections::BTreeMap<(&str, &str), Vec<f64>> = Default::default();
+    type Both = (Vec<f64>, Vec<f64>);
+    let mut kinds: std::collections::BTreeMap<(&str, &str), Both> = Default::default();
     for r in recoveries {
-        kinds
+        let (served, again) = kinds
             .entry((r.fault.as_str(), r.role.as_str()))
-            .or_default()
-            .push(r.seconds);
+            .or_default();
+        served.push(r.seconds);
+        again.extend(r.task_again_s);
     }
     kinds
         .into_iter()
-        .map(|((fault, role), mut xs)| {
-            xs.sort_by(f64::total_cmp);
-            let n = xs.len();
-            // Nearest rank: the smallest value at or above the fraction q of the times.
-            let rank = |q: f64| xs[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
-            let median_s = match n % 2 {
-                1 => xs[n / 2],
-                _ => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
-            };
-            RecoveryKind {
+        .filter_map(|((fault, role), (served, again))| {
+            let t = Times::of(served)?;
+            Some(RecoveryKind {
                 fault: fault.to_owned(),
                 role: role.to_owned(),
-                count: n,
-                median_s,
-                p95_s: rank(0.95),
-                max_s: xs[n - 1],
-            }
+                count: t.count,
+                median_s: t.median_s,
+                p95_s: t.p95_s,
+                max_s: t.max_s,
+                task_again: Times::of(again),
+            })
         })
         .collect()
 }
@@ -293,6 +334,12 @@ impl RunReport {
                 "   recoveries from {} of a {}: {}, median {:.2}s, p95 {:.2}s, max {:.2}s",
                 k.fault, k.role, k.count, k.median_s, k.p95_s, k.max_s
             );
+            if let Some(t) = &k.task_again {
+                println!(
+                    "     its tasks leased again: {}, median {:.2}s, p95 {:.2}s, max {:.2}s",
+                    t.count, t.median_s, t.p95_s, t.max_s
+                );
+            }
         }
         if r.restarts > 0 {
             println!(
@@ -361,6 +408,7 @@ mod tests {
             role: role.into(),
             process: "p".into(),
             seconds,
+            task_again_s: (role == "trainer").then_some(seconds + 1.0),
         };
         let mut all: Vec<Recovery> = (1..=20)
             .map(|i| rec("sigkill", "trainer", f64::from(i) / 10.0))
@@ -383,6 +431,12 @@ mod tests {
         assert!((t.median_s - 1.05).abs() < 1e-9, "{t:?}");
         assert!((t.p95_s - 1.9).abs() < 1e-9, "{t:?}");
         assert!((t.max_s - 2.0).abs() < 1e-9, "{t:?}");
+        // Their tasks leased again a second after each: 1.1 ..= 3.0.
+        let again = t.task_again.expect("the trainers' tasks");
+        assert_eq!(again.count, 20);
+        assert!((again.median_s - 2.05).abs() < 1e-9, "{again:?}");
+        assert!((again.p95_s - 2.9).abs() < 1e-9, "{again:?}");
+        assert_eq!(k("sigkill", "master").task_again, None);
         let m = k("sigkill", "master");
         assert_eq!((m.count, m.median_s, m.p95_s, m.max_s), (2, 2.0, 3.0, 3.0));
         let s = k("sigstop", "trainer");
