@@ -607,6 +607,62 @@ async fn a_stopped_trainer_is_named_stuck_and_restarted_after_the_task_timeout()
     );
 }
 
+/// A pserver alive but not answering (SIGSTOPped for twice its lease, as a hang would be
+/// for ever) loses its shard's claim when its lease ends; `edl run` sees its process
+/// live with its claim gone, kills it, and its replacement claims the shard and restores
+/// it, so the shard serves again about a lease after the stop instead of when the stopped
+/// process resumes. The job trains to the end with nothing lost and the example's cost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_pserver_is_replaced_once_its_lease_ends_not_when_it_resumes() {
+    const LEASE_S: f64 = 8.0;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
+        assert!(
+            s.contains("lease_ttl = \"10s\""),
+            "the example's lease TTL moved"
+        );
+        s.replace("passes = 30", "passes = 60")
+            .replace("lease_ttl = \"10s\"", "lease_ttl = \"8s\"")
+            .replace("checkpoint_every = \"10s\"", "checkpoint_every = \"2s\"")
+    });
+    let (ok, r, log) = edl_run(
+        dir.path(),
+        "stopped-pserver",
+        &[
+            &spec.display().to_string(),
+            "--chaos",
+            "stop-pserver=3s,until=4s,seed=1",
+        ],
+        Duration::from_secs(600),
+    )
+    .await;
+    assert!(ok, "edl run --chaos failed: {r}\n{log}");
+    assert_eq!(r["lost_records"], 0, "{r}");
+    assert_eq!(r["passes"], 60, "{r}");
+    let (_, cost) = metric(&r);
+    assert!(
+        cost < HOUSING_COST_BOUND,
+        "held-out cost after the stop {cost}"
+    );
+    // The witness: the pserver was stopped, and edl run killed it for its lost claim.
+    let stopped = recovery_seconds(&r, "pserver", "sigstop");
+    assert_eq!(stopped.len(), 1, "one stopped pserver: {r}");
+    assert!(
+        log.contains("stuck: its shard's lease ended while it lived"),
+        "edl run did not replace the stopped pserver:\n{log}"
+    );
+    // Resumed at twice the lease, it would have served again only then.
+    assert!(
+        stopped[0] < 1.5 * LEASE_S,
+        "the stopped pserver's shard served again after {} s with a {LEASE_S} s lease: {r}",
+        stopped[0]
+    );
+    eprintln!(
+        "a stopped pserver's shard served again after {} s",
+        stopped[0]
+    );
+}
+
 /// The seconds of the report's recoveries from `fault` of `role`.
 fn recovery_seconds(report: &serde_json::Value, role: &str, fault: &str) -> Vec<f64> {
     recovery_field(report, role, fault, "seconds")

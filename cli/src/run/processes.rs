@@ -2,6 +2,7 @@
 //! machine. This is its shell: it turns exits, the clock, `edl scale`/`edl kill`, the
 //! autoscaler's answers and due faults into events, and runs the effects on real processes.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,7 +24,7 @@ use super::faults::Faults;
 use super::lifecycle::{Evaluator, final_params, prepare_job, record_end};
 use super::procs::{Children, Launch, TrainerProgram, log_tail};
 use super::report::{FinalMetric, Outcome};
-use super::supervisor::{Effect, Limits, Role, Supervisor};
+use super::supervisor::{Effect, Limits, ProcId, Role, Stuck, Supervisor};
 
 /// How often etcd is asked for `edl kill`, `edl scale` and the master's status.
 const POLL: Duration = Duration::from_millis(500);
@@ -62,6 +63,10 @@ struct Shell {
     etcd_since: Instant,
     /// `--autoscale`.
     autoscaler: Option<LocalAutoscaler>,
+    /// Pservers seen holding their claim or replica registration, and those of them
+    /// seen holding nothing at the last look (`restart_unclaimed_pservers`).
+    claimed: BTreeSet<ProcId>,
+    unclaimed: BTreeSet<ProcId>,
 }
 
 /// Runs the job as processes until it ends, stops everything, and records the end.
@@ -110,6 +115,8 @@ pub(crate) async fn run(
         autoscaler: job
             .autoscale_cores
             .map(|cores| LocalAutoscaler::new(cores, started)),
+        claimed: BTreeSet::new(),
+        unclaimed: BTreeSet::new(),
     };
     // The final parameters and evaluation come from the pservers while they run.
     let supervised = shell.supervise(shutdown, started, quiet, timeout).await;
@@ -209,6 +216,7 @@ impl Shell {
                 if let Some(s) = &status {
                     self.restart_stuck(s)?;
                 }
+                self.restart_unclaimed_pservers().await?;
                 let alive = self.registered_trainers().await;
                 self.autoscale(status.as_ref(), alive).await?;
                 display.update(
@@ -365,7 +373,7 @@ impl Shell {
     /// are restarted (`Supervisor::stuck`).
     fn restart_stuck(&mut self, status: &StatusResponse) -> anyhow::Result<()> {
         let names: Vec<String> = status.stuck.iter().map(|t| t.trainer.clone()).collect();
-        for (effect, name) in self.sup.stuck(&names) {
+        for (effect, name) in self.sup.stuck(&names, Stuck::NoProgress) {
             let task = status.stuck.iter().find(|t| t.trainer == name);
             tracing::warn!(
                 process = %name,
@@ -373,6 +381,65 @@ impl Shell {
                 held_s = task.map_or(0.0, |t| t.held_ms as f64 / 1000.0),
                 "stuck: no report on its task for the task timeout; killing it to restart it"
             );
+            self.apply(vec![effect])?;
+        }
+        Ok(())
+    }
+
+    /// The pservers whose process lives but whose claim (or replica registration) is
+    /// gone since the last look, having held one before: stopped or hung past their
+    /// lease, they would hold their shard up until they answer again (a hang: for ever).
+    /// Each is SIGKILLed to be restarted at once (`Supervisor::stuck`); its replacement
+    /// claims the shard. A pserver that has not claimed yet (starting, waiting for its
+    /// shard) is left alone, and so is everything while etcd cannot be read.
+    async fn restart_unclaimed_pservers(&mut self) -> anyhow::Result<()> {
+        let live: Vec<(ProcId, String, u32)> = self
+            .sup
+            .ids(Role::Pserver)
+            .into_iter()
+            .filter_map(|id| {
+                let name = self.sup.proc(id)?.name.clone();
+                Some((id, name, self.children.pid(id)?))
+            })
+            .collect();
+        let mut kvs = Vec::new();
+        for prefix in (Holder::Pserver {
+            pid: None,
+            addr: None,
+        })
+        .prefixes(&self.keys)
+        {
+            match self.backend.range(&prefix).await {
+                Ok((mut more, _)) => kvs.append(&mut more),
+                Err(_) => return Ok(()),
+            }
+        }
+        let mut lost = Vec::new();
+        for (id, name, pid) in live {
+            let holder = Holder::Pserver {
+                pid: Some(pid),
+                addr: None,
+            };
+            let holds = !edl_job::holders::leases_held(&self.keys, &holder, &kvs).is_empty();
+            match (
+                holds,
+                self.claimed.contains(&id),
+                self.unclaimed.contains(&id),
+            ) {
+                (true, ..) => {
+                    self.claimed.insert(id);
+                    self.unclaimed.remove(&id);
+                }
+                // Gone at two looks in a row: not a record being rewritten.
+                (false, true, true) => lost.push(name),
+                (false, true, false) => {
+                    self.unclaimed.insert(id);
+                }
+                (false, false, _) => {}
+            }
+        }
+        for (effect, name) in self.sup.stuck(&lost, Stuck::ClaimLost) {
+            tracing::warn!(process = %name, "stuck: its shard's lease ended while it lived; killing it to restart it");
             self.apply(vec![effect])?;
         }
         Ok(())

@@ -398,6 +398,11 @@ impl Children {
         }
     }
 
+    /// The process id of child `id`, while it is one.
+    pub(crate) fn pid(&self, id: ProcId) -> Option<u32> {
+        self.children.get(&id).map(std::process::Child::id)
+    }
+
     /// SIGKILLs process `id` (not reaped: [`exited`](Self::exited) sees it).
     pub(crate) fn kill(&mut self, id: ProcId) {
         if let Some(child) = self.children.get_mut(&id) {

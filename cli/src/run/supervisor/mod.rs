@@ -101,6 +101,36 @@ pub(crate) enum Effect {
     Kill { id: ProcId },
 }
 
+/// Why a live process is stuck: alive, but what it is there for has gone on without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stuck {
+    /// A trainer the master names stuck: its task lease timed out while it stayed
+    /// registered (its task is already handed out again).
+    NoProgress,
+    /// A pserver that held its shard's claim (or its replica's registration) and holds
+    /// nothing now, while its process lives: its lease ended because it stopped
+    /// answering (stopped, hung), so its shard waits for a new claim.
+    ClaimLost,
+}
+
+impl Stuck {
+    /// The role it is about.
+    pub(crate) fn role(self) -> Role {
+        match self {
+            Stuck::NoProgress => Role::Trainer,
+            Stuck::ClaimLost => Role::Pserver,
+        }
+    }
+
+    /// What it says in a log and an exit status.
+    pub(crate) fn said(self) -> &'static str {
+        match self {
+            Stuck::NoProgress => "no report on its task for the task timeout",
+            Stuck::ClaimLost => "its shard's lease ended while it lived",
+        }
+    }
+}
+
 /// The job's shape, from the spec's `[cluster]`.
 #[derive(Debug, Clone)]
 pub(crate) struct Limits {
@@ -128,6 +158,9 @@ pub(crate) struct Proc {
     pub stopping: bool,
     /// Hit by an injected fault: its death is not a crash.
     pub injected: bool,
+    /// Resumed after an injected stop: alive and whole again, so a fault may hit it
+    /// again (its death still is not a crash: it may come of the stop).
+    pub resumed: bool,
     /// SIGSTOPped until then.
     pub stopped_until: Option<Instant>,
     /// When it was spawned.
@@ -136,8 +169,8 @@ pub(crate) struct Proc {
     pub registered: bool,
     /// A trainer killed because it did not register in time.
     pub unregistered: bool,
-    /// A trainer killed because the master named it stuck.
-    pub stuck: bool,
+    /// Killed because it was stuck, and why.
+    pub stuck: Option<Stuck>,
 }
 
 /// A crash that [`Supervisor::exited`] restarts: the shell measures its recovery.
@@ -248,11 +281,12 @@ impl Supervisor {
                 name: name.clone(),
                 stopping: false,
                 injected: false,
+                resumed: false,
                 stopped_until: None,
                 spawned: now,
                 registered: false,
                 unregistered: false,
-                stuck: false,
+                stuck: None,
             },
         );
         Effect::Spawn {
@@ -297,14 +331,14 @@ impl Supervisor {
         // A stuck trainer is restarted at once and not counted: the cause may be the
         // job's (a pserver unreachable for longer than the task timeout makes every
         // trainer stuck), which a crash budget must not turn into a failed job.
-        let healthy = (ran >= self.limits.healthy_after || p.stuck) && !p.unregistered;
+        let healthy = (ran >= self.limits.healthy_after || p.stuck.is_some()) && !p.unregistered;
         let status = if p.unregistered {
             format!(
                 "killed: it did not register with the job within trainer.register_within ({})",
                 humantime::format_duration(self.limits.register_within)
             )
-        } else if p.stuck {
-            "killed: stuck (no report on its task for the task timeout)".to_owned()
+        } else if let Some(why) = p.stuck {
+            format!("killed: stuck ({})", why.said())
         } else {
             status.to_owned()
         };
@@ -375,6 +409,7 @@ impl Supervisor {
         for (&id, p) in &mut self.procs {
             if p.stopped_until.is_some_and(|until| now >= until) {
                 p.stopped_until = None;
+                p.resumed = true;
                 effects.push(Effect::Signal { id, sig: Sig::Cont });
             }
         }
@@ -416,17 +451,17 @@ impl Supervisor {
         kills
     }
 
-    /// The trainers the master names stuck (`names`: their task leases timed out while
-    /// they stayed registered): each of ours, not already stopping or killed, is
-    /// SIGKILLed (returned with its name).
-    pub(crate) fn stuck(&mut self, names: &[String]) -> Vec<(Effect, String)> {
+    /// The processes found stuck (`names`, for `why`): each of ours of the role `why`
+    /// is about, not already stopping or killed, is SIGKILLed (returned with its name)
+    /// and restarted at once when its exit is seen, never counted against the budget.
+    pub(crate) fn stuck(&mut self, names: &[String], why: Stuck) -> Vec<(Effect, String)> {
         let mut kills = Vec::new();
         for (&id, p) in &mut self.procs {
-            if p.role == Role::Trainer
-                && !(p.stopping || p.unregistered || p.stuck)
+            if p.role == why.role()
+                && !(p.stopping || p.unregistered || p.stuck.is_some())
                 && names.contains(&p.name)
             {
-                p.stuck = true;
+                p.stuck = Some(why);
                 kills.push((Effect::Kill { id }, p.name.clone()));
             }
         }
@@ -495,7 +530,10 @@ impl Supervisor {
         self.procs
             .iter()
             .filter(|(_, p)| {
-                p.role == role && !p.stopping && !p.injected && p.stopped_until.is_none()
+                p.role == role
+                    && !p.stopping
+                    && (!p.injected || p.resumed)
+                    && p.stopped_until.is_none()
             })
             .map(|(&id, _)| id)
             .collect()
@@ -506,6 +544,7 @@ impl Supervisor {
     pub(crate) fn inject(&mut self, id: ProcId, action: Action, now: Instant) -> Option<Effect> {
         let p = self.procs.get_mut(&id)?;
         p.injected = true;
+        p.resumed = false;
         Some(match action {
             Action::Kill => Effect::Kill { id },
             Action::Stop => {

@@ -373,6 +373,10 @@ fn a_stopped_trainer_is_resumed_after_twice_the_lease_ttl() {
             sig: Sig::Stop
         })
     );
+    assert!(
+        !sup.victims(Role::Trainer).contains(&t),
+        "hit while stopped"
+    );
     assert!(sup.tick(t0 + 3 * SECOND, false).is_empty());
     assert_eq!(
         sup.tick(t0 + 4 * SECOND, false),
@@ -382,6 +386,12 @@ fn a_stopped_trainer_is_resumed_after_twice_the_lease_ttl() {
         }]
     );
     assert!(sup.tick(t0 + 5 * SECOND, false).is_empty(), "resumed once");
+    // Resumed, it may be hit again (a master resumed as a standby lives on: without
+    // this, each process could be stopped once only).
+    assert!(sup.victims(Role::Trainer).contains(&t));
+    // Killed by a fault, it is not hit again before its exit.
+    sup.inject(t, Action::Kill, t0 + 6 * SECOND);
+    assert!(!sup.victims(Role::Trainer).contains(&t));
 }
 
 #[test]
@@ -564,14 +574,20 @@ fn a_trainer_the_master_names_stuck_is_killed_once_and_restarted_as_a_crash() {
     let (mut sup, t0, _) = started();
     let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     // Not one of ours (a trainer of another run, say): nothing.
-    assert!(sup.stuck(&names(&["trainer-9"])).is_empty());
+    assert!(
+        sup.stuck(&names(&["trainer-9"]), Stuck::NoProgress)
+            .is_empty()
+    );
     let t1 = id_of(&sup, "trainer-1");
     assert_eq!(
-        sup.stuck(&names(&["trainer-1", "trainer-9"])),
+        sup.stuck(&names(&["trainer-1", "trainer-9"]), Stuck::NoProgress),
         vec![(Effect::Kill { id: t1 }, "trainer-1".to_owned())]
     );
     // Named again by the next status before its exit is seen: killed once only.
-    assert!(sup.stuck(&names(&["trainer-1"])).is_empty());
+    assert!(
+        sup.stuck(&names(&["trainer-1"]), Stuck::NoProgress)
+            .is_empty()
+    );
     // After a healthy run its exit is a crash restarted at once, said as what it was.
     let now = t0 + 40 * SECOND;
     let crash = sup
@@ -586,7 +602,7 @@ fn a_trainer_the_master_names_stuck_is_killed_once_and_restarted_as_a_crash() {
     for n in 1..=4 {
         let name = format!("trainer-1.{n}");
         let t = id_of(&sup, &name);
-        assert_eq!(sup.stuck(&[name]).len(), 1);
+        assert_eq!(sup.stuck(&[name], Stuck::NoProgress).len(), 1);
         now += 5 * SECOND;
         let crash = sup
             .exited(t, false, "signal: 9 (SIGKILL)", false, now)
@@ -604,7 +620,7 @@ fn a_trainer_the_master_names_stuck_is_killed_once_and_restarted_as_a_crash() {
         panic!("a drain: {drained:?}")
     };
     let name = sup.proc(*id).expect("the drained trainer").name.clone();
-    assert!(sup.stuck(&[name]).is_empty());
+    assert!(sup.stuck(&[name], Stuck::NoProgress).is_empty());
 }
 
 #[test]
