@@ -411,28 +411,15 @@ async fn no_task_is_cut_smaller_than_the_jobs_batch() {
     const BATCH: u64 = 100;
     const PASSES: u64 = 2;
     let w = World::new("housing-batch").await;
-    let (train, test) = housing(w.dir.path());
-    let spec = w.spec(
-        "job.toml",
-        &format!(
-            r#"
-[data]
-train = "{train}"
-test = "{test}"
-[model]
-kind = "fit_a_line"
-[train]
-mode = "async"
-passes = {PASSES}
-batch_size = {BATCH}
-batches_per_push = 1
-optimizer = "sgd"
-learning_rate = 0.01
-[cluster]
-lease_ttl = "2s"
-"#
-        ),
+    let spec = fit_a_line_spec(&w, "async", PASSES);
+    let text = std::fs::read_to_string(&spec).expect("the spec");
+    assert!(text.contains("batch_size = 20\n"), "the spec's batch moved");
+    let text = text.replace(
+        "batch_size = 20\n",
+        &format!("batch_size = {BATCH}\nbatches_per_push = 1\n"),
     );
+    std::fs::write(&spec, text).expect("write the spec");
+    let train = format!("{}/data/housing-train-*.recordio", w.dir.path().display());
     let (_m, _) = w.master("master", &[]).await;
     let (_p, _) = w.pserver("ps0", &["--shards", "1"]).await;
     let mut trainers = vec![w.trainer("t0", &spec)];
