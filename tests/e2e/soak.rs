@@ -392,12 +392,20 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
     // Faults: enough of every kind, each recovered from (but the last moments').
     let recoveries = r["recoveries"].as_array().expect("recoveries");
     let mut by_kind: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    // A trainer's: until the tasks it held were leased to another trainer.
+    let mut tasks_again: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for x in recoveries {
         let kind = format!(
             "{}-{}",
             x["fault"].as_str().unwrap_or("?"),
             x["role"].as_str().unwrap_or("?")
         );
+        if let Some(again) = x["task_again_s"].as_f64() {
+            tasks_again
+                .entry(format!("{kind} tasks"))
+                .or_default()
+                .push(again);
+        }
         by_kind
             .entry(kind)
             .or_default()
@@ -503,6 +511,7 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
     eprintln!("  recovery (s)       count  median     p95     max");
     for (kind, xs) in by_kind
         .into_iter()
+        .chain(tasks_again)
         .chain(etcd_recoveries.into_iter().map(|(k, v)| (k.to_owned(), v)))
     {
         let n = xs.len();
