@@ -485,7 +485,7 @@ async fn pserver_kills_with_a_replica_in_sync_recompute_and_restore_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_process_is_replaced_from_its_exit_not_after_its_lease() {
     const LEASE_S: f64 = 60.0;
-    let (r, _) = fit_a_line_under_chaos(
+    let (r, _, _dir) = fit_a_line_under_chaos(
         "kills",
         &[
             ("masters = 1", "masters = 2"),
@@ -505,17 +505,6 @@ async fn a_killed_process_is_replaced_from_its_exit_not_after_its_lease() {
             "a killed {role} took {seconds:?} s with a {LEASE_S} s lease: {r}"
         );
     }
-    // And the killed trainers' tasks were leased to another trainer within the same
-    // bound (the witness: some killed trainer held a task).
-    let again = recovery_field(&r, "trainer", "sigkill", "task_again_s");
-    assert!(
-        !again.is_empty(),
-        "no killed trainer's task seen leased again: {r}"
-    );
-    assert!(
-        again.iter().all(|&s| s < LEASE_S / 3.0),
-        "a killed trainer's tasks were leased again after {again:?} s: {r}"
-    );
     eprintln!("recoveries with a {LEASE_S} s lease: {}", r["recoveries"]);
 }
 
@@ -528,7 +517,7 @@ async fn a_killed_process_is_replaced_from_its_exit_not_after_its_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_trainer_is_named_stuck_and_restarted_after_the_task_timeout() {
     const LEASE_S: f64 = 60.0;
-    let (r, log) = fit_a_line_under_chaos(
+    let (r, log, _dir) = fit_a_line_under_chaos(
         "stuck",
         &[(
             "lease_ttl = \"10s\"",
@@ -575,10 +564,13 @@ async fn a_stopped_trainer_is_named_stuck_and_restarted_after_the_task_timeout()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_pserver_is_replaced_once_its_lease_ends_not_when_it_resumes() {
     const LEASE_S: f64 = 8.0;
-    let (r, log) = fit_a_line_under_chaos(
+    let (r, log, _dir) = fit_a_line_under_chaos(
         "stopped-pserver",
         &[
-            ("lease_ttl = \"10s\"", "lease_ttl = \"8s\""),
+            (
+                "lease_ttl = \"10s\"",
+                "lease_ttl = \"8s\"\nmin_task_timeout = \"2s\"",
+            ),
             ("checkpoint_every = \"10s\"", "checkpoint_every = \"2s\""),
         ],
         "stop-pserver=3s,until=4s,seed=1",
@@ -597,6 +589,20 @@ async fn a_stopped_pserver_is_replaced_once_its_lease_ends_not_when_it_resumes()
         "the stopped pserver's shard served again after {} s with a {LEASE_S} s lease: {r}",
         stopped[0]
     );
+    // The trainers waiting on the shard were named stuck by the master (their task
+    // leases timed out: the 2 s task timeout is well within the outage), but they were
+    // not stuck: edl run killed none of them, and the job went on with them.
+    let run_dir = std::path::PathBuf::from(r["run_dir"].as_str().expect("run dir"));
+    let master_log =
+        std::fs::read_to_string(run_dir.join("logs/master-0.log")).expect("the master's log");
+    assert!(
+        master_log.contains("trainer stuck: no report on its task"),
+        "no trainer named stuck during the outage: the state this checks was not reached"
+    );
+    assert!(
+        !log.contains("stuck: no report on its task for the task timeout; killing it"),
+        "a trainer waiting on the away shard was killed as stuck:\n{log}"
+    );
     eprintln!(
         "a stopped pserver's shard served again after {} s",
         stopped[0]
@@ -605,12 +611,13 @@ async fn a_stopped_pserver_is_replaced_once_its_lease_ends_not_when_it_resumes()
 
 /// The fit_a_line example for 60 passes with `edits` (each `(from, to)` of its spec,
 /// each present) under `edl run --chaos CHAOS`: the run succeeded, lost nothing, trained
-/// every pass and reached the example's held-out cost. Its report and log.
+/// every pass and reached the example's held-out cost. Its report, its log, and the
+/// directory that holds its run directory (deleted when dropped).
 async fn fit_a_line_under_chaos(
     name: &str,
     edits: &[(&str, &str)],
     chaos: &str,
-) -> (serde_json::Value, String) {
+) -> (serde_json::Value, String, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let spec = example(dir.path(), "fit_a_line", "job.toml", |s| {
         let mut s = s.replace("passes = 30", "passes = 60");
@@ -635,7 +642,7 @@ async fn fit_a_line_under_chaos(
         cost < HOUSING_COST_BOUND,
         "held-out cost under {chaos}: {cost}"
     );
-    (r, log)
+    (r, log, dir)
 }
 
 /// The seconds of the report's recoveries from `fault` of `role`.
