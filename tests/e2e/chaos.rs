@@ -589,19 +589,35 @@ async fn a_stopped_pserver_is_replaced_once_its_lease_ends_not_when_it_resumes()
         "the stopped pserver's shard served again after {} s with a {LEASE_S} s lease: {r}",
         stopped[0]
     );
-    // The trainers waiting on the shard were named stuck by the master (their task
-    // leases timed out: the 2 s task timeout is well within the outage), but they were
-    // not stuck: edl run killed none of them, and the job went on with them.
+    // The trainers waiting on the shard were named stuck by the master during the
+    // outage (their task leases timed out: the 2 s task timeout is well within it), but
+    // they were not stuck: edl run killed none of them before the shard served again.
+    // (Log lines start with their UTC time, which orders them as text.)
+    let at = |log: &str, needle: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains(needle))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .collect()
+    };
+    let stop = at(&log, "chaos: injected process=pserver-0").remove(0);
+    let back = at(&log, "recovered process=pserver-0 fault=\"sigstop\"").remove(0);
     let run_dir = std::path::PathBuf::from(r["run_dir"].as_str().expect("run dir"));
     let master_log =
         std::fs::read_to_string(run_dir.join("logs/master-0.log")).expect("the master's log");
+    let named = at(&master_log, "trainer stuck: no report on its task");
     assert!(
-        master_log.contains("trainer stuck: no report on its task"),
-        "no trainer named stuck during the outage: the state this checks was not reached"
+        named.iter().any(|t| *t > stop && *t < back),
+        "no trainer named stuck between the stop at {stop} and the shard's return at {back} \
+         ({named:?}): the state this checks was not reached"
+    );
+    let killed = at(
+        &log,
+        "stuck: no report on its task for the task timeout; killing it",
     );
     assert!(
-        !log.contains("stuck: no report on its task for the task timeout; killing it"),
-        "a trainer waiting on the away shard was killed as stuck:\n{log}"
+        killed.iter().all(|t| *t > back),
+        "a trainer waiting on the away shard was killed as stuck (at {killed:?}, the shard \
+         back at {back}):\n{log}"
     );
     eprintln!(
         "a stopped pserver's shard served again after {} s",

@@ -434,6 +434,10 @@ impl Shell {
                 Some((id, name, self.children.pid(id)?))
             })
             .collect();
+        // Forget the processes gone.
+        self.claimed.retain(|id| live.iter().any(|(l, ..)| l == id));
+        self.unclaimed
+            .retain(|id| live.iter().any(|(l, ..)| l == id));
         let mut kvs = Vec::new();
         for prefix in (Holder::Pserver {
             pid: None,
