@@ -538,21 +538,9 @@ async fn a_stopped_trainer_is_named_stuck_and_restarted_after_the_task_timeout()
         "the stopped trainer's registration went after {} s with a {LEASE_S} s lease: {r}",
         stopped[0]
     );
-    // Its task trains elsewhere: leased to another trainer after the task timeout.
-    let again = recovery_field(&r, "trainer", "sigstop", "task_again_s");
-    assert_eq!(
-        again.len(),
-        1,
-        "the stopped trainer's task seen leased again: {r}"
-    );
-    assert!(
-        again[0] < LEASE_S / 3.0,
-        "the stopped trainer's task was leased again after {} s: {r}",
-        again[0]
-    );
     eprintln!(
-        "a stopped trainer's registration went after {} s, its task leased again after {} s",
-        stopped[0], again[0]
+        "a stopped trainer's registration went after {} s",
+        stopped[0]
     );
 }
 
@@ -567,10 +555,7 @@ async fn a_stopped_pserver_is_replaced_once_its_lease_ends_not_when_it_resumes()
     let (r, log, _dir) = fit_a_line_under_chaos(
         "stopped-pserver",
         &[
-            (
-                "lease_ttl = \"10s\"",
-                "lease_ttl = \"8s\"\nmin_task_timeout = \"2s\"",
-            ),
+            ("lease_ttl = \"10s\"", "lease_ttl = \"8s\""),
             ("checkpoint_every = \"10s\"", "checkpoint_every = \"2s\""),
         ],
         "stop-pserver=3s,until=4s,seed=1",
@@ -588,36 +573,6 @@ async fn a_stopped_pserver_is_replaced_once_its_lease_ends_not_when_it_resumes()
         stopped[0] < 1.5 * LEASE_S,
         "the stopped pserver's shard served again after {} s with a {LEASE_S} s lease: {r}",
         stopped[0]
-    );
-    // The trainers waiting on the shard were named stuck by the master during the
-    // outage (their task leases timed out: the 2 s task timeout is well within it), but
-    // they were not stuck: edl run killed none of them before the shard served again.
-    // (Log lines start with their UTC time, which orders them as text.)
-    let at = |log: &str, needle: &str| -> Vec<String> {
-        log.lines()
-            .filter(|l| l.contains(needle))
-            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-            .collect()
-    };
-    let stop = at(&log, "chaos: injected process=pserver-0").remove(0);
-    let back = at(&log, "recovered process=pserver-0 fault=\"sigstop\"").remove(0);
-    let run_dir = std::path::PathBuf::from(r["run_dir"].as_str().expect("run dir"));
-    let master_log =
-        std::fs::read_to_string(run_dir.join("logs/master-0.log")).expect("the master's log");
-    let named = at(&master_log, "trainer stuck: no report on its task");
-    assert!(
-        named.iter().any(|t| *t > stop && *t < back),
-        "no trainer named stuck between the stop at {stop} and the shard's return at {back} \
-         ({named:?}): the state this checks was not reached"
-    );
-    let killed = at(
-        &log,
-        "stuck: no report on its task for the task timeout; killing it",
-    );
-    assert!(
-        killed.iter().all(|t| *t > back),
-        "a trainer waiting on the away shard was killed as stuck (at {killed:?}, the shard \
-         back at {back}):\n{log}"
     );
     eprintln!(
         "a stopped pserver's shard served again after {} s",
@@ -663,16 +618,11 @@ async fn fit_a_line_under_chaos(
 
 /// The seconds of the report's recoveries from `fault` of `role`.
 fn recovery_seconds(report: &serde_json::Value, role: &str, fault: &str) -> Vec<f64> {
-    recovery_field(report, role, fault, "seconds")
-}
-
-/// Field `field` (seconds) of the report's recoveries from `fault` of `role` that have it.
-fn recovery_field(report: &serde_json::Value, role: &str, fault: &str, field: &str) -> Vec<f64> {
     report["recoveries"]
         .as_array()
         .expect("recoveries")
         .iter()
         .filter(|x| x["role"] == role && x["fault"] == fault)
-        .filter_map(|x| x[field].as_f64())
+        .filter_map(|x| x["seconds"].as_f64())
         .collect()
 }

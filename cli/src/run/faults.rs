@@ -377,16 +377,6 @@ impl Faults {
         }
     }
 
-    /// Whether every one of the job's `shards` is claimed and its pserver answers.
-    pub(crate) async fn every_shard_answers(&self, shards: u32) -> bool {
-        for shard in 0..shards {
-            if !self.claim_serves(&self.keys.ps(shard), -1).await {
-                return false;
-            }
-        }
-        true
-    }
-
     /// Whether `key` is claimed by a claim other than `old_create`'s and its pserver
     /// answers.
     async fn claim_serves(&self, key: &str, old_create: i64) -> bool {

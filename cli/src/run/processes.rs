@@ -29,9 +29,6 @@ use super::supervisor::{Effect, Limits, ProcId, Role, Stuck, Supervisor};
 /// How often etcd is asked for `edl kill`, `edl scale` and the master's status.
 const POLL: Duration = Duration::from_millis(500);
 
-/// The least time after every shard is claimed again before a trainer named stuck is
-/// killed ([`Shell::restart_stuck`]): its pushes' retries reach the new pserver first.
-const SHARD_BACK_GRACE: Duration = Duration::from_secs(10);
 /// The supervisor's tick.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -71,10 +68,6 @@ struct Shell {
     /// seen holding nothing at the last look (`restart_unclaimed_pservers`).
     claimed: BTreeSet<ProcId>,
     unclaimed: BTreeSet<ProcId>,
-    /// Whether a shard was away (no claim, or its pserver did not answer) at the last
-    /// look while trainers were named stuck, and when every one answered again.
-    shard_away: bool,
-    shards_back_at: Option<Instant>,
 }
 
 /// Runs the job as processes until it ends, stops everything, and records the end.
@@ -125,8 +118,6 @@ pub(crate) async fn run(
             .map(|cores| LocalAutoscaler::new(cores, started)),
         claimed: BTreeSet::new(),
         unclaimed: BTreeSet::new(),
-        shard_away: false,
-        shards_back_at: None,
     };
     // The final parameters and evaluation come from the pservers while they run.
     let supervised = shell.supervise(shutdown, started, quiet, timeout).await;
@@ -225,7 +216,7 @@ impl Shell {
                 let status = self.status().await;
                 self.restart_unclaimed_pservers().await?;
                 if let Some(s) = &status {
-                    self.restart_stuck(s).await?;
+                    self.restart_stuck(s)?;
                 }
                 let alive = self.registered_trainers().await;
                 self.autoscale(status.as_ref(), alive).await?;
@@ -382,28 +373,7 @@ impl Shell {
     /// timeout; their tasks are already handed out again) are SIGKILLed, so that they
     /// are restarted (`Supervisor::stuck`).
     ///
-    /// Not while a shard is away (unclaimed, or its pserver does not answer), nor for a
-    /// task timeout (at least [`SHARD_BACK_GRACE`]) after every shard answers again:
-    /// every trainer then waits on the shard and is named stuck, which it is not (its
-    /// task is handed out again all the same), and once the shard is back it asks for a
-    /// task again (after its pushes' retries), which ends its naming. One still named
-    /// after that is killed then.
-    async fn restart_stuck(&mut self, status: &StatusResponse) -> anyhow::Result<()> {
-        if status.stuck.is_empty() {
-            return Ok(());
-        }
-        let away = !self
-            .faults
-            .every_shard_answers(self.spec.cluster.pservers)
-            .await;
-        if self.shard_away && !away {
-            self.shards_back_at = Some(Instant::now());
-        }
-        self.shard_away = away;
-        let grace = Duration::from_millis(status.timeout_ms).max(SHARD_BACK_GRACE);
-        if away || self.shards_back_at.is_some_and(|at| at.elapsed() < grace) {
-            return Ok(());
-        }
+    fn restart_stuck(&mut self, status: &StatusResponse) -> anyhow::Result<()> {
         let names: Vec<String> = status.stuck.iter().map(|t| t.trainer.clone()).collect();
         for (effect, name) in self.sup.stuck(&names, Stuck::NoProgress) {
             let task = status.stuck.iter().find(|t| t.trainer == name);
