@@ -332,12 +332,7 @@ impl Core {
             return Answer::Wait;
         };
         match q.get_task(trainer, pass, request, now) {
-            GetTask::Task(t) => {
-                // Asking and given a task, it works again (it may have waited on a
-                // pserver that was away): no longer named stuck.
-                self.stuck.remove(trainer);
-                self.lease(t)
-            }
+            GetTask::Task(t) => self.lease(t),
             GetTask::Wait => Answer::Wait,
             GetTask::PassFinished { next_pass } => Answer::PassFinished(next_pass),
             GetTask::JobFinished => Answer::JobFinished,
