@@ -28,7 +28,6 @@ use super::supervisor::{Effect, Limits, ProcId, Role, Stuck, Supervisor};
 
 /// How often etcd is asked for `edl kill`, `edl scale` and the master's status.
 const POLL: Duration = Duration::from_millis(500);
-
 /// The supervisor's tick.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -372,7 +371,6 @@ impl Shell {
     /// The trainers the master names stuck (alive, no report on a task for the task
     /// timeout; their tasks are already handed out again) are SIGKILLed, so that they
     /// are restarted (`Supervisor::stuck`).
-    ///
     fn restart_stuck(&mut self, status: &StatusResponse) -> anyhow::Result<()> {
         let names: Vec<String> = status.stuck.iter().map(|t| t.trainer.clone()).collect();
         for (effect, name) in self.sup.stuck(&names, Stuck::NoProgress) {
