@@ -9,6 +9,8 @@
 //! - [`dataset`]: globs expanded and indexed into deterministic task specs.
 //! - the job's etcd keys are `edl_job::JobKeys` (one builder for the whole job tree).
 //! - [`store`]: the queue's records in etcd, written by fenced transactions.
+//! - `mirror`: a standby's copy of the queue's records, kept from a watch, that a
+//!   standby elected leader rebuilds the queue from.
 //! - [`core`]: the leader's actor: batches requests, group-commits them, long-polls.
 //! - [`server`]: the master process (election, gRPC adapter, trainer follower).
 //! - [`metrics`]: `/metrics` in Prometheus text format.
@@ -28,6 +30,7 @@ pub mod core;
 pub mod dataset;
 pub mod error;
 pub mod metrics;
+mod mirror;
 pub mod queue;
 pub mod server;
 pub mod snapshots;

@@ -193,6 +193,86 @@ fn check_loaded(dataset: &Dataset, meta: &Meta, tasks: &[Task]) -> Result<(), Ma
     Ok(())
 }
 
+/// The queue's records as read from etcd (by [`Store::load`], or kept by a standby's
+/// [`Mirror`](crate::mirror::Mirror)), each as its key and value, task records decoded.
+#[derive(Debug)]
+pub(crate) struct Records {
+    /// `job/dataset`.
+    pub dataset: (String, Vec<u8>),
+    /// `job/files/<n>`, in key order.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// `job/queue`, once written.
+    pub queue: Option<(String, Vec<u8>)>,
+    /// `job/failures`, once written.
+    pub failures: Option<(String, Vec<u8>)>,
+    /// Every task record, in key order.
+    pub tasks: Vec<Task>,
+    /// `job/failed/<pass>`, in key order.
+    pub failed: Vec<(String, Vec<u8>)>,
+}
+
+/// A task record decoded (and its numbers checked).
+pub(crate) fn decode_task(key: &str, value: &[u8]) -> Result<Task, MasterError> {
+    decode(key, value)
+}
+
+/// The dataset, queue and failure records decoded and checked against each other: what a
+/// leader rebuilds its queue from.
+pub(crate) fn assemble(keys: &JobKeys, r: Records) -> Result<Loaded, MasterError> {
+    let dataset = decode_dataset(keys, &r.dataset, &r.files)?;
+    let mut meta: Meta = match &r.queue {
+        Some((k, v)) => decode(k, v)?,
+        None => Meta::default(),
+    };
+    if let Some((k, v)) = &r.failures {
+        meta.failed = decode(k, v)?;
+    }
+    check_loaded(&dataset, &meta, &r.tasks)?;
+    let failed = r
+        .failed
+        .iter()
+        .map(|(k, v)| {
+            FailedRecord::decode(v)
+                .map_err(|e| MasterError::Unavailable(format!("corrupt record at {k}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Loaded {
+        dataset,
+        meta,
+        tasks: r.tasks,
+        failed,
+    })
+}
+
+/// The dataset from its header and its file list's parts.
+fn decode_dataset(
+    keys: &JobKeys,
+    (key, value): &(String, Vec<u8>),
+    parts: &[(String, Vec<u8>)],
+) -> Result<Dataset, MasterError> {
+    let h: DatasetHeader = decode(key, value)?;
+    let mut files = h.files;
+    if h.file_parts > 0 {
+        if parts.len() != h.file_parts as usize {
+            return Err(MasterError::Unavailable(format!(
+                "corrupt dataset: {} of its {} file lists are under {}",
+                parts.len(),
+                h.file_parts,
+                keys.dataset_files()
+            )));
+        }
+        for (k, v) in parts {
+            files.extend(decode::<Vec<DatasetFile>>(k, v)?);
+        }
+    }
+    Ok(Dataset {
+        spec: h.spec,
+        files,
+        tasks: h.tasks,
+        records: h.records,
+    })
+}
+
 /// The bytes an operation counts for against [`MAX_BYTES_PER_TXN`].
 fn op_bytes(op: &Op) -> usize {
     OP_OVERHEAD
@@ -310,61 +390,28 @@ impl Store {
         let Some(ds) = self.backend.get(&self.keys.dataset()).await? else {
             return Ok(None);
         };
-        let dataset = self.load_dataset(&ds.key, &ds.value).await?;
-        let mut meta: Meta = match self.backend.get(&self.keys.queue()).await? {
-            Some(kv) => decode(&kv.key, &kv.value)?,
-            None => Meta::default(),
-        };
-        if let Some(kv) = self.backend.get(&self.keys.failures()).await? {
-            meta.failed = decode(&kv.key, &kv.value)?;
-        }
+        let queue = self.backend.get(&self.keys.queue()).await?;
+        let failures = self.backend.get(&self.keys.failures()).await?;
+        let (files, _) = self.backend.range(&self.keys.dataset_files()).await?;
         let (kvs, _) = self.backend.range(&self.keys.tasks()).await?;
         let tasks = kvs
             .iter()
-            .map(|kv| decode(&kv.key, &kv.value))
+            .map(|kv| decode_task(&kv.key, &kv.value))
             .collect::<Result<Vec<Task>, _>>()?;
-        check_loaded(&dataset, &meta, &tasks)?;
-        let (kvs, _) = self.backend.range(&self.keys.failed()).await?;
-        let failed = kvs
-            .iter()
-            .map(|kv| {
-                FailedRecord::decode(&kv.value).map_err(|e| {
-                    MasterError::Unavailable(format!("corrupt record at {}: {e}", kv.key))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Some(Loaded {
-            dataset,
-            meta,
-            tasks,
-            failed,
-        }))
-    }
-
-    /// The dataset from its header and its file list's parts.
-    async fn load_dataset(&self, key: &str, value: &[u8]) -> Result<Dataset, MasterError> {
-        let h: DatasetHeader = decode(key, value)?;
-        let mut files = h.files;
-        if h.file_parts > 0 {
-            let (kvs, _) = self.backend.range(&self.keys.dataset_files()).await?;
-            if kvs.len() != h.file_parts as usize {
-                return Err(MasterError::Unavailable(format!(
-                    "corrupt dataset: {} of its {} file lists are under {}",
-                    kvs.len(),
-                    h.file_parts,
-                    self.keys.dataset_files()
-                )));
-            }
-            for kv in &kvs {
-                files.extend(decode::<Vec<DatasetFile>>(&kv.key, &kv.value)?);
-            }
-        }
-        Ok(Dataset {
-            spec: h.spec,
-            files,
-            tasks: h.tasks,
-            records: h.records,
-        })
+        let (failed, _) = self.backend.range(&self.keys.failed()).await?;
+        let raw = |kv: &edl_coord::KeyValue| (kv.key.clone(), kv.value.clone());
+        assemble(
+            &self.keys,
+            Records {
+                dataset: raw(&ds),
+                files: files.iter().map(raw).collect(),
+                queue: queue.as_ref().map(raw),
+                failures: failures.as_ref().map(raw),
+                tasks,
+                failed: failed.iter().map(raw).collect(),
+            },
+        )
+        .map(Some)
     }
 
     /// The pserver shards' restore records (`restores/`) as etcd holds them now.
