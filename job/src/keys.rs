@@ -60,6 +60,12 @@ impl JobKeys {
 
     // --- the job as a whole ---
 
+    /// Every key of the job as a whole and of its queue's own records (`job/`): the
+    /// spec, the run, the state, the dataset, the queue and failure records, the journal.
+    pub fn job_records(&self) -> String {
+        self.key("job/")
+    }
+
     /// The stored job spec.
     pub fn spec(&self) -> String {
         self.key("job/spec")
@@ -90,6 +96,12 @@ impl JobKeys {
     /// The master election prefix; the leader's value is its gRPC address.
     pub fn master_election(&self) -> String {
         self.key("master/election/")
+    }
+
+    /// Written by a master as it takes the lead (its address): a standby's copy of the
+    /// queue that has seen this write has seen every write of the leaders before.
+    pub fn master_takeover(&self) -> String {
+        self.key("master/takeover")
     }
 
     /// A few bytes the leading master writes to learn whether a full etcd has space

@@ -167,6 +167,97 @@ async fn killing_the_leading_master_mid_pass_loses_nothing() {
     assert_eq!(c.records_trained, all.len() as u64, "{c:?}");
 }
 
+/// A leading master SIGKILLed while its election lease has a minute left: its standby
+/// sees the leader's address close and then refuse connections, revokes the lease and
+/// leads from its own copy of the queue (followed from a watch, not read again), long
+/// before the lease could have ended; every record is consumed, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_at_once_by_a_standby_leading_from_its_copy() {
+    let w = World::new("master-standby").await;
+    let (glob, all) = w.dataset(3, 150);
+    let ttl = ["--lease-ttl", "60s"];
+    let (mut m0, a0) = w.master("m0", &ttl).await;
+    let client = w.client();
+    client.set_dataset(vec![glob], 1, 1).await.unwrap();
+    let (mut m1, a1) = w.master("m1", &ttl).await;
+    let names = ["c0", "c1"];
+    let mut consumers: Vec<_> = names
+        .iter()
+        .map(|n| w.consumer(n, &["--per-record", "1ms"]))
+        .collect();
+    let started = wait_until(Duration::from_secs(20), || async {
+        client.status().await.is_ok_and(|s| s.done >= 5)
+    })
+    .await;
+    assert!(started, "no progress before the kill");
+    let leader = client.status().await.unwrap().leader;
+    let (victim, standby, standby_addr) = if leader == a0 {
+        (&mut m0, &mut m1, a1.clone())
+    } else {
+        (&mut m1, &mut m0, a0.clone())
+    };
+    assert!(
+        leader == a0 || leader == a1,
+        "leader {leader} is neither master"
+    );
+    let following = wait_until(Duration::from_secs(30), || async {
+        standby.log().contains("following the queue as a standby")
+    })
+    .await;
+    assert!(
+        following,
+        "the standby does not follow the queue:\n{}",
+        standby.log()
+    );
+    victim.kill();
+    let killed = Instant::now();
+    // Half the lease: only the standby's detection can have ended it by then.
+    let took_over = wait_until(Duration::from_secs(30), || async {
+        client
+            .status()
+            .await
+            .is_ok_and(|s| s.leader == standby_addr)
+    })
+    .await;
+    let after = killed.elapsed();
+    assert!(
+        took_over,
+        "the standby did not lead within half the lease:\n{}",
+        standby.log()
+    );
+    let log = standby.log();
+    assert!(
+        log.contains("the leading master's process is gone"),
+        "the standby did not say why it took over:\n{log}\nthe old leader's log:\n{}",
+        victim.log()
+    );
+    let serving = log
+        .lines()
+        .find(|l| l.contains("serving the queue"))
+        .unwrap_or_else(|| panic!("the standby never served:\n{log}"));
+    assert!(
+        serving.contains("standby copy"),
+        "the standby read the queue from etcd: {serving}"
+    );
+    eprintln!(
+        "the standby led {:.2} s after the SIGKILL: {serving}",
+        after.as_secs_f64()
+    );
+    for c in &mut consumers {
+        let status = c.wait_exit(Duration::from_secs(90)).await;
+        assert!(status.success(), "{} failed:\n{}", c.name, c.log());
+    }
+    let n = tally(&w, &names);
+    assert!(
+        all.iter().all(|r| n.get(r) == Some(&1)),
+        "every record once: {n:?}"
+    );
+    let st = client.status().await.unwrap();
+    assert!(st.finished);
+    let c = st.counters.unwrap();
+    assert_eq!(c.records_trained, all.len() as u64, "{c:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_chunk_fails_its_task_with_the_file_named_and_the_pass_ends() {
     let w = World::new("corrupt").await;

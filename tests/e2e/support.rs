@@ -204,7 +204,8 @@ impl World {
         self.etcd.endpoints().join(",")
     }
 
-    /// `edl master` for this job; returns the process and its bound address.
+    /// `edl master` for this job (with a 2 s lease unless `extra` sets one); returns the
+    /// process and its bound address.
     pub async fn master(&self, name: &str, extra: &[&str]) -> (Proc, String) {
         let addr_file = self.dir.path().join(format!("{name}.addr"));
         let mut args: Vec<String> = vec![
@@ -213,11 +214,12 @@ impl World {
             self.etcd_arg(),
             "--job".into(),
             self.job.clone(),
-            "--lease-ttl".into(),
-            "2s".into(),
             "--addr-file".into(),
             addr_file.display().to_string(),
         ];
+        if !extra.contains(&"--lease-ttl") {
+            args.extend(["--lease-ttl".into(), "2s".into()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let p = Proc::spawn(self.dir.path(), name, &args);
         let ok = wait_until(Duration::from_secs(20), || async {

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dataset::{self, Dataset, DatasetSpec};
 use crate::error::MasterError;
 use crate::queue::{self, Ack, Expired, GetTask, Millis, Queue, QueueConfig, Task};
-use crate::store::Store;
+use crate::store::{Loaded, Store};
 use edl_master_api::task::{Answer, LeasedTask};
 
 mod handle;
@@ -96,10 +96,22 @@ impl std::fmt::Debug for Core {
 impl Core {
     /// Loads the durable state and returns the actor and its handle. Pending leases
     /// are re-armed from now.
+    #[cfg(test)]
     pub(crate) async fn start(
         store: Store,
         cfg: QueueConfig,
         max_batch: usize,
+    ) -> Result<(Core, CoreHandle), MasterError> {
+        Core::start_from(store, cfg, max_batch, None).await
+    }
+
+    /// [`Core::start`] from `loaded`, the records as etcd holds them now (a standby's
+    /// [`Mirror`](crate::mirror::Mirror)), instead of reading them; `None`: read them.
+    pub(crate) async fn start_from(
+        store: Store,
+        cfg: QueueConfig,
+        max_batch: usize,
+        loaded: Option<Loaded>,
     ) -> Result<(Core, CoreHandle), MasterError> {
         let (tx, rx) = mpsc::channel(4096);
         let mut core = Core {
@@ -115,7 +127,7 @@ impl Core {
             stuck: BTreeMap::new(),
             rx,
         };
-        match core.reload().await {
+        match core.reload(loaded).await {
             Ok(()) => {}
             // Started on a full etcd: the run loop waits for space before serving.
             Err(MasterError::EtcdFull(why)) => core.full = Some(why),
@@ -138,10 +150,10 @@ impl Core {
         self.epoch + Duration::from_millis(ms)
     }
 
-    /// Rebuilds the queue from etcd and writes what the rebuild changed (re-armed
-    /// leases, reset tasks, rewinds).
-    async fn reload(&mut self) -> Result<(), MasterError> {
-        let mut loaded = self.load_queue().await?;
+    /// Rebuilds the queue from etcd (or from `loaded`, what etcd holds now) and writes
+    /// what the rebuild changed (re-armed leases, reset tasks, rewinds).
+    async fn reload(&mut self, loaded: Option<Loaded>) -> Result<(), MasterError> {
+        let mut loaded = self.load_queue(loaded).await?;
         if let Some((_, q)) = loaded.as_mut() {
             let changes = q.take_changes();
             self.store.commit(&changes).await?;
@@ -158,9 +170,16 @@ impl Core {
 
     /// The dataset and the queue as etcd holds them (`None` before a dataset is
     /// defined); what the rebuild changed is not written yet.
-    async fn load_queue(&mut self) -> Result<Option<(Dataset, Queue)>, MasterError> {
-        let Some(l) = self.store.load().await? else {
-            return Ok(None);
+    async fn load_queue(
+        &mut self,
+        loaded: Option<Loaded>,
+    ) -> Result<Option<(Dataset, Queue)>, MasterError> {
+        let l = match loaded {
+            Some(l) => l,
+            None => match self.store.load().await? {
+                Some(l) => l,
+                None => return Ok(None),
+            },
         };
         let now = self.now();
         let mut cfg = self.cfg.clone();
@@ -271,7 +290,7 @@ impl Core {
             )));
         }
         loop {
-            match self.reload().await {
+            match self.reload(None).await {
                 Ok(()) => return Ok(()),
                 Err(e @ MasterError::NotLeader { .. }) => return Err(e),
                 Err(MasterError::EtcdFull(why)) => {

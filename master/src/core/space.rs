@@ -50,7 +50,7 @@ impl Core {
         }
         // The status shows the queue as etcd holds it (without the batch that did not
         // fit), when it can be read.
-        if let Ok(loaded) = self.load_queue().await {
+        if let Ok(loaded) = self.load_queue(None).await {
             (self.dataset, self.queue) = loaded.unzip();
         }
         // At most one freeing per FREE_EVERY, across pauses: a job that fills etcd again
@@ -119,7 +119,7 @@ impl Core {
     /// the queue can be served again.
     async fn try_resume(&mut self) -> Result<bool, MasterError> {
         let attempt = match self.store.probe_space().await {
-            Ok(()) => self.reload().await,
+            Ok(()) => self.reload(None).await,
             Err(e) => Err(e),
         };
         match attempt {

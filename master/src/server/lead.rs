@@ -10,10 +10,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::follow::{follow_restores, follow_trainers};
+use super::standby::Standby;
 use super::{MasterConfig, Shared};
 use crate::core::{Core, CoreHandle};
 use crate::error::MasterError;
-use crate::store::Store;
+use crate::mirror::Mirrored;
+use crate::store::{Loaded, Store};
 
 /// Campaigns, leads until the lease is lost, and campaigns again, until shutdown.
 pub(super) async fn lead_loop(
@@ -40,6 +42,15 @@ pub(super) async fn lead_loop(
                 continue;
             }
         };
+        // Meanwhile, follow the queue and watch the leader (server::standby).
+        let standby = Standby::start(
+            backend.clone(),
+            keys.clone(),
+            election.clone(),
+            advertise.to_owned(),
+            cfg.standby_copy,
+            shutdown,
+        );
         let leadership = match election.campaign(&lease, advertise, shutdown).await {
             Ok(l) => l,
             Err(edl_coord::Error::Cancelled) => break,
@@ -51,6 +62,12 @@ pub(super) async fn lead_loop(
         };
         backoff = Backoff::new(retry_forever(Duration::from_millis(100)));
         tracing::info!(addr = %advertise, revision = leadership.revision(), "leading");
+        // Loading from now on: clients wait (as for a pause) instead of taking this
+        // master for a standby while it takes its copy over.
+        *shared.loading.write().await = Some(std::time::Instant::now());
+        let mirrored = standby
+            .take(backend, keys, advertise, TAKEOVER_CATCH_UP)
+            .await;
         let term = CancellationToken::new();
         let lost = leadership.lost();
         let stop =
@@ -74,7 +91,7 @@ pub(super) async fn lead_loop(
             fence: leadership.fence().clone(),
             lease: lease.id(),
         };
-        match lead(backend, cfg, keys, store, leader, shared, &term).await {
+        match lead(backend, cfg, keys, store, mirrored, leader, shared, &term).await {
             Ok(()) => {}
             Err(e) => tracing::warn!(error = %e, "leader term ended"),
         }
@@ -97,21 +114,42 @@ pub(super) async fn lead_loop(
     Ok(())
 }
 
-/// One leader term: rebuild the queue, serve it, follow the trainers, snapshot the
-/// job's etcd if asked to.
+/// How long a new leader waits for its standby copy of the queue to catch up before it
+/// reads the queue from etcd instead.
+const TAKEOVER_CATCH_UP: Duration = Duration::from_secs(5);
+
+/// One leader term: rebuild the queue (from `mirrored`, the standby's copy, when it has
+/// one), serve it, follow the trainers, snapshot the job's etcd if asked to.
+#[allow(clippy::too_many_arguments)]
 async fn lead(
     backend: &Arc<dyn Backend>,
     cfg: &MasterConfig,
     keys: &JobKeys,
     store: Store,
+    mirrored: Option<Mirrored>,
     leader: crate::snapshots::Term,
     shared: &Arc<Shared>,
     term: &CancellationToken,
 ) -> Result<(), MasterError> {
     let mut backoff = Backoff::new(retry_forever(Duration::from_millis(50)));
     let started = std::time::Instant::now();
-    *shared.loading.write().await = Some(started);
-    let (core, handle) = match load(store, cfg, term, &mut backoff).await {
+    let preloaded = match mirrored {
+        Some(Mirrored::Records(r)) => match crate::store::assemble(keys, r) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(error = %e, "the standby's copy of the queue does not load; reading it from etcd");
+                None
+            }
+        },
+        // No dataset yet (nothing to read), or a journal to settle (the full load does).
+        Some(Mirrored::NoDataset | Mirrored::Journal) | None => None,
+    };
+    let from = if preloaded.is_some() {
+        "standby copy"
+    } else {
+        "etcd"
+    };
+    let (core, handle) = match load(store, cfg, preloaded, term, &mut backoff).await {
         Ok(Some(x)) => x,
         other => {
             *shared.loading.write().await = None;
@@ -145,6 +183,7 @@ async fn lead(
     *shared.loading.write().await = None;
     tracing::info!(
         seconds = started.elapsed().as_secs_f64(),
+        from,
         "serving the queue"
     );
     let result = core.run(term.clone()).await;
@@ -157,16 +196,19 @@ async fn lead(
     result
 }
 
-/// Loads the queue (retrying until it loads or the term ends: `None`). Meanwhile calls
-/// are refused as `Loading`, and clients wait.
+/// Loads the queue, first from `preloaded` when given, then from etcd (retrying until it
+/// loads or the term ends: `None`). Meanwhile calls are refused as `Loading`, and
+/// clients wait.
 async fn load(
     store: Store,
     cfg: &MasterConfig,
+    mut preloaded: Option<Loaded>,
     term: &CancellationToken,
     backoff: &mut Backoff,
 ) -> Result<Option<(Core, CoreHandle)>, MasterError> {
     loop {
-        match Core::start(store.clone(), cfg.queue.clone(), cfg.max_batch).await {
+        let first = preloaded.take();
+        match Core::start_from(store.clone(), cfg.queue.clone(), cfg.max_batch, first).await {
             Ok(x) => return Ok(Some(x)),
             Err(e @ MasterError::NotLeader { .. }) => return Err(e),
             Err(e) => {

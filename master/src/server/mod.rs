@@ -9,7 +9,8 @@
 //! By concern: this module holds the configuration and [`run`], which wires the parts;
 //! `grpc` is the gRPC adapter over the actor (and `/metrics`), `lead` the election loop
 //! and one leader term, `follow` what a term follows in etcd (the trainers, the pserver
-//! shards' restores).
+//! shards' restores), `standby` what a master does while another leads (a copy of the
+//! queue kept from a watch; the leader's process watched through its address).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use crate::queue::QueueConfig;
 mod follow;
 mod grpc;
 mod lead;
+mod standby;
 
 /// Master configuration.
 #[derive(Clone, Debug)]
@@ -68,6 +70,10 @@ pub struct MasterConfig {
     pub tls: Option<edl_proto::tls::Tls>,
     /// Snapshots of the job's etcd, taken while leading; `None`: none.
     pub snapshots: Option<crate::snapshots::SnapshotConfig>,
+    /// While standing by, keep a copy of the queue's records (about 1 KB of memory a
+    /// task, as the leader holds), so that a takeover rebuilds the queue from memory
+    /// instead of reading every task record (`standby`); default on.
+    pub standby_copy: bool,
 }
 
 impl MasterConfig {
@@ -86,6 +92,7 @@ impl MasterConfig {
             default_chunks_per_task: 1,
             tls: None,
             snapshots: None,
+            standby_copy: true,
         }
     }
 
