@@ -105,6 +105,8 @@ pub struct Setup<'a> {
     pub replicas: u32,
     /// etcd's history kept (periodic compaction).
     pub compaction: Duration,
+    /// Extra arguments of every `edl master`.
+    pub master_args: Vec<String>,
 }
 
 impl Cluster {
@@ -144,7 +146,8 @@ impl Cluster {
         };
         let mut masters = Vec::new();
         for i in 0..s.masters {
-            masters.push(spawn(format!("master-{i}"), vec!["master".into()])?);
+            let args = std::iter::once("master".to_owned()).chain(s.master_args.iter().cloned());
+            masters.push(spawn(format!("master-{i}"), args.collect())?);
         }
         let mut pservers = Vec::new();
         for slot in 0..s.pservers * s.replicas.max(1) {

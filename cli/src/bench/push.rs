@@ -142,6 +142,7 @@ async fn one(a: &PushArgs, replicas: u32) -> anyhow::Result<Round> {
         pservers: 1,
         replicas,
         compaction: Duration::from_secs(300),
+        master_args: Vec::new(),
     })
     .await?;
     let cancel = CancellationToken::new();

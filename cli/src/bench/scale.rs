@@ -57,6 +57,19 @@ pub struct ScaleArgs {
     /// SIGKILL the leading master halfway through the first pass (needs two masters).
     #[arg(long)]
     pub failover: bool,
+    /// With `--failover`: the tasks acknowledged before the SIGKILL (default: a quarter
+    /// of the first pass).
+    #[arg(long)]
+    pub failover_after: Option<u64>,
+    /// With `--failover`: end once the queue moved again after it, without training the
+    /// rest or checking the records and ledgers (the failover's figure alone, at a scale
+    /// whose whole run would take too long).
+    #[arg(long, requires = "failover")]
+    pub until_failover: bool,
+    /// The masters' `--standby-copy` (false: a new leader reads the queue from etcd, as
+    /// before standbys kept a copy).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub standby_copy: bool,
     /// etcd's history kept (periodic compaction), as `edl run` starts it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
     pub compaction: Duration,
@@ -277,6 +290,7 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
         pservers: a.pservers,
         replicas: 1,
         compaction: a.compaction,
+        master_args: vec!["--standby-copy".into(), a.standby_copy.to_string()],
     })
     .await?;
     let endpoint = cluster.etcd.endpoint(0);
@@ -303,16 +317,25 @@ async fn measure(a: &ScaleArgs, dir: &std::path::Path) -> anyhow::Result<Outcome
     let wal1 = define(&master, &data, a, &endpoint, &mut out).await?;
     shared.go.cancel();
     let t = Instant::now();
+    let total = a.tasks * u64::from(a.passes);
     let watch = Watch {
         master: &master,
-        total: a.tasks * u64::from(a.passes),
-        failover: a.failover,
+        total,
+        failover: a.failover.then(|| a.failover_after.unwrap_or(total / 4)),
+        until_failover: a.until_failover,
         timeout: a.timeout,
     };
     watch
         .run(&mut cluster, &shared.counts, &mut workers, &mut out)
         .await?;
     out.train_secs = t.elapsed().as_secs_f64();
+    if a.until_failover {
+        stop.cancel();
+        while workers.join_next().await.is_some() {}
+        out.loads_secs = cluster.masters.iter().flat_map(|m| m.loads(dir)).collect();
+        println!("ended after the failover (--until-failover): records and ledgers not checked");
+        return Ok(out);
+    }
     let wal2 = probe::etcd_wal_bytes(&endpoint).await?;
     let counters = master
         .status()
@@ -396,7 +419,10 @@ async fn define(
 struct Watch<'a> {
     master: &'a MasterClient,
     total: u64,
-    failover: bool,
+    /// SIGKILL the leader once this many tasks are acknowledged.
+    failover: Option<u64>,
+    /// Return once the failover is measured.
+    until_failover: bool,
     timeout: Duration,
 }
 
@@ -435,7 +461,7 @@ impl Watch<'_> {
             // The failover: SIGKILL the leader a quarter of the way in; it is over once
             // another master leads and a task was acknowledged since.
             match killed {
-                None if self.failover && done >= self.total / 4 => {
+                None if self.failover.is_some_and(|at| done >= at) => {
                     if let Some(l) = cluster.leader().await {
                         println!("SIGKILL the leading master ({})", cluster.masters[l].name);
                         cluster.masters[l].kill();
@@ -447,6 +473,9 @@ impl Watch<'_> {
                 }
                 Some((_, at, Some(then))) if out.failover_secs.is_none() && done > then => {
                     out.failover_secs = Some(at.elapsed().as_secs_f64());
+                    if self.until_failover {
+                        return Ok(());
+                    }
                 }
                 _ => {}
             }
@@ -466,7 +495,10 @@ impl Watch<'_> {
             {
                 return Ok(());
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            // Finer while the failover is under way: it is measured to a tenth of a second.
+            let failing_over = killed.is_some() && out.failover_secs.is_none();
+            let every = if failing_over { 100 } else { 1000 };
+            tokio::time::sleep(Duration::from_millis(every)).await;
         }
     }
 }
