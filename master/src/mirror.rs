@@ -49,7 +49,7 @@ pub(crate) enum Mirrored {
     /// full load settles.
     Journal,
     /// The records to rebuild the queue from.
-    Records(Records),
+    Records(Box<Records>),
 }
 
 /// The queue's records as of [`Mirror::revision`].
@@ -198,7 +198,7 @@ impl Mirror {
                 .map(|(key, s)| (key.clone(), s.value.clone()))
                 .collect::<Vec<_>>()
         };
-        Mirrored::Records(Records {
+        Mirrored::Records(Box::new(Records {
             dataset: (k.dataset(), dataset.value),
             files: under(&self.records, k.dataset_files()),
             queue,
@@ -208,7 +208,7 @@ impl Mirror {
                 .map(|s| s.value)
                 .collect(),
             failed: under(&self.records, k.failed()),
-        })
+        }))
     }
 }
 

@@ -279,7 +279,7 @@ async fn a_mirror_following_a_queue_yields_what_the_store_loads() {
     let Mirrored::Records(records) = m.records() else {
         panic!("the mirror has no records");
     };
-    let got = assemble(&keys, records).unwrap();
+    let got = assemble(&keys, *records).unwrap();
     assert_eq!(got.dataset, want.dataset);
     assert_eq!(got.meta, want.meta);
     assert_eq!(got.tasks, want.tasks);

@@ -134,7 +134,7 @@ async fn lead(
     let mut backoff = Backoff::new(retry_forever(Duration::from_millis(50)));
     let started = std::time::Instant::now();
     let preloaded = match mirrored {
-        Some(Mirrored::Records(r)) => match crate::store::assemble(keys, r) {
+        Some(Mirrored::Records(r)) => match crate::store::assemble(keys, *r) {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!(error = %e, "the standby's copy of the queue does not load; reading it from etcd");
