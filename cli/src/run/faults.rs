@@ -152,6 +152,22 @@ impl Faults {
                 sup.proc(id)
                     .is_some_and(|p| registered.contains(&self.trainer_key(&p.name)))
             });
+            if action == Action::Stop {
+                // A stop tests the task timeout: where a trainer holds a task, the
+                // victim is one that does (a trainer stopped between tasks holds none,
+                // and only its lease can tell).
+                let mut holding = Vec::new();
+                for &id in &candidates {
+                    if let Some(p) = sup.proc(id)
+                        && !self.tasks_held(role, &p.name).await.is_empty()
+                    {
+                        holding.push(id);
+                    }
+                }
+                if !holding.is_empty() {
+                    candidates = holding;
+                }
+            }
         }
         let pick = match role {
             Role::Master => {
