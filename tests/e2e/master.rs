@@ -6,7 +6,7 @@ use std::time::Duration;
 use edl_master_client::Answer;
 use tokio::time::Instant;
 
-use crate::support::{World, wait_until};
+use crate::support::{Proc, World, wait_until};
 
 /// `GET /metrics` from a master over plain HTTP/1.1.
 pub(crate) async fn get_metrics(addr: &str) -> String {
@@ -124,16 +124,27 @@ async fn a_killed_trainer_task_is_back_in_todo_within_ttl_plus_3s() {
     assert_eq!(c.failed_tasks, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_the_leading_master_mid_pass_loses_nothing() {
-    let w = World::new("master-kill").await;
+/// Two masters of `w`'s job (with `extra`), a dataset of three files of 150 records
+/// defined, and two consumers (1 ms a record) under way: the masters and their
+/// addresses, the consumers' names and processes, every record.
+struct Training {
+    masters: [(Proc, String); 2],
+    names: [&'static str; 2],
+    consumers: Vec<Proc>,
+    all: Vec<String>,
+}
+
+async fn two_masters_training(w: &World, extra: &[&str]) -> Training {
     let (glob, all) = w.dataset(3, 150);
-    let (mut m0, a0) = w.master("m0", &[]).await;
+    let m0 = w.master("m0", extra).await;
     let client = w.client();
-    client.set_dataset(vec![glob], 1, 1).await.unwrap();
-    let (mut m1, a1) = w.master("m1", &[]).await;
+    client
+        .set_dataset(vec![glob], 1, 1)
+        .await
+        .expect("define the dataset");
+    let m1 = w.master("m1", extra).await;
     let names = ["c0", "c1"];
-    let mut consumers: Vec<_> = names
+    let consumers: Vec<_> = names
         .iter()
         .map(|n| w.consumer(n, &["--per-record", "1ms"]))
         .collect();
@@ -142,6 +153,24 @@ async fn killing_the_leading_master_mid_pass_loses_nothing() {
     })
     .await;
     assert!(started, "no progress before the kill");
+    Training {
+        masters: [m0, m1],
+        names,
+        consumers,
+        all,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leading_master_mid_pass_loses_nothing() {
+    let w = World::new("master-kill").await;
+    let client = w.client();
+    let Training {
+        masters: [(mut m0, a0), (mut m1, a1)],
+        names,
+        mut consumers,
+        all,
+    } = two_masters_training(&w, &[]).await;
     let leader = client.status().await.unwrap().leader;
     let (victim, standby) = if leader == a0 {
         (&mut m0, &a1)
@@ -174,22 +203,13 @@ async fn killing_the_leading_master_mid_pass_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_is_replaced_at_once_by_a_standby_leading_from_its_copy() {
     let w = World::new("master-standby").await;
-    let (glob, all) = w.dataset(3, 150);
-    let ttl = ["--lease-ttl", "60s"];
-    let (mut m0, a0) = w.master("m0", &ttl).await;
     let client = w.client();
-    client.set_dataset(vec![glob], 1, 1).await.unwrap();
-    let (mut m1, a1) = w.master("m1", &ttl).await;
-    let names = ["c0", "c1"];
-    let mut consumers: Vec<_> = names
-        .iter()
-        .map(|n| w.consumer(n, &["--per-record", "1ms"]))
-        .collect();
-    let started = wait_until(Duration::from_secs(20), || async {
-        client.status().await.is_ok_and(|s| s.done >= 5)
-    })
-    .await;
-    assert!(started, "no progress before the kill");
+    let Training {
+        masters: [(mut m0, a0), (mut m1, a1)],
+        names,
+        mut consumers,
+        all,
+    } = two_masters_training(&w, &["--lease-ttl", "60s"]).await;
     let leader = client.status().await.unwrap().leader;
     let (victim, standby, standby_addr) = if leader == a0 {
         (&mut m0, &mut m1, a1.clone())

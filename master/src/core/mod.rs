@@ -27,7 +27,7 @@ use edl_master_api::task::{Answer, LeasedTask};
 mod handle;
 mod space;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use handle::{Cmd, Reply};
 pub use handle::{CoreHandle, StatusReport, StuckTrainer};

@@ -18,7 +18,7 @@ use crate::testing::dataset;
 
 /// A leading master's actor for job `job` on `backend` with `cfg`, running until the
 /// guard drops, and its handle.
-async fn started(
+pub(crate) async fn started(
     backend: &Arc<dyn Backend>,
     job: &str,
     cfg: QueueConfig,

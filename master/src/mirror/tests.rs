@@ -12,10 +12,9 @@ use edl_job::JobName;
 use edl_master_client::Answer;
 use futures::StreamExt;
 use proptest::prelude::*;
-use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::core::Core;
+use crate::core::tests::started;
 use crate::dataset::DatasetSpec;
 use crate::queue::tests::{cfg, specs};
 use crate::queue::{Queue, QueueConfig};
@@ -192,15 +191,13 @@ fn a_corrupt_task_record_is_an_error_naming_its_key() {
 async fn a_mirror_following_a_queue_yields_what_the_store_loads() {
     let backend: Arc<dyn Backend> = Arc::new(MemBackend::new());
     let keys = keys();
-    let key = format!("{}master/election/x", keys.root());
-    let revision = backend.put(&key, b"x".to_vec(), None).await.unwrap();
-    let store = Store::new(backend.clone(), keys.clone(), Fence { key, revision });
-    let (core, handle) = Core::start(store.clone(), QueueConfig::default(), 10)
-        .await
-        .unwrap();
-    let cancel = CancellationToken::new();
-    let _stop = cancel.clone().drop_guard();
-    tokio::spawn(core.run(cancel));
+    let (handle, _stop) = started(&backend, "mirror", QueueConfig::default()).await;
+    // Reads only: its fence is never checked.
+    let fence = Fence {
+        key: String::new(),
+        revision: 0,
+    };
+    let store = Store::new(backend.clone(), keys.clone(), fence);
     let dir = tempfile::tempdir().unwrap();
     let glob = dataset(dir.path(), 3, 20);
     handle
