@@ -33,6 +33,20 @@ pub(crate) async fn started(
     (handle, cancel.drop_guard())
 }
 
+/// Defines a dataset of `glob` (a task a chunk) for `passes` passes through `handle`.
+pub(crate) async fn define(handle: &super::CoreHandle, glob: String, passes: u32) {
+    handle
+        .set_dataset(DatasetSpec {
+            globs: vec![glob],
+            chunks_per_task: 1,
+            records_per_task: 0,
+            min_records_per_task: 0,
+            passes,
+        })
+        .await
+        .unwrap();
+}
+
 /// A restore of shard `shard` at `incarnation` holding nothing: a shard's first start.
 fn first_start(shard: u32, incarnation: u64) -> RestoreRecord {
     RestoreRecord {
@@ -84,16 +98,7 @@ async fn restore_before_its_acknowledgements(backend: Arc<dyn Backend>) {
     tokio::spawn(core.run(cancel));
     let dir = tempfile::tempdir().unwrap();
     let glob = dataset(dir.path(), 1, 20);
-    handle
-        .set_dataset(DatasetSpec {
-            globs: vec![glob],
-            chunks_per_task: 1,
-            records_per_task: 0,
-            min_records_per_task: 0,
-            passes: 3,
-        })
-        .await
-        .unwrap();
+    define(&handle, glob, 3).await;
     // Passes 0 and 1 trained through incarnation 9 of shard 0.
     let mut request = 0;
     loop {
@@ -166,16 +171,7 @@ async fn a_full_etcd_pauses_the_queue_and_training_goes_on_once_it_has_space() {
     let backend: Arc<dyn Backend> = Arc::new(MemBackend::new().with_quota(2_000_000));
     let (handle, _stop) = started(&backend, "full", QueueConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    handle
-        .set_dataset(DatasetSpec {
-            globs: vec![dataset(dir.path(), 2, 20)],
-            chunks_per_task: 1,
-            records_per_task: 0,
-            min_records_per_task: 0,
-            passes: PASSES,
-        })
-        .await
-        .unwrap();
+    define(&handle, dataset(dir.path(), 2, 20), PASSES).await;
     let mut request = 0;
 
     // Full of history: the acknowledgement is refused once, then the master has freed
@@ -282,16 +278,7 @@ async fn a_trainer_silent_past_the_task_timeout_is_named_stuck_until_it_is_lost(
     cfg.timeout.floor = 300;
     let (handle, _stop) = started(&backend, "stuck", cfg).await;
     let dir = tempfile::tempdir().unwrap();
-    handle
-        .set_dataset(DatasetSpec {
-            globs: vec![dataset(dir.path(), 1, 2)],
-            chunks_per_task: 1,
-            records_per_task: 0,
-            min_records_per_task: 0,
-            passes: 1,
-        })
-        .await
-        .unwrap();
+    define(&handle, dataset(dir.path(), 1, 2), 1).await;
     let Answer::Task(held) = handle
         .get_task("hung".into(), 0, 1, Duration::ZERO)
         .await

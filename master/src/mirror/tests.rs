@@ -14,8 +14,7 @@ use futures::StreamExt;
 use proptest::prelude::*;
 
 use super::*;
-use crate::core::tests::started;
-use crate::dataset::DatasetSpec;
+use crate::core::tests::{define, started};
 use crate::queue::tests::{cfg, specs};
 use crate::queue::{Queue, QueueConfig};
 use crate::store::{Store, assemble};
@@ -200,16 +199,7 @@ async fn a_mirror_following_a_queue_yields_what_the_store_loads() {
     let store = Store::new(backend.clone(), keys.clone(), fence);
     let dir = tempfile::tempdir().unwrap();
     let glob = dataset(dir.path(), 3, 20);
-    handle
-        .set_dataset(DatasetSpec {
-            globs: vec![glob],
-            chunks_per_task: 1,
-            records_per_task: 0,
-            min_records_per_task: 0,
-            passes: 4,
-        })
-        .await
-        .unwrap();
+    define(&handle, glob, 4).await;
     let train = |n: usize| {
         let handle = handle.clone();
         async move {
