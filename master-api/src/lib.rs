@@ -2,8 +2,8 @@
 //! contract below both, so that the master never depends on its client.
 //!
 //! Layout:
-//! - [`task`]: [`LeasedTask`] and [`Answer`], the task as it travels to a trainer and
-//!   back, converted to protobuf there and only there.
+//! - [`task`]: [`LeasedTask`], [`Answer`] and [`Release`], the task as it travels to a
+//!   trainer and back, converted to protobuf there and only there.
 //! - this file: the wire's limits ([`MAX_MESSAGE_BYTES`], [`MAX_REASON_WIRE_BYTES`]).
 //!
 //! Keeping them here rather than in `edl_proto` keeps protobuf out of the domain types'
@@ -11,7 +11,7 @@
 
 pub mod task;
 
-pub use task::{Answer, LeasedTask};
+pub use task::{Answer, LeasedTask, Release, Resume};
 
 /// Largest request the master accepts (a SetDataset with many globs fits easily).
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;

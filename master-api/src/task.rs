@@ -47,6 +47,94 @@ pub struct LeasedTask {
     /// one); 0 when the master did not say. Only the first attempt (1) may group its
     /// batches into pushes as it likes: see `TaskOrigin` in `master.proto`.
     pub dispatches: u32,
+    /// Where this attempt starts: after the batches an earlier holder of the lease
+    /// applied before it handed the task back (a drain), or from the start (`None`).
+    pub resume: Option<Resume>,
+}
+
+/// Where a task handed back by a draining trainer resumes: its first `batch` batches
+/// (its first `records` records) were applied on every pserver shard before the hand-back.
+/// Batches are the same in every attempt (consecutive records, seeded by their number in
+/// the task), so the next attempt trains from batch `batch` on; the batches before it
+/// are never trained again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resume {
+    /// Batches applied, from the task's first.
+    pub batch: u32,
+    /// Their records.
+    pub records: u64,
+    /// Per pserver shard, the oldest incarnation that answered those batches' pushes (0:
+    /// none): the attempt that finishes the task says it with its own in `TaskDone`, so
+    /// that a shard restored since (which may lack those batches) has the task trained
+    /// again whole.
+    pub answered: Vec<u64>,
+}
+
+/// How a holder hands its task back (`ReleaseTask`): not a failure either way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Draining: `trained` records trained by this attempt; `resume`, where the next
+    /// attempt starts (the batches applied on every shard, counted from the task's
+    /// first; `None`: none, the next attempt trains the task whole).
+    Drained {
+        /// Records this attempt trained.
+        trained: u64,
+        /// What the next attempt resumes after.
+        resume: Option<Resume>,
+    },
+    /// Trained whole (`trained` records), but a pserver shard restored meanwhile lacks
+    /// some of it: trained again whole (counted as recomputed).
+    Recompute {
+        /// Records this attempt trained.
+        trained: u64,
+    },
+}
+
+impl Release {
+    /// A task handed back before any of it was trained (read ahead, or leased during a
+    /// drain): an earlier attempt's resume point stands.
+    pub fn untrained() -> Release {
+        Release::Drained {
+            trained: 0,
+            resume: None,
+        }
+    }
+
+    /// The `ReleaseTask` request handing back `task`, held by `trainer`.
+    pub fn request(&self, trainer: &str, task: &LeasedTask) -> pb::ReleaseTaskRequest {
+        let (trained, recompute, resume) = match self {
+            Release::Drained { trained, resume } => (*trained, false, resume.as_ref()),
+            Release::Recompute { trained } => (*trained, true, None),
+        };
+        pb::ReleaseTaskRequest {
+            trainer: trainer.to_owned(),
+            task_id: task.id.clone(),
+            generation: task.generation,
+            records_trained: trained,
+            recompute,
+            resume_batch: resume.map_or(0, |r| r.batch),
+            resume_records: resume.map_or(0, |r| r.records),
+            resume_answered: resume.map(|r| r.answered.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+impl From<&pb::ReleaseTaskRequest> for Release {
+    fn from(r: &pb::ReleaseTaskRequest) -> Self {
+        if r.recompute {
+            return Release::Recompute {
+                trained: r.records_trained,
+            };
+        }
+        Release::Drained {
+            trained: r.records_trained,
+            resume: (r.resume_batch > 0).then(|| Resume {
+                batch: r.resume_batch,
+                records: r.resume_records,
+                answered: r.resume_answered.clone(),
+            }),
+        }
+    }
 }
 
 impl LeasedTask {
@@ -86,6 +174,9 @@ impl From<LeasedTask> for pb::Task {
             index: t.index,
             tasks: t.tasks,
             dispatches: t.dispatches,
+            resume_batch: t.resume.as_ref().map_or(0, |r| r.batch),
+            resume_records: t.resume.as_ref().map_or(0, |r| r.records),
+            resume_answered: t.resume.map(|r| r.answered).unwrap_or_default(),
         }
     }
 }
@@ -106,6 +197,11 @@ impl From<pb::Task> for LeasedTask {
             index: t.index,
             tasks: t.tasks,
             dispatches: t.dispatches,
+            resume: (t.resume_batch > 0).then_some(Resume {
+                batch: t.resume_batch,
+                records: t.resume_records,
+                answered: t.resume_answered,
+            }),
         }
     }
 }
@@ -157,8 +253,18 @@ mod tests {
             index: 5,
             tasks: 9,
             dispatches: 2,
+            resume: None,
+        };
+        let resumed = LeasedTask {
+            resume: Some(Resume {
+                batch: 3,
+                records: 96,
+                answered: vec![4, 0],
+            }),
+            ..t.clone()
         };
         for n in [
+            Answer::Task(resumed.clone()),
             Answer::Task(t.clone()),
             Answer::Wait,
             Answer::PassFinished(4),
@@ -171,5 +277,18 @@ mod tests {
             Answer::from(pb::GetTaskResponse { result: None }),
             Answer::Wait
         );
+        for r in [
+            Release::Drained {
+                trained: 64,
+                resume: resumed.resume.clone(),
+            },
+            Release::Drained {
+                trained: 5,
+                resume: None,
+            },
+            Release::Recompute { trained: 10 },
+        ] {
+            assert_eq!(Release::from(&r.request("t1", &t)), r);
+        }
     }
 }

@@ -35,7 +35,9 @@ use tonic::transport::Channel;
 
 pub mod overview;
 
-pub use edl_master_api::{Answer, LeasedTask, MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES, task};
+pub use edl_master_api::{
+    Answer, LeasedTask, MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES, Release, Resume, task,
+};
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -359,22 +361,15 @@ impl MasterClient {
         Ok(r.applied)
     }
 
-    /// Hands a task back: not a failure (draining, or `recompute`: trained, but a
-    /// pserver shard restored meanwhile lacks some of it).
+    /// Hands a task back: not a failure (draining, or trained but lacking in a pserver
+    /// shard restored meanwhile: see [`Release`]).
     pub async fn release_task(
         &self,
         trainer: &str,
         task: &LeasedTask,
-        records_trained: u64,
-        recompute: bool,
+        how: &Release,
     ) -> Result<bool, ClientError> {
-        let msg = pb::ReleaseTaskRequest {
-            trainer: trainer.to_owned(),
-            task_id: task.id.clone(),
-            generation: task.generation,
-            records_trained,
-            recompute,
-        };
+        let msg = how.request(trainer, task);
         let r = self
             .call(msg, self.cfg.call_timeout, |mut c, r| async move {
                 c.release_task(r).await

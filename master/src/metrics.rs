@@ -130,6 +130,11 @@ pub fn render(
                 c.duplicate_records,
             ),
             (
+                "resumed_records",
+                "Records trained before a drain's hand-back and not again (the next attempt resumed after them)",
+                c.resumed_records,
+            ),
+            (
                 "cutoff_records",
                 "Records of tasks cut off by a lost or hung trainer (upper bound of retraining)",
                 c.cutoff_records,

@@ -205,7 +205,9 @@ impl Task {
         })?
     }
 
-    /// Hands the task back untrained (a drain): whoever gets it trains it whole.
+    /// Hands the task back (a drain): whoever gets it trains it from where this attempt
+    /// started (the batches of a program's own loop are its own, so which were applied
+    /// cannot be said; those already applied count nothing again on the shards).
     fn hand_back(&self, py: Python<'_>) -> PyResult<()> {
         self.end("handed back")?;
         let (inner, task, n) = (
@@ -218,7 +220,7 @@ impl Task {
             let Some(tasks) = st.tasks.as_mut() else {
                 return Err(EdlError::new_err("the trainer was closed"));
             };
-            tasks.hand_back(&task, n).await.map_err(runtime_error)
+            tasks.hand_back(&task, n, None).await.map_err(runtime_error)
         })?
     }
 

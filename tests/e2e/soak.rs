@@ -51,13 +51,13 @@ use crate::support::{Proc, checkpointed_passes, wait_until};
 /// shorter one).
 const FAULTS: [(&str, u32); 9] = [
     ("kill-trainer", 10),
-    ("term-trainer", 6),
+    ("notice-trainer", 6),
     ("stop-trainer", 4),
     ("kill-pserver", 5),
-    ("term-pserver", 4),
+    ("notice-pserver", 4),
     ("stop-pserver", 2),
     ("kill-master", 5),
-    ("term-master", 3),
+    ("notice-master", 3),
     ("stop-master", 2),
 ];
 /// Records in the example's training split.
@@ -412,7 +412,7 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
             .push(x["seconds"].as_f64().expect("seconds"));
     }
     for role in ["trainer", "pserver", "master"] {
-        for fault in ["sigkill", "sigstop", "sigterm"] {
+        for fault in ["sigkill", "sigstop", "notice"] {
             assert!(
                 by_kind.contains_key(&format!("{fault}-{role}")),
                 "no recovery from {fault} of a {role}: {r}"

@@ -175,11 +175,17 @@ type Answered = std::sync::Mutex<HashMap<(u32, u32), Vec<u64>>>;
 /// Merges a push's answering incarnations into a task's (the oldest per shard).
 fn note_answered(answered: &Answered, origin: Option<Origin>, incarnations: &[u64]) {
     let Some(o) = origin else { return };
+    merge_answered(answered, (o.pass, o.task), incarnations);
+}
+
+/// Merges `incarnations` into task `key`'s answering incarnations (the oldest per
+/// shard; 0: none).
+fn merge_answered(answered: &Answered, key: (u32, u32), incarnations: &[u64]) {
     let mut map = answered
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let seen = map
-        .entry((o.pass, o.task))
+        .entry(key)
         .or_insert_with(|| vec![0; incarnations.len()]);
     seen.resize(incarnations.len().max(seen.len()), 0);
     for (s, &inc) in seen.iter_mut().zip(incarnations) {
@@ -634,6 +640,18 @@ impl ParamStore for PsStore {
             Err(e @ PsClientError::Rewound { .. }) => Err(StoreError::Rewound(e.to_string())),
             Err(e) => Err(map_err(e)),
         }
+    }
+
+    fn resume_after(&self, task: TaskRef, answered: &[u64]) {
+        merge_answered(&self.answered, (task.pass, task.index), answered);
+    }
+
+    fn handed_back(&self, task: TaskRef) -> Vec<u64> {
+        self.answered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&(task.pass, task.index))
+            .unwrap_or_default()
     }
 
     async fn idle(&self, trainer: &str) -> Result<(), StoreError> {

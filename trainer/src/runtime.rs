@@ -22,9 +22,10 @@
 //! whose records cannot be decoded or do not fit the model is failed at the master with
 //! the reason (it is retried, then reported), so bad data never stops a job.
 //!
-//! Draining: when `shutdown` fires the trainer stops taking tasks, hands the current one
-//! back (not a failure) with the count of records it trained, and returns; the caller
-//! deregisters and exits 0.
+//! Draining: when `shutdown` fires the trainer stops taking tasks, flushes its pushes and
+//! hands the current task back (not a failure) with the batches it applied, after which
+//! the next attempt resumes (batches are the same in every attempt), and returns; the
+//! caller deregisters and exits 0.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,10 +83,22 @@ impl RuntimeConfig {
 /// How a task ended.
 pub(crate) enum TaskEnd {
     Trained(u64),
-    /// Drained mid-task after training this many records.
-    Drained(u64),
+    /// Drained mid-task after training `records` records; once the store is flushed,
+    /// every batch of the task before `next_batch` (counted from its first) is applied,
+    /// and the next attempt resumes there (`None`: this attempt pushed nothing).
+    Drained {
+        records: u64,
+        next_batch: Option<u32>,
+    },
     /// The data is bad: fail the task with this reason after training this many.
     BadData(String, u64),
+}
+
+/// Where a drained task resumes: the batch after the last one applied, and the records
+/// before it (whole batches: a drain comes before the task's last batch). `None` when
+/// the attempt applied nothing.
+fn resume_at(next_batch: Option<u32>, batch_size: usize) -> Option<(u32, u64)> {
+    next_batch.map(|b| (b, u64::from(b) * batch_size.max(1) as u64))
 }
 
 /// The seed of batch `seq` of a task: the same in every attempt at the task, whichever
@@ -166,8 +179,12 @@ pub async fn run(
                 .await?;
                 match end {
                     TaskEnd::Trained(n) => tasks.trained(task, n, started).await?,
-                    TaskEnd::Drained(n) => {
-                        tasks.hand_back(&task, n).await?;
+                    TaskEnd::Drained {
+                        records,
+                        next_batch,
+                    } => {
+                        let at = resume_at(next_batch, cfg.batch_size);
+                        tasks.hand_back(&task, records, at).await?;
                         progress.send_replace(tasks.progress().clone());
                         break;
                     }
@@ -268,8 +285,9 @@ async fn train_task(
     state: &mut Progress,
     shutdown: &CancellationToken,
 ) -> Result<TaskEnd, RuntimeError> {
-    // Records of pushed groups (and of batches skipped in them).
-    let mut trained = 0u64;
+    // Records of pushed groups (and of batches skipped in them), and the batch after
+    // the last pushed.
+    let (mut trained, mut next_batch) = (0u64, None);
     let task_ref = task_ref(task);
     let mut groups = Groups::new(
         model,
@@ -281,14 +299,18 @@ async fn train_task(
     while let Some((first, prepared)) = groups.next().await? {
         if shutdown.is_cancelled() {
             // A group not pushed yet is dropped with the task (handed back).
-            return Ok(TaskEnd::Drained(trained));
+            return Ok(TaskEnd::Drained {
+                records: trained,
+                next_batch,
+            });
         }
         let batches = match prepared {
             Ok(b) => b,
             Err(bad) => return Ok(TaskEnd::BadData(bad.reason(task)?, trained)),
         };
         let records_in_group: u64 = batches.iter().map(|b| b.len() as u64).sum();
-        let origin = task_ref.run(first, batches.len() as u32);
+        let batches_in_group = batches.len() as u32;
+        let origin = task_ref.run(first, batches_in_group);
         // A group computes on the parameters pulled before its first batch.
         store.pull_dense(params).await?;
         // A model with sparse tables: the rows the group's batches touch.
@@ -324,6 +346,7 @@ async fn train_task(
             state.last_step_at = Some(now);
         }
         trained += records_in_group;
+        next_batch = Some(first + batches_in_group);
     }
     Ok(TaskEnd::Trained(trained))
 }

@@ -154,6 +154,23 @@ pub trait ParamStore: Send + Sync + std::fmt::Debug {
         Ok(Vec::new())
     }
 
+    /// `task` resumes after batches that an earlier attempt applied, whose pushes were
+    /// answered first by `answered` (per pserver shard; 0: none): its
+    /// [`task_done`](Self::task_done) names the older of those and its own. A no-op by
+    /// default.
+    fn resume_after(&self, task: TaskRef, answered: &[u64]) {
+        let _ = (task, answered);
+    }
+
+    /// `task` is handed back (a drain, after [`flush`](Self::flush)): forgets it, and
+    /// says per pserver shard the oldest incarnation that answered its pushes (those of
+    /// the attempts it resumed after included; 0: none), for the attempt that resumes
+    /// after them. Empty by default.
+    fn handed_back(&self, task: TaskRef) -> Vec<u64> {
+        let _ = task;
+        Vec::new()
+    }
+
     /// Waits until every push made so far is applied (a store may send pushes in the
     /// background), reporting the error of one that failed. A no-op by default.
     async fn flush(&self) -> Result<(), StoreError> {

@@ -29,9 +29,11 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub coord: CoordChoice,
     /// Seeded fault injection: `ACTION-ROLE=EVERY,...,seed=S` with ACTION kill, stop
-    /// (SIGSTOP for 2 x the lease TTL) or term and ROLE trainer, pserver or master, e.g.
-    /// `kill-trainer=10s,kill-pserver=30s,kill-master=60s,stop-trainer=20s,term-pserver=45s,seed=7`;
-    /// `until=5m` injects faults only during the first five minutes.
+    /// (SIGSTOP for 2 x the lease TTL) or notice (SIGTERM, then SIGKILL at the
+    /// deadline) and ROLE trainer, pserver or master, e.g.
+    /// `kill-trainer=10s,kill-pserver=30s,kill-master=60s,stop-trainer=20s,notice-pserver=45s,seed=7`;
+    /// `deadline=10s` is a notice's deadline (30 s by default); `until=5m` injects
+    /// faults only during the first five minutes.
     #[arg(long)]
     pub chaos: Option<String>,
     /// Write the report (JSON) here.

@@ -1,10 +1,13 @@
 //! `--chaos`: the fault spec, and the clock that says which fault is due.
 //!
 //! A spec is `ACTION-ROLE=INTERVAL,...,seed=S`: `ACTION` is `kill` (SIGKILL), `stop`
-//! (SIGSTOP for twice the lease TTL, then SIGCONT) or `term` (SIGTERM: a graceful stop,
-//! the process is restarted as after any injected fault); `ROLE` is `trainer`, `pserver`
-//! or `master`; each interval is at least 1 s. `until=D` injects faults only during the
-//! run's first `D` (the job then finishes in peace); `seed=S` seeds the victims' choice.
+//! (SIGSTOP for twice the lease TTL, then SIGCONT) or `notice` (a preemption notice:
+//! SIGTERM, then SIGKILL if the process still runs at the notice's deadline, as
+//! Kubernetes ends a pod's grace period; the process is restarted as after any injected
+//! fault); `ROLE` is `trainer`, `pserver` or `master`; each interval is at least 1 s.
+//! `deadline=D` is a notice's deadline (30 s by default, Kubernetes's default grace
+//! period); `until=D` injects faults only during the run's first `D` (the job then
+//! finishes in peace); `seed=S` seeds the victims' choice.
 
 use std::time::{Duration, Instant};
 
@@ -19,20 +22,26 @@ pub(crate) enum Action {
     Kill,
     /// SIGSTOP for twice the lease TTL (past it: the victim's lease ends), then SIGCONT.
     Stop,
-    /// SIGTERM: the victim stops gracefully (a trainer drains, a pserver writes its final
-    /// checkpoint, a master resigns); it is restarted like any victim.
-    Term,
+    /// A preemption notice: SIGTERM, and SIGKILL at the notice's deadline if the victim
+    /// still runs. It stops gracefully (a trainer hands its task back with the batches
+    /// it applied, a pserver writes its final checkpoint or leaves its replicas the
+    /// shard, a master resigns); it is restarted like any victim.
+    Notice,
 }
 
+/// A notice's deadline unless the spec says `deadline=D`: Kubernetes's default grace
+/// period.
+pub(crate) const NOTICE_DEADLINE: Duration = Duration::from_secs(30);
+
 impl Action {
-    const ALL: [Action; 3] = [Action::Kill, Action::Stop, Action::Term];
+    const ALL: [Action; 3] = [Action::Kill, Action::Stop, Action::Notice];
 
     /// Its name in a spec.
     pub(crate) fn name(self) -> &'static str {
         match self {
             Action::Kill => "kill",
             Action::Stop => "stop",
-            Action::Term => "term",
+            Action::Notice => "notice",
         }
     }
 
@@ -41,7 +50,7 @@ impl Action {
         match self {
             Action::Kill => "sigkill",
             Action::Stop => "sigstop",
-            Action::Term => "sigterm",
+            Action::Notice => "notice",
         }
     }
 }
@@ -62,6 +71,8 @@ pub struct Chaos {
     pub(crate) until: Option<Duration>,
     /// Seed of the victims' choice.
     pub seed: u64,
+    /// A notice's deadline (`deadline=D`; [`NOTICE_DEADLINE`] when not given).
+    pub(crate) deadline: Option<Duration>,
 }
 
 impl Chaos {
@@ -71,6 +82,11 @@ impl Chaos {
             .iter()
             .find(|(f, _)| f.action == action && f.role == role)
             .map(|(_, d)| *d)
+    }
+
+    /// How long a notice's victim has before it is SIGKILLed.
+    pub(crate) fn notice_deadline(&self) -> Duration {
+        self.deadline.unwrap_or(NOTICE_DEADLINE)
     }
 }
 
@@ -85,6 +101,13 @@ impl std::str::FromStr for Chaos {
                 .with_context(|| format!("--chaos: {part:?} is not KEY=VALUE"))?;
             if k == "seed" {
                 c.seed = v.parse().with_context(|| format!("--chaos: seed {v:?}"))?;
+                continue;
+            }
+            if k == "deadline" {
+                c.deadline = Some(
+                    humantime::parse_duration(v)
+                        .with_context(|| format!("--chaos: deadline: invalid duration {v:?}"))?,
+                );
                 continue;
             }
             if k == "until" {
@@ -103,7 +126,7 @@ impl std::str::FromStr for Chaos {
                 .with_context(|| {
                     format!(
                         "--chaos: unknown fault {k:?} (ACTION-ROLE with ACTION kill, stop or \
-                         term and ROLE trainer, pserver or master; or until, seed)"
+                         notice and ROLE trainer, pserver or master; or deadline, until, seed)"
                     )
                 })?;
             let every = humantime::parse_duration(v)
@@ -176,7 +199,7 @@ mod tests {
     #[test]
     fn chaos_specs_parse() {
         let c: Chaos = "kill-trainer=10s, kill-pserver=30s,kill-master=1m,stop-trainer=20s,\
-                        term-pserver=45s,stop-master=2m,seed=7"
+                        notice-pserver=45s,stop-master=2m,seed=7,deadline=5s"
             .parse()
             .expect("valid");
         assert_eq!(
@@ -188,16 +211,18 @@ mod tests {
             Some(Duration::from_secs(60))
         );
         assert_eq!(
-            c.interval(Action::Term, Role::Pserver),
+            c.interval(Action::Notice, Role::Pserver),
             Some(Duration::from_secs(45))
         );
         assert_eq!(
             c.interval(Action::Stop, Role::Master),
             Some(Duration::from_secs(120))
         );
-        assert_eq!(c.interval(Action::Term, Role::Trainer), None);
+        assert_eq!(c.interval(Action::Notice, Role::Trainer), None);
         assert_eq!(c.every.len(), 6);
         assert_eq!(c.seed, 7);
+        assert_eq!(c.notice_deadline(), Duration::from_secs(5));
+        assert_eq!(Chaos::default().notice_deadline(), NOTICE_DEADLINE);
         for bad in [
             "kill-trainer",
             "kill-everyone=1s",
@@ -207,6 +232,8 @@ mod tests {
             "kill-trainer=1s,kill-trainer=2s",
             "seed=x",
             "until=later",
+            "term-trainer=1s",
+            "deadline=never",
         ] {
             assert!(bad.parse::<Chaos>().is_err(), "{bad}");
         }
@@ -214,7 +241,7 @@ mod tests {
 
     #[test]
     fn faults_fall_due_once_per_interval() {
-        let c: Chaos = "kill-trainer=10s,term-master=25s".parse().expect("valid");
+        let c: Chaos = "kill-trainer=10s,notice-master=25s".parse().expect("valid");
         let t0 = Instant::now();
         let mut clock = ChaosClock::new(Some(&c), t0);
         let kill_trainer = fault(Action::Kill, Role::Trainer);
@@ -228,7 +255,7 @@ mod tests {
         assert_eq!(clock.due(t0 + Duration::from_secs(20)), Some(kill_trainer));
         assert_eq!(
             clock.due(t0 + Duration::from_secs(25)),
-            Some(fault(Action::Term, Role::Master))
+            Some(fault(Action::Notice, Role::Master))
         );
         clock.defer(kill_trainer, t0 + Duration::from_secs(31));
         assert_eq!(

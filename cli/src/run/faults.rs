@@ -62,15 +62,17 @@ enum Check {
 /// A fault or crash whose recovery has not been seen yet.
 #[derive(Debug)]
 struct Pending {
-    /// `sigkill`, `sigstop`, `sigterm` or `crash`.
+    /// `sigkill`, `sigstop`, `notice` or `crash`.
     fault: &'static str,
     role: Role,
     process: String,
     at: Instant,
     check: Check,
-    /// A trainer's: the tasks it held at the fault (id and pass), and when they were
-    /// all leased to another trainer or done (seconds after `at`).
+    /// A trainer's: the tasks it held at the fault (id and pass), when none of them
+    /// was leased to it any more, and when they were all leased to another trainer or
+    /// done (seconds after `at`).
     held: Vec<(String, u32)>,
+    back: Option<f64>,
     again: Option<f64>,
     /// When the role served again (seconds after `at`).
     served: Option<f64>,
@@ -152,10 +154,11 @@ impl Faults {
                 sup.proc(id)
                     .is_some_and(|p| registered.contains(&self.trainer_key(&p.name)))
             });
-            if action == Action::Stop {
-                // A stop tests the task timeout: where a trainer holds a task, the
-                // victim is one that does (a trainer stopped between tasks holds none,
-                // and only its lease can tell).
+            if matches!(action, Action::Stop | Action::Notice) {
+                // A stop tests the task timeout, a notice the hand-back: where a trainer
+                // holds a task, the victim is one that does (a trainer stopped between
+                // tasks holds none, and only its lease can tell; one given a notice
+                // between tasks has nothing to hand back).
                 let mut holding = Vec::new();
                 for &id in &candidates {
                     if let Some(p) = sup.proc(id)
@@ -204,6 +207,7 @@ impl Faults {
             at: now,
             check,
             held,
+            back: None,
             again: None,
             served: None,
         });
@@ -224,6 +228,7 @@ impl Faults {
             at,
             check,
             held,
+            back: None,
             again: None,
             served: None,
         });
@@ -284,14 +289,20 @@ impl Faults {
                     .await
                     .then(|| p.at.elapsed().as_secs_f64()),
             };
-            let again = match p.again {
-                None if !p.held.is_empty() && self.leased_again(&p.held, &p.process).await => {
-                    Some(p.at.elapsed().as_secs_f64())
+            let (back, again) = match (p.back, p.again) {
+                (_, Some(a)) => (p.back.or(Some(a)), Some(a)),
+                _ if p.held.is_empty() => (None, None),
+                (back, None) => {
+                    let (gone, elsewhere) = self.leased_again(&p.held, &p.process).await;
+                    let now = || Some(p.at.elapsed().as_secs_f64());
+                    (
+                        back.or_else(|| gone.then(now).flatten()),
+                        elsewhere.then(now).flatten(),
+                    )
                 }
-                a => a,
             };
             let p = &mut self.pending[i];
-            (p.served, p.again) = (served, again);
+            (p.served, p.back, p.again) = (served, back, again);
             if served.is_some() && (p.held.is_empty() || again.is_some()) {
                 let p = self.pending.remove(i);
                 record(sup, p);
@@ -329,27 +340,29 @@ impl Faults {
             .collect()
     }
 
-    /// Whether every one of `held` is leased to a trainer other than `victim`, done, or
-    /// of a later pass (done in its own).
-    async fn leased_again(&self, held: &[(String, u32)], victim: &str) -> bool {
+    /// Whether none of `held` is leased to `victim` any more (back in the queue,
+    /// leased to another trainer, done, or of a later pass), and whether every one is
+    /// leased to a trainer other than `victim`, done, or of a later pass (done in its
+    /// own). Neither when etcd cannot say.
+    async fn leased_again(&self, held: &[(String, u32)], victim: &str) -> (bool, bool) {
+        let (mut back, mut again) = (true, true);
         for (id, pass) in held {
             let task = match self.backend.get(&self.keys.task(id)).await {
                 Ok(Some(kv)) => serde_json::from_slice::<Task>(&kv.value).ok(),
                 Ok(None) => None,
-                Err(_) => return false,
+                Err(_) => return (false, false),
             };
             let Some(t) = task else { continue };
-            let again = t.pass > *pass
-                || match &t.state {
-                    TaskState::Pending { trainer, .. } => trainer != victim,
-                    TaskState::Todo => false,
-                    TaskState::Done | TaskState::Failed => true,
-                };
-            if !again {
-                return false;
-            }
+            let (gone, elsewhere) = match &t.state {
+                _ if t.pass > *pass => (true, true),
+                TaskState::Pending { trainer, .. } => (trainer != victim, trainer != victim),
+                TaskState::Todo => (true, false),
+                TaskState::Done | TaskState::Failed => (true, true),
+            };
+            back &= gone;
+            again &= elsewhere;
         }
-        true
+        (back, again)
     }
 
     async fn recovered(&self, check: &Check, sup: &Supervisor) -> bool {
@@ -455,12 +468,13 @@ impl Faults {
 /// Records `p`'s recovery in `sup`.
 fn record(sup: &mut Supervisor, p: Pending) {
     let seconds = p.served.unwrap_or_else(|| p.at.elapsed().as_secs_f64());
-    tracing::info!(process = %p.process, fault = p.fault, seconds, task_again_s = ?p.again, "recovered");
+    tracing::info!(process = %p.process, fault = p.fault, seconds, task_back_s = ?p.back, task_again_s = ?p.again, "recovered");
     sup.recovered(Recovery {
         fault: p.fault.into(),
         role: p.role.name().into(),
         process: p.process,
         seconds,
+        task_back_s: p.back,
         task_again_s: p.again,
     });
 }

@@ -147,6 +147,7 @@ pub(crate) async fn run(
         unrecovered: Vec::new(),
         restarts: 0,
         preemptions: 0,
+        notices_past_deadline: 0,
         scale_events: Vec::new(),
         run_dir: run_dir.display().to_string(),
         wall_s: started.elapsed().as_secs_f64(),

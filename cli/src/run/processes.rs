@@ -89,6 +89,10 @@ pub(crate) async fn run(
         healthy_after: c.healthy_after,
         lease_ttl: c.lease_ttl,
         register_within: job.spec.trainer.register_within(),
+        notice_deadline: job
+            .chaos
+            .as_ref()
+            .map_or(super::chaos::NOTICE_DEADLINE, Chaos::notice_deadline),
     };
     let mut shell = Shell {
         keys: JobKeys::new(&job.spec.name),
@@ -142,6 +146,7 @@ pub(crate) async fn run(
         unrecovered: shell.faults.unrecovered(),
         restarts: shell.sup.restarts(),
         preemptions: shell.sup.preemptions(),
+        notices_past_deadline: shell.sup.notices_past_deadline(),
         scale_events: shell.sup.scale_events().to_vec(),
         run_dir: job.run_dir.display().to_string(),
         wall_s: 0.0,

@@ -7,7 +7,7 @@ use serde::Serialize;
 /// One recovery from a fault.
 #[derive(Debug, Clone, Serialize)]
 pub struct Recovery {
-    /// What happened: `sigkill`, `sigstop`, `sigterm`, `crash`.
+    /// What happened: `sigkill`, `sigstop`, `notice`, `crash`.
     pub fault: String,
     /// The role hit.
     pub role: String,
@@ -16,6 +16,11 @@ pub struct Recovery {
     /// Seconds from the fault (for a crash: from its exit seen) until the role served
     /// again (see the README).
     pub seconds: f64,
+    /// A trainer's fault: seconds from the fault until none of the tasks it held was
+    /// leased to it any more (back in the queue, leased to another trainer, or done).
+    /// `None` when it held none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_back_s: Option<f64>,
     /// A trainer's fault: seconds from the fault until every task it held was leased to
     /// another trainer (or done): its work training again elsewhere. `None` when it held
     /// none, or the job ended first.
@@ -62,7 +67,7 @@ impl Times {
 /// The recoveries of one kind of fault (`fault` of `role`): how many, and their times.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RecoveryKind {
-    /// `sigkill`, `sigstop`, `sigterm`, `crash`.
+    /// `sigkill`, `sigstop`, `notice`, `crash`.
     pub fault: String,
     /// The role hit.
     pub role: String,
@@ -74,6 +79,10 @@ pub struct RecoveryKind {
     pub p95_s: f64,
     /// See `median_s`.
     pub max_s: f64,
+    /// A trainer's faults: until the tasks it held were no longer leased to it
+    /// ([`Recovery::task_back_s`]), over those that held any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_back: Option<Times>,
     /// A trainer's faults: until the tasks it held were leased to another trainer
     /// ([`Recovery::task_again_s`]), over those that held any.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -82,18 +91,19 @@ pub struct RecoveryKind {
 
 /// `recoveries` by kind (fault, then role), each kind's times summed up.
 pub fn recoveries_by_kind(recoveries: &[Recovery]) -> Vec<RecoveryKind> {
-    type Both = (Vec<f64>, Vec<f64>);
-    let mut kinds: std::collections::BTreeMap<(&str, &str), Both> = Default::default();
+    type Three = (Vec<f64>, Vec<f64>, Vec<f64>);
+    let mut kinds: std::collections::BTreeMap<(&str, &str), Three> = Default::default();
     for r in recoveries {
-        let (served, again) = kinds
+        let (served, back, again) = kinds
             .entry((r.fault.as_str(), r.role.as_str()))
             .or_default();
         served.push(r.seconds);
+        back.extend(r.task_back_s);
         again.extend(r.task_again_s);
     }
     kinds
         .into_iter()
-        .filter_map(|((fault, role), (served, again))| {
+        .filter_map(|((fault, role), (served, back, again))| {
             let t = Times::of(served)?;
             Some(RecoveryKind {
                 fault: fault.to_owned(),
@@ -102,6 +112,7 @@ pub fn recoveries_by_kind(recoveries: &[Recovery]) -> Vec<RecoveryKind> {
                 median_s: t.median_s,
                 p95_s: t.p95_s,
                 max_s: t.max_s,
+                task_back: Times::of(back),
                 task_again: Times::of(again),
             })
         })
@@ -179,6 +190,11 @@ pub struct RunReport {
     pub recomputed_tasks: u64,
     /// Their records.
     pub recomputed_records: u64,
+    /// Tasks handed back by draining trainers (a notice, a scale-down) after some of
+    /// their batches were applied, and resumed after those by the next attempt.
+    pub resumed_tasks: u64,
+    /// Records of those batches: trained once (in `records_trained`), not again.
+    pub resumed_records: u64,
     /// Tasks failed for good, with reasons.
     pub failed_tasks: Vec<FailedTaskReport>,
     /// The final evaluation.
@@ -195,6 +211,9 @@ pub struct RunReport {
     /// Of the `restarts`, those of a process that had been healthy (run
     /// `cluster.healthy_after`): not counted against `cluster.max_restarts`.
     pub preemptions: u32,
+    /// Notices (`--chaos notice-*`) whose process still ran at the notice's deadline,
+    /// and was SIGKILLed then.
+    pub notices_past_deadline: u32,
     /// Scale events.
     pub scale_events: Vec<ScaleEvent>,
     /// The final parameters.
@@ -221,6 +240,7 @@ pub(crate) struct Outcome {
     pub unrecovered: Vec<String>,
     pub restarts: u32,
     pub preemptions: u32,
+    pub notices_past_deadline: u32,
     pub scale_events: Vec<ScaleEvent>,
     pub run_dir: String,
     pub wall_s: f64,
@@ -258,6 +278,8 @@ impl RunReport {
             lost_records: c.lost_records,
             recomputed_tasks: c.recomputed,
             recomputed_records: c.recomputed_records,
+            resumed_tasks: c.resumed,
+            resumed_records: c.resumed_records,
             failed_tasks: o
                 .status
                 .map(|s| {
@@ -278,6 +300,7 @@ impl RunReport {
             unrecovered: o.unrecovered,
             restarts: o.restarts,
             preemptions: o.preemptions,
+            notices_past_deadline: o.notices_past_deadline,
             scale_events: o.scale_events,
             params_file: o.params_file,
             run_dir: o.run_dir,
@@ -334,6 +357,12 @@ impl RunReport {
                 "   recoveries from {} of a {}: {}, median {:.2}s, p95 {:.2}s, max {:.2}s",
                 k.fault, k.role, k.count, k.median_s, k.p95_s, k.max_s
             );
+            if let Some(t) = &k.task_back {
+                println!(
+                    "     its tasks back in the queue: {}, median {:.2}s, p95 {:.2}s, max {:.2}s",
+                    t.count, t.median_s, t.p95_s, t.max_s
+                );
+            }
             if let Some(t) = &k.task_again {
                 println!(
                     "     its tasks leased again: {}, median {:.2}s, p95 {:.2}s, max {:.2}s",
@@ -345,6 +374,12 @@ impl RunReport {
             println!(
                 "   crash restarts: {} ({} after a healthy run)",
                 r.restarts, r.preemptions
+            );
+        }
+        if r.notices_past_deadline > 0 {
+            println!(
+                "   notices whose process still ran at the deadline (SIGKILLed): {}",
+                r.notices_past_deadline
             );
         }
         for s in &r.scale_events {
@@ -395,6 +430,7 @@ mod tests {
             unrecovered: Vec::new(),
             restarts: 0,
             preemptions: 0,
+            notices_past_deadline: 0,
             scale_events: Vec::new(),
             run_dir: "/r".into(),
             wall_s: 1.0,
@@ -408,6 +444,7 @@ mod tests {
             role: role.into(),
             process: "p".into(),
             seconds,
+            task_back_s: (role == "trainer").then_some(seconds / 2.0),
             task_again_s: (role == "trainer").then_some(seconds + 1.0),
         };
         let mut all: Vec<Recovery> = (1..=20)
@@ -437,6 +474,11 @@ mod tests {
         assert!((again.median_s - 2.05).abs() < 1e-9, "{again:?}");
         assert!((again.p95_s - 2.9).abs() < 1e-9, "{again:?}");
         assert_eq!(k("sigkill", "master").task_again, None);
+        // Back in the queue at half of each: 0.05 ..= 1.0.
+        let back = t.task_back.expect("the trainers' tasks");
+        assert_eq!(back.count, 20);
+        assert!((back.median_s - 0.525).abs() < 1e-9, "{back:?}");
+        assert_eq!(k("sigkill", "master").task_back, None);
         let m = k("sigkill", "master");
         assert_eq!((m.count, m.median_s, m.p95_s, m.max_s), (2, 2.0, 3.0, 3.0));
         let s = k("sigstop", "trainer");

@@ -12,7 +12,7 @@ use super::MAX_WAIT;
 use crate::dataset::{Dataset, DatasetSpec};
 use crate::error::MasterError;
 use crate::queue::{self, FailedTask, QueueCounters};
-use edl_master_api::task::Answer;
+use edl_master_api::task::{Answer, Release};
 
 /// What `Status` reports.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -92,8 +92,7 @@ pub(crate) enum Cmd {
     Release {
         id: String,
         generation: u64,
-        trained: u64,
-        recompute: bool,
+        how: Release,
         reply: Reply<bool>,
     },
     Status {
@@ -209,19 +208,17 @@ impl CoreHandle {
         .await
     }
 
-    /// A task is handed back (`recompute`: trained, but a restored shard lacks it).
+    /// A task is handed back: see [`Release`].
     pub async fn release(
         &self,
         id: String,
         generation: u64,
-        trained: u64,
-        recompute: bool,
+        how: Release,
     ) -> Result<bool, MasterError> {
         self.call(|reply| Cmd::Release {
             id,
             generation,
-            trained,
-            recompute,
+            how,
             reply,
         })
         .await

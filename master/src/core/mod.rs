@@ -342,6 +342,11 @@ impl Core {
             index: index as u32,
             tasks: tasks as u32,
             dispatches: task.dispatches,
+            resume: task.resume.as_ref().map(|r| edl_master_api::Resume {
+                batch: r.batch,
+                records: r.records,
+                answered: r.answered.clone(),
+            }),
         })
     }
 
@@ -411,11 +416,10 @@ impl Core {
             Cmd::Release {
                 id,
                 generation,
-                trained,
-                recompute,
+                how,
                 reply,
             } => {
-                let r = self.with_queue(|q| q.released(&id, generation, trained, recompute));
+                let r = self.with_queue(|q| q.released(&id, generation, &how));
                 replies.push(Pending::Ack(reply, r));
             }
             Cmd::Status { reply } => replies.push(Pending::Status(reply, self.status())),

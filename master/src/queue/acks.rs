@@ -4,7 +4,9 @@
 //! retried report that was already applied is acknowledged again without effect.
 
 use super::failure::Redo;
-use super::{Ack, Millis, Queue, Reject, TaskState};
+use edl_master_api::Release;
+
+use super::{Ack, Millis, Queue, Reject, Resume, TaskState};
 
 /// Why a task trained whole is trained again (the last reason when that fails it).
 const REWOUND: &str = "its updates were lost with a pserver shard's restore";
@@ -73,6 +75,7 @@ impl Queue {
         self.unlease(i);
         self.tasks[i].state = TaskState::Done;
         self.tasks[i].answered = incarnations.to_vec();
+        self.tasks[i].resume = None;
         self.dirty.insert(i);
         self.durations.push_back(now.saturating_sub(since));
         while self.durations.len() > self.cfg.timeout.window.max(1) {
@@ -104,32 +107,79 @@ impl Queue {
         Ok(Ack::Applied)
     }
 
-    /// A trainer hands a task back: not a failure; it is dispatched next. `trained` is
-    /// how many of its records it trained. `recompute`: the trainer trained it all, but
-    /// a pserver shard restored meanwhile lacks some of it (counted in `recomputed`,
-    /// and a loss, as for `finished`); otherwise the trainer is draining.
-    pub fn released(
-        &mut self,
-        id: &str,
-        generation: u64,
-        trained: u64,
-        recompute: bool,
-    ) -> Result<Ack, Reject> {
+    /// Puts pending task `i`, handed back by a draining holder, back in todo ahead of
+    /// every todo task later in the dataset: a drain's hand-backs (its task, then those
+    /// it read ahead, in whatever order they arrive) are dispatched first, in dataset
+    /// order, as a fault-free run would have trained them.
+    fn handed_back(&mut self, i: usize) {
+        self.unlease(i);
+        let t = &mut self.tasks[i];
+        t.generation += 1;
+        t.state = TaskState::Todo;
+        let at = self
+            .todo
+            .iter()
+            .position(|&j| j > i)
+            .unwrap_or(self.todo.len());
+        self.todo.insert(at, i);
+        self.dirty.insert(i);
+    }
+
+    /// A trainer hands a task back: not a failure. Draining, it is dispatched next,
+    /// resuming after the batches the trainer applied (when it says so; the records it
+    /// trained are otherwise trained again, counted as duplicates). `Recompute`: the
+    /// trainer trained it all, but a pserver shard restored meanwhile lacks some of it
+    /// (counted in `recomputed`, and a loss, as for `finished`).
+    pub fn released(&mut self, id: &str, generation: u64, how: &Release) -> Result<Ack, Reject> {
         let i = self.check(id, generation)?;
         if !matches!(self.tasks[i].state, TaskState::Pending { .. }) {
             return Err(self.not_pending(i));
         }
-        if recompute {
-            // Trained whole (counted so), but lost with a shard's restore.
-            self.bump(|c| c.records_trained += trained);
-            self.fail(i, REWOUND, Redo::Rewound);
-            self.check_pass_end();
-        } else {
-            self.again(i);
-            self.bump(|c| {
-                c.released += 1;
-                c.duplicate_records += trained;
-            });
+        match how {
+            Release::Recompute { trained } => {
+                // Trained whole (counted so), but lost with a shard's restore.
+                self.bump(|c| c.records_trained += trained);
+                self.fail(i, REWOUND, Redo::Rewound);
+                self.check_pass_end();
+            }
+            Release::Drained { trained, resume } => {
+                let before = self.tasks[i].resume.take();
+                self.handed_back(i);
+                let t = &self.tasks[i];
+                let resume = resume.as_ref().filter(|r| {
+                    // Past what the attempt was given, and within the task: anything
+                    // else is not a prefix this lease could have applied.
+                    r.records <= t.spec.records
+                        && before
+                            .as_ref()
+                            .is_none_or(|b| r.batch > b.batch && r.records >= b.records)
+                });
+                let trained = *trained;
+                match resume {
+                    Some(r) => {
+                        self.tasks[i].resume = Some(Box::new(Resume {
+                            batch: r.batch,
+                            records: r.records,
+                            answered: r.answered.clone(),
+                        }));
+                        self.bump(|c| {
+                            c.released += 1;
+                            c.resumed += 1;
+                            c.resumed_records += trained;
+                            c.records_trained += trained;
+                        });
+                    }
+                    None => {
+                        // The attempt's own records are trained again; what an
+                        // earlier attempt applied still stands.
+                        self.tasks[i].resume = before;
+                        self.bump(|c| {
+                            c.released += 1;
+                            c.duplicate_records += trained;
+                        });
+                    }
+                }
+            }
         }
         Ok(Ack::Applied)
     }

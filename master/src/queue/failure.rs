@@ -101,8 +101,9 @@ impl Queue {
             }
             self.bump(|c| c.failures += 1);
         } else if let Redo::Rewound = redo {
-            // Not a failure: trained whole, and trained again first.
+            // Not a failure: trained whole, and trained again first, whole.
             t.state = TaskState::Todo;
+            t.resume = None;
             self.todo.push_front(i);
             self.bump(|c| {
                 c.recomputed += 1;

@@ -52,7 +52,7 @@ pub(crate) mod tests;
 pub use rewind::Rewind;
 pub use types::{
     Ack, Changes, Expired, FailedTask, GetTask, MAX_FAILED_REPORTED, MAX_REASON_BYTES, Meta,
-    Millis, QueueConfig, QueueCounters, Reject, StateCounts, Task, TaskSpec, TaskState,
+    Millis, QueueConfig, QueueCounters, Reject, Resume, StateCounts, Task, TaskSpec, TaskState,
     TimeoutPolicy, bounded_reason,
 };
 
@@ -108,6 +108,7 @@ impl Queue {
                 dispatches: 0,
                 last_error: None,
                 answered: Vec::new(),
+                resume: None,
             });
             q.todo.push_back(i);
             q.dirty.insert(i);
@@ -147,17 +148,7 @@ impl Queue {
             }
             if q.tasks[i].pass < pass {
                 let failed = q.failed_in(pass, i);
-                let t = &mut q.tasks[i];
-                t.pass = pass;
-                t.state = if failed {
-                    TaskState::Failed
-                } else {
-                    TaskState::Todo
-                };
-                t.failures = 0;
-                t.losses = 0;
-                t.dispatches = 0;
-                t.last_error = None;
+                q.tasks[i].enter_pass(pass, failed);
                 q.dirty.insert(i);
             }
             match &mut q.tasks[i].state {

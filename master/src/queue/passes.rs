@@ -4,7 +4,7 @@
 //! that pass before a rewind: a pass trained again does not retry it), or the job is
 //! finished after the last pass. An empty dataset finishes every pass at once.
 
-use super::{Queue, TaskState};
+use super::Queue;
 
 impl Queue {
     /// Ends the pass when nothing is todo or pending.
@@ -25,17 +25,9 @@ impl Queue {
         let pass = self.meta.pass;
         for i in 0..self.tasks.len() {
             let failed = self.failed_in(pass, i);
-            let t = &mut self.tasks[i];
-            t.pass = pass;
-            t.failures = 0;
-            t.losses = 0;
-            t.dispatches = 0;
-            t.last_error = None;
-            if failed {
-                // As `restore` makes it from the stored record of an older pass.
-                t.state = TaskState::Failed;
-            } else {
-                t.state = TaskState::Todo;
+            // As `restore` makes it from the stored record of an older pass.
+            self.tasks[i].enter_pass(pass, failed);
+            if !failed {
                 self.todo.push_back(i);
             }
         }

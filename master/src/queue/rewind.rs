@@ -211,7 +211,7 @@ impl Queue {
     }
 
     /// Puts done or pending task `i` back at the front of the queue, to be trained
-    /// again in the current pass. Returns its records.
+    /// again whole in the current pass. Returns its records.
     pub(super) fn again(&mut self, i: usize) -> u64 {
         if matches!(self.tasks[i].state, TaskState::Pending { .. }) {
             self.unlease(i);
@@ -219,6 +219,8 @@ impl Queue {
         let t = &mut self.tasks[i];
         t.generation += 1;
         t.state = TaskState::Todo;
+        // Trained again whole: a restored shard may lack any batch of it.
+        t.resume = None;
         self.todo.push_front(i);
         self.dirty.insert(i);
         self.tasks[i].spec.records
@@ -231,6 +233,7 @@ mod tests {
 
     use edl_job::ledger::{Bits, LedgerSummary};
     use edl_job::{RECORD_VERSION, RestoreRecord};
+    use edl_master_api::Release;
 
     use super::super::tests::{cfg, specs, take};
     use super::super::{GetTask, Meta, Queue, TaskState};
@@ -542,8 +545,14 @@ mod tests {
             let t = take(&mut q, "a", n);
             assert_eq!(q.position(&t.spec.id), Some(0), "a rewound task goes first");
             if n < 2 {
-                q.released(&t.spec.id, t.generation, t.spec.records, true)
-                    .unwrap();
+                q.released(
+                    &t.spec.id,
+                    t.generation,
+                    &Release::Recompute {
+                        trained: t.spec.records,
+                    },
+                )
+                .unwrap();
             } else {
                 // The last one through an acknowledgement lacking in a restored shard.
                 q.rewind(&restore(0, 9, 0, &[]));

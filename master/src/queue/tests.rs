@@ -2,6 +2,7 @@
 //! event sequence, with restores from what was made durable in between).
 
 use super::*;
+use edl_master_api::Release;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
@@ -25,6 +26,27 @@ pub(crate) fn cfg(passes: u32, max_failures: u32) -> QueueConfig {
         max_failures,
         max_losses: max_failures,
         ..QueueConfig::default()
+    }
+}
+
+/// A drain's hand-back of `trained` records without a resume point.
+pub(crate) fn drained(trained: u64) -> Release {
+    Release::Drained {
+        trained,
+        resume: None,
+    }
+}
+
+/// A drain's hand-back after this attempt's `trained` records, the task's first
+/// `batch` batches (`records` records) applied, answered by `answered`.
+fn drained_at(trained: u64, batch: u32, records: u64, answered: Vec<u64>) -> Release {
+    Release::Drained {
+        trained,
+        resume: Some(edl_master_api::Resume {
+            batch,
+            records,
+            answered,
+        }),
     }
 }
 
@@ -152,7 +174,7 @@ fn release_is_not_a_failure_and_goes_first() {
     let mut q = Queue::new(cfg(1, 0), specs(3));
     let t = take(&mut q, "a", 0);
     assert_eq!(
-        q.released(&t.spec.id, t.generation, 4, false),
+        q.released(&t.spec.id, t.generation, &drained(4)),
         Ok(Ack::Applied)
     );
     let again = take(&mut q, "b", 1);
@@ -161,6 +183,111 @@ fn release_is_not_a_failure_and_goes_first() {
     assert_eq!(q.meta().counters.released, 1);
     assert_eq!(q.meta().counters.duplicate_records, 4);
     assert_eq!(q.meta().counters.failures, 0);
+}
+
+/// A drain that says which batches it applied: the next attempt resumes after them,
+/// through further drains and a lost holder, and their records are trained once (not
+/// duplicates). A hand-back saying less than the task's resume point, or nothing (a
+/// read-ahead task), keeps it; the task's end and a recompute (a shard's restore) drop it.
+#[test]
+fn a_drain_with_its_applied_batches_is_resumed_after_them() {
+    let mut q = Queue::new(cfg(2, 5), specs(2));
+    let t = take(&mut q, "a", 0);
+    assert_eq!(t.resume, None);
+    // 10 records: batches of 3, the first two (6 records) applied.
+    let r = q.released(&t.spec.id, t.generation, &drained_at(6, 2, 6, vec![3, 0]));
+    assert_eq!(r, Ok(Ack::Applied));
+    let again = take(&mut q, "b", 1);
+    assert_eq!(again.spec.id, t.spec.id, "handed back first");
+    let at = |b: u32, r: u64, a: Vec<u64>| {
+        Some(Box::new(Resume {
+            batch: b,
+            records: r,
+            answered: a,
+        }))
+    };
+    assert_eq!(again.resume, at(2, 6, vec![3, 0]));
+    let c = &q.meta().counters;
+    assert_eq!((c.released, c.resumed, c.resumed_records), (1, 1, 6));
+    assert_eq!((c.records_trained, c.duplicate_records), (6, 0));
+    // b trains one batch more and drains; then c is lost holding it: the point stands.
+    let r = q.released(
+        &again.spec.id,
+        again.generation,
+        &drained_at(3, 3, 9, vec![3, 4]),
+    );
+    assert_eq!(r, Ok(Ack::Applied));
+    let third = take(&mut q, "c", 2);
+    assert_eq!(third.resume, at(3, 9, vec![3, 4]));
+    assert_eq!(q.trainer_lost("c"), vec![third.spec.id.clone()]);
+    // (A lost holder's task goes to the back: the other task is dispatched first.)
+    let other = take(&mut q, "d", 3);
+    assert_ne!(other.spec.id, third.spec.id);
+    assert_eq!(
+        q.finished(&other.spec.id, other.generation, 11, &[], 3),
+        Ok(Ack::Applied)
+    );
+    let fourth = take(&mut q, "d", 3);
+    assert_eq!(fourth.spec.id, third.spec.id);
+    assert_eq!(fourth.resume, at(3, 9, vec![3, 4]));
+    // A hand-back claiming less than it was given keeps the point, and its records
+    // are duplicates; one without a point (a read-ahead task) keeps it too.
+    let r = q.released(
+        &fourth.spec.id,
+        fourth.generation,
+        &drained_at(1, 2, 6, vec![]),
+    );
+    assert_eq!(r, Ok(Ack::Applied));
+    let fifth = take(&mut q, "e", 4);
+    assert_eq!(fifth.resume, at(3, 9, vec![3, 4]));
+    let r = q.released(&fifth.spec.id, fifth.generation, &drained(0));
+    assert_eq!(r, Ok(Ack::Applied));
+    let sixth = take(&mut q, "f", 5);
+    assert_eq!(sixth.resume, at(3, 9, vec![3, 4]));
+    assert_eq!(q.meta().counters.duplicate_records, 1);
+    // The last record is trained and the task is done: the point goes with it.
+    assert_eq!(
+        q.finished(&sixth.spec.id, sixth.generation, 1, &[3, 4], 6),
+        Ok(Ack::Applied)
+    );
+    assert_eq!(q.tasks[q.index[&sixth.spec.id]].resume, None);
+    // Its records are trained once: 6 + 3 (resumed), 1 (finished); the other's 11.
+    assert_eq!(q.meta().counters.records_trained, 6 + 3 + 1 + 11);
+    // In the next pass, a task drained with a point, then trained again whole after a
+    // shard's restore (a holder's recompute): the point is dropped.
+    assert_eq!(q.pass(), 1);
+    let other = take(&mut q, "a", 7);
+    let r = q.released(
+        &other.spec.id,
+        other.generation,
+        &drained_at(3, 1, 3, vec![3, 4]),
+    );
+    assert_eq!(r, Ok(Ack::Applied));
+    let other = take(&mut q, "b", 8);
+    assert!(other.resume.is_some());
+    let how = Release::Recompute { trained: 11 };
+    assert_eq!(
+        q.released(&other.spec.id, other.generation, &how),
+        Ok(Ack::Applied)
+    );
+    let whole = take(&mut q, "b", 9);
+    assert_eq!(whole.resume, None, "rewound: trained again whole");
+    // Both tasks drained with points: each stands until its task is done.
+    let second = take(&mut q, "d", 10);
+    assert_ne!(second.spec.id, whole.spec.id);
+    for t in [&whole, &second] {
+        let r = q.released(&t.spec.id, t.generation, &drained_at(3, 1, 3, vec![]));
+        assert_eq!(r, Ok(Ack::Applied));
+    }
+    assert_eq!(q.tasks.iter().filter(|t| t.resume.is_some()).count(), 2);
+    // One done: its point goes, the other's stands.
+    let next = take(&mut q, "c", 11);
+    assert!(next.resume.is_some());
+    assert_eq!(
+        q.finished(&next.spec.id, next.generation, 8, &[], 11),
+        Ok(Ack::Applied)
+    );
+    assert_eq!(q.tasks.iter().filter(|t| t.resume.is_some()).count(), 1);
 }
 
 #[test]
@@ -274,7 +401,8 @@ enum Ev {
     Get(u8, u64),
     Finish(u8, bool),
     Fail(u8, bool),
-    Release(u8, bool),
+    /// A drain's hand-back, with a resume point after this many batches (of 3).
+    Release(u8, bool, Option<u8>),
     Lost(u8),
     Tick(u16),
     Restore,
@@ -285,7 +413,8 @@ fn ev() -> impl Strategy<Value = Ev> {
         4 => (0u8..4, 0u64..4).prop_map(|(t, r)| Ev::Get(t, r)),
         4 => (any::<u8>(), any::<bool>()).prop_map(|(i, s)| Ev::Finish(i, s)),
         1 => (any::<u8>(), any::<bool>()).prop_map(|(i, s)| Ev::Fail(i, s)),
-        1 => (any::<u8>(), any::<bool>()).prop_map(|(i, s)| Ev::Release(i, s)),
+        1 => (any::<u8>(), any::<bool>(), prop::option::of(1u8..5))
+            .prop_map(|(i, s, b)| Ev::Release(i, s, b)),
         1 => (0u8..4).prop_map(Ev::Lost),
         1 => (0u16..2000).prop_map(Ev::Tick),
         1 => Just(Ev::Restore),
@@ -306,6 +435,13 @@ pub(crate) fn check_invariants(q: &Queue) {
                 assert!(q.by_trainer[trainer].contains(&i));
             }
             TaskState::Done | TaskState::Failed => assert!(!in_todo && !in_pending),
+        }
+        if let Some(r) = &t.resume {
+            assert!(
+                !matches!(t.state, TaskState::Done),
+                "a done task keeps no resume point"
+            );
+            assert!(r.batch > 0 && r.records <= t.spec.records, "{r:?} of {t:?}");
         }
         assert_eq!(t.pass, q.meta.pass, "every task is in the current pass");
     }
@@ -365,7 +501,7 @@ proptest! {
                         leases.push(t);
                     }
                 }
-                Ev::Finish(k, stale) | Ev::Fail(k, stale) | Ev::Release(k, stale)
+                Ev::Finish(k, stale) | Ev::Fail(k, stale) | Ev::Release(k, stale, _)
                     if !leases.is_empty() =>
                 {
                     let t = leases[k as usize % leases.len()].clone();
@@ -373,7 +509,11 @@ proptest! {
                     let r = match e {
                         Ev::Finish(..) => q.finished(&t.spec.id, generation, t.spec.records, &[], now),
                         Ev::Fail(..) => q.failed(&t.spec.id, generation, "boom", 1),
-                        _ => q.released(&t.spec.id, generation, 1, false),
+                        Ev::Release(_, _, Some(b)) => {
+                            let records = (u64::from(b) * 3).min(t.spec.records);
+                            q.released(&t.spec.id, generation, &drained_at(1, b.into(), records, vec![]))
+                        }
+                        _ => q.released(&t.spec.id, generation, &drained(1)),
                     };
                     if let Err(Reject::Stale { .. }) = r {
                         // A stale report changes nothing but the counter.
@@ -406,6 +546,7 @@ proptest! {
                     for t in &before.tasks {
                         let r = q.task(&t.spec.id).unwrap();
                         prop_assert_eq!(r.generation, t.generation);
+                        prop_assert_eq!(&r.resume, &t.resume, "a resume point is durable");
                         prop_assert_eq!(
                             std::mem::discriminant(&r.state),
                             std::mem::discriminant(&t.state)

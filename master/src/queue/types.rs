@@ -128,6 +128,43 @@ pub struct Task {
     /// answered by `n` or later (empty: unknown).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub answered: Vec<u64>,
+    /// Where its next attempt starts: a draining holder handed it back after its first
+    /// batches were applied on every shard. Kept until the task is done, trained again
+    /// whole (a rewind), or its pass ends. Boxed: most tasks have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Box<Resume>>,
+}
+
+impl Task {
+    /// The task in a new pass `pass`: todo (or failed for good in it, `failed`), with
+    /// nothing of the pass before (failures, losses, dispatches, the last error, a
+    /// resume point).
+    pub(super) fn enter_pass(&mut self, pass: u32, failed: bool) {
+        self.pass = pass;
+        self.state = if failed {
+            TaskState::Failed
+        } else {
+            TaskState::Todo
+        };
+        self.failures = 0;
+        self.losses = 0;
+        self.dispatches = 0;
+        self.last_error = None;
+        self.resume = None;
+    }
+}
+
+/// The batches of a task applied before its holder handed it back (see
+/// `edl_master_api::Resume`): its next attempt trains from batch `batch` on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resume {
+    /// Batches applied, from the task's first.
+    pub batch: u32,
+    /// Their records.
+    pub records: u64,
+    /// Per shard, the oldest incarnation that answered their pushes (0: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answered: Vec<u64>,
 }
 
 /// Counters of the queue's life, kept across failovers (they are part of [`Meta`]).
@@ -155,6 +192,11 @@ pub struct QueueCounters {
     /// Records a trainer reported it had trained before handing back or failing a task
     /// that was then dispatched again: trained twice.
     pub duplicate_records: u64,
+    /// Tasks handed back by draining trainers with the batches they applied: the next
+    /// attempt resumed after them (part of `released`).
+    pub resumed: u64,
+    /// Records of those batches: trained once, not again (in `records_trained`).
+    pub resumed_records: u64,
     /// Tasks trained again because a restored pserver shard lacked their updates (or a
     /// trainer found its pushes answered by a shard restored since). Their first
     /// training is in `records_trained` too: without failed tasks, `records_trained`

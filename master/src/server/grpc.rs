@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use edl_master_api::Release;
 use edl_proto::master as pb;
 use tonic::{Request, Response, Status};
 
@@ -165,7 +166,7 @@ impl pb::master_server::Master for MasterGrpc {
         let applied = self
             .core()
             .await?
-            .release(r.task_id, r.generation, r.records_trained, r.recompute)
+            .release(r.task_id.clone(), r.generation, Release::from(&r))
             .await?;
         Ok(Response::new(pb::TaskReportResponse { applied }))
     }
@@ -262,6 +263,8 @@ fn status_to_pb(job: &str, leader: String, s: StatusReport) -> pb::StatusRespons
             failovers: c.restores,
             recomputed: c.recomputed,
             recomputed_records: c.recomputed_records,
+            resumed: c.resumed,
+            resumed_records: c.resumed_records,
         }),
         failed_tasks: s
             .failed

@@ -57,7 +57,14 @@ pub(super) struct Groups<'a> {
 }
 
 impl<'a> Groups<'a> {
-    /// Starts preparing the first group (of `per_push` batches) of `task`'s `records`.
+    /// Starts preparing the first group (of `per_push` batches) of `task`'s `records`
+    /// that this attempt trains: the task's first, or, when an earlier attempt handed
+    /// the task back after applying its first batches, the first group after them. A
+    /// resume point inside a group (not expected: a drain stops between groups) makes
+    /// this attempt push batch by batch: a run partly applied by another attempt would
+    /// be refused. A resume point whose records are not its batches at this trainer's
+    /// batch size (a trainer of another batch size handed it back) is not used: the
+    /// attempt trains the task whole (the shards apply no batch twice).
     pub(super) fn new(
         model: &'a Arc<dyn Model>,
         records: Arc<Vec<Vec<u8>>>,
@@ -65,9 +72,23 @@ impl<'a> Groups<'a> {
         cfg: &'a RuntimeConfig,
         per_push: usize,
     ) -> Self {
-        let per_push = per_push.max(1);
-        let groups = records.len().div_ceil(cfg.batch_size.max(1) * per_push);
-        let next = (groups > 0).then(|| prepare(model, &records, task, cfg, per_push, 0));
+        let batch_size = cfg.batch_size.max(1);
+        let start = match &task.resume {
+            Some(r) if r.records == u64::from(r.batch) * batch_size as u64 => r.batch as usize,
+            Some(r) => {
+                tracing::warn!(task = %task.id, batch = r.batch, records = r.records, batch_size, "a resume point of another batch size: training the task whole");
+                0
+            }
+            None => 0,
+        };
+        let mut per_push = per_push.max(1);
+        if start % per_push != 0 {
+            tracing::warn!(task = %task.id, start, per_push, "resuming inside a group: pushing batch by batch");
+            per_push = 1;
+        }
+        let groups = records.len().div_ceil(batch_size * per_push);
+        let g = start / per_push;
+        let next = (g < groups).then(|| prepare(model, &records, task, cfg, per_push, g));
         Groups {
             model,
             records,
@@ -75,7 +96,7 @@ impl<'a> Groups<'a> {
             cfg,
             next,
             per_push,
-            g: 0,
+            g,
             groups,
         }
     }

@@ -159,9 +159,13 @@ async fn settle_one(
             tasks.computed(task, n, done.started, applied).await?;
             false
         }
-        Ok(TaskEnd::Drained(n)) => {
+        Ok(TaskEnd::Drained {
+            records,
+            next_batch,
+        }) => {
             pipe.flush().await?;
-            tasks.hand_back(&task, n).await?;
+            let at = super::resume_at(next_batch, ctx.cfg.batch_size);
+            tasks.hand_back(&task, records, at).await?;
             true
         }
         Ok(TaskEnd::BadData(reason, n)) => {

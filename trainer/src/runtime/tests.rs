@@ -20,6 +20,7 @@ use crate::store::LocalStore;
 use crate::testdata::{boston, split_every};
 use crate::{ModelSpec, OptimizerKind, build};
 
+mod resume;
 mod sole;
 mod taken_away;
 

@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use edl_master_client::task::LeasedTask;
+use edl_master_client::{Release, Resume};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -125,7 +126,11 @@ async fn taken_away(
     started: Instant,
     why: &str,
 ) -> Acked {
-    match acks.release(task, records).await {
+    let how = Release::Drained {
+        trained: records,
+        resume: None,
+    };
+    match acks.release(task, &how).await {
         Ok(_) => tracing::warn!(task = %task.id, "handed the task back: {why}"),
         Err(e) if e.is_stale() => {
             tracing::info!(task = %task.id, "the task was taken away while training; the attempt holding it trains the rest")
@@ -239,6 +244,11 @@ impl Tasks {
         Ok(Some(match item? {
             Next::Task(t) => {
                 self.progress.pass = t.task.pass;
+                if let Some(r) = &t.task.resume {
+                    // Its done record names the shards' incarnations that answered
+                    // the batches applied before the hand-back, too.
+                    self.store.resume_after(task_ref(&t.task), &r.answered);
+                }
                 Next::Task(t)
             }
             Next::PassFinished { ended, next } => {
@@ -313,18 +323,43 @@ impl Tasks {
         Ok(())
     }
 
-    /// Hands `task` back (a drain), after `trained` of its records were trained (they are
-    /// trained again by whoever gets it). The trainer leaves the sync steps.
-    pub async fn hand_back(&mut self, task: &LeasedTask, trained: u64) -> Result<(), RuntimeError> {
+    /// Hands `task` back (a drain) after this attempt trained `trained` of its records.
+    /// `resume_at`, when the loop knows it: the batch (counted from the task's first)
+    /// before which every batch is applied, and their records; the next attempt resumes
+    /// there, and they are not trained again. `None` leaves the task to be trained from
+    /// where this attempt started. The tasks read ahead are handed back next, and the
+    /// trainer leaves the sync steps.
+    pub async fn hand_back(
+        &mut self,
+        task: &LeasedTask,
+        trained: u64,
+        resume_at: Option<(u32, u64)>,
+    ) -> Result<(), RuntimeError> {
         self.store.flush().await?;
         self.settle().await?;
         self.idle().await;
-        match self.acks.release(task, trained).await {
-            Ok(_) => tracing::info!(task = %task.id, trained, "handed the task back"),
+        // Per shard, the oldest incarnation that answered the task's pushes (and those
+        // of the attempts it resumed after): what a finishing attempt's done record
+        // must name, so that a shard restored since trains the task again whole.
+        let answered = self.store.handed_back(task_ref(task));
+        let resume = resume_at
+            .filter(|&(batch, _)| batch > 0)
+            .map(|(batch, records)| Resume {
+                batch,
+                records,
+                answered,
+            });
+        let how = Release::Drained { trained, resume };
+        match self.acks.release(task, &how).await {
+            Ok(_) => {
+                tracing::info!(task = %task.id, trained, resume_at = ?resume_at.map(|r| r.0), "handed the task back")
+            }
             Err(e) => {
                 tracing::warn!(task = %task.id, error = %e, "handing the task back failed; the master will requeue it when this trainer's registration ends")
             }
         }
+        // Then the tasks read ahead (the master dispatches hand-backs in dataset order).
+        self.reader.release_read_ahead().await;
         self.progress.handed_back_trained += trained;
         self.progress.drained = true;
         Ok(())
@@ -429,7 +464,8 @@ async fn acknowledge(
         },
         Err(StoreError::Rewound(why)) => {
             tracing::warn!(task = %task.id, reason = %why, "training the task again");
-            if let Err(e) = acks.recompute(&task, records).await
+            let how = Release::Recompute { trained: records };
+            if let Err(e) = acks.release(&task, &how).await
                 && !e.is_stale()
             {
                 return Err(e.into());

@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use edl_master_client::task::{Answer, LeasedTask};
-use edl_master_client::{ClientError, MasterClient};
+use edl_master_client::{ClientError, MasterClient, Release};
 
 use super::Next;
 use crate::progress::RuntimeError;
@@ -159,16 +159,24 @@ impl CloudReader {
         }
     }
 
-    /// Stops fetching and hands back every task read ahead but not yet taken.
+    /// Stops fetching and hands back every task read ahead but not yet taken; returns
+    /// once the fetcher stopped (it hands back a task it leased meanwhile itself).
     pub async fn drain(mut self) {
-        self.stop.cancel();
+        self.release_read_ahead().await;
         if let Some(f) = self.fetcher.take() {
             let _ = f.await;
         }
+    }
+
+    /// Stops fetching and hands back every task read ahead but not yet taken, at once:
+    /// the fetcher hands back a task it leases meanwhile itself (a long poll in flight
+    /// may take its wait to answer).
+    pub async fn release_read_ahead(&mut self) {
+        self.stop.cancel();
         self.rx.close();
         while let Some(item) = self.rx.recv().await {
             if let Ok(Next::Task(t)) = item
-                && let Err(e) = self.acks().release(&t.task, 0).await
+                && let Err(e) = self.acks().release(&t.task, &Release::untrained()).await
             {
                 tracing::warn!(task = %t.task.id, error = %e, "handing back a read-ahead task failed");
             }
@@ -215,23 +223,9 @@ impl Acks {
             .await
     }
 
-    /// Hands a task back without failure (draining).
-    pub async fn release(
-        &self,
-        task: &LeasedTask,
-        records_trained: u64,
-    ) -> Result<bool, ClientError> {
-        self.client
-            .release_task(&self.trainer, task, records_trained, false)
-            .await
-    }
-
-    /// Hands back a task trained whole that must be trained again: a pserver shard was
-    /// restored meanwhile from a state without some of it (counted as recomputed).
-    pub async fn recompute(&self, task: &LeasedTask, records: u64) -> Result<bool, ClientError> {
-        self.client
-            .release_task(&self.trainer, task, records, true)
-            .await
+    /// Hands a task back: see [`Release`].
+    pub async fn release(&self, task: &LeasedTask, how: &Release) -> Result<bool, ClientError> {
+        self.client.release_task(&self.trainer, task, how).await
     }
 }
 
@@ -272,7 +266,7 @@ impl Fetcher {
                     // back rather than left pending under a live registration.
                     let grace = self.cfg.wait + Duration::from_secs(5);
                     if let Ok(Ok(Answer::Task(task))) = tokio::time::timeout(grace, call).await
-                        && let Err(e) = self.client.release_task(&self.cfg.trainer, &task, 0, false).await
+                        && let Err(e) = self.client.release_task(&self.cfg.trainer, &task, &Release::untrained()).await
                     {
                         tracing::warn!(task = %task.id, error = %e, "handing back a task leased while draining failed");
                     }
@@ -393,7 +387,7 @@ impl Fetcher {
                 if self.send(Ok(Next::Task(data))).await.is_err()
                     && let Err(e) = self
                         .client
-                        .release_task(&self.cfg.trainer, &task, 0, false)
+                        .release_task(&self.cfg.trainer, &task, &Release::untrained())
                         .await
                 {
                     if matches!(e, ClientError::Cancelled) {
@@ -410,7 +404,7 @@ impl Fetcher {
                 tracing::warn!(task = %task.id, reason = %reason, "cannot reach the task's data; handing it back");
                 if let Err(e) = self
                     .client
-                    .release_task(&self.cfg.trainer, &task, 0, false)
+                    .release_task(&self.cfg.trainer, &task, &Release::untrained())
                     .await
                 {
                     tracing::warn!(task = %task.id, error = %e, "handing back a task failed");

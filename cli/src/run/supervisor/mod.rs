@@ -146,6 +146,9 @@ pub(crate) struct Limits {
     pub lease_ttl: Duration,
     /// How long a trainer may take to register.
     pub register_within: Duration,
+    /// How long a process given a notice (`--chaos notice-*`) has before it is
+    /// SIGKILLed.
+    pub notice_deadline: Duration,
 }
 
 /// What the supervisor knows of a process.
@@ -163,6 +166,8 @@ pub(crate) struct Proc {
     pub resumed: bool,
     /// SIGSTOPped until then.
     pub stopped_until: Option<Instant>,
+    /// Given a notice (SIGTERM): SIGKILLed at this deadline if it still runs.
+    pub notice_until: Option<Instant>,
     /// When it was spawned.
     pub spawned: Instant,
     /// A trainer that has registered with the job.
@@ -221,6 +226,8 @@ pub(crate) struct Supervisor {
     restart_queue: Vec<Restart>,
     recoveries: Vec<Recovery>,
     scale_events: Vec<ScaleEvent>,
+    /// Notices whose process still ran at the deadline (SIGKILLed then).
+    notices_past_deadline: u32,
 }
 
 impl Supervisor {
@@ -240,6 +247,7 @@ impl Supervisor {
             restart_queue: Vec::new(),
             recoveries: Vec::new(),
             scale_events: Vec::new(),
+            notices_past_deadline: 0,
         }
     }
 
@@ -283,6 +291,7 @@ impl Supervisor {
                 injected: false,
                 resumed: false,
                 stopped_until: None,
+                notice_until: None,
                 spawned: now,
                 registered: false,
                 unregistered: false,
@@ -412,6 +421,12 @@ impl Supervisor {
                 p.resumed = true;
                 effects.push(Effect::Signal { id, sig: Sig::Cont });
             }
+            if p.notice_until.is_some_and(|until| now >= until) {
+                p.notice_until = None;
+                self.notices_past_deadline += 1;
+                tracing::warn!(process = %p.name, deadline = ?self.limits.notice_deadline, "still running at its notice's deadline: SIGKILL");
+                effects.push(Effect::Kill { id });
+            }
         }
         let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.restart_queue)
             .into_iter()
@@ -539,7 +554,8 @@ impl Supervisor {
             .collect()
     }
 
-    /// A fault hits process `id`: SIGKILL, SIGSTOP for twice the lease TTL, or SIGTERM.
+    /// A fault hits process `id`: SIGKILL, SIGSTOP for twice the lease TTL, or a notice
+    /// (SIGTERM, then SIGKILL at the notice's deadline if it still runs).
     /// Its exit, whatever its status, is then not a crash, and it is restarted at once.
     pub(crate) fn inject(&mut self, id: ProcId, action: Action, now: Instant) -> Option<Effect> {
         let p = self.procs.get_mut(&id)?;
@@ -551,7 +567,10 @@ impl Supervisor {
                 p.stopped_until = Some(now + 2 * self.limits.lease_ttl);
                 Effect::Signal { id, sig: Sig::Stop }
             }
-            Action::Term => Effect::Signal { id, sig: Sig::Term },
+            Action::Notice => {
+                p.notice_until = Some(now + self.limits.notice_deadline);
+                Effect::Signal { id, sig: Sig::Term }
+            }
         })
     }
 
@@ -640,6 +659,11 @@ impl Supervisor {
     /// Scale events so far.
     pub(crate) fn scale_events(&self) -> &[ScaleEvent] {
         &self.scale_events
+    }
+
+    /// Notices so far whose process still ran at the deadline (SIGKILLed then).
+    pub(crate) fn notices_past_deadline(&self) -> u32 {
+        self.notices_past_deadline
     }
 }
 

@@ -11,6 +11,7 @@ fn limits() -> Limits {
         healthy_after: 30 * SECOND,
         lease_ttl: Duration::from_secs(2),
         register_within: 60 * SECOND,
+        notice_deadline: 5 * SECOND,
     }
 }
 
@@ -320,11 +321,11 @@ fn injected_faults_restart_at_once_and_do_not_count() {
 }
 
 #[test]
-fn a_trainer_hit_by_sigterm_drains_and_is_restarted_though_it_exits_cleanly() {
+fn a_trainer_given_a_notice_drains_and_is_restarted_though_it_exits_cleanly() {
     let (mut sup, t0, _) = started();
     let t = id_of(&sup, "trainer-0");
     assert_eq!(
-        sup.inject(t, Action::Term, t0),
+        sup.inject(t, Action::Notice, t0),
         Some(Effect::Signal {
             id: t,
             sig: Sig::Term
@@ -339,9 +340,9 @@ fn a_trainer_hit_by_sigterm_drains_and_is_restarted_though_it_exits_cleanly() {
     assert_eq!(crash, None, "an injected fault is not a crash");
     assert_eq!(sup.restarts(), 0);
     assert_eq!(spawned(&sup.tick(t0, false)), ["trainer-0.1"]);
-    // Once the job has finished, a trainer hit by SIGTERM is not restarted.
+    // Once the job has finished, a trainer given a notice is not restarted.
     let t = id_of(&sup, "trainer-0.1");
-    sup.inject(t, Action::Term, t0);
+    sup.inject(t, Action::Notice, t0);
     assert_eq!(
         sup.exited(t, true, "exit status: 0", true, t0).unwrap(),
         None
@@ -349,11 +350,43 @@ fn a_trainer_hit_by_sigterm_drains_and_is_restarted_though_it_exits_cleanly() {
     assert!(spawned(&sup.tick(t0 + SECOND, false)).is_empty());
 }
 
+/// A notice's victim that still runs at the deadline is SIGKILLed, once; one that
+/// exited before is not (the deadline goes with its process).
 #[test]
-fn a_pserver_hit_by_sigterm_is_restarted_at_once() {
+fn a_notice_ends_in_sigkill_at_its_deadline_only_while_the_process_runs() {
+    let (mut sup, t0, _) = started();
+    let (slow, quick) = (id_of(&sup, "trainer-0"), id_of(&sup, "trainer-1"));
+    sup.inject(slow, Action::Notice, t0);
+    sup.inject(quick, Action::Notice, t0);
+    assert_eq!(
+        sup.exited(quick, true, "exit status: 0", false, t0 + SECOND)
+            .unwrap(),
+        None
+    );
+    let before = t0 + limits().notice_deadline - Duration::from_millis(1);
+    assert!(!sup.tick(before, true).contains(&Effect::Kill { id: slow }));
+    assert_eq!(sup.notices_past_deadline(), 0);
+    let at = t0 + limits().notice_deadline;
+    let effects = sup.tick(at, true);
+    assert!(effects.contains(&Effect::Kill { id: slow }), "{effects:?}");
+    assert!(
+        !effects.contains(&Effect::Kill { id: quick }),
+        "{effects:?}"
+    );
+    assert_eq!(sup.notices_past_deadline(), 1);
+    assert!(
+        !sup.tick(at + SECOND, true)
+            .contains(&Effect::Kill { id: slow }),
+        "once"
+    );
+    assert_eq!(sup.notices_past_deadline(), 1);
+}
+
+#[test]
+fn a_pserver_given_a_notice_is_restarted_at_once() {
     let (mut sup, t0, _) = started();
     let ps = id_of(&sup, "pserver-0");
-    sup.inject(ps, Action::Term, t0);
+    sup.inject(ps, Action::Notice, t0);
     assert_eq!(
         sup.exited(ps, true, "exit status: 0", false, t0).unwrap(),
         None
@@ -629,7 +662,7 @@ fn a_slot_whose_replacement_a_scale_down_drained_is_retired() {
     let t1 = id_of(&sup, "trainer-1");
     assert!(!sup.slot_retired(Role::Trainer, 1));
     // A fault hits trainer-1: it is restarted at once, so its slot is still wanted.
-    sup.inject(t1, Action::Term, t0);
+    sup.inject(t1, Action::Notice, t0);
     assert!(
         sup.exited(t1, true, "exit status: 0", false, t0)
             .expect("ok")

@@ -122,6 +122,9 @@ struct Current {
     /// Whether the pending run may be handed over part-way (adaptive).
     adaptive: bool,
     trained: u64,
+    /// The batch after the last run handed over (pushed, or skipped: never pushed),
+    /// counted from the task's first; `None` before the first.
+    next_batch: Option<u32>,
     stopped: Option<Result<String, Fatal>>,
     steps: u64,
     skipped: u64,
@@ -223,6 +226,7 @@ impl Compute {
                 pending: None,
                 adaptive: false,
                 trained: 0,
+                next_batch: None,
                 stopped: None,
                 steps: 0,
                 skipped: 0,
@@ -350,6 +354,7 @@ impl Compute {
             return;
         };
         cur.trained += records;
+        cur.next_batch = Some(first + count);
         let Some(grads) = sum else {
             return;
         };
@@ -405,7 +410,10 @@ impl Compute {
             (Some(Ok(reason)), _) | (None, EndHow::BadData(reason)) => {
                 Ok(TaskEnd::BadData(reason, trained))
             }
-            (None, EndHow::Drained) => Ok(TaskEnd::Drained(trained)),
+            (None, EndHow::Drained) => Ok(TaskEnd::Drained {
+                records: trained,
+                next_batch: cur.next_batch,
+            }),
             (None, EndHow::Whole) => Ok(TaskEnd::Trained(trained)),
         };
         Done {
