@@ -545,9 +545,9 @@ async fn a_stopped_trainer_is_named_stuck_and_restarted_after_the_task_timeout()
 /// applied, and whoever takes it next resumes after them. Every record is trained
 /// exactly once (none twice, none cut off, none lost: `edl run` settles the end on the
 /// shards' ledgers), no notice runs into its deadline, and every task held is back in
-/// the queue. Async mode with one task of the 324 training records per pass, in
-/// batches of 5: the pipeline's drain, and notices that land inside a task (most do: a
-/// trainer between tasks or evaluating holds none, and the victim is one that holds one).
+/// the queue. Async mode with one task of the 324 training records per pass, in batches
+/// of 5: the pipeline's drain, and notices that land inside a task (the victim is a
+/// trainer holding one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notices_hand_tasks_back_with_their_applied_batches_and_nothing_is_trained_twice() {
     const PASSES: u64 = 400;

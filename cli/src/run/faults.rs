@@ -30,6 +30,10 @@ use super::supervisor::{Crash, Effect, Role, Supervisor, trainer_slot};
 /// How soon a fault that found no victim is tried again.
 const VICTIM_RETRY: Duration = Duration::from_secs(1);
 
+/// How soon a stop or a notice of a trainer is tried again when no trainer held a task
+/// (between passes, evaluating): soon, since tasks come and go quickly.
+const HOLDER_RETRY: Duration = Duration::from_millis(200);
+
 /// What recovery from a fault means, checked against etcd.
 #[derive(Debug)]
 enum Check {
@@ -122,20 +126,24 @@ impl Faults {
         now: Instant,
     ) -> Option<Effect> {
         let fault = self.clock.due(now)?;
-        let effect = self.inject(fault, sup, launch).await;
-        if effect.is_none() {
-            // No victim now (none registered, or etcd cannot say): the fault waits.
-            self.clock.defer(fault, now + VICTIM_RETRY);
+        match self.inject(fault, sup, launch).await {
+            Ok(effect) => Some(effect),
+            Err(retry) => {
+                // No victim now (none registered, none holding a task, or etcd cannot
+                // say): the fault waits.
+                self.clock.defer(fault, now + retry);
+                None
+            }
         }
-        effect
     }
 
+    /// Hits a victim of `fault`: the effect to run, or when to try again.
     async fn inject(
         &mut self,
         fault: Fault,
         sup: &mut Supervisor,
         launch: &Launch,
-    ) -> Option<Effect> {
+    ) -> Result<Effect, Duration> {
         let Fault { action, role } = fault;
         if role == Role::Pserver
             && launch.replicas() > 1
@@ -145,7 +153,7 @@ impl Faults {
             // one hit (or crashed) is back in sync, every group whole. A second loss
             // before that may be of a shard's last replica, which is a restore by
             // design (docs/replication.md), not a fault this chaos tests.
-            return None;
+            return Err(VICTIM_RETRY);
         }
         let mut candidates = sup.victims(role);
         if role == Role::Trainer {
@@ -154,11 +162,11 @@ impl Faults {
                 sup.proc(id)
                     .is_some_and(|p| registered.contains(&self.trainer_key(&p.name)))
             });
-            if matches!(action, Action::Stop | Action::Notice) {
-                // A stop tests the task timeout, a notice the hand-back: where a trainer
-                // holds a task, the victim is one that does (a trainer stopped between
-                // tasks holds none, and only its lease can tell; one given a notice
-                // between tasks has nothing to hand back).
+            if matches!(action, Action::Stop | Action::Notice) && !candidates.is_empty() {
+                // A stop tests the task timeout, a notice the hand-back: the victim is a
+                // trainer holding a task (one stopped between tasks holds none, and only
+                // its lease can tell; one given a notice between tasks has nothing to
+                // hand back). None holds one now (between passes, evaluating): soon.
                 let mut holding = Vec::new();
                 for &id in &candidates {
                     if let Some(p) = sup.proc(id)
@@ -167,9 +175,10 @@ impl Faults {
                         holding.push(id);
                     }
                 }
-                if !holding.is_empty() {
-                    candidates = holding;
+                if holding.is_empty() {
+                    return Err(HOLDER_RETRY);
                 }
+                candidates = holding;
             }
         }
         let pick = match role {
@@ -186,18 +195,18 @@ impl Faults {
                         addr.is_none_or(|a| a.trim() != leader)
                     });
                 }
-                *candidates.first()?
+                *candidates.first().ok_or(VICTIM_RETRY)?
             }
-            _ if candidates.is_empty() => return None,
+            _ if candidates.is_empty() => return Err(VICTIM_RETRY),
             _ => candidates[self.rng.random_range(0..candidates.len())],
         };
-        let p = sup.proc(pick)?.clone();
+        let p = sup.proc(pick).ok_or(VICTIM_RETRY)?.clone();
         let stop = action == Action::Stop;
         let check = self.check(role, p.slot, &p.name, stop, launch).await;
         let held = self.tasks_held(role, &p.name).await;
         // Measured from the fault itself, after the queries above.
         let now = Instant::now();
-        let effect = sup.inject(pick, action, now)?;
+        let effect = sup.inject(pick, action, now).ok_or(VICTIM_RETRY)?;
         let fault_name = action.signal();
         tracing::warn!(process = %p.name, fault = fault_name, "chaos: injected");
         self.pending.push(Pending {
@@ -211,7 +220,7 @@ impl Faults {
             again: None,
             served: None,
         });
-        Some(effect)
+        Ok(effect)
     }
 
     /// A crash that the supervisor restarts, seen at `at`: its recovery is awaited (the
