@@ -332,9 +332,19 @@ impl LineJob {
 }
 
 /// A [`LocalStore`] that does not let trainers update locally: the runtime takes the
-/// per-group loop.
-#[derive(Debug)]
-struct PerGroup(LocalStore);
+/// per-group loop. `on_push`, if any, sees each push's origin once it is applied.
+struct PerGroup(LocalStore, Option<OnPush>);
+
+/// What [`PerGroup`] calls after each push.
+type OnPush = Box<dyn Fn(Option<edl_pserver_client::Origin>) + Send + Sync>;
+
+impl std::fmt::Debug for PerGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PerGroup")
+            .field(&self.0)
+            .finish_non_exhaustive()
+    }
+}
 
 #[async_trait::async_trait]
 impl crate::store::ParamStore for PerGroup {
@@ -365,7 +375,11 @@ impl crate::store::ParamStore for PerGroup {
         origin: Option<edl_pserver_client::Origin>,
         grads: &crate::model::StepOutput,
     ) -> Result<(), crate::store::StoreError> {
-        self.0.push(trainer, step, origin, grads).await
+        self.0.push(trainer, step, origin, grads).await?;
+        if let Some(f) = &self.1 {
+            f(origin);
+        }
+        Ok(())
     }
 }
 
@@ -440,7 +454,7 @@ async fn one_trainer_through_the_pipeline_ends_where_the_per_group_loop_ends() {
             "witness: this store and model take the pipeline"
         );
         let inner = store(3);
-        let per_group = PerGroup(inner.clone());
+        let per_group = PerGroup(inner.clone(), None);
         assert!(
             crate::runtime::local_updates(&per_group, line_model(&train).as_ref())
                 .unwrap()

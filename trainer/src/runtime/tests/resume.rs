@@ -7,75 +7,32 @@ use std::sync::Mutex;
 use edl_pserver_client::Origin;
 
 use super::*;
-use crate::store::{ParamStore, StoreError};
 
-/// A [`LocalStore`] for the per-group loop (no local updates: every group is pulled,
-/// computed and pushed in turn) that records the origins pushed and, when `drain_at` is
-/// set, fires `drain` at the push of that batch of the second task it is pushed.
-#[derive(Debug)]
-struct DrainAt {
+/// The per-group loop's store (every group is pulled, computed and pushed in turn) over
+/// `inner`, and the origins it pushed; with `drain_at`, `drain` fires at the push of
+/// that batch of the second task pushed.
+fn drain_at(
     inner: LocalStore,
     drain_at: Option<u32>,
     drain: CancellationToken,
-    origins: Mutex<Vec<Origin>>,
-}
-
-impl DrainAt {
-    fn new(inner: LocalStore, drain_at: Option<u32>, drain: CancellationToken) -> Self {
-        DrainAt {
-            inner,
-            drain_at,
-            drain,
-            origins: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn origins(&self) -> Vec<Origin> {
-        self.origins.lock().expect("origins").clone()
-    }
-}
-
-#[async_trait::async_trait]
-impl ParamStore for DrainAt {
-    async fn init(
-        &self,
-        trainer: &str,
-        params: &crate::store::ParamInit,
-    ) -> Result<crate::store::InitOutcome, StoreError> {
-        self.inner.init(trainer, params).await
-    }
-    async fn pull_dense(&self, params: &mut crate::model::Params) -> Result<(), StoreError> {
-        self.inner.pull_dense(params).await
-    }
-    async fn pull_sparse(
-        &self,
-        rows: &[(String, Vec<u64>)],
-        params: &mut crate::model::Params,
-    ) -> Result<(), StoreError> {
-        self.inner.pull_sparse(rows, params).await
-    }
-    async fn push(
-        &self,
-        trainer: &str,
-        step: u64,
-        origin: Option<Origin>,
-        grads: &crate::model::StepOutput,
-    ) -> Result<(), StoreError> {
-        self.inner.push(trainer, step, origin, grads).await?;
+) -> (Arc<PerGroup>, Arc<Mutex<Vec<Origin>>>) {
+    let origins = Arc::new(Mutex::new(Vec::<Origin>::new()));
+    let seen = origins.clone();
+    let on_push = move |origin: Option<Origin>| {
         let o = origin.expect("a task's push names its origin");
-        let mut origins = self.origins.lock().expect("origins");
+        let mut origins = seen.lock().expect("origins");
         origins.push(o);
         let second = origins.iter().find(|x| x.task != origins[0].task);
-        if second.is_some_and(|s| s.task == o.task && Some(o.seq) == self.drain_at) {
-            self.drain.cancel();
+        if second.is_some_and(|s| s.task == o.task && Some(o.seq) == drain_at) {
+            drain.cancel();
         }
-        Ok(())
-    }
+    };
+    (Arc::new(PerGroup(inner, Some(Box::new(on_push)))), origins)
 }
 
 /// Trains `job` with `store` as trainer `id` (batches of 8, seed 3) until the job ends
 /// or `drain` fires; its progress.
-async fn fit(job: &LineJob, store: Arc<DrainAt>, id: &str, drain: CancellationToken) -> Progress {
+async fn fit(job: &LineJob, store: Arc<PerGroup>, id: &str, drain: CancellationToken) -> Progress {
     let mut cfg = RuntimeConfig::new(id);
     cfg.batch_size = 8;
     cfg.seed = 3;
@@ -98,7 +55,7 @@ async fn a_drained_task_resumes_after_its_applied_batches_as_a_fault_free_run_wo
     let free = LineJob::start_with("free", PASSES, 2).await;
     let store = LocalStore::new(line_model(&free.train), OptimizerKind::sgd(), 0.01, 3);
     let _only = register(&free.backend, "free", "only", &free.stop).await;
-    let only = Arc::new(DrainAt::new(store.clone(), None, CancellationToken::new()));
+    let (only, _) = drain_at(store.clone(), None, CancellationToken::new());
     fit(&free, only, "only", CancellationToken::new()).await;
     let want = store.snapshot().await.expect("initialised").dense;
     free.finish().await;
@@ -109,24 +66,28 @@ async fn a_drained_task_resumes_after_its_applied_batches_as_a_fault_free_run_wo
     let store = LocalStore::new(line_model(&job.train), OptimizerKind::sgd(), 0.01, 3);
     let lease = register(&job.backend, "resumed", "first", &job.stop).await;
     let drain = CancellationToken::new();
-    let first = Arc::new(DrainAt::new(store.clone(), Some(2), drain.clone()));
-    let p1 = fit(&job, first.clone(), "first", drain.clone()).await;
+    let (first, first_pushed) = drain_at(store.clone(), Some(2), drain.clone());
+    let p1 = fit(&job, first, "first", drain.clone()).await;
     assert!(p1.drained && drain.is_cancelled(), "{p1:?}");
     // Batches 0, 1 and 2 of the task: pushed, then the drain before batch 3.
     assert_eq!(p1.handed_back_trained, 3 * 8, "{p1:?}");
-    let drained = *first.origins().last().expect("pushes");
+    let drained = *first_pushed
+        .lock()
+        .expect("origins")
+        .last()
+        .expect("pushes");
     assert_eq!(drained.seq, 2);
     lease
         .revoke()
         .await
         .expect("deregister, as a drained trainer does");
     let _second = register(&job.backend, "resumed", "second", &job.stop).await;
-    let second = Arc::new(DrainAt::new(store.clone(), None, CancellationToken::new()));
-    let p2 = fit(&job, second.clone(), "second", CancellationToken::new()).await;
+    let (second, second_pushed) = drain_at(store.clone(), None, CancellationToken::new());
+    let p2 = fit(&job, second, "second", CancellationToken::new()).await;
     assert!(!p2.drained);
 
     // The second trainer's first push: the handed-back task, from batch 3 on.
-    let resumed = second.origins()[0];
+    let resumed = second_pushed.lock().expect("origins")[0];
     assert_eq!((resumed.task, resumed.seq), (drained.task, 3));
     let c = job
         .client
