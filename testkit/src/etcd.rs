@@ -170,14 +170,6 @@ impl Drop for TlsEtcd {
     }
 }
 
-fn free_port() -> u16 {
-    // etcd takes its ports as arguments: bound here to find a free one, then released.
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 impl TlsEtcd {
     /// Starts the member and waits until a client with the job's certificate is
     /// served.
@@ -187,7 +179,7 @@ impl TlsEtcd {
             .expect("a private CA")
             .write(&dir.path().join("tls"))
             .expect("write the certificates");
-        let (client_port, peer_port) = (free_port(), free_port());
+        let (client_port, peer_port) = (crate::free_port(), crate::free_port());
         let client = format!("https://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let path = |p: &std::path::Path| p.as_os_str().to_owned();

@@ -190,7 +190,8 @@ fn secret_key(api: &FakeApi, ns: &str, selector: &Value) -> Result<Option<String
 /// so `<pod>.<subdomain>.<namespace>.svc[.cluster.local]:<port>` (a pod's DNS name, as a
 /// headless service gives it) becomes `127.0.0.1:<its port>`, and a pod's own
 /// `0.0.0.0:<port>` the same port, chosen the first time either is met (a free port
-/// then) and kept for the pod's name, as a pod's DNS name outlives its incarnations.
+/// then, outside the ephemeral range: see [`crate::ports`]) and kept for the pod's name, as
+/// a pod's DNS name outlives its incarnations.
 #[derive(Debug, Clone, Default)]
 struct Ports(Arc<Mutex<BTreeMap<(String, u16), u16>>>);
 
@@ -198,11 +199,9 @@ impl Ports {
     /// The loopback port of `pod`'s `port`.
     fn of(&self, pod: &str, port: u16) -> u16 {
         let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *table.entry((pod.to_owned(), port)).or_insert_with(|| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_or(port, |a| a.port())
-        })
+        *table
+            .entry((pod.to_owned(), port))
+            .or_insert_with(crate::free_port)
     }
 
     /// `text` with the pod addresses in it on this host (`own`: the pod it is for).

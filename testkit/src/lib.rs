@@ -22,6 +22,8 @@
 //!   every byte) and heals, to cut one process off from one address.
 //! - [`s3`]: [`S3Server`](s3::S3Server), a real S3 server (`edl-s3-server`, s3s-fs
 //!   over a directory) on a loopback port, restartable on its data.
+//! - [`free_port`]: a loopback port outside the ephemeral range, for a process told its
+//!   port (and restarted on it).
 //! - [`wait_until`]: polls a condition until a deadline.
 //! - [`register_trainer`]: registers a trainer under a job's `trainers/` with its own
 //!   lease, as trainers do.
@@ -42,6 +44,7 @@ pub mod etcd;
 pub mod faulty;
 pub mod kube_api;
 pub mod kubelet;
+pub mod ports;
 pub mod proxy;
 pub mod s3;
 
@@ -49,6 +52,7 @@ pub use child::{CHILD_ROLE_ENV, ChildProcess, child_role, signal};
 pub use etcd::EtcdCluster;
 pub use faulty::{ErrorFn, FaultyBackend, WATCH_STREAM};
 pub use nix::sys::signal::Signal;
+pub use ports::free_port;
 
 /// Polls `cond` every `every` until it returns true (then `true`) or `within` has
 /// passed (then `false`). Works on paused and real clocks alike.
