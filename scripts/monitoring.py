@@ -50,6 +50,10 @@ panels = [
         ('sum(rate(edl_operator_reconciles_total[5m]))', "reconciles/s"),
         ('sum(rate(edl_operator_reconcile_errors_total[5m]))', "errors/s"),
         ('sum(increase(edl_operator_scale_events_total[15m]))', "scale events")]),
+    # Seconds per second per bucket: how many trainers' time goes to each (docs/design.md,
+    # "Goodput"); the buckets of a job sum to its trainer count.
+    panel(13, "Goodput: where the trainers' time goes", [
+        (f'sum by (job, bucket) (rate(edl_trainer_goodput_seconds_total{{{J}}}[5m]))', "{{job}} {{bucket}}")]),
 ]
 dashboard = {
     "uid": "edl-jobs", "title": "edl training jobs", "tags": ["edl"], "schemaVersion": 39,

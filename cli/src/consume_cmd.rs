@@ -75,7 +75,7 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             r = joining => r?,
             _ = shutdown.cancelled() => return Ok(()),
         };
-        let mut reader = session.reader(Some(args.read_ahead));
+        let mut reader = session.reader(Some(args.read_ahead), None);
         let mut out = match &args.out {
             Some(p) => Some(
                 std::fs::OpenOptions::new()

@@ -197,6 +197,16 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                     if m.leader { " (leader)" } else { "" }
                 );
             }
+            if let Some(g) = &j.goodput {
+                println!(
+                    "  goodput of {} trainers: {}",
+                    g.trainers.len(),
+                    edl_master_client::overview::goodput_line(&g.seconds)
+                );
+                for (t, s) in g.trainers.iter().filter(|(t, _)| j.trainers.contains(t)) {
+                    println!("    {t}: {}", edl_master_client::overview::goodput_line(s));
+                }
+            }
             for t in &j.stuck {
                 println!(
                     "  stuck trainer {}: no report on task {} for {:.1}s ({:.0}s ago; the task was handed out again)",

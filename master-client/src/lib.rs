@@ -36,7 +36,8 @@ use tonic::transport::Channel;
 pub mod overview;
 
 pub use edl_master_api::{
-    Answer, LeasedTask, MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES, Release, Resume, task,
+    Answer, Bucket, Goodput, LeasedTask, MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES, Release, Resume,
+    goodput, task,
 };
 
 /// Why a client call failed.
@@ -288,19 +289,22 @@ impl MasterClient {
         .await
     }
 
-    /// Asks for a task of `pass`, long-polling up to `wait`.
+    /// Asks for a task of `pass`, long-polling up to `wait`; `goodput`: where the
+    /// trainer's time went so far, if it measures it.
     pub async fn get_task(
         &self,
         trainer: &str,
         pass: u32,
         request_id: u64,
         wait: Duration,
+        goodput: Option<&Goodput>,
     ) -> Result<Answer, ClientError> {
         let msg = pb::GetTaskRequest {
             trainer: trainer.to_owned(),
             pass,
             request_id,
             wait_ms: wait.as_millis().min(u128::from(u32::MAX)) as u32,
+            goodput: goodput.map(pb::Goodput::from),
         };
         let timeout = self.cfg.call_timeout + wait;
         let resp = self

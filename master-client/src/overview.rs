@@ -2,7 +2,7 @@
 //! tasks, trainers, pservers and masters, from its keys in etcd and from its leading
 //! master's status.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +14,8 @@ use edl_job::{
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::{MasterClient, MasterClientConfig};
+use crate::{Goodput, MasterClient, MasterClientConfig};
+use edl_proto::master as pb;
 
 /// The version of the JSON that `edl status --json` prints (docs/json.md). Bumped
 /// when a field changes meaning or goes away; new fields may appear within a version.
@@ -179,6 +180,49 @@ pub struct StuckTrainer {
     pub ago_s: f64,
 }
 
+/// Where a job's trainers' time went (docs/design.md, "Goodput"), as the leading master
+/// heard it with their `GetTask`s (it keeps the latest of each trainer that spoke to it
+/// while it led, departed ones included).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct JobGoodput {
+    /// Seconds per bucket, summed over the trainers (trainer-seconds).
+    pub seconds: BTreeMap<&'static str, f64>,
+    /// Per trainer id, its seconds per bucket.
+    pub trainers: BTreeMap<String, BTreeMap<&'static str, f64>>,
+}
+
+impl JobGoodput {
+    /// From a master's `Status`; `None` when no trainer sent any.
+    pub fn of(status: &pb::StatusResponse) -> Option<JobGoodput> {
+        let mut job = Goodput::default();
+        let mut trainers = BTreeMap::new();
+        for t in &status.goodput {
+            let g = t.goodput.as_ref().map(Goodput::from).unwrap_or_default();
+            job.add(&g);
+            trainers.insert(t.trainer.clone(), g.named().collect());
+        }
+        (!trainers.is_empty()).then(|| JobGoodput {
+            seconds: job.named().collect(),
+            trainers,
+        })
+    }
+}
+
+/// `1234.5 s: computing 61.0%, communicating 20.1%, ...`: the total, then each bucket
+/// with a share of at least 0.05%, in the buckets' order.
+pub fn goodput_line(seconds: &BTreeMap<&'static str, f64>) -> String {
+    let total: f64 = seconds.values().sum();
+    let shares: Vec<String> = crate::Bucket::ALL
+        .iter()
+        .filter_map(|b| {
+            let s = seconds.get(b.name()).copied().unwrap_or(0.0);
+            (total > 0.0 && s / total >= 0.0005)
+                .then(|| format!("{} {:.1}%", b.name(), 100.0 * s / total))
+        })
+        .collect();
+    format!("{total:.1} s: {}", shares.join(", "))
+}
+
 /// One job in `edl status`.
 #[derive(Debug, Serialize)]
 pub struct JobStatus {
@@ -208,6 +252,8 @@ pub struct JobStatus {
     pub stuck: Vec<StuckTrainer>,
     /// Why the job is paused (etcd is full), with what to do (state `paused`).
     pub paused: Option<String>,
+    /// Where its trainers' time went (when a master answers and trainers measured it).
+    pub goodput: Option<JobGoodput>,
 }
 
 /// The jobs with a spec in etcd.
@@ -337,6 +383,7 @@ pub async fn job_status_with(
         desired_trainers,
         pservers,
         masters,
+        goodput: status.as_ref().and_then(JobGoodput::of),
         stuck: status
             .as_ref()
             .map(|s| {

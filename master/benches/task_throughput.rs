@@ -89,7 +89,7 @@ async fn run_once(
                     request += 1;
                     let t0 = Instant::now();
                     let next = client
-                        .get_task(&trainer, 0, request, Duration::ZERO)
+                        .get_task(&trainer, 0, request, Duration::ZERO, None)
                         .await
                         .expect("get task");
                     lat.push(t0.elapsed().as_micros() as u64);

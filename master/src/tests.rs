@@ -198,7 +198,7 @@ async fn a_trainer_lost_after_the_trainer_watch_ended_gets_its_task_requeued() {
     client.set_dataset(vec![glob], 0, 0).await.unwrap();
     let lease = h.register("doomed").await;
     let Answer::Task(_) = client
-        .get_task("doomed", 0, 1, Duration::ZERO)
+        .get_task("doomed", 0, 1, Duration::ZERO, None)
         .await
         .unwrap()
     else {
@@ -238,7 +238,11 @@ async fn clients_wait_while_a_new_leader_loads_the_queue() {
     let client = client_of(&h);
     client.set_dataset(vec![glob], 0, 0).await.unwrap();
     let _lease = h.register("t").await;
-    let Answer::Task(held) = client.get_task("t", 0, 1, Duration::ZERO).await.unwrap() else {
+    let Answer::Task(held) = client
+        .get_task("t", 0, 1, Duration::ZERO, None)
+        .await
+        .unwrap()
+    else {
         panic!("expected a task")
     };
     let (stop, first) = h.masters.remove(0);
@@ -328,7 +332,11 @@ async fn wait_for_status(
 /// Takes a task for trainer `t` and acknowledges it through incarnation 5 of shard 0;
 /// then takes another and returns it (held).
 async fn one_done_one_held(client: &MasterClient) -> LeasedTask {
-    let Answer::Task(done) = client.get_task("t", 0, 1, Duration::ZERO).await.unwrap() else {
+    let Answer::Task(done) = client
+        .get_task("t", 0, 1, Duration::ZERO, None)
+        .await
+        .unwrap()
+    else {
         panic!("expected a task")
     };
     assert!(
@@ -337,7 +345,11 @@ async fn one_done_one_held(client: &MasterClient) -> LeasedTask {
             .await
             .unwrap()
     );
-    let Answer::Task(held) = client.get_task("t", 0, 2, Duration::ZERO).await.unwrap() else {
+    let Answer::Task(held) = client
+        .get_task("t", 0, 2, Duration::ZERO, None)
+        .await
+        .unwrap()
+    else {
         panic!("expected a second task")
     };
     held

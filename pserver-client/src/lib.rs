@@ -131,6 +131,17 @@ pub struct PsClientConfig {
     pub bulk: bool,
     /// Dial pservers over TLS (gRPC and the bulk path); `None`: plain.
     pub tls: Option<edl_proto::tls::Tls>,
+    /// Told when a call starts retrying after a failure and when it ends (a trainer
+    /// counts that time as recovering).
+    pub observer: Option<Arc<dyn RetryObserver>>,
+}
+
+/// Told when a call is being retried after a failure (an unreachable pserver, a shard
+/// moved or not serving yet): `retrying(true)` before its second attempt, `retrying(false)`
+/// when the call ends, however it ends. Calls may overlap: each says both.
+pub trait RetryObserver: Send + Sync + std::fmt::Debug {
+    /// A call began (`true`) or ended (`false`) retrying.
+    fn retrying(&self, on: bool);
 }
 
 impl PsClientConfig {
@@ -148,6 +159,7 @@ impl PsClientConfig {
             init_chunk_bytes: 64 << 20,
             bulk: true,
             tls: None,
+            observer: None,
         }
     }
 }

@@ -11,6 +11,22 @@ use crate::connection::Target;
 use crate::error::{ErrorKind, next_step_of};
 use crate::{PsClient, PsClientError, Result};
 
+/// A call being retried, for the config's [`RetryObserver`](crate::RetryObserver).
+struct Recovering<'a>(&'a dyn crate::RetryObserver);
+
+impl<'a> Recovering<'a> {
+    fn begin(o: &'a dyn crate::RetryObserver) -> Self {
+        o.retrying(true);
+        Recovering(o)
+    }
+}
+
+impl Drop for Recovering<'_> {
+    fn drop(&mut self) {
+        self.0.retrying(false);
+    }
+}
+
 /// Codes worth retrying (possibly at a replacement pserver).
 fn retryable(s: &tonic::Status) -> bool {
     edl_proto::headers::transient(s) || ErrorKind::of(s) == Some(ErrorKind::NotServing)
@@ -36,7 +52,13 @@ impl PsClient {
         F: Fn(Target, tonic::Request<T>) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
     {
+        let observer = self.inner.cfg.observer.as_deref();
+        let (mut attempts, mut recovering) = (0u32, None);
         let r = call_until(self.inner.cfg.retry_for, &self.inner.cancel, |until| {
+            attempts += 1;
+            if attempts == 2 {
+                recovering = observer.map(Recovering::begin);
+            }
             let (op, msg, classify) = (&op, &msg, &classify);
             async move {
                 match self.client(shard, until).await {
@@ -64,6 +86,7 @@ impl PsClient {
             }
         })
         .await;
+        drop(recovering);
         r.map_err(|e| match e {
             CallError::Failed(e) => e,
             CallError::Cancelled => PsClientError::Cancelled,

@@ -441,6 +441,14 @@ async fn pserver_kills_with_a_replica_in_sync_recompute_and_restore_nothing() {
             recovered >= 3,
             "{mode}: {recovered} pserver kills recovered: {r}"
         );
+        // The trainers' calls to a killed pserver were retried at its replacement: their
+        // goodput says recovering (and nothing recomputing).
+        let g = &r["goodput"]["seconds"];
+        assert!(
+            g["recovering"].as_f64() > Some(0.0) && g["computing"].as_f64() > Some(0.0),
+            "{mode}: {r}"
+        );
+        assert_eq!(g["recomputing"].as_f64(), Some(0.0), "{mode}: {r}");
         // No replica ever restored a checkpoint (the first one started from none).
         let logs = std::path::PathBuf::from(r["run_dir"].as_str().expect("run_dir")).join("logs");
         for entry in std::fs::read_dir(&logs).expect("logs") {

@@ -315,7 +315,11 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     let client = w.client();
     client.set_dataset(vec![glob], 1, 1).await.unwrap();
     let lease = w.register_trainer("old").await;
-    let Answer::Task(task) = client.get_task("old", 0, 1, Duration::ZERO).await.unwrap() else {
+    let Answer::Task(task) = client
+        .get_task("old", 0, 1, Duration::ZERO, None)
+        .await
+        .unwrap()
+    else {
         panic!("expected a task")
     };
     lease.revoke().await.unwrap();
@@ -329,7 +333,7 @@ async fn a_stale_task_finished_after_redispatch_is_rejected() {
     let mut again = None;
     for request in 1..=3 {
         let Answer::Task(t) = client
-            .get_task("new", 0, request, Duration::ZERO)
+            .get_task("new", 0, request, Duration::ZERO, None)
             .await
             .unwrap()
         else {

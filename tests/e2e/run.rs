@@ -327,11 +327,31 @@ async fn scale_up_and_down_then_kill_show_in_status_logs_and_the_report() {
     assert!(j["masters"][0]["address"].is_string(), "{v}");
     assert_eq!(j["pservers"][0]["index"], 0, "{v}");
     assert!(j["pservers"][0]["address"].is_string(), "{v}");
-    // The human view names the job, its pass and its processes.
+    // Where the trainers' time went: each of the three that ran told the master, and
+    // the job's buckets are their sums.
+    let goodput = &j["goodput"];
+    let per_trainer = goodput["trainers"]
+        .as_object()
+        .expect("goodput per trainer");
+    assert!(per_trainer.len() >= 3, "{v}");
+    let computing: f64 = per_trainer
+        .values()
+        .map(|t| t["computing"].as_f64().expect("computing"))
+        .sum();
+    assert!(computing > 0.0, "{v}");
+    assert!(
+        (goodput["seconds"]["computing"].as_f64().expect("computing") - computing).abs() < 1e-6,
+        "{v}"
+    );
+    // The human view names the job, its pass, its processes and its goodput.
     let (ok, out, err) = edl_cmd(&["status", "--etcd", &etcd]);
     assert!(ok && err.is_empty(), "status: ok {ok}, stderr: {err}");
     assert!(
-        out.contains(job) && out.contains("(leader)") && out.contains("pserver 0"),
+        out.contains(job)
+            && out.contains("(leader)")
+            && out.contains("pserver 0")
+            && out.contains("goodput of ")
+            && out.contains("computing "),
         "{out}"
     );
     // Logs of the trainers, by process.
@@ -354,6 +374,10 @@ async fn scale_up_and_down_then_kill_show_in_status_logs_and_the_report() {
     );
     assert_eq!(scale_moves(&r), vec![(2, 3), (3, 1)], "{r}");
     assert_eq!(r["restarts"], 0, "drained trainers are not crashes: {r}");
+    assert!(
+        r["goodput"]["seconds"]["computing"].as_f64() > Some(0.0),
+        "{r}"
+    );
     let (_, out, _) = edl_cmd(&["status", job, "--json", "--etcd", &etcd]);
     let v: Value = serde_json::from_str(&out).expect("status json");
     assert_eq!(v["jobs"][0]["state"], "stopped", "{v}");
@@ -681,10 +705,7 @@ async fn paddle_environment_variables_run_the_pserver_and_trainer_roles() {
     let (ok, out, err) = edl_cmd(&["run", &spec.display().to_string(), "--coord", "memory"]);
     assert!(ok, "{out}{err}");
     let (_m, _) = w.master("master", &[]).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = edl_testkit::free_port();
     let ep = format!("127.0.0.1:{port}");
     let spawn = |name: &str, vars: &[(&str, &str)]| {
         let log = std::fs::File::create(w.dir.path().join(format!("{name}.log"))).expect("log");

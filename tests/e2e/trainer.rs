@@ -260,6 +260,24 @@ pub(crate) async fn finish(w: &World, trainers: &mut [Proc], within: Duration) -
     out
 }
 
+/// A trainer report's goodput buckets (seconds by name), checked to sum to its wall time
+/// within 1%.
+pub(crate) fn goodput_of(report: &Value) -> std::collections::BTreeMap<String, f64> {
+    let buckets: std::collections::BTreeMap<String, f64> = report["goodput"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no goodput in {report}"))
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_f64().expect("seconds")))
+        .collect();
+    let wall = report["wall_s"].as_f64().expect("wall_s");
+    let sum: f64 = buckets.values().sum();
+    assert!(
+        buckets.len() == 8 && (sum - wall).abs() <= 0.01 * wall,
+        "goodput buckets sum to {sum} s, not the trainer's {wall} s: {report}"
+    );
+    buckets
+}
+
 pub(crate) fn final_metric(reports: &[Value]) -> (String, f64) {
     let last = reports
         .iter()
@@ -583,7 +601,8 @@ pub(crate) async fn wait_status(
 
 /// A first pass with: a trainer joining mid-pass, one drained with SIGTERM, one SIGKILLed.
 /// The pass completes, every record is trained, duplicates come only from the killed
-/// trainer's in-flight tasks and the drained trainer's handed-back partial task, and the
+/// trainer's in-flight tasks and the drained trainer's handed-back partial task (none when
+/// the next holder resumes after its applied batches), and the
 /// final accuracy is within 5% of a fault-free run with the same seed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn elastic_pass_with_join_drain_and_kill_matches_a_fault_free_run() {
@@ -593,8 +612,15 @@ async fn elastic_pass_with_join_drain_and_kill_matches_a_fault_free_run() {
     let (_m, _) = base.master("master", &["--chunks-per-task", "1"]).await;
     let (_p, _) = base.pserver("ps0", &["--shards", "1"]).await;
     let mut trainers = vec![base.trainer("t0", &spec), base.trainer("t1", &spec)];
-    let reports = finish(&base, &mut trainers, Duration::from_secs(300)).await;
-    let (_, base_acc) = final_metric(&reports);
+    let base_reports = finish(&base, &mut trainers, Duration::from_secs(300)).await;
+    let (_, base_acc) = final_metric(&base_reports);
+    let base_counters = base
+        .client()
+        .status()
+        .await
+        .expect("status")
+        .counters
+        .expect("counters");
 
     let w = World::new("elastic").await;
     let spec = mnist_spec(&w, 2);
@@ -664,8 +690,10 @@ async fn elastic_pass_with_join_drain_and_kill_matches_a_fault_free_run() {
     // pass, and a task holds that plus at most a chunk (a 256 KiB chunk holds at most 100
     // samples).
     let task_max = s.total_records / 32 + 100;
+    // The drained trainer's hand-back either carries a resume point (its records are not
+    // trained again: `resumed_records`) or does not (they are: `duplicate_records`).
     assert_eq!(
-        c.duplicate_records,
+        c.duplicate_records + c.resumed_records,
         drained_report["handed_back_trained"].as_u64().unwrap_or(0),
         "{c:?}"
     );
@@ -674,6 +702,39 @@ async fn elastic_pass_with_join_drain_and_kill_matches_a_fault_free_run() {
         c.cutoff_records <= c.trainer_lost * task_max,
         "cut-off records {} exceed the killed trainer's tasks: {c:?}",
         c.cutoff_records
+    );
+    // Where the trainers' time went: each report's buckets sum to its wall time; each
+    // trainer started, waited for tasks, computed and evaluated (the spec has a test
+    // split); the killed trainer's revoked tasks were trained again by the others
+    // (recomputing), which the fault-free run never did.
+    let (mut recomputing, mut computing) = (0.0, 0.0);
+    for r in &reports {
+        let g = goodput_of(r);
+        for b in [
+            "starting",
+            "waiting_for_task",
+            "computing",
+            "communicating",
+            "evaluating",
+        ] {
+            assert!(g[b] > 0.0, "{b}: {r}");
+        }
+        recomputing += g["recomputing"];
+        computing += g["computing"];
+    }
+    recomputing += goodput_of(&drained_report)["recomputing"];
+    assert!(
+        recomputing > 0.0 && recomputing < computing,
+        "recomputing {recomputing} s, computing {computing} s: {reports:?}"
+    );
+    // Without a task dispatched twice, nothing is recomputing.
+    assert!(
+        base_counters.requeued > 0
+            || base_counters.timeouts > 0
+            || base_reports
+                .iter()
+                .all(|r| goodput_of(r)["recomputing"] == 0.0),
+        "{base_reports:?}"
     );
     let (_, acc) = final_metric(&reports);
     eprintln!(

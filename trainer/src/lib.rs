@@ -163,6 +163,7 @@ mod dense;
 pub mod device;
 pub mod error;
 mod fc_cpu;
+pub mod goodput;
 pub mod job;
 pub mod local;
 pub mod local_optim;

@@ -35,6 +35,8 @@ use edl_master_client::task::LeasedTask;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::goodput::GoodputClock;
+use crate::goodput::{Bucket, compute_bucket};
 use crate::model::{EvalOutput, Model, Params};
 use crate::progress::{Progress, RuntimeError};
 use crate::store::{InitOutcome, ParamInit, ParamStore, StoreError};
@@ -138,6 +140,7 @@ pub async fn run(
     tasks.progress_mut().initialised = outcome == InitOutcome::Initialised;
     let mut params = Params::default();
     if let Some(test) = &cfg.test {
+        let _evaluating = tasks.clock().span(Bucket::Evaluating);
         store.pull_dense(&mut params).await?;
         let eval = evaluate(&model, &store, &mut params, test, cfg.eval_batch_size).await?;
         let metric = model.metric();
@@ -167,11 +170,11 @@ pub async fn run(
         match tasks.next(&shutdown).await? {
             Next::Task(TaskData { task, records }) => {
                 let started = Instant::now();
+                let clock = tasks.clock().clone();
                 let end = train_task(
                     (&task, Arc::new(records)),
-                    &model,
-                    &store,
-                    &cfg,
+                    (&model, &store),
+                    (&cfg, &clock),
                     &mut params,
                     tasks.progress_mut(),
                     &shutdown,
@@ -250,6 +253,7 @@ async fn evaluate_pass(
     let Some(test) = &cfg.test else {
         return Ok(());
     };
+    let _evaluating = tasks.clock().span(Bucket::Evaluating);
     store.flush().await?;
     // Sync mode: the others' steps do not wait while this trainer evaluates.
     tasks.idle().await;
@@ -275,12 +279,12 @@ async fn evaluate_pass(
 /// push). The batches of the next group are prepared on a blocking thread while this
 /// group computes on another, so decoding overlaps the math; a group's batches compute
 /// in one blocking call (forward/backward, the finiteness checks and the sum), on the
-/// parameters pulled before it.
+/// parameters pulled before it. Preparing and computing are marked on `clock` as
+/// computing (or recomputing), waiting on pulls and pushes as communicating.
 async fn train_task(
     (task, records): (&LeasedTask, Arc<Vec<Vec<u8>>>),
-    model: &Arc<dyn Model>,
-    store: &Arc<dyn ParamStore>,
-    cfg: &RuntimeConfig,
+    (model, store): (&Arc<dyn Model>, &Arc<dyn ParamStore>),
+    (cfg, clock): (&RuntimeConfig, &GoodputClock),
     params: &mut Params,
     state: &mut Progress,
     shutdown: &CancellationToken,
@@ -296,7 +300,13 @@ async fn train_task(
         cfg,
         fixed_per_push(cfg, model.as_ref()),
     );
-    while let Some((first, prepared)) = groups.next().await? {
+    let computing = compute_bucket(task);
+    loop {
+        let preparing = clock.span(computing);
+        let Some((first, prepared)) = groups.next().await? else {
+            break;
+        };
+        drop(preparing);
         if shutdown.is_cancelled() {
             // A group not pushed yet is dropped with the task (handed back).
             return Ok(TaskEnd::Drained {
@@ -312,18 +322,22 @@ async fn train_task(
         let batches_in_group = batches.len() as u32;
         let origin = task_ref.run(first, batches_in_group);
         // A group computes on the parameters pulled before its first batch.
+        let pulling = clock.span(Bucket::Communicating);
         store.pull_dense(params).await?;
         // A model with sparse tables: the rows the group's batches touch.
         let rows = group::group_rows(model.as_ref(), &batches);
         if !rows.is_empty() {
             store.pull_sparse(&rows, params).await?;
         }
+        drop(pulling);
         let id = task.id.clone();
         let batch_size = cfg.batch_size.max(1);
+        let computing_now = clock.span(computing);
         let out = off_runtime(model, params, move |m, p| {
             compute_group(m, p, &batches, &id, batch_size)
         })
         .await?;
+        drop(computing_now);
         state.skipped_batches += out.skipped;
         if let Some(loss) = out.last_loss {
             state.last_loss = loss;
@@ -337,6 +351,7 @@ async fn train_task(
         }
         if let Some(sum) = out.sum {
             // The same groups in every attempt at the task.
+            let _pushing = clock.span(Bucket::Communicating);
             store
                 .push(&cfg.trainer, state.steps, Some(origin), &sum)
                 .await?;

@@ -158,7 +158,7 @@ pub async fn run(n: usize, s: Shared, stop: CancellationToken) -> anyhow::Result
         _ = s.go.cancelled() => {}
         _ = stop.cancelled() => return Ok(()),
     }
-    let mut reader = session.reader(Some(1));
+    let mut reader = session.reader(Some(1), None);
     let acks = reader.acks();
     let grad = [1.0f32; DIM];
     let mut step = 0u64;

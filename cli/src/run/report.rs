@@ -1,6 +1,7 @@
 //! The run report: what `edl run` prints at the end and writes with `--report`. Built
 //! once, by `RunReport::new`, from the `Outcome` of either mode.
 
+use edl_master_client::overview::{JobGoodput, goodput_line};
 use edl_proto::master::StatusResponse;
 use serde::Serialize;
 
@@ -222,6 +223,10 @@ pub struct RunReport {
     pub run_dir: String,
     /// Wall time.
     pub wall_s: f64,
+    /// Where the trainers' time went, per bucket and per trainer, as the leading master
+    /// last heard it (docs/design.md, "Goodput"); absent when no trainer measured it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<JobGoodput>,
 }
 
 /// How a run ended, as either mode (processes on etcd, or in memory) knows it.
@@ -260,6 +265,7 @@ impl RunReport {
     /// The report of a run.
     pub(crate) fn new(mut o: Outcome) -> RunReport {
         o.settle_error();
+        let goodput = o.status.as_ref().and_then(JobGoodput::of);
         let c = o
             .status
             .as_ref()
@@ -305,6 +311,7 @@ impl RunReport {
             params_file: o.params_file,
             run_dir: o.run_dir,
             wall_s: o.wall_s,
+            goodput,
         }
     }
 
@@ -335,6 +342,13 @@ impl RunReport {
             println!(
                 "   final {} on the {} split: {:.4}",
                 m.name, m.split, m.value
+            );
+        }
+        if let Some(g) = &r.goodput {
+            println!(
+                "   goodput of {} trainers: {}",
+                g.trainers.len(),
+                goodput_line(&g.seconds)
             );
         }
         for f in &r.failed_tasks {

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edl_master_api::Release;
+use edl_master_api::{Goodput, Release};
 use edl_proto::master as pb;
 use tonic::{Request, Response, Status};
 
-use super::{MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES, MasterConfig, Shared};
+use super::{MAX_GOODPUT_TRAINERS, MAX_MESSAGE_BYTES, MAX_REASON_WIRE_BYTES, MasterConfig, Shared};
 use crate::core::{CoreHandle, StatusReport};
 use crate::dataset::DatasetSpec;
 use crate::error::MasterError;
@@ -23,6 +23,24 @@ pub struct MasterGrpc {
 }
 
 impl MasterGrpc {
+    /// Keeps trainer `trainer`'s latest goodput for `Status` (one with a negative or
+    /// non-finite value is dropped; a new trainer beyond [`MAX_GOODPUT_TRAINERS`] too).
+    fn keep_goodput(&self, trainer: &str, g: Goodput) {
+        if !g.is_valid() {
+            return;
+        }
+        let mut kept = self
+            .shared
+            .goodput
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(old) = kept.get_mut(trainer) {
+            *old = g;
+        } else if kept.len() < MAX_GOODPUT_TRAINERS {
+            kept.insert(trainer.to_owned(), g);
+        }
+    }
+
     async fn core(&self) -> Result<CoreHandle, Status> {
         if let Some(h) = self.shared.core.read().await.clone() {
             return Ok(h);
@@ -99,11 +117,11 @@ impl pb::master_server::Master for MasterGrpc {
             .into());
         }
         let wait = Duration::from_millis(u64::from(r.wait_ms));
-        let reply = self
-            .core()
-            .await?
-            .get_task(r.trainer, r.pass, r.request_id, wait)
-            .await?;
+        let core = self.core().await?;
+        if let Some(g) = &r.goodput {
+            self.keep_goodput(&r.trainer, Goodput::from(g));
+        }
+        let reply = core.get_task(r.trainer, r.pass, r.request_id, wait).await?;
         Ok(Response::new(reply.into()))
     }
 
@@ -177,7 +195,19 @@ impl pb::master_server::Master for MasterGrpc {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let s = self.core().await?.status().await?;
         let leader = self.shared.leader.read().await.clone().unwrap_or_default();
-        Ok(Response::new(status_to_pb(&self.job, leader, s)))
+        let mut resp = status_to_pb(&self.job, leader, s);
+        resp.goodput = self
+            .shared
+            .goodput
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(trainer, g)| pb::TrainerGoodput {
+                trainer: trainer.clone(),
+                goodput: Some(pb::Goodput::from(g)),
+            })
+            .collect();
+        Ok(Response::new(resp))
     }
 }
 
@@ -289,5 +319,7 @@ fn status_to_pb(job: &str, leader: String, s: StatusReport) -> pb::StatusRespons
                 ago_ms: t.ago_ms,
             })
             .collect(),
+        // Kept beside the queue, not in it: filled by the caller.
+        goodput: Vec::new(),
     }
 }

@@ -125,7 +125,14 @@ struct Shared {
     loading: RwLock<Option<std::time::Instant>>,
     /// What its etcd snapshots did.
     snapshots: crate::snapshots::SnapshotStats,
+    /// The latest goodput each trainer sent with a `GetTask` while this master led, by
+    /// trainer id (departed trainers too, at most [`MAX_GOODPUT_TRAINERS`]): in memory
+    /// only, shown by `Status`.
+    goodput: std::sync::Mutex<std::collections::BTreeMap<String, edl_master_api::Goodput>>,
 }
+
+/// Most trainers whose goodput a master keeps (a trainer beyond them is not shown).
+pub const MAX_GOODPUT_TRAINERS: usize = 10_000;
 
 /// Runs a master on `listener` until `shutdown` fires.
 pub async fn run(

@@ -10,6 +10,7 @@
 //! [`TrainerError::LeaseLost`] (the master has given its tasks to others).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::tasks::CloudReader;
@@ -21,6 +22,7 @@ use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{Session, SessionConfig, TrainerConfig, TrainerError, TrainerReport, metrics, report};
+use crate::goodput::GoodputClock;
 use crate::{ParamStore, Progress, PsStore, PsStoreStats, Tasks};
 
 /// How [`Member::join`] ended.
@@ -47,6 +49,11 @@ pub struct Member {
     stats: Arc<PsStoreStats>,
     progress: watch::Sender<Progress>,
     started: Instant,
+    /// Where its time goes, from its start: measured, reported and sent to the master
+    /// once the built-in loop runs ([`Member::reader`]); a loop of the caller's own
+    /// ([`Member::tasks`]) is not measured.
+    clock: GoodputClock,
+    measured: Arc<AtomicBool>,
     /// The session and the clients live until the member leaves (or is dropped): a
     /// shutdown only starts the drain.
     life: CancellationToken,
@@ -68,6 +75,8 @@ impl Member {
         shutdown: &CancellationToken,
     ) -> Result<Joined, TrainerError> {
         let id = cfg.id.clone();
+        let clock = GoodputClock::starting_at(started);
+        let measured = Arc::new(AtomicBool::new(false));
         let ttl = cfg.lease_ttl.unwrap_or(spec.cluster.lease_ttl);
         let dev_name = device.to_owned();
         let life = CancellationToken::new();
@@ -100,7 +109,7 @@ impl Member {
 
         // SIGTERM while starting up: leave without having done anything.
         let drained_early = |session: Session| {
-            let (id, dev) = (id.clone(), dev_name.clone());
+            let (id, dev, clock) = (id.clone(), dev_name.clone(), clock.clone());
             async move {
                 session.leave().await;
                 tracing::info!(trainer = %id, "drained while starting");
@@ -109,11 +118,11 @@ impl Member {
                     ..Progress::default()
                 };
                 Ok(Joined::Drained(report::report(
-                    &id,
-                    &dev,
+                    (&id, &dev),
                     &p,
                     &PsStoreStats::default(),
                     started,
+                    Some(clock.snapshot()),
                 )))
             }
         };
@@ -149,6 +158,8 @@ impl Member {
         let mut pcfg = PsClientConfig::new(cfg.job.clone());
         pcfg.token = cfg.token.clone();
         pcfg.tls = cfg.tls.clone();
+        // Retried pserver calls are recovering.
+        pcfg.observer = Some(Arc::new(clock.clone()));
         let ps = tokio::select! {
             r = PsClient::connect(backend.clone(), pcfg, life.child_token()) => match r {
                 Ok(ps) => ps,
@@ -183,6 +194,7 @@ impl Member {
                 },
                 rx.clone(),
                 stats.clone(),
+                (clock.clone(), measured.clone()),
                 life.clone(),
             )
             .await;
@@ -205,6 +217,8 @@ impl Member {
             stats,
             progress,
             started,
+            clock,
+            measured,
             life,
             _life: guard,
         }))
@@ -230,14 +244,22 @@ impl Member {
         self.store.clone()
     }
 
-    /// A reader of the master's tasks for this trainer (start one at a time).
+    /// A reader of the master's tasks for the built-in loop (start one at a time): the
+    /// trainer's goodput is measured from now on (the loop marks its spans on the
+    /// reader's clock), sent with each `GetTask`, served on `/metrics` and reported.
     pub fn reader(&self) -> CloudReader {
-        self.session.reader(None)
+        self.measured.store(true, Ordering::Relaxed);
+        self.session.reader(None, Some(self.clock.clone()))
     }
 
-    /// This trainer's tasks, acknowledged through its store ([`Tasks`]).
+    /// This trainer's tasks, acknowledged through its store ([`Tasks`]), for a loop of
+    /// the caller's own (its time is not measured).
     pub fn tasks(&self) -> Tasks {
-        Tasks::new(self.reader(), self.store.clone() as _, self.id.clone())
+        Tasks::new(
+            self.session.reader(None, None),
+            self.store.clone() as _,
+            self.id.clone(),
+        )
     }
 
     /// Where the trainer's progress goes (`/metrics`, the log).
@@ -279,7 +301,17 @@ impl Member {
         }
         let lease_lost = self.session.lost().is_cancelled() && !shutdown.is_cancelled();
         self.session.leave().await;
-        let rep = report::report(&self.id, &self.device, progress, &self.stats, self.started);
+        let goodput = self
+            .measured
+            .load(Ordering::Relaxed)
+            .then(|| self.clock.snapshot());
+        let rep = report::report(
+            (&self.id, &self.device),
+            progress,
+            &self.stats,
+            self.started,
+            goodput,
+        );
         if lease_lost {
             return Err(TrainerError::LeaseLost { ttl: self.ttl });
         }

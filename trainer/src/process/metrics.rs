@@ -3,23 +3,24 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry as PromRegistry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::goodput::{Goodput, GoodputClock};
 use crate::{Progress, PsStoreStats};
 
 /// The trainer's Prometheus metrics (OpenMetrics text).
 pub(crate) fn render_metrics(
-    job: &str,
-    id: &str,
-    device: &str,
+    (job, id, device): (&str, &str, &str),
     p: &Progress,
     s: &PsStoreStats,
+    goodput: Option<Goodput>,
 ) -> String {
     let mut reg = PromRegistry::with_prefix_and_labels(
         "edl_trainer",
@@ -92,6 +93,19 @@ pub(crate) fn render_metrics(
     let g: Gauge = Gauge::default();
     g.set(i64::from(p.pass));
     reg.register("pass", "Pass of the current task", g);
+    if let Some(goodput) = goodput {
+        let family = Family::<Vec<(String, String)>, Counter<f64, AtomicU64>>::default();
+        for (bucket, secs) in goodput.named() {
+            family
+                .get_or_create(&vec![("bucket".to_owned(), bucket.to_owned())])
+                .inc_by(secs);
+        }
+        reg.register(
+            "goodput_seconds",
+            "Seconds of the trainer's wall time per bucket (docs/design.md, Goodput)",
+            family,
+        );
+    }
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, &reg).is_err() {
         out.clear();
@@ -117,15 +131,15 @@ pub(crate) async fn serve(
     labels: Labels,
     progress: watch::Receiver<Progress>,
     stats: Arc<PsStoreStats>,
+    (clock, measured): (GoodputClock, Arc<AtomicBool>),
     stop: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     let render = move || {
         render_metrics(
-            &labels.job,
-            &labels.id,
-            &labels.device,
+            (&labels.job, &labels.id, &labels.device),
             &progress.borrow(),
             &stats,
+            measured.load(Ordering::Relaxed).then(|| clock.snapshot()),
         )
     };
     let listener = tokio::net::TcpListener::bind(addr).await?;

@@ -1,11 +1,13 @@
 //! [`TrainerReport`]: a trainer's final totals, printed as one JSON line by `edl trainer`
 //! and collected by `edl run` (schema: docs/json.md).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::goodput::Goodput;
 use crate::{Progress, PsStoreStats};
 
 /// The version of the trainer report JSON (docs/json.md). Bumped when a field changes
@@ -65,6 +67,9 @@ pub struct TrainerReport {
     pub last_step_unix_s: Option<f64>,
     /// Seconds it ran.
     pub wall_s: f64,
+    /// Where those seconds went, per bucket (docs/design.md, "Goodput"; they sum to
+    /// `wall_s`), when measured (the built-in loop; not a Python trainer's own).
+    pub goodput: Option<BTreeMap<&'static str, f64>>,
 }
 
 fn unix_s(t: Option<std::time::SystemTime>) -> Option<f64> {
@@ -86,11 +91,11 @@ pub struct EvalReport {
 }
 
 pub(crate) fn report(
-    id: &str,
-    device: &str,
+    (id, device): (&str, &str),
     p: &Progress,
     s: &PsStoreStats,
     started: Instant,
+    goodput: Option<Goodput>,
 ) -> TrainerReport {
     TrainerReport {
         version: TRAINER_REPORT_VERSION,
@@ -130,6 +135,9 @@ pub(crate) fn report(
         dropped_pushes: s.dropped_pushes.load(Ordering::Relaxed),
         first_step_unix_s: unix_s(p.first_step_at),
         last_step_unix_s: unix_s(p.last_step_at),
+        // Read after the goodput (its buckets sum to its own reading of the time since
+        // the start, a moment before).
         wall_s: started.elapsed().as_secs_f64(),
+        goodput: goodput.map(|g| g.named().collect()),
     }
 }

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::goodput::GoodputClock;
 use crate::tasks::{CloudReader, ReaderConfig};
 use edl_coord::{Backend, Lease, Registry, retry_startup};
 use edl_job::{JobKeys, JobName, Record, TrainerRecord};
@@ -118,9 +119,11 @@ impl Session {
     /// A `cloud_reader` of the job's tasks with `read_ahead` tasks buffered (the
     /// reader's default when `None`). It asks for no new task while the lease is
     /// uncertain (etcd may have ended it, and the master would take the task back).
-    pub fn reader(&self, read_ahead: Option<usize>) -> CloudReader {
+    /// With `goodput`, the trainer's clock, its totals go with each `GetTask`.
+    pub fn reader(&self, read_ahead: Option<usize>, goodput: Option<GoodputClock>) -> CloudReader {
         let mut cfg = ReaderConfig::new(&self.id);
         cfg.lease = Some(self.lease.watch_state());
+        cfg.goodput = goodput;
         if let Some(n) = read_ahead {
             cfg.read_ahead = n;
         }

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::group::Groups;
 use super::pipeline::{Done, EndHow, Fatal, LeaseKey, Pipeline, Work};
 use super::{RuntimeConfig, TaskEnd, evaluate_pass};
+use crate::goodput::{Bucket, GoodputClock, compute_bucket};
 use crate::local_optim::LocalOptimizer;
 use crate::model::{Model, Params};
 use crate::progress::{Progress, RuntimeError};
@@ -45,8 +46,8 @@ pub(super) async fn run(
         &ctx.cfg.trainer,
         params.dense.clone(),
         optimizer,
-        tasks.progress().steps,
-        ctx.cfg.batch_size.max(1),
+        (tasks.progress().steps, ctx.cfg.batch_size.max(1)),
+        tasks.clock().clone(),
     )?;
     let driven = drive(ctx, tasks, params, &mut pipe).await;
     let closed = pipe.close().await;
@@ -95,7 +96,8 @@ async fn drive(
         }
         match item {
             Some(Next::Task(data)) => {
-                if !feed(ctx, pipe, data).await? {
+                let clock = tasks.clock().clone();
+                if !feed(ctx, (pipe, &clock), data).await? {
                     // Drained mid-task: the rest is settled, then the loop ends.
                     return finish(ctx, tasks, pipe).await;
                 }
@@ -126,6 +128,7 @@ async fn finish(ctx: &Ctx<'_>, tasks: &mut Tasks, pipe: &mut Pipeline) -> Result
         };
         settle_one(ctx, tasks, pipe, done).await?;
     }
+    let _pushing = tasks.clock().span(Bucket::Communicating);
     pipe.flush().await?;
     Ok(())
 }
@@ -198,7 +201,7 @@ fn grouping(per_push: PerPush, task: &LeasedTask) -> (usize, bool) {
 /// trainer was drained before its last group (the task ends there).
 async fn feed(
     ctx: &Ctx<'_>,
-    pipe: &mut Pipeline,
+    (pipe, clock): (&mut Pipeline, &GoodputClock),
     TaskData { task, records }: TaskData,
 ) -> Result<bool, RuntimeError> {
     let started = Instant::now();
@@ -207,7 +210,14 @@ async fn feed(
     let (per_push, adaptive) = grouping(ctx.cfg.batches_per_push, &task);
     let mut groups = Groups::new(ctx.model, records, &task, ctx.cfg, per_push);
     let mut how = EndHow::Whole;
-    while let Some((first, prepared)) = groups.next().await? {
+    let computing = compute_bucket(&task);
+    loop {
+        // Preparing batches is computing (it counts while the compute thread waits).
+        let preparing = clock.span(computing);
+        let Some((first, prepared)) = groups.next().await? else {
+            break;
+        };
+        drop(preparing);
         if ctx.shutdown.is_cancelled() {
             // A group not sent yet is dropped with the task (handed back).
             how = EndHow::Drained;

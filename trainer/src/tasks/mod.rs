@@ -42,6 +42,7 @@ use edl_master_client::{Release, Resume};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::goodput::{Bucket, GoodputClock};
 use crate::progress::{Progress, RuntimeError};
 use crate::store::{ParamStore, StoreError, TaskRef};
 
@@ -90,6 +91,9 @@ pub struct Tasks {
     /// Acknowledgements in flight, oldest first.
     acking: std::collections::VecDeque<JoinHandle<Result<Acked, RuntimeError>>>,
     progress: Progress,
+    /// The reader's goodput clock (one of its own when it has none): waits for a task
+    /// and for acknowledgements are marked on it; the first task ends its start.
+    clock: GoodputClock,
 }
 
 /// How the acknowledgement of a task trained whole went.
@@ -164,6 +168,7 @@ impl Tasks {
     ) -> Tasks {
         Tasks {
             acks: reader.acks(),
+            clock: reader.goodput().cloned().unwrap_or_default(),
             reader,
             store,
             trainer: trainer.into(),
@@ -181,6 +186,12 @@ impl Tasks {
     /// The counts, for the caller's own (steps, losses, evaluations).
     pub fn progress_mut(&mut self) -> &mut Progress {
         &mut self.progress
+    }
+
+    /// The trainer's goodput clock, for the loop's own spans (computing, pulls and
+    /// pushes, evaluations).
+    pub fn clock(&self) -> &GoodputClock {
+        &self.clock
     }
 
     /// The next item of the reader. A pass end and the job's end come after the
@@ -205,6 +216,7 @@ impl Tasks {
         idle: bool,
     ) -> Result<Option<Next>, RuntimeError> {
         tokio::pin!(interrupt);
+        let waiting = self.clock.span(Bucket::WaitingForTask);
         let item = {
             let next = self.reader.next();
             tokio::pin!(next);
@@ -241,8 +253,9 @@ impl Tasks {
         let Some(item) = item else {
             return Ok(Some(Next::Closed));
         };
-        Ok(Some(match item? {
+        let next = match item? {
             Next::Task(t) => {
+                self.clock.started();
                 self.progress.pass = t.task.pass;
                 if let Some(r) = &t.task.resume {
                     // Its done record names the shards' incarnations that answered
@@ -263,7 +276,9 @@ impl Tasks {
             }
             // The reader yields neither.
             other @ (Next::Drained | Next::Closed) => other,
-        }))
+        };
+        drop(waiting);
+        Ok(Some(next))
     }
 
     /// Task `task` was trained whole (`records`, since `started`): its pushes are
@@ -278,6 +293,7 @@ impl Tasks {
         // first pull is fresh): with tasks of a batch or two, training only on prefetched
         // values (missing this trainer's last two pushes) measurably lowered async
         // accuracy.
+        let _waiting = self.clock.span(Bucket::Communicating);
         self.store.flush().await?;
         self.settle().await?;
         self.acking.push_back(tokio::spawn(acknowledge(
@@ -304,6 +320,7 @@ impl Tasks {
         started: Instant,
         applied: impl std::future::Future<Output = Result<Pushes, StoreError>> + Send + 'static,
     ) -> Result<(), RuntimeError> {
+        let _waiting = self.clock.span(Bucket::Communicating);
         while self
             .acking
             .front()
@@ -335,6 +352,7 @@ impl Tasks {
         trained: u64,
         resume_at: Option<(u32, u64)>,
     ) -> Result<(), RuntimeError> {
+        let _waiting = self.clock.span(Bucket::Communicating);
         self.store.flush().await?;
         self.settle().await?;
         self.idle().await;
@@ -373,6 +391,7 @@ impl Tasks {
         reason: &str,
         trained: u64,
     ) -> Result<(), RuntimeError> {
+        let _waiting = self.clock.span(Bucket::Communicating);
         self.store.flush().await?;
         self.settle().await?;
         tracing::warn!(task = %task.id, reason = %reason, "failing task: bad data");
@@ -393,6 +412,7 @@ impl Tasks {
 
     /// Waits for the acknowledgements in flight, if any, and counts them.
     pub async fn settle(&mut self) -> Result<(), RuntimeError> {
+        let _waiting = self.clock.span(Bucket::Communicating);
         while !self.acking.is_empty() {
             self.settle_oldest().await?;
         }
@@ -428,6 +448,7 @@ impl Tasks {
     /// Settles the acknowledgement in flight and stops the reader (tasks read ahead are
     /// handed back); the final counts.
     pub async fn close(mut self) -> Result<Progress, RuntimeError> {
+        let _waiting = self.clock.span(Bucket::Communicating);
         let settled = self.settle().await;
         self.reader.drain().await;
         settled.map(|()| self.progress)

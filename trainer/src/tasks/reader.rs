@@ -38,6 +38,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::goodput::GoodputClock;
+
 use edl_master_client::task::{Answer, LeasedTask};
 use edl_master_client::{ClientError, MasterClient, Release};
 
@@ -59,6 +61,9 @@ pub struct ReaderConfig {
     /// The state of the trainer's etcd lease, if known: no new task is asked for while
     /// it is [`LeaseState::Uncertain`].
     pub lease: Option<watch::Receiver<LeaseState>>,
+    /// The trainer's goodput clock, if it measures one: its totals go with each
+    /// `GetTask` (the leader shows them in `Status`).
+    pub goodput: Option<GoodputClock>,
 }
 
 impl ReaderConfig {
@@ -71,6 +76,7 @@ impl ReaderConfig {
             wait: Duration::from_secs(5),
             start_pass: 0,
             lease: None,
+            goodput: None,
         }
     }
 }
@@ -110,6 +116,7 @@ pub struct CloudReader {
     asked: watch::Sender<u64>,
     stop: CancellationToken,
     fetcher: Option<JoinHandle<()>>,
+    goodput: Option<GoodputClock>,
 }
 
 impl CloudReader {
@@ -118,6 +125,7 @@ impl CloudReader {
         let (tx, rx) = mpsc::channel(cfg.read_ahead.max(1));
         let stop = CancellationToken::new();
         let trainer = cfg.trainer.clone();
+        let goodput = cfg.goodput.clone();
         let (asked, asks) = watch::channel(0);
         let fetcher = tokio::spawn(
             Fetcher {
@@ -140,7 +148,13 @@ impl CloudReader {
             asked,
             stop,
             fetcher: Some(fetcher),
+            goodput,
         }
+    }
+
+    /// The trainer's goodput clock, if it measures one ([`ReaderConfig::goodput`]).
+    pub fn goodput(&self) -> Option<&GoodputClock> {
+        self.goodput.as_ref()
     }
 
     /// The next item; `None` after `JobFinished` or an error. The first call starts the
@@ -256,7 +270,8 @@ impl Fetcher {
             }
             let client = self.client.clone();
             let trainer = self.cfg.trainer.clone();
-            let call = client.get_task(&trainer, pass, request, self.cfg.wait);
+            let goodput = self.cfg.goodput.as_ref().map(GoodputClock::snapshot);
+            let call = client.get_task(&trainer, pass, request, self.cfg.wait, goodput.as_ref());
             tokio::pin!(call);
             let next = tokio::select! {
                 r = &mut call => r,

@@ -32,6 +32,7 @@ use edl_job::spec::per_push::ADAPTIVE_MAX_BATCHES;
 
 use super::comm::{LeaseKey, Outgoing, Shared};
 use super::working::Working;
+use crate::goodput::{Bucket, GoodputClock, compute_bucket};
 use crate::local_optim::LocalOptimizer;
 use crate::model::{Batch, Model, StepOutput};
 use crate::runtime::TaskEnd;
@@ -149,6 +150,9 @@ pub(crate) struct Compute {
     batch_size: usize,
     pub(crate) stats: ComputeStats,
     current: Option<Current>,
+    /// Its batches are computing (or recomputing), its waits for the push window
+    /// communicating.
+    clock: GoodputClock,
 }
 
 impl Compute {
@@ -157,9 +161,9 @@ impl Compute {
         shared: Arc<Shared>,
         working: Working,
         optimizer: LocalOptimizer,
-        step: u64,
-        window: u64,
+        (step, window): (u64, u64),
         batch_size: usize,
+        clock: GoodputClock,
     ) -> Self {
         Compute {
             model,
@@ -172,6 +176,7 @@ impl Compute {
             batch_size,
             stats: ComputeStats::default(),
             current: None,
+            clock,
         }
     }
 
@@ -247,8 +252,10 @@ impl Compute {
             // Stopped, or another attempt holds the task now: nothing more is computed.
             return;
         }
+        let bucket = compute_bucket(&task);
         for (seq, batch) in (first..).zip(batches) {
             self.land();
+            let computing = self.clock.span(bucket);
             let start = Instant::now();
             let out = self.model.forward_backward(self.working.params(), batch);
             let skip = match out {
@@ -279,6 +286,7 @@ impl Compute {
                     return;
                 }
             };
+            drop(computing);
             if let Some(skip) = skip {
                 self.stats.busy += start.elapsed();
                 tracing::warn!(task = %task.id, "skipping a batch: {skip}");
@@ -366,7 +374,10 @@ impl Compute {
             lease: LeaseKey::of(&cur.task),
             grads,
         };
-        match self.shared.hand_over(out, self.window) {
+        let waiting = self.clock.span(Bucket::Communicating);
+        let handed = self.shared.hand_over(out, self.window);
+        drop(waiting);
+        match handed {
             Ok(waited) => self.stats.waited_push += waited,
             Err(e) => {
                 cur.stopped.get_or_insert(Err(Fatal::Store(e)));

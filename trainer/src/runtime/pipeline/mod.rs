@@ -37,6 +37,7 @@ pub(crate) use comm::LeaseKey;
 pub(crate) use comm::SOLE_STREAK;
 pub(crate) use compute::{Done, EndHow, Fatal, Work};
 
+use crate::goodput::GoodputClock;
 use crate::local_optim::LocalOptimizer;
 use crate::model::Model;
 use crate::progress::RuntimeError;
@@ -72,15 +73,16 @@ pub(crate) struct Pipeline {
 impl Pipeline {
     /// Starts the compute thread on `initial` (dense values just pulled) and the
     /// communication tasks of trainer `trainer` over `store`; `step` is the trainer's
-    /// next step, `optimizer` the pservers' update rule.
+    /// next step, `optimizer` the pservers' update rule. The compute thread marks its
+    /// batches and its waits for the push window on `clock`.
     pub(crate) fn start(
         model: Arc<dyn Model>,
         store: Arc<dyn ParamStore>,
         trainer: &str,
         initial: Vec<Vec<f32>>,
         optimizer: LocalOptimizer,
-        step: u64,
-        batch_size: usize,
+        (step, batch_size): (u64, usize),
+        clock: GoodputClock,
     ) -> Result<Pipeline, RuntimeError> {
         let shared = comm::Shared::new(optimizer.is_additive());
         let compute = Compute::new(
@@ -88,9 +90,9 @@ impl Pipeline {
             shared.clone(),
             Working::new(initial),
             optimizer,
-            step,
-            PUSH_WINDOW,
+            (step, PUSH_WINDOW),
             batch_size,
+            clock,
         );
         let (work_tx, work_rx) = mpsc::channel(WORK_AHEAD);
         let (done_tx, done_rx) = mpsc::unbounded_channel();

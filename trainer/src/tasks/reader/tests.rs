@@ -117,7 +117,7 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
     assert_eq!(ds.tasks, 4, "20 records, 5 a chunk, 1 chunk a task");
     let lease = h.register("doomed").await;
     let Answer::Task(task) = client
-        .get_task("doomed", 0, 1, Duration::ZERO)
+        .get_task("doomed", 0, 1, Duration::ZERO, None)
         .await
         .unwrap()
     else {
@@ -126,7 +126,7 @@ async fn a_lost_trainer_gets_its_tasks_requeued_and_stale_reports_are_rejected()
     // A retry of the same request gets the same lease.
     assert_eq!(
         client
-            .get_task("doomed", 0, 1, Duration::ZERO)
+            .get_task("doomed", 0, 1, Duration::ZERO, None)
             .await
             .unwrap(),
         Answer::Task(task.clone())
@@ -181,7 +181,11 @@ async fn oversized_report_fields_are_refused_without_disturbing_other_trainers()
     let client = client_of(&h);
     client.set_dataset(vec![glob], 0, 0).await.unwrap();
     let _a = h.register("a").await;
-    let Answer::Task(task) = client.get_task("a", 0, 1, Duration::ZERO).await.unwrap() else {
+    let Answer::Task(task) = client
+        .get_task("a", 0, 1, Duration::ZERO, None)
+        .await
+        .unwrap()
+    else {
         panic!("expected a task")
     };
     // A raw client, as a hostile or broken peer would be (edl's client cuts reasons).
@@ -402,7 +406,7 @@ async fn no_read_ahead_lease_times_out_while_the_trainer_initialises_or_evaluate
         async move {
             let before = counters(&client.status().await.unwrap()).timeouts;
             let next = client
-                .get_task("idle", pass, request, Duration::ZERO)
+                .get_task("idle", pass, request, Duration::ZERO, None)
                 .await
                 .unwrap();
             assert!(matches!(next, Answer::Task(_)), "{next:?}");
