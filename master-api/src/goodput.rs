@@ -14,8 +14,9 @@ pub enum Bucket {
     /// The model's math and preparing its batches, on a task's first attempt (or past a
     /// drained attempt's resume point).
     Computing,
-    /// The same on a task an earlier attempt of this pass had (it was cut off from a lost
-    /// trainer, rewound by a shard's restore, or handed back without a resume point).
+    /// Training a task an earlier attempt of this pass had (it was cut off from a lost
+    /// trainer, rewound by a shard's restore, or handed back without a resume point):
+    /// its math, and its pulls and pushes too.
     Recomputing,
     /// Evaluating the held-out split (at the start and at each pass end).
     Evaluating,

@@ -8,7 +8,8 @@
 //! default 1: with 2 or more, every pserver shard has that many replicas, a pserver is
 //! SIGKILLed every 5 s (one at a time: the next once the last is back in sync), and
 //! nothing may be trained again or restored; `EDL_SOAK_MODE`, `sync` (default) or
-//! `async`). Faults are injected
+//! `async`; `EDL_SOAK_ETCD_KILLS`, default 1: how many times the etcd leader is
+//! SIGKILLed). Faults are injected
 //! during the soak's first `EDL_SOAK_SECS` (`--chaos ...,until=`), then the job finishes
 //! in peace; its passes are chosen from a short fault-free pilot so that, fault-free, it
 //! would take the soak's time (faults slow it down: it runs longer).
@@ -308,30 +309,36 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
     assert!(ok, "edl scale: {err}");
     harness_faults += 1;
 
-    // The etcd leader dies at 30% (SIGKILL), and comes back once another leads.
-    tokio::time::sleep_until(started + soak.mul_f64(0.3)).await;
-    assert!(
-        running(&wait_status(&backend, &job, &run).await),
-        "{too_short}"
-    );
-    let leader = etcd.leader().await.expect("an etcd leader");
-    let pid = etcd.pid(leader).expect("the leader's pid");
-    edl_testkit::signal(pid, edl_testkit::Signal::SIGKILL).expect("SIGKILL the etcd leader");
-    let hit = Instant::now();
-    etcd.kill(leader).expect("reap the etcd leader");
-    let re_elected = wait_until(Duration::from_secs(30), || async {
-        etcd.leader().await.is_some_and(|l| l != leader)
-    })
-    .await;
-    assert!(re_elected, "no new etcd leader");
-    etcd_recoveries
-        .entry("etcd-leader-kill")
-        .or_default()
-        .push(training_again(&backend, &job, &run, hit).await);
-    etcd.restart(leader)
-        .await
-        .expect("restart the killed member");
-    harness_faults += 1;
+    // The etcd leader dies (SIGKILL) `EDL_SOAK_ETCD_KILLS` times from 30% of the soak on,
+    // spread over 15% of it (one at a time: the next once the last member is back), and
+    // each comes back once another leads.
+    let etcd_kills = env_u64("EDL_SOAK_ETCD_KILLS", 1).max(1);
+    for i in 0..etcd_kills {
+        let at = 0.3 + 0.15 * i as f64 / etcd_kills as f64;
+        tokio::time::sleep_until(started + soak.mul_f64(at)).await;
+        assert!(
+            running(&wait_status(&backend, &job, &run).await),
+            "{too_short}"
+        );
+        let leader = etcd.leader().await.expect("an etcd leader");
+        let pid = etcd.pid(leader).expect("the leader's pid");
+        edl_testkit::signal(pid, edl_testkit::Signal::SIGKILL).expect("SIGKILL the etcd leader");
+        let hit = Instant::now();
+        etcd.kill(leader).expect("reap the etcd leader");
+        let re_elected = wait_until(Duration::from_secs(30), || async {
+            etcd.leader().await.is_some_and(|l| l != leader)
+        })
+        .await;
+        assert!(re_elected, "no new etcd leader");
+        etcd_recoveries
+            .entry("etcd-leader-kill")
+            .or_default()
+            .push(training_again(&backend, &job, &run, hit).await);
+        etcd.restart(leader)
+            .await
+            .expect("restart the killed member");
+        harness_faults += 1;
+    }
 
     // Quorum lost at 50%: both followers stop (30 s in a soak of 5 minutes or more).
     tokio::time::sleep_until(started + soak.mul_f64(0.5)).await;
@@ -485,7 +492,7 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
         test_started.elapsed().as_secs_f64()
     );
     eprintln!(
-        "  faults {faults} ({injected} injected by --chaos, {harness_faults} by the soak: etcd leader kill, {:.0} s quorum loss, scale 3->4->2->3); crash restarts {} (preemptions {})",
+        "  faults {faults} ({injected} injected by --chaos, {harness_faults} by the soak: {etcd_kills} etcd leader kill(s), {:.0} s quorum loss, scale 3->4->2->3); crash restarts {} (preemptions {})",
         outage.as_secs_f64(),
         r["restarts"],
         r["preemptions"]
@@ -506,6 +513,17 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
         let (median, max) = median_max(stalls);
         eprintln!(
             "  trainers' pushes waiting 0.5 s or more (every fault): {n}, median {median:.2} s, max {max:.2} s"
+        );
+    }
+    if let Some(g) = r["goodput"]["seconds"].as_object() {
+        let total: f64 = g.values().filter_map(Value::as_f64).sum();
+        let shares: Vec<String> = g
+            .iter()
+            .map(|(k, v)| format!("{k} {:.1}%", 100.0 * v.as_f64().unwrap_or(0.0) / total))
+            .collect();
+        eprintln!(
+            "  goodput of the trainers the last leader heard from ({total:.0} trainer-s): {}",
+            shares.join(", ")
         );
     }
     eprintln!("  recovery (s)       count  median     p95     max");

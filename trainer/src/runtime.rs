@@ -301,6 +301,8 @@ async fn train_task(
         fixed_per_push(cfg, model.as_ref()),
     );
     let computing = compute_bucket(task);
+    // A task trained again is recomputing throughout: its pulls and pushes too.
+    let _redo = (computing == Bucket::Recomputing).then(|| clock.span(computing));
     loop {
         let preparing = clock.span(computing);
         let Some((first, prepared)) = groups.next().await? else {

@@ -374,7 +374,11 @@ impl Compute {
             lease: LeaseKey::of(&cur.task),
             grads,
         };
-        let waiting = self.clock.span(Bucket::Communicating);
+        // A task trained again is recomputing throughout, its waits for pushes too.
+        let waiting = self.clock.span(match compute_bucket(&cur.task) {
+            Bucket::Recomputing => Bucket::Recomputing,
+            _ => Bucket::Communicating,
+        });
         let handed = self.shared.hand_over(out, self.window);
         drop(waiting);
         match handed {
