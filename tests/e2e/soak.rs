@@ -84,6 +84,19 @@ fn replicas() -> u64 {
     env_u64("EDL_SOAK_REPLICAS", 1)
 }
 
+/// A run report's goodput: trainer-seconds, then each bucket's share.
+fn goodput_shares(report: &Value) -> String {
+    let Some(g) = report["goodput"]["seconds"].as_object() else {
+        return "none".to_owned();
+    };
+    let total: f64 = g.values().filter_map(Value::as_f64).sum();
+    let shares: Vec<String> = g
+        .iter()
+        .map(|(k, v)| format!("{k} {:.1}%", 100.0 * v.as_f64().unwrap_or(0.0) / total))
+        .collect();
+    format!("{total:.0} trainer-s: {}", shares.join(", "))
+}
+
 /// The training mode (`EDL_SOAK_MODE`: `sync`, the example's and the default, or
 /// `async`).
 fn mode() -> String {
@@ -515,15 +528,10 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
             "  trainers' pushes waiting 0.5 s or more (every fault): {n}, median {median:.2} s, max {max:.2} s"
         );
     }
-    if let Some(g) = r["goodput"]["seconds"].as_object() {
-        let total: f64 = g.values().filter_map(Value::as_f64).sum();
-        let shares: Vec<String> = g
-            .iter()
-            .map(|(k, v)| format!("{k} {:.1}%", 100.0 * v.as_f64().unwrap_or(0.0) / total))
-            .collect();
+    for (run, report) in [("fault-free", &reference), ("soak", &r)] {
         eprintln!(
-            "  goodput of the trainers the last leader heard from ({total:.0} trainer-s): {}",
-            shares.join(", ")
+            "  goodput, {run} (the trainers its last leading master heard from): {}",
+            goodput_shares(report)
         );
     }
     eprintln!("  recovery (s)       count  median     p95     max");
