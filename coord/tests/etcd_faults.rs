@@ -970,3 +970,52 @@ async fn a_member_that_lost_its_data_is_replaced_in_the_membership() {
         .await
         .expect("the other two take writes");
 }
+
+/// A write in flight on a follower when the raft leader hangs (SIGSTOP: the follower
+/// forwards the proposal to it, and it never answers) ends once the follower has elected
+/// another leader, about an election timeout later, not after the client's request
+/// timeout (30 s here): as a timeout (the write may have been applied), or applied.
+/// Before, it waited out the whole request timeout (an etcd leader's SIGKILL cost a
+/// job 5 s of training with the default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_in_flight_when_the_leader_hangs_ends_with_the_election() {
+    let cluster = EtcdCluster::start(3).await.unwrap();
+    let leader = cluster.leader().await.expect("a leader");
+    let follower = (leader + 1) % cluster.len();
+    let backend = EtcdBackend::connect(
+        EtcdConfig::new([cluster.endpoints()[follower].clone()])
+            .with_dial_timeout(Duration::from_secs(2))
+            .with_request_timeout(Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    backend
+        .put("/faults/in-flight/warm", b"1".to_vec(), None)
+        .await
+        .unwrap();
+
+    cluster.pause(leader).unwrap();
+    let paused = Instant::now();
+    let written = backend
+        .put("/faults/in-flight/key", b"2".to_vec(), None)
+        .await;
+    let took = paused.elapsed();
+    // The witness that the leader changed meanwhile: another member leads.
+    let new_leader = wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async { cluster.leader().await.is_some_and(|l| l != leader) },
+    )
+    .await;
+    cluster.resume(leader).unwrap();
+    assert!(new_leader, "no other member led");
+    assert!(
+        matches!(written, Ok(_) | Err(Error::Timeout(_))),
+        "{written:?}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "the write waited {took:?} (the request timeout is 30 s)"
+    );
+    eprintln!("write in flight when the leader hung: ended after {took:?} with {written:?}");
+}

@@ -13,7 +13,9 @@
 //! timeout on each endpoint (`request_timeout / endpoints`, at least 500 ms) before
 //! it moves on, so one hung member of three does not stall reads or lease renewals.
 //! A write has a single attempt (it may have been applied) with the whole request
-//! timeout; when it times out the pin still moves on. A caller that gives up on a
+//! timeout; when it times out the pin still moves on. A write whose member loses its
+//! raft leader or elects another while it waits ends then, as a timeout (`leader`: a
+//! proposal forwarded to a leader that died is never answered). A caller that gives up on a
 //! request (drops it) after it has waited on an endpoint for a while moves the pin
 //! on as well.
 //!
@@ -29,6 +31,7 @@
 //!
 //! Layout: [`config`](EtcdConfig) (how to reach etcd), `conn` (one endpoint's
 //! connection, auth and TLS), `failure` (errors and whether a request may be re-sent),
+//! `leader` (a write in flight when its member's leader changes),
 //! `codec` (edl's types to etcd's messages), `ops` (the [`Backend`](crate::Backend) operations),
 //! `watch` (watch streams), `space` (freeing a full etcd), `snapshot` (a member's
 //! database, as `etcdctl snapshot save` writes it), `members` and `admin` (the
@@ -40,6 +43,7 @@ mod codec;
 mod config;
 mod conn;
 mod failure;
+mod leader;
 mod members;
 mod ops;
 mod snapshot;
@@ -112,6 +116,15 @@ const MIN_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
 /// A caller that drops a request after it waited this long on one endpoint moves
 /// the pin to the next endpoint (a healthy member answers in milliseconds).
 const ROTATE_ON_DROP_AFTER: Duration = Duration::from_millis(250);
+
+/// How an attempt ended without an answer.
+enum Ended {
+    /// Its share of the request timeout passed.
+    TimedOut,
+    /// A write's member lost its leader or elected another while it waited
+    /// (`leader`).
+    LeaderMoved,
+}
 
 /// Moves the pin off an endpoint when the request waiting on it is dropped by its
 /// caller after [`ROTATE_ON_DROP_AFTER`] (for example by a lease keeper's own
@@ -321,7 +334,16 @@ impl EtcdBackend {
                 started: now,
                 armed: true,
             };
-            let result = tokio::time::timeout_at(attempt_deadline, attempt).await;
+            // A write also ends when its member's leader changes under it (`leader`).
+            let result = match resend {
+                Resend::Always => tokio::time::timeout_at(attempt_deadline, attempt)
+                    .await
+                    .map_err(|_| Ended::TimedOut),
+                Resend::IfNotSent => tokio::select! {
+                    r = tokio::time::timeout_at(attempt_deadline, attempt) => r.map_err(|_| Ended::TimedOut),
+                    () = self.leader_moved(i) => Err(Ended::LeaderMoved),
+                },
+            };
             guard.armed = false;
             if !tried.contains(endpoint) {
                 tried.push(endpoint.clone());
@@ -342,7 +364,13 @@ impl EtcdBackend {
                         break;
                     }
                 }
-                Err(_) => {
+                Err(Ended::LeaderMoved) => {
+                    // The member is fine (it has, or soon has, a new leader): the pin
+                    // stays. The write may have been applied: not re-sent.
+                    tracing::debug!(op, endpoint = %endpoint, waited = ?now.elapsed(), "etcd's leader changed under a write in flight; ending it as a timeout");
+                    return Err(Error::Timeout(started.elapsed()));
+                }
+                Err(Ended::TimedOut) => {
                     let waited = now.elapsed();
                     tracing::debug!(op, endpoint = %endpoint, ?waited, "etcd request got no answer; trying the next endpoint");
                     self.rotate(i);
