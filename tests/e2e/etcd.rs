@@ -154,6 +154,22 @@ pub(crate) async fn status(backend: &Arc<dyn Backend>, job: &JobName) -> Option<
     s
 }
 
+/// SIGKILLs the etcd leader and reaps it, then waits (30 s at most) until another member
+/// leads (the kill's positive witness): the killed member, and when it was killed.
+pub(crate) async fn kill_etcd_leader(etcd: &EtcdCluster) -> (usize, Instant) {
+    let leader = etcd.leader().await.expect("an etcd leader");
+    let pid = etcd.pid(leader).expect("the leader's pid");
+    edl_testkit::signal(pid, edl_testkit::Signal::SIGKILL).expect("SIGKILL the etcd leader");
+    let hit = Instant::now();
+    etcd.kill(leader).expect("reap the etcd leader");
+    let re_elected = wait_until(Duration::from_secs(30), || async {
+        etcd.leader().await.is_some_and(|l| l != leader)
+    })
+    .await;
+    assert!(re_elected, "no new etcd leader");
+    (leader, hit)
+}
+
 /// Takes the quorum away: both followers of the etcd leader stop (SIGSTOP), and etcd
 /// refuses a read (the outage's positive witness). The followers and when they stopped.
 pub(crate) async fn lose_quorum(
@@ -274,17 +290,8 @@ async fn a_job_rides_out_an_etcd_leader_death_and_a_30s_quorum_loss() {
     // The etcd leader dies (SIGKILL); another member leads and training goes on.
     let mut again = Vec::new();
     for _ in 0..kills {
-        let leader = etcd.leader().await.expect("an etcd leader");
-        let pid = etcd.pid(leader).expect("the leader's pid");
         let at_kill = trained(&s);
-        edl_testkit::signal(pid, edl_testkit::Signal::SIGKILL).expect("SIGKILL the etcd leader");
-        let hit = Instant::now();
-        etcd.kill(leader).expect("reap the etcd leader");
-        let re_elected = wait_until(Duration::from_secs(20), || async {
-            etcd.leader().await.is_some_and(|l| l != leader)
-        })
-        .await;
-        assert!(re_elected, "no new etcd leader");
+        let (leader, hit) = kill_etcd_leader(&etcd).await;
         s = wait_status(
             &backend,
             &job,

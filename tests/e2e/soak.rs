@@ -44,7 +44,7 @@ use edl_testkit::EtcdCluster;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::etcd::{lose_quorum, status};
+use crate::etcd::{kill_etcd_leader, lose_quorum, status};
 use crate::run::{edl_cmd, example, read_report};
 use crate::support::{Proc, checkpointed_passes, wait_until};
 
@@ -333,16 +333,7 @@ async fn a_seeded_soak_with_faults_in_every_role_and_in_etcd_loses_no_training()
             running(&wait_status(&backend, &job, &run).await),
             "{too_short}"
         );
-        let leader = etcd.leader().await.expect("an etcd leader");
-        let pid = etcd.pid(leader).expect("the leader's pid");
-        edl_testkit::signal(pid, edl_testkit::Signal::SIGKILL).expect("SIGKILL the etcd leader");
-        let hit = Instant::now();
-        etcd.kill(leader).expect("reap the etcd leader");
-        let re_elected = wait_until(Duration::from_secs(30), || async {
-            etcd.leader().await.is_some_and(|l| l != leader)
-        })
-        .await;
-        assert!(re_elected, "no new etcd leader");
+        let (leader, hit) = kill_etcd_leader(&etcd).await;
         etcd_recoveries
             .entry("etcd-leader-kill")
             .or_default()
