@@ -100,6 +100,9 @@ pub struct GoodputClock {
     clock: Arc<Mutex<Clock>>,
     /// Whether the [`Bucket::Starting`] span begun at the start still runs.
     starting: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether a loop marks its spans on this clock, so that its totals mean something
+    /// ([`GoodputClock::measured`]).
+    in_use: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for GoodputClock {
@@ -118,7 +121,22 @@ impl GoodputClock {
         GoodputClock {
             clock: Arc::new(Mutex::new(clock)),
             starting: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            in_use: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
+    }
+
+    /// Says that a loop marks its spans on this clock from now on.
+    pub fn use_it(&self) {
+        self.in_use
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The totals now, once a loop uses the clock ([`GoodputClock::use_it`]); `None`
+    /// before (a loop of the caller's own, whose time is not measured).
+    pub fn measured(&self) -> Option<Goodput> {
+        self.in_use
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| self.snapshot())
     }
 
     /// Ends the starting span (the first task arrived); later calls do nothing.

@@ -10,7 +10,6 @@
 //! [`TrainerError::LeaseLost`] (the master has given its tasks to others).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::tasks::CloudReader;
@@ -53,7 +52,6 @@ pub struct Member {
     /// once the built-in loop runs ([`Member::reader`]); a loop of the caller's own
     /// ([`Member::tasks`]) is not measured.
     clock: GoodputClock,
-    measured: Arc<AtomicBool>,
     /// The session and the clients live until the member leaves (or is dropped): a
     /// shutdown only starts the drain.
     life: CancellationToken,
@@ -76,7 +74,6 @@ impl Member {
     ) -> Result<Joined, TrainerError> {
         let id = cfg.id.clone();
         let clock = GoodputClock::starting_at(started);
-        let measured = Arc::new(AtomicBool::new(false));
         let ttl = cfg.lease_ttl.unwrap_or(spec.cluster.lease_ttl);
         let dev_name = device.to_owned();
         let life = CancellationToken::new();
@@ -194,7 +191,7 @@ impl Member {
                 },
                 rx.clone(),
                 stats.clone(),
-                (clock.clone(), measured.clone()),
+                clock.clone(),
                 life.clone(),
             )
             .await;
@@ -218,7 +215,6 @@ impl Member {
             progress,
             started,
             clock,
-            measured,
             life,
             _life: guard,
         }))
@@ -248,7 +244,7 @@ impl Member {
     /// trainer's goodput is measured from now on (the loop marks its spans on the
     /// reader's clock), sent with each `GetTask`, served on `/metrics` and reported.
     pub fn reader(&self) -> CloudReader {
-        self.measured.store(true, Ordering::Relaxed);
+        self.clock.use_it();
         self.session.reader(None, Some(self.clock.clone()))
     }
 
@@ -301,16 +297,12 @@ impl Member {
         }
         let lease_lost = self.session.lost().is_cancelled() && !shutdown.is_cancelled();
         self.session.leave().await;
-        let goodput = self
-            .measured
-            .load(Ordering::Relaxed)
-            .then(|| self.clock.snapshot());
         let rep = report::report(
             (&self.id, &self.device),
             progress,
             &self.stats,
             self.started,
-            goodput,
+            self.clock.measured(),
         );
         if lease_lost {
             return Err(TrainerError::LeaseLost { ttl: self.ttl });

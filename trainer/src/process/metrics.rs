@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -131,7 +131,7 @@ pub(crate) async fn serve(
     labels: Labels,
     progress: watch::Receiver<Progress>,
     stats: Arc<PsStoreStats>,
-    (clock, measured): (GoodputClock, Arc<AtomicBool>),
+    clock: GoodputClock,
     stop: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     let render = move || {
@@ -139,7 +139,7 @@ pub(crate) async fn serve(
             (&labels.job, &labels.id, &labels.device),
             &progress.borrow(),
             &stats,
-            measured.load(Ordering::Relaxed).then(|| clock.snapshot()),
+            clock.measured(),
         )
     };
     let listener = tokio::net::TcpListener::bind(addr).await?;
