@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use edl_job::{ControlRecord, JobKeys, JobName, JobSpec, Record, RunRecord, ScaleRecord};
-use edl_master_client::overview::{JobStatus, STATUS_JSON_VERSION, job_names, job_status_with};
+use edl_master_client::overview::{
+    JobStatus, MASTER_WAIT, STATUS_JSON_VERSION, job_names, job_status_with,
+};
 use serde::Serialize;
 
 use crate::common::{EtcdArgs, runtime, shutdown_on_signals};
@@ -128,7 +130,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
         };
         let mut jobs = Vec::new();
         for n in &names {
-            jobs.push(job_status_with(&backend, n, args.token.as_deref(), tls.as_ref()).await?);
+            jobs.push(job_status_with(&backend, n, args.token.as_deref(), tls.as_ref(), MASTER_WAIT).await?);
         }
         if let Some(j) = &args.job {
             anyhow::ensure!(

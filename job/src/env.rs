@@ -70,6 +70,18 @@ pub const SPEC: &str = "EDL_SPEC";
 pub const CHECKPOINT_DIR: &str = "EDL_CHECKPOINT_DIR";
 /// A tracing filter for the logs, e.g. `info,edl_coord=debug`.
 pub const LOG: &str = "EDL_LOG";
+/// This process's incarnation, unique in the job, given by whoever starts it (the
+/// Kubernetes operator: `<pod name>.<pod uid>`): a pserver writes it into its shard
+/// claim and replica registration, a master beside its candidacy, so that whoever sees
+/// the process end can revoke what it held ([`crate::holders`]) without knowing its
+/// address or process id.
+pub const INSTANCE: &str = "EDL_INSTANCE";
 /// The etcd user and password and the job token: the credentials the Kubernetes operator
 /// keeps in a job's Secret.
 pub const CREDENTIALS: [&str; 3] = [ETCD_USER, ETCD_PASSWORD, TOKEN];
+
+/// This process's [`INSTANCE`], or "" when it was not given one.
+pub fn instance() -> &'static str {
+    static INSTANCE_OF_THIS_PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    INSTANCE_OF_THIS_PROCESS.get_or_init(|| std::env::var(INSTANCE).unwrap_or_default())
+}

@@ -98,6 +98,18 @@ impl JobKeys {
         self.key("master/election/")
     }
 
+    /// Where a master given an [instance](crate::env::INSTANCE) writes its address under
+    /// the lease it campaigns with, so that whoever sees its process end finds that
+    /// lease by the instance ([`crate::holders`]).
+    pub fn master_instance(&self, instance: &str) -> String {
+        self.key(&format!("master/instances/{instance}"))
+    }
+
+    /// The prefix of [`Self::master_instance`].
+    pub fn master_instances(&self) -> String {
+        self.key("master/instances/")
+    }
+
     /// Written by a master as it takes the lead (its address): a standby's copy of the
     /// queue that has seen this write has seen every write of the leaders before.
     pub fn master_takeover(&self) -> String {
@@ -344,6 +356,11 @@ mod tests {
         assert_eq!(k.control(), "/edl/mnist/job/control");
         assert_eq!(k.scale_trainers(), "/edl/mnist/scale/trainers");
         assert_eq!(k.master_election(), "/edl/mnist/master/election/");
+        assert_eq!(
+            k.master_instance("m-0.u1"),
+            "/edl/mnist/master/instances/m-0.u1"
+        );
+        assert!(k.master_instance("x").starts_with(&k.master_instances()));
         assert_eq!(
             k.task("00001-0000002-0000004"),
             "/edl/mnist/tasks/00001-0000002-0000004"

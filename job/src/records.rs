@@ -311,6 +311,9 @@ pub struct PserverRecord {
     /// Start time, ms since the Unix epoch.
     #[serde(default)]
     pub started_ms: u64,
+    /// Its process's incarnation ([`crate::env::INSTANCE`]; "" when not given one).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance: String,
 }
 record!(PserverRecord, "ps/<index>");
 
@@ -324,6 +327,19 @@ impl PserverRecord {
             bulk: 0,
             pid: 0,
             started_ms: 0,
+            instance: String::new(),
+        }
+    }
+
+    /// The claim of this process, serving at `addr` with bulk-path protocol `bulk`: its
+    /// process id, start time (now) and [instance](crate::env::instance).
+    pub fn of_this_process(addr: impl Into<String>, bulk: u32) -> Self {
+        PserverRecord {
+            bulk,
+            pid: std::process::id(),
+            started_ms: now_ms(),
+            instance: crate::env::instance().to_owned(),
+            ..PserverRecord::at(addr)
         }
     }
 }
@@ -421,8 +437,25 @@ pub struct MemberRecord {
     /// Start time, ms since the Unix epoch.
     #[serde(default)]
     pub started_ms: u64,
+    /// Its process's incarnation ([`crate::env::INSTANCE`]; "" when not given one).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance: String,
 }
 record!(MemberRecord, "ps-member/<id>");
+
+impl MemberRecord {
+    /// The registration of this process, reached at `addr`: its process id, start time
+    /// (now) and [instance](crate::env::instance).
+    pub fn of_this_process(addr: impl Into<String>) -> Self {
+        MemberRecord {
+            version: RECORD_VERSION,
+            addr: addr.into(),
+            pid: std::process::id(),
+            started_ms: now_ms(),
+            instance: crate::env::instance().to_owned(),
+        }
+    }
+}
 
 /// `restores/<index>`: a pserver restored shard `index` (from a checkpoint, or with its
 /// initial values when there was none) and serves it from now on. Written, fenced by the

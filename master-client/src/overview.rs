@@ -266,18 +266,24 @@ pub async fn job_names(backend: &Arc<dyn Backend>) -> edl_coord::Result<Vec<JobN
     Ok(names.into_iter().collect())
 }
 
+/// How long `edl status` waits for a job's leading master ([`job_status`]): through a
+/// failover's first seconds.
+pub const MASTER_WAIT: Duration = Duration::from_secs(2);
+
 /// A job's state: from its keys in etcd, and from its leading master when one answers
-/// (within about 2 s).
+/// (within about [`MASTER_WAIT`]).
 pub async fn job_status(backend: &Arc<dyn Backend>, job: &JobName) -> edl_coord::Result<JobStatus> {
-    job_status_with(backend, job, None, None).await
+    job_status_with(backend, job, None, None, MASTER_WAIT).await
 }
 
-/// [`job_status`], reaching the master with the job's token and TLS.
+/// [`job_status`], reaching the master with the job's token and TLS, and waiting for it
+/// (a refused or failed call tried again, a call unanswered) for about `wait` at most.
 pub async fn job_status_with(
     backend: &Arc<dyn Backend>,
     job: &JobName,
     token: Option<&str>,
     tls: Option<&edl_proto::tls::Tls>,
+    wait: Duration,
 ) -> edl_coord::Result<JobStatus> {
     let keys = JobKeys::new(job);
     let spec = backend
@@ -343,8 +349,8 @@ pub async fn job_status_with(
         let mut cfg = MasterClientConfig::new(job.clone());
         cfg.token = token.map(str::to_owned);
         cfg.tls = tls.cloned();
-        cfg.retry_for = Duration::from_secs(2);
-        cfg.call_timeout = Duration::from_secs(2);
+        cfg.retry_for = wait;
+        cfg.call_timeout = wait;
         MasterClient::new(backend.clone(), cfg, CancellationToken::new())
             .status()
             .await

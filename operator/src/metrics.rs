@@ -1,10 +1,11 @@
 //! The operator's `/metrics` (Prometheus text format): reconciles, failed reconciles,
-//! pods created and deleted, scale events, recoveries, the autoscaler's changes, and
-//! whether this replica leads.
+//! pods created and deleted, scale events, recoveries, the leases of ended pods'
+//! processes revoked, the autoscaler's changes, and whether this replica leads.
 
 use std::sync::atomic::AtomicI64;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
@@ -23,6 +24,9 @@ pub struct Metrics {
     pub scale_events: Counter,
     /// Pods replaced after a failure or a loss.
     pub recoveries: Counter,
+    /// etcd leases of ended pods' processes revoked, by role (`role` = `trainer`,
+    /// `pserver`, `master`): what each held passed on at once, not a lease TTL later.
+    pub leases_revoked: Family<Vec<(String, String)>, Counter>,
     /// Trainer counts the autoscaler set (`--autoscale`).
     pub autoscaler_changes: Counter,
     /// 1 while this replica leads.
@@ -52,6 +56,11 @@ impl Metrics {
             self.recoveries.clone(),
         );
         reg.register(
+            "leases_revoked",
+            "etcd leases of ended pods' processes revoked, by role",
+            self.leases_revoked.clone(),
+        );
+        reg.register(
             "autoscaler_changes",
             "Trainer counts the autoscaler set",
             self.autoscaler_changes.clone(),
@@ -61,6 +70,20 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
         out
+    }
+
+    /// Counts `n` leases of an ended `role` process revoked.
+    pub fn revoked(&self, role: &str, n: usize) {
+        self.leases_revoked
+            .get_or_create(&vec![("role".to_owned(), role.to_owned())])
+            .inc_by(n as u64);
+    }
+
+    /// The leases of ended `role` processes revoked so far.
+    pub fn revoked_of(&self, role: &str) -> u64 {
+        self.leases_revoked
+            .get_or_create(&vec![("role".to_owned(), role.to_owned())])
+            .get()
     }
 
     /// Whether this replica leads, as the gauge says.
@@ -78,6 +101,7 @@ mod tests {
         let m = Metrics::default();
         m.reconciles.inc();
         m.leader.set(1);
+        m.revoked("pserver", 2);
         let text = m.render();
         for name in [
             "edl_operator_reconciles_total 1",
@@ -86,6 +110,7 @@ mod tests {
             "edl_operator_scale_events_total 0",
             "edl_operator_recoveries_total 0",
             "edl_operator_autoscaler_changes_total 0",
+            "edl_operator_leases_revoked_total{role=\"pserver\"} 2",
             "edl_operator_leader 1",
         ] {
             assert!(text.contains(name), "{name} in {text}");

@@ -257,11 +257,7 @@ fn run_example(dir: &std::path::Path, etcd: &EtcdCluster, passes: u64) -> (Proc,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_rides_out_an_etcd_leader_death_and_a_30s_quorum_loss() {
     const OUTAGE: Duration = Duration::from_secs(30);
-    let kills: u64 = std::env::var("EDL_ETCD_LEADER_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
-        .max(1);
+    let kills = crate::support::env_u64("EDL_ETCD_LEADER_KILLS", 1).max(1);
     // About 2 passes a second here; each kill costs a few seconds.
     let passes: u64 = 60 + 20 * (kills - 1);
     let test_started = Instant::now();
@@ -306,14 +302,10 @@ async fn a_job_rides_out_an_etcd_leader_death_and_a_30s_quorum_loss() {
             .await
             .expect("restart the killed member");
     }
-    again.sort_by(f64::total_cmp);
-    let rank = |q: f64| again[((q * again.len() as f64).ceil() as usize).clamp(1, again.len()) - 1];
+    let n = again.len();
+    let (median, p95, max) = crate::support::median_p95_max(again);
     eprintln!(
-        "etcd leader kills: {}, training again after median {:.2} s, p95 {:.2} s, max {:.2} s",
-        again.len(),
-        rank(0.5),
-        rank(0.95),
-        rank(1.0)
+        "etcd leader kills: {n}, training again after median {median:.2} s, p95 {p95:.2} s, max {max:.2} s"
     );
 
     // Quorum lost: both followers of the current leader stop for 30 s. (A stopped raft

@@ -46,7 +46,7 @@ use tokio::time::Instant;
 
 use crate::etcd::{kill_etcd_leader, lose_quorum, status};
 use crate::run::{edl_cmd, example, read_report};
-use crate::support::{Proc, checkpointed_passes, wait_until};
+use crate::support::{Proc, checkpointed_passes, env_u64, median_p95_max, wait_until};
 
 /// Fault kinds and how many of each a 300 s soak asks for (fewer, at least one, in a
 /// shorter one).
@@ -66,15 +66,6 @@ const RECORDS: u64 = 405;
 /// Tasks a trainer holds at most: one being acknowledged (while the next trains), one
 /// in training and the reader's read-ahead (2).
 const HELD_TASKS: u64 = 4;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
 
 /// The example job with `passes`, named `name`, seeded: two masters, two pservers,
 /// three trainers (one to four); every other setting the example's (the defaults).
@@ -190,13 +181,6 @@ fn median_max(mut xs: Vec<f64>) -> (f64, f64) {
 }
 
 /// The median, the 95th percentile (nearest rank) and the longest of `xs`.
-fn median_p95_max(mut xs: Vec<f64>) -> (f64, f64, f64) {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    let p95 = xs[((0.95 * n as f64).ceil() as usize).clamp(1, n) - 1];
-    (xs[n / 2], p95, xs[n - 1])
-}
-
 /// Waits until the job trains again (its records trained grow past `from`); the time
 /// it took since `since`.
 async fn training_again(

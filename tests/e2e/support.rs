@@ -167,6 +167,24 @@ impl Drop for Proc {
     }
 }
 
+/// The number in environment variable `name` (a test's size knob), or `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
+/// The median, 95th percentile (nearest rank) and maximum of `xs` (not empty).
+pub fn median_p95_max(mut xs: Vec<f64>) -> (f64, f64, f64) {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    let p95 = xs[((0.95 * n as f64).ceil() as usize).clamp(1, n) - 1];
+    (xs[n / 2], p95, xs[n - 1])
+}
+
 /// Polls `cond` every 20 ms until true or `within` passes.
 pub async fn wait_until<F, Fut>(within: Duration, cond: F) -> bool
 where

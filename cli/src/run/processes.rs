@@ -415,6 +415,7 @@ impl Shell {
         for prefix in (Holder::Pserver {
             pid: None,
             addr: None,
+            instance: None,
         })
         .prefixes(&self.keys)
         {
@@ -428,6 +429,7 @@ impl Shell {
             let holder = Holder::Pserver {
                 pid: Some(pid),
                 addr: None,
+                instance: None,
             };
             let holds = !edl_job::holders::leases_held(&self.keys, &holder, &kvs).is_empty();
             match (
@@ -466,9 +468,11 @@ impl Shell {
             (Role::Pserver, _) => Holder::Pserver {
                 pid: Some(pid),
                 addr: None,
+                instance: None,
             },
             (Role::Master, Some(addr)) => Holder::Master {
-                addr: addr.trim().into(),
+                addr: Some(addr.trim().into()),
+                instance: None,
             },
             (Role::Master, None) => return,
         };

@@ -17,6 +17,24 @@ use crate::error::MasterError;
 use crate::mirror::Mirrored;
 use crate::store::{Loaded, Store};
 
+/// Writes this process's [instance](edl_job::env::INSTANCE), when it has one, under the
+/// lease it campaigns with, so that whoever sees the process end (the Kubernetes operator,
+/// from its pod's status) can revoke that lease and let a standby lead at once
+/// ([`edl_job::holders`]). Best effort: without it, the lease ends with its TTL.
+async fn mark_instance(backend: &Arc<dyn Backend>, keys: &JobKeys, advertise: &str, lease: &Lease) {
+    let instance = edl_job::env::instance();
+    if instance.is_empty() {
+        return;
+    }
+    let key = keys.master_instance(instance);
+    if let Err(e) = backend
+        .put(&key, advertise.as_bytes().to_vec(), Some(lease.id()))
+        .await
+    {
+        tracing::debug!(error = %e, "could not write this master's instance; its lease will expire instead");
+    }
+}
+
 /// Campaigns, leads until the lease is lost, and campaigns again, until shutdown.
 pub(super) async fn lead_loop(
     backend: &Arc<dyn Backend>,
@@ -42,6 +60,7 @@ pub(super) async fn lead_loop(
                 continue;
             }
         };
+        mark_instance(backend, keys, advertise, &lease).await;
         // Meanwhile, follow the queue and watch the leader (server::standby).
         let standby = Standby::start(
             backend.clone(),

@@ -162,8 +162,11 @@ async fn apply_etcd(
             // Best effort: what is not revoked expires with its lease, and the pod's
             // replacement must not wait on it.
             (EtcdAction::Revoke(holder), Some(keys)) => {
-                if let Err(e) = edl_job::holders::revoke_held(&backend, keys, holder).await {
-                    tracing::warn!(?holder, error = %e, "could not revoke the leases of an ended process; they expire");
+                match edl_job::holders::revoke_held(&backend, keys, holder).await {
+                    Ok(leases) => ctx.metrics.revoked(holder.role(), leases.len()),
+                    Err(e) => {
+                        tracing::warn!(?holder, error = %e, "could not revoke the leases of an ended process; they expire");
+                    }
                 }
                 Ok(())
             }

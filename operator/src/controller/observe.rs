@@ -101,6 +101,13 @@ pub fn pod_view(pod: &Pod) -> Option<PodView> {
     })
 }
 
+/// How long a reconcile waits for the job's leading master's progress: shortly, since
+/// the reconcile waits with it (a pod's end seen, the leases its process held are
+/// revoked after this observation: a dead master's address refuses calls until its
+/// leases go, and waiting longer cost each master's death 4 s). Without an answer the
+/// job's status keeps the progress last known.
+const MASTER_WAIT: Duration = Duration::from_millis(500);
+
 /// The job's state in etcd (and its master's, asked with the job's `token` if it has
 /// one, over its `tls` if it has that).
 async fn progress(
@@ -118,7 +125,7 @@ async fn progress(
     if !spec_published {
         return Ok(EtcdState::default());
     }
-    let s = job_status_with(backend, job, token, tls)
+    let s = job_status_with(backend, job, token, tls, MASTER_WAIT)
         .await
         .map_err(|e| e.to_string())?;
     let finished = match s.state.as_str() {

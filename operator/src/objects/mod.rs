@@ -150,6 +150,12 @@ fn meta(tj: &TrainingJob, name: String, slot: Option<Slot>) -> ObjectMeta {
     }
 }
 
+/// A pod incarnation's id, `<pod name>.<pod uid>` (a pod made again under the same name
+/// has another uid): a trainer's id and a pserver's or master's
+/// [instance](edl_job::env::INSTANCE), by which the operator revokes the leases of an
+/// ended pod's process (`reconcile::pods`).
+pub(crate) const INCARNATION: &str = "$(POD_NAME).$(POD_UID)";
+
 fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
@@ -742,6 +748,7 @@ fn etcd_parts(tj: &TrainingJob, slot: Slot, parts: &mut Parts) -> RoleCommand {
 /// A master: the job's settings of a master (`edl_job::launch`), `/metrics` on its gRPC
 /// port and in plain HTTP on [`METRICS_PORT`] (scraped without a job certificate).
 fn master_parts(tj: &TrainingJob, parts: &mut Parts) -> RoleCommand {
+    parts.vars.push(env(edl_job::env::INSTANCE, INCARNATION));
     parts.vars.push(env(
         edl_job::env::METRICS_ADDR,
         format!("0.0.0.0:{METRICS_PORT}"),
@@ -778,6 +785,7 @@ fn master_parts(tj: &TrainingJob, parts: &mut Parts) -> RoleCommand {
 /// (`edl_job::launch`), its checkpoint volume (its own claim unless the job names one)
 /// and `/metrics`.
 fn pserver_parts(tj: &TrainingJob, slot: Slot, parts: &mut Parts) -> RoleCommand {
+    parts.vars.push(env(edl_job::env::INSTANCE, INCARNATION));
     let job = tj.metadata.name.clone().unwrap_or_default();
     let s = &tj.spec;
     let c = &s.cluster;
@@ -828,9 +836,7 @@ fn trainer_parts(tj: &TrainingJob, parts: &mut Parts) -> RoleCommand {
     let launch = TrainerLaunch::of(&s.trainer, &s.cluster);
     // One id per pod incarnation: a replacement pod (same name) must not meet the
     // registration its predecessor left until its lease ends.
-    parts
-        .vars
-        .push(env(edl_job::env::TRAINER_ID, "$(POD_NAME).$(POD_UID)"));
+    parts.vars.push(env(edl_job::env::TRAINER_ID, INCARNATION));
     parts.vars.push(env(
         edl_job::env::METRICS_ADDR,
         format!("0.0.0.0:{METRICS_PORT}"),

@@ -42,8 +42,11 @@ impl<'a> Draft<'a> {
             }
             None => {}
         }
-        self.status.pass = p.pass;
-        self.status.tasks = p.tasks.clone();
+        // The master's progress; the last known while no master answers (a failover).
+        if p.tasks.is_some() {
+            self.status.pass = p.pass;
+            self.status.tasks = p.tasks.clone();
+        }
         self.status.trainers.registered = p.trainers;
         self.status.pservers = p.pservers;
         self.status.leader = p.leader.clone();

@@ -74,27 +74,41 @@ impl Draft<'_> {
         crash_loop
     }
 
-    /// A trainer pod whose container ended (the kubelet saw its process exit): the
-    /// leases its trainer held are revoked before it is replaced, so the master hands
-    /// its tasks out again at once instead of a lease TTL later. Only for a process known
-    /// dead: a pod lost with its node may still run there, and its lease decides; and
-    /// only while etcd answers (else the lease ends by itself meanwhile). (A
-    /// pserver's or master's record names the address it advertised, which the operator
-    /// does not know exactly; their leases expire.)
+    /// A job pod whose container ended (the kubelet saw its process exit): the leases
+    /// its process held are revoked before it is replaced, so that the master hands a
+    /// trainer's tasks out again, a pserver's shard is claimed again or its replica
+    /// replaced, or a standby master leads, at once instead of a lease TTL later. Only
+    /// for a process known dead: a pod lost with its node may still run there, and its
+    /// lease decides; and only while etcd answers (else the lease ends by itself
+    /// meanwhile).
     fn revoke_leases_of_ended(&mut self, p: &PodView) {
         if p.phase.ended() {
             self.revoke_leases_of(p);
         }
     }
 
-    /// Revokes the leases of trainer pod `p`'s trainer (while etcd answers).
+    /// Revokes the leases of pod `p`'s process (while etcd answers): a trainer's by its
+    /// id, a pserver's or master's by its [instance](edl_job::env::INSTANCE), each its
+    /// pod's incarnation.
     fn revoke_leases_of(&mut self, p: &PodView) {
-        if let (Role::Trainer, true, Some(id)) = (p.slot.role, self.obs.etcd.is_ok(), trainer_id(p))
-        {
-            self.plan
-                .etcd
-                .push(EtcdAction::Revoke(edl_job::holders::Holder::Trainer { id }));
-        }
+        use edl_job::holders::Holder;
+        let (Some(id), true) = (incarnation(p), self.obs.etcd.is_ok()) else {
+            return;
+        };
+        let holder = match p.slot.role {
+            Role::Trainer => Holder::Trainer { id },
+            Role::Pserver => Holder::Pserver {
+                pid: None,
+                addr: None,
+                instance: Some(id),
+            },
+            Role::Master => Holder::Master {
+                addr: None,
+                instance: Some(id),
+            },
+            Role::Etcd => return,
+        };
+        self.plan.etcd.push(EtcdAction::Revoke(holder));
     }
 
     /// Why trainer pod `p`, still running, is stuck, when the master names its trainer
@@ -103,7 +117,7 @@ impl Draft<'_> {
         if p.slot.role != Role::Trainer || p.phase.ended() {
             return None;
         }
-        let id = trainer_id(p)?;
+        let id = incarnation(p)?;
         let etcd = self.obs.etcd.as_ref().ok()?;
         let s = etcd.stuck.iter().find(|s| s.trainer == id)?;
         Some(format!(
@@ -268,7 +282,9 @@ impl Draft<'_> {
 }
 
 /// A trainer pod's trainer id, as its environment makes it (`objects`: `<pod>.<uid>`).
-fn trainer_id(p: &PodView) -> Option<String> {
+/// Pod `p`'s incarnation ([`objects::INCARNATION`]): a trainer's id, a pserver's or
+/// master's instance.
+fn incarnation(p: &PodView) -> Option<String> {
     Some(format!("{}.{}", p.name, p.uid.as_ref()?))
 }
 

@@ -88,12 +88,7 @@ pub async fn run(
     let (index, first_claim) = match cfg.index {
         IndexChoice::Fixed(i) => (i, None),
         IndexChoice::Auto => {
-            let record = PserverRecord {
-                bulk: crate::bulk::VERSION,
-                pid: std::process::id(),
-                started_ms: protocol::now_ms(),
-                ..PserverRecord::at(advertise.clone())
-            };
+            let record = PserverRecord::of_this_process(advertise.clone(), crate::bulk::VERSION);
             let claim = claim_index_wait(
                 &*backend,
                 &keys.ps_prefix(),
@@ -112,12 +107,7 @@ pub async fn run(
     };
     let me = super::replication::member_id(index);
     let store = Arc::new(GroupStore::new(backend.clone(), keys.clone(), index));
-    let member = MemberRecord {
-        version: edl_job::RECORD_VERSION,
-        addr: advertise.clone(),
-        pid: std::process::id(),
-        started_ms: protocol::now_ms(),
-    };
+    let member = MemberRecord::of_this_process(advertise.clone());
     retry_startup("register the replica", wait, &shutdown, || {
         store.register(&me, &member, &lease)
     })

@@ -3,6 +3,52 @@
 
 use super::*;
 
+/// A pserver's or master's pod that ended: the leases its process held are revoked by
+/// its instance (its pod's incarnation, which its records name) before it is replaced,
+/// so its shard is claimed again or a standby leads at once; an etcd member's are not
+/// the job's to revoke.
+#[test]
+fn an_ended_pserver_or_master_pod_has_its_leases_revoked_by_its_instance() {
+    use edl_job::holders::Holder;
+    let mut tj = training_job("");
+    started(&mut tj, 2);
+    for (index, holder) in [
+        (
+            0,
+            Holder::Master {
+                addr: None,
+                instance: Some("mnist-master-0.uid-0".into()),
+            },
+        ),
+        (
+            1,
+            Holder::Pserver {
+                pid: None,
+                addr: None,
+                instance: Some("mnist-pserver-0.uid-0".into()),
+            },
+        ),
+    ] {
+        let mut pods = running(2);
+        pods[index].phase = PodPhase::Failed;
+        pods[index].exit_code = Some(137);
+        let plan = reconcile(&observe(&tj, pods, Ok(progress(2))));
+        assert_eq!(plan.etcd, [EtcdAction::Revoke(holder)]);
+        assert_eq!(plan.delete.len(), 1, "{:?}", plan.delete);
+        // Not while etcd cannot be read: the lease ends by itself meanwhile.
+        let mut pods = running(2);
+        pods[index].phase = PodPhase::Failed;
+        let plan = reconcile(&observe(&tj, pods, Err("etcd unreachable".into())));
+        assert!(plan.etcd.is_empty(), "{:?}", plan.etcd);
+        assert_eq!(
+            plan.delete.len(),
+            1,
+            "replaced all the same: {:?}",
+            plan.delete
+        );
+    }
+}
+
 #[test]
 fn a_failed_pod_is_replaced_once_and_counted_and_a_crash_loop_fails_the_job() {
     let mut tj = training_job("max_restarts = 2\nhealthy_after = \"30s\"");

@@ -20,7 +20,6 @@ use tracing::Instrument as _;
 use super::driver::Replication;
 use super::record::GroupStore;
 use crate::checkpoint::CheckpointDir;
-use crate::checkpoint::protocol;
 use crate::replica::Role;
 use crate::server::checkpointer::Checkpointer;
 use crate::server::claim::claim_fixed;
@@ -124,12 +123,7 @@ async fn take_claim(
     claim: &Mutex<Option<IndexClaim>>,
     stop: &CancellationToken,
 ) -> Option<Fence> {
-    let mut record = PserverRecord {
-        bulk: crate::bulk::VERSION,
-        pid: std::process::id(),
-        started_ms: protocol::now_ms(),
-        ..PserverRecord::at(ctx.advertise.clone())
-    };
+    let mut record = PserverRecord::of_this_process(ctx.advertise.clone(), crate::bulk::VERSION);
     let c = claim_fixed(
         &*ctx.backend,
         &ctx.keys,

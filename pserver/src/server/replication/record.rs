@@ -244,6 +244,7 @@ mod tests {
             addr: addr.into(),
             pid: 1,
             started_ms: 0,
+            instance: String::new(),
         }
     }
 

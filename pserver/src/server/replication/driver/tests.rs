@@ -1,6 +1,6 @@
 //! Tests of the parent module.
 
-use edl_job::{JobKeys, JobName, RECORD_VERSION};
+use edl_job::{JobKeys, JobName};
 use edl_testkit::etcd::EtcdCluster;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -27,12 +27,7 @@ async fn node(etcd: &EtcdCluster, id: &str, with_values: bool, cfg: &ReplicaConf
     );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let store = Arc::new(GroupStore::new(backend, keys, 0));
-    let rec = MemberRecord {
-        version: RECORD_VERSION,
-        addr: listener.local_addr().unwrap().to_string(),
-        pid: std::process::id(),
-        started_ms: 0,
-    };
+    let rec = MemberRecord::of_this_process(listener.local_addr().unwrap().to_string());
     store.register(id, &rec, &lease).await.unwrap();
     let shard = Arc::new(Shard::new(0, 1, 9, Arc::default()));
     if with_values {
