@@ -49,6 +49,14 @@ pub enum PsClientError {
         /// The step to push next.
         next: u64,
     },
+    /// Sync mode: the shard holds no parameters (restored with no checkpoint): pull,
+    /// which initialises it from the initial values, and push again. (In async mode a
+    /// push waits for another call's pull to do it.)
+    #[error("shard {shard} has no parameters: pull to initialise it, then push again")]
+    Uninitialised {
+        /// The shard.
+        shard: u32,
+    },
     /// A shard was restored since it answered a task's pushes, from a checkpoint that may
     /// lack some of them: train the task again.
     #[error("shard {shard}: {msg}")]

@@ -28,6 +28,9 @@ impl PsClient {
     /// parallel. A shard that lost its parameters (restarted without a checkpoint) is
     /// initialised again from the initial values the cache was seeded with, when it was.
     pub async fn pull_dense(&self, cache: &mut DenseCache) -> Result<PullStats> {
+        /// Initialisations of one shard by one pull, each after the shard was found
+        /// empty again (a pserver replaced over and over): then the pull fails.
+        const MAX_REINITS: u32 = 8;
         let layout = self.layout().await?;
         if cache.spec.as_ref() != Some(layout.spec()) {
             cache.reset(&layout);
@@ -43,6 +46,7 @@ impl PsClient {
             let cache = &*cache;
             let layout = &layout;
             async move {
+                let mut inits = 0;
                 loop {
                     let r = self
                         .call(
@@ -65,11 +69,22 @@ impl PsClient {
                             let Some(initial) = &cache.initial else {
                                 return Err(PsClientError::Refused { shard: s, status });
                             };
+                            inits += 1;
+                            if inits > MAX_REINITS {
+                                return Err(PsClientError::Refused { shard: s, status });
+                            }
                             tracing::warn!(shard = s, "shard lost its parameters (no checkpoint); initialising it again from the initial values");
-                            self.init_shard(s, "reinit", layout, |p| {
+                            let init = self.init_shard(s, "reinit", layout, |p| {
                                 initial.get(p).map_or(&[][..], |v| v.as_slice())
-                            })
-                            .await?;
+                            });
+                            match init.await {
+                                Ok(()) => {}
+                                // Restored with nothing again before the initialisation
+                                // finished (a new incarnation): pull and initialise it.
+                                Err(PsClientError::Refused { status, .. })
+                                    if ErrorKind::of(&status) == Some(ErrorKind::Uninitialised) => {}
+                                Err(e) => return Err(e),
+                            }
                         }
                         other => return other,
                     }

@@ -243,7 +243,7 @@ impl PsClient {
                                     None => t.grpc.clone().push(r).await,
                                 }
                             },
-                            |st| push_refusal(st, shard, step),
+                            |st| push_refusal(st, shard, step, sync),
                         )
                         .await?;
                     applied |= resp.applied;
@@ -361,8 +361,14 @@ impl PsClient {
                 msg,
                 self.inner.cfg.call_timeout,
                 |t, r| async move { t.grpc.clone().task_done(r).await },
+                // A shard restored with nothing since (it holds no parameters) lacks
+                // the task's pushes as a rewound one does.
                 move |st| {
-                    (ErrorKind::of(st) == Some(ErrorKind::Rewound)).then(|| {
+                    matches!(
+                        ErrorKind::of(st),
+                        Some(ErrorKind::Rewound | ErrorKind::Uninitialised)
+                    )
+                    .then(|| {
                         Attempt::Fail(PsClientError::Rewound {
                             shard: s,
                             msg: st.message().to_owned(),
@@ -402,7 +408,11 @@ impl PsClient {
                 msg,
                 self.inner.cfg.call_timeout,
                 |t, r| async move { t.grpc.clone().leave(r).await },
-                |_| None,
+                // A shard with no parameters has no steps to leave.
+                |st| {
+                    (ErrorKind::of(st) == Some(ErrorKind::Uninitialised))
+                        .then(|| Attempt::Done(pb::LeaveResponse::default()))
+                },
             )
         });
         for r in join_all(calls).await {

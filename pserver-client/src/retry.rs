@@ -118,8 +118,18 @@ pub(super) fn uninitialised<R>(s: &tonic::Status, shard: u32) -> Option<Attempt<
     })
 }
 
-pub(super) fn push_refusal<R>(s: &tonic::Status, shard: u32, step: u64) -> Option<Attempt<R>> {
+pub(super) fn push_refusal<R>(
+    s: &tonic::Status,
+    shard: u32,
+    step: u64,
+    sync: bool,
+) -> Option<Attempt<R>> {
     match ErrorKind::of(s) {
+        // A sync step's pushes wait for each other, and each trainer pulls only after
+        // its push: nobody would pull, so the pusher does.
+        Some(ErrorKind::Uninitialised) if sync => {
+            Some(Attempt::Fail(PsClientError::Uninitialised { shard }))
+        }
         Some(ErrorKind::StaleStep) => Some(Attempt::Fail(PsClientError::StaleStep {
             step,
             next: next_step_of(s).unwrap_or(step + 1),

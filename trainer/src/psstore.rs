@@ -405,6 +405,18 @@ impl PsStore {
                     );
                     global = next;
                 }
+                Err(PsClientError::Uninitialised { shard }) => {
+                    // Restored with nothing: the pull initialises it from the initial
+                    // values (its pushes so far are trained again: the restore says
+                    // so to the master), and the step restarts there.
+                    tracing::warn!(
+                        shard,
+                        "a shard lost its parameters; pulling to initialise it, then pushing again"
+                    );
+                    let mut cache = self.cache.lock().await;
+                    self.client.pull_dense(&mut cache).await.map_err(map_err)?;
+                    global = cache.next_step();
+                }
                 Err(e) => return Err(map_err(e)),
             }
         }

@@ -34,7 +34,7 @@ use crate::model::{
 };
 use crate::progress::Progress;
 use crate::runtime::{RuntimeConfig, run};
-use crate::store::{ParamInit, ParamStore, TaskRef};
+use crate::store::{ParamInit, ParamStore, StoreError, TaskRef};
 
 mod takeover;
 
@@ -310,6 +310,82 @@ impl Drop for Job {
     fn drop(&mut self) {
         self.stop.cancel();
     }
+}
+
+/// Sync mode: a shard restored with nothing (its pserver replaced, no checkpoint) is
+/// initialised again by a trainer's push: the push finds it empty, pulls (which
+/// initialises it from the initial values) and pushes again. Before, the push waited
+/// for another call's pull, which in a sync job no trainer makes before its push
+/// returns: the job stalled until the client gave up (60 s), which the stuck trainers'
+/// restarts used to hide. The task pushed before the loss is to be trained again
+/// (its acknowledgement says `Rewound`), and leaving the empty shard's steps is no
+/// error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_push_to_a_shard_that_lost_its_parameters_initialises_it_again() {
+    let bind = || async { TcpListener::bind("127.0.0.1:0").await.unwrap() };
+    let mut job = Job::new("reinit");
+    job.pserver(0, bind().await, None);
+    job.pserver(1, bind().await, None);
+    let config = ParamConfig {
+        block_size: 128,
+        ..ParamConfig::new(
+            Mode::Sync {
+                step_timeout_ms: 5000,
+            },
+            OptimizerConfig::sgd(1.0),
+        )
+    };
+    let a = job.store(&config).await;
+    let _la = job.register("a").await;
+    a.init("a", &ParamInit::of(&KnownGrad, 0)).await.unwrap();
+    let mut pa = Params::default();
+    a.pull_dense(&mut pa).await.unwrap();
+    let task = |index| TaskRef {
+        pass: 0,
+        index,
+        tasks: 2,
+    };
+    a.push("a", 0, Some(task(0).batch(0)), &grad(1.0))
+        .await
+        .unwrap();
+    // Shard 1's pserver loses its claim and stops; another takes the shard, empty.
+    let keys = JobKeys::new(&job.name);
+    let claim = job.backend.get(&keys.ps(1)).await.unwrap().unwrap();
+    job.backend
+        .lease_revoke(claim.lease.unwrap())
+        .await
+        .unwrap();
+    let old = job.pservers.remove(1);
+    let ended = tokio::time::timeout(Duration::from_secs(5), old).await;
+    assert!(
+        matches!(ended, Ok(Ok(Err(PsError::LeaseLost(1))))),
+        "{ended:?}"
+    );
+    job.pserver(1, bind().await, None);
+    let ps = job.client().await;
+    // The witness: shard 1 serves again, with no parameters.
+    wait_for("shard 1 served again, empty", || async {
+        ps.shard_status(1).await.is_ok_and(|s| !s.initialised)
+    })
+    .await;
+    let done = a.task_done("a", task(0)).await;
+    assert!(matches!(done, Err(StoreError::Rewound(_))), "{done:?}");
+    a.idle("a").await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        a.push("a", 0, Some(task(1).batch(0)), &grad(1.0)),
+    )
+    .await
+    .expect("the push returns")
+    .unwrap();
+    // Shard 0 applied both steps (block 0: -2); shard 1 started again from the initial
+    // values and applied the second (block 1: -1).
+    a.pull_dense(&mut pa).await.unwrap();
+    let w = &pa.dense[0];
+    assert!(
+        w[..128].iter().all(|v| *v == -2.0) && w[128..].iter().all(|v| *v == -1.0),
+        "{w:?}"
+    );
 }
 
 /// Waits (10 s at most) until `cond` holds; fails the test with `what` otherwise.
