@@ -382,6 +382,20 @@ impl MasterClient {
         Ok(r.applied)
     }
 
+    /// Says that trainer `trainer` is alive and waiting on a pserver or the master, not
+    /// stuck: the master renews the leases of the tasks it holds; how many it holds.
+    pub async fn keep_tasks(&self, trainer: &str) -> Result<u32, ClientError> {
+        let msg = pb::KeepTasksRequest {
+            trainer: trainer.to_owned(),
+        };
+        let r = self
+            .call(msg, self.cfg.call_timeout, |mut c, r| async move {
+                c.keep_tasks(r).await
+            })
+            .await?;
+        Ok(r.kept)
+    }
+
     /// The queue's state.
     pub async fn status(&self) -> Result<pb::StatusResponse, ClientError> {
         self.call(

@@ -105,6 +105,11 @@ pub fn render(
             ),
             ("task_timeouts", "Task leases that timed out", c.timeouts),
             (
+                "leases_kept",
+                "Task lease renewals of trainers waiting on a pserver or the master (since this master leads)",
+                s.leases_kept,
+            ),
+            (
                 "trainer_lost",
                 "Leases revoked because their trainer's registration vanished",
                 c.trainer_lost,
@@ -203,6 +208,7 @@ mod tests {
         s.counts.todo = 3;
         s.counters.dispatched = 7;
         s.counters.restores = 1;
+        s.leases_kept = 4;
         let text = render("mnist", Some(&s), None);
         assert!(
             text.contains("edl_master_leader{job=\"mnist\"} 1"),
@@ -210,6 +216,10 @@ mod tests {
         );
         assert!(
             text.contains("edl_master_tasks_dispatched_total{job=\"mnist\"} 7"),
+            "{text}"
+        );
+        assert!(
+            text.contains("edl_master_leases_kept_total{job=\"mnist\"} 4"),
             "{text}"
         );
         assert!(

@@ -28,6 +28,8 @@ pub struct Clock {
     since: Instant,
     active: [u32; N],
     totals: [Duration; N],
+    /// Since when the current bucket is the current one.
+    current_since: Instant,
 }
 
 impl Clock {
@@ -37,6 +39,7 @@ impl Clock {
             since: now,
             active: [0; N],
             totals: [Duration::ZERO; N],
+            current_since: now,
         }
     }
 
@@ -60,14 +63,33 @@ impl Clock {
     /// A span of `b` begins at `now`.
     pub fn begin(&mut self, b: Bucket, now: Instant) {
         self.settle(now);
+        let was = self.current();
         self.active[b.index()] += 1;
+        self.changed(was, now);
     }
 
     /// A span of `b` ends at `now` (one that was not begun is ignored).
     pub fn end(&mut self, b: Bucket, now: Instant) {
         self.settle(now);
+        let was = self.current();
         let n = &mut self.active[b.index()];
         *n = n.saturating_sub(1);
+        self.changed(was, now);
+    }
+
+    fn changed(&mut self, was: Bucket, now: Instant) {
+        if self.current() != was {
+            self.current_since = now.max(self.current_since);
+        }
+    }
+
+    /// How long, at `now`, the trainer has been waiting on another process: the current
+    /// bucket is [`Bucket::Communicating`] or [`Bucket::Recovering`] (a pull, a push or
+    /// a report that has not returned, nothing computing) and has been since; `None`
+    /// otherwise. A trainer so waiting is not stuck: whatever it waits on is.
+    pub fn waiting_for(&self, now: Instant) -> Option<Duration> {
+        matches!(self.current(), Bucket::Communicating | Bucket::Recovering)
+            .then(|| now.saturating_duration_since(self.current_since))
     }
 
     /// The totals at `now`, the open interval charged to the current bucket.
@@ -165,6 +187,11 @@ impl GoodputClock {
     /// The totals now.
     pub fn snapshot(&self) -> Goodput {
         self.with(|c| c.snapshot(Instant::now()))
+    }
+
+    /// [`Clock::waiting_for`] now.
+    pub fn waiting_for(&self) -> Option<Duration> {
+        self.with(|c| c.waiting_for(Instant::now()))
     }
 }
 
@@ -270,6 +297,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Waiting on another process: a pull, a push or a retried call is the current
+    /// bucket (nothing computing, evaluating or starting), timed from when it became so.
+    #[test]
+    fn waiting_is_a_call_in_flight_alone_timed_from_when_it_became_so() {
+        let t0 = Instant::now();
+        let ms = |m: u64| t0 + Duration::from_millis(m);
+        let d = Duration::from_millis;
+        let mut c = Clock::new(t0);
+        assert_eq!(c.waiting_for(ms(1)), None, "idle");
+        c.begin(Bucket::Communicating, ms(0));
+        assert_eq!(c.waiting_for(ms(5)), Some(d(5)));
+        // Computing meanwhile (the pipeline's compute thread): not waiting.
+        c.begin(Bucket::Computing, ms(10));
+        assert_eq!(c.waiting_for(ms(12)), None);
+        c.end(Bucket::Computing, ms(20));
+        assert_eq!(
+            c.waiting_for(ms(25)),
+            Some(d(5)),
+            "again from the compute's end"
+        );
+        // A second call in flight changes nothing; a retry is waiting too.
+        c.begin(Bucket::Communicating, ms(26));
+        assert_eq!(c.waiting_for(ms(30)), Some(d(10)));
+        c.begin(Bucket::Recovering, ms(30));
+        assert_eq!(c.waiting_for(ms(31)), Some(d(1)));
+        c.end(Bucket::Recovering, ms(40));
+        assert_eq!(c.waiting_for(ms(41)), Some(d(1)));
+        c.end(Bucket::Communicating, ms(50));
+        c.end(Bucket::Communicating, ms(50));
+        // Waiting for a task is not waiting on a call (the reader asks meanwhile).
+        c.begin(Bucket::WaitingForTask, ms(60));
+        assert_eq!(c.waiting_for(ms(70)), None);
     }
 
     #[test]

@@ -196,6 +196,10 @@ pub struct RunReport {
     pub resumed_tasks: u64,
     /// Records of those batches: trained once (in `records_trained`), not again.
     pub resumed_records: u64,
+    /// Renewals of the task leases of trainers that waited on a pserver or the master
+    /// (a pull, a push or a report in flight) and so were not named stuck, counted by
+    /// the master leading at the end since it leads.
+    pub leases_kept: u64,
     /// Tasks failed for good, with reasons.
     pub failed_tasks: Vec<FailedTaskReport>,
     /// The final evaluation.
@@ -286,6 +290,7 @@ impl RunReport {
             recomputed_records: c.recomputed_records,
             resumed_tasks: c.resumed,
             resumed_records: c.resumed_records,
+            leases_kept: o.status.as_ref().map_or(0, |s| s.leases_kept),
             failed_tasks: o
                 .status
                 .map(|s| {

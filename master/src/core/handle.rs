@@ -42,6 +42,9 @@ pub struct StatusReport {
     /// Trainers whose task lease timed out while they stayed registered, most recent
     /// last: stuck (alive, no progress), or far slower than the job's other tasks.
     pub stuck: Vec<StuckTrainer>,
+    /// Renewals of the leases of trainers waiting on a pserver or the master (keeps
+    /// that held a task), since this master leads.
+    pub leases_kept: u64,
 }
 
 /// A trainer whose task lease timed out while it stayed registered (its process lives:
@@ -95,6 +98,11 @@ pub(crate) enum Cmd {
         how: Release,
         reply: Reply<bool>,
     },
+    /// A trainer waiting on a pserver or the master keeps its leases.
+    Keep {
+        trainer: String,
+        reply: Reply<u32>,
+    },
     Status {
         reply: Reply<StatusReport>,
     },
@@ -123,6 +131,7 @@ impl Cmd {
             Cmd::Finished { reply, .. }
             | Cmd::Failed { reply, .. }
             | Cmd::Release { reply, .. } => drop(reply.send(Err(err()))),
+            Cmd::Keep { reply, .. } => drop(reply.send(Err(err()))),
             Cmd::Status { reply } => drop(reply.send(Err(err()))),
             Cmd::TrainersLost { .. } | Cmd::Reconcile { .. } | Cmd::Restored { .. } => {}
         }
@@ -222,6 +231,12 @@ impl CoreHandle {
             reply,
         })
         .await
+    }
+
+    /// Trainer `trainer` is waiting on a pserver or the master, not stuck: the leases of
+    /// the tasks it holds are renewed ([`crate::queue::Queue::keep`]); how many it holds.
+    pub async fn keep(&self, trainer: String) -> Result<u32, MasterError> {
+        self.call(|reply| Cmd::Keep { trainer, reply }).await
     }
 
     /// The queue's state.

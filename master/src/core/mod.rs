@@ -78,6 +78,8 @@ pub(crate) struct Core {
     /// when ([`StuckTrainer`]); forgotten when the trainer's registration goes, or after
     /// [`STUCK_KEPT`].
     stuck: BTreeMap<String, (Expired, Millis)>,
+    /// Renewals of the leases of trainers waiting on a pserver or the master.
+    leases_kept: u64,
     rx: mpsc::Receiver<Cmd>,
 }
 
@@ -125,6 +127,7 @@ impl Core {
             full: None,
             freed_at: None,
             stuck: BTreeMap::new(),
+            leases_kept: 0,
             rx,
         };
         match core.reload(loaded).await {
@@ -422,6 +425,16 @@ impl Core {
                 let r = self.with_queue(|q| q.released(&id, generation, &how));
                 replies.push(Pending::Ack(reply, r));
             }
+            Cmd::Keep { trainer, reply } => {
+                // Nothing to make durable: answered at once.
+                let now = self.now();
+                let kept = self.queue.as_mut().map_or(0, |q| q.keep(&trainer, now));
+                if kept > 0 {
+                    self.leases_kept += 1;
+                    tracing::debug!(%trainer, tasks = kept, "waiting on a pserver or the master: its leases kept");
+                }
+                let _ = reply.send(Ok(u32::try_from(kept).unwrap_or(u32::MAX)));
+            }
             Cmd::Status { reply } => replies.push(Pending::Status(reply, self.status())),
             Cmd::TrainersLost { trainers } => {
                 for t in &trainers {
@@ -587,6 +600,7 @@ impl Core {
             timeout_ms: q.timeout(),
             paused: self.full.clone(),
             stuck: self.stuck_report(),
+            leases_kept: self.leases_kept,
         }
     }
 }

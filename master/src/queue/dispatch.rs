@@ -2,6 +2,9 @@
 //! that its pass is over, or that the job is finished), and the lease indexes (`pending`,
 //! `by_trainer`) that a task enters on dispatch and leaves through `unlease`.
 //!
+//! A trainer waiting on a pserver or the master keeps its leases (`keep`): it is not
+//! stuck, whatever its lease's deadline says.
+//!
 //! A dispatch bumps the task's generation and counts the task's dispatches in its pass;
 //! a retried request (same trainer, same request number) gets the task already leased
 //! for it instead of a second one.
@@ -56,6 +59,24 @@ impl Queue {
         self.dirty.insert(i);
         self.bump(|c| c.dispatched += 1);
         GetTask::Task(self.tasks[i].clone())
+    }
+
+    /// Trainer `trainer` is alive and waiting on a pserver or the master (a pull, a push
+    /// or a report that has not returned), not stuck: the deadlines of the tasks it
+    /// holds move to `now` plus the timeout (never earlier). Nothing else changes and
+    /// nothing needs to be made durable (a restored queue re-arms every lease). Returns
+    /// how many tasks it holds.
+    pub fn keep(&mut self, trainer: &str, now: Millis) -> usize {
+        let until = now.saturating_add(self.timeout());
+        let Some(held) = self.by_trainer.get(trainer) else {
+            return 0;
+        };
+        for &i in held {
+            if let TaskState::Pending { deadline, .. } = &mut self.tasks[i].state {
+                *deadline = (*deadline).max(until);
+            }
+        }
+        held.len()
     }
 
     /// Removes a pending task from the lease indexes.

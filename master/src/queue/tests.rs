@@ -404,6 +404,8 @@ enum Ev {
     /// A drain's hand-back, with a resume point after this many batches (of 3).
     Release(u8, bool, Option<u8>),
     Lost(u8),
+    /// A trainer waiting on a pserver keeps its leases.
+    Keep(u8),
     Tick(u16),
     Restore,
 }
@@ -416,6 +418,7 @@ fn ev() -> impl Strategy<Value = Ev> {
         1 => (any::<u8>(), any::<bool>(), prop::option::of(1u8..5))
             .prop_map(|(i, s, b)| Ev::Release(i, s, b)),
         1 => (0u8..4).prop_map(Ev::Lost),
+        1 => (0u8..4).prop_map(Ev::Keep),
         1 => (0u16..2000).prop_map(Ev::Tick),
         1 => Just(Ev::Restore),
     ]
@@ -526,6 +529,29 @@ proptest! {
                 Ev::Finish(..) | Ev::Fail(..) | Ev::Release(..) => {}
                 Ev::Lost(tr) => {
                     q.trainer_lost(&format!("t{tr}"));
+                }
+                Ev::Keep(tr) => {
+                    let trainer = format!("t{tr}");
+                    let until = now + q.timeout();
+                    let kept = q.keep(&trainer, now);
+                    // Only the trainer's own deadlines move, never earlier, and there
+                    // is nothing to make durable.
+                    let mut held = 0;
+                    for (t, b) in q.tasks.iter().zip(&before.tasks) {
+                        match (&t.state, &b.state) {
+                            (
+                                TaskState::Pending { trainer: h, deadline, .. },
+                                TaskState::Pending { deadline: was, .. },
+                            ) if *h == trainer => {
+                                held += 1;
+                                prop_assert_eq!(*deadline, (*was).max(until));
+                            }
+                            _ => prop_assert_eq!(t, b),
+                        }
+                    }
+                    prop_assert_eq!(kept, held);
+                    prop_assert_eq!(&q.meta, &before.meta);
+                    prop_assert!(q.take_changes().is_empty());
                 }
                 Ev::Tick(d) => {
                     now += u64::from(d) * 1000;

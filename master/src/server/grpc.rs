@@ -189,6 +189,16 @@ impl pb::master_server::Master for MasterGrpc {
         Ok(Response::new(pb::TaskReportResponse { applied }))
     }
 
+    async fn keep_tasks(
+        &self,
+        req: Request<pb::KeepTasksRequest>,
+    ) -> Result<Response<pb::KeepTasksResponse>, Status> {
+        let r = req.into_inner();
+        check_report(&r.trainer, "")?;
+        let kept = self.core().await?.keep(r.trainer).await?;
+        Ok(Response::new(pb::KeepTasksResponse { kept }))
+    }
+
     async fn status(
         &self,
         _req: Request<pb::StatusRequest>,
@@ -321,5 +331,6 @@ fn status_to_pb(job: &str, leader: String, s: StatusReport) -> pb::StatusRespons
             .collect(),
         // Kept beside the queue, not in it: filled by the caller.
         goodput: Vec::new(),
+        leases_kept: s.leases_kept,
     }
 }

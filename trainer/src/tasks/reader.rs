@@ -25,6 +25,15 @@
 //! task while the lease is uncertain: etcd may have ended it, and the master would then
 //! take back every task leased meanwhile (a trainer cut off from etcd alone would
 //! otherwise churn through tasks it can never finish).
+//!
+//! Given the trainer's goodput clock ([`ReaderConfig::goodput`]), a keeper tells the
+//! master, every [`KEEP_EVERY`] while the trainer waits on a pserver or the master (a
+//! pull, a push or a report in flight and nothing computing, for [`KEEP_EVERY`] or
+//! longer: [`GoodputClock::waiting_for`]), that it is alive and waiting, not stuck: the
+//! master renews its tasks' leases (`KeepTasks`). So a pserver away for longer than the
+//! task timeout, or a stopped peer of a sync step, does not make every waiting trainer
+//! look stuck; a trainer that stops itself (SIGSTOP, a hung computation) sends nothing,
+//! and its lease times out.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -45,6 +54,46 @@ use edl_master_client::{ClientError, MasterClient, Release};
 
 use super::Next;
 use crate::progress::RuntimeError;
+
+/// How often the keeper looks whether the trainer waits on a pserver or the master, and
+/// how long a wait lasts before the master is told (a fraction of the shortest task
+/// timeout a job would set).
+pub const KEEP_EVERY: Duration = Duration::from_millis(500);
+
+/// The keeper (see the module docs): until `stop`.
+async fn keep_while_waiting(
+    client: MasterClient,
+    trainer: String,
+    clock: GoodputClock,
+    stop: CancellationToken,
+) {
+    let mut said = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(KEEP_EVERY) => {}
+        }
+        let Some(waited) = clock.waiting_for().filter(|w| *w >= KEEP_EVERY) else {
+            said = false;
+            continue;
+        };
+        let kept = tokio::select! {
+            _ = stop.cancelled() => return,
+            kept = client.keep_tasks(&trainer) => kept,
+        };
+        match kept {
+            Ok(kept) if kept > 0 && !std::mem::replace(&mut said, true) => {
+                tracing::info!(
+                    tasks = kept,
+                    waited_s = waited.as_secs_f64(),
+                    "waiting on a pserver or the master: the master keeps this trainer's tasks"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "could not tell the master this trainer waits"),
+        }
+    }
+}
 
 /// Reader settings.
 #[derive(Clone, Debug)]
@@ -127,6 +176,12 @@ impl CloudReader {
         let trainer = cfg.trainer.clone();
         let goodput = cfg.goodput.clone();
         let (asked, asks) = watch::channel(0);
+        if let Some(clock) = goodput.clone() {
+            tokio::spawn(
+                keep_while_waiting(client.clone(), trainer.clone(), clock, stop.clone())
+                    .in_current_span(),
+            );
+        }
         let fetcher = tokio::spawn(
             Fetcher {
                 client: client.clone(),
