@@ -265,13 +265,26 @@ async fn kill_trainer(job: &Job<'_>, times: &mut Times, pods_dir: &std::path::Pa
         .pid;
     let at = Instant::now();
     edl_testkit::signal(pid, Signal::SIGKILL).expect("SIGKILL the trainer");
-    let key = victim.key.clone();
+    let what = format!("trainer {}", victim.key);
+    time_trainer_fault(job, &victim.key, &what, at, times, pods_dir).await;
+}
+
+/// [`time_fault`] of a trainer's fault: noticed when its registration `key` is gone,
+/// served again when two trainers are registered again.
+async fn time_trainer_fault(
+    job: &Job<'_>,
+    key: &str,
+    what: &str,
+    at: Instant,
+    times: &mut Times,
+    pods_dir: &std::path::Path,
+) {
     time_fault(
-        &format!("trainer {key}"),
+        what,
         at,
         times,
         pods_dir,
-        || async { job.backend.get(&key).await.is_ok_and(|kv| kv.is_none()) },
+        || async { job.backend.get(key).await.is_ok_and(|kv| kv.is_none()) },
         || async { job.trainers().await.len() == 2 },
     )
     .await;
@@ -348,14 +361,6 @@ async fn notice_trainer(
     pods.delete(pod_of(&id), &DeleteParams::default())
         .await
         .expect("delete the trainer's pod");
-    let key = victim.key.clone();
-    time_fault(
-        &format!("trainer pod {}", pod_of(&id)),
-        at,
-        times,
-        pods_dir,
-        || async { job.backend.get(&key).await.is_ok_and(|kv| kv.is_none()) },
-        || async { job.trainers().await.len() == 2 },
-    )
-    .await;
+    let what = format!("trainer pod {}", pod_of(&id));
+    time_trainer_fault(job, &victim.key, &what, at, times, pods_dir).await;
 }

@@ -60,6 +60,9 @@ use crate::progress::RuntimeError;
 /// timeout a job would set).
 pub const KEEP_EVERY: Duration = Duration::from_millis(500);
 
+/// A wait the keeper logs (once).
+const SAY_AFTER: Duration = Duration::from_secs(5);
+
 /// The keeper (see the module docs): until `stop`.
 async fn keep_while_waiting(
     client: MasterClient,
@@ -82,7 +85,9 @@ async fn keep_while_waiting(
             kept = client.keep_tasks(&trainer) => kept,
         };
         match kept {
-            Ok(kept) if kept > 0 && !std::mem::replace(&mut said, true) => {
+            // Said once per wait, and only of a long one: a sync step waits on its
+            // slowest peer every time.
+            Ok(kept) if kept > 0 && waited >= SAY_AFTER && !std::mem::replace(&mut said, true) => {
                 tracing::info!(
                     tasks = kept,
                     waited_s = waited.as_secs_f64(),
