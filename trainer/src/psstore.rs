@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use edl_pserver_client::error::ErrorKind;
 use edl_pserver_client::{
     DenseCache, DenseInit, Origin, ParamConfig, PsClient, PsClientError, RowInit, SparsePush,
     SparseSpec,
@@ -284,7 +285,22 @@ impl PsStore {
 
     /// Fetches rows `ids` of sparse table `table`: their values one row after another.
     pub async fn pull_rows(&self, table: &str, ids: &[u64]) -> Result<Vec<f32>, StoreError> {
-        let values = self.client.pull_sparse(table, ids).await.map_err(map_err)?;
+        let mut pulled = self.client.pull_sparse(table, ids).await;
+        if let Err(PsClientError::Refused { shard, status }) = &pulled
+            && ErrorKind::of(status) == Some(ErrorKind::Uninitialised)
+        {
+            // A shard restored with nothing: a dense pull initialises it from the initial
+            // values (as the dense pull of the next step would have), then the rows.
+            tracing::warn!(
+                shard,
+                "a shard lost its parameters; pulling to initialise it, then its rows"
+            );
+            let mut cache = self.cache.lock().await;
+            self.client.pull_dense(&mut cache).await.map_err(map_err)?;
+            drop(cache);
+            pulled = self.client.pull_sparse(table, ids).await;
+        }
+        let values = pulled.map_err(map_err)?;
         self.stats.sparse_pulls.fetch_add(1, Ordering::Relaxed);
         self.stats
             .sparse_rows

@@ -388,6 +388,65 @@ async fn a_sync_push_to_a_shard_that_lost_its_parameters_initialises_it_again() 
     );
 }
 
+/// A sparse pull from a shard restored with nothing initialises it first (a dense pull
+/// from the initial values) instead of failing the trainer, which then had to restart to
+/// initialise it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sparse_pull_from_a_shard_that_lost_its_parameters_initialises_it_again() {
+    let bind = || async { TcpListener::bind("127.0.0.1:0").await.unwrap() };
+    let mut job = Job::new("reinit-rows");
+    job.pserver(0, bind().await, None);
+    job.pserver(1, bind().await, None);
+    let config = ParamConfig {
+        block_size: 128,
+        ..ParamConfig::new(Mode::Async, OptimizerConfig::sgd(1.0))
+    };
+    let a = job.store(&config).await;
+    let init = ParamInit {
+        sparse: vec![crate::model::SparseTable {
+            name: "emb".into(),
+            rows: 100,
+            dim: 4,
+            init: crate::model::SparseInit::Zeros,
+        }],
+        ..ParamInit::of(&KnownGrad, 0)
+    };
+    a.init("a", &init).await.unwrap();
+    let mut pa = Params::default();
+    a.pull_dense(&mut pa).await.unwrap();
+    // Rows of both shards (row ids are spread over the shards).
+    let ids: Vec<u64> = (0..8).collect();
+    assert_eq!(a.pull_rows("emb", &ids).await.unwrap(), vec![0.0; 32]);
+    // Shard 1's pserver loses its claim and stops; another takes the shard, empty.
+    let keys = JobKeys::new(&job.name);
+    let claim = job.backend.get(&keys.ps(1)).await.unwrap().unwrap();
+    job.backend
+        .lease_revoke(claim.lease.unwrap())
+        .await
+        .unwrap();
+    let old = job.pservers.remove(1);
+    let ended = tokio::time::timeout(Duration::from_secs(5), old).await;
+    assert!(
+        matches!(ended, Ok(Ok(Err(PsError::LeaseLost(1))))),
+        "{ended:?}"
+    );
+    job.pserver(1, bind().await, None);
+    let ps = job.client().await;
+    // The witness: shard 1 serves again, with no parameters.
+    wait_for("shard 1 served again, empty", || async {
+        ps.shard_status(1).await.is_ok_and(|s| !s.initialised)
+    })
+    .await;
+    let rows = tokio::time::timeout(Duration::from_secs(10), a.pull_rows("emb", &ids))
+        .await
+        .expect("the pull returns");
+    assert_eq!(rows.unwrap(), vec![0.0; 32]);
+    assert!(
+        ps.shard_status(1).await.unwrap().initialised,
+        "shard 1 initialised again"
+    );
+}
+
 /// Waits (10 s at most) until `cond` holds; fails the test with `what` otherwise.
 async fn wait_for<F, Fut>(what: &str, cond: F)
 where
