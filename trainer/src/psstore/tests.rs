@@ -292,6 +292,31 @@ impl Job {
         .await
     }
 
+    /// Shard 1's pserver (the second started) loses its claim and stops; another takes
+    /// the shard, with no parameters (no checkpoint), which the returned client sees.
+    async fn replace_shard_1_empty(&mut self) -> PsClient {
+        let keys = JobKeys::new(&self.name);
+        let claim = self.backend.get(&keys.ps(1)).await.unwrap().unwrap();
+        self.backend
+            .lease_revoke(claim.lease.unwrap())
+            .await
+            .unwrap();
+        let old = self.pservers.remove(1);
+        let ended = tokio::time::timeout(Duration::from_secs(5), old).await;
+        assert!(
+            matches!(ended, Ok(Ok(Err(PsError::LeaseLost(1))))),
+            "{ended:?}"
+        );
+        self.pserver(1, TcpListener::bind("127.0.0.1:0").await.unwrap(), None);
+        let ps = self.client().await;
+        // The witness: shard 1 serves again, with no parameters.
+        wait_for("shard 1 served again, empty", || async {
+            ps.shard_status(1).await.is_ok_and(|s| !s.initialised)
+        })
+        .await;
+        ps
+    }
+
     /// The status of every shard (through etcd and the proxies, if any).
     async fn status(&self, ps: &PsClient) -> Vec<StatusResponse> {
         ps.status().await.into_iter().map(|s| s.unwrap()).collect()
@@ -348,26 +373,7 @@ async fn a_sync_push_to_a_shard_that_lost_its_parameters_initialises_it_again() 
     a.push("a", 0, Some(task(0).batch(0)), &grad(1.0))
         .await
         .unwrap();
-    // Shard 1's pserver loses its claim and stops; another takes the shard, empty.
-    let keys = JobKeys::new(&job.name);
-    let claim = job.backend.get(&keys.ps(1)).await.unwrap().unwrap();
-    job.backend
-        .lease_revoke(claim.lease.unwrap())
-        .await
-        .unwrap();
-    let old = job.pservers.remove(1);
-    let ended = tokio::time::timeout(Duration::from_secs(5), old).await;
-    assert!(
-        matches!(ended, Ok(Ok(Err(PsError::LeaseLost(1))))),
-        "{ended:?}"
-    );
-    job.pserver(1, bind().await, None);
-    let ps = job.client().await;
-    // The witness: shard 1 serves again, with no parameters.
-    wait_for("shard 1 served again, empty", || async {
-        ps.shard_status(1).await.is_ok_and(|s| !s.initialised)
-    })
-    .await;
+    job.replace_shard_1_empty().await;
     let done = a.task_done("a", task(0)).await;
     assert!(matches!(done, Err(StoreError::Rewound(_))), "{done:?}");
     a.idle("a").await.unwrap();
@@ -417,26 +423,7 @@ async fn a_sparse_pull_from_a_shard_that_lost_its_parameters_initialises_it_agai
     // Rows of both shards (row ids are spread over the shards).
     let ids: Vec<u64> = (0..8).collect();
     assert_eq!(a.pull_rows("emb", &ids).await.unwrap(), vec![0.0; 32]);
-    // Shard 1's pserver loses its claim and stops; another takes the shard, empty.
-    let keys = JobKeys::new(&job.name);
-    let claim = job.backend.get(&keys.ps(1)).await.unwrap().unwrap();
-    job.backend
-        .lease_revoke(claim.lease.unwrap())
-        .await
-        .unwrap();
-    let old = job.pservers.remove(1);
-    let ended = tokio::time::timeout(Duration::from_secs(5), old).await;
-    assert!(
-        matches!(ended, Ok(Ok(Err(PsError::LeaseLost(1))))),
-        "{ended:?}"
-    );
-    job.pserver(1, bind().await, None);
-    let ps = job.client().await;
-    // The witness: shard 1 serves again, with no parameters.
-    wait_for("shard 1 served again, empty", || async {
-        ps.shard_status(1).await.is_ok_and(|s| !s.initialised)
-    })
-    .await;
+    let ps = job.replace_shard_1_empty().await;
     let rows = tokio::time::timeout(Duration::from_secs(10), a.pull_rows("emb", &ids))
         .await
         .expect("the pull returns");
